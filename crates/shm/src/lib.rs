@@ -1,0 +1,368 @@
+//! Shared memory for Outboard.
+//!
+//! Every byte that crosses a process boundary in Outboard lives in a [`SharedMem`]: DMA buffers a
+//! driver hands to a device, a client's memory mapped into a device model, BARs a device model
+//! exports. The peer on the other side is not trusted and may write at any time, so this type
+//! never hands out `&[u8]` or `&mut [u8]` to the mapping: callers copy in and out, or use the
+//! atomics for fields that are shared by protocol (ring indices). Every access is bounds-checked
+//! and returns [`ShmError`] instead of faulting.
+//!
+//! This is one of the few modules allowed `unsafe`: it owns the `mmap` and every raw-pointer
+//! access to it.
+#![deny(missing_docs)]
+
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::ptr::NonNull;
+use std::sync::atomic::{AtomicU16, AtomicU32};
+
+use rustix::fs::MemfdFlags;
+use rustix::mm::{MapFlags, ProtFlags};
+
+/// What went wrong with a shared-memory operation.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum ShmError {
+    /// The access does not lie within the mapping.
+    #[error("access of {len} bytes at offset {offset:#x} is outside the {size:#x}-byte mapping")]
+    OutOfBounds {
+        /// Start of the access.
+        offset: u64,
+        /// Length of the access.
+        len: u64,
+        /// Size of the mapping.
+        size: u64,
+    },
+    /// An atomic access is not naturally aligned.
+    #[error("atomic access at offset {offset:#x} is not {align}-byte aligned")]
+    Misaligned {
+        /// Start of the access.
+        offset: u64,
+        /// Required alignment.
+        align: u64,
+    },
+    /// The mapping is read-only.
+    #[error("the mapping is read-only")]
+    ReadOnly,
+    /// A zero-length mapping was requested.
+    #[error("a mapping cannot be empty")]
+    Empty,
+    /// The operating system refused.
+    #[error("{op}: {errno}")]
+    Os {
+        /// The call that failed.
+        op: &'static str,
+        /// Why.
+        errno: rustix::io::Errno,
+    },
+}
+
+/// Result alias for this crate.
+pub type Result<T> = std::result::Result<T, ShmError>;
+
+/// Access rights of a mapping.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Access {
+    /// Read only.
+    ReadOnly,
+    /// Read and write.
+    ReadWrite,
+}
+
+/// A shared mapping, optionally with the fd it came from (so it can be passed to a peer).
+pub struct SharedMem {
+    ptr: NonNull<u8>,
+    len: usize,
+    access: Access,
+    fd: Option<OwnedFd>,
+}
+
+// SAFETY: `SharedMem` owns its mapping; all access goes through raw pointers with explicit
+// copies or atomics, so sharing it between threads is as safe as sharing it between processes,
+// which is its purpose.
+unsafe impl Send for SharedMem {}
+// SAFETY: see `Send`: no method hands out a reference that could alias a mutable one.
+unsafe impl Sync for SharedMem {}
+
+impl std::fmt::Debug for SharedMem {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SharedMem")
+            .field("len", &self.len)
+            .field("access", &self.access)
+            .finish()
+    }
+}
+
+fn os(op: &'static str) -> impl Fn(rustix::io::Errno) -> ShmError {
+    move |errno| ShmError::Os { op, errno }
+}
+
+impl SharedMem {
+    /// Creates a new zero-filled memfd of `len` bytes and maps it read-write.
+    pub fn create(name: &str, len: usize) -> Result<Self> {
+        if len == 0 {
+            return Err(ShmError::Empty);
+        }
+        let fd = rustix::fs::memfd_create(name, MemfdFlags::CLOEXEC | MemfdFlags::ALLOW_SEALING)
+            .map_err(os("memfd_create"))?;
+        rustix::fs::ftruncate(&fd, len as u64).map_err(os("ftruncate"))?;
+        Self::map_owned(fd, 0, len, Access::ReadWrite)
+    }
+
+    /// Maps `len` bytes of `fd` from `offset`, keeping the fd.
+    pub fn map_owned(fd: OwnedFd, offset: u64, len: usize, access: Access) -> Result<Self> {
+        let ptr = Self::mmap(fd.as_fd(), offset, len, access)?;
+        Ok(Self {
+            ptr,
+            len,
+            access,
+            fd: Some(fd),
+        })
+    }
+
+    /// Maps `len` bytes of `fd` from `offset` without keeping the fd (the mapping holds the file).
+    pub fn map(fd: BorrowedFd<'_>, offset: u64, len: usize, access: Access) -> Result<Self> {
+        let ptr = Self::mmap(fd, offset, len, access)?;
+        Ok(Self {
+            ptr,
+            len,
+            access,
+            fd: None,
+        })
+    }
+
+    fn mmap(fd: BorrowedFd<'_>, offset: u64, len: usize, access: Access) -> Result<NonNull<u8>> {
+        if len == 0 {
+            return Err(ShmError::Empty);
+        }
+        let prot = match access {
+            Access::ReadOnly => ProtFlags::READ,
+            Access::ReadWrite => ProtFlags::READ | ProtFlags::WRITE,
+        };
+        // A peer-supplied fd may be shorter than claimed; touching pages past its end would raise
+        // SIGBUS in this process. Check the size first when the fd can tell us.
+        if let Ok(st) = rustix::fs::fstat(fd) {
+            let is_regular = (st.st_mode & 0o170000) == 0o100000;
+            let end = offset.checked_add(len as u64);
+            if is_regular && end.is_none_or(|end| end > st.st_size as u64) {
+                return Err(ShmError::OutOfBounds {
+                    offset,
+                    len: len as u64,
+                    size: st.st_size as u64,
+                });
+            }
+        }
+        // SAFETY: a fresh shared mapping at an address the kernel chooses cannot overlap any Rust
+        // object; the result is checked, and the pointer is only used through bounds-checked
+        // methods below until `Drop` unmaps exactly this range.
+        let ptr = unsafe {
+            rustix::mm::mmap(
+                std::ptr::null_mut(),
+                len,
+                prot,
+                MapFlags::SHARED,
+                fd,
+                offset,
+            )
+        }
+        .map_err(os("mmap"))?;
+        NonNull::new(ptr.cast::<u8>()).ok_or(ShmError::Os {
+            op: "mmap",
+            errno: rustix::io::Errno::NOMEM,
+        })
+    }
+
+    /// Size of the mapping in bytes.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Always false: empty mappings cannot be made.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// The fd behind the mapping, if this side owns one (to pass it to a peer).
+    pub fn fd(&self) -> Option<BorrowedFd<'_>> {
+        self.fd.as_ref().map(|fd| fd.as_fd())
+    }
+
+    /// Access rights of the mapping.
+    pub fn access(&self) -> Access {
+        self.access
+    }
+
+    /// Checks that `[offset, offset + len)` lies inside the mapping and returns it as `usize`.
+    pub fn check(&self, offset: u64, len: usize) -> Result<usize> {
+        let end = offset.checked_add(len as u64);
+        match end {
+            Some(end) if end <= self.len as u64 => Ok(offset as usize),
+            _ => Err(ShmError::OutOfBounds {
+                offset,
+                len: len as u64,
+                size: self.len as u64,
+            }),
+        }
+    }
+
+    fn check_write(&self, offset: u64, len: usize) -> Result<usize> {
+        if self.access == Access::ReadOnly {
+            return Err(ShmError::ReadOnly);
+        }
+        self.check(offset, len)
+    }
+
+    /// Copies bytes out of the mapping.
+    pub fn read(&self, offset: u64, buf: &mut [u8]) -> Result<()> {
+        let start = self.check(offset, buf.len())?;
+        // SAFETY: the range was bounds-checked against the live mapping. The peer may write the
+        // same bytes concurrently; we copy them as plain bytes (every bit pattern is a valid u8)
+        // and never form a reference into the mapping, which is the same contract vm-memory and
+        // io_uring rings rely on.
+        unsafe {
+            std::ptr::copy_nonoverlapping(self.ptr.as_ptr().add(start), buf.as_mut_ptr(), buf.len())
+        };
+        Ok(())
+    }
+
+    /// Copies bytes into the mapping.
+    pub fn write(&self, offset: u64, data: &[u8]) -> Result<()> {
+        let start = self.check_write(offset, data.len())?;
+        // SAFETY: bounds-checked, writable mapping; see `read` for why a concurrent peer access
+        // does not make this unsound for plain bytes.
+        unsafe {
+            std::ptr::copy_nonoverlapping(data.as_ptr(), self.ptr.as_ptr().add(start), data.len())
+        };
+        Ok(())
+    }
+
+    /// Fills `len` bytes at `offset` with `byte`.
+    pub fn fill(&self, offset: u64, len: usize, byte: u8) -> Result<()> {
+        let start = self.check_write(offset, len)?;
+        // SAFETY: bounds-checked, writable mapping (see `write`).
+        unsafe { std::ptr::write_bytes(self.ptr.as_ptr().add(start), byte, len) };
+        Ok(())
+    }
+
+    /// Copies `len` bytes from `self` at `offset` to `other` at `other_offset`.
+    pub fn copy_to(&self, offset: u64, other: &SharedMem, other_offset: u64, len: usize) -> Result<()> {
+        let src = self.check(offset, len)?;
+        let dst = other.check_write(other_offset, len)?;
+        // SAFETY: both ranges are bounds-checked against live mappings; `copy` (memmove) is used
+        // because the two mappings may be views of the same file.
+        unsafe { std::ptr::copy(self.ptr.as_ptr().add(src), other.ptr.as_ptr().add(dst), len) };
+        Ok(())
+    }
+
+    /// Reads a little-endian value of `N` bytes with a single volatile access when aligned.
+    fn load<const N: usize>(&self, offset: u64) -> Result<[u8; N]> {
+        let mut bytes = [0u8; N];
+        self.read(offset, &mut bytes)?;
+        Ok(bytes)
+    }
+
+    /// Reads a little-endian u16.
+    pub fn read_u16(&self, offset: u64) -> Result<u16> {
+        Ok(u16::from_le_bytes(self.load(offset)?))
+    }
+    /// Reads a little-endian u32.
+    pub fn read_u32(&self, offset: u64) -> Result<u32> {
+        Ok(u32::from_le_bytes(self.load(offset)?))
+    }
+    /// Reads a little-endian u64.
+    pub fn read_u64(&self, offset: u64) -> Result<u64> {
+        Ok(u64::from_le_bytes(self.load(offset)?))
+    }
+    /// Writes a little-endian u16.
+    pub fn write_u16(&self, offset: u64, v: u16) -> Result<()> {
+        self.write(offset, &v.to_le_bytes())
+    }
+    /// Writes a little-endian u32.
+    pub fn write_u32(&self, offset: u64, v: u32) -> Result<()> {
+        self.write(offset, &v.to_le_bytes())
+    }
+    /// Writes a little-endian u64.
+    pub fn write_u64(&self, offset: u64, v: u64) -> Result<()> {
+        self.write(offset, &v.to_le_bytes())
+    }
+
+    fn atomic_ptr(&self, offset: u64, size: usize) -> Result<*mut u8> {
+        let start = self.check(offset, size)?;
+        // SAFETY: `start` is in bounds (checked above).
+        let ptr = unsafe { self.ptr.as_ptr().add(start) };
+        if (ptr as usize) % size != 0 {
+            return Err(ShmError::Misaligned {
+                offset,
+                align: size as u64,
+            });
+        }
+        Ok(ptr)
+    }
+
+    /// A 16-bit atomic shared with the peer (ring indices and flags).
+    ///
+    /// Little-endian hosts only: the virtio and session layouts are little-endian, and Outboard
+    /// targets x86-64 and aarch64 Linux.
+    pub fn atomic_u16(&self, offset: u64) -> Result<&AtomicU16> {
+        let ptr = self.atomic_ptr(offset, 2)?;
+        // SAFETY: in bounds, 2-byte aligned, and the mapping lives as long as `&self`. AtomicU16
+        // has the same layout as u16 and tolerates concurrent access from the peer.
+        Ok(unsafe { AtomicU16::from_ptr(ptr.cast()) })
+    }
+
+    /// A 32-bit atomic shared with the peer.
+    pub fn atomic_u32(&self, offset: u64) -> Result<&AtomicU32> {
+        let ptr = self.atomic_ptr(offset, 4)?;
+        // SAFETY: as for `atomic_u16`, with 4-byte alignment checked.
+        Ok(unsafe { AtomicU32::from_ptr(ptr.cast()) })
+    }
+
+    /// Raw pointer to the start of the mapping, for zero-copy handoff to the kernel (e.g.
+    /// `pread` straight into a DMA buffer). The caller must stay within [`SharedMem::len`].
+    pub fn as_ptr(&self) -> *mut u8 {
+        self.ptr.as_ptr()
+    }
+}
+
+impl Drop for SharedMem {
+    fn drop(&mut self) {
+        // SAFETY: unmaps exactly the range mapped in `mmap`; no reference into it can outlive
+        // `self` because none is ever handed out.
+        let _ = unsafe { rustix::mm::munmap(self.ptr.as_ptr().cast(), self.len) };
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn round_trips_and_bounds() {
+        let m = SharedMem::create("t", 4096).unwrap();
+        m.write(10, b"hello").unwrap();
+        let mut b = [0u8; 5];
+        m.read(10, &mut b).unwrap();
+        assert_eq!(&b, b"hello");
+        assert!(matches!(m.read(4094, &mut b), Err(ShmError::OutOfBounds { .. })));
+        assert!(matches!(m.write(u64::MAX, b"x"), Err(ShmError::OutOfBounds { .. })));
+        m.write_u32(100, 0xdead_beef).unwrap();
+        assert_eq!(m.read_u32(100).unwrap(), 0xdead_beef);
+        assert!(matches!(m.atomic_u16(101), Err(ShmError::Misaligned { .. })));
+    }
+
+    #[test]
+    fn second_mapping_sees_writes() {
+        let m = SharedMem::create("t", 8192).unwrap();
+        let view = SharedMem::map(m.fd().unwrap(), 4096, 4096, Access::ReadOnly).unwrap();
+        m.write(4096 + 7, &[42]).unwrap();
+        let mut b = [0u8; 1];
+        view.read(7, &mut b).unwrap();
+        assert_eq!(b[0], 42);
+        assert_eq!(view.write(0, &[1]), Err(ShmError::ReadOnly));
+    }
+
+    #[test]
+    fn refuses_mapping_past_end_of_file() {
+        let m = SharedMem::create("t", 4096).unwrap();
+        let r = SharedMem::map(m.fd().unwrap(), 0, 8192, Access::ReadWrite);
+        assert!(matches!(r, Err(ShmError::OutOfBounds { .. })));
+    }
+}

@@ -55,6 +55,20 @@ pub enum ShmError {
     },
 }
 
+/// Integer widths a device register can have.
+pub trait Mmio: Copy + sealed::Sealed {}
+impl Mmio for u8 {}
+impl Mmio for u16 {}
+impl Mmio for u32 {}
+impl Mmio for u64 {}
+mod sealed {
+    pub trait Sealed {}
+    impl Sealed for u8 {}
+    impl Sealed for u16 {}
+    impl Sealed for u32 {}
+    impl Sealed for u64 {}
+}
+
 /// Result alias for this crate.
 pub type Result<T> = std::result::Result<T, ShmError>;
 
@@ -313,6 +327,27 @@ impl SharedMem {
         let ptr = self.atomic_ptr(offset, 4)?;
         // SAFETY: as for `atomic_u16`, with 4-byte alignment checked.
         Ok(unsafe { AtomicU32::from_ptr(ptr.cast()) })
+    }
+
+    /// One exact-width volatile load, as device registers require (a BAR mapped from VFIO must
+    /// see a single 4-byte read for a 4-byte register, never four byte reads). Width is
+    /// `size_of::<T>()`; the offset must be naturally aligned.
+    pub fn mmio_read<T: Mmio>(&self, offset: u64) -> Result<T> {
+        let ptr = self.atomic_ptr(offset, std::mem::size_of::<T>())?;
+        // SAFETY: in bounds and naturally aligned (checked by `atomic_ptr`); `T` is a plain
+        // integer (sealed trait), valid for every bit pattern.
+        Ok(unsafe { std::ptr::read_volatile(ptr.cast::<T>()) })
+    }
+
+    /// One exact-width volatile store (see [`SharedMem::mmio_read`]).
+    pub fn mmio_write<T: Mmio>(&self, offset: u64, value: T) -> Result<()> {
+        if self.access == Access::ReadOnly {
+            return Err(ShmError::ReadOnly);
+        }
+        let ptr = self.atomic_ptr(offset, std::mem::size_of::<T>())?;
+        // SAFETY: in bounds, aligned, writable mapping; see `mmio_read`.
+        unsafe { std::ptr::write_volatile(ptr.cast::<T>(), value) };
+        Ok(())
     }
 
     /// Raw pointer to the start of the mapping, for zero-copy handoff to the kernel (e.g.

@@ -104,6 +104,57 @@ impl Irqs {
         self.pending[i].resize(n, false);
     }
 
+    /// Applies a DEVICE_SET_IRQS request to an IRQ index with `total` vectors: attach or detach
+    /// eventfds, trigger, mask or unmask (VFIO semantics).
+    pub fn apply(&mut self, total: u32, s: &wire::IrqSet, fds: Vec<OwnedFd>) -> Result<(), Errno> {
+        let data = s.flags & wire::irq::SET_DATA_MASK;
+        let action = s.flags & wire::irq::SET_ACTION_MASK_ALL;
+        if data == wire::irq::SET_DATA_NONE && s.count == 0 && action == wire::irq::SET_ACTION_TRIGGER {
+            // start = count = 0 with DATA_NONE disables every vector of the index.
+            self.slot(s.index, 0);
+            return Ok(());
+        }
+        if s.start as u64 + s.count as u64 > total as u64 {
+            return Err(Errno::INVAL);
+        }
+        self.slot(s.index, total);
+        let i = s.index as usize;
+        let range = s.start as usize..(s.start + s.count) as usize;
+        match (data, action) {
+            (wire::irq::SET_DATA_EVENTFD, wire::irq::SET_ACTION_TRIGGER) => {
+                if !fds.is_empty() && fds.len() != s.count as usize {
+                    return Err(Errno::INVAL);
+                }
+                let mut fds = fds.into_iter();
+                for v in range {
+                    self.fds[i][v] = fds.next();
+                }
+            }
+            (_, wire::irq::SET_ACTION_TRIGGER) => {
+                for (n, v) in range.enumerate() {
+                    if data == wire::irq::SET_DATA_NONE || s.data[n] != 0 {
+                        self.trigger(s.index, v as u32);
+                    }
+                }
+            }
+            (_, wire::irq::SET_ACTION_MASK) | (_, wire::irq::SET_ACTION_UNMASK)
+                if data != wire::irq::SET_DATA_EVENTFD =>
+            {
+                let mask = action == wire::irq::SET_ACTION_MASK;
+                for (n, v) in range.enumerate() {
+                    if data == wire::irq::SET_DATA_NONE || s.data[n] != 0 {
+                        self.masked[i][v] = mask;
+                        if !mask && std::mem::take(&mut self.pending[i][v]) {
+                            self.trigger(s.index, v as u32);
+                        }
+                    }
+                }
+            }
+            _ => return Err(Errno::NOTSUP),
+        }
+        Ok(())
+    }
+
     /// Signals vector `vector` of IRQ `index`. Returns false if no eventfd is attached; a masked
     /// vector is remembered as pending and fires on unmask.
     pub fn trigger(&mut self, index: u32, vector: u32) -> bool {
@@ -672,51 +723,7 @@ impl<B: DeviceBackend> Server<B> {
             .into_iter()
             .find(|i| i.index == s.index)
             .ok_or(Errno::INVAL)?;
-        let data = s.flags & wire::irq::SET_DATA_MASK;
-        let action = s.flags & wire::irq::SET_ACTION_MASK_ALL;
-        let irqs = &mut self.ctx.irqs;
-        if data == wire::irq::SET_DATA_NONE && s.count == 0 && action == wire::irq::SET_ACTION_TRIGGER {
-            // start = count = 0 with DATA_NONE disables every vector of the index.
-            irqs.slot(s.index, 0);
-            return Ok(());
-        }
-        if s.start as u64 + s.count as u64 > info.count as u64 {
-            return Err(Errno::INVAL);
-        }
-        irqs.slot(s.index, info.count);
-        let i = s.index as usize;
-        let range = s.start as usize..(s.start + s.count) as usize;
-        match (data, action) {
-            (wire::irq::SET_DATA_EVENTFD, wire::irq::SET_ACTION_TRIGGER) => {
-                if !fds.is_empty() && fds.len() != s.count as usize {
-                    return Err(Errno::INVAL);
-                }
-                let mut fds = fds.into_iter();
-                for v in range {
-                    irqs.fds[i][v] = fds.next();
-                }
-            }
-            (_, wire::irq::SET_ACTION_TRIGGER) => {
-                for (n, v) in range.enumerate() {
-                    if data == wire::irq::SET_DATA_NONE || s.data[n] != 0 {
-                        irqs.trigger(s.index, v as u32);
-                    }
-                }
-            }
-            (_, wire::irq::SET_ACTION_MASK) | (_, wire::irq::SET_ACTION_UNMASK) if data != wire::irq::SET_DATA_EVENTFD => {
-                let mask = action == wire::irq::SET_ACTION_MASK;
-                for (n, v) in range.enumerate() {
-                    if data == wire::irq::SET_DATA_NONE || s.data[n] != 0 {
-                        irqs.masked[i][v] = mask;
-                        if !mask && std::mem::take(&mut irqs.pending[i][v]) {
-                            irqs.trigger(s.index, v as u32);
-                        }
-                    }
-                }
-            }
-            _ => return Err(Errno::NOTSUP),
-        }
-        Ok(())
+        self.ctx.irqs.apply(info.count, s, fds)
     }
 }
 

@@ -1,0 +1,327 @@
+//! Outboard's hardware layer: how a driver reaches its one device.
+//!
+//! A driver sees a [`PciFunction`] and nothing else: its identity, mediated configuration
+//! space, [`Region`]s (BARs) with bounds-checked typed accessors, a [`DmaSpace`] that hands out
+//! buffers by IOVA, interrupt vectors as [`Irq`] eventfds, and reset. Behind it sits a backend:
+//!
+//! - **vfio-user** ([`backend::vfio_user`]): an emulated device model in another process;
+//! - **in-process** ([`backend::in_process`]): a device model in the same process, called
+//!   directly and synchronously, for fast deterministic tests;
+//! - **Linux VFIO**: a real PCI function (its own issue; the interface has no vfio-user
+//!   specifics so it slots in).
+//!
+//! Drivers never mmap, open `/sys` or issue ioctls; a register access is the same call whether
+//! it lands in mmapped memory, becomes a vfio-user message, or is an ioeventfd doorbell.
+#![deny(missing_docs)]
+
+pub mod backend;
+mod config;
+mod dma;
+mod irq;
+mod region;
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+pub use config::{Capability, ConfigPolicy};
+pub use dma::{DmaBuf, DmaSpace};
+pub use irq::Irq;
+pub use region::{Region, RegionKind};
+
+use backend::Backend;
+use outboard_spec::pci;
+
+/// What went wrong reaching hardware.
+#[derive(Debug, thiserror::Error)]
+pub enum HwError {
+    /// The device could not be opened.
+    #[error("cannot open {spec}: {why}")]
+    Open {
+        /// The device spec.
+        spec: String,
+        /// Why.
+        why: String,
+    },
+    /// The backend (vfio-user server, VFIO ioctl) failed.
+    #[error("{0}")]
+    Backend(String),
+    /// A region access outside the region.
+    #[error("access of {len} bytes at {offset:#x} is outside BAR{bar} ({size:#x} bytes)")]
+    OutOfBounds {
+        /// BAR number.
+        bar: u8,
+        /// Offset.
+        offset: u64,
+        /// Access size.
+        len: u64,
+        /// Region size.
+        size: u64,
+    },
+    /// The region does not exist.
+    #[error("BAR{0} is not implemented by the device")]
+    NoSuchRegion(u8),
+    /// The configuration write was refused by mediation.
+    #[error("configuration write of {len} bytes at {offset:#x} is not permitted: {why}")]
+    ConfigDenied {
+        /// Offset.
+        offset: u64,
+        /// Length.
+        len: usize,
+        /// The rule.
+        why: &'static str,
+    },
+    /// Interrupt set-up failed.
+    #[error("interrupts: {0}")]
+    Irq(String),
+    /// Shared memory failed.
+    #[error(transparent)]
+    Shm(#[from] outboard_shm::ShmError),
+}
+
+/// Result alias for this crate.
+pub type Result<T> = std::result::Result<T, HwError>;
+
+/// Where a device is, as a user names it on the command line.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum DeviceSpec {
+    /// A device model's vfio-user socket.
+    VfioUser(PathBuf),
+    /// A PCI function bound to `vfio-pci`, by BDF (`0000:00:04.0`).
+    Vfio(String),
+}
+
+impl std::fmt::Display for DeviceSpec {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            DeviceSpec::VfioUser(p) => write!(f, "vfio-user:{}", p.display()),
+            DeviceSpec::Vfio(bdf) => write!(f, "vfio:{bdf}"),
+        }
+    }
+}
+
+/// Interrupt types of a PCI function.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum IrqKind {
+    /// Legacy pin interrupt.
+    Intx,
+    /// Message signalled interrupts.
+    Msi,
+    /// MSI-X.
+    MsiX,
+}
+
+impl IrqKind {
+    /// All kinds, in VFIO index order.
+    pub const ALL: [IrqKind; 3] = [IrqKind::Intx, IrqKind::Msi, IrqKind::MsiX];
+}
+
+impl std::fmt::Display for IrqKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            IrqKind::Intx => "INTx",
+            IrqKind::Msi => "MSI",
+            IrqKind::MsiX => "MSI-X",
+        })
+    }
+}
+
+/// Identity of a PCI function, from its configuration header.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PciIdentity {
+    /// Vendor ID.
+    pub vendor: u16,
+    /// Device ID.
+    pub device: u16,
+    /// Subsystem vendor ID.
+    pub subsystem_vendor: u16,
+    /// Subsystem ID.
+    pub subsystem: u16,
+    /// Base class.
+    pub class: u8,
+    /// Subclass.
+    pub subclass: u8,
+    /// Programming interface.
+    pub prog_if: u8,
+    /// Revision ID.
+    pub revision: u8,
+}
+
+/// One PCI function, reached through some backend.
+pub struct PciFunction {
+    spec: String,
+    backend: Arc<dyn Backend>,
+    identity: PciIdentity,
+    policy: ConfigPolicy,
+    dma: DmaSpace,
+}
+
+impl std::fmt::Debug for PciFunction {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PciFunction")
+            .field("spec", &self.spec)
+            .field("identity", &self.identity)
+            .finish()
+    }
+}
+
+impl PciFunction {
+    /// Opens the device named by `spec`.
+    pub fn open(spec: &DeviceSpec) -> Result<Self> {
+        match spec {
+            DeviceSpec::VfioUser(path) => {
+                let b = backend::vfio_user::VfioUserBackend::connect(path).map_err(|e| HwError::Open {
+                    spec: spec.to_string(),
+                    why: e.to_string(),
+                })?;
+                Self::with_backend(spec.to_string(), Arc::new(b))
+            }
+            DeviceSpec::Vfio(_) => Err(HwError::Open {
+                spec: spec.to_string(),
+                why: "the Linux VFIO backend is not built yet".into(),
+            }),
+        }
+    }
+
+    /// Wraps a backend (used by the in-process backend and tests).
+    pub fn with_backend(spec: String, backend: Arc<dyn Backend>) -> Result<Self> {
+        let mut head = [0u8; 0x40];
+        backend.config_read(0, &mut head)?;
+        let u16_at = |o: usize| u16::from_le_bytes([head[o], head[o + 1]]);
+        let identity = PciIdentity {
+            vendor: u16_at(pci::VENDOR_ID as usize),
+            device: u16_at(pci::DEVICE_ID as usize),
+            subsystem_vendor: u16_at(pci::SUBSYSTEM_VENDOR_ID as usize),
+            subsystem: u16_at(pci::SUBSYSTEM_ID as usize),
+            class: head[pci::CLASS_BASE as usize],
+            subclass: head[pci::CLASS_SUB as usize],
+            prog_if: head[pci::CLASS_PROG_IF as usize],
+            revision: head[pci::REVISION_ID as usize],
+        };
+        if identity.vendor == 0xffff {
+            return Err(HwError::Open {
+                spec,
+                why: "configuration space reads as all ones (no device)".into(),
+            });
+        }
+        let dma = DmaSpace::new(backend.clone());
+        let mut f = Self {
+            spec,
+            backend,
+            identity,
+            policy: ConfigPolicy::default(),
+            dma,
+        };
+        f.policy = ConfigPolicy::for_capabilities(&f.capabilities()?);
+        Ok(f)
+    }
+
+    /// How the device was named.
+    pub fn spec(&self) -> &str {
+        &self.spec
+    }
+
+    /// Identity from the configuration header.
+    pub fn identity(&self) -> PciIdentity {
+        self.identity
+    }
+
+    /// Reads configuration space.
+    pub fn config_read(&self, offset: u64, buf: &mut [u8]) -> Result<()> {
+        self.backend.config_read(offset, buf)
+    }
+
+    /// Reads a configuration byte.
+    pub fn config_read8(&self, offset: u64) -> Result<u8> {
+        let mut b = [0u8; 1];
+        self.config_read(offset, &mut b)?;
+        Ok(b[0])
+    }
+
+    /// Reads a configuration word.
+    pub fn config_read16(&self, offset: u64) -> Result<u16> {
+        let mut b = [0u8; 2];
+        self.config_read(offset, &mut b)?;
+        Ok(u16::from_le_bytes(b))
+    }
+
+    /// Reads a configuration dword.
+    pub fn config_read32(&self, offset: u64) -> Result<u32> {
+        let mut b = [0u8; 4];
+        self.config_read(offset, &mut b)?;
+        Ok(u32::from_le_bytes(b))
+    }
+
+    /// Writes configuration space, subject to mediation ([`ConfigPolicy`]).
+    pub fn config_write(&self, offset: u64, data: &[u8]) -> Result<()> {
+        self.policy.check(offset, data.len())?;
+        self.backend.config_write(offset, data)
+    }
+
+    /// Sets bits in the command register (memory decode, bus master); others are refused.
+    pub fn enable_command(&self, bits: u16) -> Result<()> {
+        let allowed = pci::COMMAND_MEMORY | pci::COMMAND_BUS_MASTER | pci::COMMAND_IO | pci::COMMAND_INTX_DISABLE;
+        if bits & !allowed != 0 {
+            return Err(HwError::ConfigDenied {
+                offset: pci::COMMAND,
+                len: 2,
+                why: "only decode, bus-master and INTx-disable bits may be set",
+            });
+        }
+        let cmd = self.config_read16(pci::COMMAND)? | bits;
+        self.config_write(pci::COMMAND, &cmd.to_le_bytes())
+    }
+
+    /// Walks the capability list (bounded, so a looping list cannot hang us).
+    pub fn capabilities(&self) -> Result<Vec<Capability>> {
+        config::walk_capabilities(|o, b| self.backend.config_read(o, b))
+    }
+
+    /// BAR `bar` as a region.
+    pub fn region(&self, bar: u8) -> Result<Region> {
+        if bar > 5 {
+            return Err(HwError::NoSuchRegion(bar));
+        }
+        self.backend.region(bar)
+    }
+
+    /// Sizes of all BARs (0 where absent), without mapping them.
+    pub fn bar_sizes(&self) -> Result<[u64; 6]> {
+        let mut s = [0u64; 6];
+        for (bar, size) in s.iter_mut().enumerate() {
+            *size = self.backend.region_size(bar as u8)?;
+        }
+        Ok(s)
+    }
+
+    /// The device's DMA address space.
+    pub fn dma(&self) -> &DmaSpace {
+        &self.dma
+    }
+
+    /// Number of vectors of an interrupt type.
+    pub fn irq_count(&self, kind: IrqKind) -> Result<u32> {
+        self.backend.irq_count(kind)
+    }
+
+    /// Enables `count` vectors of `kind`, each delivered to its own eventfd.
+    pub fn enable_irqs(&self, kind: IrqKind, count: u32) -> Result<Vec<Irq>> {
+        let max = self.irq_count(kind)?;
+        if count == 0 || count > max {
+            return Err(HwError::Irq(format!("{kind}: asked for {count} vectors, device has {max}")));
+        }
+        let irqs: Vec<Irq> = (0..count).map(Irq::new).collect::<Result<_>>()?;
+        let fds: Vec<_> = irqs.iter().map(|i| i.fd()).collect();
+        self.backend.set_irqs(kind, &fds)?;
+        Ok(irqs)
+    }
+
+    /// Disables every vector of `kind`.
+    pub fn disable_irqs(&self, kind: IrqKind) -> Result<()> {
+        self.backend.set_irqs(kind, &[])
+    }
+
+    /// Resets the function.
+    pub fn reset(&self) -> Result<()> {
+        self.backend.reset()
+    }
+}

@@ -350,6 +350,44 @@ impl SharedMem {
         Ok(())
     }
 
+    /// Reads up to `len` bytes of `file` at `file_offset` straight into the mapping at
+    /// `offset` (`pread`, no bounce buffer). Returns the byte count read (short at end of file).
+    pub fn pread_from(&self, file: BorrowedFd<'_>, file_offset: u64, offset: u64, len: usize) -> Result<usize> {
+        let start = self.check_write(offset, len)?;
+        // SAFETY: `[start, start+len)` is inside this live, writable mapping. The slice exists
+        // only for the duration of the syscall, which writes plain bytes into it; a concurrent
+        // peer write races the same way a device DMA would and cannot violate u8 validity.
+        let buf = unsafe { std::slice::from_raw_parts_mut(self.ptr.as_ptr().add(start), len) };
+        let mut done = 0;
+        while done < len {
+            match rustix::io::pread(file, &mut buf[done..], file_offset + done as u64) {
+                Ok(0) => break,
+                Ok(n) => done += n,
+                Err(rustix::io::Errno::INTR) => continue,
+                Err(e) => return Err(ShmError::Os { op: "pread", errno: e }),
+            }
+        }
+        Ok(done)
+    }
+
+    /// Writes `len` bytes from the mapping at `offset` to `file` at `file_offset` (`pwrite`).
+    pub fn pwrite_to(&self, file: BorrowedFd<'_>, file_offset: u64, offset: u64, len: usize) -> Result<()> {
+        let start = self.check(offset, len)?;
+        // SAFETY: in bounds of the live mapping; read-only use for the duration of the call
+        // (see `pread_from` on concurrent peers).
+        let buf = unsafe { std::slice::from_raw_parts(self.ptr.as_ptr().add(start), len) };
+        let mut done = 0;
+        while done < len {
+            match rustix::io::pwrite(file, &buf[done..], file_offset + done as u64) {
+                Ok(0) => return Err(ShmError::Os { op: "pwrite", errno: rustix::io::Errno::NOSPC }),
+                Ok(n) => done += n,
+                Err(rustix::io::Errno::INTR) => continue,
+                Err(e) => return Err(ShmError::Os { op: "pwrite", errno: e }),
+            }
+        }
+        Ok(())
+    }
+
     /// Raw pointer to the start of the mapping, for zero-copy handoff to the kernel (e.g.
     /// `pread` straight into a DMA buffer). The caller must stay within [`SharedMem::len`].
     pub fn as_ptr(&self) -> *mut u8 {

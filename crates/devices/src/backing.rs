@@ -1,0 +1,181 @@
+//! Storage behind an emulated disk: a file or anonymous memory, both reached through an fd so
+//! the device moves data with `pread`/`pwrite` straight into client DMA memory.
+
+use std::fs::{File, OpenOptions};
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::path::PathBuf;
+
+use rustix::fs::{FallocateFlags, MemfdFlags};
+
+/// Where a disk's bytes live.
+#[derive(Debug)]
+pub struct Backing {
+    fd: OwnedFd,
+    len: u64,
+    kind: Kind,
+}
+
+#[derive(Debug, Clone)]
+enum Kind {
+    File(PathBuf),
+    Memory,
+}
+
+/// Why a backing could not be opened.
+#[derive(Debug, thiserror::Error)]
+pub enum BackingError {
+    /// The spec could not be parsed.
+    #[error("invalid backing {spec:?}: {why}")]
+    Spec {
+        /// What was given.
+        spec: String,
+        /// Why it is wrong.
+        why: String,
+    },
+    /// The file could not be opened or sized.
+    #[error("{path}: {source}")]
+    Io {
+        /// The path.
+        path: String,
+        /// The error.
+        source: std::io::Error,
+    },
+}
+
+/// Parses a size such as `4096`, `64K`, `512M`, `2G` (binary units).
+pub fn parse_size(s: &str) -> Option<u64> {
+    let s = s.trim();
+    let (num, mult) = match s.char_indices().last()? {
+        (i, 'k' | 'K') => (&s[..i], 1u64 << 10),
+        (i, 'm' | 'M') => (&s[..i], 1 << 20),
+        (i, 'g' | 'G') => (&s[..i], 1 << 30),
+        (i, 't' | 'T') => (&s[..i], 1 << 40),
+        _ => (s, 1),
+    };
+    num.parse::<u64>().ok()?.checked_mul(mult)
+}
+
+impl Backing {
+    /// Opens `mem:SIZE` (zero-filled memory) or a file path. A file that does not exist is
+    /// created sparse with `create_size` bytes if given. The size must be a multiple of 512.
+    pub fn open(spec: &str, create_size: Option<u64>) -> Result<Self, BackingError> {
+        let bad = |why: &str| BackingError::Spec {
+            spec: spec.to_string(),
+            why: why.to_string(),
+        };
+        let b = if let Some(size) = spec.strip_prefix("mem:") {
+            let len = parse_size(size).ok_or_else(|| bad("size must be a number with an optional K/M/G/T suffix"))?;
+            let fd = rustix::fs::memfd_create("outboard-disk", MemfdFlags::CLOEXEC).map_err(|e| bad(&e.to_string()))?;
+            rustix::fs::ftruncate(&fd, len).map_err(|e| bad(&e.to_string()))?;
+            Self {
+                fd,
+                len,
+                kind: Kind::Memory,
+            }
+        } else {
+            let path = PathBuf::from(spec);
+            let io = |source| BackingError::Io {
+                path: spec.to_string(),
+                source,
+            };
+            let file: File = match OpenOptions::new().read(true).write(true).open(&path) {
+                Ok(f) => f,
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound && create_size.is_some() => {
+                    let f = OpenOptions::new().read(true).write(true).create_new(true).open(&path).map_err(io)?;
+                    f.set_len(create_size.unwrap_or(0)).map_err(io)?;
+                    f
+                }
+                Err(e) => return Err(io(e)),
+            };
+            let len = file.metadata().map_err(io)?.len();
+            Self {
+                fd: file.into(),
+                len,
+                kind: Kind::File(path),
+            }
+        };
+        if b.len == 0 || b.len % 512 != 0 {
+            return Err(bad(&format!("size {} is not a positive multiple of 512", b.len)));
+        }
+        Ok(b)
+    }
+
+    /// The fd to read and write.
+    pub fn fd(&self) -> BorrowedFd<'_> {
+        self.fd.as_fd()
+    }
+
+    /// Size in bytes.
+    pub fn len(&self) -> u64 {
+        self.len
+    }
+
+    /// Always false: empty backings are refused.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// Human-readable description.
+    pub fn describe(&self) -> String {
+        match &self.kind {
+            Kind::File(p) => format!("file {}", p.display()),
+            Kind::Memory => "memory".into(),
+        }
+    }
+
+    /// Makes written data durable (FLUSH): `fdatasync` for a file, nothing for memory.
+    pub fn flush(&self) -> std::io::Result<()> {
+        match self.kind {
+            Kind::File(_) => rustix::fs::fdatasync(&self.fd).map_err(Into::into),
+            Kind::Memory => Ok(()),
+        }
+    }
+
+    /// Deallocates a range (DISCARD); reads return zeros afterwards.
+    pub fn discard(&self, offset: u64, len: u64) -> std::io::Result<()> {
+        self.zero(offset, len)
+    }
+
+    /// Zeroes a range (WRITE_ZEROES): ZERO_RANGE, else PUNCH_HOLE, else writing zeros.
+    pub fn zero(&self, offset: u64, len: u64) -> std::io::Result<()> {
+        if rustix::fs::fallocate(&self.fd, FallocateFlags::ZERO_RANGE | FallocateFlags::KEEP_SIZE, offset, len).is_ok() {
+            return Ok(());
+        }
+        if rustix::fs::fallocate(&self.fd, FallocateFlags::PUNCH_HOLE | FallocateFlags::KEEP_SIZE, offset, len).is_ok() {
+            return Ok(());
+        }
+        let zeros = vec![0u8; 64 << 10];
+        let mut done = 0;
+        while done < len {
+            let n = (len - done).min(zeros.len() as u64) as usize;
+            rustix::io::pwrite(&self.fd, &zeros[..n], offset + done)?;
+            done += n as u64;
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sizes_parse() {
+        assert_eq!(parse_size("64M"), Some(64 << 20));
+        assert_eq!(parse_size("4096"), Some(4096));
+        assert_eq!(parse_size("1g"), Some(1 << 30));
+        assert_eq!(parse_size("x"), None);
+        assert_eq!(parse_size("99999999999T"), None);
+    }
+
+    #[test]
+    fn rejects_bad_sizes_and_missing_files() {
+        assert!(Backing::open("mem:100", None).is_err());
+        assert!(Backing::open("mem:", None).is_err());
+        assert!(Backing::open("/nonexistent/dir/disk.img", None).is_err());
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("d.img");
+        let b = Backing::open(p.to_str().unwrap(), Some(1 << 20)).unwrap();
+        assert_eq!(b.len(), 1 << 20);
+    }
+}

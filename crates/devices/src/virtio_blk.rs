@@ -28,6 +28,9 @@ pub const SIZE_MAX: u32 = 1 << 20;
 /// Most sectors per discard / write-zeroes segment.
 pub const MAX_ZERO_SECTORS: u32 = 1 << 22;
 
+/// A handle through which a test injects faults while the device runs.
+pub type FaultHandle = std::sync::Arc<std::sync::Mutex<Faults>>;
+
 /// Faults a test can inject.
 #[derive(Debug, Default, Clone)]
 pub struct Faults {
@@ -77,8 +80,7 @@ pub struct VirtioBlk {
     backing: Backing,
     opts: BlkOptions,
     features: u64,
-    /// Injected faults.
-    pub faults: Faults,
+    faults: FaultHandle,
     stats: BlkStats,
 }
 
@@ -97,9 +99,14 @@ impl VirtioBlk {
                 ..opts
             },
             features: 0,
-            faults: Faults::default(),
+            faults: FaultHandle::default(),
             stats: BlkStats::default(),
         }
+    }
+
+    /// The fault-injection handle (clone it before handing the model to a server).
+    pub fn faults(&self) -> FaultHandle {
+        self.faults.clone()
     }
 
     /// Counters.
@@ -125,7 +132,8 @@ impl VirtioBlk {
         if end > self.capacity_sectors() {
             return Err(status::IOERR);
         }
-        if let Some(f) = &self.faults.fail_sectors {
+        let faults = self.faults.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(f) = &faults.fail_sectors {
             if sector < f.end && f.start < end.max(sector + 1) {
                 return Err(status::IOERR);
             }

@@ -1,0 +1,164 @@
+//! The virtio-blk driver against the virtio-blk device model, in one process (deterministic).
+
+use std::sync::Arc;
+
+use outboard_devices::backing::Backing;
+use outboard_devices::virtio_blk::{BlkOptions, FaultHandle};
+use outboard_drivers::virtio_blk::{BlkDriverOptions, BlkError, BlkOp, BlkRequest, VirtioBlk};
+use outboard_hw::backend::in_process::InProcess;
+use outboard_hw::PciFunction;
+
+fn disk(size: &str, opts: BlkOptions) -> (VirtioBlk, FaultHandle) {
+    let model = outboard_devices::virtio_blk(Backing::open(&format!("mem:{size}"), None).unwrap(), opts).unwrap();
+    let faults = model.device().faults();
+    let backend = Arc::new(InProcess::new(Box::new(model)));
+    let func = PciFunction::with_backend("in-process".into(), backend).unwrap();
+    (VirtioBlk::new(func, BlkDriverOptions::default()).unwrap(), faults)
+}
+
+fn pattern(seed: u64, len: usize) -> Vec<u8> {
+    (0..len).map(|i| (seed.wrapping_mul(31).wrapping_add(i as u64 * 7) >> 1) as u8).collect()
+}
+
+#[test]
+fn negotiates_and_reports_geometry() {
+    let (d, _) = disk("1M", BlkOptions::default());
+    let info = d.info();
+    assert_eq!(info.capacity, 2048);
+    assert_eq!(info.block_size, 512);
+    assert!(!info.read_only);
+    assert!(info.msix);
+    assert_eq!(info.queue_size, 256);
+    use outboard_spec::virtio::feature;
+    assert_ne!(info.features & feature::RING_EVENT_IDX, 0);
+    assert_ne!(info.features & feature::RING_INDIRECT_DESC, 0);
+}
+
+#[test]
+fn write_then_read_back_single_and_multi_block() {
+    let (mut d, _) = disk("4M", BlkOptions::default());
+    let buf = d.function().dma().alloc(1 << 20).unwrap();
+    for (sector, len) in [(0u64, 512u32), (7, 4096), (100, 65536), (8191 - 127, 65536)] {
+        let data = pattern(sector, len as usize);
+        buf.write(0, &data).unwrap();
+        assert_eq!(d.write(sector, &buf, 0, len).unwrap(), len as u64);
+        buf.fill(0, len as usize, 0).unwrap();
+        d.read(sector, &buf, 0, len).unwrap();
+        let mut back = vec![0u8; len as usize];
+        buf.read(0, &mut back).unwrap();
+        assert_eq!(back, data, "sector {sector} len {len}");
+    }
+    d.flush().unwrap();
+    assert_eq!(d.device_id().unwrap(), "outboard-blk");
+}
+
+#[test]
+fn many_requests_in_flight_complete_with_their_tags() {
+    let (mut d, _) = disk("8M", BlkOptions::default());
+    let buf = d.function().dma().alloc(256 * 4096).unwrap();
+    for i in 0..256u64 {
+        buf.write(i * 4096, &pattern(i, 4096)).unwrap();
+    }
+    for i in 0..256u64 {
+        let r = BlkRequest {
+            op: BlkOp::Write,
+            sector: i * 8,
+            bufs: vec![(buf.iova_at(i * 4096, 4096).unwrap(), 4096)],
+            tag: i,
+        };
+        d.submit(0, &r).unwrap();
+    }
+    // The queue is full now: one more is refused, not lost.
+    let extra = BlkRequest {
+        op: BlkOp::Flush,
+        sector: 0,
+        bufs: vec![],
+        tag: 999,
+    };
+    assert_eq!(d.submit(0, &extra), Err(BlkError::QueueFull));
+    d.kick(0).unwrap();
+    let mut done = Vec::new();
+    while done.len() < 256 {
+        d.wait(0, &mut done, std::time::Duration::from_secs(5)).unwrap();
+    }
+    let mut tags: Vec<u64> = done.iter().map(|c| c.tag).collect();
+    tags.sort();
+    assert_eq!(tags, (0..256).collect::<Vec<_>>());
+    assert!(done.iter().all(|c| c.result == Ok(4096)));
+    buf.fill(0, 256 * 4096, 0).unwrap();
+    for i in 0..256u64 {
+        d.read(i * 8, &buf, i * 4096, 4096).unwrap();
+        let mut back = vec![0u8; 4096];
+        buf.read(i * 4096, &mut back).unwrap();
+        assert_eq!(back, pattern(i, 4096));
+    }
+}
+
+#[test]
+fn errors_are_specific() {
+    let (mut d, faults) = disk("1M", BlkOptions::default());
+    let buf = d.function().dma().alloc(8192).unwrap();
+    assert!(matches!(d.read(2048, &buf, 0, 512), Err(BlkError::OutOfRange { .. })));
+    assert!(matches!(d.read(2047, &buf, 0, 1024), Err(BlkError::OutOfRange { .. })));
+    assert!(matches!(d.read(0, &buf, 0, 100), Err(BlkError::Invalid(_))));
+    assert!(matches!(d.read(0, &buf, 8000, 512), Err(BlkError::Invalid(_))));
+    // A device-side failure on a sector range comes back as an I/O error.
+    faults.lock().unwrap().fail_sectors = Some(10..20);
+    assert_eq!(d.read(12, &buf, 0, 512), Err(BlkError::Io));
+    assert_eq!(d.read(20, &buf, 0, 512), Ok(512));
+}
+
+#[test]
+fn dma_outside_the_map_is_an_io_error_not_a_crash() {
+    let (mut d, _) = disk("1M", BlkOptions::default());
+    let r = BlkRequest {
+        op: BlkOp::Read,
+        sector: 0,
+        bufs: vec![(0xdead_0000, 512)],
+        tag: 1,
+    };
+    assert_eq!(d.execute(r), Err(BlkError::Io));
+    // The device keeps serving.
+    let buf = d.function().dma().alloc(4096).unwrap();
+    assert_eq!(d.read(0, &buf, 0, 512), Ok(512));
+}
+
+#[test]
+fn read_only_disk_refuses_writes() {
+    let (mut d, _) = disk(
+        "1M",
+        BlkOptions {
+            read_only: true,
+            ..Default::default()
+        },
+    );
+    assert!(d.info().read_only);
+    let buf = d.function().dma().alloc(4096).unwrap();
+    assert_eq!(d.write(0, &buf, 0, 512), Err(BlkError::ReadOnly));
+}
+
+#[test]
+fn discard_and_write_zeroes_zero_the_range() {
+    let (mut d, _) = disk("1M", BlkOptions::default());
+    let buf = d.function().dma().alloc(8192).unwrap();
+    buf.fill(0, 8192, 0xaa).unwrap();
+    d.write(0, &buf, 0, 8192).unwrap();
+    d.execute(BlkRequest {
+        op: BlkOp::WriteZeroes { sectors: 8 },
+        sector: 0,
+        bufs: vec![],
+        tag: 0,
+    })
+    .unwrap();
+    d.execute(BlkRequest {
+        op: BlkOp::Discard { sectors: 8 },
+        sector: 8,
+        bufs: vec![],
+        tag: 0,
+    })
+    .unwrap();
+    d.read(0, &buf, 0, 8192).unwrap();
+    let mut back = vec![1u8; 8192];
+    buf.read(0, &mut back).unwrap();
+    assert!(back.iter().all(|&b| b == 0));
+}

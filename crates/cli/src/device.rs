@@ -1,0 +1,106 @@
+//! `outboard device …`: device models as standalone vfio-user servers.
+//!
+//! Follows the vfio-user backend program conventions: `--socket-path` or `--fd`, no
+//! daemonizing, SIGTERM honoured.
+
+use std::os::fd::{FromRawFd, OwnedFd};
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::sync::atomic::AtomicBool;
+use std::sync::Arc;
+
+use clap::{Args, Subcommand};
+use outboard_devices::backing::{parse_size, Backing};
+use outboard_devices::virtio_blk::BlkOptions;
+use outboard_vfio_user::{DeviceBackend, Server, ServerOptions};
+
+#[derive(Subcommand)]
+pub enum DeviceCommand {
+    /// A virtio-blk disk (virtio 1.x over PCI, vendor 0x1af4 device 0x1042).
+    ///
+    /// Example: outboard device virtio-blk --socket /tmp/blk.sock --backing mem:64M
+    VirtioBlk(VirtioBlkArgs),
+}
+
+/// Where the device model listens.
+#[derive(Args)]
+pub struct Listen {
+    /// Path of the vfio-user socket to create.
+    #[arg(long, visible_alias = "socket-path", value_name = "PATH", required_unless_present = "fd")]
+    socket: Option<PathBuf>,
+    /// An already listening socket inherited as this fd (instead of --socket).
+    #[arg(long, value_name = "FD", conflicts_with = "socket")]
+    fd: Option<i32>,
+}
+
+#[derive(Args)]
+pub struct VirtioBlkArgs {
+    #[command(flatten)]
+    listen: Listen,
+    /// What holds the disk's bytes: a file path, or mem:SIZE for zero-filled memory
+    /// (SIZE with an optional K/M/G/T suffix).
+    #[arg(long, value_name = "FILE|mem:SIZE")]
+    backing: String,
+    /// Create the file with this size if it does not exist (sparse).
+    #[arg(long, value_name = "SIZE", value_parser = parse_size_arg)]
+    create: Option<u64>,
+    /// Present the disk read-only.
+    #[arg(long)]
+    read_only: bool,
+    /// Number of request queues.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u16).range(1..=16))]
+    queues: u16,
+    /// Serial number returned by GET_ID (at most 20 bytes).
+    #[arg(long, default_value = "outboard-blk")]
+    serial: String,
+}
+
+fn parse_size_arg(s: &str) -> Result<u64, String> {
+    parse_size(s).ok_or_else(|| format!("{s:?} is not a size (e.g. 4096, 64M, 2G)"))
+}
+
+pub fn run(c: DeviceCommand) -> Result<ExitCode, String> {
+    match c {
+        DeviceCommand::VirtioBlk(a) => {
+            if a.serial.len() > 20 {
+                return Err("--serial is limited to 20 bytes".into());
+            }
+            let backing = Backing::open(&a.backing, a.create).map_err(|e| e.to_string())?;
+            let what = format!("{} bytes, {}", backing.len(), backing.describe());
+            let model = outboard_devices::virtio_blk(
+                backing,
+                BlkOptions {
+                    read_only: a.read_only,
+                    num_queues: a.queues,
+                    serial: a.serial,
+                },
+            )
+            .map_err(|e| e.to_string())?;
+            serve(model, &a.listen, &format!("virtio-blk ({what})"))
+        }
+    }
+}
+
+/// Serves `model` until SIGINT or SIGTERM.
+pub fn serve<B: DeviceBackend>(model: B, listen: &Listen, what: &str) -> Result<ExitCode, String> {
+    let stop = Arc::new(AtomicBool::new(false));
+    for sig in [signal_hook::consts::SIGTERM, signal_hook::consts::SIGINT] {
+        signal_hook::flag::register(sig, stop.clone()).map_err(|e| e.to_string())?;
+    }
+    let opts = ServerOptions::default();
+    let mut server = match (&listen.socket, listen.fd) {
+        (Some(path), _) => Server::bind(path, model, opts).map_err(|e| e.to_string())?,
+        (None, Some(fd)) => {
+            // SAFETY: the caller passed this fd number on the command line for us to own
+            // (vfio-user backend convention `--fd`); nothing else in this process uses it.
+            let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+            Server::from_listener(fd, model, opts)
+        }
+        (None, None) => return Err("give --socket or --fd".into()),
+    };
+    let where_ = listen.socket.as_ref().map_or_else(|| format!("fd {}", listen.fd.unwrap_or(-1)), |p| p.display().to_string());
+    eprintln!("outboard: {what} serving vfio-user on {where_}");
+    server.run(&stop).map_err(|e| e.to_string())?;
+    eprintln!("outboard: stopped");
+    Ok(ExitCode::SUCCESS)
+}

@@ -1,0 +1,325 @@
+//! `outboard hw …`: bring-up tools, like `lspci -vv` and a driver self-test for one device.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::{Duration, Instant};
+
+use clap::{Args, Subcommand};
+use outboard_drivers::virtio::{virtio_caps, Transport};
+use outboard_drivers::virtio_blk::{BlkDriverOptions, BlkOp, BlkRequest, VirtioBlk};
+use outboard_hw::{DeviceSpec, IrqKind, PciFunction, RegionKind};
+use outboard_spec::{pci, virtio, virtio_blk};
+
+#[derive(Subcommand)]
+pub enum HwCommand {
+    /// Print a device's identity, BARs and how each is reached, capabilities (virtio decoded),
+    /// interrupts and offered features.
+    Probe(Target),
+    /// Match a driver, bring the device up and test it. Read-only unless --write.
+    Selftest(SelftestArgs),
+}
+
+/// Which device.
+#[derive(Args)]
+#[group(required = true, multiple = false)]
+pub struct Target {
+    /// A device model's vfio-user socket.
+    #[arg(long, value_name = "PATH")]
+    vfio_user: Option<PathBuf>,
+    /// A PCI function bound to vfio-pci, e.g. 0000:00:04.0.
+    #[arg(long, value_name = "BDF")]
+    vfio: Option<String>,
+}
+
+impl Target {
+    fn spec(&self) -> DeviceSpec {
+        match (&self.vfio_user, &self.vfio) {
+            (Some(p), _) => DeviceSpec::VfioUser(p.clone()),
+            (None, Some(b)) => DeviceSpec::Vfio(b.clone()),
+            (None, None) => unreachable!("clap requires one"),
+        }
+    }
+}
+
+#[derive(Args)]
+pub struct SelftestArgs {
+    #[command(flatten)]
+    target: Target,
+    /// Also run a verified write/read/flush test on a scratch range, then put the original
+    /// bytes back.
+    #[arg(long)]
+    write: bool,
+    /// First sector of the scratch range (default: the last 128 sectors of the disk).
+    #[arg(long, value_name = "SECTOR")]
+    scratch_sector: Option<u64>,
+}
+
+pub fn run(c: HwCommand) -> Result<ExitCode, String> {
+    match c {
+        HwCommand::Probe(t) => probe(&t.spec()).map(|()| ExitCode::SUCCESS),
+        HwCommand::Selftest(a) => selftest(&a),
+    }
+}
+
+fn size(n: u64) -> String {
+    match n {
+        n if n >= 1 << 30 && n % (1 << 30) == 0 => format!("{} GiB", n >> 30),
+        n if n >= 1 << 20 && n % (1 << 20) == 0 => format!("{} MiB", n >> 20),
+        n if n >= 1 << 10 && n % (1 << 10) == 0 => format!("{} KiB", n >> 10),
+        n => format!("{n} B"),
+    }
+}
+
+fn probe(spec: &DeviceSpec) -> Result<(), String> {
+    let f = PciFunction::open(spec).map_err(|e| e.to_string())?;
+    let id = f.identity();
+    println!("{spec}");
+    println!(
+        "  {:04x}:{:04x}  class {:02x}{:02x}{:02x} ({})  rev {:02x}",
+        id.vendor,
+        id.device,
+        id.class,
+        id.subclass,
+        id.prog_if,
+        pci::class_name(id.class, id.subclass),
+        id.revision
+    );
+    println!("  subsystem {:04x}:{:04x}", id.subsystem_vendor, id.subsystem);
+    match outboard_drivers::match_driver(&id) {
+        Some(p) => println!("  driver: {} (class {}, probe score {})", p.driver, p.class, p.score),
+        None => println!("  driver: none matches"),
+    }
+    let sizes = f.bar_sizes().map_err(|e| e.to_string())?;
+    println!("  BARs:");
+    for (bar, &sz) in sizes.iter().enumerate() {
+        if sz == 0 {
+            continue;
+        }
+        let mut parts = Vec::new();
+        if let Ok(r) = f.region(bar as u8) {
+            for k in r.layout() {
+                parts.push(match k {
+                    RegionKind::Mapped { offset, size: s } => format!("mmap {offset:#x}+{s:#x}"),
+                    RegionKind::Doorbell { offset, .. } => format!("ioeventfd {offset:#x}"),
+                    RegionKind::Trapped => "rest trapped".into(),
+                });
+            }
+        }
+        println!("    BAR{bar}  {:>8}  {}", size(sz), parts.join(", "));
+    }
+    println!("  capabilities:");
+    let caps = f.capabilities().map_err(|e| e.to_string())?;
+    let vcaps = virtio_caps(&f).unwrap_or_default();
+    for c in &caps {
+        let detail = match c.id {
+            pci::CAP_ID_MSIX => {
+                let ctrl = f.config_read16(c.offset as u64 + pci::msix::MESSAGE_CONTROL).unwrap_or(0);
+                let table = f.config_read32(c.offset as u64 + pci::msix::TABLE).unwrap_or(0);
+                let pba = f.config_read32(c.offset as u64 + pci::msix::PBA).unwrap_or(0);
+                format!(
+                    ": {} vectors, table BAR{}+{:#x}, PBA BAR{}+{:#x}{}",
+                    (ctrl & pci::msix::CONTROL_TABLE_SIZE_MASK) + 1,
+                    table & pci::msix::BIR_MASK,
+                    table & !pci::msix::BIR_MASK,
+                    pba & pci::msix::BIR_MASK,
+                    pba & !pci::msix::BIR_MASK,
+                    if ctrl & pci::msix::CONTROL_ENABLE != 0 { ", enabled" } else { "" }
+                )
+            }
+            pci::CAP_ID_VENDOR => match vcaps.iter().find(|v| v.at == c.offset) {
+                Some(v) => format!(
+                    ": virtio {} BAR{}+{:#x} len {:#x}{}",
+                    virtio::cap::name(v.cfg_type),
+                    v.bar,
+                    v.offset,
+                    v.length,
+                    if v.cfg_type == virtio::cap::NOTIFY_CFG { format!(" multiplier {}", v.multiplier) } else { String::new() }
+                ),
+                None => String::new(),
+            },
+            _ => String::new(),
+        };
+        println!("    [{:02x}] {}{detail}", c.offset, pci::cap_name(c.id));
+    }
+    let irqs: Vec<String> = IrqKind::ALL
+        .iter()
+        .map(|k| format!("{k} {}", f.irq_count(*k).unwrap_or(0)))
+        .collect();
+    println!("  interrupts: {}", irqs.join(", "));
+    if id.vendor == virtio::PCI_VENDOR_ID {
+        if let Ok(t) = Transport::new(&f) {
+            let feats = t.device_features().map_err(|e| e.to_string())?;
+            let blk = id.device == virtio::PCI_DEVICE_ID_BASE + virtio::DEVICE_ID_BLOCK;
+            let names: Vec<String> = (0..64)
+                .filter(|b| feats & (1u64 << b) != 0)
+                .map(|b| {
+                    virtio::feature::name(b)
+                        .or(if blk { virtio_blk::feature::name(b) } else { None })
+                        .map_or_else(|| format!("bit{b}"), str::to_owned)
+                })
+                .collect();
+            println!("  virtio features offered: {}", names.join(" "));
+        }
+    }
+    Ok(())
+}
+
+struct Report {
+    failed: bool,
+}
+
+impl Report {
+    fn step<T>(&mut self, name: &str, f: impl FnOnce() -> Result<(T, String), String>) -> Option<T> {
+        let t0 = Instant::now();
+        let r = f();
+        let ms = t0.elapsed().as_secs_f64() * 1e3;
+        match r {
+            Ok((v, detail)) => {
+                println!("  ok    {name:<40} {ms:>8.2} ms  {detail}");
+                Some(v)
+            }
+            Err(e) => {
+                println!("  FAIL  {name:<40} {ms:>8.2} ms  {e}");
+                self.failed = true;
+                None
+            }
+        }
+    }
+}
+
+fn selftest(a: &SelftestArgs) -> Result<ExitCode, String> {
+    let spec = a.target.spec();
+    let f = PciFunction::open(&spec).map_err(|e| e.to_string())?;
+    let id = f.identity();
+    let p = outboard_drivers::match_driver(&id)
+        .ok_or_else(|| format!("no driver matches {:04x}:{:04x}", id.vendor, id.device))?;
+    println!("selftest of {spec}: {:04x}:{:04x} matched driver {} (score {})", id.vendor, id.device, p.driver, p.score);
+    let mut rep = Report { failed: false };
+    let Some(mut d) = rep.step("bring-up", || {
+        let d = VirtioBlk::new(f, BlkDriverOptions::default()).map_err(|e| e.to_string())?;
+        let i = d.info();
+        let detail = format!(
+            "{} queue(s) x {}, {}, features {:#x}",
+            i.queues,
+            i.queue_size,
+            if i.msix { "MSI-X" } else { "INTx" },
+            i.features
+        );
+        Ok((d, detail))
+    }) else {
+        return Ok(ExitCode::FAILURE);
+    };
+    let info = d.info();
+    println!(
+        "        disk: {} ({} sectors of 512 B), block size {}, {}",
+        size(info.capacity * 512),
+        info.capacity,
+        info.block_size,
+        if info.read_only { "read-only" } else { "read-write" }
+    );
+    let buf = d.function().dma().alloc(1 << 20).map_err(|e| e.to_string())?;
+    rep.step("device id", || d.device_id().map(|s| ((), format!("{s:?}"))).map_err(|e| e.to_string()));
+    rep.step("read first and last sector", || {
+        d.read(0, &buf, 0, 512).map_err(|e| e.to_string())?;
+        d.read(info.capacity - 1, &buf, 512, 512).map_err(|e| e.to_string())?;
+        Ok(((), String::new()))
+    });
+    let n = 64u64.min(info.capacity / 8);
+    rep.step(&format!("{n} x 4 KiB reads, queue depth 32, twice"), || {
+        let first = batch_read(&mut d, &buf, n, 0)?;
+        let second = batch_read(&mut d, &buf, n, n * 4096)?;
+        if first != second {
+            return Err("two reads of the same sectors differ".into());
+        }
+        Ok(((), "both passes identical".into()))
+    });
+    rep.step("out-of-range read is refused", || match d.read(info.capacity, &buf, 0, 512) {
+        Err(outboard_drivers::virtio_blk::BlkError::OutOfRange { .. }) => Ok(((), String::new())),
+        other => Err(format!("expected an out-of-range error, got {other:?}")),
+    });
+    if a.write {
+        if info.read_only {
+            println!("  skip  write test: the disk is read-only");
+        } else {
+            write_test(&mut d, &buf, a.scratch_sector.unwrap_or(info.capacity.saturating_sub(128)), &mut rep);
+        }
+    } else {
+        println!("  skip  write test (use --write: writes a scratch range, then restores it)");
+    }
+    let _ = d.shutdown();
+    if rep.failed {
+        println!("selftest FAILED");
+        Ok(ExitCode::FAILURE)
+    } else {
+        println!("selftest passed");
+        Ok(ExitCode::SUCCESS)
+    }
+}
+
+fn batch_read(d: &mut VirtioBlk, buf: &outboard_hw::DmaBuf, n: u64, at: u64) -> Result<Vec<u8>, String> {
+    let mut submitted = 0;
+    let mut done = Vec::new();
+    while (done.len() as u64) < n {
+        while submitted < n && d.in_flight(0) < 32 {
+            let r = BlkRequest {
+                op: BlkOp::Read,
+                sector: submitted * 8,
+                bufs: vec![(buf.iova_at(at + submitted * 4096, 4096).map_err(|e| e.to_string())?, 4096)],
+                tag: submitted,
+            };
+            d.submit(0, &r).map_err(|e| e.to_string())?;
+            submitted += 1;
+        }
+        d.kick(0).map_err(|e| e.to_string())?;
+        d.wait(0, &mut done, Duration::from_secs(10)).map_err(|e| e.to_string())?;
+    }
+    if let Some(c) = done.iter().find(|c| c.result.is_err()) {
+        return Err(format!("request {} failed: {:?}", c.tag, c.result));
+    }
+    let mut out = vec![0u8; (n * 4096) as usize];
+    buf.read(at, &mut out).map_err(|e| e.to_string())?;
+    Ok(out)
+}
+
+fn write_test(d: &mut VirtioBlk, buf: &outboard_hw::DmaBuf, sector: u64, rep: &mut Report) {
+    const LEN: u32 = 64 << 10;
+    let (orig, pat, chk) = (0u64, LEN as u64, 2 * LEN as u64);
+    let e = |e: outboard_drivers::virtio_blk::BlkError| e.to_string();
+    let saved = rep.step(&format!("save 64 KiB at sector {sector}"), || {
+        d.read(sector, buf, orig, LEN).map_err(e)?;
+        Ok(((), String::new()))
+    });
+    if saved.is_none() {
+        return;
+    }
+    let pattern: Vec<u8> = (0..LEN as usize).map(|i| (i as u8).wrapping_mul(13).wrapping_add((i >> 9) as u8)).collect();
+    let compare = |buf: &outboard_hw::DmaBuf, at: u64, want: &[u8]| -> Result<(), String> {
+        let mut got = vec![0u8; want.len()];
+        buf.read(at, &mut got).map_err(|e| e.to_string())?;
+        match got.iter().zip(want).position(|(a, b)| a != b) {
+            None => Ok(()),
+            Some(i) => Err(format!("byte {i} differs: wrote {:#04x}, read {:#04x}", want[i], got[i])),
+        }
+    };
+    rep.step("write pattern, flush", || {
+        buf.write(pat, &pattern).map_err(|e| e.to_string())?;
+        d.write(sector, buf, pat, LEN).map_err(e)?;
+        d.flush().map_err(e)?;
+        Ok(((), String::new()))
+    });
+    rep.step("read back, compare", || {
+        buf.fill(chk, LEN as usize, 0).map_err(|e| e.to_string())?;
+        d.read(sector, buf, chk, LEN).map_err(e)?;
+        compare(buf, chk, &pattern)?;
+        Ok(((), "identical".into()))
+    });
+    rep.step("restore original bytes, verify", || {
+        d.write(sector, buf, orig, LEN).map_err(e)?;
+        d.flush().map_err(e)?;
+        d.read(sector, buf, chk, LEN).map_err(e)?;
+        let mut original = vec![0u8; LEN as usize];
+        buf.read(orig, &mut original).map_err(|e| e.to_string())?;
+        compare(buf, chk, &original)?;
+        Ok(((), "restored".into()))
+    });
+}

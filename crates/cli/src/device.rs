@@ -26,7 +26,12 @@ pub enum DeviceCommand {
 #[derive(Args)]
 pub struct Listen {
     /// Path of the vfio-user socket to create.
-    #[arg(long, visible_alias = "socket-path", value_name = "PATH", required_unless_present = "fd")]
+    #[arg(
+        long,
+        visible_alias = "socket-path",
+        value_name = "PATH",
+        required_unless_present = "fd"
+    )]
     socket: Option<PathBuf>,
     /// An already listening socket inherited as this fd (instead of --socket).
     #[arg(long, value_name = "FD", conflicts_with = "socket")]
@@ -98,7 +103,10 @@ pub fn serve<B: DeviceBackend>(model: B, listen: &Listen, what: &str) -> Result<
         }
         (None, None) => return Err("give --socket or --fd".into()),
     };
-    let where_ = listen.socket.as_ref().map_or_else(|| format!("fd {}", listen.fd.unwrap_or(-1)), |p| p.display().to_string());
+    let where_ = listen.socket.as_ref().map_or_else(
+        || format!("fd {}", listen.fd.unwrap_or(-1)),
+        |p| p.display().to_string(),
+    );
     eprintln!("outboard: {what} serving vfio-user on {where_}");
     server.run(&stop).map_err(|e| e.to_string())?;
     eprintln!("outboard: stopped");

@@ -84,9 +84,15 @@ fn probe(spec: &DeviceSpec) -> Result<(), String> {
         pci::class_name(id.class, id.subclass),
         id.revision
     );
-    println!("  subsystem {:04x}:{:04x}", id.subsystem_vendor, id.subsystem);
+    println!(
+        "  subsystem {:04x}:{:04x}",
+        id.subsystem_vendor, id.subsystem
+    );
     match outboard_drivers::match_driver(&id) {
-        Some(p) => println!("  driver: {} (class {}, probe score {})", p.driver, p.class, p.score),
+        Some(p) => println!(
+            "  driver: {} (class {}, probe score {})",
+            p.driver, p.class, p.score
+        ),
         None => println!("  driver: none matches"),
     }
     let sizes = f.bar_sizes().map_err(|e| e.to_string())?;
@@ -113,9 +119,15 @@ fn probe(spec: &DeviceSpec) -> Result<(), String> {
     for c in &caps {
         let detail = match c.id {
             pci::CAP_ID_MSIX => {
-                let ctrl = f.config_read16(c.offset as u64 + pci::msix::MESSAGE_CONTROL).unwrap_or(0);
-                let table = f.config_read32(c.offset as u64 + pci::msix::TABLE).unwrap_or(0);
-                let pba = f.config_read32(c.offset as u64 + pci::msix::PBA).unwrap_or(0);
+                let ctrl = f
+                    .config_read16(c.offset as u64 + pci::msix::MESSAGE_CONTROL)
+                    .unwrap_or(0);
+                let table = f
+                    .config_read32(c.offset as u64 + pci::msix::TABLE)
+                    .unwrap_or(0);
+                let pba = f
+                    .config_read32(c.offset as u64 + pci::msix::PBA)
+                    .unwrap_or(0);
                 format!(
                     ": {} vectors, table BAR{}+{:#x}, PBA BAR{}+{:#x}{}",
                     (ctrl & pci::msix::CONTROL_TABLE_SIZE_MASK) + 1,
@@ -123,7 +135,11 @@ fn probe(spec: &DeviceSpec) -> Result<(), String> {
                     table & !pci::msix::BIR_MASK,
                     pba & pci::msix::BIR_MASK,
                     pba & !pci::msix::BIR_MASK,
-                    if ctrl & pci::msix::CONTROL_ENABLE != 0 { ", enabled" } else { "" }
+                    if ctrl & pci::msix::CONTROL_ENABLE != 0 {
+                        ", enabled"
+                    } else {
+                        ""
+                    }
                 )
             }
             pci::CAP_ID_VENDOR => match vcaps.iter().find(|v| v.at == c.offset) {
@@ -133,7 +149,11 @@ fn probe(spec: &DeviceSpec) -> Result<(), String> {
                     v.bar,
                     v.offset,
                     v.length,
-                    if v.cfg_type == virtio::cap::NOTIFY_CFG { format!(" multiplier {}", v.multiplier) } else { String::new() }
+                    if v.cfg_type == virtio::cap::NOTIFY_CFG {
+                        format!(" multiplier {}", v.multiplier)
+                    } else {
+                        String::new()
+                    }
                 ),
                 None => String::new(),
             },
@@ -154,7 +174,11 @@ fn probe(spec: &DeviceSpec) -> Result<(), String> {
                 .filter(|b| feats & (1u64 << b) != 0)
                 .map(|b| {
                     virtio::feature::name(b)
-                        .or(if blk { virtio_blk::feature::name(b) } else { None })
+                        .or(if blk {
+                            virtio_blk::feature::name(b)
+                        } else {
+                            None
+                        })
                         .map_or_else(|| format!("bit{b}"), str::to_owned)
                 })
                 .collect();
@@ -169,7 +193,11 @@ struct Report {
 }
 
 impl Report {
-    fn step<T>(&mut self, name: &str, f: impl FnOnce() -> Result<(T, String), String>) -> Option<T> {
+    fn step<T>(
+        &mut self,
+        name: &str,
+        f: impl FnOnce() -> Result<(T, String), String>,
+    ) -> Option<T> {
         let t0 = Instant::now();
         let r = f();
         let ms = t0.elapsed().as_secs_f64() * 1e3;
@@ -193,7 +221,10 @@ fn selftest(a: &SelftestArgs) -> Result<ExitCode, String> {
     let id = f.identity();
     let p = outboard_drivers::match_driver(&id)
         .ok_or_else(|| format!("no driver matches {:04x}:{:04x}", id.vendor, id.device))?;
-    println!("selftest of {spec}: {:04x}:{:04x} matched driver {} (score {})", id.vendor, id.device, p.driver, p.score);
+    println!(
+        "selftest of {spec}: {:04x}:{:04x} matched driver {} (score {})",
+        id.vendor, id.device, p.driver, p.score
+    );
     let mut rep = Report { failed: false };
     let Some(mut d) = rep.step("bring-up", || {
         let d = VirtioBlk::new(f, BlkDriverOptions::default()).map_err(|e| e.to_string())?;
@@ -215,13 +246,26 @@ fn selftest(a: &SelftestArgs) -> Result<ExitCode, String> {
         size(info.capacity * 512),
         info.capacity,
         info.block_size,
-        if info.read_only { "read-only" } else { "read-write" }
+        if info.read_only {
+            "read-only"
+        } else {
+            "read-write"
+        }
     );
-    let buf = d.function().dma().alloc(1 << 20).map_err(|e| e.to_string())?;
-    rep.step("device id", || d.device_id().map(|s| ((), format!("{s:?}"))).map_err(|e| e.to_string()));
+    let buf = d
+        .function()
+        .dma()
+        .alloc(1 << 20)
+        .map_err(|e| e.to_string())?;
+    rep.step("device id", || {
+        d.device_id()
+            .map(|s| ((), format!("{s:?}")))
+            .map_err(|e| e.to_string())
+    });
     rep.step("read first and last sector", || {
         d.read(0, &buf, 0, 512).map_err(|e| e.to_string())?;
-        d.read(info.capacity - 1, &buf, 512, 512).map_err(|e| e.to_string())?;
+        d.read(info.capacity - 1, &buf, 512, 512)
+            .map_err(|e| e.to_string())?;
         Ok(((), String::new()))
     });
     let n = 64u64.min(info.capacity / 8);
@@ -233,15 +277,25 @@ fn selftest(a: &SelftestArgs) -> Result<ExitCode, String> {
         }
         Ok(((), "both passes identical".into()))
     });
-    rep.step("out-of-range read is refused", || match d.read(info.capacity, &buf, 0, 512) {
-        Err(outboard_drivers::virtio_blk::BlkError::OutOfRange { .. }) => Ok(((), String::new())),
-        other => Err(format!("expected an out-of-range error, got {other:?}")),
+    rep.step("out-of-range read is refused", || {
+        match d.read(info.capacity, &buf, 0, 512) {
+            Err(outboard_drivers::virtio_blk::BlkError::OutOfRange { .. }) => {
+                Ok(((), String::new()))
+            }
+            other => Err(format!("expected an out-of-range error, got {other:?}")),
+        }
     });
     if a.write {
         if info.read_only {
             println!("  skip  write test: the disk is read-only");
         } else {
-            write_test(&mut d, &buf, a.scratch_sector.unwrap_or(info.capacity.saturating_sub(128)), &mut rep);
+            write_test(
+                &mut d,
+                &buf,
+                a.scratch_sector
+                    .unwrap_or(info.capacity.saturating_sub(128)),
+                &mut rep,
+            );
         }
     } else {
         println!("  skip  write test (use --write: writes a scratch range, then restores it)");
@@ -256,7 +310,12 @@ fn selftest(a: &SelftestArgs) -> Result<ExitCode, String> {
     }
 }
 
-fn batch_read(d: &mut VirtioBlk, buf: &outboard_hw::DmaBuf, n: u64, at: u64) -> Result<Vec<u8>, String> {
+fn batch_read(
+    d: &mut VirtioBlk,
+    buf: &outboard_hw::DmaBuf,
+    n: u64,
+    at: u64,
+) -> Result<Vec<u8>, String> {
     let mut submitted = 0;
     let mut done = Vec::new();
     while (done.len() as u64) < n {
@@ -264,14 +323,19 @@ fn batch_read(d: &mut VirtioBlk, buf: &outboard_hw::DmaBuf, n: u64, at: u64) -> 
             let r = BlkRequest {
                 op: BlkOp::Read,
                 sector: submitted * 8,
-                bufs: vec![(buf.iova_at(at + submitted * 4096, 4096).map_err(|e| e.to_string())?, 4096)],
+                bufs: vec![(
+                    buf.iova_at(at + submitted * 4096, 4096)
+                        .map_err(|e| e.to_string())?,
+                    4096,
+                )],
                 tag: submitted,
             };
             d.submit(0, &r).map_err(|e| e.to_string())?;
             submitted += 1;
         }
         d.kick(0).map_err(|e| e.to_string())?;
-        d.wait(0, &mut done, Duration::from_secs(10)).map_err(|e| e.to_string())?;
+        d.wait(0, &mut done, Duration::from_secs(10))
+            .map_err(|e| e.to_string())?;
     }
     if let Some(c) = done.iter().find(|c| c.result.is_err()) {
         return Err(format!("request {} failed: {:?}", c.tag, c.result));
@@ -292,13 +356,18 @@ fn write_test(d: &mut VirtioBlk, buf: &outboard_hw::DmaBuf, sector: u64, rep: &m
     if saved.is_none() {
         return;
     }
-    let pattern: Vec<u8> = (0..LEN as usize).map(|i| (i as u8).wrapping_mul(13).wrapping_add((i >> 9) as u8)).collect();
+    let pattern: Vec<u8> = (0..LEN as usize)
+        .map(|i| (i as u8).wrapping_mul(13).wrapping_add((i >> 9) as u8))
+        .collect();
     let compare = |buf: &outboard_hw::DmaBuf, at: u64, want: &[u8]| -> Result<(), String> {
         let mut got = vec![0u8; want.len()];
         buf.read(at, &mut got).map_err(|e| e.to_string())?;
         match got.iter().zip(want).position(|(a, b)| a != b) {
             None => Ok(()),
-            Some(i) => Err(format!("byte {i} differs: wrote {:#04x}, read {:#04x}", want[i], got[i])),
+            Some(i) => Err(format!(
+                "byte {i} differs: wrote {:#04x}, read {:#04x}",
+                want[i], got[i]
+            )),
         }
     };
     rep.step("write pattern, flush", || {

@@ -39,11 +39,15 @@ fn patterns_across_a_file_backed_disk_reach_the_file() {
     for chunk in plan.chunks(64) {
         for (slot, &(sector, sectors)) in chunk.iter().enumerate() {
             let off = slot as u64 * 65536;
-            buf.write(off, &pattern(sector, (sectors * 512) as usize)).unwrap();
+            buf.write(off, &pattern(sector, (sectors * 512) as usize))
+                .unwrap();
             let r = BlkRequest {
                 op: BlkOp::Write,
                 sector,
-                bufs: vec![(buf.iova_at(off, sectors * 512).unwrap(), (sectors * 512) as u32)],
+                bufs: vec![(
+                    buf.iova_at(off, sectors * 512).unwrap(),
+                    (sectors * 512) as u32,
+                )],
                 tag: slot as u64,
             };
             d.submit(0, &r).unwrap();
@@ -64,7 +68,10 @@ fn patterns_across_a_file_backed_disk_reach_the_file() {
             let r = BlkRequest {
                 op: BlkOp::Read,
                 sector,
-                bufs: vec![(buf.iova_at(slot as u64 * 65536, sectors * 512).unwrap(), (sectors * 512) as u32)],
+                bufs: vec![(
+                    buf.iova_at(slot as u64 * 65536, sectors * 512).unwrap(),
+                    (sectors * 512) as u32,
+                )],
                 tag: slot as u64,
             };
             d.submit(0, &r).unwrap();
@@ -77,7 +84,10 @@ fn patterns_across_a_file_backed_disk_reach_the_file() {
         for (slot, &(sector, sectors)) in chunk.iter().enumerate() {
             let mut got = vec![0u8; (sectors * 512) as usize];
             buf.read(slot as u64 * 65536, &mut got).unwrap();
-            assert!(got == pattern(sector, got.len()), "sector {sector} x {sectors} differs");
+            assert!(
+                got == pattern(sector, got.len()),
+                "sector {sector} x {sectors} differs"
+            );
         }
     }
 
@@ -86,7 +96,10 @@ fn patterns_across_a_file_backed_disk_reach_the_file() {
     for &(sector, sectors) in &plan {
         let mut got = vec![0u8; (sectors * 512) as usize];
         file.read_exact_at(&mut got, sector * 512).unwrap();
-        assert!(got == pattern(sector, got.len()), "file differs at sector {sector}");
+        assert!(
+            got == pattern(sector, got.len()),
+            "file differs at sector {sector}"
+        );
     }
     drop(d);
     assert!(dev.terminate().success());

@@ -64,8 +64,10 @@ impl Backing {
             why: why.to_string(),
         };
         let b = if let Some(size) = spec.strip_prefix("mem:") {
-            let len = parse_size(size).ok_or_else(|| bad("size must be a number with an optional K/M/G/T suffix"))?;
-            let fd = rustix::fs::memfd_create("outboard-disk", MemfdFlags::CLOEXEC).map_err(|e| bad(&e.to_string()))?;
+            let len = parse_size(size)
+                .ok_or_else(|| bad("size must be a number with an optional K/M/G/T suffix"))?;
+            let fd = rustix::fs::memfd_create("outboard-disk", MemfdFlags::CLOEXEC)
+                .map_err(|e| bad(&e.to_string()))?;
             rustix::fs::ftruncate(&fd, len).map_err(|e| bad(&e.to_string()))?;
             Self {
                 fd,
@@ -81,7 +83,12 @@ impl Backing {
             let file: File = match OpenOptions::new().read(true).write(true).open(&path) {
                 Ok(f) => f,
                 Err(e) if e.kind() == std::io::ErrorKind::NotFound && create_size.is_some() => {
-                    let f = OpenOptions::new().read(true).write(true).create_new(true).open(&path).map_err(io)?;
+                    let f = OpenOptions::new()
+                        .read(true)
+                        .write(true)
+                        .create_new(true)
+                        .open(&path)
+                        .map_err(io)?;
                     f.set_len(create_size.unwrap_or(0)).map_err(io)?;
                     f
                 }
@@ -95,7 +102,10 @@ impl Backing {
             }
         };
         if b.len == 0 || b.len % 512 != 0 {
-            return Err(bad(&format!("size {} is not a positive multiple of 512", b.len)));
+            return Err(bad(&format!(
+                "size {} is not a positive multiple of 512",
+                b.len
+            )));
         }
         Ok(b)
     }
@@ -138,10 +148,24 @@ impl Backing {
 
     /// Zeroes a range (WRITE_ZEROES): ZERO_RANGE, else PUNCH_HOLE, else writing zeros.
     pub fn zero(&self, offset: u64, len: u64) -> std::io::Result<()> {
-        if rustix::fs::fallocate(&self.fd, FallocateFlags::ZERO_RANGE | FallocateFlags::KEEP_SIZE, offset, len).is_ok() {
+        if rustix::fs::fallocate(
+            &self.fd,
+            FallocateFlags::ZERO_RANGE | FallocateFlags::KEEP_SIZE,
+            offset,
+            len,
+        )
+        .is_ok()
+        {
             return Ok(());
         }
-        if rustix::fs::fallocate(&self.fd, FallocateFlags::PUNCH_HOLE | FallocateFlags::KEEP_SIZE, offset, len).is_ok() {
+        if rustix::fs::fallocate(
+            &self.fd,
+            FallocateFlags::PUNCH_HOLE | FallocateFlags::KEEP_SIZE,
+            offset,
+            len,
+        )
+        .is_ok()
+        {
             return Ok(());
         }
         let zeros = vec![0u8; 64 << 10];

@@ -58,7 +58,8 @@ impl ConfigBuilder {
         s.put16(pci::SUBSYSTEM_ID, ids.subsystem);
         s.bytes[pci::INTERRUPT_PIN as usize] = 1; // INTA#
         let cmd_bits = pci::COMMAND_MEMORY | pci::COMMAND_BUS_MASTER | pci::COMMAND_INTX_DISABLE;
-        s.wmask[pci::COMMAND as usize..pci::COMMAND as usize + 2].copy_from_slice(&cmd_bits.to_le_bytes());
+        s.wmask[pci::COMMAND as usize..pci::COMMAND as usize + 2]
+            .copy_from_slice(&cmd_bits.to_le_bytes());
         s.wmask[pci::INTERRUPT_LINE as usize] = 0xff;
         Self {
             space: s,
@@ -69,7 +70,10 @@ impl ConfigBuilder {
 
     /// Declares a 32-bit non-prefetchable memory BAR.
     pub fn bar(mut self, bar: Bar) -> Self {
-        assert!(bar.size.is_power_of_two() && bar.size >= 16 && bar.index < 6, "invalid BAR");
+        assert!(
+            bar.size.is_power_of_two() && bar.size >= 16 && bar.index < 6,
+            "invalid BAR"
+        );
         self.space.bars[bar.index as usize] = bar.size;
         let off = pci::bar(bar.index) as usize;
         let mask = !(bar.size as u32 - 1);
@@ -82,7 +86,10 @@ impl ConfigBuilder {
     pub fn capability(mut self, id: u8, body: &[u8], writable: &[(usize, u8)]) -> (Self, u8) {
         let off = self.next_cap;
         let len = 2 + body.len();
-        assert!(off as usize + len <= pci::CONFIG_SPACE_SIZE, "capabilities overflow config space");
+        assert!(
+            off as usize + len <= pci::CONFIG_SPACE_SIZE,
+            "capabilities overflow config space"
+        );
         let s = &mut self.space;
         s.bytes[off as usize] = id;
         s.bytes[off as usize + 2..off as usize + len].copy_from_slice(body);
@@ -197,7 +204,12 @@ mod tests {
 
     #[test]
     fn bar_sizing_and_read_only_fields() {
-        let mut c = ConfigBuilder::new(ids()).bar(Bar { index: 0, size: 0x4000 }).build();
+        let mut c = ConfigBuilder::new(ids())
+            .bar(Bar {
+                index: 0,
+                size: 0x4000,
+            })
+            .build();
         c.write(pci::bar(0), &u32::MAX.to_le_bytes());
         assert_eq!(c.read32(pci::bar(0)), !(0x4000u32 - 1));
         c.write(pci::VENDOR_ID, &[0, 0]);

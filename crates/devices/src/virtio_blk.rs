@@ -125,10 +125,12 @@ impl VirtioBlk {
 
     /// Checks `[sector, sector + bytes/512)` against the disk and injected faults.
     fn check_range(&self, sector: u64, bytes: u64) -> Result<(), u8> {
-        if bytes % SECTOR_SIZE != 0 {
+        if !bytes.is_multiple_of(SECTOR_SIZE) {
             return Err(status::IOERR);
         }
-        let end = sector.checked_add(bytes / SECTOR_SIZE).ok_or(status::IOERR)?;
+        let end = sector
+            .checked_add(bytes / SECTOR_SIZE)
+            .ok_or(status::IOERR)?;
         if end > self.capacity_sectors() {
             return Err(status::IOERR);
         }
@@ -162,7 +164,9 @@ impl VirtioBlk {
         let out_len = readable - req::HEADER_SIZE as u64;
         let in_len = writable - 1;
         let result = match kind {
-            req::IN => self.read(chain, dma, sector, in_len).map(|()| in_len as u32),
+            req::IN => self
+                .read(chain, dma, sector, in_len)
+                .map(|()| in_len as u32),
             req::OUT => self.write(chain, dma, sector, out_len).map(|()| 0),
             req::FLUSH => self.backing.flush().map(|()| 0).map_err(|_| status::IOERR),
             req::GET_ID => {
@@ -174,7 +178,9 @@ impl VirtioBlk {
                     .map(|()| take as u32)
                     .map_err(|_| status::IOERR)
             }
-            req::DISCARD | req::WRITE_ZEROES if self.features & (feature::DISCARD | feature::WRITE_ZEROES) != 0 => {
+            req::DISCARD | req::WRITE_ZEROES
+                if self.features & (feature::DISCARD | feature::WRITE_ZEROES) != 0 =>
+            {
                 self.zero_ranges(chain, dma, kind, out_len)
             }
             _ => Err(status::UNSUPP),
@@ -213,14 +219,18 @@ impl VirtioBlk {
         for (addr, n) in pieces(writable_segments(chain), 0, len) {
             match dma.translate(addr, n as u64, true) {
                 Ok((mem, off)) => {
-                    let got = mem.pread_from(self.backing.fd(), file_off, off, n as usize).map_err(|_| status::IOERR)?;
+                    let got = mem
+                        .pread_from(self.backing.fd(), file_off, off, n as usize)
+                        .map_err(|_| status::IOERR)?;
                     if got < n as usize {
-                        mem.fill(off + got as u64, n as usize - got, 0).map_err(|_| status::IOERR)?;
+                        mem.fill(off + got as u64, n as usize - got, 0)
+                            .map_err(|_| status::IOERR)?;
                     }
                 }
                 Err(DmaError::InBand { .. }) => {
                     let mut buf = vec![0u8; n as usize];
-                    rustix::io::pread(self.backing.fd(), &mut buf, file_off).map_err(|_| status::IOERR)?;
+                    rustix::io::pread(self.backing.fd(), &mut buf, file_off)
+                        .map_err(|_| status::IOERR)?;
                     dma.write(addr, &buf).map_err(|_| status::IOERR)?;
                 }
                 Err(_) => return Err(status::IOERR),
@@ -239,11 +249,14 @@ impl VirtioBlk {
         let mut file_off = sector * SECTOR_SIZE;
         for (addr, n) in pieces(readable_segments(chain), req::HEADER_SIZE as u64, len) {
             match dma.translate(addr, n as u64, false) {
-                Ok((mem, off)) => mem.pwrite_to(self.backing.fd(), file_off, off, n as usize).map_err(|_| status::IOERR)?,
+                Ok((mem, off)) => mem
+                    .pwrite_to(self.backing.fd(), file_off, off, n as usize)
+                    .map_err(|_| status::IOERR)?,
                 Err(DmaError::InBand { .. }) => {
                     let mut buf = vec![0u8; n as usize];
                     dma.read(addr, &mut buf).map_err(|_| status::IOERR)?;
-                    rustix::io::pwrite(self.backing.fd(), &buf, file_off).map_err(|_| status::IOERR)?;
+                    rustix::io::pwrite(self.backing.fd(), &buf, file_off)
+                        .map_err(|_| status::IOERR)?;
                 }
                 Err(_) => return Err(status::IOERR),
             }
@@ -254,23 +267,39 @@ impl VirtioBlk {
     }
 
     fn zero_ranges(&mut self, chain: &Chain, dma: &DmaMap, kind: u32, len: u64) -> Result<u32, u8> {
-        let want = if kind == req::DISCARD { feature::DISCARD } else { feature::WRITE_ZEROES };
+        let want = if kind == req::DISCARD {
+            feature::DISCARD
+        } else {
+            feature::WRITE_ZEROES
+        };
         if self.features & want == 0 {
             return Err(status::UNSUPP);
         }
         if self.opts.read_only {
             return Err(status::IOERR);
         }
-        if len == 0 || len % req::SEGMENT_SIZE as u64 != 0 || len / req::SEGMENT_SIZE as u64 > 1 {
+        if len == 0
+            || !len.is_multiple_of(req::SEGMENT_SIZE as u64)
+            || len / req::SEGMENT_SIZE as u64 > 1
+        {
             // max_discard_seg = max_write_zeroes_seg = 1
             return Err(status::UNSUPP);
         }
         let mut seg = [0u8; req::SEGMENT_SIZE as usize];
-        gather(dma, readable_segments(chain), req::HEADER_SIZE as u64, &mut seg).map_err(|_| status::IOERR)?;
+        gather(
+            dma,
+            readable_segments(chain),
+            req::HEADER_SIZE as u64,
+            &mut seg,
+        )
+        .map_err(|_| status::IOERR)?;
         let sector = u64::from_le_bytes(seg[0..8].try_into().expect("8 bytes"));
         let count = u32::from_le_bytes(seg[8..12].try_into().expect("4 bytes"));
         let flags = u32::from_le_bytes(seg[12..16].try_into().expect("4 bytes"));
-        if flags & !req::SEGMENT_F_UNMAP != 0 || (kind == req::DISCARD && flags != 0) || count > MAX_ZERO_SECTORS {
+        if flags & !req::SEGMENT_F_UNMAP != 0
+            || (kind == req::DISCARD && flags != 0)
+            || count > MAX_ZERO_SECTORS
+        {
             return Err(status::UNSUPP);
         }
         let bytes = count as u64 * SECTOR_SIZE;
@@ -311,7 +340,12 @@ fn pieces<'a>(segs: impl Iterator<Item = &'a Segment>, skip: u64, take: u64) -> 
     out
 }
 
-fn gather<'a>(dma: &DmaMap, segs: impl Iterator<Item = &'a Segment>, skip: u64, buf: &mut [u8]) -> Result<(), DmaError> {
+fn gather<'a>(
+    dma: &DmaMap,
+    segs: impl Iterator<Item = &'a Segment>,
+    skip: u64,
+    buf: &mut [u8],
+) -> Result<(), DmaError> {
     let mut at = 0;
     for (addr, n) in pieces(segs, skip, buf.len() as u64) {
         dma.read(addr, &mut buf[at..at + n as usize])?;
@@ -320,7 +354,12 @@ fn gather<'a>(dma: &DmaMap, segs: impl Iterator<Item = &'a Segment>, skip: u64, 
     Ok(())
 }
 
-fn scatter<'a>(dma: &DmaMap, segs: impl Iterator<Item = &'a Segment>, skip: u64, data: &[u8]) -> Result<(), DmaError> {
+fn scatter<'a>(
+    dma: &DmaMap,
+    segs: impl Iterator<Item = &'a Segment>,
+    skip: u64,
+    data: &[u8],
+) -> Result<(), DmaError> {
     let mut at = 0;
     for (addr, n) in pieces(segs, skip, data.len() as u64) {
         dma.write(addr, &data[at..at + n as usize])?;
@@ -366,7 +405,9 @@ impl VirtioDevice for VirtioBlk {
 
     fn config(&self) -> Vec<u8> {
         let mut c = vec![0u8; config::SIZE as usize];
-        let mut put = |off: u64, bytes: &[u8]| c[off as usize..off as usize + bytes.len()].copy_from_slice(bytes);
+        let mut put = |off: u64, bytes: &[u8]| {
+            c[off as usize..off as usize + bytes.len()].copy_from_slice(bytes)
+        };
         put(config::CAPACITY, &self.capacity_sectors().to_le_bytes());
         put(config::SIZE_MAX, &SIZE_MAX.to_le_bytes());
         put(config::SEG_MAX, &SEG_MAX.to_le_bytes());
@@ -375,7 +416,10 @@ impl VirtioDevice for VirtioBlk {
         put(config::MAX_DISCARD_SECTORS, &MAX_ZERO_SECTORS.to_le_bytes());
         put(config::MAX_DISCARD_SEG, &1u32.to_le_bytes());
         put(config::DISCARD_SECTOR_ALIGNMENT, &1u32.to_le_bytes());
-        put(config::MAX_WRITE_ZEROES_SECTORS, &MAX_ZERO_SECTORS.to_le_bytes());
+        put(
+            config::MAX_WRITE_ZEROES_SECTORS,
+            &MAX_ZERO_SECTORS.to_le_bytes(),
+        );
         put(config::MAX_WRITE_ZEROES_SEG, &1u32.to_le_bytes());
         put(config::WRITE_ZEROES_MAY_UNMAP, &[1]);
         c
@@ -389,7 +433,12 @@ impl VirtioDevice for VirtioBlk {
         self.features = 0;
     }
 
-    fn process(&mut self, _index: u16, queue: &mut DeviceQueue, dma: &DmaMap) -> Result<(), QueueError> {
+    fn process(
+        &mut self,
+        _index: u16,
+        queue: &mut DeviceQueue,
+        dma: &DmaMap,
+    ) -> Result<(), QueueError> {
         while let Some(chain) = queue.pop(dma)? {
             let out = self.handle(&chain, dma);
             if out.status != status::OK {
@@ -408,11 +457,26 @@ mod tests {
     #[test]
     fn pieces_slice_across_segments() {
         let segs = [
-            Segment { addr: 0x1000, len: 16, write: false },
-            Segment { addr: 0x2000, len: 512, write: false },
-            Segment { addr: 0x3000, len: 512, write: false },
+            Segment {
+                addr: 0x1000,
+                len: 16,
+                write: false,
+            },
+            Segment {
+                addr: 0x2000,
+                len: 512,
+                write: false,
+            },
+            Segment {
+                addr: 0x3000,
+                len: 512,
+                write: false,
+            },
         ];
-        assert_eq!(pieces(segs.iter(), 16, 1024), vec![(0x2000, 512), (0x3000, 512)]);
+        assert_eq!(
+            pieces(segs.iter(), 16, 1024),
+            vec![(0x2000, 512), (0x3000, 512)]
+        );
         assert_eq!(pieces(segs.iter(), 8, 16), vec![(0x1008, 8), (0x2000, 8)]);
         assert_eq!(pieces(segs.iter(), 0, 0), vec![]);
     }

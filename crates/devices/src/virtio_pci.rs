@@ -64,7 +64,12 @@ pub trait VirtioDevice: Send {
     /// Back to power-on state.
     fn reset(&mut self);
     /// Serves every chain available on queue `index`. Errors mean the queue is broken.
-    fn process(&mut self, index: u16, queue: &mut DeviceQueue, dma: &DmaMap) -> Result<(), QueueError>;
+    fn process(
+        &mut self,
+        index: u16,
+        queue: &mut DeviceQueue,
+        dma: &DmaMap,
+    ) -> Result<(), QueueError>;
 }
 
 #[derive(Debug, Clone)]
@@ -137,28 +142,66 @@ impl<D: VirtioDevice> VirtioPci<D> {
             b
         };
         let b = ConfigBuilder::new(ids)
-            .bar(Bar { index: 0, size: BAR0_SIZE })
-            .bar(Bar { index: 1, size: BAR1_SIZE });
+            .bar(Bar {
+                index: 0,
+                size: BAR0_SIZE,
+            })
+            .bar(Bar {
+                index: 1,
+                size: BAR1_SIZE,
+            });
         let (b, _) = b.capability(pci::CAP_ID_MSIX, &msix_body, &[(1, 0xc0)]);
-        let (b, _) = b.capability(pci::CAP_ID_VENDOR, &vcap(cap::COMMON_CFG, 0, COMMON_OFFSET, common::SIZE as u32, &[]), &[]);
         let (b, _) = b.capability(
             pci::CAP_ID_VENDOR,
-            &vcap(cap::NOTIFY_CFG, 0, NOTIFY_OFFSET, NOTIFY_MULTIPLIER * nq as u32, &NOTIFY_MULTIPLIER.to_le_bytes()),
+            &vcap(cap::COMMON_CFG, 0, COMMON_OFFSET, common::SIZE as u32, &[]),
             &[],
         );
-        let (b, _) = b.capability(pci::CAP_ID_VENDOR, &vcap(cap::ISR_CFG, 0, ISR_OFFSET, 1, &[]), &[]);
+        let (b, _) = b.capability(
+            pci::CAP_ID_VENDOR,
+            &vcap(
+                cap::NOTIFY_CFG,
+                0,
+                NOTIFY_OFFSET,
+                NOTIFY_MULTIPLIER * nq as u32,
+                &NOTIFY_MULTIPLIER.to_le_bytes(),
+            ),
+            &[],
+        );
+        let (b, _) = b.capability(
+            pci::CAP_ID_VENDOR,
+            &vcap(cap::ISR_CFG, 0, ISR_OFFSET, 1, &[]),
+            &[],
+        );
         let devcfg_len = dev.config().len() as u32;
-        let (b, _) = b.capability(pci::CAP_ID_VENDOR, &vcap(cap::DEVICE_CFG, 0, DEVICE_OFFSET, devcfg_len, &[]), &[]);
+        let (b, _) = b.capability(
+            pci::CAP_ID_VENDOR,
+            &vcap(cap::DEVICE_CFG, 0, DEVICE_OFFSET, devcfg_len, &[]),
+            &[],
+        );
         // VIRTIO_PCI_CAP_PCI_CFG: bar, offset, length and data are writable (§4.1.4.9).
         let (b, pci_cfg_cap) = b.capability(
             pci::CAP_ID_VENDOR,
             &vcap(cap::PCI_CFG, 0, 0, 0, &[0; 4]),
-            &[(2, 0xff), (6, 0xff), (7, 0xff), (8, 0xff), (9, 0xff), (10, 0xff), (11, 0xff), (12, 0xff), (13, 0xff)],
+            &[
+                (2, 0xff),
+                (6, 0xff),
+                (7, 0xff),
+                (8, 0xff),
+                (9, 0xff),
+                (10, 0xff),
+                (11, 0xff),
+                (12, 0xff),
+                (13, 0xff),
+            ],
         );
         let notify = (0..nq)
-            .map(|_| rustix::event::eventfd(0, EventfdFlags::CLOEXEC | EventfdFlags::NONBLOCK).map_err(std::io::Error::from))
+            .map(|_| {
+                rustix::event::eventfd(0, EventfdFlags::CLOEXEC | EventfdFlags::NONBLOCK)
+                    .map_err(std::io::Error::from)
+            })
             .collect::<std::io::Result<Vec<_>>>()?;
-        let devcfg = SharedMem::create("virtio-devcfg", (DEVICE_OFFSET + 0x1000) as usize).map_err(std::io::Error::other)?;
+        let devcfg = SharedMem::create("virtio-devcfg", (DEVICE_OFFSET + 0x1000) as usize)
+            .map_err(std::io::Error::other)?;
         let mut t = Self {
             cfg: b.build(),
             pci_cfg_cap,
@@ -249,7 +292,9 @@ impl<D: VirtioDevice> VirtioPci<D> {
     /// Runs queue `q` until the driver has nothing more for it.
     fn kick(&mut self, ctx: &mut DeviceContext, q: u16) {
         self.stats.notifications += 1;
-        if self.status & DeviceStatus::DRIVER_OK.bits() == 0 || self.status & DeviceStatus::DEVICE_NEEDS_RESET.bits() != 0 {
+        if self.status & DeviceStatus::DRIVER_OK.bits() == 0
+            || self.status & DeviceStatus::DEVICE_NEEDS_RESET.bits() != 0
+        {
             return;
         }
         let Some(mut queue) = self.queues.get_mut(q as usize).and_then(|r| r.live.take()) else {
@@ -321,7 +366,12 @@ impl<D: VirtioDevice> VirtioPci<D> {
         buf[..n].copy_from_slice(&bytes[..n]);
     }
 
-    fn common_write(&mut self, ctx: &mut DeviceContext, offset: u64, data: &[u8]) -> Result<(), Errno> {
+    fn common_write(
+        &mut self,
+        ctx: &mut DeviceContext,
+        offset: u64,
+        data: &[u8],
+    ) -> Result<(), Errno> {
         let mut b = [0u8; 8];
         let n = data.len().min(8);
         b[..n].copy_from_slice(&data[..n]);
@@ -345,7 +395,10 @@ impl<D: VirtioDevice> VirtioPci<D> {
                     return Err(Errno::PERM);
                 }
                 match self.driver_feature_select {
-                    0 => self.driver_features = (self.driver_features & !0xffff_ffff) | (v & 0xffff_ffff),
+                    0 => {
+                        self.driver_features =
+                            (self.driver_features & !0xffff_ffff) | (v & 0xffff_ffff)
+                    }
                     1 => self.driver_features = (self.driver_features & 0xffff_ffff) | (v << 32),
                     _ => {}
                 }
@@ -353,13 +406,19 @@ impl<D: VirtioDevice> VirtioPci<D> {
             common::CONFIG_MSIX_VECTOR => self.config_msix_vector = v as u16,
             common::DEVICE_STATUS => self.write_status(ctx, v as u8),
             common::QUEUE_SELECT => self.queue_select = v as u16,
-            common::QUEUE_SIZE | common::QUEUE_MSIX_VECTOR | common::QUEUE_DESC | common::QUEUE_DRIVER | common::QUEUE_DEVICE
+            common::QUEUE_SIZE
+            | common::QUEUE_MSIX_VECTOR
+            | common::QUEUE_DESC
+            | common::QUEUE_DRIVER
+            | common::QUEUE_DEVICE
                 if live =>
             {
                 // §4.1.4.3.2: queue registers may not change while the queue is enabled.
                 return Err(Errno::BUSY);
             }
-            o if sel >= self.queues.len() && (common::QUEUE_SIZE..common::SIZE).contains(&o) => return Err(Errno::INVAL),
+            o if sel >= self.queues.len() && (common::QUEUE_SIZE..common::SIZE).contains(&o) => {
+                return Err(Errno::INVAL)
+            }
             common::QUEUE_SIZE => {
                 let max = self.dev.max_queue_size();
                 self.queues[sel].size = (v as u16).min(max);
@@ -402,9 +461,14 @@ impl<D: VirtioDevice> VirtioPci<D> {
         let mut v = v;
         let newly = v & !self.status;
         if newly & DeviceStatus::FEATURES_OK.bits() != 0 {
-            let ok = self.driver_features & !self.offered() == 0 && self.driver_features & feature::VERSION_1 != 0;
+            let ok = self.driver_features & !self.offered() == 0
+                && self.driver_features & feature::VERSION_1 != 0;
             if !ok {
-                tracing::warn!("driver features {:#x} rejected (offered {:#x})", self.driver_features, self.offered());
+                tracing::warn!(
+                    "driver features {:#x} rejected (offered {:#x})",
+                    self.driver_features,
+                    self.offered()
+                );
                 v &= !DeviceStatus::FEATURES_OK.bits();
             }
         }
@@ -431,10 +495,19 @@ impl<D: VirtioDevice> VirtioPci<D> {
         }
     }
 
-    fn bar0_write(&mut self, ctx: &mut DeviceContext, offset: u64, data: &[u8]) -> Result<(), Errno> {
+    fn bar0_write(
+        &mut self,
+        ctx: &mut DeviceContext,
+        offset: u64,
+        data: &[u8],
+    ) -> Result<(), Errno> {
         match offset {
-            o if o < COMMON_OFFSET + common::SIZE => self.common_write(ctx, o - COMMON_OFFSET, data),
-            o if o >= NOTIFY_OFFSET && (o - NOTIFY_OFFSET) % NOTIFY_MULTIPLIER as u64 == 0 => {
+            o if o < COMMON_OFFSET + common::SIZE => {
+                self.common_write(ctx, o - COMMON_OFFSET, data)
+            }
+            o if o >= NOTIFY_OFFSET
+                && (o - NOTIFY_OFFSET).is_multiple_of(NOTIFY_MULTIPLIER as u64) =>
+            {
                 let q = ((o - NOTIFY_OFFSET) / NOTIFY_MULTIPLIER as u64) as u16;
                 if (q as usize) < self.queues.len() {
                     self.kick(ctx, q);
@@ -522,14 +595,24 @@ impl<D: VirtioDevice> DeviceBackend for VirtioPci<D> {
         ]
     }
 
-    fn region_read(&mut self, _ctx: &mut DeviceContext, index: u32, offset: u64, buf: &mut [u8]) -> Result<(), Errno> {
+    fn region_read(
+        &mut self,
+        _ctx: &mut DeviceContext,
+        index: u32,
+        offset: u64,
+        buf: &mut [u8],
+    ) -> Result<(), Errno> {
         match index {
             region::BAR0 => self.bar0_read(offset, buf),
             i if i == region::BAR0 + 1 => {
                 buf.fill(0);
                 if offset < PBA_OFFSET {
                     for (i, b) in buf.iter_mut().enumerate() {
-                        *b = self.msix_table.get(offset as usize + i).copied().unwrap_or(0);
+                        *b = self
+                            .msix_table
+                            .get(offset as usize + i)
+                            .copied()
+                            .unwrap_or(0);
                     }
                 }
             }
@@ -549,7 +632,13 @@ impl<D: VirtioDevice> DeviceBackend for VirtioPci<D> {
         Ok(())
     }
 
-    fn region_write(&mut self, ctx: &mut DeviceContext, index: u32, offset: u64, data: &[u8]) -> Result<(), Errno> {
+    fn region_write(
+        &mut self,
+        ctx: &mut DeviceContext,
+        index: u32,
+        offset: u64,
+        data: &[u8],
+    ) -> Result<(), Errno> {
         match index {
             region::BAR0 => self.bar0_write(ctx, offset, data),
             i if i == region::BAR0 + 1 => {
@@ -603,7 +692,10 @@ impl<D: VirtioDevice> DeviceBackend for VirtioPci<D> {
         // A queue whose rings disappear cannot continue; the driver is expected to reset first.
         let end = iova + size;
         let in_use = self.queues.iter().any(|q| {
-            q.live.is_some() && [q.desc, q.driver, q.device].iter().any(|&a| a >= iova && a < end)
+            q.live.is_some()
+                && [q.desc, q.driver, q.device]
+                    .iter()
+                    .any(|&a| a >= iova && a < end)
         });
         if in_use {
             self.needs_reset(ctx, &QueueError::Layout("ring memory was unmapped".into()));

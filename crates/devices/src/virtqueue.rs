@@ -78,11 +78,19 @@ pub struct Chain {
 impl Chain {
     /// Total bytes of readable buffers.
     pub fn readable_len(&self) -> u64 {
-        self.segments.iter().filter(|s| !s.write).map(|s| s.len as u64).sum()
+        self.segments
+            .iter()
+            .filter(|s| !s.write)
+            .map(|s| s.len as u64)
+            .sum()
     }
     /// Total bytes of writable buffers.
     pub fn writable_len(&self) -> u64 {
-        self.segments.iter().filter(|s| s.write).map(|s| s.len as u64).sum()
+        self.segments
+            .iter()
+            .filter(|s| s.write)
+            .map(|s| s.len as u64)
+            .sum()
     }
 }
 
@@ -101,11 +109,19 @@ pub struct DeviceQueue {
 
 impl DeviceQueue {
     /// A queue of `size` entries at the given ring addresses, with the negotiated features.
-    pub fn new(size: u16, desc: u64, avail: u64, used: u64, features: u64) -> Result<Self, QueueError> {
+    pub fn new(
+        size: u16,
+        desc: u64,
+        avail: u64,
+        used: u64,
+        features: u64,
+    ) -> Result<Self, QueueError> {
         if size == 0 || !size.is_power_of_two() || size > split::MAX_QUEUE_SIZE {
-            return Err(QueueError::Layout(format!("size {size} is not a power of two up to 32768")));
+            return Err(QueueError::Layout(format!(
+                "size {size} is not a power of two up to 32768"
+            )));
         }
-        if desc % 16 != 0 || avail % 2 != 0 || used % 4 != 0 {
+        if !desc.is_multiple_of(16) || !avail.is_multiple_of(2) || !used.is_multiple_of(4) {
             return Err(QueueError::Layout("ring addresses are misaligned".into()));
         }
         Ok(Self {
@@ -142,7 +158,10 @@ impl DeviceQueue {
         let (mem, off) = dma.translate(self.avail + split::AVAIL_IDX, 2, false)?;
         // Acquire: pairs with the driver's release of the available index, so the ring entry
         // and descriptors read after this are the ones it published.
-        Ok(mem.atomic_u16(off).map_err(|_| QueueError::Layout("avail idx".into()))?.load(Ordering::Acquire))
+        Ok(mem
+            .atomic_u16(off)
+            .map_err(|_| QueueError::Layout("avail idx".into()))?
+            .load(Ordering::Acquire))
     }
 
     fn read_u16(dma: &DmaMap, addr: u64) -> Result<u16, QueueError> {
@@ -163,7 +182,10 @@ impl DeviceQueue {
                 last: self.last_avail,
             });
         }
-        let head = Self::read_u16(dma, self.avail + split::avail_entry(self.size, self.last_avail))?;
+        let head = Self::read_u16(
+            dma,
+            self.avail + split::avail_entry(self.size, self.last_avail),
+        )?;
         self.last_avail = self.last_avail.wrapping_add(1);
         self.walk(dma, head).map(Some)
     }
@@ -231,7 +253,10 @@ impl DeviceQueue {
         let mut elem = [0u8; split::USED_ELEM_SIZE as usize];
         elem[0..4].copy_from_slice(&(head as u32).to_le_bytes());
         elem[4..8].copy_from_slice(&len.to_le_bytes());
-        dma.write(self.used + split::used_entry(self.size, self.used_idx), &elem)?;
+        dma.write(
+            self.used + split::used_entry(self.size, self.used_idx),
+            &elem,
+        )?;
         self.used_idx = self.used_idx.wrapping_add(1);
         let (mem, off) = dma.translate(self.used + split::USED_IDX, 2, true)?;
         // Release: the element written above is visible before the index that publishes it.
@@ -295,7 +320,8 @@ mod tests {
             addr: 0,
             size: 0x10000,
         };
-        map.map(&req, Some(mem.fd().unwrap().try_clone_to_owned().unwrap())).unwrap();
+        map.map(&req, Some(mem.fd().unwrap().try_clone_to_owned().unwrap()))
+            .unwrap();
         (mem, map)
     }
 
@@ -308,8 +334,10 @@ mod tests {
     }
 
     fn offer(mem: &SharedMem, avail_idx: u16, head: u16) {
-        mem.write_u16(AVAIL + split::avail_entry(SIZE, avail_idx), head).unwrap();
-        mem.write_u16(AVAIL + split::AVAIL_IDX, avail_idx.wrapping_add(1)).unwrap();
+        mem.write_u16(AVAIL + split::avail_entry(SIZE, avail_idx), head)
+            .unwrap();
+        mem.write_u16(AVAIL + split::AVAIL_IDX, avail_idx.wrapping_add(1))
+            .unwrap();
     }
 
     #[test]
@@ -327,7 +355,10 @@ mod tests {
             assert_eq!(c.segments.len(), 2);
             assert!(q.pop(&dma).unwrap().is_none());
             q.push(&dma, c.head, 1).unwrap();
-            assert_eq!(mem.read_u16(USED + split::USED_IDX).unwrap(), idx.wrapping_add(1));
+            assert_eq!(
+                mem.read_u16(USED + split::USED_IDX).unwrap(),
+                idx.wrapping_add(1)
+            );
             let e = USED + split::used_entry(SIZE, idx);
             assert_eq!(mem.read_u32(e).unwrap(), 0);
             assert_eq!(mem.read_u32(e + 4).unwrap(), 1);
@@ -340,14 +371,16 @@ mod tests {
         let mut q = DeviceQueue::new(SIZE, DESC, AVAIL, USED, 0).unwrap();
         for i in 0..SIZE {
             desc(&mem, DESC, i, DATA, 8, 0, 0);
-            mem.write_u16(AVAIL + split::avail_entry(SIZE, i), i).unwrap();
+            mem.write_u16(AVAIL + split::avail_entry(SIZE, i), i)
+                .unwrap();
         }
         mem.write_u16(AVAIL + split::AVAIL_IDX, SIZE).unwrap();
         for i in 0..SIZE {
             assert_eq!(q.pop(&dma).unwrap().unwrap().head, i);
         }
         assert!(q.pop(&dma).unwrap().is_none());
-        mem.write_u16(AVAIL + split::AVAIL_IDX, 2 * SIZE + 1).unwrap();
+        mem.write_u16(AVAIL + split::AVAIL_IDX, 2 * SIZE + 1)
+            .unwrap();
         assert!(matches!(q.pop(&dma), Err(QueueError::Runaway { .. })));
     }
 
@@ -358,20 +391,34 @@ mod tests {
         let mut q = DeviceQueue::new(SIZE, DESC, AVAIL, USED, feature::RING_INDIRECT_DESC).unwrap();
         desc(&mem, DESC, 0, DATA, 8, split::DESC_F_NEXT, 9);
         offer(&mem, 0, 0);
-        assert!(matches!(q.pop(&dma), Err(QueueError::BadIndex { index: 9, .. })));
+        assert!(matches!(
+            q.pop(&dma),
+            Err(QueueError::BadIndex { index: 9, .. })
+        ));
         // A loop.
         desc(&mem, DESC, 0, DATA, 8, split::DESC_F_NEXT, 1);
         desc(&mem, DESC, 1, DATA, 8, split::DESC_F_NEXT, 0);
         offer(&mem, 1, 0);
         assert_eq!(q.pop(&dma), Err(QueueError::Loop(0)));
         // Readable after writable.
-        desc(&mem, DESC, 0, DATA, 8, split::DESC_F_NEXT | split::DESC_F_WRITE, 1);
+        desc(
+            &mem,
+            DESC,
+            0,
+            DATA,
+            8,
+            split::DESC_F_NEXT | split::DESC_F_WRITE,
+            1,
+        );
         desc(&mem, DESC, 1, DATA, 8, 0, 0);
         offer(&mem, 2, 0);
         assert_eq!(q.pop(&dma), Err(QueueError::Order(0)));
         // Head index out of range.
         offer(&mem, 3, 77);
-        assert!(matches!(q.pop(&dma), Err(QueueError::BadIndex { index: 77, .. })));
+        assert!(matches!(
+            q.pop(&dma),
+            Err(QueueError::BadIndex { index: 77, .. })
+        ));
         // Nested indirect.
         desc(&mem, DESC, 0, 0x5000, 32, split::DESC_F_INDIRECT, 0);
         desc(&mem, 0x5000, 0, 0x6000, 16, split::DESC_F_INDIRECT, 0);
@@ -390,7 +437,15 @@ mod tests {
         let mut q = DeviceQueue::new(SIZE, DESC, AVAIL, USED, feature::RING_INDIRECT_DESC).unwrap();
         desc(&mem, DESC, 2, 0x5000, 48, split::DESC_F_INDIRECT, 0);
         desc(&mem, 0x5000, 0, DATA, 16, split::DESC_F_NEXT, 1);
-        desc(&mem, 0x5000, 1, DATA + 16, 512, split::DESC_F_NEXT | split::DESC_F_WRITE, 2);
+        desc(
+            &mem,
+            0x5000,
+            1,
+            DATA + 16,
+            512,
+            split::DESC_F_NEXT | split::DESC_F_WRITE,
+            2,
+        );
         desc(&mem, 0x5000, 2, DATA + 528, 1, split::DESC_F_WRITE, 0);
         offer(&mem, 0, 2);
         let c = q.pop(&dma).unwrap().unwrap();

@@ -29,7 +29,11 @@ impl Running {
     fn start() -> Self {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("blk.sock");
-        let model = outboard_devices::virtio_blk(Backing::open("mem:1M", None).unwrap(), BlkOptions::default()).unwrap();
+        let model = outboard_devices::virtio_blk(
+            Backing::open("mem:1M", None).unwrap(),
+            BlkOptions::default(),
+        )
+        .unwrap();
         let opts = ServerOptions {
             timeout: Duration::from_millis(300),
         };
@@ -52,7 +56,11 @@ impl Running {
 
     fn stop(mut self) -> ServerStats {
         self.stop.store(true, Ordering::Relaxed);
-        self.thread.take().unwrap().join().expect("server thread did not panic")
+        self.thread
+            .take()
+            .unwrap()
+            .join()
+            .expect("server thread did not panic")
     }
 }
 
@@ -69,11 +77,19 @@ impl Raw {
             id: 0,
         }
     }
-    fn call(&mut self, command: u16, payload: &[u8], fds: &[BorrowedFd<'_>]) -> Result<Vec<u8>, u32> {
+    fn call(
+        &mut self,
+        command: u16,
+        payload: &[u8],
+        fds: &[BorrowedFd<'_>],
+    ) -> Result<Vec<u8>, u32> {
         self.id += 1;
         let h = Header::command(self.id, command, payload.len());
         self.chan.send(&h, payload, fds).unwrap();
-        let m = self.chan.recv_within(Duration::from_secs(2)).expect("a reply");
+        let m = self
+            .chan
+            .recv_within(Duration::from_secs(2))
+            .expect("a reply");
         assert!(m.header.is_reply());
         assert_eq!(m.header.msg_id, self.id);
         if m.header.is_error() {
@@ -136,16 +152,34 @@ fn malformed_commands_get_error_replies_and_the_connection_survives() {
     c.version();
 
     // Unknown command with a payload: ENOSYS, and the payload is consumed.
-    assert_eq!(c.call(99, &[1, 2, 3, 4, 5], &[]), Err(Errno::NOSYS.raw_os_error() as u32));
+    assert_eq!(
+        c.call(99, &[1, 2, 3, 4, 5], &[]),
+        Err(Errno::NOSYS.raw_os_error() as u32)
+    );
     // Truncated payloads.
     assert_eq!(c.call(cmd::REGION_READ, &[0; 8], &[]), Err(einval()));
     assert_eq!(c.call(cmd::DMA_MAP, &[0; 31], &[]), Err(einval()));
     // Out-of-range and zero-length accesses, unknown regions.
-    assert_eq!(c.call(cmd::REGION_READ, &region_read(0x3ffe, 0, 4), &[]), Err(einval()));
-    assert_eq!(c.call(cmd::REGION_READ, &region_read(u64::MAX - 1, 0, 4), &[]), Err(einval()));
-    assert_eq!(c.call(cmd::REGION_READ, &region_read(0, 0, 0), &[]), Err(einval()));
-    assert_eq!(c.call(cmd::REGION_READ, &region_read(0, 6, 4), &[]), Err(einval()));
-    assert_eq!(c.call(cmd::REGION_READ, &region_read(0, 0, 2_000_000), &[]), Err(einval()));
+    assert_eq!(
+        c.call(cmd::REGION_READ, &region_read(0x3ffe, 0, 4), &[]),
+        Err(einval())
+    );
+    assert_eq!(
+        c.call(cmd::REGION_READ, &region_read(u64::MAX - 1, 0, 4), &[]),
+        Err(einval())
+    );
+    assert_eq!(
+        c.call(cmd::REGION_READ, &region_read(0, 0, 0), &[]),
+        Err(einval())
+    );
+    assert_eq!(
+        c.call(cmd::REGION_READ, &region_read(0, 6, 4), &[]),
+        Err(einval())
+    );
+    assert_eq!(
+        c.call(cmd::REGION_READ, &region_read(0, 0, 2_000_000), &[]),
+        Err(einval())
+    );
     // Write whose count disagrees with its data.
     let mut w = region_read(0, 0, 8);
     w.extend_from_slice(&[1, 2, 3]);
@@ -162,12 +196,22 @@ fn malformed_commands_get_error_replies_and_the_connection_survives() {
         }
         .encode()
     };
-    let both = wire::irq::SET_DATA_NONE | wire::irq::SET_DATA_EVENTFD | wire::irq::SET_ACTION_TRIGGER;
-    assert_eq!(c.call(cmd::DEVICE_SET_IRQS, &set(both, 0, 1), &[]), Err(einval()));
+    let both =
+        wire::irq::SET_DATA_NONE | wire::irq::SET_DATA_EVENTFD | wire::irq::SET_ACTION_TRIGGER;
+    assert_eq!(
+        c.call(cmd::DEVICE_SET_IRQS, &set(both, 0, 1), &[]),
+        Err(einval())
+    );
     let efd = rustix::event::eventfd(0, rustix::event::EventfdFlags::empty()).unwrap();
     let trig = wire::irq::SET_DATA_EVENTFD | wire::irq::SET_ACTION_TRIGGER;
-    assert_eq!(c.call(cmd::DEVICE_SET_IRQS, &set(trig, 1, 5), &[efd.as_fd()]), Err(einval()));
-    assert_eq!(c.call(cmd::DEVICE_SET_IRQS, &set(trig, u32::MAX, 2), &[]), Err(einval()));
+    assert_eq!(
+        c.call(cmd::DEVICE_SET_IRQS, &set(trig, 1, 5), &[efd.as_fd()]),
+        Err(einval())
+    );
+    assert_eq!(
+        c.call(cmd::DEVICE_SET_IRQS, &set(trig, u32::MAX, 2), &[]),
+        Err(einval())
+    );
     // Fds missing or extra: two fds for DMA_MAP (at most one), an fd with GET_INFO (none),
     // one fd for two vectors.
     let map = |addr, size| {
@@ -182,15 +226,27 @@ fn malformed_commands_get_error_replies_and_the_connection_survives() {
     };
     let mem = outboard_shm::SharedMem::create("m", 8192).unwrap();
     let fd = mem.fd().unwrap();
-    assert_eq!(c.call(cmd::DMA_MAP, &map(0, 4096), &[fd, fd]), Err(einval()));
+    assert_eq!(
+        c.call(cmd::DMA_MAP, &map(0, 4096), &[fd, fd]),
+        Err(einval())
+    );
     assert_eq!(c.call(cmd::DEVICE_GET_INFO, &[0; 16], &[fd]), Err(einval()));
-    assert_eq!(c.call(cmd::DEVICE_SET_IRQS, &set(trig, 0, 2), &[efd.as_fd()]), Err(einval()));
+    assert_eq!(
+        c.call(cmd::DEVICE_SET_IRQS, &set(trig, 0, 2), &[efd.as_fd()]),
+        Err(einval())
+    );
     // DMA ranges: empty, wrapping, larger than the fd, overlapping, unmapping what was not.
     assert_eq!(c.call(cmd::DMA_MAP, &map(0, 0), &[fd]), Err(einval()));
-    assert_eq!(c.call(cmd::DMA_MAP, &map(u64::MAX - 10, 4096), &[fd]), Err(einval()));
+    assert_eq!(
+        c.call(cmd::DMA_MAP, &map(u64::MAX - 10, 4096), &[fd]),
+        Err(einval())
+    );
     assert_eq!(c.call(cmd::DMA_MAP, &map(0, 1 << 20), &[fd]), Err(einval()));
     c.call(cmd::DMA_MAP, &map(0x10000, 8192), &[fd]).unwrap();
-    assert_eq!(c.call(cmd::DMA_MAP, &map(0x11000, 8192), &[fd]), Err(Errno::EXIST.raw_os_error() as u32));
+    assert_eq!(
+        c.call(cmd::DMA_MAP, &map(0x11000, 8192), &[fd]),
+        Err(Errno::EXIST.raw_os_error() as u32)
+    );
     let unmap = wire::DmaUnmap {
         argsz: 24,
         flags: 0,
@@ -201,7 +257,13 @@ fn malformed_commands_get_error_replies_and_the_connection_survives() {
 
     // After all that, the connection still works.
     let mut id = [0u8; 4];
-    let r = c.call(cmd::REGION_READ, &region_read(0, wire::region::CONFIG, 4), &[]).unwrap();
+    let r = c
+        .call(
+            cmd::REGION_READ,
+            &region_read(0, wire::region::CONFIG, 4),
+            &[],
+        )
+        .unwrap();
     id.copy_from_slice(&r[16..20]);
     assert_eq!(id, [0xf4, 0x1a, 0x42, 0x10]);
     drop(c);
@@ -240,7 +302,11 @@ fn broken_framing_closes_the_connection_and_the_next_client_is_served() {
         s.write_all(&[0; 10]).unwrap();
         s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
         let mut b = [0u8; 1];
-        assert_eq!(s.read(&mut b).unwrap(), 0, "server gives up after its timeout");
+        assert_eq!(
+            s.read(&mut b).unwrap(),
+            0,
+            "server gives up after its timeout"
+        );
     }
     // A reply where a command belongs.
     {
@@ -261,13 +327,23 @@ fn broken_framing_closes_the_connection_and_the_next_client_is_served() {
     // The next well-behaved client is served.
     let mut c = Raw::connect(&srv.path);
     c.version();
-    let info = c.call(cmd::DEVICE_GET_INFO, &[16, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0], &[]).unwrap();
+    let info = c
+        .call(
+            cmd::DEVICE_GET_INFO,
+            &[16, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0],
+            &[],
+        )
+        .unwrap();
     assert_eq!(wire::DeviceInfo::decode(&info).unwrap().num_irqs, 5);
     drop(c);
     std::thread::sleep(Duration::from_millis(100));
     let stats = srv.stop();
     assert!(stats.dropped >= 4, "{stats:?}");
-    assert!(open_fds() <= baseline, "fds leaked: {} > {baseline}", open_fds());
+    assert!(
+        open_fds() <= baseline,
+        "fds leaked: {} > {baseline}",
+        open_fds()
+    );
 }
 
 proptest! {

@@ -13,7 +13,11 @@ use outboard_vfio_user::{Server, ServerOptions};
 fn their_client_reads_our_config_space_regions_and_registers() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("blk.sock");
-    let model = outboard_devices::virtio_blk(Backing::open("mem:1M", None).unwrap(), BlkOptions::default()).unwrap();
+    let model = outboard_devices::virtio_blk(
+        Backing::open("mem:1M", None).unwrap(),
+        BlkOptions::default(),
+    )
+    .unwrap();
     let mut server = Server::bind(&path, model, ServerOptions::default()).unwrap();
     let stop = Arc::new(AtomicBool::new(false));
     let stop2 = stop.clone();
@@ -29,8 +33,14 @@ fn their_client_reads_our_config_space_regions_and_registers() {
     let bar0 = c.region(0).expect("BAR0");
     assert_eq!(bar0.size, 0x4000);
     assert_eq!(bar0.sparse_areas.len(), 1);
-    assert_eq!((bar0.sparse_areas[0].offset, bar0.sparse_areas[0].size), (0x2000, 0x1000));
-    assert!(bar0.file_offset.is_some(), "the mmap fd came with the reply");
+    assert_eq!(
+        (bar0.sparse_areas[0].offset, bar0.sparse_areas[0].size),
+        (0x2000, 0x1000)
+    );
+    assert!(
+        bar0.file_offset.is_some(),
+        "the mmap fd came with the reply"
+    );
     assert_eq!(c.region(7).expect("config").size, 256);
 
     // Configuration space: virtio vendor and modern block device id.
@@ -42,7 +52,8 @@ fn their_client_reads_our_config_space_regions_and_registers() {
     c.region_read(0, common::NUM_QUEUES, &mut nq).unwrap();
     assert_eq!(u16::from_le_bytes(nq), 1);
     // Write a register and read it back: queue_select.
-    c.region_write(0, common::QUEUE_SELECT, &0u16.to_le_bytes()).unwrap();
+    c.region_write(0, common::QUEUE_SELECT, &0u16.to_le_bytes())
+        .unwrap();
     let mut qs = [0u8; 2];
     c.region_read(0, common::QUEUE_SIZE, &mut qs).unwrap();
     assert_eq!(u16::from_le_bytes(qs), 256);

@@ -39,5 +39,8 @@ pub fn personalities() -> &'static [Personality] {
 
 /// The best driver for `id`, if any.
 pub fn match_driver(id: &PciIdentity) -> Option<&'static Personality> {
-    personalities().iter().filter(|p| (p.matches)(id)).max_by_key(|p| p.score)
+    personalities()
+        .iter()
+        .filter(|p| (p.matches)(id))
+        .max_by_key(|p| p.score)
 }

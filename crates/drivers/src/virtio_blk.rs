@@ -50,7 +50,8 @@ pub const SUPPORTED_FEATURES: u64 = vfeature::VERSION_1
 /// Whether this driver can drive `id` (modern virtio-blk, or transitional with subsystem 2).
 pub fn matches(id: &PciIdentity) -> bool {
     id.vendor == virtio::PCI_VENDOR_ID
-        && (id.device == virtio::PCI_DEVICE_ID_BASE + virtio::DEVICE_ID_BLOCK || (id.device == 0x1001 && id.subsystem == 2))
+        && (id.device == virtio::PCI_DEVICE_ID_BASE + virtio::DEVICE_ID_BLOCK
+            || (id.device == 0x1001 && id.subsystem == 2))
 }
 
 /// A block operation.
@@ -206,7 +207,9 @@ pub struct VirtioBlk {
 
 impl std::fmt::Debug for VirtioBlk {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("VirtioBlk").field("info", &self.info).finish()
+        f.debug_struct("VirtioBlk")
+            .field("info", &self.info)
+            .finish()
     }
 }
 
@@ -214,10 +217,16 @@ impl VirtioBlk {
     /// Brings the device up: §3.1.1 device initialization, then queue and vector set-up.
     pub fn new(func: PciFunction, opts: BlkDriverOptions) -> Result<Self, BlkError> {
         if !matches(&func.identity()) {
-            return Err(BlkError::Device(format!("{:04x}:{:04x} is not a virtio-blk device", func.identity().vendor, func.identity().device)));
+            return Err(BlkError::Device(format!(
+                "{:04x}:{:04x} is not a virtio-blk device",
+                func.identity().vendor,
+                func.identity().device
+            )));
         }
-        func.enable_command(outboard_spec::pci::COMMAND_MEMORY | outboard_spec::pci::COMMAND_BUS_MASTER)
-            .map_err(|e| BlkError::Device(e.to_string()))?;
+        func.enable_command(
+            outboard_spec::pci::COMMAND_MEMORY | outboard_spec::pci::COMMAND_BUS_MASTER,
+        )
+        .map_err(|e| BlkError::Device(e.to_string()))?;
         let t = Transport::new(&func)?;
         // 1-3: reset, ACKNOWLEDGE, DRIVER.
         t.reset()?;
@@ -227,7 +236,9 @@ impl VirtioBlk {
         let offered = t.device_features()?;
         if offered & vfeature::VERSION_1 == 0 {
             t.add_status(DeviceStatus::FAILED)?;
-            return Err(BlkError::Device("legacy (pre-1.0) virtio devices are not supported".into()));
+            return Err(BlkError::Device(
+                "legacy (pre-1.0) virtio devices are not supported".into(),
+            ));
         }
         let features = match t.negotiate(SUPPORTED_FEATURES) {
             Ok(f) => f,
@@ -246,12 +257,26 @@ impl VirtioBlk {
         let mut cap = [0u8; 8];
         t.read_config(config::CAPACITY, &mut cap)?;
         let capacity = u64::from_le_bytes(cap);
-        let block_size = if features & feature::BLK_SIZE != 0 { cfg_u32(config::BLK_SIZE)? } else { 512 };
+        let block_size = if features & feature::BLK_SIZE != 0 {
+            cfg_u32(config::BLK_SIZE)?
+        } else {
+            512
+        };
         if block_size < 512 || !block_size.is_power_of_two() {
-            return Err(BlkError::Device(format!("device reports block size {block_size}")));
+            return Err(BlkError::Device(format!(
+                "device reports block size {block_size}"
+            )));
         }
-        let size_max = if features & feature::SIZE_MAX != 0 { cfg_u32(config::SIZE_MAX)?.max(4096) } else { u32::MAX };
-        let seg_max = if features & feature::SEG_MAX != 0 { cfg_u32(config::SEG_MAX)?.max(1) } else { MAX_SEGMENTS as u32 };
+        let size_max = if features & feature::SIZE_MAX != 0 {
+            cfg_u32(config::SIZE_MAX)?.max(4096)
+        } else {
+            u32::MAX
+        };
+        let seg_max = if features & feature::SEG_MAX != 0 {
+            cfg_u32(config::SEG_MAX)?.max(1)
+        } else {
+            MAX_SEGMENTS as u32
+        };
         let device_queues = if features & feature::MQ != 0 {
             let mut b = [0u8; 2];
             t.read_config(config::NUM_QUEUES, &mut b)?;
@@ -259,10 +284,15 @@ impl VirtioBlk {
         } else {
             1
         };
-        let nq = opts.queues.clamp(1, device_queues.min(t.num_queues()?.max(1)));
+        let nq = opts
+            .queues
+            .clamp(1, device_queues.min(t.num_queues()?.max(1)));
 
         // Interrupts: MSI-X vector 0 for configuration, 1+q for queue q; otherwise INTx.
-        let msix = func.irq_count(IrqKind::MsiX).map_err(|e| BlkError::Device(e.to_string()))? >= nq as u32 + 1;
+        let msix = func
+            .irq_count(IrqKind::MsiX)
+            .map_err(|e| BlkError::Device(e.to_string()))?
+            > nq as u32;
         let irqs = if msix {
             func.enable_irqs(IrqKind::MsiX, nq as u32 + 1)
         } else {
@@ -279,12 +309,19 @@ impl VirtioBlk {
                 return Err(BlkError::Device(format!("queue {q} is not available")));
             }
             let size = max.min(MAX_QUEUE_SIZE);
-            let size = if size.is_power_of_two() { size } else { size.next_power_of_two() / 2 };
+            let size = if size.is_power_of_two() {
+                size
+            } else {
+                size.next_power_of_two() / 2
+            };
             let mut vq = VirtQueue::new(func.dma(), q, size, features)?;
             let (d, a, u) = vq.addresses();
             let vector = if msix { q + 1 } else { NO_VECTOR };
             vq.set_doorbell(t.setup_queue(q, size, d, a, u, vector)?);
-            let slots = func.dma().alloc(size as usize * SLOT as usize).map_err(|e| BlkError::Device(e.to_string()))?;
+            let slots = func
+                .dma()
+                .alloc(size as usize * SLOT as usize)
+                .map_err(|e| BlkError::Device(e.to_string()))?;
             queues.push(Queue {
                 vq,
                 slots,
@@ -296,7 +333,8 @@ impl VirtioBlk {
         t.add_status(DeviceStatus::DRIVER_OK)?;
         let work = WorkLoop::new().map_err(|e| BlkError::Device(e.to_string()))?;
         for (i, irq) in irqs.iter().enumerate() {
-            work.add(irq.fd(), i as u64).map_err(|e| BlkError::Device(e.to_string()))?;
+            work.add(irq.fd(), i as u64)
+                .map_err(|e| BlkError::Device(e.to_string()))?;
         }
         let info = BlkInfo {
             capacity,
@@ -354,35 +392,61 @@ impl VirtioBlk {
         let f = self.info.features;
         match r.op {
             BlkOp::Flush if f & feature::FLUSH == 0 => return Err(BlkError::Unsupported("flush")),
-            BlkOp::Discard { .. } if f & feature::DISCARD == 0 => return Err(BlkError::Unsupported("discard")),
-            BlkOp::WriteZeroes { .. } if f & feature::WRITE_ZEROES == 0 => return Err(BlkError::Unsupported("write-zeroes")),
+            BlkOp::Discard { .. } if f & feature::DISCARD == 0 => {
+                return Err(BlkError::Unsupported("discard"))
+            }
+            BlkOp::WriteZeroes { .. } if f & feature::WRITE_ZEROES == 0 => {
+                return Err(BlkError::Unsupported("write-zeroes"))
+            }
             _ => {}
         }
-        if matches!(r.op, BlkOp::Write | BlkOp::Discard { .. } | BlkOp::WriteZeroes { .. }) && self.info.read_only {
+        if matches!(
+            r.op,
+            BlkOp::Write | BlkOp::Discard { .. } | BlkOp::WriteZeroes { .. }
+        ) && self.info.read_only
+        {
             return Err(BlkError::ReadOnly);
         }
         match r.op {
             BlkOp::Read | BlkOp::Write => {
-                if r.bufs.is_empty() || bytes % self.info.block_size as u64 != 0 {
-                    return Err(BlkError::Invalid(format!("{name} of {bytes} bytes is not whole {}-byte blocks", self.info.block_size)));
+                if r.bufs.is_empty() || !bytes.is_multiple_of(self.info.block_size as u64) {
+                    return Err(BlkError::Invalid(format!(
+                        "{name} of {bytes} bytes is not whole {}-byte blocks",
+                        self.info.block_size
+                    )));
                 }
                 if r.bufs.len() > MAX_SEGMENTS.min(self.seg_max as usize) {
-                    return Err(BlkError::Invalid(format!("{} buffers exceed the limit of {}", r.bufs.len(), MAX_SEGMENTS.min(self.seg_max as usize))));
+                    return Err(BlkError::Invalid(format!(
+                        "{} buffers exceed the limit of {}",
+                        r.bufs.len(),
+                        MAX_SEGMENTS.min(self.seg_max as usize)
+                    )));
                 }
                 if r.bufs.iter().any(|b| b.1 == 0 || b.1 > self.size_max) {
-                    return Err(BlkError::Invalid(format!("a buffer is empty or larger than the device's {} bytes", self.size_max)));
+                    return Err(BlkError::Invalid(format!(
+                        "a buffer is empty or larger than the device's {} bytes",
+                        self.size_max
+                    )));
                 }
             }
             BlkOp::GetId if r.bufs.len() != 1 || r.bufs[0].1 < req::ID_BYTES => {
-                return Err(BlkError::Invalid("get-id needs one buffer of at least 20 bytes".into()))
+                return Err(BlkError::Invalid(
+                    "get-id needs one buffer of at least 20 bytes".into(),
+                ))
             }
-            BlkOp::Flush | BlkOp::Discard { .. } | BlkOp::WriteZeroes { .. } if !r.bufs.is_empty() => {
+            BlkOp::Flush | BlkOp::Discard { .. } | BlkOp::WriteZeroes { .. }
+                if !r.bufs.is_empty() =>
+            {
                 return Err(BlkError::Invalid(format!("{name} takes no buffers")))
             }
             _ => {}
         }
-        let end = r.sector.checked_add(sectors).unwrap_or(u64::MAX);
-        if end > self.info.capacity || (sectors == 0 && matches!(r.op, BlkOp::Read | BlkOp::Write) && r.sector >= self.info.capacity) {
+        let end = r.sector.saturating_add(sectors);
+        if end > self.info.capacity
+            || (sectors == 0
+                && matches!(r.op, BlkOp::Read | BlkOp::Write)
+                && r.sector >= self.info.capacity)
+        {
             return Err(BlkError::OutOfRange {
                 sector: r.sector,
                 end,
@@ -396,7 +460,10 @@ impl VirtioBlk {
     /// (submit several, kick once: batching).
     pub fn submit(&mut self, q: usize, r: &BlkRequest) -> Result<(), BlkError> {
         let (_, bytes) = self.validate(r)?;
-        let queue = self.queues.get_mut(q).ok_or_else(|| BlkError::Invalid(format!("no queue {q}")))?;
+        let queue = self
+            .queues
+            .get_mut(q)
+            .ok_or_else(|| BlkError::Invalid(format!("no queue {q}")))?;
         let zero_seg = matches!(r.op, BlkOp::Discard { .. } | BlkOp::WriteZeroes { .. });
         let n = r.bufs.len() + 2 + zero_seg as usize;
         if !queue.vq.can_add(n) {
@@ -414,10 +481,20 @@ impl VirtioBlk {
         };
         let mut header = [0u8; 16];
         header[0..4].copy_from_slice(&kind.to_le_bytes());
-        header[8..16].copy_from_slice(&if kind == req::FLUSH || kind == req::GET_ID { 0 } else { r.sector }.to_le_bytes());
+        header[8..16].copy_from_slice(
+            &if kind == req::FLUSH || kind == req::GET_ID {
+                0
+            } else {
+                r.sector
+            }
+            .to_le_bytes(),
+        );
         let shm = |e: outboard_hw::ShmError| BlkError::Device(e.to_string());
         queue.slots.write(slot, &header).map_err(shm)?;
-        queue.slots.write(slot + SLOT_STATUS, &[STATUS_UNSET]).map_err(shm)?;
+        queue
+            .slots
+            .write(slot + SLOT_STATUS, &[STATUS_UNSET])
+            .map_err(shm)?;
         let base = queue.slots.iova();
         let mut bufs = vec![Buf {
             iova: base + slot,
@@ -455,14 +532,20 @@ impl VirtioBlk {
 
     /// Makes submitted requests visible to the device and notifies it if it is waiting.
     pub fn kick(&mut self, q: usize) -> Result<(), BlkError> {
-        let queue = self.queues.get_mut(q).ok_or_else(|| BlkError::Invalid(format!("no queue {q}")))?;
+        let queue = self
+            .queues
+            .get_mut(q)
+            .ok_or_else(|| BlkError::Invalid(format!("no queue {q}")))?;
         queue.vq.publish()?;
         Ok(())
     }
 
     /// Reaps completions of queue `q` into `out`; returns how many.
     pub fn poll(&mut self, q: usize, out: &mut Vec<BlkCompletion>) -> Result<usize, BlkError> {
-        let queue = self.queues.get_mut(q).ok_or_else(|| BlkError::Invalid(format!("no queue {q}")))?;
+        let queue = self
+            .queues
+            .get_mut(q)
+            .ok_or_else(|| BlkError::Invalid(format!("no queue {q}")))?;
         let mut n = 0;
         while let Some((head, _len)) = queue.vq.pop_used()? {
             let f = queue.in_flight[head as usize]
@@ -484,8 +567,12 @@ impl VirtioBlk {
                     BlkOp::WriteZeroes { .. } => "write-zeroes",
                     BlkOp::GetId => "get-id",
                 })),
-                STATUS_UNSET => Err(BlkError::Device("device completed a request without a status".into())),
-                s => Err(BlkError::Device(format!("device returned unknown status {s}"))),
+                STATUS_UNSET => Err(BlkError::Device(
+                    "device completed a request without a status".into(),
+                )),
+                s => Err(BlkError::Device(format!(
+                    "device returned unknown status {s}"
+                ))),
             };
             out.push(BlkCompletion { tag: f.tag, result });
             n += 1;
@@ -494,7 +581,12 @@ impl VirtioBlk {
     }
 
     /// Waits until queue `q` has completions (or `timeout`), then reaps them.
-    pub fn wait(&mut self, q: usize, out: &mut Vec<BlkCompletion>, timeout: Duration) -> Result<usize, BlkError> {
+    pub fn wait(
+        &mut self,
+        q: usize,
+        out: &mut Vec<BlkCompletion>,
+        timeout: Duration,
+    ) -> Result<usize, BlkError> {
         let deadline = std::time::Instant::now() + timeout;
         loop {
             let n = self.poll(q, out)?;
@@ -543,8 +635,16 @@ impl VirtioBlk {
     }
 
     /// Reads `len` bytes at `sector` into `buf` at `offset`.
-    pub fn read(&mut self, sector: u64, buf: &DmaBuf, offset: u64, len: u32) -> Result<u64, BlkError> {
-        let iova = buf.iova_at(offset, len as u64).map_err(|e| BlkError::Invalid(e.to_string()))?;
+    pub fn read(
+        &mut self,
+        sector: u64,
+        buf: &DmaBuf,
+        offset: u64,
+        len: u32,
+    ) -> Result<u64, BlkError> {
+        let iova = buf
+            .iova_at(offset, len as u64)
+            .map_err(|e| BlkError::Invalid(e.to_string()))?;
         self.execute(BlkRequest {
             op: BlkOp::Read,
             sector,
@@ -554,8 +654,16 @@ impl VirtioBlk {
     }
 
     /// Writes `len` bytes from `buf` at `offset` to `sector`.
-    pub fn write(&mut self, sector: u64, buf: &DmaBuf, offset: u64, len: u32) -> Result<u64, BlkError> {
-        let iova = buf.iova_at(offset, len as u64).map_err(|e| BlkError::Invalid(e.to_string()))?;
+    pub fn write(
+        &mut self,
+        sector: u64,
+        buf: &DmaBuf,
+        offset: u64,
+        len: u32,
+    ) -> Result<u64, BlkError> {
+        let iova = buf
+            .iova_at(offset, len as u64)
+            .map_err(|e| BlkError::Invalid(e.to_string()))?;
         self.execute(BlkRequest {
             op: BlkOp::Write,
             sector,
@@ -577,7 +685,11 @@ impl VirtioBlk {
 
     /// Reads the device ID string.
     pub fn device_id(&mut self) -> Result<String, BlkError> {
-        let buf = self.func.dma().alloc(4096).map_err(|e| BlkError::Device(e.to_string()))?;
+        let buf = self
+            .func
+            .dma()
+            .alloc(4096)
+            .map_err(|e| BlkError::Device(e.to_string()))?;
         self.execute(BlkRequest {
             op: BlkOp::GetId,
             sector: 0,
@@ -585,7 +697,8 @@ impl VirtioBlk {
             tag: 0,
         })?;
         let mut id = [0u8; req::ID_BYTES as usize];
-        buf.read(0, &mut id).map_err(|e| BlkError::Device(e.to_string()))?;
+        buf.read(0, &mut id)
+            .map_err(|e| BlkError::Device(e.to_string()))?;
         let end = id.iter().position(|&b| b == 0).unwrap_or(id.len());
         Ok(String::from_utf8_lossy(&id[..end]).into_owned())
     }

@@ -9,15 +9,22 @@ use outboard_hw::backend::in_process::InProcess;
 use outboard_hw::PciFunction;
 
 fn disk(size: &str, opts: BlkOptions) -> (VirtioBlk, FaultHandle) {
-    let model = outboard_devices::virtio_blk(Backing::open(&format!("mem:{size}"), None).unwrap(), opts).unwrap();
+    let model =
+        outboard_devices::virtio_blk(Backing::open(&format!("mem:{size}"), None).unwrap(), opts)
+            .unwrap();
     let faults = model.device().faults();
     let backend = Arc::new(InProcess::new(Box::new(model)));
     let func = PciFunction::with_backend("in-process".into(), backend).unwrap();
-    (VirtioBlk::new(func, BlkDriverOptions::default()).unwrap(), faults)
+    (
+        VirtioBlk::new(func, BlkDriverOptions::default()).unwrap(),
+        faults,
+    )
 }
 
 fn pattern(seed: u64, len: usize) -> Vec<u8> {
-    (0..len).map(|i| (seed.wrapping_mul(31).wrapping_add(i as u64 * 7) >> 1) as u8).collect()
+    (0..len)
+        .map(|i| (seed.wrapping_mul(31).wrapping_add(i as u64 * 7) >> 1) as u8)
+        .collect()
 }
 
 #[test]
@@ -79,7 +86,8 @@ fn many_requests_in_flight_complete_with_their_tags() {
     d.kick(0).unwrap();
     let mut done = Vec::new();
     while done.len() < 256 {
-        d.wait(0, &mut done, std::time::Duration::from_secs(5)).unwrap();
+        d.wait(0, &mut done, std::time::Duration::from_secs(5))
+            .unwrap();
     }
     let mut tags: Vec<u64> = done.iter().map(|c| c.tag).collect();
     tags.sort();
@@ -98,10 +106,19 @@ fn many_requests_in_flight_complete_with_their_tags() {
 fn errors_are_specific() {
     let (mut d, faults) = disk("1M", BlkOptions::default());
     let buf = d.function().dma().alloc(8192).unwrap();
-    assert!(matches!(d.read(2048, &buf, 0, 512), Err(BlkError::OutOfRange { .. })));
-    assert!(matches!(d.read(2047, &buf, 0, 1024), Err(BlkError::OutOfRange { .. })));
+    assert!(matches!(
+        d.read(2048, &buf, 0, 512),
+        Err(BlkError::OutOfRange { .. })
+    ));
+    assert!(matches!(
+        d.read(2047, &buf, 0, 1024),
+        Err(BlkError::OutOfRange { .. })
+    ));
     assert!(matches!(d.read(0, &buf, 0, 100), Err(BlkError::Invalid(_))));
-    assert!(matches!(d.read(0, &buf, 8000, 512), Err(BlkError::Invalid(_))));
+    assert!(matches!(
+        d.read(0, &buf, 8000, 512),
+        Err(BlkError::Invalid(_))
+    ));
     // A device-side failure on a sector range comes back as an I/O error.
     faults.lock().unwrap().fail_sectors = Some(10..20);
     assert_eq!(d.read(12, &buf, 0, 512), Err(BlkError::Io));

@@ -35,7 +35,10 @@ impl std::fmt::Debug for WorkLoop {
 impl WorkLoop {
     /// A loop with no sources.
     pub fn new() -> Result<Self, LoopError> {
-        let epoll = epoll::create(epoll::CreateFlags::CLOEXEC).map_err(|errno| LoopError { op: "epoll_create", errno })?;
+        let epoll = epoll::create(epoll::CreateFlags::CLOEXEC).map_err(|errno| LoopError {
+            op: "epoll_create",
+            errno,
+        })?;
         Ok(Self {
             epoll,
             events: Vec::with_capacity(64),
@@ -44,27 +47,51 @@ impl WorkLoop {
 
     /// Adds an event source: when `fd` becomes readable, `wait` reports `token`.
     pub fn add(&self, fd: BorrowedFd<'_>, token: u64) -> Result<(), LoopError> {
-        epoll::add(&self.epoll, fd, epoll::EventData::new_u64(token), epoll::EventFlags::IN)
-            .map_err(|errno| LoopError { op: "epoll_ctl(add)", errno })
+        epoll::add(
+            &self.epoll,
+            fd,
+            epoll::EventData::new_u64(token),
+            epoll::EventFlags::IN,
+        )
+        .map_err(|errno| LoopError {
+            op: "epoll_ctl(add)",
+            errno,
+        })
     }
 
     /// Removes a source.
     pub fn remove(&self, fd: BorrowedFd<'_>) -> Result<(), LoopError> {
-        epoll::delete(&self.epoll, fd).map_err(|errno| LoopError { op: "epoll_ctl(del)", errno })
+        epoll::delete(&self.epoll, fd).map_err(|errno| LoopError {
+            op: "epoll_ctl(del)",
+            errno,
+        })
     }
 
     /// Waits up to `timeout` (forever if `None`) and appends the tokens of ready sources to
     /// `ready`. Returns how many were added (0 on timeout or a signal).
-    pub fn wait(&mut self, timeout: Option<Duration>, ready: &mut Vec<u64>) -> Result<usize, LoopError> {
+    pub fn wait(
+        &mut self,
+        timeout: Option<Duration>,
+        ready: &mut Vec<u64>,
+    ) -> Result<usize, LoopError> {
         let ts = timeout.map(|t| rustix::time::Timespec {
             tv_sec: t.as_secs() as _,
             tv_nsec: t.subsec_nanos() as _,
         });
         self.events.clear();
-        match epoll::wait(&self.epoll, rustix::buffer::spare_capacity(&mut self.events), ts.as_ref()) {
+        match epoll::wait(
+            &self.epoll,
+            rustix::buffer::spare_capacity(&mut self.events),
+            ts.as_ref(),
+        ) {
             Ok(_) => {}
             Err(Errno::INTR) => return Ok(0),
-            Err(errno) => return Err(LoopError { op: "epoll_wait", errno }),
+            Err(errno) => {
+                return Err(LoopError {
+                    op: "epoll_wait",
+                    errno,
+                })
+            }
         }
         let before = ready.len();
         ready.extend(self.events.iter().map(|e| e.data.u64()));
@@ -90,7 +117,10 @@ mod tests {
         wl.add(a.as_fd(), 1).unwrap();
         wl.add(b.as_fd(), 2).unwrap();
         let mut ready = Vec::new();
-        assert_eq!(wl.wait(Some(Duration::from_millis(1)), &mut ready).unwrap(), 0);
+        assert_eq!(
+            wl.wait(Some(Duration::from_millis(1)), &mut ready).unwrap(),
+            0
+        );
         rustix::io::write(&b, &1u64.to_ne_bytes()).unwrap();
         wl.wait(Some(Duration::from_secs(1)), &mut ready).unwrap();
         assert_eq!(ready, vec![2]);

@@ -20,7 +20,9 @@ pub struct Capability {
 
 /// Walks the capability list with `read`; at most 48 entries, each in 0x40..0x100 and dword
 /// aligned, so a corrupt or looping list ends with an error rather than a hang.
-pub(crate) fn walk_capabilities(read: impl Fn(u64, &mut [u8]) -> Result<()>) -> Result<Vec<Capability>> {
+pub(crate) fn walk_capabilities(
+    read: impl Fn(u64, &mut [u8]) -> Result<()>,
+) -> Result<Vec<Capability>> {
     let mut b = [0u8; 2];
     read(pci::STATUS, &mut b)?;
     if u16::from_le_bytes(b) & pci::STATUS_CAPABILITIES == 0 {
@@ -32,10 +34,15 @@ pub(crate) fn walk_capabilities(read: impl Fn(u64, &mut [u8]) -> Result<()>) -> 
     let mut caps = Vec::new();
     while next != 0 {
         if next < 0x40 || caps.len() >= 48 {
-            return Err(HwError::Backend(format!("capability list is corrupt at {next:#x}")));
+            return Err(HwError::Backend(format!(
+                "capability list is corrupt at {next:#x}"
+            )));
         }
         read(next as u64, &mut b)?;
-        caps.push(Capability { id: b[0], offset: next });
+        caps.push(Capability {
+            id: b[0],
+            offset: next,
+        });
         next = b[1] & !3;
     }
     Ok(caps)
@@ -54,15 +61,34 @@ impl ConfigPolicy {
         let mut denied = vec![
             (0x00, 0x04, "identity is read-only"),
             (0x08, 0x0c, "identity is read-only"),
-            (pci::HEADER_TYPE, pci::HEADER_TYPE + 1, "header type is read-only"),
+            (
+                pci::HEADER_TYPE,
+                pci::HEADER_TYPE + 1,
+                "header type is read-only",
+            ),
             (pci::BAR0, pci::bar(6), "BARs are assigned by the framework"),
-            (pci::SUBSYSTEM_VENDOR_ID, pci::ROM_ADDRESS, "identity is read-only"),
-            (pci::ROM_ADDRESS, pci::ROM_ADDRESS + 4, "the ROM BAR is assigned by the framework"),
-            (pci::CAPABILITIES_POINTER, pci::CAPABILITIES_POINTER + 1, "the capability list is read-only"),
+            (
+                pci::SUBSYSTEM_VENDOR_ID,
+                pci::ROM_ADDRESS,
+                "identity is read-only",
+            ),
+            (
+                pci::ROM_ADDRESS,
+                pci::ROM_ADDRESS + 4,
+                "the ROM BAR is assigned by the framework",
+            ),
+            (
+                pci::CAPABILITIES_POINTER,
+                pci::CAPABILITIES_POINTER + 1,
+                "the capability list is read-only",
+            ),
         ];
         for c in caps {
             let (len, why) = match c.id {
-                pci::CAP_ID_MSIX => (pci::msix::CAP_LEN as u64, "MSI-X is set up with enable_irqs"),
+                pci::CAP_ID_MSIX => (
+                    pci::msix::CAP_LEN as u64,
+                    "MSI-X is set up with enable_irqs",
+                ),
                 pci::CAP_ID_MSI => (24, "MSI is set up with enable_irqs"),
                 _ => continue,
             };

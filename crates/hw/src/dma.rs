@@ -61,12 +61,14 @@ impl DmaSpace {
     /// so the device moves data straight to and from it.
     pub fn map_shared(&self, mem: Arc<SharedMem>) -> Result<DmaBuf> {
         let size = mem.len() as u64;
-        if size % PAGE != 0 {
-            return Err(HwError::Backend(format!("shared memory of {size} bytes is not page-sized")));
+        if !size.is_multiple_of(PAGE) {
+            return Err(HwError::Backend(format!(
+                "shared memory of {size} bytes is not page-sized"
+            )));
         }
-        let fd: BorrowedFd<'_> = mem
-            .fd()
-            .ok_or_else(|| HwError::Backend("shared memory without an fd cannot be mapped for DMA".into()))?;
+        let fd: BorrowedFd<'_> = mem.fd().ok_or_else(|| {
+            HwError::Backend("shared memory without an fd cannot be mapped for DMA".into())
+        })?;
         let iova = self.reserve(size)?;
         self.backend.dma_map(iova, size, fd, 0)?;
         Ok(DmaBuf {
@@ -88,7 +90,11 @@ pub struct DmaBuf {
 
 impl std::fmt::Debug for DmaBuf {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "DmaBuf {{ iova: {:#x}, size: {:#x} }}", self.iova, self.size)
+        write!(
+            f,
+            "DmaBuf {{ iova: {:#x}, size: {:#x} }}",
+            self.iova, self.size
+        )
     }
 }
 

@@ -170,9 +170,11 @@ impl PciFunction {
     pub fn open(spec: &DeviceSpec) -> Result<Self> {
         match spec {
             DeviceSpec::VfioUser(path) => {
-                let b = backend::vfio_user::VfioUserBackend::connect(path).map_err(|e| HwError::Open {
-                    spec: spec.to_string(),
-                    why: e.to_string(),
+                let b = backend::vfio_user::VfioUserBackend::connect(path).map_err(|e| {
+                    HwError::Open {
+                        spec: spec.to_string(),
+                        why: e.to_string(),
+                    }
                 })?;
                 Self::with_backend(spec.to_string(), Arc::new(b))
             }
@@ -260,7 +262,10 @@ impl PciFunction {
 
     /// Sets bits in the command register (memory decode, bus master); others are refused.
     pub fn enable_command(&self, bits: u16) -> Result<()> {
-        let allowed = pci::COMMAND_MEMORY | pci::COMMAND_BUS_MASTER | pci::COMMAND_IO | pci::COMMAND_INTX_DISABLE;
+        let allowed = pci::COMMAND_MEMORY
+            | pci::COMMAND_BUS_MASTER
+            | pci::COMMAND_IO
+            | pci::COMMAND_INTX_DISABLE;
         if bits & !allowed != 0 {
             return Err(HwError::ConfigDenied {
                 offset: pci::COMMAND,
@@ -308,7 +313,9 @@ impl PciFunction {
     pub fn enable_irqs(&self, kind: IrqKind, count: u32) -> Result<Vec<Irq>> {
         let max = self.irq_count(kind)?;
         if count == 0 || count > max {
-            return Err(HwError::Irq(format!("{kind}: asked for {count} vectors, device has {max}")));
+            return Err(HwError::Irq(format!(
+                "{kind}: asked for {count} vectors, device has {max}"
+            )));
         }
         let irqs: Vec<Irq> = (0..count).map(Irq::new).collect::<Result<_>>()?;
         let fds: Vec<_> = irqs.iter().map(|i| i.fd()).collect();

@@ -117,7 +117,13 @@ macro_rules! accessors {
 
 impl Region {
     /// Assembles a region (backends only).
-    pub fn new(bar: u8, size: u64, maps: Vec<MappedArea>, doorbells: Vec<Doorbell>, trap: Arc<dyn Trap>) -> Self {
+    pub fn new(
+        bar: u8,
+        size: u64,
+        maps: Vec<MappedArea>,
+        doorbells: Vec<Doorbell>,
+        trap: Arc<dyn Trap>,
+    ) -> Self {
         Self {
             inner: Arc::new(Inner {
                 bar,
@@ -181,7 +187,9 @@ impl Region {
     /// Rings a doorbell if one covers this write.
     fn ring(&self, offset: u64, len: usize, value: u64) -> bool {
         let Some(d) = self.inner.doorbells.iter().find(|d| {
-            d.offset == offset && (d.size == 0 || d.size == len as u64) && d.datamatch.is_none_or(|m| m == value)
+            d.offset == offset
+                && (d.size == 0 || d.size == len as u64)
+                && d.datamatch.is_none_or(|m| m == value)
         }) else {
             return false;
         };
@@ -213,6 +221,8 @@ impl Region {
         if let Some((m, off)) = self.mapped(offset, 4) {
             return Ok(m.mem.mmio_write::<u32>(off, value.to_le())?);
         }
-        self.inner.trap.write(self.inner.bar, offset, &value.to_le_bytes(), false)
+        self.inner
+            .trap
+            .write(self.inner.bar, offset, &value.to_le_bytes(), false)
     }
 }

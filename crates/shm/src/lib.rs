@@ -257,7 +257,13 @@ impl SharedMem {
     }
 
     /// Copies `len` bytes from `self` at `offset` to `other` at `other_offset`.
-    pub fn copy_to(&self, offset: u64, other: &SharedMem, other_offset: u64, len: usize) -> Result<()> {
+    pub fn copy_to(
+        &self,
+        offset: u64,
+        other: &SharedMem,
+        other_offset: u64,
+        len: usize,
+    ) -> Result<()> {
         let src = self.check(offset, len)?;
         let dst = other.check_write(other_offset, len)?;
         // SAFETY: both ranges are bounds-checked against live mappings; `copy` (memmove) is used
@@ -302,7 +308,7 @@ impl SharedMem {
         let start = self.check(offset, size)?;
         // SAFETY: `start` is in bounds (checked above).
         let ptr = unsafe { self.ptr.as_ptr().add(start) };
-        if (ptr as usize) % size != 0 {
+        if !(ptr as usize).is_multiple_of(size) {
             return Err(ShmError::Misaligned {
                 offset,
                 align: size as u64,
@@ -352,7 +358,13 @@ impl SharedMem {
 
     /// Reads up to `len` bytes of `file` at `file_offset` straight into the mapping at
     /// `offset` (`pread`, no bounce buffer). Returns the byte count read (short at end of file).
-    pub fn pread_from(&self, file: BorrowedFd<'_>, file_offset: u64, offset: u64, len: usize) -> Result<usize> {
+    pub fn pread_from(
+        &self,
+        file: BorrowedFd<'_>,
+        file_offset: u64,
+        offset: u64,
+        len: usize,
+    ) -> Result<usize> {
         let start = self.check_write(offset, len)?;
         // SAFETY: `[start, start+len)` is inside this live, writable mapping. The slice exists
         // only for the duration of the syscall, which writes plain bytes into it; a concurrent
@@ -364,14 +376,25 @@ impl SharedMem {
                 Ok(0) => break,
                 Ok(n) => done += n,
                 Err(rustix::io::Errno::INTR) => continue,
-                Err(e) => return Err(ShmError::Os { op: "pread", errno: e }),
+                Err(e) => {
+                    return Err(ShmError::Os {
+                        op: "pread",
+                        errno: e,
+                    })
+                }
             }
         }
         Ok(done)
     }
 
     /// Writes `len` bytes from the mapping at `offset` to `file` at `file_offset` (`pwrite`).
-    pub fn pwrite_to(&self, file: BorrowedFd<'_>, file_offset: u64, offset: u64, len: usize) -> Result<()> {
+    pub fn pwrite_to(
+        &self,
+        file: BorrowedFd<'_>,
+        file_offset: u64,
+        offset: u64,
+        len: usize,
+    ) -> Result<()> {
         let start = self.check(offset, len)?;
         // SAFETY: in bounds of the live mapping; read-only use for the duration of the call
         // (see `pread_from` on concurrent peers).
@@ -379,10 +402,20 @@ impl SharedMem {
         let mut done = 0;
         while done < len {
             match rustix::io::pwrite(file, &buf[done..], file_offset + done as u64) {
-                Ok(0) => return Err(ShmError::Os { op: "pwrite", errno: rustix::io::Errno::NOSPC }),
+                Ok(0) => {
+                    return Err(ShmError::Os {
+                        op: "pwrite",
+                        errno: rustix::io::Errno::NOSPC,
+                    })
+                }
                 Ok(n) => done += n,
                 Err(rustix::io::Errno::INTR) => continue,
-                Err(e) => return Err(ShmError::Os { op: "pwrite", errno: e }),
+                Err(e) => {
+                    return Err(ShmError::Os {
+                        op: "pwrite",
+                        errno: e,
+                    })
+                }
             }
         }
         Ok(())
@@ -414,11 +447,20 @@ mod tests {
         let mut b = [0u8; 5];
         m.read(10, &mut b).unwrap();
         assert_eq!(&b, b"hello");
-        assert!(matches!(m.read(4094, &mut b), Err(ShmError::OutOfBounds { .. })));
-        assert!(matches!(m.write(u64::MAX, b"x"), Err(ShmError::OutOfBounds { .. })));
+        assert!(matches!(
+            m.read(4094, &mut b),
+            Err(ShmError::OutOfBounds { .. })
+        ));
+        assert!(matches!(
+            m.write(u64::MAX, b"x"),
+            Err(ShmError::OutOfBounds { .. })
+        ));
         m.write_u32(100, 0xdead_beef).unwrap();
         assert_eq!(m.read_u32(100).unwrap(), 0xdead_beef);
-        assert!(matches!(m.atomic_u16(101), Err(ShmError::Misaligned { .. })));
+        assert!(matches!(
+            m.atomic_u16(101),
+            Err(ShmError::Misaligned { .. })
+        ));
     }
 
     #[test]

@@ -70,7 +70,12 @@ impl Channel {
 
     /// Sends one message with its fds. Partial sends are completed; fds travel with the first
     /// byte.
-    pub fn send(&self, header: &Header, payload: &[u8], fds: &[BorrowedFd<'_>]) -> Result<(), ChannelError> {
+    pub fn send(
+        &self,
+        header: &Header,
+        payload: &[u8],
+        fds: &[BorrowedFd<'_>],
+    ) -> Result<(), ChannelError> {
         debug_assert_eq!(header.size as usize, HEADER_SIZE + payload.len());
         let head = header.encode();
         let mut sent = 0usize;
@@ -81,13 +86,17 @@ impl Channel {
             let iov: [IoSlice<'_>; 2] = if sent < HEADER_SIZE {
                 [IoSlice::new(&head[sent..]), IoSlice::new(payload)]
             } else {
-                [IoSlice::new(&[]), IoSlice::new(&payload[sent - HEADER_SIZE..])]
+                [
+                    IoSlice::new(&[]),
+                    IoSlice::new(&payload[sent - HEADER_SIZE..]),
+                ]
             };
             let mut cmsg = SendAncillaryBuffer::new(&mut space);
-            if first && !fds.is_empty() {
-                if fds.len() > MAX_FDS || !cmsg.push(SendAncillaryMessage::ScmRights(fds)) {
-                    return Err(ChannelError::TooManyFds);
-                }
+            if first
+                && !fds.is_empty()
+                && (fds.len() > MAX_FDS || !cmsg.push(SendAncillaryMessage::ScmRights(fds)))
+            {
+                return Err(ChannelError::TooManyFds);
             }
             match rustix::net::sendmsg(&self.fd, &iov, &mut cmsg, SendFlags::NOSIGNAL) {
                 Ok(0) => return Err(ChannelError::Closed),
@@ -127,14 +136,24 @@ impl Channel {
     }
 
     /// Reads exactly `buf.len()` bytes, collecting any fds.
-    fn read_exact(&self, buf: &mut [u8], fds: &mut Vec<OwnedFd>, deadline: Instant) -> Result<(), ChannelError> {
+    fn read_exact(
+        &self,
+        buf: &mut [u8],
+        fds: &mut Vec<OwnedFd>,
+        deadline: Instant,
+    ) -> Result<(), ChannelError> {
         let mut got = 0;
         while got < buf.len() {
             self.wait(deadline)?;
             let mut space = [MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(MAX_FDS))];
             let mut cmsg = RecvAncillaryBuffer::new(&mut space);
             let mut iov = [IoSliceMut::new(&mut buf[got..])];
-            let r = match rustix::net::recvmsg(&self.fd, &mut iov, &mut cmsg, RecvFlags::CMSG_CLOEXEC | RecvFlags::DONTWAIT) {
+            let r = match rustix::net::recvmsg(
+                &self.fd,
+                &mut iov,
+                &mut cmsg,
+                RecvFlags::CMSG_CLOEXEC | RecvFlags::DONTWAIT,
+            ) {
                 Ok(r) => r,
                 Err(Errno::INTR) | Err(Errno::AGAIN) => continue,
                 Err(Errno::CONNRESET) => return Err(ChannelError::Closed),
@@ -179,7 +198,11 @@ impl Channel {
 
     /// Sets how long a blocking send may wait for the peer to drain its socket.
     pub fn set_send_timeout(&self, timeout: Duration) -> Result<(), ChannelError> {
-        rustix::net::sockopt::set_socket_timeout(&self.fd, rustix::net::sockopt::Timeout::Send, Some(timeout))?;
+        rustix::net::sockopt::set_socket_timeout(
+            &self.fd,
+            rustix::net::sockopt::Timeout::Send,
+            Some(timeout),
+        )?;
         Ok(())
     }
 }

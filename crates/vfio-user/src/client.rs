@@ -143,8 +143,13 @@ impl Client {
             errno,
         };
         let addr = SocketAddrUnix::new(path).map_err(err)?;
-        let fd = rustix::net::socket_with(AddressFamily::UNIX, SocketType::STREAM, SocketFlags::CLOEXEC, None)
-            .map_err(err)?;
+        let fd = rustix::net::socket_with(
+            AddressFamily::UNIX,
+            SocketType::STREAM,
+            SocketFlags::CLOEXEC,
+            None,
+        )
+        .map_err(err)?;
         rustix::net::connect(&fd, &addr).map_err(err)?;
         Self::from_fd(fd, opts)
     }
@@ -180,7 +185,7 @@ impl Client {
     }
 
     fn negotiate(&mut self, twin: bool) -> Result<()> {
-        let ours = Capabilities::ours(twin.then(|| TwinSocket {
+        let ours = Capabilities::ours(twin.then_some(TwinSocket {
             supported: true,
             fd_index: None,
         }));
@@ -233,13 +238,24 @@ impl Client {
     }
 
     /// Sends a command and waits for its reply.
-    fn call(&mut self, command: u16, payload: &[u8], fds: &[BorrowedFd<'_>]) -> Result<(Vec<u8>, Vec<OwnedFd>)> {
+    fn call(
+        &mut self,
+        command: u16,
+        payload: &[u8],
+        fds: &[BorrowedFd<'_>],
+    ) -> Result<(Vec<u8>, Vec<OwnedFd>)> {
         let name = cmd::name(command);
         self.next_id = self.next_id.wrapping_add(1);
         let header = Header::command(self.next_id, command, payload.len());
-        let chan_err = |source| ClientError::Channel { command: name, source };
+        let chan_err = |source| ClientError::Channel {
+            command: name,
+            source,
+        };
         self.chan.send(&header, payload, fds).map_err(chan_err)?;
-        let msg = self.chan.recv(Instant::now() + self.timeout).map_err(chan_err)?;
+        let msg = self
+            .chan
+            .recv(Instant::now() + self.timeout)
+            .map_err(chan_err)?;
         let h = msg.header;
         if !h.is_reply() || h.msg_id != header.msg_id || h.command != command {
             return Err(ClientError::Protocol {
@@ -281,8 +297,13 @@ impl Client {
     pub fn region_info(&mut self, index: u32) -> Result<RegionInfo> {
         let mut argsz = wire::RegionInfo::SIZE as u32;
         for _ in 0..2 {
-            let (payload, mut fds) = self.call(cmd::DEVICE_GET_REGION_INFO, &wire::RegionInfo::encode_request(index, argsz), &[])?;
-            let info = wire::RegionInfo::decode(&payload).map_err(|e| proto(cmd::DEVICE_GET_REGION_INFO, e))?;
+            let (payload, mut fds) = self.call(
+                cmd::DEVICE_GET_REGION_INFO,
+                &wire::RegionInfo::encode_request(index, argsz),
+                &[],
+            )?;
+            let info = wire::RegionInfo::decode(&payload)
+                .map_err(|e| proto(cmd::DEVICE_GET_REGION_INFO, e))?;
             if info.argsz > argsz && info.flags & wire::region::FLAG_CAPS != 0 {
                 argsz = info.argsz;
                 continue;
@@ -316,13 +337,15 @@ impl Client {
                 index,
                 count: 0,
             };
-            let (payload, fds) = match self.call(cmd::DEVICE_GET_REGION_IO_FDS, &req.encode(), &[]) {
+            let (payload, fds) = match self.call(cmd::DEVICE_GET_REGION_IO_FDS, &req.encode(), &[])
+            {
                 Ok(r) => r,
                 // Servers without ioeventfds (or without this command) are fine: trap instead.
                 Err(ClientError::Remote { .. }) => return Ok(Vec::new()),
                 Err(e) => return Err(e),
             };
-            let reply = wire::IoFdsReply::decode(&payload).map_err(|e| proto(cmd::DEVICE_GET_REGION_IO_FDS, e))?;
+            let reply = wire::IoFdsReply::decode(&payload)
+                .map_err(|e| proto(cmd::DEVICE_GET_REGION_IO_FDS, e))?;
             if reply.subs.is_empty() && reply.count > 0 {
                 argsz = reply.argsz;
                 continue;
@@ -333,14 +356,17 @@ impl Client {
                 if s.kind != wire::IO_FD_TYPE_IOEVENTFD {
                     continue;
                 }
-                let fd = fds.get(s.fd_index as usize).ok_or_else(|| ClientError::Protocol {
-                    command: "DEVICE_GET_REGION_IO_FDS",
-                    why: format!("fd index {} out of range", s.fd_index),
-                })?;
+                let fd = fds
+                    .get(s.fd_index as usize)
+                    .ok_or_else(|| ClientError::Protocol {
+                        command: "DEVICE_GET_REGION_IO_FDS",
+                        why: format!("fd index {} out of range", s.fd_index),
+                    })?;
                 out.push(IoEventFd {
                     offset: s.offset,
                     size: s.size,
-                    datamatch: (s.flags & wire::IOEVENTFD_FLAG_DATAMATCH != 0).then_some(s.datamatch),
+                    datamatch: (s.flags & wire::IOEVENTFD_FLAG_DATAMATCH != 0)
+                        .then_some(s.datamatch),
                     fd: fd.clone(),
                 });
             }
@@ -361,7 +387,8 @@ impl Client {
             data: Vec::new(),
         };
         let (payload, _) = self.call(cmd::REGION_READ, &req.encode(), &[])?;
-        let reply = wire::RegionAccess::decode(&payload, true).map_err(|e| proto(cmd::REGION_READ, e))?;
+        let reply =
+            wire::RegionAccess::decode(&payload, true).map_err(|e| proto(cmd::REGION_READ, e))?;
         if reply.data.len() != buf.len() {
             return Err(ClientError::Protocol {
                 command: "REGION_READ",
@@ -396,10 +423,12 @@ impl Client {
         self.next_id = self.next_id.wrapping_add(1);
         let mut header = Header::command(self.next_id, cmd::REGION_WRITE, req.len());
         header.flags |= wire::flags::NO_REPLY;
-        self.chan.send(&header, &req, &[]).map_err(|source| ClientError::Channel {
-            command: "REGION_WRITE",
-            source,
-        })
+        self.chan
+            .send(&header, &req, &[])
+            .map_err(|source| ClientError::Channel {
+                command: "REGION_WRITE",
+                source,
+            })
     }
 
     /// Describes IRQ type `index`.
@@ -415,7 +444,12 @@ impl Client {
     }
 
     /// Attaches eventfds to vectors `start..start+fds.len()` of IRQ `index`.
-    pub fn set_irq_eventfds(&mut self, index: u32, start: u32, fds: &[BorrowedFd<'_>]) -> Result<()> {
+    pub fn set_irq_eventfds(
+        &mut self,
+        index: u32,
+        start: u32,
+        fds: &[BorrowedFd<'_>],
+    ) -> Result<()> {
         let s = wire::IrqSet {
             argsz: 0,
             flags: wire::irq::SET_DATA_EVENTFD | wire::irq::SET_ACTION_TRIGGER,
@@ -443,7 +477,14 @@ impl Client {
     }
 
     /// Maps `size` bytes of `fd` from `offset` at `iova` into the device's DMA space.
-    pub fn dma_map(&mut self, iova: u64, size: u64, flags: u32, fd: BorrowedFd<'_>, offset: u64) -> Result<()> {
+    pub fn dma_map(
+        &mut self,
+        iova: u64,
+        size: u64,
+        flags: u32,
+        fd: BorrowedFd<'_>,
+        offset: u64,
+    ) -> Result<()> {
         let m = wire::DmaMap {
             argsz: wire::DmaMap::SIZE as u32,
             flags,
@@ -466,7 +507,10 @@ impl Client {
             size: mem.len() as u64,
         };
         self.call(cmd::DMA_MAP, &m.encode(), &[])?;
-        self.in_band.lock().expect("in-band lock").push(InBand { iova, mem });
+        self.in_band
+            .lock()
+            .expect("in-band lock")
+            .push(InBand { iova, mem });
         Ok(())
     }
 
@@ -479,7 +523,10 @@ impl Client {
             size,
         };
         self.call(cmd::DMA_UNMAP, &u.encode(), &[])?;
-        self.in_band.lock().expect("in-band lock").retain(|r| r.iova != iova);
+        self.in_band
+            .lock()
+            .expect("in-band lock")
+            .retain(|r| r.iova != iova);
         Ok(())
     }
 
@@ -533,12 +580,19 @@ fn serve_twin(chan: Channel, regions: Arc<Mutex<Vec<InBand>>>, timeout: Duration
             let regions = regions.lock().expect("in-band lock");
             let r = regions
                 .iter()
-                .find(|r| r.iova <= a.addr && a.addr.saturating_add(a.count) <= r.iova + r.mem.len() as u64)
+                .find(|r| {
+                    r.iova <= a.addr
+                        && a.addr.saturating_add(a.count) <= r.iova + r.mem.len() as u64
+                })
                 .ok_or(Errno::FAULT)?;
             let off = a.addr - r.iova;
             if with_data {
                 r.mem.write(off, &a.data).map_err(|_| Errno::FAULT)?;
-                Ok(wire::DmaAccess { data: Vec::new(), ..a }.encode())
+                Ok(wire::DmaAccess {
+                    data: Vec::new(),
+                    ..a
+                }
+                .encode())
             } else {
                 let mut data = vec![0u8; a.count as usize];
                 r.mem.read(off, &mut data).map_err(|_| Errno::FAULT)?;

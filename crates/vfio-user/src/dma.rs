@@ -68,7 +68,9 @@ pub struct DmaMap {
 
 impl std::fmt::Debug for DmaMap {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("DmaMap").field("regions", &self.regions.len()).finish()
+        f.debug_struct("DmaMap")
+            .field("regions", &self.regions.len())
+            .finish()
     }
 }
 
@@ -91,7 +93,11 @@ impl DmaMap {
     /// existing region must be failed ... with EEXIST").
     pub fn map(&mut self, m: &wire::DmaMap, fd: Option<OwnedFd>) -> Result<(), Errno> {
         let end = m.addr + m.size; // decode rejected overflow
-        if self.regions.iter().any(|r| m.addr < r.end() && r.iova < end) {
+        if self
+            .regions
+            .iter()
+            .any(|r| m.addr < r.end() && r.iova < end)
+        {
             return Err(Errno::EXIST);
         }
         if self.regions.len() >= 65535 {
@@ -104,10 +110,12 @@ impl DmaMap {
             Access::ReadOnly
         };
         let mem = match fd {
-            Some(fd) => Some(SharedMem::map_owned(fd, m.offset, size, access).map_err(|e| {
-                tracing::warn!("DMA_MAP {:#x}+{:#x}: {e}", m.addr, m.size);
-                Errno::INVAL
-            })?),
+            Some(fd) => Some(
+                SharedMem::map_owned(fd, m.offset, size, access).map_err(|e| {
+                    tracing::warn!("DMA_MAP {:#x}+{:#x}: {e}", m.addr, m.size);
+                    Errno::INVAL
+                })?,
+            ),
             None => None,
         };
         let at = self.regions.partition_point(|r| r.iova < m.addr);
@@ -175,7 +183,12 @@ impl DmaMap {
 
     /// Translates `[iova, iova+len)` to a directly mapped memory and offset, checking rights.
     /// Fails for in-band regions; use [`DmaMap::read`]/[`DmaMap::write`] to reach those.
-    pub fn translate(&self, iova: u64, len: u64, write: bool) -> Result<(&SharedMem, u64), DmaError> {
+    pub fn translate(
+        &self,
+        iova: u64,
+        len: u64,
+        write: bool,
+    ) -> Result<(&SharedMem, u64), DmaError> {
         let r = self.find(iova, len, write)?;
         match &r.mem {
             Some(mem) => Ok((mem, iova - r.iova)),
@@ -192,7 +205,10 @@ impl DmaMap {
         match &r.mem {
             Some(mem) => mem
                 .read(iova - r.iova, buf)
-                .map_err(|_| DmaError::NotMapped { iova, len: buf.len() as u64 }),
+                .map_err(|_| DmaError::NotMapped {
+                    iova,
+                    len: buf.len() as u64,
+                }),
             None => {
                 let reply = self.in_band(cmd::DMA_READ, iova, buf.len() as u64, &[])?;
                 let a = DmaAccess::decode(&reply, true).map_err(|e| DmaError::InBand {
@@ -217,21 +233,32 @@ impl DmaMap {
         match &r.mem {
             Some(mem) => mem
                 .write(iova - r.iova, data)
-                .map_err(|_| DmaError::NotMapped { iova, len: data.len() as u64 }),
+                .map_err(|_| DmaError::NotMapped {
+                    iova,
+                    len: data.len() as u64,
+                }),
             None => self
                 .in_band(cmd::DMA_WRITE, iova, data.len() as u64, data)
                 .map(|_| ()),
         }
     }
 
-    fn in_band(&self, command: u16, iova: u64, count: u64, data: &[u8]) -> Result<Vec<u8>, DmaError> {
+    fn in_band(
+        &self,
+        command: u16,
+        iova: u64,
+        count: u64,
+        data: &[u8],
+    ) -> Result<Vec<u8>, DmaError> {
         let fail = |why: String| DmaError::InBand { iova, why };
         if count > wire::MAX_DATA_XFER as u64 {
             return Err(fail("transfer larger than max_data_xfer_size".into()));
         }
         let mut twin = self.twin.lock().expect("twin lock");
         let Some((chan, next_id)) = twin.as_mut() else {
-            return Err(fail("region has no fd and no twin socket was negotiated".into()));
+            return Err(fail(
+                "region has no fd and no twin socket was negotiated".into(),
+            ));
         };
         *next_id = next_id.wrapping_add(1);
         let payload = DmaAccess {
@@ -241,11 +268,15 @@ impl DmaMap {
         }
         .encode();
         let header = Header::command(*next_id, command, payload.len());
-        chan.send(&header, &payload, &[]).map_err(|e| fail(e.to_string()))?;
+        chan.send(&header, &payload, &[])
+            .map_err(|e| fail(e.to_string()))?;
         let msg = chan
             .recv(Instant::now() + self.timeout)
             .map_err(|e| fail(e.to_string()))?;
-        if !msg.header.is_reply() || msg.header.msg_id != header.msg_id || msg.header.command != command {
+        if !msg.header.is_reply()
+            || msg.header.msg_id != header.msg_id
+            || msg.header.command != command
+        {
             return Err(fail("unexpected message on the twin socket".into()));
         }
         if msg.header.is_error() {
@@ -275,17 +306,30 @@ mod tests {
         let mem = SharedMem::create("c", 8192).unwrap();
         let fd = mem.fd().unwrap().try_clone_to_owned().unwrap();
         let mut map = DmaMap::new(Duration::from_secs(1));
-        map.map(&map_req(0x10000, 8192, wire::dma::FLAG_READ), Some(fd)).unwrap();
+        map.map(&map_req(0x10000, 8192, wire::dma::FLAG_READ), Some(fd))
+            .unwrap();
         let fd2 = mem.fd().unwrap().try_clone_to_owned().unwrap();
-        assert_eq!(map.map(&map_req(0x11000, 4096, 3), Some(fd2)), Err(Errno::EXIST));
+        assert_eq!(
+            map.map(&map_req(0x11000, 4096, 3), Some(fd2)),
+            Err(Errno::EXIST)
+        );
 
         mem.write(100, b"abc").unwrap();
         let mut b = [0u8; 3];
         map.read(0x10000 + 100, &mut b).unwrap();
         assert_eq!(&b, b"abc");
-        assert!(matches!(map.read(0x10000 + 8190, &mut b), Err(DmaError::NotMapped { .. })));
-        assert!(matches!(map.read(0xfff, &mut b), Err(DmaError::NotMapped { .. })));
-        assert!(matches!(map.write(0x10000, b"x"), Err(DmaError::Forbidden { .. })));
+        assert!(matches!(
+            map.read(0x10000 + 8190, &mut b),
+            Err(DmaError::NotMapped { .. })
+        ));
+        assert!(matches!(
+            map.read(0xfff, &mut b),
+            Err(DmaError::NotMapped { .. })
+        ));
+        assert!(matches!(
+            map.write(0x10000, b"x"),
+            Err(DmaError::Forbidden { .. })
+        ));
         assert_eq!(map.unmap(0x10000, 4096), Err(Errno::INVAL));
         map.unmap(0x10000, 8192).unwrap();
         assert!(map.read(0x10000, &mut b).is_err());

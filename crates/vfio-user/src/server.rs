@@ -109,7 +109,10 @@ impl Irqs {
     pub fn apply(&mut self, total: u32, s: &wire::IrqSet, fds: Vec<OwnedFd>) -> Result<(), Errno> {
         let data = s.flags & wire::irq::SET_DATA_MASK;
         let action = s.flags & wire::irq::SET_ACTION_MASK_ALL;
-        if data == wire::irq::SET_DATA_NONE && s.count == 0 && action == wire::irq::SET_ACTION_TRIGGER {
+        if data == wire::irq::SET_DATA_NONE
+            && s.count == 0
+            && action == wire::irq::SET_ACTION_TRIGGER
+        {
             // start = count = 0 with DATA_NONE disables every vector of the index.
             self.slot(s.index, 0);
             return Ok(());
@@ -159,11 +162,22 @@ impl Irqs {
     /// vector is remembered as pending and fires on unmask.
     pub fn trigger(&mut self, index: u32, vector: u32) -> bool {
         let (i, v) = (index as usize, vector as usize);
-        if self.masked.get(i).and_then(|m| m.get(v)).copied().unwrap_or(false) {
+        if self
+            .masked
+            .get(i)
+            .and_then(|m| m.get(v))
+            .copied()
+            .unwrap_or(false)
+        {
             self.pending[i][v] = true;
             return true;
         }
-        match self.fds.get(i).and_then(|f| f.get(v)).and_then(|f| f.as_ref()) {
+        match self
+            .fds
+            .get(i)
+            .and_then(|f| f.get(v))
+            .and_then(|f| f.as_ref())
+        {
             Some(fd) => {
                 let _ = rustix::io::write(fd, &1u64.to_ne_bytes());
                 true
@@ -226,9 +240,21 @@ pub trait DeviceBackend {
         true
     }
     /// Reads `buf.len()` bytes of region `index` at `offset` (bounds already checked).
-    fn region_read(&mut self, ctx: &mut DeviceContext, index: u32, offset: u64, buf: &mut [u8]) -> Result<(), Errno>;
+    fn region_read(
+        &mut self,
+        ctx: &mut DeviceContext,
+        index: u32,
+        offset: u64,
+        buf: &mut [u8],
+    ) -> Result<(), Errno>;
     /// Writes `data` to region `index` at `offset` (bounds already checked).
-    fn region_write(&mut self, ctx: &mut DeviceContext, index: u32, offset: u64, data: &[u8]) -> Result<(), Errno>;
+    fn region_write(
+        &mut self,
+        ctx: &mut DeviceContext,
+        index: u32,
+        offset: u64,
+        data: &[u8],
+    ) -> Result<(), Errno>;
     /// ioeventfds offered for region `index`.
     fn io_fds(&self, _index: u32) -> Vec<IoFdDesc<'_>> {
         Vec::new()
@@ -317,8 +343,13 @@ impl<B: DeviceBackend> Server<B> {
         };
         let addr = SocketAddrUnix::new(path).map_err(|e| err("address", e))?;
         if path.exists() {
-            let probe = rustix::net::socket_with(AddressFamily::UNIX, SocketType::STREAM, SocketFlags::CLOEXEC, None)
-                .map_err(|e| err("socket", e))?;
+            let probe = rustix::net::socket_with(
+                AddressFamily::UNIX,
+                SocketType::STREAM,
+                SocketFlags::CLOEXEC,
+                None,
+            )
+            .map_err(|e| err("socket", e))?;
             match rustix::net::connect(&probe, &addr) {
                 Ok(()) => return Err(err("bind", Errno::ADDRINUSE)),
                 Err(_) => {
@@ -326,8 +357,13 @@ impl<B: DeviceBackend> Server<B> {
                 }
             }
         }
-        let fd = rustix::net::socket_with(AddressFamily::UNIX, SocketType::STREAM, SocketFlags::CLOEXEC, None)
-            .map_err(|e| err("socket", e))?;
+        let fd = rustix::net::socket_with(
+            AddressFamily::UNIX,
+            SocketType::STREAM,
+            SocketFlags::CLOEXEC,
+            None,
+        )
+        .map_err(|e| err("socket", e))?;
         rustix::net::bind(&fd, &addr).map_err(|e| err("bind", e))?;
         rustix::net::listen(&fd, 8).map_err(|e| err("listen", e))?;
         let mut s = Self::from_listener(fd, backend, opts);
@@ -406,7 +442,10 @@ impl<B: DeviceBackend> Server<B> {
     pub fn run_once(&mut self, timeout: Duration) -> Result<(), ServerError> {
         let ready: Vec<Source> = {
             let fds = self.poll_fds();
-            let mut pfds: Vec<PollFd<'_>> = fds.iter().map(|(fd, _)| PollFd::new(fd, PollFlags::IN)).collect();
+            let mut pfds: Vec<PollFd<'_>> = fds
+                .iter()
+                .map(|(fd, _)| PollFd::new(fd, PollFlags::IN))
+                .collect();
             let ts = rustix::time::Timespec {
                 tv_sec: timeout.as_secs() as _,
                 tv_nsec: timeout.subsec_nanos() as _,
@@ -443,7 +482,11 @@ impl<B: DeviceBackend> Server<B> {
             Err(errno) => {
                 return Err(ServerError::Socket {
                     op: "accept",
-                    path: self.path.as_ref().map(|p| p.display().to_string()).unwrap_or_default(),
+                    path: self
+                        .path
+                        .as_ref()
+                        .map(|p| p.display().to_string())
+                        .unwrap_or_default(),
                     errno,
                 })
             }
@@ -496,12 +539,17 @@ impl<B: DeviceBackend> Server<B> {
         let sent = match result {
             Ok((payload, fds)) => {
                 let borrowed: Vec<BorrowedFd<'_>> = fds.iter().map(|f| f.as_fd()).collect();
-                conn.chan.send(&Header::reply(&header, payload.len()), &payload, &borrowed)
+                conn.chan
+                    .send(&Header::reply(&header, payload.len()), &payload, &borrowed)
             }
             Err(errno) => {
                 self.stats.errors += 1;
                 tracing::debug!("{} failed: {errno}", cmd::name(header.command));
-                conn.chan.send(&Header::error_reply(&header, errno.raw_os_error() as u32), &[], &[])
+                conn.chan.send(
+                    &Header::error_reply(&header, errno.raw_os_error() as u32),
+                    &[],
+                    &[],
+                )
             }
         };
         if let Err(e) = sent {
@@ -510,7 +558,11 @@ impl<B: DeviceBackend> Server<B> {
     }
 
     fn dispatch(&mut self, msg: Message) -> Reply {
-        let Message { header, payload, fds } = msg;
+        let Message {
+            header,
+            payload,
+            fds,
+        } = msg;
         let negotiated = self.conn.as_ref().is_some_and(|c| c.negotiated);
         if header.command != cmd::VERSION && !negotiated {
             return Err(Errno::INVAL);
@@ -550,7 +602,13 @@ impl<B: DeviceBackend> Server<B> {
                 if self.backend.resettable() {
                     flags |= wire::device::FLAG_RESET;
                 }
-                let num_regions = self.backend.regions().iter().map(|r| r.index + 1).max().unwrap_or(0);
+                let num_regions = self
+                    .backend
+                    .regions()
+                    .iter()
+                    .map(|r| r.index + 1)
+                    .max()
+                    .unwrap_or(0);
                 let info = wire::DeviceInfo {
                     argsz: wire::DeviceInfo::SIZE as u32,
                     flags,
@@ -601,7 +659,11 @@ impl<B: DeviceBackend> Server<B> {
                         size: d.size,
                         fd_index: i as u32,
                         kind: wire::IO_FD_TYPE_IOEVENTFD,
-                        flags: if d.datamatch.is_some() { wire::IOEVENTFD_FLAG_DATAMATCH } else { 0 },
+                        flags: if d.datamatch.is_some() {
+                            wire::IOEVENTFD_FLAG_DATAMATCH
+                        } else {
+                            0
+                        },
                         datamatch: d.datamatch.unwrap_or(0),
                     });
                     fds.push(d.fd.try_clone_to_owned().map_err(|_| Errno::NOMEM)?);
@@ -640,13 +702,15 @@ impl<B: DeviceBackend> Server<B> {
                 let a = wire::RegionAccess::decode(&payload, false).map_err(bad)?;
                 self.check_region(a.region, a.offset, a.count, wire::region::FLAG_READ)?;
                 let mut data = vec![0u8; a.count as usize];
-                self.backend.region_read(&mut self.ctx, a.region, a.offset, &mut data)?;
+                self.backend
+                    .region_read(&mut self.ctx, a.region, a.offset, &mut data)?;
                 Ok((wire::RegionAccess { data, ..a }.encode(), Vec::new()))
             }
             cmd::REGION_WRITE => {
                 let a = wire::RegionAccess::decode(&payload, true).map_err(bad)?;
                 self.check_region(a.region, a.offset, a.count, wire::region::FLAG_WRITE)?;
-                self.backend.region_write(&mut self.ctx, a.region, a.offset, &a.data)?;
+                self.backend
+                    .region_write(&mut self.ctx, a.region, a.offset, &a.data)?;
                 Ok((
                     wire::RegionAccess {
                         data: Vec::new(),
@@ -669,7 +733,10 @@ impl<B: DeviceBackend> Server<B> {
 
     fn check_region(&self, index: u32, offset: u64, count: u32, need: u32) -> Result<(), Errno> {
         let regions = self.backend.regions();
-        let r = regions.iter().find(|r| r.index == index).ok_or(Errno::INVAL)?;
+        let r = regions
+            .iter()
+            .find(|r| r.index == index)
+            .ok_or(Errno::INVAL)?;
         if r.flags & need == 0 {
             return Err(Errno::ACCESS);
         }

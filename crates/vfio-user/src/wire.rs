@@ -341,12 +341,18 @@ impl Header {
             error: r.u32()?,
         };
         if (h.size as usize) < HEADER_SIZE {
-            return Err(invalid("header", format!("message size {} is below 16", h.size)));
+            return Err(invalid(
+                "header",
+                format!("message size {} is below 16", h.size),
+            ));
         }
         if h.size > MAX_MESSAGE_SIZE {
             return Err(invalid(
                 "header",
-                format!("message size {} exceeds the limit {MAX_MESSAGE_SIZE}", h.size),
+                format!(
+                    "message size {} exceeds the limit {MAX_MESSAGE_SIZE}",
+                    h.size
+                ),
             ));
         }
         let ty = h.flags & flags::TYPE_MASK;
@@ -388,7 +394,10 @@ impl Version {
     /// Encodes, adding the terminating NUL.
     pub fn encode(&self) -> Vec<u8> {
         let mut w = Writer::default();
-        w.u16(self.major).u16(self.minor).bytes(self.json.as_bytes()).bytes(&[0]);
+        w.u16(self.major)
+            .u16(self.minor)
+            .bytes(self.json.as_bytes())
+            .bytes(&[0]);
         w.0
     }
     /// Decodes; the JSON must be UTF-8 and NUL-terminated if present.
@@ -430,7 +439,10 @@ impl DeviceInfo {
     /// Encodes.
     pub fn encode(&self) -> Vec<u8> {
         let mut w = Writer::default();
-        w.u32(self.argsz).u32(self.flags).u32(self.num_regions).u32(self.num_irqs);
+        w.u32(self.argsz)
+            .u32(self.flags)
+            .u32(self.num_regions)
+            .u32(self.num_irqs);
         w.0
     }
     /// Decodes.
@@ -496,7 +508,11 @@ impl RegionInfo {
         w.u32(full)
             .u32(flags)
             .u32(self.index)
-            .u32(if caps_len > 0 && fits { Self::SIZE as u32 } else { 0 })
+            .u32(if caps_len > 0 && fits {
+                Self::SIZE as u32
+            } else {
+                0
+            })
             .u64(self.size)
             .u64(self.offset);
         if caps_len > 0 && fits {
@@ -539,7 +555,10 @@ impl RegionInfo {
                 if next >= b.len() {
                     break;
                 }
-                return Err(invalid(WHAT, format!("capability at {next} is outside the reply")));
+                return Err(invalid(
+                    WHAT,
+                    format!("capability at {next} is outside the reply"),
+                ));
             }
             hops += 1;
             if hops > 64 {
@@ -553,7 +572,10 @@ impl RegionInfo {
                 let nr = c.u32()? as usize;
                 let _reserved = c.u32()?;
                 if nr > 1024 || c.rest().len() < nr * 16 {
-                    return Err(invalid(WHAT, format!("sparse capability claims {nr} areas")));
+                    return Err(invalid(
+                        WHAT,
+                        format!("sparse capability claims {nr} areas"),
+                    ));
                 }
                 for _ in 0..nr {
                     let offset = c.u64()?;
@@ -589,7 +611,10 @@ impl IoFdsRequest {
     /// Encodes.
     pub fn encode(&self) -> Vec<u8> {
         let mut w = Writer::default();
-        w.u32(self.argsz).u32(self.flags).u32(self.index).u32(self.count);
+        w.u32(self.argsz)
+            .u32(self.flags)
+            .u32(self.index)
+            .u32(self.count);
         w.0
     }
     /// Decodes.
@@ -643,7 +668,12 @@ impl IoFdsReply {
         w.u32(full).u32(0).u32(index).u32(subs.len() as u32);
         if max >= full {
             for s in subs {
-                w.u64(s.offset).u64(s.size).u32(s.fd_index).u32(s.kind).u32(s.flags).u32(0);
+                w.u64(s.offset)
+                    .u64(s.size)
+                    .u32(s.fd_index)
+                    .u32(s.kind)
+                    .u32(s.flags)
+                    .u32(0);
                 w.u64(s.datamatch);
             }
         }
@@ -663,7 +693,10 @@ impl IoFdsReply {
             // Entry i is at i * ((argsz - 16) / count), per the spec's forward-compatible rule.
             let stride = (argsz as usize).saturating_sub(IoFdsRequest::SIZE) / count as usize;
             if stride < Self::SUB_SIZE || stride * count as usize > avail {
-                return Err(invalid(WHAT, format!("{count} sub-regions do not fit in {avail} bytes")));
+                return Err(invalid(
+                    WHAT,
+                    format!("{count} sub-regions do not fit in {avail} bytes"),
+                ));
             }
             for i in 0..count as usize {
                 let mut s = Reader::new(WHAT, &r.rest()[i * stride..], Self::SUB_SIZE)?;
@@ -712,7 +745,10 @@ impl IrqInfo {
     /// Encodes.
     pub fn encode(&self) -> Vec<u8> {
         let mut w = Writer::default();
-        w.u32(self.argsz).u32(self.flags).u32(self.index).u32(self.count);
+        w.u32(self.argsz)
+            .u32(self.flags)
+            .u32(self.index)
+            .u32(self.count);
         w.0
     }
     /// Decodes.
@@ -774,7 +810,10 @@ impl IrqSet {
         let data = s.flags & irq::SET_DATA_MASK;
         let action = s.flags & irq::SET_ACTION_MASK_ALL;
         if data.count_ones() != 1 || action.count_ones() != 1 {
-            return Err(invalid(WHAT, format!("flags {:#x} need one data type and one action", s.flags)));
+            return Err(invalid(
+                WHAT,
+                format!("flags {:#x} need one data type and one action", s.flags),
+            ));
         }
         if s.flags & !(irq::SET_DATA_MASK | irq::SET_ACTION_MASK_ALL) != 0 {
             return Err(invalid(WHAT, format!("unknown flags {:#x}", s.flags)));
@@ -808,7 +847,10 @@ impl RegionAccess {
     /// Encodes.
     pub fn encode(&self) -> Vec<u8> {
         let mut w = Writer::default();
-        w.u64(self.offset).u32(self.region).u32(self.count).bytes(&self.data);
+        w.u64(self.offset)
+            .u32(self.region)
+            .u32(self.count)
+            .bytes(&self.data);
         w.0
     }
     /// Decodes; `with_data` says whether `count` bytes of data must follow.
@@ -819,12 +861,18 @@ impl RegionAccess {
         let region = r.u32()?;
         let count = r.u32()?;
         if count > MAX_DATA_XFER {
-            return Err(invalid(WHAT, format!("count {count} exceeds max_data_xfer_size")));
+            return Err(invalid(
+                WHAT,
+                format!("count {count} exceeds max_data_xfer_size"),
+            ));
         }
         let rest = r.rest();
         let data = if with_data {
             if rest.len() != count as usize {
-                return Err(invalid(WHAT, format!("count {count} but {} data bytes", rest.len())));
+                return Err(invalid(
+                    WHAT,
+                    format!("count {count} but {} data bytes", rest.len()),
+                ));
             }
             rest.to_vec()
         } else {
@@ -860,7 +908,11 @@ impl DmaMap {
     /// Encodes.
     pub fn encode(&self) -> Vec<u8> {
         let mut w = Writer::default();
-        w.u32(self.argsz).u32(self.flags).u64(self.offset).u64(self.addr).u64(self.size);
+        w.u32(self.argsz)
+            .u32(self.flags)
+            .u64(self.offset)
+            .u64(self.addr)
+            .u64(self.size);
         w.0
     }
     /// Decodes and rejects empty or wrapping ranges.
@@ -874,7 +926,10 @@ impl DmaMap {
             size: r.u64()?,
         };
         if m.size == 0 || m.addr.checked_add(m.size).is_none() {
-            return Err(invalid("dma map", format!("bad range {:#x}+{:#x}", m.addr, m.size)));
+            return Err(invalid(
+                "dma map",
+                format!("bad range {:#x}+{:#x}", m.addr, m.size),
+            ));
         }
         if m.flags & !(dma::FLAG_READ | dma::FLAG_WRITE) != 0 {
             return Err(invalid("dma map", format!("unknown flags {:#x}", m.flags)));
@@ -902,7 +957,10 @@ impl DmaUnmap {
     /// Encodes.
     pub fn encode(&self) -> Vec<u8> {
         let mut w = Writer::default();
-        w.u32(self.argsz).u32(self.flags).u64(self.addr).u64(self.size);
+        w.u32(self.argsz)
+            .u32(self.flags)
+            .u64(self.addr)
+            .u64(self.size);
         w.0
     }
     /// Decodes.
@@ -944,12 +1002,18 @@ impl DmaAccess {
         let addr = r.u64()?;
         let count = r.u64()?;
         if count > MAX_DATA_XFER as u64 {
-            return Err(invalid(WHAT, format!("count {count} exceeds max_data_xfer_size")));
+            return Err(invalid(
+                WHAT,
+                format!("count {count} exceeds max_data_xfer_size"),
+            ));
         }
         let rest = r.rest();
         let data = if with_data {
             if rest.len() as u64 != count {
-                return Err(invalid(WHAT, format!("count {count} but {} data bytes", rest.len())));
+                return Err(invalid(
+                    WHAT,
+                    format!("count {count} but {} data bytes", rest.len()),
+                ));
             }
             rest.to_vec()
         } else {

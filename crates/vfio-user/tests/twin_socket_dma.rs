@@ -7,7 +7,9 @@ use std::time::Duration;
 
 use outboard_shm::SharedMem;
 use outboard_vfio_user::wire::{self, dma, region};
-use outboard_vfio_user::{Client, ClientOptions, DeviceBackend, DeviceContext, RegionDesc, Server, ServerOptions};
+use outboard_vfio_user::{
+    Client, ClientOptions, DeviceBackend, DeviceContext, RegionDesc, Server, ServerOptions,
+};
 use rustix::io::Errno;
 
 /// A DMA engine: registers addr (0x0), len (0x8); writing 1 to 0x10 copies client memory into
@@ -22,14 +24,30 @@ struct Engine {
 impl DeviceBackend for Engine {
     fn regions(&self) -> Vec<RegionDesc<'_>> {
         vec![
-            RegionDesc { index: region::BAR0, size: 0x1000, flags: region::FLAG_READ | region::FLAG_WRITE, mmap: None },
-            RegionDesc { index: region::CONFIG, size: 256, flags: region::FLAG_READ, mmap: None },
+            RegionDesc {
+                index: region::BAR0,
+                size: 0x1000,
+                flags: region::FLAG_READ | region::FLAG_WRITE,
+                mmap: None,
+            },
+            RegionDesc {
+                index: region::CONFIG,
+                size: 256,
+                flags: region::FLAG_READ,
+                mmap: None,
+            },
         ]
     }
     fn irqs(&self) -> Vec<wire::IrqInfo> {
         vec![]
     }
-    fn region_read(&mut self, _: &mut DeviceContext, index: u32, offset: u64, buf: &mut [u8]) -> Result<(), Errno> {
+    fn region_read(
+        &mut self,
+        _: &mut DeviceContext,
+        index: u32,
+        offset: u64,
+        buf: &mut [u8],
+    ) -> Result<(), Errno> {
         buf.fill(0);
         if index == region::BAR0 && offset >= 0x100 {
             let o = (offset - 0x100) as usize;
@@ -40,7 +58,13 @@ impl DeviceBackend for Engine {
         }
         Ok(())
     }
-    fn region_write(&mut self, ctx: &mut DeviceContext, index: u32, offset: u64, data: &[u8]) -> Result<(), Errno> {
+    fn region_write(
+        &mut self,
+        ctx: &mut DeviceContext,
+        index: u32,
+        offset: u64,
+        data: &[u8],
+    ) -> Result<(), Errno> {
         if index != region::BAR0 || data.len() != 8 || offset >= 0x28 {
             return Err(Errno::INVAL);
         }
@@ -51,7 +75,9 @@ impl DeviceBackend for Engine {
                 self.buffer = vec![0; len];
                 ctx.dma.read(addr, &mut self.buffer)
             }
-            0x18 => ctx.dma.write(addr, &self.buffer[..len.min(self.buffer.len())]),
+            0x18 => ctx
+                .dma
+                .write(addr, &self.buffer[..len.min(self.buffer.len())]),
             _ => Ok(()),
         };
         self.regs[4] = result.is_err() as u64;
@@ -70,7 +96,10 @@ fn server_reaches_fdless_memory_through_the_twin_socket() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("engine.sock");
     let log = Arc::new(Mutex::new(Vec::new()));
-    let engine = Engine { log: log.clone(), ..Default::default() };
+    let engine = Engine {
+        log: log.clone(),
+        ..Default::default()
+    };
     let mut server = Server::bind(&path, engine, ServerOptions::default()).unwrap();
     let stop = Arc::new(AtomicBool::new(false));
     let s = stop.clone();
@@ -81,12 +110,19 @@ fn server_reaches_fdless_memory_through_the_twin_socket() {
     });
 
     let mut c = Client::connect(&path, ClientOptions::default()).unwrap();
-    assert!(c.peer_capabilities().twin_socket.as_ref().is_some_and(|t| t.supported));
+    assert!(c
+        .peer_capabilities()
+        .twin_socket
+        .as_ref()
+        .is_some_and(|t| t.supported));
     let mem = Arc::new(SharedMem::create("inband", 8192).unwrap());
     mem.write(100, b"hello from the client").unwrap();
-    c.dma_map_in_band(0x4000_0000, mem.clone(), dma::FLAG_READ | dma::FLAG_WRITE).unwrap();
+    c.dma_map_in_band(0x4000_0000, mem.clone(), dma::FLAG_READ | dma::FLAG_WRITE)
+        .unwrap();
 
-    let reg = |c: &mut Client, off: u64, v: u64| c.region_write(region::BAR0, off, &v.to_le_bytes()).unwrap();
+    let reg = |c: &mut Client, off: u64, v: u64| {
+        c.region_write(region::BAR0, off, &v.to_le_bytes()).unwrap()
+    };
     // Device reads 21 bytes at IOVA base+100 (DMA_READ).
     reg(&mut c, 0x0, 0x4000_0000 + 100);
     reg(&mut c, 0x8, 21);
@@ -106,7 +142,11 @@ fn server_reaches_fdless_memory_through_the_twin_socket() {
     let mut err = [0u8; 8];
     c.region_read(region::BAR0, 0x20, &mut err).unwrap();
     assert_eq!(u64::from_le_bytes(err), 1);
-    assert!(log.lock().unwrap().last().unwrap().contains("unmapped"), "{:?}", log.lock().unwrap());
+    assert!(
+        log.lock().unwrap().last().unwrap().contains("unmapped"),
+        "{:?}",
+        log.lock().unwrap()
+    );
 
     drop(c);
     stop.store(true, Ordering::Relaxed);

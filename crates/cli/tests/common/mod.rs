@@ -27,7 +27,10 @@ impl DeviceProcess {
             .expect("spawn outboard device");
         let deadline = Instant::now() + Duration::from_secs(10);
         while !socket.exists() {
-            assert!(Instant::now() < deadline, "device model did not create its socket");
+            assert!(
+                Instant::now() < deadline,
+                "device model did not create its socket"
+            );
             std::thread::sleep(Duration::from_millis(10));
         }
         Self { child, socket }

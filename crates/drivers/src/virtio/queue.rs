@@ -64,7 +64,9 @@ impl VirtQueue {
     /// Allocates the rings of queue `index` with `size` entries in the device's DMA space.
     pub fn new(dma: &DmaSpace, index: u16, size: u16, features: u64) -> Result<Self, VirtioError> {
         if size == 0 || !size.is_power_of_two() {
-            return Err(VirtioError::Device(format!("queue size {size} is not a power of two")));
+            return Err(VirtioError::Device(format!(
+                "queue size {size} is not a power of two"
+            )));
         }
         let avail_off = split::desc_table_size(size);
         let used_off = align(avail_off + split::avail_ring_size(size), 4096);
@@ -138,11 +140,19 @@ impl VirtQueue {
         self.free.last().copied()
     }
 
-    fn write_desc(mem: &DmaBuf, at: u64, b: &Buf, flags: u16, next: u16) -> Result<(), VirtioError> {
+    fn write_desc(
+        mem: &DmaBuf,
+        at: u64,
+        b: &Buf,
+        flags: u16,
+        next: u16,
+    ) -> Result<(), VirtioError> {
         let mut d = [0u8; split::DESC_SIZE as usize];
         d[0..8].copy_from_slice(&b.iova.to_le_bytes());
         d[8..12].copy_from_slice(&b.len.to_le_bytes());
-        d[12..14].copy_from_slice(&(flags | if b.write { split::DESC_F_WRITE } else { 0 }).to_le_bytes());
+        d[12..14].copy_from_slice(
+            &(flags | if b.write { split::DESC_F_WRITE } else { 0 }).to_le_bytes(),
+        );
         d[14..16].copy_from_slice(&next.to_le_bytes());
         mem.write(at, &d)?;
         Ok(())
@@ -164,7 +174,13 @@ impl VirtQueue {
             for (i, b) in bufs.iter().enumerate() {
                 let last = i + 1 == bufs.len();
                 let flags = if last { 0 } else { split::DESC_F_NEXT };
-                Self::write_desc(table, base + i as u64 * split::DESC_SIZE, b, flags, (i + 1) as u16)?;
+                Self::write_desc(
+                    table,
+                    base + i as u64 * split::DESC_SIZE,
+                    b,
+                    flags,
+                    (i + 1) as u16,
+                )?;
             }
             let desc = Buf {
                 iova: table.iova() + base,
@@ -172,20 +188,40 @@ impl VirtQueue {
                 write: false,
             };
             self.free.pop();
-            Self::write_desc(&self.ring, head as u64 * split::DESC_SIZE, &desc, split::DESC_F_INDIRECT, 0)?;
+            Self::write_desc(
+                &self.ring,
+                head as u64 * split::DESC_SIZE,
+                &desc,
+                split::DESC_F_INDIRECT,
+                0,
+            )?;
             self.chain_len[head as usize] = 1;
         } else {
-            let ids: Vec<u16> = (0..bufs.len()).map(|_| self.free.pop().expect("can_add checked")).collect();
+            let ids: Vec<u16> = (0..bufs.len())
+                .map(|_| self.free.pop().expect("can_add checked"))
+                .collect();
             for (i, b) in bufs.iter().enumerate() {
                 let next = ids.get(i + 1).copied();
-                let flags = if next.is_some() { split::DESC_F_NEXT } else { 0 };
-                Self::write_desc(&self.ring, ids[i] as u64 * split::DESC_SIZE, b, flags, next.unwrap_or(0))?;
+                let flags = if next.is_some() {
+                    split::DESC_F_NEXT
+                } else {
+                    0
+                };
+                Self::write_desc(
+                    &self.ring,
+                    ids[i] as u64 * split::DESC_SIZE,
+                    b,
+                    flags,
+                    next.unwrap_or(0),
+                )?;
                 self.next[ids[i] as usize] = next.unwrap_or(0);
             }
             self.chain_len[head as usize] = bufs.len() as u16;
         }
-        self.ring
-            .write_u16(self.avail_off + split::avail_entry(self.size, self.avail_shadow), head)?;
+        self.ring.write_u16(
+            self.avail_off + split::avail_entry(self.size, self.avail_shadow),
+            head,
+        )?;
         self.avail_shadow = self.avail_shadow.wrapping_add(1);
         Ok(Some(head))
     }
@@ -241,7 +277,9 @@ impl VirtQueue {
         let at = self.used_off + split::used_entry(self.size, self.last_used);
         let id = self.ring.read_u32(at)?;
         let len = self.ring.read_u32(at + 4)?;
-        let head = u16::try_from(id).ok().filter(|&h| h < self.size && self.chain_len[h as usize] > 0);
+        let head = u16::try_from(id)
+            .ok()
+            .filter(|&h| h < self.size && self.chain_len[h as usize] > 0);
         let Some(head) = head else {
             return Err(VirtioError::Device(format!(
                 "queue {}: device returned descriptor {id}, which is not in flight",
@@ -266,7 +304,8 @@ impl VirtQueue {
                 .atomic_u16(self.avail_off + split::used_event(self.size))?
                 .store(self.last_used, Ordering::Relaxed);
         } else {
-            self.ring.write_u16(self.avail_off + split::AVAIL_FLAGS, 0)?;
+            self.ring
+                .write_u16(self.avail_off + split::AVAIL_FLAGS, 0)?;
         }
         // Pairs with the device's fence between publishing used idx and reading used_event.
         fence(Ordering::SeqCst);
@@ -281,8 +320,10 @@ impl VirtQueue {
     /// [`VirtQueue::enable_interrupts`] moves `used_event`).
     pub fn disable_interrupts(&mut self) -> Result<(), VirtioError> {
         if !self.event_idx {
-            self.ring
-                .write_u16(self.avail_off + split::AVAIL_FLAGS, split::AVAIL_F_NO_INTERRUPT)?;
+            self.ring.write_u16(
+                self.avail_off + split::AVAIL_FLAGS,
+                split::AVAIL_F_NO_INTERRUPT,
+            )?;
         }
         Ok(())
     }

@@ -50,7 +50,9 @@ pub fn virtio_caps(func: &PciFunction) -> Result<Vec<VirtioCap>, VirtioError> {
         let at = c.offset as u64;
         let mut raw = [0u8; cap::NOTIFY_SIZE as usize];
         func.config_read(at, &mut raw)?;
-        let le32 = |o: u64| u32::from_le_bytes(raw[o as usize..o as usize + 4].try_into().expect("4 bytes"));
+        let le32 = |o: u64| {
+            u32::from_le_bytes(raw[o as usize..o as usize + 4].try_into().expect("4 bytes"))
+        };
         let cfg_type = raw[cap::CFG_TYPE as usize];
         out.push(VirtioCap {
             at: c.offset,
@@ -58,7 +60,11 @@ pub fn virtio_caps(func: &PciFunction) -> Result<Vec<VirtioCap>, VirtioError> {
             bar: raw[cap::BAR as usize],
             offset: le32(cap::OFFSET),
             length: le32(cap::LENGTH),
-            multiplier: if cfg_type == cap::NOTIFY_CFG { le32(cap::NOTIFY_OFF_MULTIPLIER) } else { 0 },
+            multiplier: if cfg_type == cap::NOTIFY_CFG {
+                le32(cap::NOTIFY_OFF_MULTIPLIER)
+            } else {
+                0
+            },
         });
     }
     Ok(out)
@@ -80,9 +86,12 @@ impl Transport {
     pub fn new(func: &PciFunction) -> Result<Self, VirtioError> {
         let caps = virtio_caps(func)?;
         let find = |t: u8| -> Result<Option<(Structure, u32)>, VirtioError> {
-            for c in caps.iter().filter(|c| c.cfg_type == t && c.bar <= 5) {
+            if let Some(c) = caps.iter().find(|c| c.cfg_type == t && c.bar <= 5) {
                 let region = func.region(c.bar)?;
-                if (c.offset as u64).checked_add(c.length as u64).is_none_or(|e| e > region.size()) {
+                if (c.offset as u64)
+                    .checked_add(c.length as u64)
+                    .is_none_or(|e| e > region.size())
+                {
                     return Err(VirtioError::Device(format!(
                         "{} structure {:#x}+{:#x} lies outside BAR{}",
                         cap::name(t),
@@ -102,12 +111,19 @@ impl Transport {
             }
             Ok(None)
         };
-        let missing = |what: &str| VirtioError::Device(format!("no virtio {what} capability: not a modern virtio device"));
+        let missing = |what: &str| {
+            VirtioError::Device(format!(
+                "no virtio {what} capability: not a modern virtio device"
+            ))
+        };
         let (common, _) = find(cap::COMMON_CFG)?.ok_or_else(|| missing("common"))?;
         if (common.length as u64) < common::SIZE {
-            return Err(VirtioError::Device("common configuration is too short".into()));
+            return Err(VirtioError::Device(
+                "common configuration is too short".into(),
+            ));
         }
-        let (notify, notify_multiplier) = find(cap::NOTIFY_CFG)?.ok_or_else(|| missing("notify"))?;
+        let (notify, notify_multiplier) =
+            find(cap::NOTIFY_CFG)?.ok_or_else(|| missing("notify"))?;
         let (isr, _) = find(cap::ISR_CFG)?.ok_or_else(|| missing("ISR"))?;
         let device = find(cap::DEVICE_CFG)?.map(|(s, _)| s);
         Ok(Self {
@@ -145,7 +161,9 @@ impl Transport {
 
     /// Device status.
     pub fn status(&self) -> Result<DeviceStatus, VirtioError> {
-        Ok(DeviceStatus::from_bits_retain(self.c8(common::DEVICE_STATUS)?))
+        Ok(DeviceStatus::from_bits_retain(
+            self.c8(common::DEVICE_STATUS)?,
+        ))
     }
 
     /// Adds status bits.
@@ -204,19 +222,31 @@ impl Transport {
     }
 
     /// Programs and enables queue `index` (§4.1.5.1.3). Returns its notify address.
-    pub fn setup_queue(&self, index: u16, size: u16, desc: u64, avail: u64, used: u64, vector: u16) -> Result<Doorbell, VirtioError> {
+    pub fn setup_queue(
+        &self,
+        index: u16,
+        size: u16,
+        desc: u64,
+        avail: u64,
+        used: u64,
+        vector: u16,
+    ) -> Result<Doorbell, VirtioError> {
         self.w16(common::QUEUE_SELECT, index)?;
         self.w16(common::QUEUE_SIZE, size)?;
         self.w16(common::QUEUE_MSIX_VECTOR, vector)?;
         if self.c16(common::QUEUE_MSIX_VECTOR)? != vector {
-            return Err(VirtioError::Device(format!("queue {index} refused MSI-X vector {vector}")));
+            return Err(VirtioError::Device(format!(
+                "queue {index} refused MSI-X vector {vector}"
+            )));
         }
         self.w64(common::QUEUE_DESC, desc)?;
         self.w64(common::QUEUE_DRIVER, avail)?;
         self.w64(common::QUEUE_DEVICE, used)?;
         let off = self.c16(common::QUEUE_NOTIFY_OFF)? as u64 * self.notify_multiplier as u64;
         if off + 2 > self.notify.length as u64 {
-            return Err(VirtioError::Device(format!("queue {index} notify offset {off:#x} outside the notify area")));
+            return Err(VirtioError::Device(format!(
+                "queue {index} notify offset {off:#x} outside the notify area"
+            )));
         }
         self.w16(common::QUEUE_ENABLE, 1)?;
         Ok(Doorbell {
@@ -230,7 +260,9 @@ impl Transport {
     pub fn set_config_vector(&self, vector: u16) -> Result<(), VirtioError> {
         self.w16(common::CONFIG_MSIX_VECTOR, vector)?;
         if self.c16(common::CONFIG_MSIX_VECTOR)? != vector {
-            return Err(VirtioError::Device(format!("config vector {vector} refused")));
+            return Err(VirtioError::Device(format!(
+                "config vector {vector} refused"
+            )));
         }
         Ok(())
     }

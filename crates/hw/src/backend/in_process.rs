@@ -32,12 +32,19 @@ impl Shared {
     fn access(&self, index: u32, offset: u64, len: usize, need: u32) -> Result<()> {
         let st = self.lock();
         let regions = st.0.regions();
-        let r = regions.iter().find(|r| r.index == index).ok_or(HwError::NoSuchRegion(index as u8))?;
+        let r = regions
+            .iter()
+            .find(|r| r.index == index)
+            .ok_or(HwError::NoSuchRegion(index as u8))?;
         if r.flags & need == 0 {
-            return Err(HwError::Backend(format!("region {index} does not permit this access")));
+            return Err(HwError::Backend(format!(
+                "region {index} does not permit this access"
+            )));
         }
         if offset.checked_add(len as u64).is_none_or(|e| e > r.size) {
-            return Err(HwError::Backend(format!("region {index}: access at {offset:#x} out of range")));
+            return Err(HwError::Backend(format!(
+                "region {index}: access at {offset:#x} out of range"
+            )));
         }
         Ok(())
     }
@@ -86,7 +93,10 @@ impl InProcess {
     }
 
     /// Runs `f` on the device model (fault injection, inspection).
-    pub fn with_device<R>(&self, f: impl FnOnce(&mut dyn DeviceBackend, &mut DeviceContext) -> R) -> R {
+    pub fn with_device<R>(
+        &self,
+        f: impl FnOnce(&mut dyn DeviceBackend, &mut DeviceContext) -> R,
+    ) -> R {
         let mut st = self.shared.lock();
         let (dev, ctx) = &mut *st;
         f(dev.as_mut(), ctx)
@@ -122,7 +132,11 @@ impl Backend for InProcess {
             .ok_or(HwError::NoSuchRegion(bar))?;
         let mut maps = Vec::new();
         if let Some(m) = &r.mmap {
-            let access = if r.flags & region::FLAG_WRITE != 0 { Access::ReadWrite } else { Access::ReadOnly };
+            let access = if r.flags & region::FLAG_WRITE != 0 {
+                Access::ReadWrite
+            } else {
+                Access::ReadOnly
+            };
             let areas: Vec<(u64, u64)> = if m.areas.is_empty() {
                 vec![(0, r.size)]
             } else {
@@ -136,12 +150,24 @@ impl Backend for InProcess {
         let size = r.size;
         drop(regions);
         drop(st);
-        Ok(Region::new(bar, size, maps, Vec::new(), self.shared.clone()))
+        Ok(Region::new(
+            bar,
+            size,
+            maps,
+            Vec::new(),
+            self.shared.clone(),
+        ))
     }
 
     fn irq_count(&self, kind: IrqKind) -> Result<u32> {
         let st = self.shared.lock();
-        Ok(st.0.irqs().iter().find(|i| i.index == irq_index(kind)).map(|i| i.count).unwrap_or(0))
+        Ok(st
+            .0
+            .irqs()
+            .iter()
+            .find(|i| i.index == irq_index(kind))
+            .map(|i| i.count)
+            .unwrap_or(0))
     }
 
     fn set_irqs(&self, kind: IrqKind, fds: &[BorrowedFd<'_>]) -> Result<()> {
@@ -166,13 +192,17 @@ impl Backend for InProcess {
         };
         let mut st = self.shared.lock();
         let (dev, ctx) = &mut *st;
-        ctx.irqs.apply(total, &set, owned).map_err(|e| HwError::Irq(e.to_string()))?;
+        ctx.irqs
+            .apply(total, &set, owned)
+            .map_err(|e| HwError::Irq(e.to_string()))?;
         dev.irqs_changed(ctx, index);
         Ok(())
     }
 
     fn dma_map(&self, iova: u64, size: u64, fd: BorrowedFd<'_>, offset: u64) -> Result<()> {
-        let owned = fd.try_clone_to_owned().map_err(|e| HwError::Backend(e.to_string()))?;
+        let owned = fd
+            .try_clone_to_owned()
+            .map_err(|e| HwError::Backend(e.to_string()))?;
         let m = wire::DmaMap {
             argsz: wire::DmaMap::SIZE as u32,
             flags: wire::dma::FLAG_READ | wire::dma::FLAG_WRITE,
@@ -192,7 +222,9 @@ impl Backend for InProcess {
         let mut st = self.shared.lock();
         let (dev, ctx) = &mut *st;
         dev.before_unmap(ctx, iova, size);
-        ctx.dma.unmap(iova, size).map_err(|e| HwError::Backend(format!("DMA unmap: {e}")))
+        ctx.dma
+            .unmap(iova, size)
+            .map_err(|e| HwError::Backend(format!("DMA unmap: {e}")))
     }
 
     fn reset(&self) -> Result<()> {

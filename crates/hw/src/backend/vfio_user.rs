@@ -33,7 +33,9 @@ fn lock(c: &Mutex<Client>) -> MutexGuard<'_, Client> {
 
 impl Trap for VfioUserTrap {
     fn read(&self, bar: u8, offset: u64, buf: &mut [u8]) -> Result<()> {
-        lock(&self.client).region_read(region::BAR0 + bar as u32, offset, buf).map_err(err)
+        lock(&self.client)
+            .region_read(region::BAR0 + bar as u32, offset, buf)
+            .map_err(err)
     }
     fn write(&self, bar: u8, offset: u64, data: &[u8], posted: bool) -> Result<()> {
         let mut c = lock(&self.client);
@@ -58,15 +60,23 @@ impl VfioUserBackend {
 
 impl Backend for VfioUserBackend {
     fn config_read(&self, offset: u64, buf: &mut [u8]) -> Result<()> {
-        lock(&self.client).region_read(region::CONFIG, offset, buf).map_err(err)
+        lock(&self.client)
+            .region_read(region::CONFIG, offset, buf)
+            .map_err(err)
     }
 
     fn config_write(&self, offset: u64, data: &[u8]) -> Result<()> {
-        lock(&self.client).region_write(region::CONFIG, offset, data).map_err(err)
+        lock(&self.client)
+            .region_write(region::CONFIG, offset, data)
+            .map_err(err)
     }
 
     fn region_size(&self, bar: u8) -> Result<u64> {
-        Ok(lock(&self.client).region_info(region::BAR0 + bar as u32).map_err(err)?.info.size)
+        Ok(lock(&self.client)
+            .region_info(region::BAR0 + bar as u32)
+            .map_err(err)?
+            .info
+            .size)
     }
 
     fn region(&self, bar: u8) -> Result<Region> {
@@ -96,15 +106,26 @@ impl Backend for VfioUserBackend {
                         "BAR{bar}: server offered mmap area {offset:#x}+{size:#x} outside the region"
                     )));
                 }
-                let fd_offset = info.offset.checked_add(offset).ok_or_else(|| HwError::Backend("mmap offset overflows".into()))?;
-                let mem = SharedMem::map(std::os::fd::AsFd::as_fd(fd), fd_offset, size as usize, access)?;
+                let fd_offset = info
+                    .offset
+                    .checked_add(offset)
+                    .ok_or_else(|| HwError::Backend("mmap offset overflows".into()))?;
+                let mem = SharedMem::map(
+                    std::os::fd::AsFd::as_fd(fd),
+                    fd_offset,
+                    size as usize,
+                    access,
+                )?;
                 maps.push(MappedArea { offset, mem });
             }
         }
         let mut doorbells = Vec::new();
         for io in c.region_io_fds(index).map_err(err)? {
             if io.offset >= info.size {
-                return Err(HwError::Backend(format!("BAR{bar}: ioeventfd at {:#x} outside the region", io.offset)));
+                return Err(HwError::Backend(format!(
+                    "BAR{bar}: ioeventfd at {:#x} outside the region",
+                    io.offset
+                )));
             }
             doorbells.push(Doorbell {
                 offset: io.offset,

@@ -17,6 +17,19 @@ pub enum HwCommand {
     Probe(Target),
     /// Match a driver, bring the device up and test it. Read-only unless --write.
     Selftest(SelftestArgs),
+    /// Measure access costs: a trapped register read, a doorbell write, a null request round
+    /// trip (doorbell, device, interrupt), and 4 KiB random reads at queue depth 1 and 32.
+    /// Read-only.
+    Latency(LatencyArgs),
+}
+
+#[derive(Args)]
+pub struct LatencyArgs {
+    #[command(flatten)]
+    target: Target,
+    /// Operations per measurement.
+    #[arg(long, default_value_t = 20000)]
+    iterations: u32,
 }
 
 /// Which device.
@@ -32,7 +45,7 @@ pub struct Target {
 }
 
 impl Target {
-    fn spec(&self) -> DeviceSpec {
+    pub fn spec(&self) -> DeviceSpec {
         match (&self.vfio_user, &self.vfio) {
             (Some(p), _) => DeviceSpec::VfioUser(p.clone()),
             (None, Some(b)) => DeviceSpec::Vfio(b.clone()),
@@ -58,6 +71,9 @@ pub fn run(c: HwCommand) -> Result<ExitCode, String> {
     match c {
         HwCommand::Probe(t) => probe(&t.spec()).map(|()| ExitCode::SUCCESS),
         HwCommand::Selftest(a) => selftest(&a),
+        HwCommand::Latency(a) => {
+            crate::latency::run(&a.target.spec(), a.iterations).map(|()| ExitCode::SUCCESS)
+        }
     }
 }
 

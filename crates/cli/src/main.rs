@@ -2,6 +2,7 @@
 
 mod device;
 mod hw;
+mod latency;
 
 use std::process::ExitCode;
 

@@ -540,6 +540,15 @@ impl VirtioBlk {
         Ok(())
     }
 
+    /// Rings queue `q`'s doorbell without publishing anything (for measurements).
+    pub fn notify(&mut self, q: usize) -> Result<(), BlkError> {
+        let queue = self
+            .queues
+            .get(q)
+            .ok_or_else(|| BlkError::Invalid(format!("no queue {q}")))?;
+        Ok(queue.vq.notify()?)
+    }
+
     /// Reaps completions of queue `q` into `out`; returns how many.
     pub fn poll(&mut self, q: usize, out: &mut Vec<BlkCompletion>) -> Result<usize, BlkError> {
         let queue = self

@@ -203,6 +203,7 @@ pub struct VirtioBlk {
     seg_max: u32,
     timeout: Duration,
     ready: Vec<u64>,
+    stopped: bool,
 }
 
 impl std::fmt::Debug for VirtioBlk {
@@ -356,6 +357,7 @@ impl VirtioBlk {
             seg_max,
             timeout: opts.timeout,
             ready: Vec::new(),
+            stopped: false,
         })
     }
 
@@ -713,8 +715,26 @@ impl VirtioBlk {
     }
 
     /// Resets the device; in-flight requests are abandoned (the driver is being torn down).
-    pub fn shutdown(self) -> Result<(), BlkError> {
+    pub fn shutdown(mut self) -> Result<(), BlkError> {
+        self.stop_device()
+    }
+
+    fn stop_device(&mut self) -> Result<(), BlkError> {
+        if self.stopped {
+            return Ok(());
+        }
+        self.stopped = true;
         self.transport.reset()?;
         Ok(())
+    }
+}
+
+impl Drop for VirtioBlk {
+    /// The device must stop using our memory before the rings and buffers are unmapped from
+    /// it (the field drops that follow), so reset it first (§3.3.1: reset, then free).
+    fn drop(&mut self) {
+        if let Err(e) = self.stop_device() {
+            tracing::warn!("virtio-blk: reset on teardown failed: {e}");
+        }
     }
 }

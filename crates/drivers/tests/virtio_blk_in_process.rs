@@ -179,3 +179,29 @@ fn discard_and_write_zeroes_zero_the_range() {
     buf.read(0, &mut back).unwrap();
     assert!(back.iter().all(|&b| b == 0));
 }
+
+#[test]
+fn dropping_the_driver_resets_the_device_before_releasing_memory() {
+    let model = outboard_devices::virtio_blk(
+        Backing::open("mem:1M", None).unwrap(),
+        BlkOptions::default(),
+    )
+    .unwrap();
+    let backend = Arc::new(InProcess::new(Box::new(model)));
+    let func = PciFunction::with_backend("in-process".into(), backend.clone()).unwrap();
+    let mut d = VirtioBlk::new(func, BlkDriverOptions::default()).unwrap();
+    let buf = d.function().dma().alloc(4096).unwrap();
+    d.read(0, &buf, 0, 512).unwrap();
+    drop(buf);
+    drop(d);
+    // Had the rings been unmapped under a live queue, the device would have set
+    // DEVICE_NEEDS_RESET; instead it was reset first and reads as freshly powered on.
+    let func = PciFunction::with_backend("in-process".into(), backend.clone()).unwrap();
+    let t = outboard_drivers::virtio::Transport::new(&func).unwrap();
+    assert!(
+        t.status().unwrap().is_empty(),
+        "status {:?}",
+        t.status().unwrap()
+    );
+    backend.with_device(|_, ctx| assert!(ctx.dma.is_empty(), "every DMA mapping was released"));
+}

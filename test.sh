@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# Runs Outboard's whole test suite on a fresh Debian 12 machine. Installs what the tests need.
+set -euo pipefail
+cd "$(dirname "$0")"
+
+need_apt=()
+command -v cc >/dev/null || need_apt+=(build-essential)
+command -v pkg-config >/dev/null || need_apt+=(pkg-config)
+if [ ${#need_apt[@]} -gt 0 ]; then
+    if [ "$(id -u)" = 0 ]; then
+        export DEBIAN_FRONTEND=noninteractive
+        apt-get update -qq
+        apt-get install -y -qq "${need_apt[@]}"
+    else
+        echo "test.sh: please install: ${need_apt[*]}" >&2
+        exit 1
+    fi
+fi
+if ! command -v cargo >/dev/null; then
+    [ -x "$HOME/.cargo/bin/cargo" ] && export PATH="$HOME/.cargo/bin:$PATH"
+fi
+command -v cargo >/dev/null || { echo "test.sh: Rust (cargo) is required: https://rustup.rs" >&2; exit 1; }
+
+cargo test --workspace --locked

@@ -376,6 +376,11 @@ impl VirtioBlk {
         self.queues.get(q).and_then(|qq| self.irqs.get(qq.irq_slot))
     }
 
+    /// Device addresses of queue `q`'s descriptor table, available ring and used ring.
+    pub fn queue_rings(&self, q: usize) -> Option<(u64, u64, u64)> {
+        self.queues.get(q).map(|qq| qq.vq.addresses())
+    }
+
     /// Requests in flight on queue `q`.
     pub fn in_flight(&self, q: usize) -> usize {
         self.queues.get(q).map_or(0, |qq| qq.vq.in_flight())

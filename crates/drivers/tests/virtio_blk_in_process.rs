@@ -205,3 +205,115 @@ fn dropping_the_driver_resets_the_device_before_releasing_memory() {
     );
     backend.with_device(|_, ctx| assert!(ctx.dma.is_empty(), "every DMA mapping was released"));
 }
+
+#[test]
+fn two_queues_carry_independent_io() {
+    let model = outboard_devices::virtio_blk(
+        Backing::open("mem:2M", None).unwrap(),
+        BlkOptions {
+            num_queues: 2,
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    let func = PciFunction::with_backend(
+        "in-process".into(),
+        Arc::new(InProcess::new(Box::new(model))),
+    )
+    .unwrap();
+    let mut d = VirtioBlk::new(
+        func,
+        BlkDriverOptions {
+            queues: 2,
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    assert_eq!(d.info().queues, 2);
+    let buf = d.function().dma().alloc(2 * 4096).unwrap();
+    for q in 0..2u64 {
+        buf.write(q * 4096, &pattern(q + 40, 4096)).unwrap();
+        let r = BlkRequest {
+            op: BlkOp::Write,
+            sector: q * 64,
+            bufs: vec![(buf.iova_at(q * 4096, 4096).unwrap(), 4096)],
+            tag: q,
+        };
+        d.submit(q as usize, &r).unwrap();
+    }
+    d.kick(0).unwrap();
+    d.kick(1).unwrap();
+    for q in 0..2 {
+        let mut out = Vec::new();
+        d.wait(q, &mut out, std::time::Duration::from_secs(5))
+            .unwrap();
+        assert_eq!(
+            out,
+            vec![outboard_drivers::virtio_blk::BlkCompletion {
+                tag: q as u64,
+                result: Ok(4096)
+            }]
+        );
+    }
+    buf.fill(0, 8192, 0).unwrap();
+    d.read(64, &buf, 0, 4096).unwrap();
+    let mut got = vec![0u8; 4096];
+    buf.read(0, &mut got).unwrap();
+    assert_eq!(got, pattern(41, 4096), "queue 1's write landed");
+}
+
+#[test]
+fn ring_indices_wrap_around() {
+    let (mut d, _) = disk("1M", BlkOptions::default());
+    let buf = d.function().dma().alloc(4096).unwrap();
+    // 70,000 requests move both sides' free-running 16-bit indices past 65,535.
+    for i in 0..70_000u32 {
+        let sector = (i % 2048) as u64;
+        if i % 10_000 == 0 {
+            buf.write(0, &pattern(i as u64, 512)).unwrap();
+            d.write(sector, &buf, 0, 512).unwrap();
+            buf.fill(0, 512, 0).unwrap();
+            d.read(sector, &buf, 0, 512).unwrap();
+            let mut got = vec![0u8; 512];
+            buf.read(0, &mut got).unwrap();
+            assert_eq!(got, pattern(i as u64, 512), "at request {i}");
+        } else {
+            d.read(sector, &buf, 0, 512).unwrap();
+        }
+    }
+}
+
+#[test]
+fn a_device_returning_a_bogus_descriptor_is_an_error_not_a_panic() {
+    let model = outboard_devices::virtio_blk(
+        Backing::open("mem:1M", None).unwrap(),
+        BlkOptions::default(),
+    )
+    .unwrap();
+    let backend = Arc::new(InProcess::new(Box::new(model)));
+    let func = PciFunction::with_backend("in-process".into(), backend.clone()).unwrap();
+    let mut d = VirtioBlk::new(func, BlkDriverOptions::default()).unwrap();
+    let buf = d.function().dma().alloc(4096).unwrap();
+    d.read(0, &buf, 0, 512).unwrap();
+    // Play a broken device: publish a used element naming descriptor 200, which is not in
+    // flight.
+    let (_, _, used) = d.queue_rings(0).unwrap();
+    let corrupted = backend.with_device(|_, ctx| {
+        let (mem, off) = ctx.dma.translate(used, 24, true).unwrap();
+        assert_eq!(
+            mem.read_u16(off + 2).unwrap(),
+            1,
+            "one request completed so far"
+        );
+        mem.write_u32(off + 4 + 8, 200).unwrap(); // used.ring[1].id
+        mem.write_u16(off + 2, 2).unwrap(); // used.idx
+        true
+    });
+    assert!(corrupted, "found the used ring");
+    let mut out = Vec::new();
+    let err = d.poll(0, &mut out).unwrap_err();
+    assert!(
+        matches!(err, BlkError::Device(ref m) if m.contains("not in flight")),
+        "{err}"
+    );
+}

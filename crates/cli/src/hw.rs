@@ -2,7 +2,7 @@
 
 use std::path::PathBuf;
 use std::process::ExitCode;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use clap::{Args, Subcommand};
 use outboard_drivers::virtio::{virtio_caps, Transport};
@@ -332,27 +332,21 @@ fn batch_read(
     n: u64,
     at: u64,
 ) -> Result<Vec<u8>, String> {
-    let mut submitted = 0;
-    let mut done = Vec::new();
-    while (done.len() as u64) < n {
-        while submitted < n && d.in_flight(0) < 32 {
-            let r = BlkRequest {
+    let reqs = (0..n)
+        .map(|i| {
+            Ok(BlkRequest {
                 op: BlkOp::Read,
-                sector: submitted * 8,
+                sector: i * 8,
                 bufs: vec![(
-                    buf.iova_at(at + submitted * 4096, 4096)
+                    buf.iova_at(at + i * 4096, 4096)
                         .map_err(|e| e.to_string())?,
                     4096,
                 )],
-                tag: submitted,
-            };
-            d.submit(0, &r).map_err(|e| e.to_string())?;
-            submitted += 1;
-        }
-        d.kick(0).map_err(|e| e.to_string())?;
-        d.wait(0, &mut done, Duration::from_secs(10))
-            .map_err(|e| e.to_string())?;
-    }
+                tag: i,
+            })
+        })
+        .collect::<Result<Vec<_>, String>>()?;
+    let done = d.execute_batch(0, &reqs, 32).map_err(|e| e.to_string())?;
     if let Some(c) = done.iter().find(|c| c.result.is_err()) {
         return Err(format!("request {} failed: {:?}", c.tag, c.result));
     }

@@ -3,7 +3,6 @@
 mod common;
 
 use std::os::unix::fs::FileExt;
-use std::time::Duration;
 
 use common::{pattern, DeviceProcess};
 use outboard_drivers::virtio_blk::{BlkDriverOptions, BlkOp, BlkRequest, VirtioBlk};
@@ -36,27 +35,30 @@ fn patterns_across_a_file_backed_disk_reach_the_file() {
         i += 1;
     }
     let buf = d.function().dma().alloc(64 * 65536).unwrap();
-    for chunk in plan.chunks(64) {
-        for (slot, &(sector, sectors)) in chunk.iter().enumerate() {
-            let off = slot as u64 * 65536;
-            buf.write(off, &pattern(sector, (sectors * 512) as usize))
-                .unwrap();
-            let r = BlkRequest {
-                op: BlkOp::Write,
+    let reqs = |op: BlkOp, chunk: &[(u64, u64)]| -> Vec<BlkRequest> {
+        chunk
+            .iter()
+            .enumerate()
+            .map(|(slot, &(sector, sectors))| BlkRequest {
+                op,
                 sector,
                 bufs: vec![(
-                    buf.iova_at(off, sectors * 512).unwrap(),
+                    buf.iova_at(slot as u64 * 65536, sectors * 512).unwrap(),
                     (sectors * 512) as u32,
                 )],
                 tag: slot as u64,
-            };
-            d.submit(0, &r).unwrap();
+            })
+            .collect()
+    };
+    for chunk in plan.chunks(64) {
+        for (slot, &(sector, sectors)) in chunk.iter().enumerate() {
+            buf.write(
+                slot as u64 * 65536,
+                &pattern(sector, (sectors * 512) as usize),
+            )
+            .unwrap();
         }
-        d.kick(0).unwrap();
-        let mut done = Vec::new();
-        while done.len() < chunk.len() {
-            d.wait(0, &mut done, Duration::from_secs(10)).unwrap();
-        }
+        let done = d.execute_batch(0, &reqs(BlkOp::Write, chunk), 64).unwrap();
         assert!(done.iter().all(|c| c.result.is_ok()), "{done:?}");
     }
     d.flush().unwrap();
@@ -64,23 +66,8 @@ fn patterns_across_a_file_backed_disk_reach_the_file() {
     // Read everything back through the driver, many in flight.
     for chunk in plan.chunks(64) {
         buf.fill(0, 64 * 65536, 0).unwrap();
-        for (slot, &(sector, sectors)) in chunk.iter().enumerate() {
-            let r = BlkRequest {
-                op: BlkOp::Read,
-                sector,
-                bufs: vec![(
-                    buf.iova_at(slot as u64 * 65536, sectors * 512).unwrap(),
-                    (sectors * 512) as u32,
-                )],
-                tag: slot as u64,
-            };
-            d.submit(0, &r).unwrap();
-        }
-        d.kick(0).unwrap();
-        let mut done = Vec::new();
-        while done.len() < chunk.len() {
-            d.wait(0, &mut done, Duration::from_secs(10)).unwrap();
-        }
+        let done = d.execute_batch(0, &reqs(BlkOp::Read, chunk), 64).unwrap();
+        assert!(done.iter().all(|c| c.result.is_ok()), "{done:?}");
         for (slot, &(sector, sectors)) in chunk.iter().enumerate() {
             let mut got = vec![0u8; (sectors * 512) as usize];
             buf.read(slot as u64 * 65536, &mut got).unwrap();

@@ -2,67 +2,20 @@
 //! gets an error reply or a closed connection, the server never panics or hangs, keeps serving
 //! the next client, and leaks no fds.
 
+mod common;
+
+use common::Running;
+
 use std::io::{Read, Write};
 use std::os::fd::{AsFd, BorrowedFd};
 use std::os::unix::net::UnixStream;
-use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
-use std::thread::JoinHandle;
+use std::path::Path;
 use std::time::Duration;
 
-use outboard_devices::backing::Backing;
-use outboard_devices::virtio_blk::BlkOptions;
 use outboard_vfio_user::wire::{self, cmd, Header};
-use outboard_vfio_user::{Channel, Server, ServerOptions, ServerStats};
+use outboard_vfio_user::Channel;
 use proptest::prelude::*;
 use rustix::io::Errno;
-
-struct Running {
-    path: PathBuf,
-    stop: Arc<AtomicBool>,
-    thread: Option<JoinHandle<ServerStats>>,
-    _dir: tempfile::TempDir,
-}
-
-impl Running {
-    fn start() -> Self {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("blk.sock");
-        let model = outboard_devices::virtio_blk(
-            Backing::open("mem:1M", None).unwrap(),
-            BlkOptions::default(),
-        )
-        .unwrap();
-        let opts = ServerOptions {
-            timeout: Duration::from_millis(300),
-        };
-        let mut server = Server::bind(&path, model, opts).unwrap();
-        let stop = Arc::new(AtomicBool::new(false));
-        let s = stop.clone();
-        let thread = std::thread::spawn(move || {
-            while !s.load(Ordering::Relaxed) {
-                server.run_once(Duration::from_millis(10)).unwrap();
-            }
-            server.stats()
-        });
-        Self {
-            path,
-            stop,
-            thread: Some(thread),
-            _dir: dir,
-        }
-    }
-
-    fn stop(mut self) -> ServerStats {
-        self.stop.store(true, Ordering::Relaxed);
-        self.thread
-            .take()
-            .unwrap()
-            .join()
-            .expect("server thread did not panic")
-    }
-}
 
 struct Raw {
     chan: Channel,

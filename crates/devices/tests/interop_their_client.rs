@@ -1,32 +1,17 @@
 //! The independent `vfio_user` crate's client (rust-vmm) against our virtio-blk device model.
 
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
+mod common;
+
+use common::Running;
+
 use std::time::Duration;
 
-use outboard_devices::backing::Backing;
-use outboard_devices::virtio_blk::BlkOptions;
-use outboard_spec::virtio::common;
-use outboard_vfio_user::{Server, ServerOptions};
+use outboard_spec::virtio::common as cfg;
 
 #[test]
 fn their_client_reads_our_config_space_regions_and_registers() {
-    let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("blk.sock");
-    let model = outboard_devices::virtio_blk(
-        Backing::open("mem:1M", None).unwrap(),
-        BlkOptions::default(),
-    )
-    .unwrap();
-    let mut server = Server::bind(&path, model, ServerOptions::default()).unwrap();
-    let stop = Arc::new(AtomicBool::new(false));
-    let stop2 = stop.clone();
-    let thread = std::thread::spawn(move || {
-        while !stop2.load(Ordering::Relaxed) {
-            server.run_once(Duration::from_millis(20)).unwrap();
-        }
-        server.stats()
-    });
+    let srv = Running::start_with(Duration::from_secs(5));
+    let path = srv.path.clone();
 
     let mut c = vfio_user::Client::new(&path).expect("their client connects and negotiates");
     // Region info, including BAR0's sparse mmap area and its fd.
@@ -49,13 +34,13 @@ fn their_client_reads_our_config_space_regions_and_registers() {
     assert_eq!(id, [0xf4, 0x1a, 0x42, 0x10]);
     // A register: num_queues in the common configuration.
     let mut nq = [0u8; 2];
-    c.region_read(0, common::NUM_QUEUES, &mut nq).unwrap();
+    c.region_read(0, cfg::NUM_QUEUES, &mut nq).unwrap();
     assert_eq!(u16::from_le_bytes(nq), 1);
     // Write a register and read it back: queue_select.
-    c.region_write(0, common::QUEUE_SELECT, &0u16.to_le_bytes())
+    c.region_write(0, cfg::QUEUE_SELECT, &0u16.to_le_bytes())
         .unwrap();
     let mut qs = [0u8; 2];
-    c.region_read(0, common::QUEUE_SIZE, &mut qs).unwrap();
+    c.region_read(0, cfg::QUEUE_SIZE, &mut qs).unwrap();
     assert_eq!(u16::from_le_bytes(qs), 256);
     let info = c.get_irq_info(2).unwrap();
     assert_eq!(info.count, 2, "MSI-X: config + one queue");
@@ -63,8 +48,7 @@ fn their_client_reads_our_config_space_regions_and_registers() {
     c.shutdown().unwrap();
     drop(c);
     std::thread::sleep(Duration::from_millis(100));
-    stop.store(true, Ordering::Relaxed);
-    let stats = thread.join().unwrap();
+    let stats = srv.stop();
     assert_eq!(stats.connections, 1);
     assert_eq!(stats.dropped, 0, "their messages were all well formed");
 }

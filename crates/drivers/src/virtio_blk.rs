@@ -650,6 +650,39 @@ impl VirtioBlk {
         out.pop().expect("one completion").result
     }
 
+    /// Runs `reqs` on queue `q` keeping at most `depth` in flight; returns every completion
+    /// (in completion order). Per-request failures are in the completions; an `Err` means the
+    /// device or queue failed.
+    pub fn execute_batch(
+        &mut self,
+        q: usize,
+        reqs: &[BlkRequest],
+        depth: usize,
+    ) -> Result<Vec<BlkCompletion>, BlkError> {
+        let mut done = Vec::with_capacity(reqs.len());
+        let mut next = 0;
+        while done.len() < reqs.len() {
+            while next < reqs.len() && self.in_flight(q) < depth.max(1) {
+                match self.submit(q, &reqs[next]) {
+                    Ok(()) => next += 1,
+                    Err(BlkError::QueueFull) => break,
+                    Err(e) => {
+                        done.push(BlkCompletion {
+                            tag: reqs[next].tag,
+                            result: Err(e),
+                        });
+                        next += 1;
+                    }
+                }
+            }
+            self.kick(q)?;
+            if self.in_flight(q) > 0 {
+                self.wait(q, &mut done, self.timeout)?;
+            }
+        }
+        Ok(done)
+    }
+
     /// Reads `len` bytes at `sector` into `buf` at `offset`.
     pub fn read(
         &mut self,
@@ -658,15 +691,7 @@ impl VirtioBlk {
         offset: u64,
         len: u32,
     ) -> Result<u64, BlkError> {
-        let iova = buf
-            .iova_at(offset, len as u64)
-            .map_err(|e| BlkError::Invalid(e.to_string()))?;
-        self.execute(BlkRequest {
-            op: BlkOp::Read,
-            sector,
-            bufs: vec![(iova, len)],
-            tag: 0,
-        })
+        self.transfer(BlkOp::Read, sector, buf, offset, len)
     }
 
     /// Writes `len` bytes from `buf` at `offset` to `sector`.
@@ -677,11 +702,22 @@ impl VirtioBlk {
         offset: u64,
         len: u32,
     ) -> Result<u64, BlkError> {
+        self.transfer(BlkOp::Write, sector, buf, offset, len)
+    }
+
+    fn transfer(
+        &mut self,
+        op: BlkOp,
+        sector: u64,
+        buf: &DmaBuf,
+        offset: u64,
+        len: u32,
+    ) -> Result<u64, BlkError> {
         let iova = buf
             .iova_at(offset, len as u64)
             .map_err(|e| BlkError::Invalid(e.to_string()))?;
         self.execute(BlkRequest {
-            op: BlkOp::Write,
+            op,
             sector,
             bufs: vec![(iova, len)],
             tag: 0,

@@ -8,17 +8,25 @@ use outboard_drivers::virtio_blk::{BlkDriverOptions, BlkError, BlkOp, BlkRequest
 use outboard_hw::backend::in_process::InProcess;
 use outboard_hw::PciFunction;
 
-fn disk(size: &str, opts: BlkOptions) -> (VirtioBlk, FaultHandle) {
+/// A memory-backed disk in-process, its driver, the device's fault handle and the backend
+/// (to reach into the device like a bus analyser).
+fn disk_with(
+    size: &str,
+    opts: BlkOptions,
+    driver: BlkDriverOptions,
+) -> (VirtioBlk, FaultHandle, Arc<InProcess>) {
     let model =
         outboard_devices::virtio_blk(Backing::open(&format!("mem:{size}"), None).unwrap(), opts)
             .unwrap();
     let faults = model.device().faults();
     let backend = Arc::new(InProcess::new(Box::new(model)));
-    let func = PciFunction::with_backend("in-process".into(), backend).unwrap();
-    (
-        VirtioBlk::new(func, BlkDriverOptions::default()).unwrap(),
-        faults,
-    )
+    let func = PciFunction::with_backend("in-process".into(), backend.clone()).unwrap();
+    (VirtioBlk::new(func, driver).unwrap(), faults, backend)
+}
+
+fn disk(size: &str, opts: BlkOptions) -> (VirtioBlk, FaultHandle) {
+    let (d, f, _) = disk_with(size, opts, BlkDriverOptions::default());
+    (d, f)
 }
 
 fn pattern(seed: u64, len: usize) -> Vec<u8> {
@@ -182,14 +190,7 @@ fn discard_and_write_zeroes_zero_the_range() {
 
 #[test]
 fn dropping_the_driver_resets_the_device_before_releasing_memory() {
-    let model = outboard_devices::virtio_blk(
-        Backing::open("mem:1M", None).unwrap(),
-        BlkOptions::default(),
-    )
-    .unwrap();
-    let backend = Arc::new(InProcess::new(Box::new(model)));
-    let func = PciFunction::with_backend("in-process".into(), backend.clone()).unwrap();
-    let mut d = VirtioBlk::new(func, BlkDriverOptions::default()).unwrap();
+    let (mut d, _, backend) = disk_with("1M", BlkOptions::default(), BlkDriverOptions::default());
     let buf = d.function().dma().alloc(4096).unwrap();
     d.read(0, &buf, 0, 512).unwrap();
     drop(buf);
@@ -208,27 +209,18 @@ fn dropping_the_driver_resets_the_device_before_releasing_memory() {
 
 #[test]
 fn two_queues_carry_independent_io() {
-    let model = outboard_devices::virtio_blk(
-        Backing::open("mem:2M", None).unwrap(),
-        BlkOptions {
-            num_queues: 2,
-            ..Default::default()
-        },
-    )
-    .unwrap();
-    let func = PciFunction::with_backend(
-        "in-process".into(),
-        Arc::new(InProcess::new(Box::new(model))),
-    )
-    .unwrap();
-    let mut d = VirtioBlk::new(
-        func,
+    let two = BlkOptions {
+        num_queues: 2,
+        ..Default::default()
+    };
+    let (mut d, _, _) = disk_with(
+        "2M",
+        two,
         BlkDriverOptions {
             queues: 2,
             ..Default::default()
         },
-    )
-    .unwrap();
+    );
     assert_eq!(d.info().queues, 2);
     let buf = d.function().dma().alloc(2 * 4096).unwrap();
     for q in 0..2u64 {
@@ -285,14 +277,7 @@ fn ring_indices_wrap_around() {
 
 #[test]
 fn a_device_returning_a_bogus_descriptor_is_an_error_not_a_panic() {
-    let model = outboard_devices::virtio_blk(
-        Backing::open("mem:1M", None).unwrap(),
-        BlkOptions::default(),
-    )
-    .unwrap();
-    let backend = Arc::new(InProcess::new(Box::new(model)));
-    let func = PciFunction::with_backend("in-process".into(), backend.clone()).unwrap();
-    let mut d = VirtioBlk::new(func, BlkDriverOptions::default()).unwrap();
+    let (mut d, _, backend) = disk_with("1M", BlkOptions::default(), BlkDriverOptions::default());
     let buf = d.function().dma().alloc(4096).unwrap();
     d.read(0, &buf, 0, 512).unwrap();
     // Play a broken device: publish a used element naming descriptor 200, which is not in

@@ -420,42 +420,72 @@ impl Version {
     }
 }
 
-/// DEVICE_GET_INFO payload (request and reply).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub struct DeviceInfo {
-    /// Maximum reply size (request) / size needed (reply).
-    pub argsz: u32,
-    /// `device::FLAG_*`.
-    pub flags: u32,
-    /// Number of regions.
-    pub num_regions: u32,
-    /// Number of IRQ indices.
-    pub num_irqs: u32,
+/// Declares a payload of four u32 fields with its codec: several VFIO structures
+/// (`vfio_device_info`, `vfio_irq_info`, the IO-fds request) have exactly this shape.
+macro_rules! u32x4_payload {
+    ($(#[$doc:meta])* $name:ident, $what:literal, $($(#[$fdoc:meta])* $field:ident),+) => {
+        $(#[$doc])*
+        #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+        pub struct $name {
+            $($(#[$fdoc])* pub $field: u32,)+
+        }
+
+        impl $name {
+            /// Encoded size.
+            pub const SIZE: usize = 16;
+            /// Encodes.
+            pub fn encode(&self) -> Vec<u8> {
+                let mut w = Writer::default();
+                $(w.u32(self.$field);)+
+                w.0
+            }
+            /// Decodes.
+            pub fn decode(b: &[u8]) -> Result<Self, WireError> {
+                let mut r = Reader::new($what, b, Self::SIZE)?;
+                Ok(Self { $($field: r.u32()?,)+ })
+            }
+        }
+    };
 }
 
-impl DeviceInfo {
-    /// Encoded size.
-    pub const SIZE: usize = 16;
-    /// Encodes.
-    pub fn encode(&self) -> Vec<u8> {
-        let mut w = Writer::default();
-        w.u32(self.argsz)
-            .u32(self.flags)
-            .u32(self.num_regions)
-            .u32(self.num_irqs);
-        w.0
-    }
-    /// Decodes.
-    pub fn decode(b: &[u8]) -> Result<Self, WireError> {
-        let mut r = Reader::new("device info", b, Self::SIZE)?;
-        Ok(Self {
-            argsz: r.u32()?,
-            flags: r.u32()?,
-            num_regions: r.u32()?,
-            num_irqs: r.u32()?,
-        })
-    }
-}
+u32x4_payload!(
+    /// DEVICE_GET_INFO payload (request and reply).
+    DeviceInfo, "device info",
+    /// Maximum reply size (request) / size needed (reply).
+    argsz,
+    /// `device::FLAG_*`.
+    flags,
+    /// Number of regions.
+    num_regions,
+    /// Number of IRQ indices.
+    num_irqs
+);
+
+u32x4_payload!(
+    /// DEVICE_GET_REGION_IO_FDS request.
+    IoFdsRequest, "region io fds",
+    /// Maximum reply size.
+    argsz,
+    /// Must be zero.
+    flags,
+    /// Region index.
+    index,
+    /// Must be zero.
+    count
+);
+
+u32x4_payload!(
+    /// DEVICE_GET_IRQ_INFO payload (request and reply).
+    IrqInfo, "irq info",
+    /// Maximum reply size / size needed.
+    argsz,
+    /// `irq::INFO_*`.
+    flags,
+    /// IRQ index.
+    index,
+    /// Number of vectors.
+    count
+);
 
 /// One mmappable area of a region (`struct vfio_region_sparse_mmap_area`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -592,43 +622,6 @@ impl RegionInfo {
     }
 }
 
-/// DEVICE_GET_REGION_IO_FDS request.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct IoFdsRequest {
-    /// Maximum reply size.
-    pub argsz: u32,
-    /// Must be zero.
-    pub flags: u32,
-    /// Region index.
-    pub index: u32,
-    /// Must be zero.
-    pub count: u32,
-}
-
-impl IoFdsRequest {
-    /// Encoded size.
-    pub const SIZE: usize = 16;
-    /// Encodes.
-    pub fn encode(&self) -> Vec<u8> {
-        let mut w = Writer::default();
-        w.u32(self.argsz)
-            .u32(self.flags)
-            .u32(self.index)
-            .u32(self.count);
-        w.0
-    }
-    /// Decodes.
-    pub fn decode(b: &[u8]) -> Result<Self, WireError> {
-        let mut r = Reader::new("region io fds", b, Self::SIZE)?;
-        Ok(Self {
-            argsz: r.u32()?,
-            flags: r.u32()?,
-            index: r.u32()?,
-            count: r.u32()?,
-        })
-    }
-}
-
 /// One sub-region of a DEVICE_GET_REGION_IO_FDS reply.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct IoFdSubRegion {
@@ -722,43 +715,6 @@ impl IoFdsReply {
             index,
             subs,
             count,
-        })
-    }
-}
-
-/// DEVICE_GET_IRQ_INFO payload (request and reply).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub struct IrqInfo {
-    /// Maximum reply size / size needed.
-    pub argsz: u32,
-    /// `irq::INFO_*`.
-    pub flags: u32,
-    /// IRQ index.
-    pub index: u32,
-    /// Number of vectors.
-    pub count: u32,
-}
-
-impl IrqInfo {
-    /// Encoded size.
-    pub const SIZE: usize = 16;
-    /// Encodes.
-    pub fn encode(&self) -> Vec<u8> {
-        let mut w = Writer::default();
-        w.u32(self.argsz)
-            .u32(self.flags)
-            .u32(self.index)
-            .u32(self.count);
-        w.0
-    }
-    /// Decodes.
-    pub fn decode(b: &[u8]) -> Result<Self, WireError> {
-        let mut r = Reader::new("irq info", b, Self::SIZE)?;
-        Ok(Self {
-            argsz: r.u32()?,
-            flags: r.u32()?,
-            index: r.u32()?,
-            count: r.u32()?,
         })
     }
 }

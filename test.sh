@@ -22,3 +22,5 @@ fi
 command -v cargo >/dev/null || { echo "test.sh: Rust (cargo) is required: https://rustup.rs" >&2; exit 1; }
 
 cargo test --workspace --locked
+# The ring protocol and doorbell rule, model-checked over all interleavings.
+RUSTFLAGS="--cfg loom" CARGO_TARGET_DIR=target/loom cargo test --locked --release -p outboard-session --test loom

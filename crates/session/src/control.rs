@@ -1,0 +1,265 @@
+//! The control channel: small JSON messages over a `SOCK_SEQPACKET` UNIX socket, fds as
+//! `SCM_RIGHTS`.
+//!
+//! SEQPACKET keeps message boundaries, so a message is one `sendmsg` and one `recvmsg`; a
+//! message larger than [`MAX_MESSAGE`] is truncated by the kernel, detected, and rejected. The
+//! JSON is parsed into typed messages: anything else is an error, and the peer gets an error
+//! reply or is cut off.
+
+use std::io::{IoSlice, IoSliceMut};
+use std::mem::MaybeUninit;
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::path::Path;
+use std::time::Duration;
+
+use rustix::event::{PollFd, PollFlags};
+use rustix::io::Errno;
+use rustix::net::{
+    AddressFamily, RecvAncillaryBuffer, RecvAncillaryMessage, RecvFlags, ReturnFlags,
+    SendAncillaryBuffer, SendAncillaryMessage, SendFlags, SocketAddrUnix, SocketFlags, SocketType,
+};
+use serde::{de::DeserializeOwned, Deserialize, Serialize};
+
+use crate::region::Geometry;
+use crate::SessionError;
+
+/// Largest control message.
+pub const MAX_MESSAGE: usize = 64 << 10;
+/// Most fds with one message.
+pub const MAX_FDS: usize = 8;
+
+/// A client's request to a driver server (or the manager).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "op", rename_all = "kebab-case", deny_unknown_fields)]
+pub enum Request {
+    /// Open a session on a class device.
+    Open {
+        /// Device name, e.g. `disk0`.
+        device: String,
+        /// Requested geometry.
+        geometry: Geometry,
+    },
+    /// Status of a device.
+    Status {
+        /// Device name.
+        device: String,
+    },
+}
+
+/// A server's answer.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "reply", rename_all = "kebab-case", deny_unknown_fields)]
+pub enum Reply {
+    /// The session is open; fds: control memfd, buffer memfd, server doorbell, client doorbell.
+    Opened {
+        /// Session id (for logs).
+        session: u64,
+        /// Geometry granted.
+        geometry: Geometry,
+        /// Class-specific device status.
+        info: serde_json::Value,
+    },
+    /// Device status.
+    Status {
+        /// Class-specific device status.
+        info: serde_json::Value,
+    },
+    /// The request failed.
+    Error {
+        /// Machine-readable code (`no-such-device`, `invalid`, `busy`, …).
+        code: String,
+        /// What went wrong.
+        message: String,
+    },
+}
+
+/// Creates a listening SEQPACKET socket at `path`, replacing a stale one.
+pub fn listen(path: &Path) -> Result<OwnedFd, SessionError> {
+    let os = |e: Errno| SessionError::Os(format!("{}: {e}", path.display()));
+    let addr = SocketAddrUnix::new(path).map_err(os)?;
+    if path.exists() {
+        let probe = rustix::net::socket_with(
+            AddressFamily::UNIX,
+            SocketType::SEQPACKET,
+            SocketFlags::CLOEXEC,
+            None,
+        )
+        .map_err(os)?;
+        if rustix::net::connect(&probe, &addr).is_ok() {
+            return Err(SessionError::Os(format!(
+                "{}: already in use by a live server",
+                path.display()
+            )));
+        }
+        let _ = std::fs::remove_file(path);
+    }
+    let fd = rustix::net::socket_with(
+        AddressFamily::UNIX,
+        SocketType::SEQPACKET,
+        SocketFlags::CLOEXEC,
+        None,
+    )
+    .map_err(os)?;
+    rustix::net::bind(&fd, &addr).map_err(os)?;
+    rustix::net::listen(&fd, 64).map_err(os)?;
+    Ok(fd)
+}
+
+/// Connects to a SEQPACKET socket.
+pub fn connect(path: &Path) -> Result<OwnedFd, SessionError> {
+    let os = |e: Errno| SessionError::Connect(format!("{}: {e}", path.display()));
+    let addr = SocketAddrUnix::new(path).map_err(os)?;
+    let fd = rustix::net::socket_with(
+        AddressFamily::UNIX,
+        SocketType::SEQPACKET,
+        SocketFlags::CLOEXEC,
+        None,
+    )
+    .map_err(os)?;
+    rustix::net::connect(&fd, &addr).map_err(os)?;
+    Ok(fd)
+}
+
+/// Accepts a connection (non-blocking accept is the caller's choice via poll).
+pub fn accept(listener: BorrowedFd<'_>) -> Result<OwnedFd, SessionError> {
+    rustix::net::accept_with(listener, SocketFlags::CLOEXEC)
+        .map_err(|e| SessionError::Os(format!("accept: {e}")))
+}
+
+/// Sends one message with fds.
+pub fn send<T: Serialize>(
+    sock: BorrowedFd<'_>,
+    msg: &T,
+    fds: &[BorrowedFd<'_>],
+) -> Result<(), SessionError> {
+    let bytes = serde_json::to_vec(msg).map_err(|e| SessionError::Invalid(e.to_string()))?;
+    if bytes.len() > MAX_MESSAGE || fds.len() > MAX_FDS {
+        return Err(SessionError::Invalid("control message too large".into()));
+    }
+    let mut space = [MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(MAX_FDS))];
+    let mut cmsg = SendAncillaryBuffer::new(&mut space);
+    if !fds.is_empty() && !cmsg.push(SendAncillaryMessage::ScmRights(fds)) {
+        return Err(SessionError::Invalid("too many fds".into()));
+    }
+    match rustix::net::sendmsg(
+        sock,
+        &[IoSlice::new(&bytes)],
+        &mut cmsg,
+        SendFlags::NOSIGNAL,
+    ) {
+        Ok(_) => Ok(()),
+        Err(Errno::PIPE) | Err(Errno::CONNRESET) => Err(SessionError::Closed),
+        Err(e) => Err(SessionError::Os(format!("sendmsg: {e}"))),
+    }
+}
+
+/// Receives one message, waiting at most `timeout` (forever if `None`). `Closed` on EOF.
+pub fn recv<T: DeserializeOwned>(
+    sock: BorrowedFd<'_>,
+    timeout: Option<Duration>,
+) -> Result<(T, Vec<OwnedFd>), SessionError> {
+    let ts = timeout.map(|t| rustix::time::Timespec {
+        tv_sec: t.as_secs() as _,
+        tv_nsec: t.subsec_nanos() as _,
+    });
+    loop {
+        let mut p = [PollFd::new(&sock, PollFlags::IN)];
+        match rustix::event::poll(&mut p, ts.as_ref()) {
+            Ok(0) => return Err(SessionError::Timeout),
+            Ok(_) => break,
+            Err(Errno::INTR) => continue,
+            Err(e) => return Err(SessionError::Os(format!("poll: {e}"))),
+        }
+    }
+    let mut buf = vec![0u8; MAX_MESSAGE];
+    let mut space = [MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(MAX_FDS))];
+    let mut cmsg = RecvAncillaryBuffer::new(&mut space);
+    let r = loop {
+        let mut iov = [IoSliceMut::new(&mut buf)];
+        match rustix::net::recvmsg(
+            sock,
+            &mut iov,
+            &mut cmsg,
+            RecvFlags::CMSG_CLOEXEC | RecvFlags::DONTWAIT,
+        ) {
+            Ok(r) => break r,
+            Err(Errno::INTR) => continue,
+            Err(Errno::AGAIN) => return Err(SessionError::Timeout),
+            Err(Errno::CONNRESET) => return Err(SessionError::Closed),
+            Err(e) => return Err(SessionError::Os(format!("recvmsg: {e}"))),
+        }
+    };
+    let mut fds = Vec::new();
+    for m in cmsg.drain() {
+        if let RecvAncillaryMessage::ScmRights(f) = m {
+            fds.extend(f);
+        }
+    }
+    if r.bytes == 0 && fds.is_empty() {
+        return Err(SessionError::Closed);
+    }
+    if r.flags.contains(ReturnFlags::TRUNC) || r.flags.contains(ReturnFlags::CTRUNC) {
+        return Err(SessionError::Invalid(
+            "control message truncated (too large or too many fds)".into(),
+        ));
+    }
+    let msg = serde_json::from_slice(&buf[..r.bytes])
+        .map_err(|e| SessionError::Invalid(format!("malformed control message: {e}")))?;
+    Ok((msg, fds))
+}
+
+/// Sends a request and waits for the reply.
+pub fn call(
+    sock: BorrowedFd<'_>,
+    req: &Request,
+    timeout: Duration,
+) -> Result<(Reply, Vec<OwnedFd>), SessionError> {
+    send(sock, req, &[])?;
+    recv(sock, Some(timeout))
+}
+
+/// Keeps `AsFd` in scope for callers that pass `&OwnedFd`.
+pub fn borrow(fd: &OwnedFd) -> BorrowedFd<'_> {
+    fd.as_fd()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn messages_round_trip_with_fds_and_garbage_is_refused() {
+        let (a, b) = rustix::net::socketpair(
+            AddressFamily::UNIX,
+            SocketType::SEQPACKET,
+            SocketFlags::CLOEXEC,
+            None,
+        )
+        .unwrap();
+        let req = Request::Open {
+            device: "disk0".into(),
+            geometry: Geometry {
+                sq_entries: 64,
+                cq_entries: 64,
+                buffer_size: 1 << 20,
+            },
+        };
+        let efd = rustix::event::eventfd(0, rustix::event::EventfdFlags::empty()).unwrap();
+        send(a.as_fd(), &req, &[efd.as_fd()]).unwrap();
+        let (got, fds): (Request, _) = recv(b.as_fd(), Some(Duration::from_secs(1))).unwrap();
+        assert_eq!(got, req);
+        assert_eq!(fds.len(), 1);
+        rustix::net::send(&a, b"{\"op\":\"open\",\"device\":7}", SendFlags::empty()).unwrap();
+        assert!(matches!(
+            recv::<Request>(b.as_fd(), Some(Duration::from_secs(1))),
+            Err(SessionError::Invalid(_))
+        ));
+        rustix::net::send(&a, b"{\"op\":\"format-disk\"}", SendFlags::empty()).unwrap();
+        assert!(recv::<Request>(b.as_fd(), Some(Duration::from_secs(1))).is_err());
+        drop(a);
+        assert!(matches!(
+            recv::<Request>(b.as_fd(), Some(Duration::from_secs(1))),
+            Err(SessionError::Closed)
+        ));
+    }
+}

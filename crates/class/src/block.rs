@@ -1,0 +1,446 @@
+//! The block class: requests, completions, status and errors — the contract between clients
+//! and block drivers, whatever the placement.
+//!
+//! A request names a record (block) number, a block count and an offset in the client's buffer
+//! area. On the wire (a session's rings) requests are 32-byte [`Sqe`]s and completions 16-byte
+//! [`Cqe`]s, little-endian, layouts pinned by the tests below.
+
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+/// Block operations.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum BlockOp {
+    /// Read `blocks` blocks into the buffer.
+    Read,
+    /// Write `blocks` blocks from the buffer.
+    Write,
+    /// Make completed writes durable.
+    Flush,
+    /// Deallocate `blocks` blocks.
+    Discard,
+    /// Zero `blocks` blocks.
+    WriteZeroes,
+    /// Do nothing: measures the path to the driver and back.
+    Null,
+}
+
+impl BlockOp {
+    /// Wire opcode.
+    pub fn code(self) -> u8 {
+        match self {
+            BlockOp::Read => 1,
+            BlockOp::Write => 2,
+            BlockOp::Flush => 3,
+            BlockOp::Discard => 4,
+            BlockOp::WriteZeroes => 5,
+            BlockOp::Null => 6,
+        }
+    }
+    /// Operation from a wire opcode.
+    pub fn from_code(c: u8) -> Option<Self> {
+        Some(match c {
+            1 => BlockOp::Read,
+            2 => BlockOp::Write,
+            3 => BlockOp::Flush,
+            4 => BlockOp::Discard,
+            5 => BlockOp::WriteZeroes,
+            6 => BlockOp::Null,
+            _ => return None,
+        })
+    }
+    /// Whether the operation moves data through the buffer area.
+    pub fn has_data(self) -> bool {
+        matches!(self, BlockOp::Read | BlockOp::Write)
+    }
+    /// Whether the operation changes the disk.
+    pub fn modifies(self) -> bool {
+        matches!(self, BlockOp::Write | BlockOp::Discard | BlockOp::WriteZeroes)
+    }
+}
+
+/// Why a block request failed. Specific, never a panic, never a silent truncation.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error, Serialize, Deserialize)]
+pub enum BlockError {
+    /// The request is malformed (bad opcode, reserved fields set, zero length, …).
+    #[error("invalid request: {0}")]
+    Invalid(String),
+    /// Blocks beyond the end of the disk.
+    #[error("blocks beyond the end of the disk")]
+    OutOfRange,
+    /// The disk is read-only.
+    #[error("the disk is read-only")]
+    ReadOnly,
+    /// The device reported an I/O error.
+    #[error("the device reported an I/O error")]
+    Io,
+    /// The device does not support the operation.
+    #[error("the device does not support this operation")]
+    Unsupported,
+    /// The device or its driver is gone.
+    #[error("the device is gone")]
+    DeviceGone,
+    /// The driver is restarting; retry.
+    #[error("the driver is restarting")]
+    Restarting,
+    /// A request with the same tag is already in flight.
+    #[error("a request with this tag is already in flight")]
+    DuplicateTag,
+    /// The buffer range lies outside the buffer area.
+    #[error("the buffer lies outside the session's buffer area")]
+    BadBuffer,
+    /// No room to submit; reap completions first.
+    #[error("the submission ring is full")]
+    QueueFull,
+    /// Waited too long.
+    #[error("timed out waiting for the driver")]
+    Timeout,
+    /// The peer broke the session protocol.
+    #[error("protocol error: {0}")]
+    Protocol(String),
+    /// No device by that name.
+    #[error("no such device: {0}")]
+    NoSuchDevice(String),
+}
+
+impl BlockError {
+    /// Wire status code (negative; 0 is success).
+    pub fn code(&self) -> i32 {
+        match self {
+            BlockError::Invalid(_) => -1,
+            BlockError::OutOfRange => -2,
+            BlockError::ReadOnly => -3,
+            BlockError::Io => -4,
+            BlockError::Unsupported => -5,
+            BlockError::DeviceGone => -6,
+            BlockError::Restarting => -7,
+            BlockError::DuplicateTag => -8,
+            BlockError::BadBuffer => -9,
+            BlockError::QueueFull => -10,
+            BlockError::Timeout => -11,
+            BlockError::Protocol(_) => -12,
+            BlockError::NoSuchDevice(_) => -13,
+        }
+    }
+    /// Error from a wire status code.
+    pub fn from_code(c: i32) -> Self {
+        match c {
+            -2 => BlockError::OutOfRange,
+            -3 => BlockError::ReadOnly,
+            -4 => BlockError::Io,
+            -5 => BlockError::Unsupported,
+            -6 => BlockError::DeviceGone,
+            -7 => BlockError::Restarting,
+            -8 => BlockError::DuplicateTag,
+            -9 => BlockError::BadBuffer,
+            -10 => BlockError::QueueFull,
+            -11 => BlockError::Timeout,
+            -1 => BlockError::Invalid("rejected by the driver".into()),
+            c => BlockError::Protocol(format!("unknown status {c}")),
+        }
+    }
+}
+
+/// Status of a block device (Mach `get_status`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct BlockInfo {
+    /// Device name.
+    pub name: String,
+    /// Capacity in blocks.
+    pub capacity: u64,
+    /// Block size in bytes.
+    pub block_size: u32,
+    /// Writes are refused.
+    pub read_only: bool,
+    /// Requests the driver keeps in flight.
+    pub queue_depth: u32,
+}
+
+impl BlockInfo {
+    /// Capacity in bytes.
+    pub fn bytes(&self) -> u64 {
+        self.capacity * self.block_size as u64
+    }
+}
+
+/// One request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BlockRequest {
+    /// Operation.
+    pub op: BlockOp,
+    /// First block.
+    pub lba: u64,
+    /// Number of blocks.
+    pub blocks: u32,
+    /// Offset of the data in the buffer area (data operations).
+    pub buf_offset: u64,
+    /// The client's tag, returned in the completion; unique among requests in flight.
+    pub tag: u64,
+}
+
+/// One completion.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BlockCompletion {
+    /// The request's tag.
+    pub tag: u64,
+    /// Bytes transferred, or why it failed.
+    pub result: Result<u32, BlockError>,
+}
+
+/// Checks a request against the device and the buffer area (both placements call this).
+pub fn validate(r: &BlockRequest, info: &BlockInfo, buffer_size: u64) -> Result<(), BlockError> {
+    if r.op.modifies() && info.read_only {
+        return Err(BlockError::ReadOnly);
+    }
+    match r.op {
+        BlockOp::Null | BlockOp::Flush => return Ok(()),
+        _ => {}
+    }
+    if r.blocks == 0 {
+        return Err(BlockError::Invalid("zero blocks".into()));
+    }
+    let end = r.lba.checked_add(r.blocks as u64).ok_or(BlockError::OutOfRange)?;
+    if end > info.capacity {
+        return Err(BlockError::OutOfRange);
+    }
+    if r.op.has_data() {
+        let len = r.blocks as u64 * info.block_size as u64;
+        if r.buf_offset.checked_add(len).is_none_or(|e| e > buffer_size) {
+            return Err(BlockError::BadBuffer);
+        }
+    }
+    Ok(())
+}
+
+/// A submission entry as it sits in the ring.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Sqe(pub [u8; 32]);
+
+impl Sqe {
+    /// Encodes a request.
+    pub fn encode(r: &BlockRequest) -> Self {
+        let mut b = [0u8; 32];
+        b[0] = r.op.code();
+        b[8..16].copy_from_slice(&r.tag.to_le_bytes());
+        b[16..24].copy_from_slice(&r.lba.to_le_bytes());
+        b[24..28].copy_from_slice(&r.blocks.to_le_bytes());
+        b[28..32].copy_from_slice(&(r.buf_offset as u32).to_le_bytes());
+        Sqe(b)
+    }
+
+    /// The tag, readable even when the rest is garbage (to address the error completion).
+    pub fn tag(&self) -> u64 {
+        u64::from_le_bytes(self.0[8..16].try_into().expect("8 bytes"))
+    }
+
+    /// Decodes untrusted bytes: unknown opcodes and non-zero reserved bytes are refused.
+    pub fn decode(&self) -> Result<BlockRequest, BlockError> {
+        let b = &self.0;
+        let op = BlockOp::from_code(b[0]).ok_or_else(|| BlockError::Invalid(format!("unknown opcode {}", b[0])))?;
+        if b[1..8].iter().any(|&x| x != 0) {
+            return Err(BlockError::Invalid("reserved bytes are not zero".into()));
+        }
+        Ok(BlockRequest {
+            op,
+            tag: self.tag(),
+            lba: u64::from_le_bytes(b[16..24].try_into().expect("8 bytes")),
+            blocks: u32::from_le_bytes(b[24..28].try_into().expect("4 bytes")),
+            buf_offset: u32::from_le_bytes(b[28..32].try_into().expect("4 bytes")) as u64,
+        })
+    }
+}
+
+/// A completion entry as it sits in the ring.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Cqe(pub [u8; 16]);
+
+impl Cqe {
+    /// Encodes a completion.
+    pub fn encode(c: &BlockCompletion) -> Self {
+        let mut b = [0u8; 16];
+        b[0..8].copy_from_slice(&c.tag.to_le_bytes());
+        let (status, bytes) = match &c.result {
+            Ok(n) => (0, *n),
+            Err(e) => (e.code(), 0),
+        };
+        b[8..12].copy_from_slice(&status.to_le_bytes());
+        b[12..16].copy_from_slice(&bytes.to_le_bytes());
+        Cqe(b)
+    }
+    /// Decodes.
+    pub fn decode(&self) -> BlockCompletion {
+        let b = &self.0;
+        let status = i32::from_le_bytes(b[8..12].try_into().expect("4 bytes"));
+        BlockCompletion {
+            tag: u64::from_le_bytes(b[0..8].try_into().expect("8 bytes")),
+            result: if status == 0 {
+                Ok(u32::from_le_bytes(b[12..16].try_into().expect("4 bytes")))
+            } else {
+                Err(BlockError::from_code(status))
+            },
+        }
+    }
+}
+
+/// A block device, as any client sees it: asynchronous submit/complete plus a synchronous
+/// convenience API. Implemented by the session client (driver in a server) and by the
+/// colocated placement (driver in this process) alike.
+pub trait BlockDevice {
+    /// Status.
+    fn info(&self) -> &BlockInfo;
+    /// The buffer area requests refer to (zero copy: the device moves data to and from it).
+    fn buffers(&self) -> &outboard_shm::SharedMem;
+    /// Queues a request; [`BlockError::QueueFull`] when there is no room.
+    fn submit(&mut self, r: &BlockRequest) -> Result<(), BlockError>;
+    /// Makes submitted requests visible to the driver (batching: submit many, kick once).
+    fn kick(&mut self) -> Result<(), BlockError>;
+    /// Reaps completions without blocking.
+    fn poll(&mut self, out: &mut Vec<BlockCompletion>) -> Result<usize, BlockError>;
+    /// Waits up to `timeout` for at least one completion.
+    fn wait(&mut self, out: &mut Vec<BlockCompletion>, timeout: Duration) -> Result<usize, BlockError>;
+    /// Requests submitted and not yet completed.
+    fn in_flight(&self) -> usize;
+
+    /// Runs one request to completion (needs nothing else in flight).
+    fn execute(&mut self, r: &BlockRequest) -> Result<u32, BlockError> {
+        if self.in_flight() != 0 {
+            return Err(BlockError::Invalid("execute needs an idle device handle".into()));
+        }
+        self.submit(r)?;
+        self.kick()?;
+        let mut out = Vec::with_capacity(1);
+        while out.is_empty() {
+            self.wait(&mut out, Duration::from_secs(30))?;
+        }
+        let c = out.pop().expect("one completion");
+        if c.tag != r.tag {
+            return Err(BlockError::Protocol(format!("completion for tag {} while waiting for {}", c.tag, r.tag)));
+        }
+        c.result
+    }
+
+    /// Reads whole blocks starting at `lba` into `data` (copied out of the buffer area).
+    fn read_blocks(&mut self, lba: u64, data: &mut [u8]) -> Result<(), BlockError> {
+        let (bs, chunk) = chunking(self.info(), self.buffers(), data.len())?;
+        for (i, part) in data.chunks_mut(chunk).enumerate() {
+            let at = lba + (i * chunk / bs) as u64;
+            self.execute(&staged(BlockOp::Read, at, part.len() / bs))?;
+            self.buffers().read(0, part).map_err(|e| BlockError::Protocol(e.to_string()))?;
+        }
+        Ok(())
+    }
+
+    /// Writes whole blocks starting at `lba` from `data` (copied into the buffer area).
+    fn write_blocks(&mut self, lba: u64, data: &[u8]) -> Result<(), BlockError> {
+        let (bs, chunk) = chunking(self.info(), self.buffers(), data.len())?;
+        for (i, part) in data.chunks(chunk).enumerate() {
+            let at = lba + (i * chunk / bs) as u64;
+            self.buffers().write(0, part).map_err(|e| BlockError::Protocol(e.to_string()))?;
+            self.execute(&staged(BlockOp::Write, at, part.len() / bs))?;
+        }
+        Ok(())
+    }
+
+    /// Makes completed writes durable.
+    fn flush(&mut self) -> Result<(), BlockError> {
+        self.execute(&BlockRequest {
+            op: BlockOp::Flush,
+            lba: 0,
+            blocks: 0,
+            buf_offset: 0,
+            tag: 0,
+        })
+        .map(|_| ())
+    }
+}
+
+/// Block size and the largest chunk (whole blocks, at most 1 MiB) the buffer area holds.
+fn chunking(info: &BlockInfo, buffers: &outboard_shm::SharedMem, len: usize) -> Result<(usize, usize), BlockError> {
+    let bs = info.block_size as usize;
+    if len % bs != 0 {
+        return Err(BlockError::Invalid(format!("{len} bytes is not whole {bs}-byte blocks")));
+    }
+    let chunk = (buffers.len() / bs * bs).min(1 << 20);
+    if chunk == 0 {
+        return Err(BlockError::BadBuffer);
+    }
+    Ok((bs, chunk))
+}
+
+/// A request whose data sits at the start of the buffer area.
+fn staged(op: BlockOp, lba: u64, blocks: usize) -> BlockRequest {
+    BlockRequest {
+        op,
+        lba,
+        blocks: blocks as u32,
+        buf_offset: 0,
+        tag: lba,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn info() -> BlockInfo {
+        BlockInfo {
+            name: "disk0".into(),
+            capacity: 100,
+            block_size: 512,
+            read_only: false,
+            queue_depth: 64,
+        }
+    }
+
+    #[test]
+    fn entries_round_trip_and_layout_is_pinned() {
+        let r = BlockRequest {
+            op: BlockOp::Write,
+            lba: 0x1122_3344_5566,
+            blocks: 8,
+            buf_offset: 0x4000,
+            tag: 77,
+        };
+        let e = Sqe::encode(&r);
+        assert_eq!(e.0[0], 2);
+        assert_eq!(&e.0[8..16], &77u64.to_le_bytes());
+        assert_eq!(e.decode().unwrap(), r);
+        let c = BlockCompletion {
+            tag: 5,
+            result: Err(BlockError::OutOfRange),
+        };
+        assert_eq!(Cqe::encode(&c).decode(), c);
+        let ok = BlockCompletion { tag: 6, result: Ok(4096) };
+        assert_eq!(Cqe::encode(&ok).decode(), ok);
+    }
+
+    #[test]
+    fn validation_is_specific() {
+        let i = info();
+        let r = |op, lba, blocks, buf_offset| BlockRequest { op, lba, blocks, buf_offset, tag: 0 };
+        assert_eq!(validate(&r(BlockOp::Read, 99, 2, 0), &i, 4096), Err(BlockError::OutOfRange));
+        assert_eq!(validate(&r(BlockOp::Read, u64::MAX, 2, 0), &i, 4096), Err(BlockError::OutOfRange));
+        assert_eq!(validate(&r(BlockOp::Read, 0, 9, 0), &i, 4096), Err(BlockError::BadBuffer));
+        assert_eq!(validate(&r(BlockOp::Read, 0, 1, 4000), &i, 4096), Err(BlockError::BadBuffer));
+        assert!(matches!(validate(&r(BlockOp::Write, 0, 0, 0), &i, 4096), Err(BlockError::Invalid(_))));
+        assert!(validate(&r(BlockOp::Write, 0, 8, 0), &i, 4096).is_ok());
+        let ro = BlockInfo { read_only: true, ..info() };
+        assert_eq!(validate(&r(BlockOp::Write, 0, 1, 0), &ro, 4096), Err(BlockError::ReadOnly));
+        assert_eq!(validate(&r(BlockOp::Discard, 0, 1, 0), &ro, 4096), Err(BlockError::ReadOnly));
+    }
+
+    proptest! {
+        /// Any 32 bytes a client writes decode to a request or an error, and a decoded request
+        /// either validates or gets a specific error; nothing panics.
+        #[test]
+        fn garbage_entries_never_panic(bytes in proptest::array::uniform32(any::<u8>())) {
+            if let Ok(r) = Sqe(bytes).decode() {
+                let _ = validate(&r, &info(), 1 << 20);
+            }
+            let _ = Cqe(bytes[..16].try_into().unwrap()).decode();
+        }
+    }
+}

@@ -57,7 +57,10 @@ impl BlockOp {
     }
     /// Whether the operation changes the disk.
     pub fn modifies(self) -> bool {
-        matches!(self, BlockOp::Write | BlockOp::Discard | BlockOp::WriteZeroes)
+        matches!(
+            self,
+            BlockOp::Write | BlockOp::Discard | BlockOp::WriteZeroes
+        )
     }
 }
 
@@ -201,13 +204,19 @@ pub fn validate(r: &BlockRequest, info: &BlockInfo, buffer_size: u64) -> Result<
     if r.blocks == 0 {
         return Err(BlockError::Invalid("zero blocks".into()));
     }
-    let end = r.lba.checked_add(r.blocks as u64).ok_or(BlockError::OutOfRange)?;
+    let end = r
+        .lba
+        .checked_add(r.blocks as u64)
+        .ok_or(BlockError::OutOfRange)?;
     if end > info.capacity {
         return Err(BlockError::OutOfRange);
     }
     if r.op.has_data() {
         let len = r.blocks as u64 * info.block_size as u64;
-        if r.buf_offset.checked_add(len).is_none_or(|e| e > buffer_size) {
+        if r.buf_offset
+            .checked_add(len)
+            .is_none_or(|e| e > buffer_size)
+        {
             return Err(BlockError::BadBuffer);
         }
     }
@@ -238,7 +247,8 @@ impl Sqe {
     /// Decodes untrusted bytes: unknown opcodes and non-zero reserved bytes are refused.
     pub fn decode(&self) -> Result<BlockRequest, BlockError> {
         let b = &self.0;
-        let op = BlockOp::from_code(b[0]).ok_or_else(|| BlockError::Invalid(format!("unknown opcode {}", b[0])))?;
+        let op = BlockOp::from_code(b[0])
+            .ok_or_else(|| BlockError::Invalid(format!("unknown opcode {}", b[0])))?;
         if b[1..8].iter().any(|&x| x != 0) {
             return Err(BlockError::Invalid("reserved bytes are not zero".into()));
         }
@@ -299,14 +309,20 @@ pub trait BlockDevice {
     /// Reaps completions without blocking.
     fn poll(&mut self, out: &mut Vec<BlockCompletion>) -> Result<usize, BlockError>;
     /// Waits up to `timeout` for at least one completion.
-    fn wait(&mut self, out: &mut Vec<BlockCompletion>, timeout: Duration) -> Result<usize, BlockError>;
+    fn wait(
+        &mut self,
+        out: &mut Vec<BlockCompletion>,
+        timeout: Duration,
+    ) -> Result<usize, BlockError>;
     /// Requests submitted and not yet completed.
     fn in_flight(&self) -> usize;
 
     /// Runs one request to completion (needs nothing else in flight).
     fn execute(&mut self, r: &BlockRequest) -> Result<u32, BlockError> {
         if self.in_flight() != 0 {
-            return Err(BlockError::Invalid("execute needs an idle device handle".into()));
+            return Err(BlockError::Invalid(
+                "execute needs an idle device handle".into(),
+            ));
         }
         self.submit(r)?;
         self.kick()?;
@@ -316,7 +332,10 @@ pub trait BlockDevice {
         }
         let c = out.pop().expect("one completion");
         if c.tag != r.tag {
-            return Err(BlockError::Protocol(format!("completion for tag {} while waiting for {}", c.tag, r.tag)));
+            return Err(BlockError::Protocol(format!(
+                "completion for tag {} while waiting for {}",
+                c.tag, r.tag
+            )));
         }
         c.result
     }
@@ -327,7 +346,9 @@ pub trait BlockDevice {
         for (i, part) in data.chunks_mut(chunk).enumerate() {
             let at = lba + (i * chunk / bs) as u64;
             self.execute(&staged(BlockOp::Read, at, part.len() / bs))?;
-            self.buffers().read(0, part).map_err(|e| BlockError::Protocol(e.to_string()))?;
+            self.buffers()
+                .read(0, part)
+                .map_err(|e| BlockError::Protocol(e.to_string()))?;
         }
         Ok(())
     }
@@ -337,7 +358,9 @@ pub trait BlockDevice {
         let (bs, chunk) = chunking(self.info(), self.buffers(), data.len())?;
         for (i, part) in data.chunks(chunk).enumerate() {
             let at = lba + (i * chunk / bs) as u64;
-            self.buffers().write(0, part).map_err(|e| BlockError::Protocol(e.to_string()))?;
+            self.buffers()
+                .write(0, part)
+                .map_err(|e| BlockError::Protocol(e.to_string()))?;
             self.execute(&staged(BlockOp::Write, at, part.len() / bs))?;
         }
         Ok(())
@@ -357,10 +380,16 @@ pub trait BlockDevice {
 }
 
 /// Block size and the largest chunk (whole blocks, at most 1 MiB) the buffer area holds.
-fn chunking(info: &BlockInfo, buffers: &outboard_shm::SharedMem, len: usize) -> Result<(usize, usize), BlockError> {
+fn chunking(
+    info: &BlockInfo,
+    buffers: &outboard_shm::SharedMem,
+    len: usize,
+) -> Result<(usize, usize), BlockError> {
     let bs = info.block_size as usize;
     if len % bs != 0 {
-        return Err(BlockError::Invalid(format!("{len} bytes is not whole {bs}-byte blocks")));
+        return Err(BlockError::Invalid(format!(
+            "{len} bytes is not whole {bs}-byte blocks"
+        )));
     }
     let chunk = (buffers.len() / bs * bs).min(1 << 20);
     if chunk == 0 {
@@ -413,23 +442,56 @@ mod tests {
             result: Err(BlockError::OutOfRange),
         };
         assert_eq!(Cqe::encode(&c).decode(), c);
-        let ok = BlockCompletion { tag: 6, result: Ok(4096) };
+        let ok = BlockCompletion {
+            tag: 6,
+            result: Ok(4096),
+        };
         assert_eq!(Cqe::encode(&ok).decode(), ok);
     }
 
     #[test]
     fn validation_is_specific() {
         let i = info();
-        let r = |op, lba, blocks, buf_offset| BlockRequest { op, lba, blocks, buf_offset, tag: 0 };
-        assert_eq!(validate(&r(BlockOp::Read, 99, 2, 0), &i, 4096), Err(BlockError::OutOfRange));
-        assert_eq!(validate(&r(BlockOp::Read, u64::MAX, 2, 0), &i, 4096), Err(BlockError::OutOfRange));
-        assert_eq!(validate(&r(BlockOp::Read, 0, 9, 0), &i, 4096), Err(BlockError::BadBuffer));
-        assert_eq!(validate(&r(BlockOp::Read, 0, 1, 4000), &i, 4096), Err(BlockError::BadBuffer));
-        assert!(matches!(validate(&r(BlockOp::Write, 0, 0, 0), &i, 4096), Err(BlockError::Invalid(_))));
+        let r = |op, lba, blocks, buf_offset| BlockRequest {
+            op,
+            lba,
+            blocks,
+            buf_offset,
+            tag: 0,
+        };
+        assert_eq!(
+            validate(&r(BlockOp::Read, 99, 2, 0), &i, 4096),
+            Err(BlockError::OutOfRange)
+        );
+        assert_eq!(
+            validate(&r(BlockOp::Read, u64::MAX, 2, 0), &i, 4096),
+            Err(BlockError::OutOfRange)
+        );
+        assert_eq!(
+            validate(&r(BlockOp::Read, 0, 9, 0), &i, 4096),
+            Err(BlockError::BadBuffer)
+        );
+        assert_eq!(
+            validate(&r(BlockOp::Read, 0, 1, 4000), &i, 4096),
+            Err(BlockError::BadBuffer)
+        );
+        assert!(matches!(
+            validate(&r(BlockOp::Write, 0, 0, 0), &i, 4096),
+            Err(BlockError::Invalid(_))
+        ));
         assert!(validate(&r(BlockOp::Write, 0, 8, 0), &i, 4096).is_ok());
-        let ro = BlockInfo { read_only: true, ..info() };
-        assert_eq!(validate(&r(BlockOp::Write, 0, 1, 0), &ro, 4096), Err(BlockError::ReadOnly));
-        assert_eq!(validate(&r(BlockOp::Discard, 0, 1, 0), &ro, 4096), Err(BlockError::ReadOnly));
+        let ro = BlockInfo {
+            read_only: true,
+            ..info()
+        };
+        assert_eq!(
+            validate(&r(BlockOp::Write, 0, 1, 0), &ro, 4096),
+            Err(BlockError::ReadOnly)
+        );
+        assert_eq!(
+            validate(&r(BlockOp::Discard, 0, 1, 0), &ro, 4096),
+            Err(BlockError::ReadOnly)
+        );
     }
 
     proptest! {

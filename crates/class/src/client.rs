@@ -10,7 +10,9 @@ use outboard_session::region::ShmRing;
 use outboard_session::{Consumer, Doorbell, Geometry, Producer, Region, SessionError};
 use rustix::event::{PollFd, PollFlags};
 
-use crate::block::{validate, BlockCompletion, BlockDevice, BlockError, BlockInfo, BlockRequest, Cqe, Sqe};
+use crate::block::{
+    validate, BlockCompletion, BlockDevice, BlockError, BlockInfo, BlockRequest, Cqe, Sqe,
+};
 
 /// How a client waits for completions.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -71,7 +73,10 @@ pub struct BlockClient {
 
 impl std::fmt::Debug for BlockClient {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("BlockClient").field("session", &self.session).field("info", &self.info).finish()
+        f.debug_struct("BlockClient")
+            .field("session", &self.session)
+            .field("info", &self.info)
+            .finish()
     }
 }
 
@@ -85,18 +90,29 @@ impl BlockClient {
         };
         let (reply, fds) = control::call(sock.as_fd(), &req, opts.timeout).map_err(session_err)?;
         let (session, geometry, info) = match reply {
-            Reply::Opened { session, geometry, info } => (session, geometry, info),
-            Reply::Error { code, message } if code == "no-such-device" => return Err(BlockError::NoSuchDevice(message)),
+            Reply::Opened {
+                session,
+                geometry,
+                info,
+            } => (session, geometry, info),
+            Reply::Error { code, message } if code == "no-such-device" => {
+                return Err(BlockError::NoSuchDevice(message))
+            }
             Reply::Error { message, .. } => return Err(BlockError::Invalid(message)),
             other => return Err(BlockError::Protocol(format!("unexpected reply {other:?}"))),
         };
-        let info: BlockInfo = serde_json::from_value(info).map_err(|e| BlockError::Protocol(format!("device status: {e}")))?;
+        let info: BlockInfo = serde_json::from_value(info)
+            .map_err(|e| BlockError::Protocol(format!("device status: {e}")))?;
         if info.block_size < 512 || !info.block_size.is_power_of_two() {
-            return Err(BlockError::Protocol(format!("block size {}", info.block_size)));
+            return Err(BlockError::Protocol(format!(
+                "block size {}",
+                info.block_size
+            )));
         }
-        let [control_fd, buffers_fd, server_bell, client_bell]: [OwnedFd; 4] = fds
-            .try_into()
-            .map_err(|v: Vec<OwnedFd>| BlockError::Protocol(format!("open reply carried {} fds, not 4", v.len())))?;
+        let [control_fd, buffers_fd, server_bell, client_bell]: [OwnedFd; 4] =
+            fds.try_into().map_err(|v: Vec<OwnedFd>| {
+                BlockError::Protocol(format!("open reply carried {} fds, not 4", v.len()))
+            })?;
         let region = Region::attach(control_fd, buffers_fd, geometry).map_err(session_err)?;
         Ok(Self {
             sq: Producer::new(region.sq(), geometry.sq_entries),
@@ -129,7 +145,10 @@ impl BlockClient {
             tv_nsec: timeout.subsec_nanos() as _,
         };
         let bell = self.client_bell.fd();
-        let mut p = [PollFd::new(&bell, PollFlags::IN), PollFd::new(&self.sock, PollFlags::IN)];
+        let mut p = [
+            PollFd::new(&bell, PollFlags::IN),
+            PollFd::new(&self.sock, PollFlags::IN),
+        ];
         match rustix::event::poll(&mut p, Some(&ts)) {
             Ok(_) | Err(rustix::io::Errno::INTR) => {}
             Err(e) => return Err(BlockError::Protocol(format!("poll: {e}"))),
@@ -177,7 +196,11 @@ impl BlockDevice for BlockClient {
     fn poll(&mut self, out: &mut Vec<BlockCompletion>) -> Result<usize, BlockError> {
         let mut n = 0;
         let mut e = [0u8; 16];
-        while self.cq.pop(&mut e).map_err(|e| BlockError::Protocol(e.to_string()))? {
+        while self
+            .cq
+            .pop(&mut e)
+            .map_err(|e| BlockError::Protocol(e.to_string()))?
+        {
             self.in_flight = self.in_flight.saturating_sub(1);
             out.push(Cqe(e).decode());
             n += 1;
@@ -185,7 +208,11 @@ impl BlockDevice for BlockClient {
         Ok(n)
     }
 
-    fn wait(&mut self, out: &mut Vec<BlockCompletion>, timeout: Duration) -> Result<usize, BlockError> {
+    fn wait(
+        &mut self,
+        out: &mut Vec<BlockCompletion>,
+        timeout: Duration,
+    ) -> Result<usize, BlockError> {
         let deadline = Instant::now() + timeout;
         loop {
             let n = self.poll(out)?;
@@ -195,7 +222,12 @@ impl BlockDevice for BlockClient {
             if let WaitMode::Adaptive(spin) = self.mode {
                 let until = Instant::now() + spin;
                 while Instant::now() < until {
-                    if self.cq.available().map_err(|e| BlockError::Protocol(e.to_string()))? > 0 {
+                    if self
+                        .cq
+                        .available()
+                        .map_err(|e| BlockError::Protocol(e.to_string()))?
+                        > 0
+                    {
                         break;
                     }
                     std::hint::spin_loop();
@@ -208,7 +240,12 @@ impl BlockDevice for BlockClient {
             let flag = self.region.client_sleeping();
             announce_sleep(flag);
             // The re-check after announcing (see outboard_session::doorbell).
-            if self.cq.available().map_err(|e| BlockError::Protocol(e.to_string()))? > 0 {
+            if self
+                .cq
+                .available()
+                .map_err(|e| BlockError::Protocol(e.to_string()))?
+                > 0
+            {
                 cancel_sleep(flag);
                 continue;
             }

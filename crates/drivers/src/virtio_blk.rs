@@ -556,6 +556,33 @@ impl VirtioBlk {
         Ok(queue.vq.notify()?)
     }
 
+    /// Asks for an interrupt at queue `q`'s next completion, for a caller running its own
+    /// event loop on [`VirtioBlk::irq`]. Returns true if completions are already waiting (poll
+    /// instead of sleeping).
+    pub fn arm(&mut self, q: usize) -> Result<bool, BlkError> {
+        let queue = self
+            .queues
+            .get_mut(q)
+            .ok_or_else(|| BlkError::Invalid(format!("no queue {q}")))?;
+        Ok(queue.vq.enable_interrupts()?)
+    }
+
+    /// Acknowledges queue `q`'s interrupt after an external event loop saw it fire.
+    pub fn ack(&mut self, q: usize) -> Result<(), BlkError> {
+        if let Some(irq) = self.irq(q) {
+            irq.ack();
+        }
+        if !self.info.msix {
+            self.transport.read_isr()?;
+        }
+        Ok(())
+    }
+
+    /// Whether queue `q` can take a request of `bufs` data buffers now.
+    pub fn has_room(&self, q: usize, bufs: usize) -> bool {
+        self.queues.get(q).is_some_and(|qq| qq.vq.can_add(bufs + 2))
+    }
+
     /// Reaps completions of queue `q` into `out`; returns how many.
     pub fn poll(&mut self, q: usize, out: &mut Vec<BlkCompletion>) -> Result<usize, BlkError> {
         let queue = self

@@ -23,7 +23,6 @@ pub struct LoopError {
 /// An epoll-based work loop: register fds with a token, wait, get back the tokens that fired.
 pub struct WorkLoop {
     epoll: OwnedFd,
-    events: Vec<epoll::Event>,
 }
 
 impl std::fmt::Debug for WorkLoop {
@@ -39,10 +38,7 @@ impl WorkLoop {
             op: "epoll_create",
             errno,
         })?;
-        Ok(Self {
-            epoll,
-            events: Vec::with_capacity(64),
-        })
+        Ok(Self { epoll })
     }
 
     /// Adds an event source: when `fd` becomes readable, `wait` reports `token`.
@@ -78,13 +74,10 @@ impl WorkLoop {
             tv_sec: t.as_secs() as _,
             tv_nsec: t.subsec_nanos() as _,
         });
-        self.events.clear();
-        match epoll::wait(
-            &self.epoll,
-            rustix::buffer::spare_capacity(&mut self.events),
-            ts.as_ref(),
-        ) {
-            Ok(_) => {}
+        // A stack buffer per call keeps the loop `Send` (epoll events hold a pointer union).
+        let mut buf = [std::mem::MaybeUninit::<epoll::Event>::uninit(); 64];
+        let events = match epoll::wait(&self.epoll, &mut buf, ts.as_ref()) {
+            Ok((events, _)) => events,
             Err(Errno::INTR) => return Ok(0),
             Err(errno) => {
                 return Err(LoopError {
@@ -92,10 +85,9 @@ impl WorkLoop {
                     errno,
                 })
             }
-        }
-        let before = ready.len();
-        ready.extend(self.events.iter().map(|e| e.data.u64()));
-        Ok(ready.len() - before)
+        };
+        ready.extend(events.iter().map(|e| e.data.u64()));
+        Ok(events.len())
     }
 
     /// The epoll fd, so a loop can itself be a source in an outer loop.

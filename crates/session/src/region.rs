@@ -98,7 +98,10 @@ impl Geometry {
                 self.sq_entries, self.cq_entries
             )));
         }
-        if self.buffer_size == 0 || !self.buffer_size.is_multiple_of(4096) || self.buffer_size > MAX_BUFFER {
+        if self.buffer_size == 0
+            || !self.buffer_size.is_multiple_of(4096)
+            || self.buffer_size > MAX_BUFFER
+        {
             return Err(SessionError::Invalid(format!(
                 "buffer area of {} bytes: need whole pages up to {MAX_BUFFER}",
                 self.buffer_size

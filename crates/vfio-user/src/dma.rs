@@ -148,6 +148,23 @@ impl DmaMap {
         self.set_twin(None);
     }
 
+    /// Every mapping as `(iova, size, inode of the backing fd)`; the inode is `None` for
+    /// in-band regions. Lets tests prove zero copy: a client's buffer memfd is mapped here.
+    pub fn mappings(&self) -> Vec<(u64, u64, Option<u64>)> {
+        self.regions
+            .iter()
+            .map(|r| {
+                let ino = r
+                    .mem
+                    .as_ref()
+                    .and_then(|m| m.fd())
+                    .and_then(|fd| rustix::fs::fstat(fd).ok())
+                    .map(|st| st.st_ino);
+                (r.iova, r.size, ino)
+            })
+            .collect()
+    }
+
     /// Number of mapped regions.
     pub fn len(&self) -> usize {
         self.regions.len()

@@ -1,0 +1,595 @@
+//! The driver host: runs block drivers in one work loop and serves their class devices to any
+//! number of sessions.
+//!
+//! One thread, one [`WorkLoop`]: the control listener, each client's control socket, each
+//! session's doorbell and each driver's interrupt are event sources. While there is work the
+//! loop runs without system calls beyond the device's own; before sleeping it announces sleep in
+//! every session and re-checks every ring (the doorbell rule), so no wake-up is lost.
+//!
+//! Clients are untrusted: every entry is decoded and validated ([`outboard_class::block`]); a
+//! bad entry gets an error completion; duplicate tags are refused; each session may take at
+//! most as many requests as its completion ring can hold, so completions always have room; a
+//! round serves at most [`BUDGET`] entries per session, so one busy client cannot starve the
+//! others; corrupt ring indices cut that client off. A client that dies (or is cut off) leaves
+//! nothing behind: its session waits for its in-flight requests to finish in the device, then
+//! unmaps its buffers from the device and drops its memory and fds.
+
+use std::collections::HashSet;
+use std::os::fd::{AsFd, OwnedFd};
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use outboard_class::block::{validate, Cqe, Sqe};
+use outboard_class::{BlockCompletion, BlockError, BlockOp};
+use outboard_env::WorkLoop;
+use outboard_hw::DmaBuf;
+use outboard_session::control::{self, Reply, Request};
+use outboard_session::doorbell::{announce_sleep, cancel_sleep, peer_sleeping};
+use outboard_session::region::ShmRing;
+use outboard_session::{Consumer, Doorbell, Producer, Region, SessionError};
+
+use crate::blockhost::BlockHost;
+
+/// Most entries taken from one session per round.
+pub const BUDGET: usize = 32;
+
+const LISTENER: u64 = 0;
+const CONN: u64 = 1 << 56;
+const BELL: u64 = 2 << 56;
+const IRQ: u64 = 3 << 56;
+const KIND: u64 = 0xff << 56;
+
+/// Counters, for status and tests.
+#[derive(Debug, Default, Clone, Copy, serde::Serialize)]
+pub struct HostStats {
+    /// Sessions opened.
+    pub sessions_opened: u64,
+    /// Sessions closed and fully released.
+    pub sessions_released: u64,
+    /// Requests completed.
+    pub completed: u64,
+    /// Requests refused by validation.
+    pub rejected: u64,
+    /// Clients cut off for breaking the protocol.
+    pub cut_off: u64,
+    /// Doorbells rung to clients.
+    pub bells_rung: u64,
+}
+
+struct Device {
+    host: BlockHost,
+    /// Driver tag → (session slot, client tag).
+    tags: Vec<Option<(usize, u64)>>,
+    free_tags: Vec<usize>,
+}
+
+struct Session {
+    id: u64,
+    device: usize,
+    sock: Option<OwnedFd>,
+    region: Region,
+    sq: Consumer<ShmRing>,
+    cq: Producer<ShmRing>,
+    server_bell: Doorbell,
+    client_bell: Doorbell,
+    dma: DmaBuf,
+    tags: HashSet<u64>,
+    dirty: bool,
+}
+
+impl Session {
+    fn closing(&self) -> bool {
+        self.sock.is_none()
+    }
+}
+
+/// A driver server.
+pub struct DriverHost {
+    listener: OwnedFd,
+    path: Option<PathBuf>,
+    devices: Vec<Device>,
+    conns: Vec<Option<(OwnedFd, Option<usize>)>>,
+    sessions: Vec<Option<Session>>,
+    work: WorkLoop,
+    next_session: u64,
+    stats: HostStats,
+    scratch: Vec<(u64, Result<u32, BlockError>)>,
+}
+
+fn err(e: impl std::fmt::Display) -> String {
+    e.to_string()
+}
+
+impl DriverHost {
+    /// Serves `devices` on a SEQPACKET socket at `path`.
+    pub fn bind(path: &std::path::Path, devices: Vec<BlockHost>) -> Result<Self, String> {
+        let listener = control::listen(path).map_err(err)?;
+        let mut h = Self::new(listener, devices)?;
+        h.path = Some(path.to_owned());
+        Ok(h)
+    }
+
+    /// Serves `devices` on an already listening socket.
+    pub fn new(listener: OwnedFd, devices: Vec<BlockHost>) -> Result<Self, String> {
+        let work = WorkLoop::new().map_err(err)?;
+        work.add(listener.as_fd(), LISTENER).map_err(err)?;
+        let devices: Vec<Device> = devices
+            .into_iter()
+            .map(|host| Device {
+                host,
+                tags: Vec::new(),
+                free_tags: Vec::new(),
+            })
+            .collect();
+        for (i, d) in devices.iter().enumerate() {
+            let irq = d.host.driver().irq(0).ok_or("driver has no interrupt")?;
+            work.add(irq.fd(), IRQ | i as u64).map_err(err)?;
+        }
+        Ok(Self {
+            listener,
+            path: None,
+            devices,
+            conns: Vec::new(),
+            sessions: Vec::new(),
+            work,
+            next_session: 1,
+            stats: HostStats::default(),
+            scratch: Vec::new(),
+        })
+    }
+
+    /// Counters.
+    pub fn stats(&self) -> HostStats {
+        self.stats
+    }
+
+    /// Sessions open or draining.
+    pub fn live_sessions(&self) -> usize {
+        self.sessions.iter().flatten().count()
+    }
+
+    /// Serves until `stop` is set.
+    pub fn run(&mut self, stop: &AtomicBool) -> Result<(), String> {
+        let mut ready = Vec::new();
+        while !stop.load(Ordering::Relaxed) {
+            if self.round()? {
+                continue;
+            }
+            if self.prepare_sleep()? {
+                ready.clear();
+                self.work
+                    .wait(Some(Duration::from_millis(100)), &mut ready)
+                    .map_err(err)?;
+                self.wake();
+                for t in ready.drain(..) {
+                    self.event(t)?;
+                }
+            } else {
+                self.wake();
+            }
+        }
+        Ok(())
+    }
+
+    /// Serves on a thread until the returned flag is set (tests, benchmarks).
+    pub fn spawn(
+        mut self,
+    ) -> (
+        Arc<AtomicBool>,
+        std::thread::JoinHandle<Result<HostStats, String>>,
+    ) {
+        let stop = Arc::new(AtomicBool::new(false));
+        let s = stop.clone();
+        let t = std::thread::Builder::new()
+            .name("driver-host".into())
+            .spawn(move || self.run(&s).map(|()| self.stats))
+            .expect("spawn driver host");
+        (stop, t)
+    }
+
+    /// One pass over all rings and devices; returns whether anything happened.
+    fn round(&mut self) -> Result<bool, String> {
+        let mut progress = false;
+        for i in 0..self.sessions.len() {
+            progress |= self.take_requests(i);
+        }
+        for d in 0..self.devices.len() {
+            if self.devices[d].host.in_flight() > 0 {
+                let _ = self.devices[d].host.kick();
+            }
+            progress |= self.reap(d);
+        }
+        for s in self.sessions.iter_mut().flatten() {
+            if std::mem::take(&mut s.dirty) {
+                s.cq.publish();
+                if peer_sleeping(s.region.client_sleeping()) {
+                    s.client_bell.ring();
+                    self.stats.bells_rung += 1;
+                }
+            }
+        }
+        self.release_finished();
+        Ok(progress)
+    }
+
+    /// Moves up to [`BUDGET`] entries of session `i` into its device.
+    fn take_requests(&mut self, i: usize) -> bool {
+        let Some(s) = self.sessions[i].as_mut() else {
+            return false;
+        };
+        if s.closing() {
+            return false;
+        }
+        let dev = &mut self.devices[s.device];
+        let mut taken = 0;
+        let mut cut = false;
+        while taken < BUDGET {
+            // Every request taken must find room in the completion ring later.
+            match s.cq.free() {
+                Ok(free) if (free as usize) > s.tags.len() => {}
+                Ok(_) => break,
+                Err(_) => {
+                    cut = true;
+                    break;
+                }
+            }
+            if !dev.host.has_room() {
+                break;
+            }
+            let mut e = [0u8; 32];
+            match s.sq.pop(&mut e) {
+                Ok(true) => {}
+                Ok(false) => break,
+                Err(_) => {
+                    cut = true;
+                    break;
+                }
+            }
+            taken += 1;
+            let sqe = Sqe(e);
+            let tag = sqe.tag();
+            let result = sqe.decode().and_then(|r| {
+                validate(&r, dev.host.info(), s.region.geometry.buffer_size)?;
+                if s.tags.contains(&tag) {
+                    return Err(BlockError::DuplicateTag);
+                }
+                Ok(r)
+            });
+            match result {
+                Ok(r) if r.op == BlockOp::Null => Self::complete(s, &mut self.stats, tag, Ok(0)),
+                Ok(r) => {
+                    let slot = dev.free_tags.pop().unwrap_or_else(|| {
+                        dev.tags.push(None);
+                        dev.tags.len() - 1
+                    });
+                    match dev.host.submit(&r, s.dma.iova(), slot as u64) {
+                        Ok(()) => {
+                            dev.tags[slot] = Some((i, tag));
+                            s.tags.insert(tag);
+                        }
+                        Err(e) => {
+                            dev.free_tags.push(slot);
+                            self.stats.rejected += 1;
+                            Self::complete(s, &mut self.stats, tag, Err(e));
+                        }
+                    }
+                }
+                Err(BlockError::DuplicateTag) => {
+                    // Completing under the duplicated tag would confuse the original request's
+                    // completion; report it with the error code and the tag as given.
+                    self.stats.rejected += 1;
+                    Self::complete(s, &mut self.stats, tag, Err(BlockError::DuplicateTag));
+                }
+                Err(e) => {
+                    self.stats.rejected += 1;
+                    Self::complete(s, &mut self.stats, tag, Err(e));
+                }
+            }
+        }
+        if cut {
+            tracing::warn!(
+                "session {}: ring indices corrupt, cutting the client off",
+                s.id
+            );
+            self.stats.cut_off += 1;
+            self.close_session(i);
+        }
+        taken > 0
+    }
+
+    fn complete(s: &mut Session, stats: &mut HostStats, tag: u64, result: Result<u32, BlockError>) {
+        stats.completed += 1;
+        if s.closing() {
+            return;
+        }
+        // Room was reserved when the request was taken; a full ring here means the client
+        // moved its head backwards, which the ring reports as corruption.
+        let _ = s.cq.stage(&Cqe::encode(&BlockCompletion { tag, result }).0);
+        s.dirty = true;
+    }
+
+    /// Routes device `d`'s completions to their sessions.
+    fn reap(&mut self, d: usize) -> bool {
+        self.scratch.clear();
+        let dev = &mut self.devices[d];
+        if let Err(e) = dev.host.poll(&mut self.scratch) {
+            tracing::error!("device {}: {e}", dev.host.info().name);
+            return false;
+        }
+        let n = self.scratch.len();
+        for (slot, result) in self.scratch.drain(..) {
+            let Some((si, tag)) = dev.tags.get_mut(slot as usize).and_then(Option::take) else {
+                continue;
+            };
+            dev.free_tags.push(slot as usize);
+            if let Some(s) = self.sessions[si].as_mut() {
+                s.tags.remove(&tag);
+                Self::complete(s, &mut self.stats, tag, result);
+            }
+        }
+        n > 0
+    }
+
+    /// Releases sessions whose clients left and whose requests have all finished.
+    fn release_finished(&mut self) {
+        for slot in self.sessions.iter_mut() {
+            if slot
+                .as_ref()
+                .is_some_and(|s| s.closing() && s.tags.is_empty())
+            {
+                let s = slot.take().expect("checked");
+                let _ = self.work.remove(s.server_bell.fd());
+                tracing::info!("session {} released", s.id);
+                self.stats.sessions_released += 1;
+                // Dropping `s` unmaps its buffers from the device (DmaBuf), then unmaps the
+                // region and closes its memfds and doorbells.
+            }
+        }
+    }
+
+    /// Announces sleep in every session and re-checks; false if work turned up.
+    fn prepare_sleep(&mut self) -> Result<bool, String> {
+        for s in self.sessions.iter().flatten() {
+            announce_sleep(s.region.server_sleeping());
+        }
+        for s in self.sessions.iter().flatten() {
+            if !s.closing() && s.sq.available().map(|n| n > 0).unwrap_or(true) {
+                return Ok(false);
+            }
+        }
+        for d in &mut self.devices {
+            if d.host.in_flight() > 0 && d.host.arm().map_err(err)? {
+                return Ok(false);
+            }
+        }
+        Ok(true)
+    }
+
+    fn wake(&mut self) {
+        for s in self.sessions.iter().flatten() {
+            cancel_sleep(s.region.server_sleeping());
+        }
+    }
+
+    fn event(&mut self, token: u64) -> Result<(), String> {
+        let index = (token & !KIND) as usize;
+        match token & KIND {
+            LISTENER => {
+                if let Ok(sock) = control::accept(self.listener.as_fd()) {
+                    let slot = self
+                        .conns
+                        .iter()
+                        .position(Option::is_none)
+                        .unwrap_or_else(|| {
+                            self.conns.push(None);
+                            self.conns.len() - 1
+                        });
+                    self.work
+                        .add(sock.as_fd(), CONN | slot as u64)
+                        .map_err(err)?;
+                    self.conns[slot] = Some((sock, None));
+                }
+            }
+            CONN => self.control_message(index),
+            BELL => {
+                if let Some(Some(s)) = self.sessions.get(index) {
+                    s.server_bell.drain();
+                }
+            }
+            IRQ => {
+                if let Some(d) = self.devices.get_mut(index) {
+                    let _ = d.host.ack();
+                }
+            }
+            _ => {}
+        }
+        Ok(())
+    }
+
+    fn control_message(&mut self, conn: usize) {
+        let Some(Some((sock, session))) = self.conns.get(conn) else {
+            return;
+        };
+        let session = *session;
+        let reply = match control::recv::<Request>(sock.as_fd(), Some(Duration::from_secs(1))) {
+            Ok((req, _fds)) => self.request(conn, req),
+            Err(SessionError::Closed) | Err(SessionError::Os(_)) => {
+                self.drop_conn(conn, session);
+                return;
+            }
+            Err(e) => Err(("invalid", e.to_string())),
+        };
+        let Some(Some((sock, _))) = self.conns.get(conn) else {
+            return;
+        };
+        let sent = match reply {
+            Ok((reply, fds)) => {
+                let borrowed: Vec<_> = fds.iter().map(|f| f.as_fd()).collect();
+                control::send(sock.as_fd(), &reply, &borrowed)
+            }
+            Err((code, message)) => control::send(
+                sock.as_fd(),
+                &Reply::Error {
+                    code: code.into(),
+                    message,
+                },
+                &[],
+            ),
+        };
+        if sent.is_err() {
+            let session = self.conns[conn].as_ref().and_then(|c| c.1);
+            self.drop_conn(conn, session);
+        }
+    }
+
+    #[allow(clippy::type_complexity)]
+    fn request(
+        &mut self,
+        conn: usize,
+        req: Request,
+    ) -> Result<(Reply, Vec<OwnedFd>), (&'static str, String)> {
+        match req {
+            Request::Status { device } => {
+                let d = self.find(&device)?;
+                Ok((
+                    Reply::Status {
+                        info: serde_json::to_value(self.devices[d].host.info())
+                            .expect("serialisable"),
+                    },
+                    vec![],
+                ))
+            }
+            Request::Open { device, geometry } => {
+                let d = self.find(&device)?;
+                if self.conns[conn].as_ref().is_some_and(|c| c.1.is_some()) {
+                    return Err(("busy", "this connection already has a session".into()));
+                }
+                geometry.check().map_err(|e| ("invalid", e.to_string()))?;
+                let region = Region::create(geometry).map_err(|e| ("resources", e.to_string()))?;
+                // Zero copy: the device reaches the client's buffers directly.
+                let dma = self.devices[d]
+                    .host
+                    .driver()
+                    .function()
+                    .dma()
+                    .map_shared(region.buffers.clone())
+                    .map_err(|e| ("resources", e.to_string()))?;
+                let (server_bell, client_bell) = (
+                    Doorbell::new().map_err(|e| ("resources", e.to_string()))?,
+                    Doorbell::new().map_err(|e| ("resources", e.to_string()))?,
+                );
+                let (cfd, bfd) = region.fds();
+                let fds = vec![
+                    cfd.try_clone_to_owned()
+                        .map_err(|e| ("resources", e.to_string()))?,
+                    bfd.try_clone_to_owned()
+                        .map_err(|e| ("resources", e.to_string()))?,
+                    server_bell
+                        .fd()
+                        .try_clone_to_owned()
+                        .map_err(|e| ("resources", e.to_string()))?,
+                    client_bell
+                        .fd()
+                        .try_clone_to_owned()
+                        .map_err(|e| ("resources", e.to_string()))?,
+                ];
+                let slot = self
+                    .sessions
+                    .iter()
+                    .position(Option::is_none)
+                    .unwrap_or_else(|| {
+                        self.sessions.push(None);
+                        self.sessions.len() - 1
+                    });
+                self.work
+                    .add(server_bell.fd(), BELL | slot as u64)
+                    .map_err(|e| ("resources", e.to_string()))?;
+                let id = self.next_session;
+                self.next_session += 1;
+                let sock = self.conns[conn]
+                    .as_ref()
+                    .map(|c| c.0.try_clone())
+                    .transpose()
+                    .map_err(|e| ("resources", e.to_string()))?;
+                self.sessions[slot] = Some(Session {
+                    id,
+                    device: d,
+                    sock,
+                    sq: Consumer::new(region.sq(), geometry.sq_entries),
+                    cq: Producer::new(region.cq(), geometry.cq_entries),
+                    region,
+                    server_bell,
+                    client_bell,
+                    dma,
+                    tags: HashSet::new(),
+                    dirty: false,
+                });
+                if let Some(c) = self.conns[conn].as_mut() {
+                    c.1 = Some(slot);
+                }
+                self.stats.sessions_opened += 1;
+                tracing::info!("session {id} opened on {device}");
+                Ok((
+                    Reply::Opened {
+                        session: id,
+                        geometry,
+                        info: serde_json::to_value(self.devices[d].host.info())
+                            .expect("serialisable"),
+                    },
+                    fds,
+                ))
+            }
+        }
+    }
+
+    fn find(&self, name: &str) -> Result<usize, (&'static str, String)> {
+        self.devices
+            .iter()
+            .position(|d| d.host.info().name == name)
+            .ok_or(("no-such-device", format!("no device named {name:?} here")))
+    }
+
+    fn drop_conn(&mut self, conn: usize, session: Option<usize>) {
+        if let Some(Some((sock, _))) = self.conns.get(conn) {
+            let _ = self.work.remove(sock.as_fd());
+        }
+        if let Some(c) = self.conns.get_mut(conn) {
+            *c = None;
+        }
+        if let Some(s) = session {
+            self.close_session(s);
+        }
+    }
+
+    /// Stops serving a session; it is released once its in-flight requests finish.
+    fn close_session(&mut self, i: usize) {
+        if let Some(s) = self.sessions[i].as_mut() {
+            if let Some(sock) = s.sock.take() {
+                tracing::info!(
+                    "session {}: client gone, draining {} request(s)",
+                    s.id,
+                    s.tags.len()
+                );
+                // Shut the socket down so the client sees the cut even if it holds a dup.
+                let _ = rustix::net::shutdown(&sock, rustix::net::Shutdown::Both);
+            }
+        }
+        for c in self.conns.iter_mut() {
+            if c.as_ref().is_some_and(|c| c.1 == Some(i)) {
+                if let Some((sock, _)) = c.take() {
+                    let _ = self.work.remove(sock.as_fd());
+                }
+            }
+        }
+    }
+}
+
+impl Drop for DriverHost {
+    fn drop(&mut self) {
+        if let Some(p) = &self.path {
+            let _ = std::fs::remove_file(p);
+        }
+    }
+}

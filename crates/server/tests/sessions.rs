@@ -1,0 +1,273 @@
+//! The block class served both ways — by a driver host over sessions (`separate`) and with the
+//! driver in this process (`colocated`) — runs the same verified workloads.
+
+use std::path::Path;
+use std::sync::{Arc, Barrier};
+use std::time::Duration;
+
+use outboard_class::{
+    BlockClient, BlockDevice, BlockError, BlockOp, BlockRequest, SessionOptions, WaitMode,
+};
+use outboard_devices::backing::Backing;
+use outboard_drivers::virtio_blk::{BlkDriverOptions, VirtioBlk};
+use outboard_hw::backend::in_process::InProcess;
+use outboard_hw::PciFunction;
+use outboard_server::{BlockHost, Colocated, DriverHost};
+
+const BLOCKS: u64 = 32768; // 16 MiB of 512-byte blocks
+
+fn disk() -> (BlockHost, Arc<InProcess>) {
+    let model =
+        outboard_devices::virtio_blk(Backing::open("mem:16M", None).unwrap(), Default::default())
+            .unwrap();
+    let backend = Arc::new(InProcess::new(Box::new(model)));
+    let f = PciFunction::with_backend("in-process".into(), backend.clone()).unwrap();
+    (
+        BlockHost::new(
+            "disk0",
+            VirtioBlk::new(f, BlkDriverOptions::default()).unwrap(),
+        ),
+        backend,
+    )
+}
+
+fn pattern(seed: u64, len: usize) -> Vec<u8> {
+    let mut x = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
+    (0..len)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x as u8
+        })
+        .collect()
+}
+
+/// Writes distinct patterns over `[first, first + count)` blocks with up to 16 requests in
+/// flight, in requests of 1..64 blocks, then reads everything back and compares.
+fn verified_io(d: &mut impl BlockDevice, first: u64, count: u64, seed: u64) {
+    let mut plan = Vec::new();
+    let mut lba = first;
+    let mut i = 0;
+    while lba < first + count {
+        let n = [1u64, 8, 3, 64, 16, 5][i % 6].min(first + count - lba);
+        plan.push((lba, n));
+        lba += n;
+        i += 1;
+    }
+    for op in [BlockOp::Write, BlockOp::Read] {
+        for chunk in plan.chunks(16) {
+            if op == BlockOp::Read {
+                d.buffers().fill(0, 16 * 32768, 0).unwrap();
+            }
+            for (slot, &(lba, n)) in chunk.iter().enumerate() {
+                if op == BlockOp::Write {
+                    d.buffers()
+                        .write(slot as u64 * 32768, &pattern(seed ^ lba, n as usize * 512))
+                        .unwrap();
+                }
+                let r = BlockRequest {
+                    op,
+                    lba,
+                    blocks: n as u32,
+                    buf_offset: slot as u64 * 32768,
+                    tag: slot as u64,
+                };
+                d.submit(&r).unwrap();
+            }
+            d.kick().unwrap();
+            let mut done = Vec::new();
+            while done.len() < chunk.len() {
+                d.wait(&mut done, Duration::from_secs(10)).unwrap();
+            }
+            for c in &done {
+                assert_eq!(
+                    c.result,
+                    Ok(chunk[c.tag as usize].1 as u32 * 512),
+                    "{op:?} tag {}",
+                    c.tag
+                );
+            }
+            if op == BlockOp::Read {
+                for (slot, &(lba, n)) in chunk.iter().enumerate() {
+                    let mut got = vec![0u8; n as usize * 512];
+                    d.buffers().read(slot as u64 * 32768, &mut got).unwrap();
+                    assert!(
+                        got == pattern(seed ^ lba, got.len()),
+                        "block {lba} x {n} differs"
+                    );
+                }
+            }
+        }
+    }
+    d.flush().unwrap();
+}
+
+/// The checks every placement must pass.
+fn suite(d: &mut impl BlockDevice) {
+    assert_eq!(d.info().capacity, BLOCKS);
+    assert_eq!(d.info().block_size, 512);
+    verified_io(d, 0, 2048, 1);
+    verified_io(d, BLOCKS - 300, 300, 2);
+    // The synchronous API, with a length spanning several buffer-area chunks.
+    let big = pattern(3, 3 << 20);
+    d.write_blocks(4096, &big).unwrap();
+    let mut back = vec![0u8; big.len()];
+    d.read_blocks(4096, &mut back).unwrap();
+    assert!(back == big);
+    // Specific errors.
+    let r = |op, lba, blocks, buf_offset| BlockRequest {
+        op,
+        lba,
+        blocks,
+        buf_offset,
+        tag: 9,
+    };
+    assert_eq!(
+        d.execute(&r(BlockOp::Read, BLOCKS, 1, 0)),
+        Err(BlockError::OutOfRange)
+    );
+    assert_eq!(
+        d.execute(&r(BlockOp::Read, 0, 1, u64::MAX - 10)),
+        Err(BlockError::BadBuffer)
+    );
+    assert!(matches!(
+        d.execute(&r(BlockOp::Read, 0, 0, 0)),
+        Err(BlockError::Invalid(_))
+    ));
+    assert_eq!(d.execute(&r(BlockOp::Null, 0, 0, 0)), Ok(0));
+    assert!(
+        d.read_blocks(0, &mut [0u8; 100]).is_err(),
+        "not whole blocks"
+    );
+    // Discard then read zeros.
+    d.execute(&r(BlockOp::Discard, 0, 8, 0)).unwrap();
+    let mut z = vec![1u8; 4096];
+    d.read_blocks(0, &mut z).unwrap();
+    assert!(z.iter().all(|&b| b == 0));
+}
+
+fn serve(
+    dir: &Path,
+) -> (
+    std::path::PathBuf,
+    Arc<InProcess>,
+    Arc<std::sync::atomic::AtomicBool>,
+    std::thread::JoinHandle<Result<outboard_server::HostStats, String>>,
+) {
+    let (host, backend) = disk();
+    let sock = dir.join("host.sock");
+    let (stop, t) = DriverHost::bind(&sock, vec![host]).unwrap().spawn();
+    (sock, backend, stop, t)
+}
+
+#[test]
+fn colocated_placement_passes_the_suite() {
+    let (host, _) = disk();
+    let mut d = Colocated::with_host(host, 4 << 20).unwrap();
+    suite(&mut d);
+}
+
+#[test]
+fn separate_placement_passes_the_suite_in_both_wait_modes() {
+    let dir = tempfile::tempdir().unwrap();
+    let (sock, _, stop, t) = serve(dir.path());
+    let mut d = BlockClient::open(&sock, "disk0", SessionOptions::default()).unwrap();
+    suite(&mut d);
+    d.set_mode(WaitMode::Adaptive(Duration::from_micros(50)));
+    verified_io(&mut d, 10000, 1000, 4);
+    drop(d);
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let stats = t.join().unwrap().unwrap();
+    assert_eq!(stats.sessions_opened, 1);
+}
+
+#[test]
+fn buffers_are_mapped_into_the_device_zero_copy() {
+    let dir = tempfile::tempdir().unwrap();
+    let (sock, backend, stop, t) = serve(dir.path());
+    let d = BlockClient::open(&sock, "disk0", SessionOptions::default()).unwrap();
+    let ino = rustix::fs::fstat(d.buffers().fd().unwrap()).unwrap().st_ino;
+    // The device model's own DMA map holds the client's buffer memfd itself: the device reads
+    // and writes the client's memory, nothing is copied in between.
+    let maps = backend.with_device(|_, ctx| ctx.dma.mappings());
+    assert!(maps.iter().any(|m| m.2 == Some(ino)), "{maps:?}");
+    drop(d);
+    std::thread::sleep(Duration::from_millis(300));
+    let maps = backend.with_device(|_, ctx| ctx.dma.mappings());
+    assert!(
+        !maps.iter().any(|m| m.2 == Some(ino)),
+        "unmapped after the client left: {maps:?}"
+    );
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    t.join().unwrap().unwrap();
+}
+
+#[test]
+fn parallel_clients_on_disjoint_and_overlapping_ranges() {
+    let dir = tempfile::tempdir().unwrap();
+    let (sock, _, stop, t) = serve(dir.path());
+    let n = 4;
+    // Disjoint: each client owns a range.
+    let threads: Vec<_> = (0..n)
+        .map(|c| {
+            let sock = sock.clone();
+            std::thread::spawn(move || {
+                let mut d = BlockClient::open(&sock, "disk0", SessionOptions::default()).unwrap();
+                verified_io(&mut d, c * 4000, 3000, 100 + c);
+            })
+        })
+        .collect();
+    threads.into_iter().for_each(|t| t.join().unwrap());
+    // Overlapping: everyone writes the same 64 blocks at once, 8 blocks per request, many
+    // times. Each 8-block request lands whole: every 4 KiB of the result is one client's.
+    let barrier = Arc::new(Barrier::new(n as usize));
+    let threads: Vec<_> = (0..n)
+        .map(|c| {
+            let (sock, barrier) = (sock.clone(), barrier.clone());
+            std::thread::spawn(move || {
+                let mut d = BlockClient::open(&sock, "disk0", SessionOptions::default()).unwrap();
+                barrier.wait();
+                for _ in 0..20 {
+                    for k in 0..8u64 {
+                        d.write_blocks(20000 + k * 8, &pattern(1000 + c, 4096))
+                            .unwrap();
+                    }
+                }
+            })
+        })
+        .collect();
+    threads.into_iter().for_each(|t| t.join().unwrap());
+    let mut d = BlockClient::open(&sock, "disk0", SessionOptions::default()).unwrap();
+    let mut got = vec![0u8; 64 * 512];
+    d.read_blocks(20000, &mut got).unwrap();
+    for chunk in got.chunks(4096) {
+        assert!(
+            (0..n).any(|c| chunk == pattern(1000 + c, 4096).as_slice()),
+            "a torn 4 KiB block"
+        );
+    }
+    drop(d);
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let stats = t.join().unwrap().unwrap();
+    assert_eq!(stats.sessions_opened, 2 * n + 1);
+    assert_eq!(stats.sessions_released, 2 * n + 1);
+}
+
+#[test]
+fn unknown_devices_and_bad_geometry_are_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let (sock, _, stop, t) = serve(dir.path());
+    assert!(matches!(
+        BlockClient::open(&sock, "disk9", SessionOptions::default()),
+        Err(BlockError::NoSuchDevice(_))
+    ));
+    let mut bad = SessionOptions::default();
+    bad.geometry.sq_entries = 3;
+    assert!(matches!(
+        BlockClient::open(&sock, "disk0", bad),
+        Err(BlockError::Invalid(_))
+    ));
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    t.join().unwrap().unwrap();
+}

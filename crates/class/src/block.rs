@@ -386,7 +386,7 @@ fn chunking(
     len: usize,
 ) -> Result<(usize, usize), BlockError> {
     let bs = info.block_size as usize;
-    if len % bs != 0 {
+    if !len.is_multiple_of(bs) {
         return Err(BlockError::Invalid(format!(
             "{len} bytes is not whole {bs}-byte blocks"
         )));

@@ -1,34 +1,23 @@
 //! The block class served both ways — by a driver host over sessions (`separate`) and with the
 //! driver in this process (`colocated`) — runs the same verified workloads.
 
-use std::path::Path;
+mod common;
+
 use std::sync::{Arc, Barrier};
 use std::time::Duration;
 
 use outboard_class::{
     BlockClient, BlockDevice, BlockError, BlockOp, BlockRequest, SessionOptions, WaitMode,
 };
-use outboard_devices::backing::Backing;
-use outboard_drivers::virtio_blk::{BlkDriverOptions, VirtioBlk};
 use outboard_hw::backend::in_process::InProcess;
-use outboard_hw::PciFunction;
-use outboard_server::{BlockHost, Colocated, DriverHost};
+use outboard_server::{BlockHost, Colocated};
 
 const BLOCKS: u64 = 32768; // 16 MiB of 512-byte blocks
 
+const SIZE: &str = "16M";
+
 fn disk() -> (BlockHost, Arc<InProcess>) {
-    let model =
-        outboard_devices::virtio_blk(Backing::open("mem:16M", None).unwrap(), Default::default())
-            .unwrap();
-    let backend = Arc::new(InProcess::new(Box::new(model)));
-    let f = PciFunction::with_backend("in-process".into(), backend.clone()).unwrap();
-    (
-        BlockHost::new(
-            "disk0",
-            VirtioBlk::new(f, BlkDriverOptions::default()).unwrap(),
-        ),
-        backend,
-    )
+    common::disk(SIZE)
 }
 
 fn pattern(seed: u64, len: usize) -> Vec<u8> {
@@ -147,20 +136,6 @@ fn suite(d: &mut impl BlockDevice) {
     assert!(z.iter().all(|&b| b == 0));
 }
 
-fn serve(
-    dir: &Path,
-) -> (
-    std::path::PathBuf,
-    Arc<InProcess>,
-    Arc<std::sync::atomic::AtomicBool>,
-    std::thread::JoinHandle<Result<outboard_server::HostStats, String>>,
-) {
-    let (host, backend) = disk();
-    let sock = dir.join("host.sock");
-    let (stop, t) = DriverHost::bind(&sock, vec![host]).unwrap().spawn();
-    (sock, backend, stop, t)
-}
-
 #[test]
 fn colocated_placement_passes_the_suite() {
     let (host, _) = disk();
@@ -171,21 +146,22 @@ fn colocated_placement_passes_the_suite() {
 #[test]
 fn separate_placement_passes_the_suite_in_both_wait_modes() {
     let dir = tempfile::tempdir().unwrap();
-    let (sock, _, stop, t) = serve(dir.path());
+    let srv = common::Served::start(dir.path(), SIZE);
+    let sock = srv.sock.clone();
     let mut d = BlockClient::open(&sock, "disk0", SessionOptions::default()).unwrap();
     suite(&mut d);
     d.set_mode(WaitMode::Adaptive(Duration::from_micros(50)));
     verified_io(&mut d, 10000, 1000, 4);
     drop(d);
-    stop.store(true, std::sync::atomic::Ordering::Relaxed);
-    let stats = t.join().unwrap().unwrap();
+    let stats = srv.stop();
     assert_eq!(stats.sessions_opened, 1);
 }
 
 #[test]
 fn buffers_are_mapped_into_the_device_zero_copy() {
     let dir = tempfile::tempdir().unwrap();
-    let (sock, backend, stop, t) = serve(dir.path());
+    let srv = common::Served::start(dir.path(), SIZE);
+    let (sock, backend) = (srv.sock.clone(), srv.backend.clone());
     let d = BlockClient::open(&sock, "disk0", SessionOptions::default()).unwrap();
     let ino = rustix::fs::fstat(d.buffers().fd().unwrap()).unwrap().st_ino;
     // The device model's own DMA map holds the client's buffer memfd itself: the device reads
@@ -199,14 +175,14 @@ fn buffers_are_mapped_into_the_device_zero_copy() {
         !maps.iter().any(|m| m.2 == Some(ino)),
         "unmapped after the client left: {maps:?}"
     );
-    stop.store(true, std::sync::atomic::Ordering::Relaxed);
-    t.join().unwrap().unwrap();
+    srv.stop();
 }
 
 #[test]
 fn parallel_clients_on_disjoint_and_overlapping_ranges() {
     let dir = tempfile::tempdir().unwrap();
-    let (sock, _, stop, t) = serve(dir.path());
+    let srv = common::Served::start(dir.path(), SIZE);
+    let sock = srv.sock.clone();
     let n = 4;
     // Disjoint: each client owns a range.
     let threads: Vec<_> = (0..n)
@@ -248,8 +224,7 @@ fn parallel_clients_on_disjoint_and_overlapping_ranges() {
         );
     }
     drop(d);
-    stop.store(true, std::sync::atomic::Ordering::Relaxed);
-    let stats = t.join().unwrap().unwrap();
+    let stats = srv.stop();
     assert_eq!(stats.sessions_opened, 2 * n + 1);
     assert_eq!(stats.sessions_released, 2 * n + 1);
 }
@@ -257,7 +232,8 @@ fn parallel_clients_on_disjoint_and_overlapping_ranges() {
 #[test]
 fn unknown_devices_and_bad_geometry_are_refused() {
     let dir = tempfile::tempdir().unwrap();
-    let (sock, _, stop, t) = serve(dir.path());
+    let srv = common::Served::start(dir.path(), SIZE);
+    let sock = srv.sock.clone();
     assert!(matches!(
         BlockClient::open(&sock, "disk9", SessionOptions::default()),
         Err(BlockError::NoSuchDevice(_))
@@ -268,6 +244,5 @@ fn unknown_devices_and_bad_geometry_are_refused() {
         BlockClient::open(&sock, "disk0", bad),
         Err(BlockError::Invalid(_))
     ));
-    stop.store(true, std::sync::atomic::Ordering::Relaxed);
-    t.join().unwrap().unwrap();
+    srv.stop();
 }

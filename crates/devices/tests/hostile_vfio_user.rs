@@ -69,10 +69,6 @@ fn einval() -> u32 {
     Errno::INVAL.raw_os_error() as u32
 }
 
-fn open_fds() -> usize {
-    std::fs::read_dir("/proc/self/fd").unwrap().count()
-}
-
 fn region_read(offset: u64, region: u32, count: u32) -> Vec<u8> {
     wire::RegionAccess {
         offset,
@@ -228,7 +224,6 @@ fn malformed_commands_get_error_replies_and_the_connection_survives() {
 #[test]
 fn broken_framing_closes_the_connection_and_the_next_client_is_served() {
     let srv = Running::start();
-    let baseline = open_fds();
     // A header claiming more than the size limit.
     {
         let mut s = UnixStream::connect(&srv.path).unwrap();
@@ -292,11 +287,6 @@ fn broken_framing_closes_the_connection_and_the_next_client_is_served() {
     std::thread::sleep(Duration::from_millis(100));
     let stats = srv.stop();
     assert!(stats.dropped >= 4, "{stats:?}");
-    assert!(
-        open_fds() <= baseline,
-        "fds leaked: {} > {baseline}",
-        open_fds()
-    );
 }
 
 proptest! {

@@ -8,11 +8,17 @@ use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::Duration;
 
+use outboard_class::block::{Cqe, Sqe};
+use outboard_class::{BlockClient, BlockDevice, BlockError, BlockOp, BlockRequest, SessionOptions};
 use outboard_devices::backing::Backing;
 use outboard_drivers::virtio_blk::{BlkDriverOptions, VirtioBlk};
 use outboard_hw::backend::in_process::InProcess;
 use outboard_hw::PciFunction;
 use outboard_server::{BlockHost, DriverHost, HostStats};
+use outboard_session::control::{self, Reply, Request};
+use outboard_session::region::ShmRing;
+use outboard_session::{Consumer, Doorbell, Geometry, Producer, Region};
+use std::os::fd::{AsFd, OwnedFd};
 
 /// A memory-backed virtio-blk model in this process, with its driver brought up as `disk0`.
 pub fn disk(size: &str) -> (BlockHost, Arc<InProcess>) {
@@ -65,4 +71,100 @@ impl Served {
             .expect("host thread")
             .expect("host ran cleanly")
     }
+}
+
+/// A client that speaks the session protocol by hand, so it can break it.
+pub struct Raw {
+    pub sock: OwnedFd,
+    pub region: Region,
+    sq: Producer<ShmRing>,
+    cq: Consumer<ShmRing>,
+    pub bell: Doorbell,
+}
+
+pub const G: Geometry = Geometry {
+    sq_entries: 16,
+    cq_entries: 16,
+    buffer_size: 65536,
+};
+
+impl Raw {
+    pub fn open(sock_path: &Path) -> Self {
+        let sock = control::connect(sock_path).unwrap();
+        let req = Request::Open {
+            device: "disk0".into(),
+            geometry: G,
+        };
+        let (reply, fds) = control::call(sock.as_fd(), &req, Duration::from_secs(5)).unwrap();
+        assert!(matches!(reply, Reply::Opened { .. }));
+        let [c, b, sb, _cb]: [OwnedFd; 4] = fds.try_into().unwrap();
+        let region = Region::attach(c, b, G).unwrap();
+        Self {
+            sq: Producer::new(region.sq(), G.sq_entries),
+            cq: Consumer::new(region.cq(), G.cq_entries),
+            region,
+            sock,
+            bell: Doorbell::from_fd(sb),
+        }
+    }
+    pub fn send(&mut self, entries: &[[u8; 32]]) {
+        for e in entries {
+            assert!(self.sq.stage(e).unwrap());
+        }
+        self.sq.publish();
+        self.bell.ring();
+    }
+    pub fn completions(&mut self, n: usize) -> Vec<(u64, Result<u32, BlockError>)> {
+        let mut out = Vec::new();
+        let deadline = std::time::Instant::now() + Duration::from_secs(5);
+        while out.len() < n {
+            let mut e = [0u8; 16];
+            if self.cq.pop(&mut e).unwrap() {
+                let c = Cqe(e).decode();
+                out.push((c.tag, c.result));
+            } else {
+                assert!(std::time::Instant::now() < deadline, "no completion");
+                std::thread::sleep(Duration::from_millis(1));
+            }
+        }
+        out
+    }
+    /// Whether the server hung up on us.
+    pub fn cut_off(&self) -> bool {
+        control::recv::<Reply>(self.sock.as_fd(), Some(Duration::from_secs(2))).is_err()
+    }
+}
+
+pub fn entry(op: u8, tag: u64, lba: u64, blocks: u32, buf: u32) -> [u8; 32] {
+    let mut e = Sqe::encode(&BlockRequest {
+        op: BlockOp::Read,
+        lba,
+        blocks,
+        buf_offset: buf as u64,
+        tag,
+    })
+    .0;
+    e[0] = op;
+    e
+}
+
+/// A well-behaved client's round trip, to show the server still serves others correctly.
+pub fn good_client_works(sock: &Path) {
+    let mut d = BlockClient::open(sock, "disk0", SessionOptions::default()).unwrap();
+    let data: Vec<u8> = (0..4096).map(|i| (i * 7) as u8).collect();
+    d.write_blocks(100, &data).unwrap();
+    let mut back = vec![0u8; 4096];
+    d.read_blocks(100, &mut back).unwrap();
+    assert_eq!(back, data);
+}
+
+pub fn open_fds() -> usize {
+    std::fs::read_dir("/proc/self/fd").unwrap().count()
+}
+
+pub fn maps() -> usize {
+    std::fs::read_to_string("/proc/self/maps")
+        .unwrap()
+        .lines()
+        .count()
 }

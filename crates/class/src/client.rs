@@ -128,6 +128,25 @@ impl BlockClient {
         })
     }
 
+    /// Asks the driver server at `server` for the status of `device`, without opening a session.
+    pub fn status(server: &Path, device: &str) -> Result<BlockInfo, BlockError> {
+        let sock = control::connect(server).map_err(session_err)?;
+        let req = Request::Status {
+            device: device.into(),
+        };
+        match control::call(sock.as_fd(), &req, Duration::from_secs(10))
+            .map_err(session_err)?
+            .0
+        {
+            Reply::Status { info } => serde_json::from_value(info)
+                .map_err(|e| BlockError::Protocol(format!("device status: {e}"))),
+            Reply::Error { code, message } if code == "no-such-device" => {
+                Err(BlockError::NoSuchDevice(message))
+            }
+            other => Err(BlockError::Protocol(format!("unexpected reply {other:?}"))),
+        }
+    }
+
     /// The session id the server assigned.
     pub fn session(&self) -> u64 {
         self.session

@@ -91,6 +91,25 @@ pub enum DeviceSpec {
     Vfio(String),
 }
 
+impl std::str::FromStr for DeviceSpec {
+    type Err = String;
+
+    /// `vfio-user:PATH`, `vfio:BDF`, or a bare path (a vfio-user socket).
+    fn from_str(s: &str) -> std::result::Result<Self, String> {
+        if let Some(p) = s.strip_prefix("vfio-user:") {
+            Ok(DeviceSpec::VfioUser(PathBuf::from(p)))
+        } else if let Some(b) = s.strip_prefix("vfio:") {
+            Ok(DeviceSpec::Vfio(b.to_string()))
+        } else if !s.is_empty() && !s.contains(':') {
+            Ok(DeviceSpec::VfioUser(PathBuf::from(s)))
+        } else {
+            Err(format!(
+                "{s:?} is not a device (use vfio-user:PATH or vfio:BDF)"
+            ))
+        }
+    }
+}
+
 impl std::fmt::Display for DeviceSpec {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {

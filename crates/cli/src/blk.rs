@@ -1,0 +1,172 @@
+//! `outboard blk …`: use a block device by name, through whatever placement the machine gives it.
+
+use std::io::{Read, Write};
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::{Args, Subcommand};
+use outboard_class::{BlockDevice, BlockError};
+use outboard_devices::backing::parse_size;
+
+#[derive(Subcommand)]
+pub enum BlkCommand {
+    /// Capacity, block size, read-only, queue depth.
+    Info {
+        /// Device name, e.g. disk0.
+        device: String,
+    },
+    /// Read bytes from a device to stdout or a file.
+    Read(ReadArgs),
+    /// Write bytes from stdin or a file to a device. Partial blocks are read-modify-written.
+    Write(WriteArgs),
+}
+
+#[derive(Args)]
+pub struct ReadArgs {
+    /// Device name.
+    device: String,
+    /// Byte offset to start at (K/M/G suffixes allowed).
+    #[arg(long, default_value = "0", value_parser = size)]
+    offset: u64,
+    /// Bytes to read [default: to the end of the device].
+    #[arg(long, value_parser = size)]
+    length: Option<u64>,
+    /// Write to this file instead of stdout.
+    #[arg(short, long, value_name = "FILE")]
+    output: Option<PathBuf>,
+}
+
+#[derive(Args)]
+pub struct WriteArgs {
+    /// Device name.
+    device: String,
+    /// Byte offset to start at (K/M/G suffixes allowed).
+    #[arg(long, default_value = "0", value_parser = size)]
+    offset: u64,
+    /// Read from this file instead of stdin.
+    #[arg(short, long, value_name = "FILE")]
+    input: Option<PathBuf>,
+}
+
+fn size(s: &str) -> Result<u64, String> {
+    parse_size(s).ok_or_else(|| format!("{s:?} is not a byte count (e.g. 4096, 64K, 1M)"))
+}
+
+fn e(x: BlockError) -> String {
+    x.to_string()
+}
+
+/// Largest piece moved per request batch.
+const CHUNK: u64 = 1 << 20;
+
+pub fn run(c: BlkCommand, control: PathBuf) -> Result<ExitCode, String> {
+    match c {
+        BlkCommand::Info { device } => {
+            let d = outboard_manager::open::open_block(&control, &device).map_err(e)?;
+            let i = d.info();
+            println!("{}", i.name);
+            println!("  capacity     {} bytes ({} blocks)", i.bytes(), i.capacity);
+            println!("  block size   {} bytes", i.block_size);
+            println!("  read-only    {}", if i.read_only { "yes" } else { "no" });
+            println!("  queue depth  {}", i.queue_depth);
+        }
+        BlkCommand::Read(a) => {
+            let mut d = outboard_manager::open::open_block(&control, &a.device).map_err(e)?;
+            let total = d.info().bytes();
+            if a.offset > total {
+                return Err(format!(
+                    "offset {} is beyond the end of {} ({total} bytes)",
+                    a.offset, a.device
+                ));
+            }
+            let length = a.length.unwrap_or(total - a.offset);
+            if a.offset + length > total {
+                return Err(format!(
+                    "{} bytes at offset {} run past the end of {} ({total} bytes)",
+                    length, a.offset, a.device
+                ));
+            }
+            let mut out: Box<dyn Write> = match &a.output {
+                Some(p) => {
+                    Box::new(std::fs::File::create(p).map_err(|x| format!("{}: {x}", p.display()))?)
+                }
+                None => Box::new(std::io::stdout().lock()),
+            };
+            let mut at = a.offset;
+            while at < a.offset + length {
+                let n = CHUNK.min(a.offset + length - at);
+                out.write_all(&read_range(d.as_mut(), at, n)?)
+                    .map_err(|x| x.to_string())?;
+                at += n;
+            }
+            out.flush().map_err(|x| x.to_string())?;
+        }
+        BlkCommand::Write(a) => {
+            let mut data = Vec::new();
+            match &a.input {
+                Some(p) => std::fs::File::open(p)
+                    .and_then(|mut f| f.read_to_end(&mut data))
+                    .map_err(|x| format!("{}: {x}", p.display()))?,
+                None => std::io::stdin()
+                    .lock()
+                    .read_to_end(&mut data)
+                    .map_err(|x| x.to_string())?,
+            };
+            let mut d = outboard_manager::open::open_block(&control, &a.device).map_err(e)?;
+            let total = d.info().bytes();
+            if a.offset + data.len() as u64 > total {
+                return Err(format!(
+                    "{} bytes at offset {} run past the end of {} ({total} bytes)",
+                    data.len(),
+                    a.offset,
+                    a.device
+                ));
+            }
+            for (i, piece) in data.chunks(CHUNK as usize).enumerate() {
+                write_range(d.as_mut(), a.offset + i as u64 * CHUNK, piece)?;
+            }
+            d.flush().map_err(e)?;
+            eprintln!(
+                "wrote {} bytes at offset {} to {}",
+                data.len(),
+                a.offset,
+                a.device
+            );
+        }
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// Reads `len` bytes at byte `offset`, whatever their alignment.
+pub fn read_range(d: &mut dyn BlockDevice, offset: u64, len: u64) -> Result<Vec<u8>, String> {
+    let bs = d.info().block_size as u64;
+    let first = offset / bs;
+    let end = (offset + len).div_ceil(bs);
+    let mut blocks = vec![0u8; ((end - first) * bs) as usize];
+    d.read_blocks(first, &mut blocks).map_err(e)?;
+    let skip = (offset - first * bs) as usize;
+    Ok(blocks[skip..skip + len as usize].to_vec())
+}
+
+/// Writes `data` at byte `offset`; partial first and last blocks are read, merged and
+/// rewritten (read-modify-write), not refused.
+pub fn write_range(d: &mut dyn BlockDevice, offset: u64, data: &[u8]) -> Result<(), String> {
+    if data.is_empty() {
+        return Ok(());
+    }
+    let bs = d.info().block_size as u64;
+    let first = offset / bs;
+    let end = (offset + data.len() as u64).div_ceil(bs);
+    let mut blocks = vec![0u8; ((end - first) * bs) as usize];
+    let skip = (offset - first * bs) as usize;
+    if skip != 0 {
+        d.read_blocks(first, &mut blocks[..bs as usize])
+            .map_err(e)?;
+    }
+    if (offset + data.len() as u64) % bs != 0 {
+        let last = blocks.len() - bs as usize;
+        d.read_blocks(end - 1, &mut blocks[last..]).map_err(e)?;
+    }
+    blocks[skip..skip + data.len()].copy_from_slice(data);
+    d.write_blocks(first, &blocks).map_err(e)
+}

@@ -1,0 +1,141 @@
+//! `outboard up`, `outboard ls` and the internal `driver-host` role.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::sync::atomic::AtomicBool;
+use std::sync::Arc;
+
+use clap::Args;
+use outboard_hw::DeviceSpec;
+use outboard_manager::config::Machine;
+use outboard_manager::{Manager, ManagerOptions};
+use outboard_server::{BlockHost, DriverHost};
+
+#[derive(Args)]
+pub struct UpArgs {
+    /// Machine description (TOML). Without it, the embedded default: one 64 MiB emulated
+    /// virtio-blk disk, disk0, with its driver in its own server.
+    #[arg(long, value_name = "FILE")]
+    machine: Option<PathBuf>,
+    /// Directory for sockets and logs [default: $XDG_RUNTIME_DIR/outboard or /tmp/outboard-$UID].
+    #[arg(long, value_name = "DIR")]
+    runtime_dir: Option<PathBuf>,
+    /// Print the built-in default machine description and exit.
+    #[arg(long)]
+    print_default: bool,
+}
+
+#[derive(Args)]
+pub struct LsArgs {
+    /// Print the registry as JSON.
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(Args)]
+pub struct DriverHostArgs {
+    /// Control socket (SEQPACKET) to serve sessions on.
+    #[arg(long, value_name = "PATH")]
+    listen: PathBuf,
+    /// A device to drive, as NAME=SPEC (SPEC: vfio-user:PATH or vfio:BDF). Repeat to host
+    /// several drivers in one server.
+    #[arg(long = "device", value_name = "NAME=SPEC", required = true)]
+    devices: Vec<String>,
+}
+
+pub fn stop_flag() -> Result<Arc<AtomicBool>, String> {
+    let stop = Arc::new(AtomicBool::new(false));
+    for sig in [signal_hook::consts::SIGTERM, signal_hook::consts::SIGINT] {
+        signal_hook::flag::register(sig, stop.clone()).map_err(|e| e.to_string())?;
+    }
+    Ok(stop)
+}
+
+pub fn up(a: UpArgs, control: PathBuf, verbose: u8) -> Result<ExitCode, String> {
+    if a.print_default {
+        print!("{}", outboard_manager::config::DEFAULT_MACHINE);
+        return Ok(ExitCode::SUCCESS);
+    }
+    let machine = match &a.machine {
+        Some(p) => Machine::load(p).map_err(|e| e.to_string())?,
+        None => Machine::default_machine(),
+    };
+    let stop = stop_flag()?;
+    let runtime_dir = a.runtime_dir.unwrap_or_else(|| {
+        control
+            .parent()
+            .map(PathBuf::from)
+            .unwrap_or_else(outboard_manager::default_runtime_dir)
+    });
+    let opts = ManagerOptions {
+        runtime_dir,
+        control: control.clone(),
+        exe: std::env::current_exe().map_err(|e| e.to_string())?,
+        verbose,
+    };
+    let mut m = Manager::start(machine, opts)?;
+    let first = m
+        .registry()
+        .find("machine", &m.registry().name)
+        .and_then(|_| first_block(m.registry()))
+        .unwrap_or_else(|| "disk0".into());
+    println!("{}", m.registry().render());
+    let env = if control == outboard_manager::default_control() {
+        String::new()
+    } else {
+        format!("OUTBOARD_CONTROL={} ", control.display())
+    };
+    println!("outboard is up; control socket {}", control.display());
+    println!("Try, in another terminal:");
+    println!("  {env}outboard ls");
+    println!("  {env}outboard blk info {first}");
+    println!("  echo hello | {env}outboard blk write {first} --offset 4096");
+    println!("  {env}outboard blk read {first} --offset 4096 --length 6");
+    println!("Ctrl-C stops every device and driver.");
+    m.run(&stop)?;
+    m.shutdown();
+    println!("outboard: stopped");
+    Ok(ExitCode::SUCCESS)
+}
+
+fn first_block(n: &outboard_manager::registry::Node) -> Option<String> {
+    if n.kind == "block-device" {
+        return Some(n.name.clone());
+    }
+    n.children.iter().find_map(first_block)
+}
+
+pub fn ls(a: LsArgs, control: PathBuf) -> Result<ExitCode, String> {
+    let tree = outboard_manager::open::registry(&control).map_err(|e| e.to_string())?;
+    if a.json {
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&tree).map_err(|e| e.to_string())?
+        );
+    } else {
+        print!("{}", tree.render());
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+pub fn driver_host(a: DriverHostArgs) -> Result<ExitCode, String> {
+    let stop = stop_flag()?;
+    let mut hosts = Vec::new();
+    for d in &a.devices {
+        let (name, spec) = d
+            .split_once('=')
+            .ok_or_else(|| format!("--device {d:?}: use NAME=SPEC"))?;
+        let spec: DeviceSpec = spec.parse()?;
+        hosts.push(BlockHost::open(name, &spec)?);
+    }
+    let names: Vec<String> = hosts.iter().map(|h| h.info().name.clone()).collect();
+    let mut server = DriverHost::bind(&a.listen, hosts)?;
+    eprintln!(
+        "outboard: driver server for {} listening on {}",
+        names.join(", "),
+        a.listen.display()
+    );
+    server.run(&stop)?;
+    eprintln!("outboard: driver server stopped ({:?})", server.stats());
+    Ok(ExitCode::SUCCESS)
+}

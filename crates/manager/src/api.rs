@@ -1,0 +1,60 @@
+//! The manager's control API: typed JSON messages on its SEQPACKET socket.
+
+use std::path::PathBuf;
+
+use serde::{Deserialize, Serialize};
+
+use crate::config::Placement;
+use crate::registry::Node;
+
+/// A request to the manager.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "op", rename_all = "kebab-case", deny_unknown_fields)]
+pub enum Request {
+    /// The registry.
+    List,
+    /// How to reach a class device by name.
+    Open {
+        /// Device name.
+        name: String,
+    },
+}
+
+/// The manager's answer.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "reply", rename_all = "kebab-case", deny_unknown_fields)]
+pub enum Reply {
+    /// The registry tree.
+    Registry {
+        /// Root node.
+        tree: Node,
+    },
+    /// Where the device is served.
+    Open {
+        /// Placement.
+        placement: Placement,
+        /// The driver server's socket (separate).
+        server: Option<PathBuf>,
+        /// The device model's vfio-user socket (colocated: the client drives it).
+        device: Option<PathBuf>,
+    },
+    /// The request failed.
+    Error {
+        /// Machine-readable code.
+        code: String,
+        /// What went wrong.
+        message: String,
+    },
+}
+
+impl<'de> Deserialize<'de> for Placement {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        match String::deserialize(d)?.as_str() {
+            "separate" => Ok(Placement::Separate),
+            "colocated" => Ok(Placement::Colocated),
+            other => Err(serde::de::Error::custom(format!(
+                "unknown placement {other:?}"
+            ))),
+        }
+    }
+}

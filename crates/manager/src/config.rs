@@ -1,0 +1,290 @@
+//! The machine description: which devices exist, what backs them, where their drivers run.
+//!
+//! ```toml
+//! name = "default"
+//!
+//! [[device]]
+//! name = "disk0"          # the class device clients open
+//! model = "virtio-blk"    # the emulated device model
+//! backing = "mem:64M"     # or a file path
+//! create = "1G"           # create the file sparse with this size if missing (optional)
+//! read_only = false
+//! queues = 1
+//! placement = "separate"  # "separate": driver in a server; "colocated": driver in the client
+//! server = "blk0"         # devices naming the same server share it ("grouped")
+//! ```
+//!
+//! Every error names the file, the line and the problem.
+
+use std::path::Path;
+
+use outboard_devices::backing::parse_size;
+use serde::Deserialize;
+use toml::Spanned;
+
+/// The machine `outboard up` runs when given no description.
+pub const DEFAULT_MACHINE: &str = r#"# Outboard's embedded default machine: one emulated disk, its driver in its own server.
+name = "default"
+
+[[device]]
+name = "disk0"
+model = "virtio-blk"
+backing = "mem:64M"
+placement = "separate"
+"#;
+
+/// A configuration error, located.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{file}:{line}: {message}")]
+pub struct ConfigError {
+    /// The file (or `<embedded default>`).
+    pub file: String,
+    /// 1-based line.
+    pub line: usize,
+    /// What is wrong.
+    pub message: String,
+}
+
+/// Where a device's driver runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Placement {
+    /// In a driver server process.
+    Separate,
+    /// Linked into each client.
+    Colocated,
+}
+
+/// A validated device.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DeviceConfig {
+    /// Class device name.
+    pub name: String,
+    /// Device model.
+    pub model: String,
+    /// Backing spec (`mem:SIZE` or a path).
+    pub backing: String,
+    /// Size to create a missing backing file with.
+    pub create: Option<u64>,
+    /// Read-only.
+    pub read_only: bool,
+    /// Request queues.
+    pub queues: u16,
+    /// Placement.
+    pub placement: Placement,
+    /// Driver server name (separate placement).
+    pub server: String,
+}
+
+/// A validated machine.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Machine {
+    /// Machine name.
+    pub name: String,
+    /// Devices.
+    pub devices: Vec<DeviceConfig>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawMachine {
+    name: Option<String>,
+    #[serde(default)]
+    device: Vec<Spanned<RawDevice>>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawDevice {
+    name: Spanned<String>,
+    model: Spanned<String>,
+    backing: Spanned<String>,
+    create: Option<Spanned<String>>,
+    #[serde(default)]
+    read_only: bool,
+    queues: Option<Spanned<i64>>,
+    placement: Option<Spanned<String>>,
+    server: Option<Spanned<String>>,
+}
+
+/// Known device models.
+pub const MODELS: &[&str] = &["virtio-blk"];
+
+impl Machine {
+    /// The embedded default machine.
+    pub fn default_machine() -> Self {
+        Self::parse(DEFAULT_MACHINE, "<embedded default>").expect("the embedded default is valid")
+    }
+
+    /// Reads and validates a machine description file.
+    pub fn load(path: &Path) -> Result<Self, ConfigError> {
+        let text = std::fs::read_to_string(path).map_err(|e| ConfigError {
+            file: path.display().to_string(),
+            line: 0,
+            message: e.to_string(),
+        })?;
+        Self::parse(&text, &path.display().to_string())
+    }
+
+    /// Parses and validates a description; `file` names it in errors.
+    pub fn parse(text: &str, file: &str) -> Result<Self, ConfigError> {
+        let line_of = |offset: usize| text[..offset.min(text.len())].matches('\n').count() + 1;
+        let err = |offset: usize, message: String| ConfigError {
+            file: file.into(),
+            line: line_of(offset),
+            message,
+        };
+        let raw: RawMachine = toml::from_str(text).map_err(|e| {
+            let at = e.span().map(|s| s.start).unwrap_or(0);
+            err(at, e.message().to_string())
+        })?;
+        if raw.device.is_empty() {
+            return Err(err(text.len(), "the machine has no [[device]]".into()));
+        }
+        let mut devices: Vec<DeviceConfig> = Vec::new();
+        for d in raw.device {
+            let d = d.into_inner();
+            let name = d.name.get_ref();
+            let valid_name = !name.is_empty()
+                && name.len() <= 32
+                && name
+                    .chars()
+                    .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_');
+            if !valid_name {
+                return Err(err(
+                    d.name.span().start,
+                    format!("device name {name:?}: use 1-32 letters, digits, '-' or '_'"),
+                ));
+            }
+            if devices.iter().any(|o| &o.name == name) {
+                return Err(err(
+                    d.name.span().start,
+                    format!("device name {name:?} is used twice"),
+                ));
+            }
+            if !MODELS.contains(&d.model.get_ref().as_str()) {
+                return Err(err(
+                    d.model.span().start,
+                    format!(
+                        "unknown model {:?} (known: {})",
+                        d.model.get_ref(),
+                        MODELS.join(", ")
+                    ),
+                ));
+            }
+            let backing = d.backing.get_ref();
+            if let Some(size) = backing.strip_prefix("mem:") {
+                match parse_size(size) {
+                    Some(n) if n > 0 && n % 512 == 0 => {}
+                    _ => return Err(err(d.backing.span().start, format!("backing {backing:?}: mem:SIZE needs a size that is a positive multiple of 512 (e.g. mem:64M)"))),
+                }
+            } else if backing.is_empty() {
+                return Err(err(d.backing.span().start, "backing is empty".into()));
+            }
+            let create = match &d.create {
+                None => None,
+                Some(c) => match parse_size(c.get_ref()) {
+                    Some(n) if n > 0 && n % 512 == 0 => Some(n),
+                    _ => {
+                        return Err(err(
+                            c.span().start,
+                            format!(
+                                "create = {:?}: not a size that is a multiple of 512",
+                                c.get_ref()
+                            ),
+                        ))
+                    }
+                },
+            };
+            let queues = match &d.queues {
+                None => 1,
+                Some(q) if (1..=16).contains(q.get_ref()) => *q.get_ref() as u16,
+                Some(q) => {
+                    return Err(err(
+                        q.span().start,
+                        format!("queues = {}: must be 1 to 16", q.get_ref()),
+                    ))
+                }
+            };
+            let placement = match d
+                .placement
+                .as_ref()
+                .map(|p| (p.get_ref().as_str(), p.span().start))
+            {
+                None | Some(("separate", _)) => Placement::Separate,
+                Some(("colocated", _)) => Placement::Colocated,
+                Some((other, at)) => {
+                    return Err(err(
+                        at,
+                        format!("placement {other:?}: use \"separate\" or \"colocated\""),
+                    ))
+                }
+            };
+            let server = d
+                .server
+                .map(|s| s.into_inner())
+                .unwrap_or_else(|| format!("{name}-server"));
+            devices.push(DeviceConfig {
+                name: name.clone(),
+                model: d.model.into_inner(),
+                backing: d.backing.into_inner(),
+                create,
+                read_only: d.read_only,
+                queues,
+                placement,
+                server,
+            });
+        }
+        Ok(Machine {
+            name: raw.name.unwrap_or_else(|| "machine".into()),
+            devices,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    #[test]
+    fn the_default_machine_parses() {
+        let m = Machine::default_machine();
+        assert_eq!(m.devices.len(), 1);
+        assert_eq!(m.devices[0].name, "disk0");
+        assert_eq!(m.devices[0].placement, Placement::Separate);
+    }
+
+    #[test]
+    fn errors_name_the_file_line_and_problem() {
+        let bad = "name = \"m\"\n\n[[device]]\nname = \"disk0\"\nmodel = \"floppy\"\nbacking = \"mem:1M\"\n";
+        let e = Machine::parse(bad, "m.toml").unwrap_err();
+        assert_eq!((e.file.as_str(), e.line), ("m.toml", 5), "{e}");
+        assert!(e.message.contains("unknown model"), "{e}");
+        let typo = "[[device]]\nname = \"d\"\nmodel = \"virtio-blk\"\nbackin = \"mem:1M\"\n";
+        let e = Machine::parse(typo, "t.toml").unwrap_err();
+        assert_eq!(e.line, 4, "{e}");
+        assert!(e.to_string().starts_with("t.toml:4: "), "{e}");
+        let syntax = "[[device]\nname = 1\n";
+        assert_eq!(Machine::parse(syntax, "s.toml").unwrap_err().line, 1);
+        let dup = "[[device]]\nname = \"a\"\nmodel = \"virtio-blk\"\nbacking = \"mem:1M\"\n[[device]]\nname = \"a\"\nmodel = \"virtio-blk\"\nbacking = \"mem:1M\"\n";
+        let e = Machine::parse(dup, "d.toml").unwrap_err();
+        assert_eq!(e.line, 6, "{e}");
+        let size = "[[device]]\nname = \"a\"\nmodel = \"virtio-blk\"\nbacking = \"mem:100\"\n";
+        assert_eq!(Machine::parse(size, "z.toml").unwrap_err().line, 4);
+        let q =
+            "[[device]]\nname = \"a\"\nmodel = \"virtio-blk\"\nbacking = \"mem:1M\"\nqueues = 99\n";
+        assert_eq!(Machine::parse(q, "q.toml").unwrap_err().line, 5);
+        assert!(Machine::parse("", "e.toml")
+            .unwrap_err()
+            .message
+            .contains("no [[device]]"));
+    }
+
+    proptest! {
+        #[test]
+        fn arbitrary_text_never_panics(s in "\\PC{0,300}") {
+            let _ = Machine::parse(&s, "fuzz.toml");
+        }
+    }
+}

@@ -1,0 +1,68 @@
+//! Opening class devices by name through the manager: the client's side of placement.
+
+use std::path::Path;
+use std::time::Duration;
+
+use outboard_class::{BlockClient, BlockDevice, BlockError, SessionOptions};
+use outboard_hw::DeviceSpec;
+use outboard_server::Colocated;
+use outboard_session::control;
+
+use crate::api::{Reply, Request};
+use crate::config::Placement;
+use crate::registry::Node;
+
+/// Sends one request to the manager.
+pub fn ask(control_path: &Path, req: &Request) -> Result<Reply, BlockError> {
+    let sock = control::connect(control_path).map_err(|e| {
+        BlockError::NoSuchDevice(format!(
+            "{e} (is `outboard up` running? --control / OUTBOARD_CONTROL pick its socket)"
+        ))
+    })?;
+    control::send(std::os::fd::AsFd::as_fd(&sock), req, &[])
+        .map_err(|e| BlockError::Protocol(e.to_string()))?;
+    let (reply, _) = control::recv(
+        std::os::fd::AsFd::as_fd(&sock),
+        Some(Duration::from_secs(10)),
+    )
+    .map_err(|e| BlockError::Protocol(e.to_string()))?;
+    Ok(reply)
+}
+
+/// The manager's registry.
+pub fn registry(control_path: &Path) -> Result<Node, BlockError> {
+    match ask(control_path, &Request::List)? {
+        Reply::Registry { tree } => Ok(tree),
+        Reply::Error { message, .. } => Err(BlockError::Protocol(message)),
+        other => Err(BlockError::Protocol(format!("unexpected reply {other:?}"))),
+    }
+}
+
+/// Opens block device `name` wherever the machine places its driver: a session with its
+/// driver server, or the driver linked into this process.
+pub fn open_block(control_path: &Path, name: &str) -> Result<Box<dyn BlockDevice>, BlockError> {
+    match ask(control_path, &Request::Open { name: name.into() })? {
+        Reply::Open {
+            placement: Placement::Separate,
+            server: Some(server),
+            ..
+        } => Ok(Box::new(BlockClient::open(
+            &server,
+            name,
+            SessionOptions::default(),
+        )?)),
+        Reply::Open {
+            placement: Placement::Colocated,
+            device: Some(device),
+            ..
+        } => Ok(Box::new(Colocated::open(
+            name,
+            &DeviceSpec::VfioUser(device),
+            4 << 20,
+        )?)),
+        Reply::Error { code, message } if code == "no-such-device" => {
+            Err(BlockError::NoSuchDevice(message))
+        }
+        other => Err(BlockError::Protocol(format!("unexpected reply {other:?}"))),
+    }
+}

@@ -1,0 +1,120 @@
+//! The registry: a live tree of the machine (I/O Registry), printed like `ioreg`.
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+
+/// One node: machine, bus, PCI function, driver or class device.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Node {
+    /// What it is (`machine`, `bus`, `pci-function`, `driver`, `block-device`).
+    pub kind: String,
+    /// Its name.
+    pub name: String,
+    /// Properties.
+    pub props: BTreeMap<String, serde_json::Value>,
+    /// Children.
+    pub children: Vec<Node>,
+}
+
+impl Node {
+    /// A node with no properties.
+    pub fn new(kind: &str, name: &str) -> Self {
+        Self {
+            kind: kind.into(),
+            name: name.into(),
+            props: BTreeMap::new(),
+            children: Vec::new(),
+        }
+    }
+
+    /// Sets a property (builder style).
+    pub fn with(mut self, key: &str, value: impl Into<serde_json::Value>) -> Self {
+        self.props.insert(key.into(), value.into());
+        self
+    }
+
+    /// Sets a property.
+    pub fn set(&mut self, key: &str, value: impl Into<serde_json::Value>) {
+        self.props.insert(key.into(), value.into());
+    }
+
+    /// Adds a child (builder style).
+    pub fn child(mut self, c: Node) -> Self {
+        self.children.push(c);
+        self
+    }
+
+    /// The first node of `kind` named `name`, depth first.
+    pub fn find_mut(&mut self, kind: &str, name: &str) -> Option<&mut Node> {
+        if self.kind == kind && self.name == name {
+            return Some(self);
+        }
+        self.children
+            .iter_mut()
+            .find_map(|c| c.find_mut(kind, name))
+    }
+
+    /// The first node of `kind` named `name`.
+    pub fn find(&self, kind: &str, name: &str) -> Option<&Node> {
+        if self.kind == kind && self.name == name {
+            return Some(self);
+        }
+        self.children.iter().find_map(|c| c.find(kind, name))
+    }
+
+    /// The tree as text, one node per line, like `ioreg`.
+    pub fn render(&self) -> String {
+        let mut out = String::new();
+        self.render_into(&mut out, "", true, true);
+        out
+    }
+
+    fn render_into(&self, out: &mut String, prefix: &str, last: bool, root: bool) {
+        let props: Vec<String> = self
+            .props
+            .iter()
+            .map(|(k, v)| match v {
+                serde_json::Value::String(s) => format!("{k}={s}"),
+                v => format!("{k}={v}"),
+            })
+            .collect();
+        let branch = if root {
+            ""
+        } else if last {
+            "└─ "
+        } else {
+            "├─ "
+        };
+        out.push_str(&format!("{prefix}{branch}{} {}", self.kind, self.name));
+        if !props.is_empty() {
+            out.push_str(&format!("  <{}>", props.join(", ")));
+        }
+        out.push('\n');
+        let child_prefix = if root {
+            String::new()
+        } else {
+            format!("{prefix}{}", if last { "   " } else { "│  " })
+        };
+        for (i, c) in self.children.iter().enumerate() {
+            c.render_into(out, &child_prefix, i + 1 == self.children.len(), false);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn renders_a_tree() {
+        let t = Node::new("machine", "m")
+            .child(
+                Node::new("bus", "vfio-user")
+                    .child(Node::new("pci-function", "disk0").with("ids", "1af4:1042")),
+            )
+            .child(Node::new("bus", "other"));
+        let s = t.render();
+        assert_eq!(s, "machine m\n├─ bus vfio-user\n│  └─ pci-function disk0  <ids=1af4:1042>\n└─ bus other\n");
+    }
+}

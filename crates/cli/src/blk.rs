@@ -163,7 +163,7 @@ pub fn write_range(d: &mut dyn BlockDevice, offset: u64, data: &[u8]) -> Result<
         d.read_blocks(first, &mut blocks[..bs as usize])
             .map_err(e)?;
     }
-    if (offset + data.len() as u64) % bs != 0 {
+    if !(offset + data.len() as u64).is_multiple_of(bs) {
         let last = blocks.len() - bs as usize;
         d.read_blocks(end - 1, &mut blocks[last..]).map_err(e)?;
     }

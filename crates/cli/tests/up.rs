@@ -23,7 +23,11 @@ impl Up {
     fn start(dir: &Path, machine: Option<&str>) -> Self {
         let control = dir.join("rt/control.sock");
         let mut cmd = Command::new(EXE);
-        cmd.arg("up").env("OUTBOARD_CONTROL", &control).stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped());
+        cmd.arg("up")
+            .env("OUTBOARD_CONTROL", &control)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
         if let Some(m) = machine {
             let p = dir.join("machine.toml");
             std::fs::write(&p, m).unwrap();
@@ -44,7 +48,12 @@ impl Up {
     }
 
     fn run(&self, args: &[&str]) -> Output {
-        Command::new(EXE).args(args).env("OUTBOARD_CONTROL", &self.control).stdin(Stdio::null()).output().unwrap()
+        Command::new(EXE)
+            .args(args)
+            .env("OUTBOARD_CONTROL", &self.control)
+            .stdin(Stdio::null())
+            .output()
+            .unwrap()
     }
 
     fn run_with_input(&self, args: &[&str], input: &[u8]) -> Output {
@@ -62,7 +71,11 @@ impl Up {
 
     fn interrupt(&mut self) -> Output {
         let child = self.child.take().unwrap();
-        rustix::process::kill_process(rustix::process::Pid::from_child(&child), rustix::process::Signal::INT).unwrap();
+        rustix::process::kill_process(
+            rustix::process::Pid::from_child(&child),
+            rustix::process::Signal::INT,
+        )
+        .unwrap();
         child.wait_with_output().unwrap()
     }
 }
@@ -82,9 +95,15 @@ fn stdout(o: &Output) -> String {
 fn children_of(pid: u32) -> Vec<u32> {
     let mut out = Vec::new();
     for e in std::fs::read_dir("/proc").unwrap().flatten() {
-        let Ok(p) = e.file_name().to_string_lossy().parse::<u32>() else { continue };
+        let Ok(p) = e.file_name().to_string_lossy().parse::<u32>() else {
+            continue;
+        };
         if let Ok(stat) = std::fs::read_to_string(format!("/proc/{p}/stat")) {
-            let ppid = stat.rsplit(')').next().and_then(|r| r.split_whitespace().nth(1)).and_then(|s| s.parse::<u32>().ok());
+            let ppid = stat
+                .rsplit(')')
+                .next()
+                .and_then(|r| r.split_whitespace().nth(1))
+                .and_then(|s| s.parse::<u32>().ok());
             if ppid == Some(pid) {
                 out.push(p);
             }
@@ -102,7 +121,8 @@ fn the_default_machine_serves_disk0_and_stops_cleanly() {
     assert!(text.contains("block-device disk0"), "{text}");
     assert!(text.contains("ids=1af4:1042"), "{text}");
     assert!(text.contains("driver virtio-blk"), "{text}");
-    let json: serde_json::Value = serde_json::from_slice(&up.run(&["ls", "--json"]).stdout).unwrap();
+    let json: serde_json::Value =
+        serde_json::from_slice(&up.run(&["ls", "--json"]).stdout).unwrap();
     assert_eq!(json["kind"], "machine");
     let info = stdout(&up.run(&["blk", "info", "disk0"]));
     assert!(info.contains("67108864 bytes"), "{info}");
@@ -111,7 +131,9 @@ fn the_default_machine_serves_disk0_and_stops_cleanly() {
     let data = pattern(9, 200_001);
     let w = up.run_with_input(&["blk", "write", "disk0", "--offset", "1000"], &data);
     assert!(w.status.success(), "{}", String::from_utf8_lossy(&w.stderr));
-    let r = up.run(&["blk", "read", "disk0", "--offset", "1000", "--length", "200001"]);
+    let r = up.run(&[
+        "blk", "read", "disk0", "--offset", "1000", "--length", "200001",
+    ]);
     assert!(r.status.success());
     assert!(r.stdout == data, "read differs from what was written");
     // The bytes around it are untouched (read-modify-write did not clobber them).
@@ -120,9 +142,17 @@ fn the_default_machine_serves_disk0_and_stops_cleanly() {
     // Errors are clear.
     let bad = up.run(&["blk", "read", "disk0", "--offset", "64M", "--length", "1"]);
     assert!(!bad.status.success());
-    assert!(String::from_utf8_lossy(&bad.stderr).contains("past the end"), "{}", String::from_utf8_lossy(&bad.stderr));
+    assert!(
+        String::from_utf8_lossy(&bad.stderr).contains("past the end"),
+        "{}",
+        String::from_utf8_lossy(&bad.stderr)
+    );
     let none = up.run(&["blk", "info", "disk7"]);
-    assert!(String::from_utf8_lossy(&none.stderr).contains("no device named"), "{}", String::from_utf8_lossy(&none.stderr));
+    assert!(
+        String::from_utf8_lossy(&none.stderr).contains("no device named"),
+        "{}",
+        String::from_utf8_lossy(&none.stderr)
+    );
 
     // Ctrl-C leaves no process and no socket behind.
     let pid = up.child.as_ref().unwrap().id();
@@ -132,9 +162,19 @@ fn the_default_machine_serves_disk0_and_stops_cleanly() {
     assert!(out.status.success());
     assert!(stdout(&out).contains("outboard: stopped"));
     for k in kids {
-        assert!(!Path::new(&format!("/proc/{k}")).exists() || std::fs::read_to_string(format!("/proc/{k}/stat")).unwrap().contains(") Z"), "child {k} still running");
+        assert!(
+            !Path::new(&format!("/proc/{k}")).exists()
+                || std::fs::read_to_string(format!("/proc/{k}/stat"))
+                    .unwrap()
+                    .contains(") Z"),
+            "child {k} still running"
+        );
     }
-    assert!(!up.dir.exists(), "runtime directory removed: {:?}", std::fs::read_dir(&up.dir).map(|d| d.count()));
+    assert!(
+        !up.dir.exists(),
+        "runtime directory removed: {:?}",
+        std::fs::read_dir(&up.dir).map(|d| d.count())
+    );
 }
 
 #[test]
@@ -146,13 +186,23 @@ fn client_processes_in_parallel_do_verified_io() {
     let writers: Vec<_> = (0..n)
         .map(|i| {
             let mut c = Command::new(EXE)
-                .args(["blk", "write", "disk0", "--offset", &(i * 300_000 + 17).to_string()])
+                .args([
+                    "blk",
+                    "write",
+                    "disk0",
+                    "--offset",
+                    &(i * 300_000 + 17).to_string(),
+                ])
                 .env("OUTBOARD_CONTROL", &up.control)
                 .stdin(Stdio::piped())
                 .stderr(Stdio::piped())
                 .spawn()
                 .unwrap();
-            c.stdin.take().unwrap().write_all(&pattern(i, 262_144)).unwrap();
+            c.stdin
+                .take()
+                .unwrap()
+                .write_all(&pattern(i, 262_144))
+                .unwrap();
             c
         })
         .collect();
@@ -163,7 +213,15 @@ fn client_processes_in_parallel_do_verified_io() {
     let readers: Vec<_> = (0..n)
         .map(|i| {
             Command::new(EXE)
-                .args(["blk", "read", "disk0", "--offset", &(i * 300_000 + 17).to_string(), "--length", "262144"])
+                .args([
+                    "blk",
+                    "read",
+                    "disk0",
+                    "--offset",
+                    &(i * 300_000 + 17).to_string(),
+                    "--length",
+                    "262144",
+                ])
                 .env("OUTBOARD_CONTROL", &up.control)
                 .stdout(Stdio::piped())
                 .spawn()
@@ -173,7 +231,10 @@ fn client_processes_in_parallel_do_verified_io() {
     for (i, r) in readers.into_iter().enumerate() {
         let o = r.wait_with_output().unwrap();
         assert!(o.status.success());
-        assert!(o.stdout == pattern(i as u64, 262_144), "process {i}'s range differs");
+        assert!(
+            o.stdout == pattern(i as u64, 262_144),
+            "process {i}'s range differs"
+        );
     }
 }
 
@@ -181,10 +242,15 @@ fn client_processes_in_parallel_do_verified_io() {
 fn a_crashed_driver_server_is_reported_not_waited_on() {
     let dir = tempfile::tempdir().unwrap();
     let mut up = Up::start(dir.path(), None);
-    let tree: serde_json::Value = serde_json::from_slice(&up.run(&["ls", "--json"]).stdout).unwrap();
+    let tree: serde_json::Value =
+        serde_json::from_slice(&up.run(&["ls", "--json"]).stdout).unwrap();
     let driver = &tree["children"][0]["children"][0]["children"][0];
     let pid = driver["props"]["pid"].as_u64().unwrap() as i32;
-    rustix::process::kill_process(rustix::process::Pid::from_raw(pid).unwrap(), rustix::process::Signal::KILL).unwrap();
+    rustix::process::kill_process(
+        rustix::process::Pid::from_raw(pid).unwrap(),
+        rustix::process::Signal::KILL,
+    )
+    .unwrap();
     let deadline = Instant::now() + Duration::from_secs(5);
     loop {
         let text = stdout(&up.run(&["ls"]));
@@ -200,7 +266,11 @@ fn a_crashed_driver_server_is_reported_not_waited_on() {
     assert!(!r.status.success());
     assert!(t.elapsed() < Duration::from_secs(10));
     let out = up.interrupt();
-    assert!(String::from_utf8_lossy(&out.stderr).contains("exited"), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("exited"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
 }
 
 #[test]
@@ -208,7 +278,12 @@ fn bad_machine_descriptions_name_file_line_and_problem() {
     let dir = tempfile::tempdir().unwrap();
     let p = dir.path().join("bad.toml");
     std::fs::write(&p, "name = \"x\"\n[[device]]\nname = \"disk0\"\nmodel = \"virtio-blk\"\nbacking = \"mem:64M\"\nplacement = \"sideways\"\n").unwrap();
-    let o = Command::new(EXE).args(["up", "--machine"]).arg(&p).env("OUTBOARD_CONTROL", dir.path().join("c.sock")).output().unwrap();
+    let o = Command::new(EXE)
+        .args(["up", "--machine"])
+        .arg(&p)
+        .env("OUTBOARD_CONTROL", dir.path().join("c.sock"))
+        .output()
+        .unwrap();
     assert!(!o.status.success());
     let err = String::from_utf8_lossy(&o.stderr);
     assert!(err.contains(&format!("{}:6:", p.display())), "{err}");
@@ -223,7 +298,10 @@ fn the_colocated_placement_links_the_driver_into_the_client() {
     let text = stdout(&up.run(&["ls"]));
     assert!(text.contains("placement=colocated"), "{text}");
     let data = pattern(3, 10_000);
-    assert!(up.run_with_input(&["blk", "write", "fast0", "--offset", "3"], &data).status.success());
+    assert!(up
+        .run_with_input(&["blk", "write", "fast0", "--offset", "3"], &data)
+        .status
+        .success());
     let r = up.run(&["blk", "read", "fast0", "--offset", "3", "--length", "10000"]);
     assert!(r.stdout == data);
 }

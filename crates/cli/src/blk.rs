@@ -19,6 +19,9 @@ pub enum BlkCommand {
     Read(ReadArgs),
     /// Write bytes from stdin or a file to a device. Partial blocks are read-modify-written.
     Write(WriteArgs),
+    /// Compare placements on a fresh emulated disk: colocated vs separate, one run (does not
+    /// need `outboard up`).
+    Bench(crate::blkbench::BenchArgs),
 }
 
 #[derive(Args)]
@@ -61,6 +64,7 @@ const CHUNK: u64 = 1 << 20;
 
 pub fn run(c: BlkCommand, control: PathBuf) -> Result<ExitCode, String> {
     match c {
+        BlkCommand::Bench(a) => return crate::blkbench::run(a),
         BlkCommand::Info { device } => {
             let d = outboard_manager::open::open_block(&control, &device).map_err(e)?;
             let i = d.info();

@@ -1,6 +1,7 @@
 //! `outboard`: user-level device drivers, every role as a subcommand.
 
 mod blk;
+mod blkbench;
 mod device;
 mod hw;
 mod latency;

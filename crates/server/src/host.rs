@@ -96,6 +96,7 @@ pub struct DriverHost {
     next_session: u64,
     stats: HostStats,
     scratch: Vec<(u64, Result<u32, BlockError>)>,
+    spin: Duration,
 }
 
 fn err(e: impl std::fmt::Display) -> String {
@@ -137,6 +138,7 @@ impl DriverHost {
             next_session: 1,
             stats: HostStats::default(),
             scratch: Vec::new(),
+            spin: Duration::ZERO,
         })
     }
 
@@ -150,12 +152,32 @@ impl DriverHost {
         self.sessions.iter().flatten().count()
     }
 
+    /// Polls this long for new work before announcing sleep (adaptive mode; zero: block at
+    /// once). Spinning trades CPU for the wake-up a sleeping host costs each client request.
+    pub fn set_spin(&mut self, spin: Duration) {
+        self.spin = spin;
+    }
+
     /// Serves until `stop` is set.
     pub fn run(&mut self, stop: &AtomicBool) -> Result<(), String> {
         let mut ready = Vec::new();
         while !stop.load(Ordering::Relaxed) {
             if self.round()? {
                 continue;
+            }
+            if !self.spin.is_zero() {
+                let until = std::time::Instant::now() + self.spin;
+                let mut found = false;
+                while std::time::Instant::now() < until {
+                    if self.round()? {
+                        found = true;
+                        break;
+                    }
+                    std::hint::spin_loop();
+                }
+                if found {
+                    continue;
+                }
             }
             if self.prepare_sleep()? {
                 ready.clear();

@@ -305,3 +305,13 @@ fn the_colocated_placement_links_the_driver_into_the_client() {
     let r = up.run(&["blk", "read", "fast0", "--offset", "3", "--length", "10000"]);
     assert!(r.stdout == data);
 }
+
+#[test]
+fn blk_bench_runs_both_placements_and_reports_every_row() {
+    let o = Command::new(EXE).args(["blk", "bench", "--size", "8M", "--seconds", "0.1"]).output().unwrap();
+    let text = stdout(&o);
+    assert!(o.status.success(), "{text}{}", String::from_utf8_lossy(&o.stderr));
+    for row in ["sequential 64 KiB reads", "random 4 KiB reads, QD32", "null request round trip, blocking", "adaptive"] {
+        assert!(text.contains(row), "missing {row}: {text}");
+    }
+}

@@ -308,10 +308,22 @@ fn the_colocated_placement_links_the_driver_into_the_client() {
 
 #[test]
 fn blk_bench_runs_both_placements_and_reports_every_row() {
-    let o = Command::new(EXE).args(["blk", "bench", "--size", "8M", "--seconds", "0.1"]).output().unwrap();
+    let o = Command::new(EXE)
+        .args(["blk", "bench", "--size", "8M", "--seconds", "0.1"])
+        .output()
+        .unwrap();
     let text = stdout(&o);
-    assert!(o.status.success(), "{text}{}", String::from_utf8_lossy(&o.stderr));
-    for row in ["sequential 64 KiB reads", "random 4 KiB reads, QD32", "null request round trip, blocking", "adaptive"] {
+    assert!(
+        o.status.success(),
+        "{text}{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    for row in [
+        "sequential 64 KiB reads",
+        "random 4 KiB reads, QD32",
+        "null request round trip, blocking",
+        "adaptive",
+    ] {
         assert!(text.contains(row), "missing {row}: {text}");
     }
 }

@@ -152,16 +152,10 @@ impl BlockHost {
         out: &mut Vec<(u64, Result<u32, BlockError>)>,
     ) -> Result<usize, BlockError> {
         self.completions.clear();
-        let n = self
-            .driver
+        self.driver
             .poll(0, &mut self.completions)
             .map_err(class_error)?;
-        out.extend(
-            self.completions
-                .drain(..)
-                .map(|c| (c.tag, c.result.map(|b| b as u32).map_err(class_error))),
-        );
-        Ok(n)
+        Ok(self.hand_over(out))
     }
 
     /// Blocks in the driver until something completes or `timeout` (colocated use).
@@ -171,16 +165,21 @@ impl BlockHost {
         timeout: std::time::Duration,
     ) -> Result<usize, BlockError> {
         self.completions.clear();
-        let n = self
-            .driver
+        self.driver
             .wait(0, &mut self.completions, timeout)
             .map_err(class_error)?;
+        Ok(self.hand_over(out))
+    }
+
+    /// Moves the driver's completions to `out` in the class's terms.
+    fn hand_over(&mut self, out: &mut Vec<(u64, Result<u32, BlockError>)>) -> usize {
+        let n = self.completions.len();
         out.extend(
             self.completions
                 .drain(..)
                 .map(|c| (c.tag, c.result.map(|b| b as u32).map_err(class_error))),
         );
-        Ok(n)
+        n
     }
 
     /// Arms the completion interrupt; true if completions are already waiting.

@@ -73,18 +73,21 @@ pub enum Reply {
     },
 }
 
+fn seqpacket() -> Result<OwnedFd, Errno> {
+    rustix::net::socket_with(
+        AddressFamily::UNIX,
+        SocketType::SEQPACKET,
+        SocketFlags::CLOEXEC,
+        None,
+    )
+}
+
 /// Creates a listening SEQPACKET socket at `path`, replacing a stale one.
 pub fn listen(path: &Path) -> Result<OwnedFd, SessionError> {
     let os = |e: Errno| SessionError::Os(format!("{}: {e}", path.display()));
     let addr = SocketAddrUnix::new(path).map_err(os)?;
     if path.exists() {
-        let probe = rustix::net::socket_with(
-            AddressFamily::UNIX,
-            SocketType::SEQPACKET,
-            SocketFlags::CLOEXEC,
-            None,
-        )
-        .map_err(os)?;
+        let probe = seqpacket().map_err(os)?;
         if rustix::net::connect(&probe, &addr).is_ok() {
             return Err(SessionError::Os(format!(
                 "{}: already in use by a live server",
@@ -93,13 +96,7 @@ pub fn listen(path: &Path) -> Result<OwnedFd, SessionError> {
         }
         let _ = std::fs::remove_file(path);
     }
-    let fd = rustix::net::socket_with(
-        AddressFamily::UNIX,
-        SocketType::SEQPACKET,
-        SocketFlags::CLOEXEC,
-        None,
-    )
-    .map_err(os)?;
+    let fd = seqpacket().map_err(os)?;
     rustix::net::bind(&fd, &addr).map_err(os)?;
     rustix::net::listen(&fd, 64).map_err(os)?;
     Ok(fd)
@@ -109,13 +106,7 @@ pub fn listen(path: &Path) -> Result<OwnedFd, SessionError> {
 pub fn connect(path: &Path) -> Result<OwnedFd, SessionError> {
     let os = |e: Errno| SessionError::Connect(format!("{}: {e}", path.display()));
     let addr = SocketAddrUnix::new(path).map_err(os)?;
-    let fd = rustix::net::socket_with(
-        AddressFamily::UNIX,
-        SocketType::SEQPACKET,
-        SocketFlags::CLOEXEC,
-        None,
-    )
-    .map_err(os)?;
+    let fd = seqpacket().map_err(os)?;
     rustix::net::connect(&fd, &addr).map_err(os)?;
     Ok(fd)
 }

@@ -66,9 +66,13 @@ pub fn run(c: BlkCommand, control: PathBuf) -> Result<ExitCode, String> {
     match c {
         BlkCommand::Bench(a) => return crate::blkbench::run(a),
         BlkCommand::Info { device } => {
+            let node = outboard_manager::open::status(&control, &device).map_err(e)?;
             let d = outboard_manager::open::open_block(&control, &device).map_err(e)?;
             let i = d.info();
             println!("{}", i.name);
+            if let Some(p) = node.props.get("capacity") {
+                println!("  registry     capacity {}", p.as_str().unwrap_or_default());
+            }
             println!("  capacity     {} bytes ({} blocks)", i.bytes(), i.capacity);
             println!("  block size   {} bytes", i.block_size);
             println!("  read-only    {}", if i.read_only { "yes" } else { "no" });

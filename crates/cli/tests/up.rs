@@ -239,6 +239,33 @@ fn client_processes_in_parallel_do_verified_io() {
 }
 
 #[test]
+fn a_client_process_killed_mid_io_does_not_disturb_the_others() {
+    let dir = tempfile::tempdir().unwrap();
+    let up = Up::start(dir.path(), None);
+    for _ in 0..3 {
+        let mut reader = Command::new(EXE)
+            .args(["blk", "read", "disk0", "-o", "/dev/null"])
+            .env("OUTBOARD_CONTROL", &up.control)
+            .spawn()
+            .unwrap();
+        std::thread::sleep(Duration::from_millis(30));
+        reader.kill().unwrap();
+        reader.wait().unwrap();
+    }
+    let data = pattern(77, 65536);
+    assert!(up
+        .run_with_input(&["blk", "write", "disk0", "--offset", "8M"], &data)
+        .status
+        .success());
+    let r = up.run(&[
+        "blk", "read", "disk0", "--offset", "8M", "--length", "65536",
+    ]);
+    assert!(r.stdout == data);
+    let text = stdout(&up.run(&["ls"]));
+    assert!(!text.contains("crashed"), "{text}");
+}
+
+#[test]
 fn a_crashed_driver_server_is_reported_not_waited_on() {
     let dir = tempfile::tempdir().unwrap();
     let mut up = Up::start(dir.path(), None);

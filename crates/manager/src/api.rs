@@ -18,6 +18,11 @@ pub enum Request {
         /// Device name.
         name: String,
     },
+    /// A class device's registry entry: its properties and state.
+    Status {
+        /// Device name.
+        name: String,
+    },
 }
 
 /// The manager's answer.
@@ -37,6 +42,11 @@ pub enum Reply {
         server: Option<PathBuf>,
         /// The device model's vfio-user socket (colocated: the client drives it).
         device: Option<PathBuf>,
+    },
+    /// A registry entry.
+    Status {
+        /// The class device's node.
+        node: Node,
     },
     /// The request failed.
     Error {

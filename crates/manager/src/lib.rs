@@ -339,6 +339,13 @@ impl Manager {
                 tree: self.registry.clone(),
             },
             Ok((Request::Open { name }, _)) => self.open(&name),
+            Ok((Request::Status { name }, _)) => match self.registry.find("block-device", &name) {
+                Some(node) => Reply::Status { node: node.clone() },
+                None => Reply::Error {
+                    code: "no-such-device".into(),
+                    message: format!("no device named {name:?}"),
+                },
+            },
             Err(e) => Reply::Error {
                 code: "invalid".into(),
                 message: e.to_string(),

@@ -38,6 +38,17 @@ pub fn registry(control_path: &Path) -> Result<Node, BlockError> {
     }
 }
 
+/// A class device's registry entry.
+pub fn status(control_path: &Path, name: &str) -> Result<Node, BlockError> {
+    match ask(control_path, &Request::Status { name: name.into() })? {
+        Reply::Status { node } => Ok(node),
+        Reply::Error { code, message } if code == "no-such-device" => {
+            Err(BlockError::NoSuchDevice(message))
+        }
+        other => Err(BlockError::Protocol(format!("unexpected reply {other:?}"))),
+    }
+}
+
 /// Opens block device `name` wherever the machine places its driver: a session with its
 /// driver server, or the driver linked into this process.
 pub fn open_block(control_path: &Path, name: &str) -> Result<Box<dyn BlockDevice>, BlockError> {

@@ -129,11 +129,14 @@ fn suite(d: &mut impl BlockDevice) {
         d.read_blocks(0, &mut [0u8; 100]).is_err(),
         "not whole blocks"
     );
-    // Discard then read zeros.
-    d.execute(&r(BlockOp::Discard, 0, 8, 0)).unwrap();
-    let mut z = vec![1u8; 4096];
+    // Discard and write-zeroes then read zeros, leaving the neighbours alone.
+    d.write_blocks(0, &pattern(5, 8192)).unwrap();
+    d.execute(&r(BlockOp::Discard, 0, 4, 0)).unwrap();
+    d.execute(&r(BlockOp::WriteZeroes, 4, 4, 0)).unwrap();
+    let mut z = vec![1u8; 8192];
     d.read_blocks(0, &mut z).unwrap();
-    assert!(z.iter().all(|&b| b == 0));
+    assert!(z[..4096].iter().all(|&b| b == 0));
+    assert_eq!(&z[4096..], &pattern(5, 8192)[4096..]);
 }
 
 #[test]

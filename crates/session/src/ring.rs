@@ -225,6 +225,36 @@ mod tests {
         }
     }
 
+    proptest::proptest! {
+        /// Any interleaving of pushes and pops behaves like a bounded FIFO queue.
+        #[test]
+        fn behaves_like_a_bounded_fifo(ops in proptest::collection::vec(proptest::bool::ANY, 0..400), start in proptest::num::u32::ANY) {
+            let m = mem(start);
+            let mut p = Producer::new(&m, 8);
+            let mut c = Consumer::new(&m, 8);
+            let mut model = std::collections::VecDeque::new();
+            let mut next = 0u32;
+            for push in ops {
+                if push {
+                    let ok = p.push(&next.to_le_bytes()).unwrap();
+                    proptest::prop_assert_eq!(ok, model.len() < 8);
+                    if ok {
+                        model.push_back(next);
+                    }
+                    next += 1;
+                } else {
+                    let mut e = [0u8; 4];
+                    let ok = c.pop(&mut e).unwrap();
+                    proptest::prop_assert_eq!(ok, !model.is_empty());
+                    if ok {
+                        proptest::prop_assert_eq!(Some(u32::from_le_bytes(e)), model.pop_front());
+                    }
+                }
+                proptest::prop_assert_eq!(c.available().unwrap() as usize, model.len());
+            }
+        }
+    }
+
     #[test]
     fn corrupt_peer_indices_are_errors() {
         let m = mem(0);

@@ -79,7 +79,9 @@ fn the_c_program_passes_against_a_driver_server() {
         VirtioBlk::new(f, BlkDriverOptions::default()).unwrap(),
     );
     let sock = dir.path().join("host.sock");
-    let (stop, t) = DriverHost::bind(&sock, vec![host]).unwrap().spawn();
+    let (stop, t) = DriverHost::bind(&sock, vec![Box::new(host)])
+        .unwrap()
+        .spawn();
 
     let run = Command::new(&bin).arg(&sock).output().unwrap();
     let text = format!(

@@ -9,7 +9,7 @@ use clap::Args;
 use outboard_hw::DeviceSpec;
 use outboard_manager::config::Machine;
 use outboard_manager::{Manager, ManagerOptions};
-use outboard_server::{BlockHost, DriverHost};
+use outboard_server::{BlockBackend, BlockHost, DriverHost, NullBlock};
 
 #[derive(Args)]
 pub struct UpArgs {
@@ -37,8 +37,9 @@ pub struct DriverHostArgs {
     /// Control socket (SEQPACKET) to serve sessions on.
     #[arg(long, value_name = "PATH")]
     listen: PathBuf,
-    /// A device to drive, as NAME=SPEC (SPEC: vfio-user:PATH or vfio:BDF). Repeat to host
-    /// several drivers in one server.
+    /// A device to drive, as NAME=SPEC (SPEC: vfio-user:PATH, vfio:BDF, or null:SIZE for the
+    /// null block device, which completes requests without a device). Repeat to host several
+    /// drivers in one server.
     #[arg(long = "device", value_name = "NAME=SPEC", required = true)]
     devices: Vec<String>,
     /// Poll for new requests this many microseconds after the last one before sleeping
@@ -124,13 +125,19 @@ pub fn ls(a: LsArgs, control: PathBuf) -> Result<ExitCode, String> {
 
 pub fn driver_host(a: DriverHostArgs) -> Result<ExitCode, String> {
     let stop = stop_flag()?;
-    let mut hosts = Vec::new();
+    let mut hosts: Vec<Box<dyn BlockBackend>> = Vec::new();
     for d in &a.devices {
         let (name, spec) = d
             .split_once('=')
             .ok_or_else(|| format!("--device {d:?}: use NAME=SPEC"))?;
+        if let Some(size) = spec.strip_prefix("null:") {
+            let bytes = outboard_devices::backing::parse_size(size)
+                .ok_or_else(|| format!("--device {d:?}: null:SIZE needs a size"))?;
+            hosts.push(Box::new(NullBlock::new(name, bytes)));
+            continue;
+        }
         let spec: DeviceSpec = spec.parse()?;
-        hosts.push(BlockHost::open(name, &spec)?);
+        hosts.push(Box::new(BlockHost::open(name, &spec)?));
     }
     let names: Vec<String> = hosts.iter().map(|h| h.info().name.clone()).collect();
     let mut server = DriverHost::bind(&a.listen, hosts)?;

@@ -354,3 +354,29 @@ fn blk_bench_runs_both_placements_and_reports_every_row() {
         assert!(text.contains(row), "missing {row}: {text}");
     }
 }
+
+#[test]
+fn a_null_block_device_is_a_real_device_type() {
+    let dir = tempfile::tempdir().unwrap();
+    let machine =
+        "name = \"ipc\"\n[[device]]\nname = \"null0\"\nmodel = \"null-blk\"\nsize = \"1G\"\n";
+    let up = Up::start(dir.path(), Some(machine));
+    let text = stdout(&up.run(&["ls"]));
+    assert!(
+        text.contains("bus virtual")
+            && text.contains("driver null-blk")
+            && text.contains("block-device null0"),
+        "{text}"
+    );
+    let info = stdout(&up.run(&["blk", "info", "null0"]));
+    assert!(info.contains("1073741824 bytes"), "{info}");
+    // Requests complete (without moving data); range checks still apply.
+    assert!(up
+        .run(&["blk", "read", "null0", "--length", "4096"])
+        .status
+        .success());
+    assert!(!up
+        .run(&["blk", "read", "null0", "--offset", "1G", "--length", "1"])
+        .status
+        .success());
+}

@@ -6,12 +6,17 @@
 //! [[device]]
 //! name = "disk0"          # the class device clients open
 //! model = "virtio-blk"    # the emulated device model
-//! backing = "mem:64M"     # or a file path
+//! backing = "mem:64M"     # or a file path (virtio-blk)
 //! create = "1G"           # create the file sparse with this size if missing (optional)
 //! read_only = false
 //! queues = 1
 //! placement = "separate"  # "separate": driver in a server; "colocated": driver in the client
 //! server = "blk0"         # devices naming the same server share it ("grouped")
+//!
+//! [[device]]
+//! name = "null0"
+//! model = "null-blk"      # completes requests without a device: measures the session path
+//! size = "1G"
 //! ```
 //!
 //! Every error names the file, the line and the problem.
@@ -62,7 +67,7 @@ pub struct DeviceConfig {
     pub name: String,
     /// Device model.
     pub model: String,
-    /// Backing spec (`mem:SIZE` or a path).
+    /// Backing spec (`mem:SIZE` or a path); for `null-blk`, `null:SIZE`.
     pub backing: String,
     /// Size to create a missing backing file with.
     pub create: Option<u64>,
@@ -98,7 +103,8 @@ struct RawMachine {
 struct RawDevice {
     name: Spanned<String>,
     model: Spanned<String>,
-    backing: Spanned<String>,
+    backing: Option<Spanned<String>>,
+    size: Option<Spanned<String>>,
     create: Option<Spanned<String>>,
     #[serde(default)]
     read_only: bool,
@@ -108,7 +114,7 @@ struct RawDevice {
 }
 
 /// Known device models.
-pub const MODELS: &[&str] = &["virtio-blk"];
+pub const MODELS: &[&str] = &["virtio-blk", "null-blk"];
 
 impl Machine {
     /// The embedded default machine.
@@ -172,15 +178,55 @@ impl Machine {
                     ),
                 ));
             }
-            let backing = d.backing.get_ref();
-            if let Some(size) = backing.strip_prefix("mem:") {
-                match parse_size(size) {
-                    Some(n) if n > 0 && n % 512 == 0 => {}
-                    _ => return Err(err(d.backing.span().start, format!("backing {backing:?}: mem:SIZE needs a size that is a positive multiple of 512 (e.g. mem:64M)"))),
+            let dev_at = d.name.span().start;
+            let backing = if d.model.get_ref() == "null-blk" {
+                if let Some(b) = &d.backing {
+                    return Err(err(
+                        b.span().start,
+                        "a null-blk device has no backing; give its size".into(),
+                    ));
                 }
-            } else if backing.is_empty() {
-                return Err(err(d.backing.span().start, "backing is empty".into()));
-            }
+                let size = d
+                    .size
+                    .as_ref()
+                    .ok_or_else(|| err(dev_at, "a null-blk device needs size = \"SIZE\"".into()))?;
+                match parse_size(size.get_ref()) {
+                    Some(n) if n > 0 && n % 512 == 0 => format!("null:{n}"),
+                    _ => {
+                        return Err(err(
+                            size.span().start,
+                            format!(
+                                "size = {:?}: not a size that is a multiple of 512",
+                                size.get_ref()
+                            ),
+                        ))
+                    }
+                }
+            } else {
+                if let Some(s) = &d.size {
+                    return Err(err(
+                        s.span().start,
+                        "size is for null-blk; a virtio-blk disk takes its size from its backing"
+                            .into(),
+                    ));
+                }
+                let b = d.backing.as_ref().ok_or_else(|| {
+                    err(
+                        dev_at,
+                        "a virtio-blk device needs backing = \"FILE\" or \"mem:SIZE\"".into(),
+                    )
+                })?;
+                let backing = b.get_ref();
+                if let Some(size) = backing.strip_prefix("mem:") {
+                    match parse_size(size) {
+                        Some(n) if n > 0 && n % 512 == 0 => {}
+                        _ => return Err(err(b.span().start, format!("backing {backing:?}: mem:SIZE needs a size that is a positive multiple of 512 (e.g. mem:64M)"))),
+                    }
+                } else if backing.is_empty() {
+                    return Err(err(b.span().start, "backing is empty".into()));
+                }
+                backing.clone()
+            };
             let create = match &d.create {
                 None => None,
                 Some(c) => match parse_size(c.get_ref()) {
@@ -227,7 +273,7 @@ impl Machine {
             devices.push(DeviceConfig {
                 name: name.clone(),
                 model: d.model.into_inner(),
-                backing: d.backing.into_inner(),
+                backing,
                 create,
                 read_only: d.read_only,
                 queues,

@@ -117,8 +117,21 @@ impl Manager {
         self.created.push(self.opts.control.clone());
         self.listener = Some(listener);
         let mut bus = Node::new("bus", "vfio-user");
+        let mut virtual_bus = Node::new("bus", "virtual");
         let devices = self.machine.devices.clone();
-        for d in &devices {
+        for d in devices.iter().filter(|d| d.model == "null-blk") {
+            virtual_bus.children.push(
+                Node::new("device", &format!("{}@virtual", d.name))
+                    .with("model", "null-blk")
+                    .child(
+                        Node::new("driver", "null-blk")
+                            .with("placement", "separate")
+                            .with("state", "starting")
+                            .child(Node::new("block-device", &d.name)),
+                    ),
+            );
+        }
+        for d in devices.iter().filter(|d| d.model != "null-blk") {
             let sock = self.path(&format!("{}.vfio-user.sock", d.name));
             let _ = std::fs::remove_file(&sock);
             let mut args = vec![
@@ -207,7 +220,12 @@ impl Manager {
                 .child(Node::new("block-device", &d.name));
             bus.children.push(node.child(driver));
         }
-        self.registry.children.push(bus);
+        if !bus.children.is_empty() {
+            self.registry.children.push(bus);
+        }
+        if !virtual_bus.children.is_empty() {
+            self.registry.children.push(virtual_bus);
+        }
         // Driver servers: one per server name; devices naming the same server are grouped.
         let mut servers: Vec<(String, Vec<String>)> = Vec::new();
         for d in devices

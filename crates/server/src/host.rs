@@ -24,13 +24,12 @@ use std::time::Duration;
 use outboard_class::block::{validate, Cqe, Sqe};
 use outboard_class::{BlockCompletion, BlockError, BlockOp};
 use outboard_env::WorkLoop;
-use outboard_hw::DmaBuf;
 use outboard_session::control::{self, Reply, Request};
 use outboard_session::doorbell::{announce_sleep, cancel_sleep, peer_sleeping};
 use outboard_session::region::ShmRing;
 use outboard_session::{Consumer, Doorbell, Producer, Region, SessionError};
 
-use crate::blockhost::BlockHost;
+use crate::backend::BlockBackend;
 
 /// Most entries taken from one session per round.
 pub const BUDGET: usize = 32;
@@ -59,7 +58,7 @@ pub struct HostStats {
 }
 
 struct Device {
-    host: BlockHost,
+    host: Box<dyn BlockBackend>,
     /// Driver tag → (session slot, client tag).
     tags: Vec<Option<(usize, u64)>>,
     free_tags: Vec<usize>,
@@ -74,7 +73,9 @@ struct Session {
     cq: Producer<ShmRing>,
     server_bell: Doorbell,
     client_bell: Doorbell,
-    dma: DmaBuf,
+    /// Device address of the buffer area, and the guard that unmaps it from the device.
+    iova: u64,
+    _dma: Box<dyn std::any::Any + Send>,
     tags: HashSet<u64>,
     dirty: bool,
 }
@@ -105,7 +106,10 @@ fn err(e: impl std::fmt::Display) -> String {
 
 impl DriverHost {
     /// Serves `devices` on a SEQPACKET socket at `path`.
-    pub fn bind(path: &std::path::Path, devices: Vec<BlockHost>) -> Result<Self, String> {
+    pub fn bind(
+        path: &std::path::Path,
+        devices: Vec<Box<dyn BlockBackend>>,
+    ) -> Result<Self, String> {
         let listener = control::listen(path).map_err(err)?;
         let mut h = Self::new(listener, devices)?;
         h.path = Some(path.to_owned());
@@ -113,7 +117,7 @@ impl DriverHost {
     }
 
     /// Serves `devices` on an already listening socket.
-    pub fn new(listener: OwnedFd, devices: Vec<BlockHost>) -> Result<Self, String> {
+    pub fn new(listener: OwnedFd, devices: Vec<Box<dyn BlockBackend>>) -> Result<Self, String> {
         let work = WorkLoop::new().map_err(err)?;
         work.add(listener.as_fd(), LISTENER).map_err(err)?;
         let devices: Vec<Device> = devices
@@ -125,8 +129,9 @@ impl DriverHost {
             })
             .collect();
         for (i, d) in devices.iter().enumerate() {
-            let irq = d.host.driver().irq(0).ok_or("driver has no interrupt")?;
-            work.add(irq.fd(), IRQ | i as u64).map_err(err)?;
+            if let Some(fd) = d.host.irq_fd() {
+                work.add(fd, IRQ | i as u64).map_err(err)?;
+            }
         }
         Ok(Self {
             listener,
@@ -286,7 +291,7 @@ impl DriverHost {
                         dev.tags.push(None);
                         dev.tags.len() - 1
                     });
-                    match dev.host.submit(&r, s.dma.iova(), slot as u64) {
+                    match dev.host.submit(&r, s.iova, slot as u64) {
                         Ok(()) => {
                             dev.tags[slot] = Some((i, tag));
                             s.tags.insert(tag);
@@ -491,12 +496,9 @@ impl DriverHost {
                 geometry.check().map_err(|e| ("invalid", e.to_string()))?;
                 let region = Region::create(geometry).map_err(|e| ("resources", e.to_string()))?;
                 // Zero copy: the device reaches the client's buffers directly.
-                let dma = self.devices[d]
+                let (iova, dma) = self.devices[d]
                     .host
-                    .driver()
-                    .function()
-                    .dma()
-                    .map_shared(region.buffers.clone())
+                    .map_buffers(region.buffers.clone())
                     .map_err(|e| ("resources", e.to_string()))?;
                 let (server_bell, client_bell) = (
                     Doorbell::new().map_err(|e| ("resources", e.to_string()))?,
@@ -544,7 +546,8 @@ impl DriverHost {
                     region,
                     server_bell,
                     client_bell,
-                    dma,
+                    iova,
+                    _dma: dma,
                     tags: HashSet::new(),
                     dirty: false,
                 });

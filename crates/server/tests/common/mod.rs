@@ -53,7 +53,9 @@ impl Served {
     pub fn start(dir: &Path, size: &str) -> Self {
         let (host, backend) = disk(size);
         let sock = dir.join("host.sock");
-        let (stop, thread) = DriverHost::bind(&sock, vec![host]).unwrap().spawn();
+        let (stop, thread) = DriverHost::bind(&sock, vec![Box::new(host)])
+            .unwrap()
+            .spawn();
         Self {
             sock,
             backend,

@@ -1,0 +1,143 @@
+//! What the driver host needs from a block driver: the block class's view of one device.
+
+use std::any::Any;
+use std::collections::VecDeque;
+use std::os::fd::BorrowedFd;
+use std::sync::Arc;
+
+use outboard_class::{BlockError, BlockInfo, BlockOp, BlockRequest};
+use outboard_shm::SharedMem;
+
+use crate::blockhost::BlockHost;
+
+/// A block device the host can serve: a driver instance, or the null device.
+pub trait BlockBackend: Send {
+    /// Class status.
+    fn info(&self) -> &BlockInfo;
+    /// Whether another request fits now.
+    fn has_room(&self) -> bool;
+    /// Requests submitted and not yet reaped.
+    fn in_flight(&self) -> usize;
+    /// Submits a validated request whose buffer area starts at device address `iova_base`.
+    fn submit(&mut self, r: &BlockRequest, iova_base: u64, tag: u64) -> Result<(), BlockError>;
+    /// Publishes submitted requests.
+    fn kick(&mut self) -> Result<(), BlockError>;
+    /// Reaps `(tag, result)` completions.
+    fn poll(&mut self, out: &mut Vec<(u64, Result<u32, BlockError>)>) -> Result<usize, BlockError>;
+    /// Arms the completion interrupt; true if completions are already waiting.
+    fn arm(&mut self) -> Result<bool, BlockError>;
+    /// Acknowledges the completion interrupt.
+    fn ack(&mut self) -> Result<(), BlockError>;
+    /// The completion interrupt, if the device has one.
+    fn irq_fd(&self) -> Option<BorrowedFd<'_>>;
+    /// Maps a session's buffer area into the device's DMA space: its base address and a guard
+    /// that unmaps it when dropped.
+    fn map_buffers(&self, mem: Arc<SharedMem>) -> Result<(u64, Box<dyn Any + Send>), BlockError>;
+}
+
+impl BlockBackend for BlockHost {
+    fn info(&self) -> &BlockInfo {
+        BlockHost::info(self)
+    }
+    fn has_room(&self) -> bool {
+        BlockHost::has_room(self)
+    }
+    fn in_flight(&self) -> usize {
+        BlockHost::in_flight(self)
+    }
+    fn submit(&mut self, r: &BlockRequest, iova_base: u64, tag: u64) -> Result<(), BlockError> {
+        BlockHost::submit(self, r, iova_base, tag)
+    }
+    fn kick(&mut self) -> Result<(), BlockError> {
+        BlockHost::kick(self)
+    }
+    fn poll(&mut self, out: &mut Vec<(u64, Result<u32, BlockError>)>) -> Result<usize, BlockError> {
+        BlockHost::poll(self, out)
+    }
+    fn arm(&mut self) -> Result<bool, BlockError> {
+        BlockHost::arm(self)
+    }
+    fn ack(&mut self) -> Result<(), BlockError> {
+        BlockHost::ack(self)
+    }
+    fn irq_fd(&self) -> Option<BorrowedFd<'_>> {
+        self.driver().irq(0).map(|i| i.fd())
+    }
+    fn map_buffers(&self, mem: Arc<SharedMem>) -> Result<(u64, Box<dyn Any + Send>), BlockError> {
+        let dma = self
+            .driver()
+            .function()
+            .dma()
+            .map_shared(mem)
+            .map_err(|e| BlockError::Protocol(e.to_string()))?;
+        Ok((dma.iova(), Box::new(dma)))
+    }
+}
+
+/// The null block device: completes every request at once without moving data. It measures
+/// the cost of the session path alone (the evaluation's `ipc-only` configuration).
+#[derive(Debug)]
+pub struct NullBlock {
+    info: BlockInfo,
+    done: VecDeque<(u64, Result<u32, BlockError>)>,
+    staged: usize,
+}
+
+impl NullBlock {
+    /// A null disk of `bytes` bytes in 512-byte blocks.
+    pub fn new(name: &str, bytes: u64) -> Self {
+        Self {
+            info: BlockInfo {
+                name: name.into(),
+                capacity: bytes / 512,
+                block_size: 512,
+                read_only: false,
+                queue_depth: 256,
+            },
+            done: VecDeque::new(),
+            staged: 0,
+        }
+    }
+}
+
+impl BlockBackend for NullBlock {
+    fn info(&self) -> &BlockInfo {
+        &self.info
+    }
+    fn has_room(&self) -> bool {
+        self.done.len() < self.info.queue_depth as usize
+    }
+    fn in_flight(&self) -> usize {
+        self.done.len()
+    }
+    fn submit(&mut self, r: &BlockRequest, _iova_base: u64, tag: u64) -> Result<(), BlockError> {
+        let bytes = match r.op {
+            BlockOp::Read | BlockOp::Write => r.blocks * self.info.block_size,
+            _ => 0,
+        };
+        self.done.push_back((tag, Ok(bytes)));
+        self.staged += 1;
+        Ok(())
+    }
+    fn kick(&mut self) -> Result<(), BlockError> {
+        self.staged = 0;
+        Ok(())
+    }
+    fn poll(&mut self, out: &mut Vec<(u64, Result<u32, BlockError>)>) -> Result<usize, BlockError> {
+        let n = self.done.len();
+        out.extend(self.done.drain(..));
+        Ok(n)
+    }
+    fn arm(&mut self) -> Result<bool, BlockError> {
+        Ok(!self.done.is_empty())
+    }
+    fn ack(&mut self) -> Result<(), BlockError> {
+        Ok(())
+    }
+    fn irq_fd(&self) -> Option<BorrowedFd<'_>> {
+        None
+    }
+    fn map_buffers(&self, _mem: Arc<SharedMem>) -> Result<(u64, Box<dyn Any + Send>), BlockError> {
+        Ok((0, Box::new(())))
+    }
+}

@@ -246,11 +246,19 @@ impl Manager {
                 sock.display().to_string(),
             ];
             for n in &names {
-                let dev = self.opts.runtime_dir.join(format!("{n}.vfio-user.sock"));
-                args.extend([
-                    "--device".into(),
-                    format!("{n}=vfio-user:{}", dev.display()),
-                ]);
+                let d = devices.iter().find(|d| &d.name == n).expect("named above");
+                let spec = if d.model == "null-blk" {
+                    d.backing.clone()
+                } else {
+                    format!(
+                        "vfio-user:{}",
+                        self.opts
+                            .runtime_dir
+                            .join(format!("{n}.vfio-user.sock"))
+                            .display()
+                    )
+                };
+                args.extend(["--device".into(), format!("{n}={spec}")]);
             }
             let log = self.path(&format!("{server}.log"));
             let mut p = Process::spawn(
@@ -266,11 +274,14 @@ impl Manager {
             for n in &names {
                 let info = outboard_class::BlockClient::status(&sock, n)
                     .map_err(|e| format!("{n}: {e}"))?;
-                if let Some(drv) = self
+                let node = match self
                     .registry
                     .find_mut("pci-function", &format!("{n}@vfio-user"))
-                    .and_then(|f| f.children.first_mut())
                 {
+                    Some(f) => Some(f),
+                    None => self.registry.find_mut("device", &format!("{n}@virtual")),
+                };
+                if let Some(drv) = node.and_then(|f| f.children.first_mut()) {
                     drv.set("server", server.as_str());
                     drv.set("server-socket", sock.display().to_string());
                     drv.set("pid", pid);

@@ -6,6 +6,10 @@ cd "$(dirname "$0")"
 need_apt=()
 command -v cc >/dev/null || need_apt+=(build-essential)
 command -v pkg-config >/dev/null || need_apt+=(pkg-config)
+# The evaluation suite's kernel baselines and charts.
+command -v fio >/dev/null || need_apt+=(fio)
+command -v losetup >/dev/null || need_apt+=(mount)
+[ -f /usr/share/fonts/truetype/dejavu/DejaVuSans.ttf ] || need_apt+=(fonts-dejavu-core)
 if [ ${#need_apt[@]} -gt 0 ]; then
     if [ "$(id -u)" = 0 ]; then
         export DEBIAN_FRONTEND=noninteractive

@@ -45,9 +45,59 @@ enum Command {
     /// Bring-up tools for one device: probe it, self-test its driver.
     #[command(subcommand)]
     Hw(hw::HwCommand),
+    /// Run the evaluation suite: configurations side by side, repeated runs, JSON, charts and
+    /// bench-results/REPORT.md with each target of EVALUATION.md.
+    Bench(BenchArgs),
+    /// (internal) The peer process of the ping-pong measurements.
+    #[command(hide = true)]
+    BenchPeer {
+        /// eventfd RX TX N | cacheline MEMFD N
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
+        args: Vec<String>,
+    },
     /// (internal) A driver server: drives devices and serves their class devices to sessions.
     /// The manager starts these; run one by hand to test a driver.
     DriverHost(up::DriverHostArgs),
+}
+
+/// Which tests, and how.
+#[derive(clap::Args)]
+struct BenchArgs {
+    /// Tests to run: disk-read, iops, null-rtt, or all.
+    #[arg(required = true, value_parser = ["disk-read", "iops", "null-rtt", "all"])]
+    tests: Vec<String>,
+    /// A short smoke run (small sizes, 2 runs): checks the machinery, not the numbers.
+    #[arg(long)]
+    quick: bool,
+    /// Runs per measurement, the first discarded as warm-up [default: 11; --quick: 2].
+    #[arg(long, default_value_t = 0)]
+    runs: usize,
+    /// Data size: bytes read per run (disk-read) or disk size (iops), e.g. 64M, 1G.
+    #[arg(long, value_parser = |s: &str| outboard_devices::backing::parse_size(s).ok_or("not a size"))]
+    size: Option<u64>,
+    /// Where results go.
+    #[arg(long, default_value = "bench-results")]
+    out: std::path::PathBuf,
+}
+
+fn bench(a: BenchArgs) -> Result<ExitCode, String> {
+    let tests: Vec<&str> = if a.tests.iter().any(|t| t == "all") {
+        outboard_bench::TESTS.to_vec()
+    } else {
+        a.tests.iter().map(String::as_str).collect()
+    };
+    outboard_bench::run(
+        &tests,
+        outboard_bench::Options {
+            exe: std::env::current_exe().map_err(|e| e.to_string())?,
+            runs: a.runs,
+            quick: a.quick,
+            size: a.size,
+            out: a.out.clone(),
+        },
+    )?;
+    println!("results: {}", a.out.join("REPORT.md").display());
+    Ok(ExitCode::SUCCESS)
 }
 
 fn init_logging(verbose: u8) {
@@ -77,6 +127,10 @@ fn main() -> ExitCode {
         Command::Ls(a) => up::ls(a, control),
         Command::Blk(c) => blk::run(c, control),
         Command::DriverHost(a) => up::driver_host(a),
+        Command::Bench(a) => bench(a),
+        Command::BenchPeer { args } => {
+            outboard_bench::pingpong::peer(&args).map(|()| ExitCode::SUCCESS)
+        }
         Command::Device(c) => device::run(c),
         Command::Hw(c) => hw::run(c),
     };

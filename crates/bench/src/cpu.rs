@@ -1,0 +1,76 @@
+//! CPU busy time of the processes involved, from `/proc/<pid>/stat` (utime + stime, every
+//! thread), and of the whole machine from `/proc/stat`, as a fraction of elapsed time.
+
+use std::time::Instant;
+
+fn process_ticks(pid: u32) -> Option<u64> {
+    let s = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // Fields after the command name, which may contain spaces, ends at the last ')'.
+    let rest = s.rsplit(')').next()?;
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    // rest starts at field 3 (state); utime and stime are fields 14 and 15.
+    Some(f.get(11)?.parse::<u64>().ok()? + f.get(12)?.parse::<u64>().ok()?)
+}
+
+fn machine_ticks() -> Option<u64> {
+    let s = std::fs::read_to_string("/proc/stat").ok()?;
+    let cpu = s.lines().next()?;
+    // user nice system idle iowait irq softirq steal
+    let v: Vec<u64> = cpu
+        .split_whitespace()
+        .skip(1)
+        .filter_map(|x| x.parse().ok())
+        .collect();
+    Some(v.first()? + v.get(1)? + v.get(2)? + v.get(5)? + v.get(6)? + v.get(7).unwrap_or(&0))
+}
+
+/// A CPU measurement in progress.
+pub struct CpuMeter {
+    pids: Vec<u32>,
+    start: Vec<u64>,
+    machine: u64,
+    t0: Instant,
+}
+
+/// CPU busy fractions over a measurement (1.0 = one core fully busy).
+#[derive(Debug, Clone, Copy)]
+pub struct CpuBusy {
+    /// Sum over the processes involved.
+    pub processes: f64,
+    /// The whole machine (includes kernel threads).
+    pub machine: f64,
+}
+
+impl CpuMeter {
+    /// Starts measuring `pids`.
+    pub fn start(pids: &[u32]) -> Self {
+        Self {
+            pids: pids.to_vec(),
+            start: pids
+                .iter()
+                .map(|p| process_ticks(*p).unwrap_or(0))
+                .collect(),
+            machine: machine_ticks().unwrap_or(0),
+            t0: Instant::now(),
+        }
+    }
+
+    /// Stops and reports.
+    pub fn stop(&self) -> CpuBusy {
+        let secs = self.t0.elapsed().as_secs_f64().max(1e-9);
+        let hz = rustix::param::clock_ticks_per_second() as f64;
+        let used: u64 = self
+            .pids
+            .iter()
+            .zip(&self.start)
+            .map(|(p, s)| process_ticks(*p).unwrap_or(*s).saturating_sub(*s))
+            .sum();
+        let machine = machine_ticks()
+            .unwrap_or(self.machine)
+            .saturating_sub(self.machine);
+        CpuBusy {
+            processes: used as f64 / hz / secs,
+            machine: machine as f64 / hz / secs,
+        }
+    }
+}

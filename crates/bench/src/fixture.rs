@@ -1,0 +1,176 @@
+//! What a test runs against: a disk image, the device model and driver server processes, and
+//! the kernel's loop device over the same image.
+
+use std::fs::OpenOptions;
+use std::io::{Read, Write};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// A child process, killed on drop.
+pub struct Proc {
+    child: Child,
+    /// Its pid (for CPU accounting).
+    pub pid: u32,
+}
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        let _ = rustix::process::kill_process(
+            rustix::process::Pid::from_child(&self.child),
+            rustix::process::Signal::TERM,
+        );
+        let deadline = Instant::now() + Duration::from_secs(3);
+        while Instant::now() < deadline {
+            if let Ok(Some(_)) = self.child.try_wait() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Runs `exe args…` and waits for `ready` to exist.
+pub fn spawn(exe: &Path, args: &[String], ready: &Path) -> Result<Proc, String> {
+    let _ = std::fs::remove_file(ready);
+    let mut child = Command::new(exe)
+        .args(args)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .map_err(|e| format!("starting {}: {e}", exe.display()))?;
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !ready.exists() {
+        if let Ok(Some(st)) = child.try_wait() {
+            return Err(format!("{args:?} exited early ({st})"));
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            return Err(format!("{args:?} did not become ready"));
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let pid = child.id();
+    Ok(Proc { child, pid })
+}
+
+/// The work directory and disk image shared by every configuration of a test.
+pub struct Fixture {
+    /// Work directory (removed on drop).
+    pub dir: PathBuf,
+    /// The image every configuration reads.
+    pub image: PathBuf,
+    /// Its size.
+    pub bytes: u64,
+    exe: PathBuf,
+}
+
+impl Fixture {
+    /// Creates an image of `bytes` bytes filled with a pattern, and reads it once so every
+    /// configuration starts from a warm page cache.
+    pub fn new(exe: &Path, bytes: u64) -> Result<Self, String> {
+        let dir =
+            std::env::temp_dir().join(format!("outboard-bench-{}-{}", std::process::id(), bytes));
+        std::fs::create_dir_all(&dir).map_err(|e| e.to_string())?;
+        let image = dir.join("disk.img");
+        let mut f = OpenOptions::new()
+            .create(true)
+            .write(true)
+            .truncate(true)
+            .open(&image)
+            .map_err(|e| e.to_string())?;
+        let chunk: Vec<u8> = (0..1 << 20)
+            .map(|i: u32| (i.wrapping_mul(2654435761) >> 13) as u8)
+            .collect();
+        let mut left = bytes;
+        while left > 0 {
+            let n = left.min(chunk.len() as u64) as usize;
+            f.write_all(&chunk[..n]).map_err(|e| e.to_string())?;
+            left -= n as u64;
+        }
+        f.sync_all().map_err(|e| e.to_string())?;
+        let mut sink = vec![0u8; 1 << 20];
+        let mut r = std::fs::File::open(&image).map_err(|e| e.to_string())?;
+        while r.read(&mut sink).map_err(|e| e.to_string())? > 0 {}
+        Ok(Self {
+            dir,
+            image,
+            bytes,
+            exe: exe.to_owned(),
+        })
+    }
+
+    /// Starts the virtio-blk device model over the image; returns it and its socket.
+    pub fn device(&self) -> Result<(Proc, PathBuf), String> {
+        let sock = self.dir.join("dev.sock");
+        let args = [
+            "device",
+            "virtio-blk",
+            "--socket",
+            sock.to_str().unwrap(),
+            "--backing",
+            self.image.to_str().unwrap(),
+        ];
+        let p = spawn(&self.exe, &args.map(String::from), &sock)?;
+        Ok((p, sock))
+    }
+
+    /// Starts a driver server for `device` (`NAME=SPEC`) with the given adaptive spin.
+    pub fn host(&self, device: &str, spin_us: u64) -> Result<(Proc, PathBuf), String> {
+        let sock = self.dir.join("host.sock");
+        let args = [
+            "driver-host".to_string(),
+            "--listen".into(),
+            sock.display().to_string(),
+            "--device".into(),
+            device.into(),
+            "--spin-us".into(),
+            spin_us.to_string(),
+        ];
+        let p = spawn(&self.exe, &args, &sock)?;
+        Ok((p, sock))
+    }
+
+    /// Attaches the image to a kernel loop device.
+    pub fn loop_device(&self) -> Result<LoopDev, String> {
+        let out = Command::new("losetup")
+            .args(["--find", "--show"])
+            .arg(&self.image)
+            .output()
+            .map_err(|e| format!("losetup: {e}"))?;
+        if !out.status.success() {
+            return Err(format!(
+                "losetup: {}",
+                String::from_utf8_lossy(&out.stderr).trim()
+            ));
+        }
+        let path = PathBuf::from(String::from_utf8_lossy(&out.stdout).trim().to_string());
+        Ok(LoopDev { path })
+    }
+
+    /// The `outboard` executable.
+    pub fn exe(&self) -> &Path {
+        &self.exe
+    }
+}
+
+impl Drop for Fixture {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// A loop device, detached on drop.
+pub struct LoopDev {
+    /// `/dev/loopN`.
+    pub path: PathBuf,
+}
+
+impl Drop for LoopDev {
+    fn drop(&mut self) {
+        let _ = Command::new("losetup").arg("-d").arg(&self.path).output();
+    }
+}

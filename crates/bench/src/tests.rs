@@ -1,0 +1,552 @@
+//! The tests of EVALUATION.md: 1 disk read, 2 random IOPS, 3 null round trip.
+
+use std::sync::{Arc, Barrier};
+use std::time::Duration;
+
+use indicatif::ProgressBar;
+use outboard_class::{BlockClient, BlockDevice, SessionOptions, WaitMode};
+use outboard_hw::DeviceSpec;
+use outboard_server::Colocated;
+
+use crate::cpu::CpuMeter;
+use crate::fixture::Fixture;
+use crate::model::{Figure, Machine, Point, Series, Target, TestResult, Unavailable};
+use crate::stats::{median, Summary};
+use crate::{pingpong, workloads, Context};
+
+const WARM_UP: usize = 1;
+
+/// Repeats `f` for every run, advancing the progress bar.
+fn repeat(ctx: &Context, mut f: impl FnMut() -> Result<f64, String>) -> Result<Summary, String> {
+    let mut v = Vec::with_capacity(ctx.runs);
+    for _ in 0..ctx.runs {
+        v.push(f()?);
+        ctx.progress.inc(1);
+    }
+    Ok(Summary::of(&v, WARM_UP))
+}
+
+fn figure(id: &str, title: &str, x: &str, y: &str, log_x: bool, kind: &str) -> Figure {
+    Figure {
+        id: id.into(),
+        title: title.into(),
+        x_label: x.into(),
+        y_label: y.into(),
+        log_x,
+        log_y: false,
+        kind: kind.into(),
+        series: Vec::new(),
+    }
+}
+
+fn pct(a: f64, b: f64) -> String {
+    format!("{:.0}%", 100.0 * a / b)
+}
+
+/// Test 1: sequential reads at queue depth 1, transfer sizes 512 B … 128 KiB.
+pub fn disk_read(ctx: &Context) -> Result<TestResult, String> {
+    let total = ctx
+        .size
+        .unwrap_or(if ctx.quick { 4 << 20 } else { 64 << 20 });
+    let sizes: Vec<u64> = (9..=17).map(|s| 1u64 << s).collect();
+    ctx.progress.set_message("disk-read: preparing the image");
+    let fx = Fixture::new(&ctx.exe, total)?;
+    let mut bw = figure(
+        "bandwidth",
+        "Disk read: bandwidth (QD1, sequential)",
+        "transfer size (bytes)",
+        "MB/s (log scale)",
+        true,
+        "line",
+    );
+    bw.log_y = true;
+    let mut cpu = figure(
+        "cpu",
+        "Disk read: CPU busy, processes involved",
+        "transfer size (bytes)",
+        "CPU cores busy",
+        true,
+        "line",
+    );
+    let mut machine = figure(
+        "cpu-machine",
+        "Disk read: CPU busy, whole machine",
+        "transfer size (bytes)",
+        "CPU cores busy",
+        true,
+        "line",
+    );
+    let mut unavailable = Vec::new();
+
+    let mut measure = |label: &str,
+                       pids: &[u32],
+                       read: &mut dyn FnMut(u64) -> Result<f64, String>|
+     -> Result<(), String> {
+        ctx.progress.set_message(format!("disk-read: {label}"));
+        let (mut b, mut c, mut m) = (
+            Series {
+                label: label.into(),
+                points: vec![],
+            },
+            Series {
+                label: label.into(),
+                points: vec![],
+            },
+            Series {
+                label: label.into(),
+                points: vec![],
+            },
+        );
+        for &t in &sizes {
+            let (mut cpus, mut machines) = (Vec::new(), Vec::new());
+            let y = repeat(ctx, || {
+                let meter = CpuMeter::start(pids);
+                let secs = read(t)?;
+                let busy = meter.stop();
+                cpus.push(busy.processes);
+                machines.push(busy.machine);
+                Ok(total as f64 / secs / 1e6)
+            })?;
+            b.points.push(Point { x: t as f64, y });
+            c.points.push(Point {
+                x: t as f64,
+                y: Summary::of(&cpus, WARM_UP),
+            });
+            m.points.push(Point {
+                x: t as f64,
+                y: Summary::of(&machines, WARM_UP),
+            });
+        }
+        bw.series.push(b);
+        cpu.series.push(c);
+        machine.series.push(m);
+        Ok(())
+    };
+    let me = std::process::id();
+
+    match fx.loop_device() {
+        Ok(dev) => measure("kernel", &[me], &mut |t| {
+            workloads::kernel_seq_read(&dev.path, t, total)
+        })?,
+        Err(reason) => unavailable.push(Unavailable {
+            config: "kernel".into(),
+            reason,
+        }),
+    }
+    let (device, dev_sock) = fx.device()?;
+    {
+        let mut d = Colocated::open("disk0", &DeviceSpec::VfioUser(dev_sock.clone()), 4 << 20)
+            .map_err(|e| e.to_string())?;
+        measure("colocated", &[me, device.pid], &mut |t| {
+            workloads::seq_read(&mut d, t, total)
+        })?;
+    }
+    {
+        let (host, sock) = fx.host(&format!("disk0=vfio-user:{}", dev_sock.display()), 20)?;
+        let mut d = BlockClient::open(&sock, "disk0", SessionOptions::default())
+            .map_err(|e| e.to_string())?;
+        measure("separate", &[me, host.pid, device.pid], &mut |t| {
+            workloads::seq_read(&mut d, t, total)
+        })?;
+    }
+    drop(device);
+    {
+        let (host, sock) = fx.host(&format!("null0=null:{total}"), 20)?;
+        let mut d = BlockClient::open(&sock, "null0", SessionOptions::default())
+            .map_err(|e| e.to_string())?;
+        measure("ipc-only", &[me, host.pid], &mut |t| {
+            workloads::seq_read(&mut d, t, total)
+        })?;
+    }
+
+    let mut targets = Vec::new();
+    let (colo, sep) = (
+        bw.series("colocated").cloned(),
+        bw.series("separate").cloned(),
+    );
+    if let (Some(colo), Some(sep)) = (&colo, &sep) {
+        let worst = sizes
+            .iter()
+            .filter(|&&t| t >= 4096)
+            .map(|&t| {
+                (
+                    t,
+                    sep.at(t as f64).unwrap_or(0.0) / colo.at(t as f64).unwrap_or(f64::INFINITY),
+                )
+            })
+            .min_by(|a, b| a.1.total_cmp(&b.1))
+            .expect("sizes ≥ 4 KiB exist");
+        targets.push(Target {
+            target: "disk read: separate ≥ 95% of colocated bandwidth at every size ≥ 4 KiB".into(),
+            measured: format!("lowest {:.0}% (at {} B)", 100.0 * worst.1, worst.0),
+            met: Some(worst.1 >= 0.95),
+        });
+        let ccpu = cpu.series("colocated").expect("measured");
+        let scpu = cpu.series("separate").expect("measured");
+        // Sizes whose runs were too short for the 10 ms CPU tick have no ratio.
+        let worst = sizes
+            .iter()
+            .filter(|&&t| ccpu.at(t as f64).unwrap_or(0.0) > 0.0)
+            .map(|&t| {
+                (
+                    t,
+                    scpu.at(t as f64).unwrap_or(0.0) / ccpu.at(t as f64).unwrap_or(f64::INFINITY),
+                )
+            })
+            .max_by(|a, b| a.1.total_cmp(&b.1));
+        targets.push(match worst {
+            Some(worst) => Target {
+                target: "disk read CPU: separate ≤ 1.3× colocated busy time".into(),
+                measured: format!("highest {:.2}× (at {} B)", worst.1, worst.0),
+                met: Some(worst.1 <= 1.3),
+            },
+            None => Target {
+                target: "disk read CPU: separate ≤ 1.3× colocated busy time".into(),
+                measured: "runs too short to measure CPU time".into(),
+                met: None,
+            },
+        });
+    }
+    match (bw.series("kernel"), &colo) {
+        (Some(k), Some(colo)) => {
+            let worst = sizes
+                .iter()
+                .filter(|&&t| t >= 16384)
+                .map(|&t| {
+                    (
+                        t,
+                        colo.at(t as f64).unwrap_or(0.0) / k.at(t as f64).unwrap_or(f64::INFINITY),
+                    )
+                })
+                .min_by(|a, b| a.1.total_cmp(&b.1))
+                .expect("sizes ≥ 16 KiB exist");
+            targets.push(Target {
+                target: "disk read: colocated ≥ kernel bandwidth at ≥ 16 KiB".into(),
+                measured: format!("lowest {} of kernel (at {} B)", pct(worst.1, 1.0), worst.0),
+                met: Some(worst.1 >= 1.0),
+            });
+        }
+        _ => targets.push(Target {
+            target: "disk read: colocated ≥ kernel bandwidth at ≥ 16 KiB".into(),
+            measured: "kernel configuration unavailable".into(),
+            met: None,
+        }),
+    }
+    Ok(TestResult {
+        test: "disk-read".into(),
+        title: "Disk read".into(),
+        reference: "Fluke thesis §5.2.1, Figs 5.1–5.2".into(),
+        runs: ctx.runs,
+        discarded: WARM_UP,
+        params: serde_json::json!({ "bytes_per_run": total, "queue_depth": 1, "transfer_sizes": sizes }),
+        figures: vec![bw, cpu, machine],
+        unavailable,
+        targets,
+        machine: Machine::here(),
+    })
+}
+
+/// Test 2: 4 KiB random reads at several queue depths and client counts.
+pub fn iops(ctx: &Context) -> Result<TestResult, String> {
+    let disk = ctx
+        .size
+        .unwrap_or(if ctx.quick { 32 << 20 } else { 1 << 30 });
+    let qds: Vec<usize> = if ctx.quick {
+        vec![1, 16]
+    } else {
+        vec![1, 4, 16, 64, 128]
+    };
+    let clients: Vec<usize> = if ctx.quick { vec![1, 2] } else { vec![1, 2, 4] };
+    let secs = if ctx.quick { 0.1 } else { 0.5 };
+    ctx.progress.set_message("iops: preparing the image");
+    let fx = Fixture::new(&ctx.exe, disk)?;
+    let mut fig = figure(
+        "iops",
+        "Random 4 KiB reads",
+        "queue depth (per client)",
+        "IOPS (log scale)",
+        true,
+        "line",
+    );
+    fig.log_y = true;
+    let mut unavailable = Vec::new();
+    let client_label = |n: usize| {
+        if n == 1 {
+            "1 client".to_string()
+        } else {
+            format!("{n} clients")
+        }
+    };
+
+    match fx.loop_device() {
+        Ok(dev) => {
+            for &n in &clients {
+                ctx.progress
+                    .set_message(format!("iops: kernel (fio io_uring), {}", client_label(n)));
+                let mut s = Series {
+                    label: format!("kernel io_uring, {}", client_label(n)),
+                    points: vec![],
+                };
+                for &qd in &qds {
+                    match repeat(ctx, || workloads::fio_iops(&dev.path, qd, n, secs)) {
+                        Ok(y) => s.points.push(Point { x: qd as f64, y }),
+                        Err(reason) => {
+                            unavailable.push(Unavailable {
+                                config: "kernel".into(),
+                                reason,
+                            });
+                            break;
+                        }
+                    }
+                }
+                if !s.points.is_empty() {
+                    fig.series.push(s);
+                }
+                if !unavailable.is_empty() {
+                    break;
+                }
+            }
+        }
+        Err(reason) => unavailable.push(Unavailable {
+            config: "kernel".into(),
+            reason,
+        }),
+    }
+    let (device, dev_sock) = fx.device()?;
+    {
+        ctx.progress.set_message("iops: colocated");
+        let mut d = Colocated::open("disk0", &DeviceSpec::VfioUser(dev_sock.clone()), 1 << 20)
+            .map_err(|e| e.to_string())?;
+        let mut s = Series {
+            label: "colocated, 1 client".into(),
+            points: vec![],
+        };
+        for &qd in &qds {
+            let y = repeat(ctx, || workloads::rand_read(&mut d, qd, secs, 7))?;
+            s.points.push(Point { x: qd as f64, y });
+        }
+        fig.series.push(s);
+    }
+    {
+        let (_host, sock) = fx.host(&format!("disk0=vfio-user:{}", dev_sock.display()), 20)?;
+        for &n in &clients {
+            ctx.progress
+                .set_message(format!("iops: separate, {}", client_label(n)));
+            let mut devs: Vec<BlockClient> = (0..n)
+                .map(|_| {
+                    BlockClient::open(&sock, "disk0", SessionOptions::default())
+                        .map_err(|e| e.to_string())
+                })
+                .collect::<Result<_, _>>()?;
+            let mut s = Series {
+                label: format!("separate, {}", client_label(n)),
+                points: vec![],
+            };
+            for &qd in &qds {
+                let y = repeat(ctx, || {
+                    let barrier = Arc::new(Barrier::new(n));
+                    std::thread::scope(|scope| {
+                        let handles: Vec<_> = devs
+                            .iter_mut()
+                            .enumerate()
+                            .map(|(i, d)| {
+                                let b = barrier.clone();
+                                scope.spawn(move || {
+                                    b.wait();
+                                    workloads::rand_read(d, qd, secs, 100 + i as u64)
+                                })
+                            })
+                            .collect();
+                        handles
+                            .into_iter()
+                            .map(|h| h.join().expect("client thread"))
+                            .sum::<Result<f64, String>>()
+                    })
+                })?;
+                s.points.push(Point { x: qd as f64, y });
+            }
+            fig.series.push(s);
+        }
+    }
+    drop(device);
+
+    let mut targets = Vec::new();
+    let colo = fig
+        .series("colocated, 1 client")
+        .cloned()
+        .expect("measured");
+    let sep = fig.series("separate, 1 client").cloned().expect("measured");
+    let deep: Vec<f64> = qds
+        .iter()
+        .filter(|&&q| q >= 16)
+        .map(|&q| q as f64)
+        .collect();
+    let worst = deep
+        .iter()
+        .map(|&q| {
+            (
+                q,
+                sep.at(q).unwrap_or(0.0) / colo.at(q).unwrap_or(f64::INFINITY),
+            )
+        })
+        .min_by(|a, b| a.1.total_cmp(&b.1))
+        .expect("a queue depth ≥ 16");
+    targets.push(Target {
+        target: "random IOPS: separate ≥ 90% of colocated at QD ≥ 16".into(),
+        measured: format!("lowest {:.0}% (at QD {})", 100.0 * worst.1, worst.0),
+        met: Some(worst.1 >= 0.9),
+    });
+    match fig.series("kernel io_uring, 1 client") {
+        Some(k) => {
+            let worst = qds
+                .iter()
+                .map(|&q| {
+                    (
+                        q,
+                        colo.at(q as f64).unwrap_or(0.0) / k.at(q as f64).unwrap_or(f64::INFINITY),
+                    )
+                })
+                .min_by(|a, b| a.1.total_cmp(&b.1))
+                .expect("queue depths exist");
+            targets.push(Target {
+                target: "random IOPS: colocated ≥ kernel io_uring".into(),
+                measured: format!("lowest {} of kernel (at QD {})", pct(worst.1, 1.0), worst.0),
+                met: Some(worst.1 >= 1.0),
+            });
+        }
+        None => targets.push(Target {
+            target: "random IOPS: colocated ≥ kernel io_uring".into(),
+            measured: "kernel configuration unavailable".into(),
+            met: None,
+        }),
+    }
+    Ok(TestResult {
+        test: "iops".into(),
+        title: "Random IOPS".into(),
+        reference: "EVALUATION.md test 2 (modern)".into(),
+        runs: ctx.runs,
+        discarded: WARM_UP,
+        params: serde_json::json!({ "disk_bytes": disk, "block": 4096, "queue_depths": qds, "clients": clients, "seconds_per_run": secs }),
+        figures: vec![fig],
+        unavailable,
+        targets,
+        machine: Machine::here(),
+    })
+}
+
+/// Test 3: the null round trip through a session, next to the machine's physical floor.
+pub fn null_rtt(ctx: &Context) -> Result<TestResult, String> {
+    let n = if ctx.quick { 2000 } else { 20000 };
+    let secs = if ctx.quick { 0.1 } else { 0.5 };
+    let fx = Fixture::new(&ctx.exe, 1 << 20)?;
+    let mut lat = figure(
+        "latency",
+        "Null round trip (median per run)",
+        "",
+        "µs",
+        false,
+        "bar",
+    );
+    let mut tput = figure(
+        "throughput",
+        "Null requests with batching (QD 32)",
+        "",
+        "requests/s",
+        false,
+        "bar",
+    );
+    let bar = |label: &str, y: Summary| Series {
+        label: label.into(),
+        points: vec![Point { x: 0.0, y }],
+    };
+
+    ctx.progress.set_message("null-rtt: eventfd ping-pong");
+    lat.series.push(bar(
+        "eventfd ping-pong",
+        repeat(ctx, || Ok(median(&mut pingpong::eventfd(&ctx.exe, n)?)))?,
+    ));
+    ctx.progress.set_message("null-rtt: cache-line ping-pong");
+    lat.series.push(bar(
+        "cache-line ping-pong",
+        repeat(ctx, || Ok(median(&mut pingpong::cacheline(&ctx.exe, n)?)))?,
+    ));
+    for (label, host_spin, mode) in [
+        ("session, blocking", 0, WaitMode::Blocking),
+        (
+            "session, adaptive",
+            20,
+            WaitMode::Adaptive(Duration::from_micros(20)),
+        ),
+    ] {
+        ctx.progress.set_message(format!("null-rtt: {label}"));
+        let (_host, sock) = fx.host("null0=null:1M", host_spin)?;
+        let mut d = BlockClient::open(
+            &sock,
+            "null0",
+            SessionOptions {
+                mode,
+                ..Default::default()
+            },
+        )
+        .map_err(|e| e.to_string())?;
+        lat.series.push(bar(
+            label,
+            repeat(ctx, || {
+                Ok(median(&mut workloads::null_latencies(&mut d, n)?))
+            })?,
+        ));
+        tput.series.push(bar(
+            label,
+            repeat(ctx, || workloads::null_throughput(&mut d, 32, secs))?,
+        ));
+        let _ = d.in_flight();
+    }
+    let m = |label: &str| lat.series(label).and_then(|s| s.at(0.0)).expect("measured");
+    let (efd, line, block, adapt) = (
+        m("eventfd ping-pong"),
+        m("cache-line ping-pong"),
+        m("session, blocking"),
+        m("session, adaptive"),
+    );
+    let targets = vec![
+        Target {
+            target: "null round trip: blocking ≤ 1.3× eventfd ping-pong".into(),
+            measured: format!("{:.2}× ({block:.2} µs vs {efd:.2} µs)", block / efd),
+            met: Some(block <= 1.3 * efd),
+        },
+        Target {
+            target: "null round trip: adaptive ≤ 3× cache-line ping-pong".into(),
+            measured: format!("{:.2}× ({adapt:.2} µs vs {line:.2} µs)", adapt / line),
+            met: Some(adapt <= 3.0 * line),
+        },
+    ];
+    Ok(TestResult {
+        test: "null-rtt".into(),
+        title: "Null round trip".into(),
+        reference: "Fluke thesis \"IPC-only\"; EVALUATION.md test 3".into(),
+        runs: ctx.runs,
+        discarded: WARM_UP,
+        params: serde_json::json!({ "round_trips_per_run": n, "batch_queue_depth": 32, "seconds_per_throughput_run": secs }),
+        figures: vec![lat, tput],
+        unavailable: vec![],
+        targets,
+        machine: Machine::here(),
+    })
+}
+
+/// Progress steps a test will take (for the progress bar).
+pub fn steps(test: &str, ctx: &Context) -> u64 {
+    let r = ctx.runs as u64;
+    match test {
+        "disk-read" => 4 * 9 * r,
+        "iops" => {
+            let (q, c) = if ctx.quick { (2, 2) } else { (5, 3) };
+            (c + 1 + c) * q * r
+        }
+        "null-rtt" => 6 * r,
+        _ => 0,
+    }
+}
+
+/// Keeps `ProgressBar` in the signature documentation.
+pub type Progress = ProgressBar;

@@ -1,0 +1,119 @@
+//! `outboard bench all --quick` runs every test and writes well-formed, complete results. This
+//! checks the machinery, not the numbers (benchmarks report numbers; tests assert behaviour).
+
+use std::process::Command;
+
+#[test]
+fn quick_bench_writes_complete_json_charts_and_report() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("results");
+    let o = Command::new(env!("CARGO_BIN_EXE_outboard"))
+        .args(["bench", "all", "--quick", "--out"])
+        .arg(&out)
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let report = std::fs::read_to_string(out.join("REPORT.md")).unwrap();
+    let expect = [
+        (
+            "disk-read",
+            vec!["kernel", "colocated", "separate", "ipc-only"],
+            3,
+            9,
+        ),
+        (
+            "iops",
+            vec![
+                "kernel io_uring, 1 client",
+                "colocated, 1 client",
+                "separate, 1 client",
+                "separate, 2 clients",
+            ],
+            1,
+            2,
+        ),
+        (
+            "null-rtt",
+            vec![
+                "eventfd ping-pong",
+                "cache-line ping-pong",
+                "session, blocking",
+                "session, adaptive",
+            ],
+            2,
+            1,
+        ),
+    ];
+    for (test, configs, figures, points) in expect {
+        let v: serde_json::Value = serde_json::from_str(
+            &std::fs::read_to_string(out.join(format!("{test}.json"))).unwrap(),
+        )
+        .unwrap();
+        assert_eq!(v["test"], test);
+        let runs = v["runs"].as_u64().unwrap();
+        let kept = runs - v["discarded"].as_u64().unwrap();
+        let unavailable: Vec<String> = v["unavailable"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|u| u["config"].as_str().unwrap().to_string())
+            .collect();
+        for u in v["unavailable"].as_array().unwrap() {
+            assert!(
+                !u["reason"].as_str().unwrap().is_empty(),
+                "an unavailable configuration says why"
+            );
+        }
+        let figs = v["figures"].as_array().unwrap();
+        assert_eq!(figs.len(), figures, "{test}");
+        for f in figs {
+            for key in ["title", "x_label", "y_label", "kind"] {
+                assert!(f[key].is_string(), "{test}: figure lacks {key}");
+            }
+            for c in &configs {
+                if unavailable.iter().any(|u| c.starts_with(u.as_str())) {
+                    continue;
+                }
+                if f["kind"] == "bar" && f["id"] == "throughput" && !c.starts_with("session") {
+                    continue;
+                }
+                let s = f["series"]
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .find(|s| s["label"] == *c)
+                    .unwrap_or_else(|| panic!("{test}: no series {c}"));
+                let pts = s["points"].as_array().unwrap();
+                assert_eq!(pts.len(), points, "{test}/{c}");
+                for p in pts {
+                    let y = &p["y"];
+                    let (med, min, max) = (
+                        y["median"].as_f64().unwrap(),
+                        y["min"].as_f64().unwrap(),
+                        y["max"].as_f64().unwrap(),
+                    );
+                    assert!(
+                        med.is_finite() && min <= med && med <= max,
+                        "{test}/{c}: {y}"
+                    );
+                    assert_eq!(y["samples"].as_array().unwrap().len() as u64, kept);
+                }
+            }
+            let png = out.join(format!("{test}-{}.png", f["id"].as_str().unwrap()));
+            if report.contains(&format!("({test}-{}.png)", f["id"].as_str().unwrap())) {
+                let bytes = std::fs::read(&png).unwrap();
+                assert_eq!(&bytes[..8], b"\x89PNG\r\n\x1a\n", "{}", png.display());
+            }
+        }
+        let targets = v["targets"].as_array().unwrap();
+        assert!(!targets.is_empty());
+        for t in targets {
+            assert!(
+                report.contains(t["target"].as_str().unwrap()),
+                "REPORT.md states {}",
+                t["target"]
+            );
+            assert!(t["met"].is_boolean() || t["met"].is_null());
+        }
+    }
+}

@@ -11,8 +11,23 @@ fn main() {
     let a: Vec<String> = std::env::args().collect();
     let (sock, dev) = (PathBuf::from(&a[1]), &a[2]);
     let n: usize = a[3].parse().expect("N");
-    let mode = if a.get(4).is_some_and(|m| m == "adaptive") { WaitMode::Adaptive(Duration::from_micros(20)) } else { WaitMode::Blocking };
-    let mut d = BlockClient::open(&sock, dev, SessionOptions { mode, ..Default::default() }).expect("open");
+    let mode = if a.get(4).is_some_and(|m| m == "adaptive") {
+        WaitMode::Adaptive(Duration::from_micros(20))
+    } else {
+        WaitMode::Blocking
+    };
+    let mut d = BlockClient::open(
+        &sock,
+        dev,
+        SessionOptions {
+            mode,
+            ..Default::default()
+        },
+    )
+    .expect("open");
     let mut v = outboard_bench::workloads::null_latencies(&mut d, n).expect("null requests");
-    println!("median {:.2} µs over {n}", outboard_bench::stats::median(&mut v));
+    println!(
+        "median {:.2} µs over {n}",
+        outboard_bench::stats::median(&mut v)
+    );
 }

@@ -39,8 +39,49 @@ fn figure(id: &str, title: &str, x: &str, y: &str, log_x: bool, kind: &str) -> F
     }
 }
 
-fn pct(a: f64, b: f64) -> String {
-    format!("{:.0}%", 100.0 * a / b)
+/// A ratio target: `num / den` over the x values in `xs` where both were measured (and `den`
+/// is non-zero), judged at its worst point against `bound` (≥ if `at_least`, else ≤).
+fn ratio_target(
+    target: &str,
+    num: Option<&Series>,
+    den: Option<&Series>,
+    xs: &[f64],
+    bound: f64,
+    at_least: bool,
+    at: fn(f64) -> String,
+) -> Target {
+    let (Some(num), Some(den)) = (num, den) else {
+        return Target {
+            target: target.into(),
+            measured: "a configuration was unavailable".into(),
+            met: None,
+        };
+    };
+    let ratios = xs.iter().filter_map(|&x| match (num.at(x), den.at(x)) {
+        (Some(n), Some(d)) if d > 0.0 => Some((x, n / d)),
+        _ => None,
+    });
+    let worst = if at_least {
+        ratios.min_by(|a, b| a.1.total_cmp(&b.1))
+    } else {
+        ratios.max_by(|a, b| a.1.total_cmp(&b.1))
+    };
+    match worst {
+        Some((x, r)) => Target {
+            target: target.into(),
+            measured: format!(
+                "{} {r:.2}× (at {})",
+                if at_least { "lowest" } else { "highest" },
+                at(x)
+            ),
+            met: Some(if at_least { r >= bound } else { r <= bound }),
+        },
+        None => Target {
+            target: target.into(),
+            measured: "runs too short to measure".into(),
+            met: None,
+        },
+    }
 }
 
 /// Test 1: sequential reads at queue depth 1, transfer sizes 512 B … 128 KiB.
@@ -166,79 +207,46 @@ pub fn disk_read(ctx: &Context) -> Result<TestResult, String> {
         })?;
     }
 
-    let mut targets = Vec::new();
-    let (colo, sep) = (
-        bw.series("colocated").cloned(),
-        bw.series("separate").cloned(),
-    );
-    if let (Some(colo), Some(sep)) = (&colo, &sep) {
-        let worst = sizes
-            .iter()
-            .filter(|&&t| t >= 4096)
-            .map(|&t| {
-                (
-                    t,
-                    sep.at(t as f64).unwrap_or(0.0) / colo.at(t as f64).unwrap_or(f64::INFINITY),
-                )
-            })
-            .min_by(|a, b| a.1.total_cmp(&b.1))
-            .expect("sizes ≥ 4 KiB exist");
-        targets.push(Target {
-            target: "disk read: separate ≥ 95% of colocated bandwidth at every size ≥ 4 KiB".into(),
-            measured: format!("lowest {:.0}% (at {} B)", 100.0 * worst.1, worst.0),
-            met: Some(worst.1 >= 0.95),
-        });
-        let ccpu = cpu.series("colocated").expect("measured");
-        let scpu = cpu.series("separate").expect("measured");
-        // Sizes whose runs were too short for the 10 ms CPU tick have no ratio.
-        let worst = sizes
-            .iter()
-            .filter(|&&t| ccpu.at(t as f64).unwrap_or(0.0) > 0.0)
-            .map(|&t| {
-                (
-                    t,
-                    scpu.at(t as f64).unwrap_or(0.0) / ccpu.at(t as f64).unwrap_or(f64::INFINITY),
-                )
-            })
-            .max_by(|a, b| a.1.total_cmp(&b.1));
-        targets.push(match worst {
-            Some(worst) => Target {
-                target: "disk read CPU: separate ≤ 1.3× colocated busy time".into(),
-                measured: format!("highest {:.2}× (at {} B)", worst.1, worst.0),
-                met: Some(worst.1 <= 1.3),
-            },
-            None => Target {
-                target: "disk read CPU: separate ≤ 1.3× colocated busy time".into(),
-                measured: "runs too short to measure CPU time".into(),
-                met: None,
-            },
-        });
-    }
-    match (bw.series("kernel"), &colo) {
-        (Some(k), Some(colo)) => {
-            let worst = sizes
-                .iter()
-                .filter(|&&t| t >= 16384)
-                .map(|&t| {
-                    (
-                        t,
-                        colo.at(t as f64).unwrap_or(0.0) / k.at(t as f64).unwrap_or(f64::INFINITY),
-                    )
-                })
-                .min_by(|a, b| a.1.total_cmp(&b.1))
-                .expect("sizes ≥ 16 KiB exist");
-            targets.push(Target {
-                target: "disk read: colocated ≥ kernel bandwidth at ≥ 16 KiB".into(),
-                measured: format!("lowest {} of kernel (at {} B)", pct(worst.1, 1.0), worst.0),
-                met: Some(worst.1 >= 1.0),
-            });
-        }
-        _ => targets.push(Target {
-            target: "disk read: colocated ≥ kernel bandwidth at ≥ 16 KiB".into(),
-            measured: "kernel configuration unavailable".into(),
-            met: None,
-        }),
-    }
+    let big: Vec<f64> = sizes
+        .iter()
+        .filter(|&&t| t >= 4096)
+        .map(|&t| t as f64)
+        .collect();
+    let all: Vec<f64> = sizes.iter().map(|&t| t as f64).collect();
+    let bigger: Vec<f64> = sizes
+        .iter()
+        .filter(|&&t| t >= 16384)
+        .map(|&t| t as f64)
+        .collect();
+    let targets = vec![
+        ratio_target(
+            "disk read: separate ≥ 95% of colocated bandwidth at every size ≥ 4 KiB",
+            bw.series("separate"),
+            bw.series("colocated"),
+            &big,
+            0.95,
+            true,
+            |x| format!("{x} B"),
+        ),
+        ratio_target(
+            "disk read CPU: separate ≤ 1.3× colocated busy time",
+            cpu.series("separate"),
+            cpu.series("colocated"),
+            &all,
+            1.3,
+            false,
+            |x| format!("{x} B"),
+        ),
+        ratio_target(
+            "disk read: colocated ≥ kernel bandwidth at ≥ 16 KiB",
+            bw.series("colocated"),
+            bw.series("kernel"),
+            &bigger,
+            1.0,
+            true,
+            |x| format!("{x} B"),
+        ),
+    ];
     Ok(TestResult {
         test: "disk-read".into(),
         title: "Disk read".into(),
@@ -377,56 +385,32 @@ pub fn iops(ctx: &Context) -> Result<TestResult, String> {
     }
     drop(device);
 
-    let mut targets = Vec::new();
-    let colo = fig
-        .series("colocated, 1 client")
-        .cloned()
-        .expect("measured");
-    let sep = fig.series("separate, 1 client").cloned().expect("measured");
     let deep: Vec<f64> = qds
         .iter()
         .filter(|&&q| q >= 16)
         .map(|&q| q as f64)
         .collect();
-    let worst = deep
-        .iter()
-        .map(|&q| {
-            (
-                q,
-                sep.at(q).unwrap_or(0.0) / colo.at(q).unwrap_or(f64::INFINITY),
-            )
-        })
-        .min_by(|a, b| a.1.total_cmp(&b.1))
-        .expect("a queue depth ≥ 16");
-    targets.push(Target {
-        target: "random IOPS: separate ≥ 90% of colocated at QD ≥ 16".into(),
-        measured: format!("lowest {:.0}% (at QD {})", 100.0 * worst.1, worst.0),
-        met: Some(worst.1 >= 0.9),
-    });
-    match fig.series("kernel io_uring, 1 client") {
-        Some(k) => {
-            let worst = qds
-                .iter()
-                .map(|&q| {
-                    (
-                        q,
-                        colo.at(q as f64).unwrap_or(0.0) / k.at(q as f64).unwrap_or(f64::INFINITY),
-                    )
-                })
-                .min_by(|a, b| a.1.total_cmp(&b.1))
-                .expect("queue depths exist");
-            targets.push(Target {
-                target: "random IOPS: colocated ≥ kernel io_uring".into(),
-                measured: format!("lowest {} of kernel (at QD {})", pct(worst.1, 1.0), worst.0),
-                met: Some(worst.1 >= 1.0),
-            });
-        }
-        None => targets.push(Target {
-            target: "random IOPS: colocated ≥ kernel io_uring".into(),
-            measured: "kernel configuration unavailable".into(),
-            met: None,
-        }),
-    }
+    let every: Vec<f64> = qds.iter().map(|&q| q as f64).collect();
+    let targets = vec![
+        ratio_target(
+            "random IOPS: separate ≥ 90% of colocated at QD ≥ 16",
+            fig.series("separate, 1 client"),
+            fig.series("colocated, 1 client"),
+            &deep,
+            0.9,
+            true,
+            |x| format!("QD {x}"),
+        ),
+        ratio_target(
+            "random IOPS: colocated ≥ kernel io_uring",
+            fig.series("colocated, 1 client"),
+            fig.series("kernel io_uring, 1 client"),
+            &every,
+            1.0,
+            true,
+            |x| format!("QD {x}"),
+        ),
+    ];
     Ok(TestResult {
         test: "iops".into(),
         title: "Random IOPS".into(),

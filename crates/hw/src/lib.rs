@@ -7,8 +7,7 @@
 //! - **vfio-user** ([`backend::vfio_user`]): an emulated device model in another process;
 //! - **in-process** ([`backend::in_process`]): a device model in the same process, called
 //!   directly and synchronously, for fast deterministic tests;
-//! - **Linux VFIO**: a real PCI function (its own issue; the interface has no vfio-user
-//!   specifics so it slots in).
+//! - **Linux VFIO** ([`backend::vfio`]): a real PCI function bound to `vfio-pci`.
 //!
 //! Drivers never mmap, open `/sys` or issue ioctls; a register access is the same call whether
 //! it lands in mmapped memory, becomes a vfio-user message, or is an ioeventfd doorbell.
@@ -197,10 +196,13 @@ impl PciFunction {
                 })?;
                 Self::with_backend(spec.to_string(), Arc::new(b))
             }
-            DeviceSpec::Vfio(_) => Err(HwError::Open {
-                spec: spec.to_string(),
-                why: "the Linux VFIO backend is not built yet".into(),
-            }),
+            DeviceSpec::Vfio(bdf) => {
+                let b = backend::vfio::VfioBackend::open(bdf).map_err(|e| HwError::Open {
+                    spec: spec.to_string(),
+                    why: e.to_string(),
+                })?;
+                Self::with_backend(spec.to_string(), Arc::new(b))
+            }
         }
     }
 

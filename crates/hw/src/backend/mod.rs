@@ -1,6 +1,7 @@
 //! Backends: the ways a [`crate::PciFunction`] reaches its device.
 
 pub mod in_process;
+pub mod vfio;
 pub mod vfio_user;
 
 use std::os::fd::BorrowedFd;

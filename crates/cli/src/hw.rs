@@ -17,6 +17,10 @@ pub enum HwCommand {
     Probe(Target),
     /// Match a driver, bring the device up and test it. Read-only unless --write.
     Selftest(SelftestArgs),
+    /// Point one read at an IOVA that is not mapped and report what happens: a test of the
+    /// IOMMU set-up (with VFIO the kernel logs a DMAR fault; a device model reports an I/O
+    /// error). Reads only.
+    DmaFault(Target),
     /// Measure access costs: a trapped register read, a doorbell write, a null request round
     /// trip (doorbell, device, interrupt), and 4 KiB random reads at queue depth 1 and 32.
     /// Read-only.
@@ -71,6 +75,7 @@ pub fn run(c: HwCommand) -> Result<ExitCode, String> {
     match c {
         HwCommand::Probe(t) => probe(&t.spec()).map(|()| ExitCode::SUCCESS),
         HwCommand::Selftest(a) => selftest(&a),
+        HwCommand::DmaFault(t) => dma_fault(&t.spec()),
         HwCommand::Latency(a) => {
             crate::latency::run(&a.target.spec(), a.iterations).map(|()| ExitCode::SUCCESS)
         }
@@ -401,4 +406,27 @@ fn write_test(d: &mut VirtioBlk, buf: &outboard_hw::DmaBuf, sector: u64, rep: &m
         compare(buf, chk, &original)?;
         Ok(((), "restored".into()))
     });
+}
+
+/// An IOVA inside a 39-bit IOMMU address space that `DmaSpace` never hands out (it allocates
+/// from 4 GiB upwards, far below this).
+const UNMAPPED_IOVA: u64 = 0x40_0000_0000;
+
+fn dma_fault(spec: &DeviceSpec) -> Result<ExitCode, String> {
+    let f = PciFunction::open(spec).map_err(|e| e.to_string())?;
+    let mut d = VirtioBlk::new(f, BlkDriverOptions::default()).map_err(|e| e.to_string())?;
+    let r = BlkRequest {
+        op: BlkOp::Read,
+        sector: 0,
+        bufs: vec![(UNMAPPED_IOVA, 4096)],
+        tag: 1,
+    };
+    d.submit(0, &r).map_err(|e| e.to_string())?;
+    d.kick(0).map_err(|e| e.to_string())?;
+    let mut out = Vec::new();
+    match d.wait(0, &mut out, std::time::Duration::from_secs(3)) {
+        Ok(_) if !out.is_empty() => println!("read into unmapped IOVA {UNMAPPED_IOVA:#x}: {:?}", out[0].result),
+        Ok(_) | Err(_) => println!("read into unmapped IOVA {UNMAPPED_IOVA:#x}: no completion (the device gave up on the request)"),
+    }
+    Ok(ExitCode::SUCCESS)
 }

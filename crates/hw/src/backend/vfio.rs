@@ -261,14 +261,18 @@ impl VfioBackend {
                 ..Default::default()
             };
             // SAFETY: `r` is a correctly sized vfio_region_info with argsz and index set.
-            unsafe {
+            let found = unsafe {
                 ioctl(
                     device.as_fd(),
                     DEVICE_GET_REGION_INFO,
                     &mut r as *mut _ as usize,
                     "VFIO_DEVICE_GET_REGION_INFO",
-                )?
+                )
             };
+            if found.is_err() {
+                // Regions a function lacks (the VGA region of a non-VGA device) answer EINVAL.
+                r.size = 0;
+            }
             regions.push(r);
         }
         Ok(Self {

@@ -133,7 +133,7 @@ fn outboard_drives_qemus_devices_through_vfio_in_a_guest() {
         .unwrap();
 
     let t0 = Instant::now();
-    let mut qemu = Command::new("qemu-system-x86_64")
+    let qemu = Command::new("qemu-system-x86_64")
         .args([
             "-accel",
             "tcg",

@@ -12,7 +12,8 @@ command -v losetup >/dev/null || need_apt+=(mount)
 [ -f /usr/share/fonts/truetype/dejavu/DejaVuSans.ttf ] || need_apt+=(fonts-dejavu-core)
 # The QEMU guest tests (real VFIO behind an emulated IOMMU, against QEMU's own devices).
 command -v qemu-system-x86_64 >/dev/null || need_apt+=(qemu-system-x86)
-[ -x /bin/busybox ] && /bin/busybox --list 2>/dev/null | grep -q '^insmod$' || need_apt+=(busybox-static)
+# The guest's initramfs needs a static busybox (Debian's plain busybox is dynamic).
+ldd /bin/busybox 2>&1 | grep -q "not a dynamic executable" || need_apt+=(busybox-static)
 command -v cpio >/dev/null || need_apt+=(cpio)
 command -v xz >/dev/null || need_apt+=(xz-utils)
 command -v strip >/dev/null || need_apt+=(binutils)

@@ -90,33 +90,28 @@ impl Device {
             .ok_or(HwError::NoSuchRegion(index as u8))
     }
 
-    fn read(&self, index: u32, offset: u64, buf: &mut [u8]) -> Result<()> {
+    /// The device-fd offset of `[offset, offset + len)` in region `index`, checked.
+    fn span(&self, index: u32, offset: u64, len: usize) -> Result<u64> {
         let r = self.region(index)?;
-        if offset
-            .checked_add(buf.len() as u64)
-            .is_none_or(|e| e > r.size)
-        {
+        if offset.checked_add(len as u64).is_none_or(|e| e > r.size) {
             return Err(HwError::Backend(format!(
                 "region {index}: access at {offset:#x} out of range"
             )));
         }
+        Ok(r.offset + offset)
+    }
+
+    fn read(&self, index: u32, offset: u64, buf: &mut [u8]) -> Result<()> {
+        let at = self.span(index, offset, buf.len())?;
         self.device
-            .read_exact_at(buf, r.offset + offset)
+            .read_exact_at(buf, at)
             .map_err(|e| HwError::Backend(format!("region {index} read: {e}")))
     }
 
     fn write(&self, index: u32, offset: u64, data: &[u8]) -> Result<()> {
-        let r = self.region(index)?;
-        if offset
-            .checked_add(data.len() as u64)
-            .is_none_or(|e| e > r.size)
-        {
-            return Err(HwError::Backend(format!(
-                "region {index}: access at {offset:#x} out of range"
-            )));
-        }
+        let at = self.span(index, offset, data.len())?;
         self.device
-            .write_all_at(data, r.offset + offset)
+            .write_all_at(data, at)
             .map_err(|e| HwError::Backend(format!("region {index} write: {e}")))
     }
 }

@@ -10,6 +10,15 @@ use outboard_hw::{DeviceSpec, PciFunction};
 
 const DISK: u64 = 16 << 20;
 
+/// Runs `outboard ARGS… PATH` (the bring-up tools take the socket last).
+fn outboard(args: &[&str], path: impl AsRef<std::path::Path>) -> std::process::Output {
+    std::process::Command::new(env!("CARGO_BIN_EXE_outboard"))
+        .args(args)
+        .arg(path.as_ref())
+        .output()
+        .unwrap()
+}
+
 fn open(dev: &DeviceProcess) -> VirtioBlk {
     let f = PciFunction::open(&DeviceSpec::VfioUser(dev.socket.clone())).expect("open device");
     VirtioBlk::new(f, BlkDriverOptions::default()).expect("bring up")
@@ -124,11 +133,7 @@ fn a_restarted_driver_reconnects_and_finds_a_reset_device() {
 fn the_bring_up_tools_work_on_a_device_process() {
     let dir = tempfile::tempdir().unwrap();
     let dev = DeviceProcess::virtio_blk(dir.path(), "mem:8M", &[]);
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_outboard"))
-        .args(["hw", "probe", "--vfio-user"])
-        .arg(&dev.socket)
-        .output()
-        .unwrap();
+    let out = outboard(&["hw", "probe", "--vfio-user"], &dev.socket);
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(out.status.success(), "{text}");
     assert!(text.contains("1af4:1042"), "{text}");
@@ -137,11 +142,7 @@ fn the_bring_up_tools_work_on_a_device_process() {
     assert!(text.contains("MSI-X 2"), "{text}");
     assert!(text.contains("VERSION_1"), "{text}");
 
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_outboard"))
-        .args(["hw", "selftest", "--write", "--vfio-user"])
-        .arg(&dev.socket)
-        .output()
-        .unwrap();
+    let out = outboard(&["hw", "selftest", "--write", "--vfio-user"], &dev.socket);
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(out.status.success(), "{text}");
     assert!(text.contains("read back, compare"), "{text}");
@@ -153,20 +154,15 @@ fn selftest_and_probe_explain_what_they_cannot_do() {
     // A read-only disk passes the read-only self-test and says why it skipped the write test.
     let dir = tempfile::tempdir().unwrap();
     let dev = DeviceProcess::virtio_blk(dir.path(), "mem:1M", &["--read-only"]);
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_outboard"))
-        .args(["hw", "selftest", "--write", "--vfio-user"])
-        .arg(&dev.socket)
-        .output()
-        .unwrap();
+    let out = outboard(&["hw", "selftest", "--write", "--vfio-user"], &dev.socket);
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(out.status.success(), "{text}");
     assert!(text.contains("the disk is read-only"), "{text}");
     // A socket nobody serves is a clear error, not a hang.
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_outboard"))
-        .args(["hw", "probe", "--vfio-user"])
-        .arg(dir.path().join("nothing.sock"))
-        .output()
-        .unwrap();
+    let out = outboard(
+        &["hw", "probe", "--vfio-user"],
+        dir.path().join("nothing.sock"),
+    );
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("cannot connect"));
 }

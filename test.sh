@@ -32,6 +32,12 @@ if ! command -v cargo >/dev/null; then
 fi
 command -v cargo >/dev/null || { echo "test.sh: Rust (cargo) is required: https://rustup.rs" >&2; exit 1; }
 
+# Formatting and lints first: cheap, and they fail fast.
+rustup component list --installed 2>/dev/null | grep -q rustfmt || rustup component add rustfmt
+rustup component list --installed 2>/dev/null | grep -q clippy || rustup component add clippy
+cargo fmt --all --check
+cargo clippy --workspace --all-targets --locked -- -D warnings
+
 cargo test --workspace --locked
 # The ring protocol and doorbell rule, model-checked over all interleavings.
 RUSTFLAGS="--cfg loom" CARGO_TARGET_DIR=target/loom cargo test --locked --release -p outboard-session --test loom

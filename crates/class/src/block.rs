@@ -106,6 +106,15 @@ pub enum BlockError {
     /// No device by that name.
     #[error("no such device: {0}")]
     NoSuchDevice(String),
+    /// The device or its driver failed and was given up; the message says why.
+    #[error("device failed: {0}")]
+    DeviceFailed(String),
+    /// The device is in use by another client that holds it exclusively.
+    #[error("device busy: {0}")]
+    Busy(String),
+    /// The manager (or server) that would answer is not running.
+    #[error("not reachable: {0}")]
+    Unreachable(String),
 }
 
 impl BlockError {
@@ -125,6 +134,9 @@ impl BlockError {
             BlockError::Timeout => -11,
             BlockError::Protocol(_) => -12,
             BlockError::NoSuchDevice(_) => -13,
+            BlockError::DeviceFailed(_) => -14,
+            BlockError::Busy(_) => -15,
+            BlockError::Unreachable(_) => -16,
         }
     }
     /// Error from a wire status code.
@@ -140,6 +152,11 @@ impl BlockError {
             -9 => BlockError::BadBuffer,
             -10 => BlockError::QueueFull,
             -11 => BlockError::Timeout,
+            // A completion carries a code, not the text: the reason is in the driver server's
+            // log and in the error a new open gets.
+            -14 => BlockError::DeviceFailed("the driver gave the device up".into()),
+            -15 => BlockError::Busy("in use".into()),
+            -16 => BlockError::Unreachable("the server".into()),
             -1 => BlockError::Invalid("rejected by the driver".into()),
             c => BlockError::Protocol(format!("unknown status {c}")),
         }

@@ -48,6 +48,16 @@ impl Default for SessionOptions {
     }
 }
 
+/// The class error for a server's (or the manager's) error reply.
+pub fn reply_error(code: &str, message: String) -> BlockError {
+    match code {
+        "no-such-device" => BlockError::NoSuchDevice(message),
+        "device-failed" => BlockError::DeviceFailed(message),
+        "busy" => BlockError::Busy(message),
+        _ => BlockError::Invalid(message),
+    }
+}
+
 fn session_err(e: SessionError) -> BlockError {
     match e {
         SessionError::Closed => BlockError::DeviceGone,
@@ -95,10 +105,7 @@ impl BlockClient {
                 geometry,
                 info,
             } => (session, geometry, info),
-            Reply::Error { code, message } if code == "no-such-device" => {
-                return Err(BlockError::NoSuchDevice(message))
-            }
-            Reply::Error { message, .. } => return Err(BlockError::Invalid(message)),
+            Reply::Error { code, message } => return Err(reply_error(&code, message)),
             other => return Err(BlockError::Protocol(format!("unexpected reply {other:?}"))),
         };
         let info: BlockInfo = serde_json::from_value(info)
@@ -140,9 +147,7 @@ impl BlockClient {
         {
             Reply::Status { info } => serde_json::from_value(info)
                 .map_err(|e| BlockError::Protocol(format!("device status: {e}"))),
-            Reply::Error { code, message } if code == "no-such-device" => {
-                Err(BlockError::NoSuchDevice(message))
-            }
+            Reply::Error { code, message } => Err(reply_error(&code, message)),
             other => Err(BlockError::Protocol(format!("unexpected reply {other:?}"))),
         }
     }

@@ -88,7 +88,7 @@ pub fn run(c: BlkCommand, control: PathBuf) -> Result<ExitCode, String> {
                 ));
             }
             let length = a.length.unwrap_or(total - a.offset);
-            if a.offset + length > total {
+            if a.offset.checked_add(length).is_none_or(|end| end > total) {
                 return Err(format!(
                     "{} bytes at offset {} run past the end of {} ({total} bytes)",
                     length, a.offset, a.device
@@ -122,7 +122,10 @@ pub fn run(c: BlkCommand, control: PathBuf) -> Result<ExitCode, String> {
             };
             let mut d = outboard_manager::open::open_block(&control, &a.device).map_err(e)?;
             let total = d.info().bytes();
-            if a.offset + data.len() as u64 > total {
+            if a.offset
+                .checked_add(data.len() as u64)
+                .is_none_or(|end| end > total)
+            {
                 return Err(format!(
                     "{} bytes at offset {} run past the end of {} ({total} bytes)",
                     data.len(),

@@ -100,6 +100,17 @@ fn bench(a: BenchArgs) -> Result<ExitCode, String> {
     Ok(ExitCode::SUCCESS)
 }
 
+/// Rust starts programs with SIGPIPE ignored, so `outboard hw probe | head -1` would panic
+/// in `println!` when `head` exits. A command-line tool should end quietly instead, as every
+/// Unix filter does: restore the default action.
+fn restore_sigpipe() {
+    // SAFETY: called first thing in `main`, before any thread exists; setting a signal's
+    // disposition to SIG_DFL installs no handler code, so nothing can run in signal context.
+    unsafe {
+        libc::signal(libc::SIGPIPE, libc::SIG_DFL);
+    }
+}
+
 fn init_logging(verbose: u8) {
     let default = match verbose {
         0 => "warn",
@@ -109,13 +120,16 @@ fn init_logging(verbose: u8) {
     };
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default));
+    // Colour only for a person at a terminal: a log file or a pipe gets plain text.
     tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
 }
 
 fn main() -> ExitCode {
+    restore_sigpipe();
     let cli = Cli::parse();
     init_logging(cli.verbose);
     let control = cli

@@ -46,6 +46,13 @@ pub struct DriverHostArgs {
     /// (0: sleep at once). Saves a wake-up per request for busy clients; idle cost is nil.
     #[arg(long, default_value_t = 20)]
     spin_us: u64,
+    /// An inherited SEQPACKET socket to report events (device failures) to the manager on.
+    #[arg(long, value_name = "FD")]
+    notify_fd: Option<i32>,
+    /// Seconds a request may stay in a device before the device counts as stalled and is
+    /// given up (its requests fail with "device failed").
+    #[arg(long, default_value_t = 30)]
+    deadline_s: u64,
 }
 
 pub fn stop_flag() -> Result<Arc<AtomicBool>, String> {
@@ -137,11 +144,17 @@ pub fn driver_host(a: DriverHostArgs) -> Result<ExitCode, String> {
             continue;
         }
         let spec: DeviceSpec = spec.parse()?;
-        hosts.push(Box::new(BlockHost::open(name, &spec)?));
+        hosts.push(Box::new(
+            BlockHost::open(name, &spec).map_err(|e| e.to_string())?,
+        ));
     }
     let names: Vec<String> = hosts.iter().map(|h| h.info().name.clone()).collect();
     let mut server = DriverHost::bind(&a.listen, hosts)?;
     server.set_spin(std::time::Duration::from_micros(a.spin_us));
+    server.set_deadline(std::time::Duration::from_secs(a.deadline_s.max(1)));
+    if let Some(fd) = a.notify_fd {
+        server.set_notify(outboard_manager::supervisor::inherited_fd(fd)?);
+    }
     eprintln!(
         "outboard: driver server for {} listening on {}",
         names.join(", "),

@@ -4,113 +4,13 @@
 mod common;
 
 use std::io::Write;
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Output, Stdio};
+use std::path::Path;
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use common::pattern;
 
-const EXE: &str = env!("CARGO_BIN_EXE_outboard");
-
-/// A running `outboard up`, stopped with SIGINT on drop.
-struct Up {
-    child: Option<Child>,
-    control: PathBuf,
-    dir: PathBuf,
-}
-
-impl Up {
-    fn start(dir: &Path, machine: Option<&str>) -> Self {
-        let control = dir.join("rt/control.sock");
-        let mut cmd = Command::new(EXE);
-        cmd.arg("up")
-            .env("OUTBOARD_CONTROL", &control)
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped());
-        if let Some(m) = machine {
-            let p = dir.join("machine.toml");
-            std::fs::write(&p, m).unwrap();
-            cmd.arg("--machine").arg(p);
-        }
-        let child = cmd.spawn().unwrap();
-        let deadline = Instant::now() + Duration::from_secs(30);
-        let up = Self {
-            child: Some(child),
-            control,
-            dir: dir.join("rt"),
-        };
-        while !up.run(&["ls"]).status.success() {
-            assert!(Instant::now() < deadline, "outboard up did not come up");
-            std::thread::sleep(Duration::from_millis(50));
-        }
-        up
-    }
-
-    fn run(&self, args: &[&str]) -> Output {
-        Command::new(EXE)
-            .args(args)
-            .env("OUTBOARD_CONTROL", &self.control)
-            .stdin(Stdio::null())
-            .output()
-            .unwrap()
-    }
-
-    fn run_with_input(&self, args: &[&str], input: &[u8]) -> Output {
-        let mut c = Command::new(EXE)
-            .args(args)
-            .env("OUTBOARD_CONTROL", &self.control)
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap();
-        c.stdin.take().unwrap().write_all(input).unwrap();
-        c.wait_with_output().unwrap()
-    }
-
-    fn interrupt(&mut self) -> Output {
-        let child = self.child.take().unwrap();
-        rustix::process::kill_process(
-            rustix::process::Pid::from_child(&child),
-            rustix::process::Signal::INT,
-        )
-        .unwrap();
-        child.wait_with_output().unwrap()
-    }
-}
-
-impl Drop for Up {
-    fn drop(&mut self) {
-        if self.child.is_some() {
-            self.interrupt();
-        }
-    }
-}
-
-fn stdout(o: &Output) -> String {
-    String::from_utf8_lossy(&o.stdout).into_owned()
-}
-
-fn children_of(pid: u32) -> Vec<u32> {
-    let mut out = Vec::new();
-    for e in std::fs::read_dir("/proc").unwrap().flatten() {
-        let Ok(p) = e.file_name().to_string_lossy().parse::<u32>() else {
-            continue;
-        };
-        if let Ok(stat) = std::fs::read_to_string(format!("/proc/{p}/stat")) {
-            let ppid = stat
-                .rsplit(')')
-                .next()
-                .and_then(|r| r.split_whitespace().nth(1))
-                .and_then(|s| s.parse::<u32>().ok());
-            if ppid == Some(pid) {
-                out.push(p);
-            }
-        }
-    }
-    out
-}
+use common::{children_of, stdout, Up, EXE};
 
 #[test]
 fn the_default_machine_serves_disk0_and_stops_cleanly() {

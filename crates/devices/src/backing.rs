@@ -80,6 +80,10 @@ impl Backing {
                 path: spec.to_string(),
                 source,
             };
+            // Refuse a bad size before creating anything, so a refusal leaves nothing behind.
+            if let Some(n) = create_size.filter(|n| *n == 0 || n % 512 != 0) {
+                return Err(bad(&format!("size {n} is not a positive multiple of 512")));
+            }
             let file: File = match OpenOptions::new().read(true).write(true).open(&path) {
                 Ok(f) => f,
                 Err(e) if e.kind() == std::io::ErrorKind::NotFound && create_size.is_some() => {

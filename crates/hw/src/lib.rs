@@ -42,6 +42,12 @@ pub enum HwError {
         /// Why.
         why: String,
     },
+    /// The device is in use by another driver (a vfio-user server answered `EBUSY`).
+    #[error("{spec} is in use by another driver")]
+    Busy {
+        /// The device spec.
+        spec: String,
+    },
     /// The backend (vfio-user server, VFIO ioctl) failed.
     #[error("{0}")]
     Backend(String),
@@ -188,12 +194,16 @@ impl PciFunction {
     pub fn open(spec: &DeviceSpec) -> Result<Self> {
         match spec {
             DeviceSpec::VfioUser(path) => {
-                let b = backend::vfio_user::VfioUserBackend::connect(path).map_err(|e| {
-                    HwError::Open {
-                        spec: spec.to_string(),
-                        why: e.to_string(),
-                    }
-                })?;
+                let b =
+                    backend::vfio_user::VfioUserBackend::connect(path).map_err(|e| match e {
+                        HwError::Busy { .. } => HwError::Busy {
+                            spec: spec.to_string(),
+                        },
+                        e => HwError::Open {
+                            spec: spec.to_string(),
+                            why: e.to_string(),
+                        },
+                    })?;
                 Self::with_backend(spec.to_string(), Arc::new(b))
             }
             DeviceSpec::Vfio(bdf) => {
@@ -352,5 +362,19 @@ impl PciFunction {
     /// Resets the function.
     pub fn reset(&self) -> Result<()> {
         self.backend.reset()
+    }
+
+    /// Turns readable or hung up when the device is lost (its model died, or the connection
+    /// was given up after a failure); an event source for the driver's loop. `None` when the
+    /// backend cannot tell.
+    pub fn loss_fd(&self) -> Option<std::os::fd::BorrowedFd<'_>> {
+        self.backend.loss_fd()
+    }
+
+    /// Gives the device up after a failure without waiting on it, so that it stops reaching
+    /// memory through its DMA mappings (vfio-user: the connection is closed and the model
+    /// resets the device; VFIO: a function reset).
+    pub fn abandon(&self) {
+        self.backend.abandon()
     }
 }

@@ -151,12 +151,7 @@ impl Machine {
         for d in raw.device {
             let d = d.into_inner();
             let name = d.name.get_ref();
-            let valid_name = !name.is_empty()
-                && name.len() <= 32
-                && name
-                    .chars()
-                    .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_');
-            if !valid_name {
+            if !valid_name(name) {
                 return Err(err(
                     d.name.span().start,
                     format!("device name {name:?}: use 1-32 letters, digits, '-' or '_'"),
@@ -266,10 +261,49 @@ impl Machine {
                     ))
                 }
             };
-            let server = d
-                .server
-                .map(|s| s.into_inner())
-                .unwrap_or_else(|| format!("{name}-server"));
+            if d.model.get_ref() == "null-blk" && placement == Placement::Colocated {
+                return Err(err(
+                    d.placement.as_ref().map_or(dev_at, |p| p.span().start),
+                    "a null-blk device measures the session path: it runs only \"separate\"".into(),
+                ));
+            }
+            let server =
+                match (&d.server, placement) {
+                    (None, _) => format!("{name}-server"),
+                    (Some(s), Placement::Colocated) => return Err(err(
+                        s.span().start,
+                        "server names a driver server, but this device is colocated (its driver \
+                         runs in each client): drop server or use placement = \"separate\""
+                            .into(),
+                    )),
+                    // A server name becomes a socket file name in the runtime directory.
+                    (Some(s), Placement::Separate) if !valid_name(s.get_ref()) => {
+                        return Err(err(
+                            s.span().start,
+                            format!(
+                                "server name {:?}: use 1-32 letters, digits, '-' or '_'",
+                                s.get_ref()
+                            ),
+                        ))
+                    }
+                    (Some(s), Placement::Separate) => s.get_ref().clone(),
+                };
+            if backing.starts_with('/') || !backing.contains(':') {
+                let same = |o: &DeviceConfig| same_file(&o.backing, &backing);
+                if let Some(o) = devices
+                    .iter()
+                    .find(|o| same(o) && (!o.read_only || !d.read_only))
+                {
+                    return Err(err(
+                        d.backing.as_ref().map_or(dev_at, |b| b.span().start),
+                        format!(
+                            "backing {backing:?} is also {}'s: two devices may share a file only \
+                             when both are read_only",
+                            o.name
+                        ),
+                    ));
+                }
+            }
             devices.push(DeviceConfig {
                 name: name.clone(),
                 model: d.model.into_inner(),
@@ -285,6 +319,28 @@ impl Machine {
             name: raw.name.unwrap_or_else(|| "machine".into()),
             devices,
         })
+    }
+}
+
+/// A name that is safe as part of a file name: 1-32 letters, digits, `-` or `_`.
+fn valid_name(name: &str) -> bool {
+    !name.is_empty()
+        && name.len() <= 32
+        && name
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_')
+}
+
+/// Whether two backing paths name the same file (the same inode if both exist, else the same
+/// absolute path).
+fn same_file(a: &str, b: &str) -> bool {
+    let abs = |p: &str| std::path::absolute(p).unwrap_or_else(|_| p.into());
+    match (std::fs::metadata(a), std::fs::metadata(b)) {
+        (Ok(x), Ok(y)) => {
+            use std::os::unix::fs::MetadataExt;
+            x.dev() == y.dev() && x.ino() == y.ino()
+        }
+        _ => abs(a) == abs(b),
     }
 }
 
@@ -325,6 +381,54 @@ mod tests {
             .unwrap_err()
             .message
             .contains("no [[device]]"));
+    }
+
+    #[test]
+    fn server_names_are_validated_and_placement_is_consistent() {
+        let dev = |extra: &str| {
+            format!(
+                "[[device]]\nname = \"d\"\nmodel = \"virtio-blk\"\nbacking = \"mem:1M\"\n{extra}"
+            )
+        };
+        for bad in ["control/x", "../escaped", "", "a.sock", "x y"] {
+            let e = Machine::parse(&dev(&format!("server = {bad:?}\n")), "s.toml").unwrap_err();
+            assert_eq!(e.line, 5, "{bad:?}: {e}");
+            assert!(e.message.contains("server name"), "{e}");
+        }
+        // "control" is a fine name: its socket is control.server.sock, not the control socket.
+        Machine::parse(&dev("server = \"control\"\n"), "s.toml").unwrap();
+        let e = Machine::parse(
+            &dev("placement = \"colocated\"\nserver = \"s\"\n"),
+            "c.toml",
+        )
+        .unwrap_err();
+        assert!(e.message.contains("colocated"), "{e}");
+        let null = "[[device]]\nname = \"n\"\nmodel = \"null-blk\"\nsize = \"1M\"\nplacement = \"colocated\"\n";
+        assert!(Machine::parse(null, "n.toml")
+            .unwrap_err()
+            .message
+            .contains("separate"));
+    }
+
+    #[test]
+    fn two_writable_devices_cannot_share_a_backing_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let f = dir.path().join("disk.img");
+        std::fs::write(&f, vec![0u8; 4096]).unwrap();
+        let two = |ro_a: bool, ro_b: bool, b: &std::path::Path| {
+            format!(
+                "[[device]]\nname = \"a\"\nmodel = \"virtio-blk\"\nbacking = {:?}\nread_only = {ro_a}\n\
+                 [[device]]\nname = \"b\"\nmodel = \"virtio-blk\"\nbacking = {:?}\nread_only = {ro_b}\n",
+                f.display().to_string(),
+                b.display().to_string()
+            )
+        };
+        let e = Machine::parse(&two(false, false, &f), "t.toml").unwrap_err();
+        assert!(e.message.contains("also a's"), "{e}");
+        // The same file by another name is the same file.
+        let other = dir.path().join(".").join("disk.img");
+        assert!(Machine::parse(&two(false, true, &other), "t.toml").is_err());
+        Machine::parse(&two(true, true, &f), "t.toml").unwrap();
     }
 
     proptest! {

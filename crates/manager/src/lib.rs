@@ -11,6 +11,7 @@ pub mod api;
 pub mod config;
 pub mod open;
 pub mod registry;
+pub mod runtime;
 pub mod supervisor;
 
 use std::os::fd::{AsFd, OwnedFd};
@@ -60,16 +61,56 @@ pub fn default_runtime_dir() -> PathBuf {
     }
 }
 
-const LISTENER: u64 = u64::MAX;
+/// What woke the manager's work loop.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Source {
+    /// A client is connecting to the control socket.
+    Listener,
+    /// Child process `i` exited.
+    Child(usize),
+    /// Control connection `i` has a request (or hung up).
+    Conn(usize),
+    /// Child `i` reported an event.
+    Events(usize),
+}
+
+impl Source {
+    const CONN: u64 = 1 << 32;
+    const EVENTS: u64 = 2 << 32;
+    const KIND: u64 = 0xffff_ffff << 32;
+
+    fn token(self) -> u64 {
+        match self {
+            Source::Listener => u64::MAX,
+            Source::Child(i) => i as u64,
+            Source::Conn(i) => Self::CONN | i as u64,
+            Source::Events(i) => Self::EVENTS | i as u64,
+        }
+    }
+
+    fn from_token(t: u64) -> Self {
+        let i = (t & !Self::KIND) as usize;
+        match t {
+            u64::MAX => Source::Listener,
+            t if t & Self::KIND == Self::CONN => Source::Conn(i),
+            t if t & Self::KIND == Self::EVENTS => Source::Events(i),
+            _ => Source::Child(i),
+        }
+    }
+}
 
 /// A running machine.
 pub struct Manager {
     machine: Machine,
     opts: ManagerOptions,
-    listener: Option<OwnedFd>,
+    /// Held for the manager's lifetime: the lock that keeps other managers out.
+    runtime: Option<runtime::RuntimeDir>,
+    listener: Option<(OwnedFd, outboard_sys::SocketPath)>,
     procs: Vec<Process>,
     registry: Node,
+    /// Files the manager's children create; removed at shutdown unless they explain a crash.
     created: Vec<PathBuf>,
+    conns: Vec<Option<OwnedFd>>,
 }
 
 fn size_text(n: u64) -> String {
@@ -85,16 +126,16 @@ impl Manager {
     /// Starts every device model and driver server of `machine`. On failure, whatever was
     /// started is stopped again.
     pub fn start(machine: Machine, opts: ManagerOptions) -> Result<Self, String> {
-        std::fs::create_dir_all(&opts.runtime_dir)
-            .map_err(|e| format!("{}: {e}", opts.runtime_dir.display()))?;
-        let _ = rustix::fs::chmod(&opts.runtime_dir, rustix::fs::Mode::from_raw_mode(0o700));
+        let runtime = runtime::RuntimeDir::claim(&opts.runtime_dir)?;
         let mut m = Self {
             registry: Node::new("machine", &machine.name).with("state", "starting"),
             machine,
             opts,
+            runtime: Some(runtime),
             listener: None,
             procs: Vec::new(),
             created: Vec::new(),
+            conns: Vec::new(),
         };
         if let Err(e) = m.bring_up() {
             m.shutdown();
@@ -106,16 +147,18 @@ impl Manager {
         Ok(m)
     }
 
-    fn path(&mut self, name: &str) -> PathBuf {
-        let p = self.opts.runtime_dir.join(name);
+    fn rt(&self) -> &runtime::RuntimeDir {
+        self.runtime.as_ref().expect("held until shutdown")
+    }
+
+    /// Records a file a child will create, for removal at shutdown.
+    fn created(&mut self, p: PathBuf) -> PathBuf {
         self.created.push(p.clone());
         p
     }
 
     fn bring_up(&mut self) -> Result<(), String> {
-        let listener = control::listen(&self.opts.control).map_err(|e| e.to_string())?;
-        self.created.push(self.opts.control.clone());
-        self.listener = Some(listener);
+        self.listener = Some(control::listen(&self.opts.control).map_err(|e| e.to_string())?);
         let mut bus = Node::new("bus", "vfio-user");
         let mut virtual_bus = Node::new("bus", "virtual");
         let devices = self.machine.devices.clone();
@@ -132,8 +175,7 @@ impl Manager {
             );
         }
         for d in devices.iter().filter(|d| d.model != "null-blk") {
-            let sock = self.path(&format!("{}.vfio-user.sock", d.name));
-            let _ = std::fs::remove_file(&sock);
+            let sock = self.created(self.rt().device_socket(&d.name));
             let mut args = vec![
                 "device".to_string(),
                 d.model.clone(),
@@ -150,7 +192,7 @@ impl Manager {
             if d.read_only {
                 args.push("--read-only".into());
             }
-            let log = self.path(&format!("{}.device.log", d.name));
+            let log = self.created(self.rt().device_log(&d.name));
             let mut p = Process::spawn(
                 &self.opts.exe,
                 &format!("device model for {}", d.name),
@@ -238,30 +280,25 @@ impl Manager {
             }
         }
         for (server, names) in servers {
-            let sock = self.path(&format!("{server}.sock"));
-            let _ = std::fs::remove_file(&sock);
+            let sock = self.created(self.rt().server_socket(&server));
             let mut args = vec![
                 "driver-host".to_string(),
                 "--listen".into(),
                 sock.display().to_string(),
+                "--notify-fd".into(),
+                supervisor::EVENT_FD.to_string(),
             ];
             for n in &names {
                 let d = devices.iter().find(|d| &d.name == n).expect("named above");
                 let spec = if d.model == "null-blk" {
                     d.backing.clone()
                 } else {
-                    format!(
-                        "vfio-user:{}",
-                        self.opts
-                            .runtime_dir
-                            .join(format!("{n}.vfio-user.sock"))
-                            .display()
-                    )
+                    format!("vfio-user:{}", self.rt().device_socket(n).display())
                 };
                 args.extend(["--device".into(), format!("{n}={spec}")]);
             }
-            let log = self.path(&format!("{server}.log"));
-            let mut p = Process::spawn(
+            let log = self.created(self.rt().server_log(&server));
+            let mut p = Process::spawn_with_events(
                 &self.opts.exe,
                 &format!("driver server {server}"),
                 &args,
@@ -304,35 +341,97 @@ impl Manager {
     }
 
     /// Serves the control API and supervises children until `stop` is set.
+    ///
+    /// Nothing here blocks: a control connection is an event source of its own, read only when
+    /// it is readable and answered without waiting, so an idle or stuck client cannot delay a
+    /// crash report or another client.
     pub fn run(&mut self, stop: &AtomicBool) -> Result<(), String> {
-        let work = WorkLoop::new().map_err(|e| e.to_string())?;
-        let listener = self.listener.take().ok_or("the manager is not started")?;
-        work.add(listener.as_fd(), LISTENER)
+        let mut work = WorkLoop::new().map_err(|e| e.to_string())?;
+        let (listener, _) = self.listener.as_ref().ok_or("the manager is not started")?;
+        work.add(listener.as_fd(), Source::Listener.token())
             .map_err(|e| e.to_string())?;
         for (i, p) in self.procs.iter().enumerate() {
-            work.add(p.fd(), i as u64).map_err(|e| e.to_string())?;
+            if p.exited.is_none() {
+                work.add(p.fd(), Source::Child(i).token())
+                    .map_err(|e| e.to_string())?;
+            }
+            if let Some(ev) = &p.events {
+                work.add(ev.as_fd(), Source::Events(i).token())
+                    .map_err(|e| e.to_string())?;
+            }
         }
         let mut ready = Vec::new();
-        let mut work = work;
         while !stop.load(Ordering::Relaxed) {
             ready.clear();
             work.wait(Some(Duration::from_millis(100)), &mut ready)
                 .map_err(|e| e.to_string())?;
             for &t in &ready {
-                if t == LISTENER {
-                    if let Ok(conn) = control::accept(listener.as_fd()) {
-                        self.serve(conn);
+                match Source::from_token(t) {
+                    Source::Listener => self.accept(&work),
+                    Source::Child(i) => {
+                        if self.procs.get_mut(i).is_some_and(Process::reap) {
+                            let _ = work.remove(self.procs[i].fd());
+                            self.crashed(i);
+                        }
                     }
-                } else if let Some(p) = self.procs.get_mut(t as usize) {
-                    if p.reap() {
-                        let _ = work.remove(p.fd());
-                        self.crashed(t as usize);
-                    }
+                    Source::Conn(i) => self.serve(&work, i),
+                    Source::Events(i) => self.child_event(&work, i),
                 }
             }
         }
-        self.listener = Some(listener);
         Ok(())
+    }
+
+    /// Takes one event a driver server reported; a channel that closed or sent garbage is
+    /// dropped (the pidfd reports the exit itself).
+    fn child_event(&mut self, work: &WorkLoop, i: usize) {
+        let Some(ev) = self.procs.get(i).and_then(|p| p.events.as_ref()) else {
+            return;
+        };
+        match control::recv::<control::Event>(ev.as_fd(), Some(Duration::ZERO)) {
+            Ok((control::Event::DeviceFailed { device, why }, _)) => {
+                tracing::error!("{device}: its driver gave the device up: {why}");
+                if let Some(drv) = self.driver_of_mut(&device) {
+                    drv.set("state", format!("failed: {why}"));
+                }
+            }
+            Err(outboard_session::SessionError::Timeout) => {}
+            Err(_) => {
+                if let Some(ev) = self.procs[i].events.take() {
+                    let _ = work.remove(ev.as_fd());
+                }
+            }
+        }
+    }
+
+    /// The driver node serving class device `name`.
+    fn driver_of_mut(&mut self, name: &str) -> Option<&mut Node> {
+        fn find<'a>(n: &'a mut Node, name: &str) -> Option<&'a mut Node> {
+            if n.kind == "driver" && n.children.iter().any(|c| c.name == name) {
+                return Some(n);
+            }
+            n.children.iter_mut().find_map(|c| find(c, name))
+        }
+        find(&mut self.registry, name)
+    }
+
+    fn accept(&mut self, work: &WorkLoop) {
+        let Some((listener, _)) = &self.listener else {
+            return;
+        };
+        let Ok(conn) = control::accept(listener.as_fd()) else {
+            return;
+        };
+        let slot = match self.conns.iter().position(Option::is_none) {
+            Some(i) => i,
+            None => {
+                self.conns.push(None);
+                self.conns.len() - 1
+            }
+        };
+        if work.add(conn.as_fd(), Source::Conn(slot).token()).is_ok() {
+            self.conns[slot] = Some(conn);
+        }
     }
 
     /// Records and reports a child that exited while the machine was running.
@@ -351,36 +450,101 @@ impl Manager {
             p.pid(),
             p.log.display()
         );
+        // The log explains the crash: it outlives the machine.
+        let log = p.log.clone();
+        self.created.retain(|f| f != &log);
         let pid = serde_json::Value::from(p.pid());
-        fn mark(n: &mut Node, pid: &serde_json::Value, state: &str) {
+        let why = format!("crashed ({status}); log {}", log.display());
+        // A dead device model takes its driver down with it: nothing it serves can work.
+        let model_of = self
+            .registry
+            .children
+            .iter()
+            .flat_map(|bus| &bus.children)
+            .find(|f| f.kind == "pci-function" && f.props.get("pid") == Some(&pid));
+        let orphaned: Vec<String> = model_of
+            .map(|f| {
+                f.children
+                    .iter()
+                    .flat_map(|d| &d.children)
+                    .map(|c| c.name.clone())
+                    .collect()
+            })
+            .unwrap_or_default();
+        fn mark(n: &mut Node, pid: &serde_json::Value, orphaned: &[String], why: &str) {
             if n.props.get("pid") == Some(pid) {
-                n.set("state", state);
+                n.set("state", why);
+            } else if n.kind == "driver" && n.children.iter().any(|c| orphaned.contains(&c.name)) {
+                n.set("state", format!("failed: its device model {why}"));
             }
-            n.children.iter_mut().for_each(|c| mark(c, pid, state));
+            n.children
+                .iter_mut()
+                .for_each(|c| mark(c, pid, orphaned, why));
         }
-        mark(&mut self.registry, &pid, &format!("crashed ({status})"));
+        mark(&mut self.registry, &pid, &orphaned, &why);
     }
 
-    /// Answers one client connection (one request, one reply).
-    fn serve(&mut self, conn: OwnedFd) {
-        let reply = match control::recv::<Request>(conn.as_fd(), Some(Duration::from_secs(1))) {
-            Ok((Request::List, _)) => Reply::Registry {
+    /// Answers one request on control connection `i` without blocking; a connection that
+    /// hung up, sent garbage or does not read its replies is closed.
+    fn serve(&mut self, work: &WorkLoop, i: usize) {
+        let Some(Some(conn)) = self.conns.get(i) else {
+            return;
+        };
+        let reply = match control::recv::<Request>(conn.as_fd(), Some(Duration::ZERO)) {
+            Ok((req, _)) => self.answer(req),
+            Err(outboard_session::SessionError::Timeout) => return,
+            Err(outboard_session::SessionError::Invalid(m)) => Reply::Error {
+                code: "invalid".into(),
+                message: m,
+            },
+            Err(_) => {
+                self.close_conn(work, i);
+                return;
+            }
+        };
+        let Some(Some(conn)) = self.conns.get(i) else {
+            return;
+        };
+        if control::try_send(conn.as_fd(), &reply, &[]).is_err() {
+            self.close_conn(work, i);
+        }
+    }
+
+    fn close_conn(&mut self, work: &WorkLoop, i: usize) {
+        if let Some(conn) = self.conns.get_mut(i).and_then(Option::take) {
+            let _ = work.remove(conn.as_fd());
+        }
+    }
+
+    fn answer(&self, req: Request) -> Reply {
+        match req {
+            Request::List => Reply::Registry {
                 tree: self.registry.clone(),
             },
-            Ok((Request::Open { name }, _)) => self.open(&name),
-            Ok((Request::Status { name }, _)) => match self.registry.find("block-device", &name) {
+            Request::Open { name } => self.open(&name),
+            Request::Status { name } => match self.registry.find("block-device", &name) {
                 Some(node) => Reply::Status { node: node.clone() },
                 None => Reply::Error {
                     code: "no-such-device".into(),
                     message: format!("no device named {name:?}"),
                 },
             },
-            Err(e) => Reply::Error {
-                code: "invalid".into(),
-                message: e.to_string(),
-            },
-        };
-        let _ = control::send(conn.as_fd(), &reply, &[]);
+        }
+    }
+
+    /// The state of the driver serving `name`, if it is not serving.
+    fn failure(&self, name: &str) -> Option<String> {
+        fn driver_of<'a>(n: &'a Node, name: &str) -> Option<&'a Node> {
+            if n.kind == "driver" && n.children.iter().any(|c| c.name == name) {
+                return Some(n);
+            }
+            n.children.iter().find_map(|c| driver_of(c, name))
+        }
+        let state = driver_of(&self.registry, name)?
+            .props
+            .get("state")?
+            .as_str()?;
+        (state.starts_with("crashed") || state.starts_with("failed")).then(|| state.to_string())
     }
 
     fn open(&self, name: &str) -> Reply {
@@ -399,29 +563,49 @@ impl Manager {
                 ),
             };
         };
+        if let Some(state) = self.failure(name) {
+            return Reply::Error {
+                code: "device-failed".into(),
+                message: format!("{name}: its driver is not serving: {state}"),
+            };
+        }
         Reply::Open {
             placement: d.placement,
             server: (d.placement == Placement::Separate)
-                .then(|| self.opts.runtime_dir.join(format!("{}.sock", d.server))),
-            device: (d.placement == Placement::Colocated).then(|| {
-                self.opts
-                    .runtime_dir
-                    .join(format!("{}.vfio-user.sock", d.name))
-            }),
+                .then(|| self.rt().server_socket(&d.server)),
+            device: (d.placement == Placement::Colocated).then(|| self.rt().device_socket(&d.name)),
         }
     }
 
     /// Stops every child (driver servers first, then device models) and removes the files the
     /// manager created.
     pub fn shutdown(&mut self) {
+        let mut crash_logs = Vec::new();
         for p in self.procs.iter_mut().rev() {
+            // One that died on its own before we asked: its log explains why.
+            if p.reap() {
+                eprintln!(
+                    "outboard: {} (pid {}) had exited: {}; see {}",
+                    p.role,
+                    p.pid(),
+                    p.exited.map(|s| s.to_string()).unwrap_or_default(),
+                    p.log.display()
+                );
+                crash_logs.push(p.log.clone());
+            }
             p.stop(Duration::from_secs(5));
         }
+        self.created.retain(|f| !crash_logs.contains(f));
+        self.conns.clear();
         self.listener = None;
         for f in self.created.drain(..) {
-            let _ = std::fs::remove_file(&f);
+            // Children remove their own sockets; one killed leaves a stale socket behind.
+            if !outboard_sys::is_live(&f) {
+                let _ = std::fs::remove_file(&f);
+            }
         }
-        let _ = std::fs::remove_dir(&self.opts.runtime_dir);
+        // Last: releasing the lock lets another manager in.
+        self.runtime = None;
     }
 
     /// The control socket.

@@ -15,8 +15,9 @@ use crate::registry::Node;
 /// Sends one request to the manager.
 pub fn ask(control_path: &Path, req: &Request) -> Result<Reply, BlockError> {
     let sock = control::connect(control_path).map_err(|e| {
-        BlockError::NoSuchDevice(format!(
-            "{e} (is `outboard up` running? --control / OUTBOARD_CONTROL pick its socket)"
+        BlockError::Unreachable(format!(
+            "the manager: {e} (is `outboard up` running? --control / OUTBOARD_CONTROL pick its \
+             socket)"
         ))
     })?;
     control::send(std::os::fd::AsFd::as_fd(&sock), req, &[])
@@ -33,7 +34,7 @@ pub fn ask(control_path: &Path, req: &Request) -> Result<Reply, BlockError> {
 pub fn registry(control_path: &Path) -> Result<Node, BlockError> {
     match ask(control_path, &Request::List)? {
         Reply::Registry { tree } => Ok(tree),
-        Reply::Error { message, .. } => Err(BlockError::Protocol(message)),
+        Reply::Error { code, message } => Err(outboard_class::client::reply_error(&code, message)),
         other => Err(BlockError::Protocol(format!("unexpected reply {other:?}"))),
     }
 }
@@ -42,9 +43,7 @@ pub fn registry(control_path: &Path) -> Result<Node, BlockError> {
 pub fn status(control_path: &Path, name: &str) -> Result<Node, BlockError> {
     match ask(control_path, &Request::Status { name: name.into() })? {
         Reply::Status { node } => Ok(node),
-        Reply::Error { code, message } if code == "no-such-device" => {
-            Err(BlockError::NoSuchDevice(message))
-        }
+        Reply::Error { code, message } => Err(outboard_class::client::reply_error(&code, message)),
         other => Err(BlockError::Protocol(format!("unexpected reply {other:?}"))),
     }
 }
@@ -71,9 +70,7 @@ pub fn open_block(control_path: &Path, name: &str) -> Result<Box<dyn BlockDevice
             &DeviceSpec::VfioUser(device),
             4 << 20,
         )?)),
-        Reply::Error { code, message } if code == "no-such-device" => {
-            Err(BlockError::NoSuchDevice(message))
-        }
+        Reply::Error { code, message } => Err(outboard_class::client::reply_error(&code, message)),
         other => Err(BlockError::Protocol(format!("unexpected reply {other:?}"))),
     }
 }

@@ -25,6 +25,29 @@ pub struct Process {
     pub log: PathBuf,
     /// Exit status, once it exited.
     pub exited: Option<std::process::ExitStatus>,
+    /// The manager's end of the child's event channel (driver servers).
+    pub events: Option<OwnedFd>,
+}
+
+/// The fd number a child finds its event channel on.
+pub const EVENT_FD: i32 = 3;
+
+/// Takes ownership of fd `n` inherited from the parent (the event channel), after checking
+/// that it is an open socket.
+pub fn inherited_fd(n: i32) -> Result<OwnedFd, String> {
+    if n <= 2 {
+        return Err(format!("--notify-fd {n}: not a descriptor a parent passes"));
+    }
+    // SAFETY: only borrowed for the checks below; nothing is closed through it.
+    let borrowed = unsafe { std::os::fd::BorrowedFd::borrow_raw(n) };
+    rustix::io::fcntl_getfd(borrowed).map_err(|e| format!("--notify-fd {n}: {e}"))?;
+    let st = rustix::fs::fstat(borrowed).map_err(|e| format!("--notify-fd {n}: {e}"))?;
+    if rustix::fs::FileType::from_raw_mode(st.st_mode) != rustix::fs::FileType::Socket {
+        return Err(format!("--notify-fd {n}: not a socket"));
+    }
+    // SAFETY: the fd is open (checked above) and was inherited across exec for this purpose:
+    // no other owner exists in this process, and this is called once at start-up.
+    Ok(unsafe { std::os::fd::FromRawFd::from_raw_fd(n) })
 }
 
 impl Process {
@@ -36,6 +59,34 @@ impl Process {
         log: PathBuf,
         verbose: u8,
     ) -> Result<Self, String> {
+        Self::spawn_with(exe, role, args, log, verbose, None)
+    }
+
+    /// Starts `exe args…` with its output in `log` and an event channel: the child finds its
+    /// end as fd [`EVENT_FD`], and the manager's end is kept in [`Process::events`].
+    pub fn spawn_with_events(
+        exe: &Path,
+        role: &str,
+        args: &[String],
+        log: PathBuf,
+        verbose: u8,
+    ) -> Result<Self, String> {
+        let (ours, theirs) =
+            outboard_session::control::pair().map_err(|e| format!("{role}: {e}"))?;
+        let mut p = Self::spawn_with(exe, role, args, log, verbose, Some(theirs))?;
+        p.events = Some(ours);
+        Ok(p)
+    }
+
+    fn spawn_with(
+        exe: &Path,
+        role: &str,
+        args: &[String],
+        log: PathBuf,
+        verbose: u8,
+        pass: Option<OwnedFd>,
+    ) -> Result<Self, String> {
+        let pass_raw = pass.as_ref().map(std::os::fd::AsRawFd::as_raw_fd);
         let out = File::create(&log).map_err(|e| format!("{}: {e}", log.display()))?;
         let err = out.try_clone().map_err(|e| e.to_string())?;
         let mut cmd = Command::new(exe);
@@ -44,14 +95,43 @@ impl Process {
         }
         // Its own process group: a Ctrl-C at the terminal reaches the manager only, which then
         // stops children in order instead of racing them.
+        cmd.process_group(0);
+        let parent = rustix::process::getpid();
+        // SAFETY: the closure runs in the child between fork and exec, where only
+        // async-signal-safe calls are allowed; it makes raw system calls only (prctl, getppid,
+        // dup2 or fcntl on a descriptor the parent keeps open until after the spawn) and
+        // allocates nothing.
+        unsafe {
+            cmd.pre_exec(move || {
+                // A manager that dies, even by SIGKILL, takes its children with it: an orphaned
+                // device model or driver server would hold its disk and sockets beside the next
+                // manager's fresh copies.
+                rustix::process::set_parent_process_death_signal(Some(Signal::KILL))?;
+                // The manager may have died before the line above took effect.
+                if rustix::process::getppid() != Some(parent) {
+                    return Err(rustix::io::Errno::SRCH.into());
+                }
+                if let Some(raw) = pass_raw {
+                    // dup2 leaves the copy without close-on-exec; the original keeps it.
+                    if raw == EVENT_FD {
+                        let fd = std::os::fd::BorrowedFd::borrow_raw(raw);
+                        rustix::io::fcntl_setfd(fd, rustix::io::FdFlags::empty())?;
+                    } else if libc::dup2(raw, EVENT_FD) < 0 {
+                        return Err(std::io::Error::last_os_error());
+                    }
+                }
+                Ok(())
+            });
+        }
         let child = cmd
-            .process_group(0)
             .args(args)
             .stdin(Stdio::null())
             .stdout(out)
             .stderr(err)
             .spawn()
             .map_err(|e| format!("starting {role} ({}): {e}", exe.display()))?;
+        // The child has its copy now.
+        drop(pass);
         let pid = Pid::from_child(&child);
         let pidfd = rustix::process::pidfd_open(pid, PidfdFlags::empty())
             .map_err(|e| format!("pidfd for {role}: {e}"))?;
@@ -61,6 +141,7 @@ impl Process {
             pidfd,
             log,
             exited: None,
+            events: None,
         })
     }
 
@@ -83,11 +164,12 @@ impl Process {
         }
     }
 
-    /// Waits until `path` exists and the process is still running, up to `timeout`.
+    /// Waits until a server is bound at `path` (a stale socket left there does not count) while
+    /// the process is still running, up to `timeout`.
     pub fn wait_for_socket(&mut self, path: &Path, timeout: Duration) -> Result<(), String> {
         let deadline = Instant::now() + timeout;
         loop {
-            if path.exists() {
+            if outboard_sys::is_live(path) {
                 return Ok(());
             }
             if self.reap() {

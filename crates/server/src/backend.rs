@@ -30,6 +30,12 @@ pub trait BlockBackend: Send {
     fn ack(&mut self) -> Result<(), BlockError>;
     /// The completion interrupt, if the device has one.
     fn irq_fd(&self) -> Option<BorrowedFd<'_>>;
+    /// Readable or hung up when the device is lost (see `PciFunction::loss_fd`).
+    fn loss_fd(&self) -> Option<BorrowedFd<'_>> {
+        None
+    }
+    /// Gives the device up after a failure: it must stop reaching session memory.
+    fn abandon(&mut self) {}
     /// Maps a session's buffer area into the device's DMA space: its base address and a guard
     /// that unmaps it when dropped.
     fn map_buffers(&self, mem: Arc<SharedMem>) -> Result<(u64, Box<dyn Any + Send>), BlockError>;
@@ -62,6 +68,12 @@ impl BlockBackend for BlockHost {
     }
     fn irq_fd(&self) -> Option<BorrowedFd<'_>> {
         self.driver().irq(0).map(|i| i.fd())
+    }
+    fn loss_fd(&self) -> Option<BorrowedFd<'_>> {
+        self.driver().function().loss_fd()
+    }
+    fn abandon(&mut self) {
+        self.driver().function().abandon()
     }
     fn map_buffers(&self, mem: Arc<SharedMem>) -> Result<(u64, Box<dyn Any + Send>), BlockError> {
         let dma = self

@@ -5,7 +5,7 @@ use outboard_class::{BlockError, BlockInfo, BlockOp, BlockRequest};
 use outboard_drivers::virtio_blk::{
     BlkCompletion, BlkDriverOptions, BlkError, BlkOp, BlkRequest, VirtioBlk,
 };
-use outboard_hw::{DeviceSpec, PciFunction};
+use outboard_hw::{DeviceSpec, HwError, PciFunction};
 
 /// A block device published from a virtio-blk driver instance (queue 0).
 pub struct BlockHost {
@@ -39,20 +39,29 @@ pub fn class_error(e: BlkError) -> BlockError {
 
 impl BlockHost {
     /// Opens the device, matches and brings up its driver, and names the class device.
-    pub fn open(name: &str, spec: &DeviceSpec) -> Result<Self, String> {
-        let f = PciFunction::open(spec).map_err(|e| e.to_string())?;
+    pub fn open(name: &str, spec: &DeviceSpec) -> Result<Self, BlockError> {
+        let f = PciFunction::open(spec).map_err(|e| match e {
+            HwError::Busy { spec } => {
+                BlockError::Busy(format!("{spec}: another client drives this device"))
+            }
+            e @ HwError::Open { .. } => BlockError::Unreachable(e.to_string()),
+            e => BlockError::DeviceFailed(e.to_string()),
+        })?;
         let p = outboard_drivers::match_driver(&f.identity()).ok_or_else(|| {
-            format!(
+            BlockError::DeviceFailed(format!(
                 "{spec}: no driver matches {:04x}:{:04x}",
                 f.identity().vendor,
                 f.identity().device
-            )
+            ))
         })?;
         if p.class != "block" {
-            return Err(format!("{spec}: driver {} is not a block driver", p.driver));
+            return Err(BlockError::DeviceFailed(format!(
+                "{spec}: driver {} is not a block driver",
+                p.driver
+            )));
         }
-        let driver =
-            VirtioBlk::new(f, BlkDriverOptions::default()).map_err(|e| format!("{spec}: {e}"))?;
+        let driver = VirtioBlk::new(f, BlkDriverOptions::default())
+            .map_err(|e| BlockError::DeviceFailed(format!("{spec}: {e}")))?;
         Ok(Self::new(name, driver))
     }
 

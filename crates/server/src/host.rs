@@ -16,10 +16,9 @@
 
 use std::collections::HashSet;
 use std::os::fd::{AsFd, OwnedFd};
-use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use outboard_class::block::{validate, Cqe, Sqe};
 use outboard_class::{BlockCompletion, BlockError, BlockOp};
@@ -28,6 +27,7 @@ use outboard_session::control::{self, Reply, Request};
 use outboard_session::doorbell::{announce_sleep, cancel_sleep, peer_sleeping};
 use outboard_session::region::ShmRing;
 use outboard_session::{Consumer, Doorbell, Producer, Region, SessionError};
+use outboard_sys::SocketPath;
 
 use crate::backend::BlockBackend;
 
@@ -38,6 +38,11 @@ const LISTENER: u64 = 0;
 const CONN: u64 = 1 << 56;
 const BELL: u64 = 2 << 56;
 const IRQ: u64 = 3 << 56;
+const LOST: u64 = 4 << 56;
+
+/// How long a request may stay in a device before the device is declared stalled and its
+/// requests fail with [`BlockError::DeviceFailed`].
+pub const DEFAULT_DEADLINE: Duration = Duration::from_secs(30);
 const KIND: u64 = 0xff << 56;
 
 /// Counters, for status and tests.
@@ -55,13 +60,17 @@ pub struct HostStats {
     pub cut_off: u64,
     /// Doorbells rung to clients.
     pub bells_rung: u64,
+    /// Devices given up after a failure (lost, stalled past the deadline, driver error).
+    pub device_failures: u64,
 }
 
 struct Device {
     host: Box<dyn BlockBackend>,
-    /// Driver tag → (session slot, client tag).
-    tags: Vec<Option<(usize, u64)>>,
+    /// Driver tag → (session slot, client tag, when it entered the device).
+    tags: Vec<Option<(usize, u64, Instant)>>,
     free_tags: Vec<usize>,
+    /// Why the device was given up; from then on every request fails at once with this.
+    failed: Option<String>,
 }
 
 struct Session {
@@ -89,7 +98,7 @@ impl Session {
 /// A driver server.
 pub struct DriverHost {
     listener: OwnedFd,
-    path: Option<PathBuf>,
+    path: Option<SocketPath>,
     devices: Vec<Device>,
     conns: Vec<Option<(OwnedFd, Option<usize>)>>,
     sessions: Vec<Option<Session>>,
@@ -98,6 +107,11 @@ pub struct DriverHost {
     stats: HostStats,
     scratch: Vec<(u64, Result<u32, BlockError>)>,
     spin: Duration,
+    deadline: Duration,
+    /// When in-flight requests are next checked against the deadline.
+    next_deadline_check: Instant,
+    /// Where to report events (device failures) to the manager, if one started us.
+    notify: Option<OwnedFd>,
 }
 
 fn err(e: impl std::fmt::Display) -> String {
@@ -110,9 +124,9 @@ impl DriverHost {
         path: &std::path::Path,
         devices: Vec<Box<dyn BlockBackend>>,
     ) -> Result<Self, String> {
-        let listener = control::listen(path).map_err(err)?;
+        let (listener, path) = control::listen(path).map_err(err)?;
         let mut h = Self::new(listener, devices)?;
-        h.path = Some(path.to_owned());
+        h.path = Some(path);
         Ok(h)
     }
 
@@ -126,11 +140,15 @@ impl DriverHost {
                 host,
                 tags: Vec::new(),
                 free_tags: Vec::new(),
+                failed: None,
             })
             .collect();
         for (i, d) in devices.iter().enumerate() {
             if let Some(fd) = d.host.irq_fd() {
                 work.add(fd, IRQ | i as u64).map_err(err)?;
+            }
+            if let Some(fd) = d.host.loss_fd() {
+                work.add(fd, LOST | i as u64).map_err(err)?;
             }
         }
         Ok(Self {
@@ -144,6 +162,9 @@ impl DriverHost {
             stats: HostStats::default(),
             scratch: Vec::new(),
             spin: Duration::ZERO,
+            deadline: DEFAULT_DEADLINE,
+            next_deadline_check: Instant::now(),
+            notify: None,
         })
     }
 
@@ -161,6 +182,16 @@ impl DriverHost {
     /// once). Spinning trades CPU for the wake-up a sleeping host costs each client request.
     pub fn set_spin(&mut self, spin: Duration) {
         self.spin = spin;
+    }
+
+    /// Reports events to the manager on `fd` (a SEQPACKET socket).
+    pub fn set_notify(&mut self, fd: OwnedFd) {
+        self.notify = Some(fd);
+    }
+
+    /// How long a request may stay in a device before the device counts as stalled.
+    pub fn set_deadline(&mut self, deadline: Duration) {
+        self.deadline = deadline;
     }
 
     /// Serves until `stop` is set.
@@ -223,11 +254,18 @@ impl DriverHost {
             progress |= self.take_requests(i);
         }
         for d in 0..self.devices.len() {
+            if self.devices[d].failed.is_some() {
+                continue;
+            }
             if self.devices[d].host.in_flight() > 0 {
-                let _ = self.devices[d].host.kick();
+                if let Err(e) = self.devices[d].host.kick() {
+                    self.fail_device(d, format!("the driver could not notify the device: {e}"));
+                    continue;
+                }
             }
             progress |= self.reap(d);
         }
+        self.check_deadlines();
         for s in self.sessions.iter_mut().flatten() {
             if std::mem::take(&mut s.dirty) {
                 s.cq.publish();
@@ -262,7 +300,7 @@ impl DriverHost {
                     break;
                 }
             }
-            if !dev.host.has_room() {
+            if dev.failed.is_none() && !dev.host.has_room() {
                 break;
             }
             let mut e = [0u8; 32];
@@ -278,6 +316,9 @@ impl DriverHost {
             let sqe = Sqe(e);
             let tag = sqe.tag();
             let result = sqe.decode().and_then(|r| {
+                if let Some(why) = &dev.failed {
+                    return Err(BlockError::DeviceFailed(why.clone()));
+                }
                 validate(&r, dev.host.info(), s.region.geometry.buffer_size)?;
                 if s.tags.contains(&tag) {
                     return Err(BlockError::DuplicateTag);
@@ -293,7 +334,7 @@ impl DriverHost {
                     });
                     match dev.host.submit(&r, s.iova, slot as u64) {
                         Ok(()) => {
-                            dev.tags[slot] = Some((i, tag));
+                            dev.tags[slot] = Some((i, tag, Instant::now()));
                             s.tags.insert(tag);
                         }
                         Err(e) => {
@@ -342,12 +383,13 @@ impl DriverHost {
         self.scratch.clear();
         let dev = &mut self.devices[d];
         if let Err(e) = dev.host.poll(&mut self.scratch) {
-            tracing::error!("device {}: {e}", dev.host.info().name);
-            return false;
+            // The driver cannot tell what its device did: nothing in flight will complete.
+            self.fail_device(d, format!("the driver lost track of the device: {e}"));
+            return true;
         }
         let n = self.scratch.len();
         for (slot, result) in self.scratch.drain(..) {
-            let Some((si, tag)) = dev.tags.get_mut(slot as usize).and_then(Option::take) else {
+            let Some((si, tag, _)) = dev.tags.get_mut(slot as usize).and_then(Option::take) else {
                 continue;
             };
             dev.free_tags.push(slot as usize);
@@ -357,6 +399,72 @@ impl DriverHost {
             }
         }
         n > 0
+    }
+
+    /// Fails the devices whose oldest request has been in the device longer than the deadline.
+    fn check_deadlines(&mut self) {
+        let now = Instant::now();
+        if now < self.next_deadline_check {
+            return;
+        }
+        self.next_deadline_check = now + (self.deadline / 4).min(Duration::from_millis(250));
+        for d in 0..self.devices.len() {
+            let oldest = self.devices[d].tags.iter().flatten().map(|t| t.2).min();
+            if oldest.is_some_and(|t| now.duration_since(t) > self.deadline) {
+                let why = format!(
+                    "the device stalled: a request got no answer within {:?}",
+                    self.deadline
+                );
+                self.fail_device(d, why);
+            }
+        }
+    }
+
+    /// Gives device `d` up: the device is abandoned (it must stop reaching session memory
+    /// before that memory can be reused), every request in it fails with the reason, and
+    /// every later request and open fails at once with it. Other devices carry on.
+    fn fail_device(&mut self, d: usize, why: String) {
+        let dev = &mut self.devices[d];
+        if dev.failed.is_some() {
+            return;
+        }
+        tracing::error!("device {}: {why}; giving it up", dev.host.info().name);
+        self.stats.device_failures += 1;
+        if let Some(fd) = dev.host.loss_fd() {
+            let _ = self.work.remove(fd);
+        }
+        if let Some(fd) = dev.host.irq_fd() {
+            let _ = self.work.remove(fd);
+        }
+        dev.host.abandon();
+        dev.failed = Some(why.clone());
+        if let Some(n) = &self.notify {
+            let event = control::Event::DeviceFailed {
+                device: dev.host.info().name.clone(),
+                why: why.clone(),
+            };
+            if let Err(e) = control::try_send(n.as_fd(), &event, &[]) {
+                tracing::warn!("cannot tell the manager: {e}");
+            }
+        }
+        let stranded: Vec<(usize, u64)> = dev
+            .tags
+            .drain(..)
+            .flatten()
+            .map(|(si, tag, _)| (si, tag))
+            .collect();
+        dev.free_tags.clear();
+        for (si, tag) in stranded {
+            if let Some(s) = self.sessions[si].as_mut() {
+                s.tags.remove(&tag);
+                Self::complete(
+                    s,
+                    &mut self.stats,
+                    tag,
+                    Err(BlockError::DeviceFailed(why.clone())),
+                );
+            }
+        }
     }
 
     /// Releases sessions whose clients left and whose requests have all finished.
@@ -386,9 +494,18 @@ impl DriverHost {
                 return Ok(false);
             }
         }
-        for d in &mut self.devices {
-            if d.host.in_flight() > 0 && d.host.arm().map_err(err)? {
-                return Ok(false);
+        for d in 0..self.devices.len() {
+            let dev = &mut self.devices[d];
+            if dev.failed.is_some() || dev.host.in_flight() == 0 {
+                continue;
+            }
+            match dev.host.arm() {
+                Ok(true) => return Ok(false),
+                Ok(false) => {}
+                Err(e) => {
+                    self.fail_device(d, format!("the driver could not arm its interrupt: {e}"));
+                    return Ok(false);
+                }
             }
         }
         Ok(true)
@@ -430,6 +547,12 @@ impl DriverHost {
                     let _ = d.host.ack();
                 }
             }
+            LOST if index < self.devices.len() => {
+                self.fail_device(
+                    index,
+                    "the device was lost: its model exited or stopped answering".into(),
+                );
+            }
             _ => {}
         }
         Ok(())
@@ -440,8 +563,10 @@ impl DriverHost {
             return;
         };
         let session = *session;
-        let reply = match control::recv::<Request>(sock.as_fd(), Some(Duration::from_secs(1))) {
+        // The socket is readable (that is why we are here): never wait on a client.
+        let reply = match control::recv::<Request>(sock.as_fd(), Some(Duration::ZERO)) {
             Ok((req, _fds)) => self.request(conn, req),
+            Err(SessionError::Timeout) => return,
             Err(SessionError::Closed) | Err(SessionError::Os(_)) => {
                 self.drop_conn(conn, session);
                 return;
@@ -454,9 +579,9 @@ impl DriverHost {
         let sent = match reply {
             Ok((reply, fds)) => {
                 let borrowed: Vec<_> = fds.iter().map(|f| f.as_fd()).collect();
-                control::send(sock.as_fd(), &reply, &borrowed)
+                control::try_send(sock.as_fd(), &reply, &borrowed)
             }
-            Err((code, message)) => control::send(
+            Err((code, message)) => control::try_send(
                 sock.as_fd(),
                 &Reply::Error {
                     code: code.into(),
@@ -490,6 +615,9 @@ impl DriverHost {
             }
             Request::Open { device, geometry } => {
                 let d = self.find(&device)?;
+                if let Some(why) = &self.devices[d].failed {
+                    return Err(("device-failed", format!("{device}: {why}")));
+                }
                 if self.conns[conn].as_ref().is_some_and(|c| c.1.is_some()) {
                     return Err(("busy", "this connection already has a session".into()));
                 }
@@ -607,14 +735,6 @@ impl DriverHost {
                     let _ = self.work.remove(sock.as_fd());
                 }
             }
-        }
-    }
-}
-
-impl Drop for DriverHost {
-    fn drop(&mut self) {
-        if let Some(p) = &self.path {
-            let _ = std::fs::remove_file(p);
         }
     }
 }

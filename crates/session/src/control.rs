@@ -20,6 +20,8 @@ use rustix::net::{
 };
 use serde::{de::DeserializeOwned, Deserialize, Serialize};
 
+use outboard_sys::SocketPath;
+
 use crate::region::Geometry;
 use crate::SessionError;
 
@@ -73,6 +75,30 @@ pub enum Reply {
     },
 }
 
+/// What a driver server tells its manager, unasked, over the socket the manager gave it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "event", rename_all = "kebab-case", deny_unknown_fields)]
+pub enum Event {
+    /// The server gave a device up; every request to it fails from now on.
+    DeviceFailed {
+        /// Class device name.
+        device: String,
+        /// Why.
+        why: String,
+    },
+}
+
+/// A connected pair of SEQPACKET sockets (close-on-exec), e.g. for a child's event channel.
+pub fn pair() -> Result<(OwnedFd, OwnedFd), SessionError> {
+    rustix::net::socketpair(
+        AddressFamily::UNIX,
+        SocketType::SEQPACKET,
+        SocketFlags::CLOEXEC,
+        None,
+    )
+    .map_err(|e| SessionError::Os(format!("socketpair: {e}")))
+}
+
 fn seqpacket() -> Result<OwnedFd, Errno> {
     rustix::net::socket_with(
         AddressFamily::UNIX,
@@ -82,24 +108,12 @@ fn seqpacket() -> Result<OwnedFd, Errno> {
     )
 }
 
-/// Creates a listening SEQPACKET socket at `path`, replacing a stale one.
-pub fn listen(path: &Path) -> Result<OwnedFd, SessionError> {
-    let os = |e: Errno| SessionError::Os(format!("{}: {e}", path.display()));
-    let addr = SocketAddrUnix::new(path).map_err(os)?;
-    if path.exists() {
-        let probe = seqpacket().map_err(os)?;
-        if rustix::net::connect(&probe, &addr).is_ok() {
-            return Err(SessionError::Os(format!(
-                "{}: already in use by a live server",
-                path.display()
-            )));
-        }
-        let _ = std::fs::remove_file(path);
-    }
-    let fd = seqpacket().map_err(os)?;
-    rustix::net::bind(&fd, &addr).map_err(os)?;
-    rustix::net::listen(&fd, 64).map_err(os)?;
-    Ok(fd)
+/// Creates a listening SEQPACKET socket at `path`. Only a stale socket there is replaced
+/// ([`outboard_sys::sockpath`]); the returned guard removes the path when dropped, if it is
+/// still ours.
+pub fn listen(path: &Path) -> Result<(OwnedFd, SocketPath), SessionError> {
+    outboard_sys::bind_listener(path, SocketType::SEQPACKET, 64)
+        .map_err(|e| SessionError::Os(e.to_string()))
 }
 
 /// Connects to a SEQPACKET socket.
@@ -117,11 +131,31 @@ pub fn accept(listener: BorrowedFd<'_>) -> Result<OwnedFd, SessionError> {
         .map_err(|e| SessionError::Os(format!("accept: {e}")))
 }
 
-/// Sends one message with fds.
+/// Sends one message with fds, waiting for room if the peer's queue is full (clients).
 pub fn send<T: Serialize>(
     sock: BorrowedFd<'_>,
     msg: &T,
     fds: &[BorrowedFd<'_>],
+) -> Result<(), SessionError> {
+    send_with(sock, msg, fds, SendFlags::NOSIGNAL)
+}
+
+/// Sends one message with fds without ever waiting (servers): a peer that does not read its
+/// replies gets [`SessionError::Timeout`] once its queue is full, and the server cuts it off
+/// instead of stalling every other client behind it.
+pub fn try_send<T: Serialize>(
+    sock: BorrowedFd<'_>,
+    msg: &T,
+    fds: &[BorrowedFd<'_>],
+) -> Result<(), SessionError> {
+    send_with(sock, msg, fds, SendFlags::NOSIGNAL | SendFlags::DONTWAIT)
+}
+
+fn send_with<T: Serialize>(
+    sock: BorrowedFd<'_>,
+    msg: &T,
+    fds: &[BorrowedFd<'_>],
+    flags: SendFlags,
 ) -> Result<(), SessionError> {
     let bytes = serde_json::to_vec(msg).map_err(|e| SessionError::Invalid(e.to_string()))?;
     if bytes.len() > MAX_MESSAGE || fds.len() > MAX_FDS {
@@ -132,13 +166,9 @@ pub fn send<T: Serialize>(
     if !fds.is_empty() && !cmsg.push(SendAncillaryMessage::ScmRights(fds)) {
         return Err(SessionError::Invalid("too many fds".into()));
     }
-    match rustix::net::sendmsg(
-        sock,
-        &[IoSlice::new(&bytes)],
-        &mut cmsg,
-        SendFlags::NOSIGNAL,
-    ) {
+    match rustix::net::sendmsg(sock, &[IoSlice::new(&bytes)], &mut cmsg, flags) {
         Ok(_) => Ok(()),
+        Err(Errno::AGAIN) => Err(SessionError::Timeout),
         Err(Errno::PIPE) | Err(Errno::CONNRESET) => Err(SessionError::Closed),
         Err(e) => Err(SessionError::Os(format!("sendmsg: {e}"))),
     }

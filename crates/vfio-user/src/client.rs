@@ -58,6 +58,15 @@ pub enum ClientError {
         /// What was wrong.
         why: String,
     },
+    /// An earlier call failed in a way that leaves the stream's state unknown (a timeout, a
+    /// lost or mismatched reply), so the connection was dropped; it cannot be used again.
+    #[error("{command}: the connection to the device was dropped earlier: {why}")]
+    Broken {
+        /// The command attempted now.
+        command: &'static str,
+        /// The failure that broke the connection.
+        why: String,
+    },
 }
 
 impl ClientError {
@@ -127,6 +136,11 @@ pub struct Client {
     minor: u16,
     in_band: Arc<Mutex<Vec<InBand>>>,
     twin: Option<(OwnedFd, JoinHandle<()>)>,
+    /// Why the connection was given up, once it was. A reply that did not arrive in time may
+    /// still arrive later, and would then be taken for the answer to the next command: every
+    /// reply after it would be off by one. So a call that fails mid-exchange ends the
+    /// connection for good.
+    broken: Option<String>,
 }
 
 impl std::fmt::Debug for Client {
@@ -167,6 +181,7 @@ impl Client {
             minor: 0,
             in_band: Arc::default(),
             twin: None,
+            broken: None,
         };
         c.negotiate(opts.twin_socket)?;
         let req = wire::DeviceInfo {
@@ -237,8 +252,47 @@ impl Client {
         Ok(())
     }
 
-    /// Sends a command and waits for its reply.
+    /// Sends a command and waits for its reply. A failure that leaves the exchange unfinished
+    /// breaks the connection (see [`ClientError::Broken`]); an error reply does not.
     fn call(
+        &mut self,
+        command: u16,
+        payload: &[u8],
+        fds: &[BorrowedFd<'_>],
+    ) -> Result<(Vec<u8>, Vec<OwnedFd>)> {
+        self.usable(command)?;
+        let r = self.exchange(command, payload, fds);
+        if let Err(e @ (ClientError::Channel { .. } | ClientError::Protocol { .. })) = &r {
+            self.give_up(e.to_string());
+        }
+        r
+    }
+
+    /// Fails at once if the connection was given up.
+    fn usable(&self, command: u16) -> Result<()> {
+        match &self.broken {
+            Some(why) => Err(ClientError::Broken {
+                command: cmd::name(command),
+                why: why.clone(),
+            }),
+            None => Ok(()),
+        }
+    }
+
+    /// Ends the connection: the server sees it close (and resets the device), and the socket
+    /// reports a hang-up to whoever watches it ([`Client::socket`]).
+    fn give_up(&mut self, why: String) {
+        tracing::warn!("vfio-user: dropping the connection: {why}");
+        let _ = rustix::net::shutdown(self.chan.fd(), rustix::net::Shutdown::Both);
+        self.broken = Some(why);
+    }
+
+    /// Whether the connection was given up, and why.
+    pub fn broken(&self) -> Option<&str> {
+        self.broken.as_deref()
+    }
+
+    fn exchange(
         &mut self,
         command: u16,
         payload: &[u8],
@@ -420,15 +474,22 @@ impl Client {
             data: data.to_vec(),
         }
         .encode();
+        self.usable(cmd::REGION_WRITE)?;
         self.next_id = self.next_id.wrapping_add(1);
         let mut header = Header::command(self.next_id, cmd::REGION_WRITE, req.len());
         header.flags |= wire::flags::NO_REPLY;
-        self.chan
+        let r = self
+            .chan
             .send(&header, &req, &[])
             .map_err(|source| ClientError::Channel {
                 command: "REGION_WRITE",
                 source,
-            })
+            });
+        if let Err(e) = &r {
+            // Part of the message may have gone out: the stream is no longer framed.
+            self.give_up(e.to_string());
+        }
+        r
     }
 
     /// Describes IRQ type `index`.
@@ -536,7 +597,9 @@ impl Client {
         Ok(())
     }
 
-    /// The command socket, e.g. to notice a server hang-up in an event loop.
+    /// The command socket, e.g. to notice a server hang-up in an event loop. Outside a call the
+    /// server never writes to it, so it turning readable means the device is lost: the server
+    /// closed it, or this client gave the connection up.
     pub fn socket(&self) -> BorrowedFd<'_> {
         self.chan.fd()
     }

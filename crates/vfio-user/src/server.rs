@@ -14,13 +14,15 @@
 //! to wait on and [`Server::handle`] does one step; [`Server::run`] is a ready-made loop.
 
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use rustix::event::{PollFd, PollFlags};
 use rustix::io::Errno;
-use rustix::net::{AddressFamily, SocketAddrUnix, SocketFlags, SocketType};
+use rustix::net::{AddressFamily, SocketFlags, SocketType};
+
+use outboard_sys::{SockPathError, SocketPath};
 
 use crate::caps::{self, Capabilities, TwinSocket};
 use crate::channel::{Channel, ChannelError, Message};
@@ -40,6 +42,9 @@ pub enum ServerError {
         /// Why it failed.
         errno: Errno,
     },
+    /// The socket path could not be claimed.
+    #[error(transparent)]
+    Bind(#[from] SockPathError),
     /// Polling failed.
     #[error("poll: {0}")]
     Poll(Errno),
@@ -299,7 +304,12 @@ pub enum Source {
     Connection,
     /// Device event fd `n` fired.
     Event(usize),
+    /// A client that came while another one was being served sent its first message.
+    TurnedAway(usize),
 }
+
+/// Most clients kept waiting for their "busy" answer at once; more are closed at once.
+const MAX_TURNED_AWAY: usize = 8;
 
 /// Counters, for tests and logs.
 #[derive(Debug, Default, Clone, Copy)]
@@ -322,8 +332,11 @@ struct Connection {
 /// A vfio-user server for one device.
 pub struct Server<B: DeviceBackend> {
     listener: OwnedFd,
-    path: Option<PathBuf>,
+    path: Option<SocketPath>,
     conn: Option<Connection>,
+    /// Clients that connected while `conn` was served: each gets `EBUSY` for its first command
+    /// (its VERSION), so it learns at once that the device is taken instead of timing out.
+    turned_away: Vec<Channel>,
     backend: B,
     ctx: DeviceContext,
     opts: ServerOptions,
@@ -333,41 +346,13 @@ pub struct Server<B: DeviceBackend> {
 type Reply = Result<(Vec<u8>, Vec<OwnedFd>), Errno>;
 
 impl<B: DeviceBackend> Server<B> {
-    /// Binds a listening socket at `path`. A stale socket file nobody listens on is replaced; a
-    /// live one is an error (`EADDRINUSE`).
+    /// Binds a listening socket at `path`. Only a stale socket there is replaced; a live one
+    /// or anything that is not a socket is an error ([`ServerError::Bind`]) and left alone. The path is
+    /// removed when the server is dropped, if it still names this server's socket.
     pub fn bind(path: &Path, backend: B, opts: ServerOptions) -> Result<Self, ServerError> {
-        let err = |op, errno| ServerError::Socket {
-            op,
-            path: path.display().to_string(),
-            errno,
-        };
-        let addr = SocketAddrUnix::new(path).map_err(|e| err("address", e))?;
-        if path.exists() {
-            let probe = rustix::net::socket_with(
-                AddressFamily::UNIX,
-                SocketType::STREAM,
-                SocketFlags::CLOEXEC,
-                None,
-            )
-            .map_err(|e| err("socket", e))?;
-            match rustix::net::connect(&probe, &addr) {
-                Ok(()) => return Err(err("bind", Errno::ADDRINUSE)),
-                Err(_) => {
-                    let _ = std::fs::remove_file(path);
-                }
-            }
-        }
-        let fd = rustix::net::socket_with(
-            AddressFamily::UNIX,
-            SocketType::STREAM,
-            SocketFlags::CLOEXEC,
-            None,
-        )
-        .map_err(|e| err("socket", e))?;
-        rustix::net::bind(&fd, &addr).map_err(|e| err("bind", e))?;
-        rustix::net::listen(&fd, 8).map_err(|e| err("listen", e))?;
+        let (fd, guard) = outboard_sys::bind_listener(path, SocketType::STREAM, 8)?;
         let mut s = Self::from_listener(fd, backend, opts);
-        s.path = Some(path.to_owned());
+        s.path = Some(guard);
         Ok(s)
     }
 
@@ -379,6 +364,7 @@ impl<B: DeviceBackend> Server<B> {
             listener,
             path: None,
             conn: None,
+            turned_away: Vec::new(),
             backend,
             ctx,
             opts,
@@ -409,9 +395,12 @@ impl<B: DeviceBackend> Server<B> {
     /// The fds to wait on for readability, and what each one is.
     pub fn poll_fds(&self) -> Vec<(BorrowedFd<'_>, Source)> {
         let mut v = Vec::new();
-        match &self.conn {
-            Some(c) => v.push((c.chan.fd(), Source::Connection)),
-            None => v.push((self.listener.as_fd(), Source::Listener)),
+        v.push((self.listener.as_fd(), Source::Listener));
+        if let Some(c) = &self.conn {
+            v.push((c.chan.fd(), Source::Connection));
+        }
+        for (i, c) in self.turned_away.iter().enumerate() {
+            v.push((c.fd(), Source::TurnedAway(i)));
         }
         for (i, fd) in self.backend.event_fds().into_iter().enumerate() {
             v.push((fd, Source::Event(i)));
@@ -435,7 +424,30 @@ impl<B: DeviceBackend> Server<B> {
                 self.backend.event(&mut self.ctx, id);
                 Ok(())
             }
+            Source::TurnedAway(i) => {
+                self.turn_away(i);
+                Ok(())
+            }
         }
+    }
+
+    /// Answers a waiting second client's first command with `EBUSY` and closes it.
+    fn turn_away(&mut self, i: usize) {
+        if i >= self.turned_away.len() {
+            return;
+        }
+        let chan = self.turned_away.swap_remove(i);
+        // Its message is there (the socket is readable): a short wait is for the rest of it.
+        if let Ok(m) = chan.recv_within(Duration::from_millis(100)) {
+            if !m.header.is_reply() && !m.header.no_reply() {
+                let _ = chan.send(
+                    &Header::error_reply(&m.header, Errno::BUSY.raw_os_error() as u32),
+                    &[],
+                    &[],
+                );
+            }
+        }
+        tracing::info!("turned away a second client: the device is in use");
     }
 
     /// Waits up to `timeout` for something to happen and handles it.
@@ -485,7 +497,7 @@ impl<B: DeviceBackend> Server<B> {
                     path: self
                         .path
                         .as_ref()
-                        .map(|p| p.display().to_string())
+                        .map(|p| p.path().display().to_string())
                         .unwrap_or_default(),
                     errno,
                 })
@@ -493,6 +505,12 @@ impl<B: DeviceBackend> Server<B> {
         };
         let chan = Channel::new(fd);
         let _ = chan.set_send_timeout(self.opts.timeout);
+        if self.conn.is_some() {
+            if self.turned_away.len() < MAX_TURNED_AWAY {
+                self.turned_away.push(chan);
+            }
+            return Ok(());
+        }
         self.stats.connections += 1;
         tracing::info!("client connected");
         self.conn = Some(Connection {
@@ -791,13 +809,5 @@ impl<B: DeviceBackend> Server<B> {
             .find(|i| i.index == s.index)
             .ok_or(Errno::INVAL)?;
         self.ctx.irqs.apply(info.count, s, fds)
-    }
-}
-
-impl<B: DeviceBackend> Drop for Server<B> {
-    fn drop(&mut self) {
-        if let Some(p) = &self.path {
-            let _ = std::fs::remove_file(p);
-        }
     }
 }

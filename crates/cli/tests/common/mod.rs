@@ -2,8 +2,9 @@
 
 #![allow(dead_code)]
 
+use std::io::Write;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
 /// A device model process, killed on drop.
@@ -70,4 +71,165 @@ pub fn pattern(seed: u64, len: usize) -> Vec<u8> {
             x as u8
         })
         .collect()
+}
+
+pub const EXE: &str = env!("CARGO_BIN_EXE_outboard");
+
+/// A running `outboard up`, stopped with SIGINT on drop.
+pub struct Up {
+    pub child: Option<Child>,
+    pub control: PathBuf,
+    pub dir: PathBuf,
+}
+
+impl Up {
+    pub fn start(dir: &Path, machine: Option<&str>) -> Self {
+        let control = dir.join("rt/control.sock");
+        let mut cmd = Command::new(EXE);
+        cmd.arg("up")
+            .env("OUTBOARD_CONTROL", &control)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        if let Some(m) = machine {
+            let p = dir.join("machine.toml");
+            std::fs::write(&p, m).unwrap();
+            cmd.arg("--machine").arg(p);
+        }
+        let child = cmd.spawn().unwrap();
+        let deadline = Instant::now() + Duration::from_secs(30);
+        let up = Self {
+            child: Some(child),
+            control,
+            dir: dir.join("rt"),
+        };
+        while !up.run(&["ls"]).status.success() {
+            assert!(Instant::now() < deadline, "outboard up did not come up");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        up
+    }
+
+    pub fn run(&self, args: &[&str]) -> Output {
+        Command::new(EXE)
+            .args(args)
+            .env("OUTBOARD_CONTROL", &self.control)
+            .stdin(Stdio::null())
+            .output()
+            .unwrap()
+    }
+
+    pub fn run_with_input(&self, args: &[&str], input: &[u8]) -> Output {
+        let mut c = Command::new(EXE)
+            .args(args)
+            .env("OUTBOARD_CONTROL", &self.control)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        c.stdin.take().unwrap().write_all(input).unwrap();
+        c.wait_with_output().unwrap()
+    }
+
+    pub fn interrupt(&mut self) -> Output {
+        let child = self.child.take().unwrap();
+        rustix::process::kill_process(
+            rustix::process::Pid::from_child(&child),
+            rustix::process::Signal::INT,
+        )
+        .unwrap();
+        child.wait_with_output().unwrap()
+    }
+}
+
+impl Drop for Up {
+    fn drop(&mut self) {
+        if self.child.is_some() {
+            self.interrupt();
+        }
+    }
+}
+
+pub fn stdout(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stdout).into_owned()
+}
+
+pub fn children_of(pid: u32) -> Vec<u32> {
+    let mut out = Vec::new();
+    for e in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Ok(p) = e.file_name().to_string_lossy().parse::<u32>() else {
+            continue;
+        };
+        if let Ok(stat) = std::fs::read_to_string(format!("/proc/{p}/stat")) {
+            let ppid = stat
+                .rsplit(')')
+                .next()
+                .and_then(|r| r.split_whitespace().nth(1))
+                .and_then(|s| s.parse::<u32>().ok());
+            if ppid == Some(pid) {
+                out.push(p);
+            }
+        }
+    }
+    out
+}
+
+/// Waits (on the process's pidfd, not by polling) until `pid` has exited; false on timeout.
+pub fn wait_gone(pid: u32, timeout: Duration) -> bool {
+    let Some(p) = rustix::process::Pid::from_raw(pid as i32) else {
+        return true;
+    };
+    let Ok(fd) = rustix::process::pidfd_open(p, rustix::process::PidfdFlags::empty()) else {
+        return true; // already gone (and reaped)
+    };
+    let ts = rustix::time::Timespec {
+        tv_sec: timeout.as_secs() as _,
+        tv_nsec: timeout.subsec_nanos() as _,
+    };
+    let mut pfd = [rustix::event::PollFd::new(
+        &fd,
+        rustix::event::PollFlags::IN,
+    )];
+    matches!(rustix::event::poll(&mut pfd, Some(&ts)), Ok(1))
+}
+
+/// The registry as JSON.
+pub fn registry(up: &Up) -> serde_json::Value {
+    serde_json::from_slice(&up.run(&["ls", "--json"]).stdout).expect("ls --json")
+}
+
+/// The first node of `kind` in a registry tree.
+pub fn find_node<'a>(n: &'a serde_json::Value, kind: &str) -> Option<&'a serde_json::Value> {
+    if n["kind"] == kind {
+        return Some(n);
+    }
+    n["children"]
+        .as_array()?
+        .iter()
+        .find_map(|c| find_node(c, kind))
+}
+
+/// Runs a command, killing it if it takes longer than `limit` (a hang is a failure, reported
+/// as such instead of hanging the test suite).
+pub fn run_bounded(cmd: &mut Command, limit: Duration) -> Output {
+    let child = cmd
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn");
+    let pid = child.id();
+    let killer = std::thread::spawn(move || {
+        if !wait_gone(pid, limit) {
+            if let Some(p) = rustix::process::Pid::from_raw(pid as i32) {
+                let _ = rustix::process::kill_process(p, rustix::process::Signal::KILL);
+            }
+            return true;
+        }
+        false
+    });
+    let out = child.wait_with_output().expect("wait");
+    assert!(!killer.join().unwrap(), "{cmd:?} hung for {limit:?}");
+    out
 }

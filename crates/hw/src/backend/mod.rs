@@ -28,6 +28,16 @@ pub trait Backend: Send + Sync {
     fn dma_unmap(&self, iova: u64, size: u64) -> Result<()>;
     /// Resets the device.
     fn reset(&self) -> Result<()>;
+    /// A file descriptor that turns readable (or hung up) when the device is lost: the device
+    /// model died or the connection to it was given up. `None`: the backend has no such signal.
+    fn loss_fd(&self) -> Option<BorrowedFd<'_>> {
+        None
+    }
+    /// Gives the device up after a failure, without waiting on it: the device must stop
+    /// reaching memory through its DMA mappings. Default: a reset.
+    fn abandon(&self) {
+        let _ = self.reset();
+    }
 }
 
 /// VFIO IRQ index of an interrupt kind.

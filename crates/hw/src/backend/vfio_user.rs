@@ -1,6 +1,6 @@
 //! The vfio-user backend: a device model in another process.
 
-use std::os::fd::BorrowedFd;
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::path::Path;
 use std::sync::{Arc, Mutex, MutexGuard};
 
@@ -15,6 +15,8 @@ use crate::{HwError, IrqKind, Region, Result};
 /// A device model reached over a vfio-user socket.
 pub struct VfioUserBackend {
     client: Arc<Mutex<Client>>,
+    /// The connection's socket, duplicated so it can be watched without the client's lock.
+    watch: OwnedFd,
 }
 
 struct VfioUserTrap {
@@ -51,9 +53,20 @@ impl Trap for VfioUserTrap {
 impl VfioUserBackend {
     /// Connects to the device model listening at `path`.
     pub fn connect(path: &Path) -> Result<Self> {
-        let client = Client::connect(path, ClientOptions::default()).map_err(err)?;
+        let client =
+            Client::connect(path, ClientOptions::default()).map_err(|e| match e.errno() {
+                Some(rustix::io::Errno::BUSY) => HwError::Busy {
+                    spec: path.display().to_string(),
+                },
+                _ => err(e),
+            })?;
+        let watch = client
+            .socket()
+            .try_clone_to_owned()
+            .map_err(|e| HwError::Backend(format!("dup: {e}")))?;
         Ok(Self {
             client: Arc::new(Mutex::new(client)),
+            watch,
         })
     }
 }
@@ -176,5 +189,15 @@ impl Backend for VfioUserBackend {
 
     fn reset(&self) -> Result<()> {
         lock(&self.client).reset().map_err(err)
+    }
+
+    fn loss_fd(&self) -> Option<BorrowedFd<'_>> {
+        Some(self.watch.as_fd())
+    }
+
+    /// Closing the connection is the one thing that needs nothing from a stalled model: the
+    /// model resets the device and drops every DMA mapping when it sees its client leave.
+    fn abandon(&self) {
+        let _ = rustix::net::shutdown(&self.watch, rustix::net::Shutdown::Both);
     }
 }

@@ -1,0 +1,375 @@
+//! Failures stay in their process; bad input never destroys anything; nothing hangs.
+//! One test per defect of the reliability review, each reproducing it first.
+
+mod common;
+
+use std::io::Write;
+use std::os::fd::AsFd;
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use common::{find_node, registry, run_bounded, stdout, wait_gone, Up, EXE};
+use rustix::process::{Pid, Signal};
+
+fn signal(pid: u64, sig: Signal) {
+    rustix::process::kill_process(Pid::from_raw(pid as i32).unwrap(), sig).unwrap();
+}
+
+fn stderr(o: &std::process::Output) -> String {
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}
+
+/// Defect 2: creating a socket deleted whatever file was at the path.
+#[test]
+fn a_socket_path_never_replaces_a_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let victim = dir.path().join("machine.toml");
+    std::fs::write(&victim, "precious").unwrap();
+    let limit = Duration::from_secs(30);
+    let up = run_bounded(
+        Command::new(EXE)
+            .arg("up")
+            .arg("--runtime-dir")
+            .arg(dir.path().join("rt"))
+            .arg("--control")
+            .arg(&victim),
+        limit,
+    );
+    assert!(!up.status.success());
+    assert!(
+        stderr(&up).contains("refusing to replace a regular file"),
+        "{}",
+        stderr(&up)
+    );
+    let dev = run_bounded(
+        Command::new(EXE)
+            .args(["device", "virtio-blk", "--backing", "mem:1M", "--socket"])
+            .arg(&victim),
+        limit,
+    );
+    assert!(!dev.status.success(), "{}", stderr(&dev));
+    let host = run_bounded(
+        Command::new(EXE)
+            .args(["driver-host", "--device", "n=null:1M", "--listen"])
+            .arg(&victim),
+        limit,
+    );
+    assert!(!host.status.success(), "{}", stderr(&host));
+    assert_eq!(std::fs::read_to_string(&victim).unwrap(), "precious");
+}
+
+/// Defect 4: a second manager on the same runtime directory took over the first one's disks.
+#[test]
+fn a_second_manager_on_the_same_runtime_directory_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let up = Up::start(dir.path(), None);
+    let w = up.run_with_input(
+        &["blk", "write", "disk0", "--offset", "4096"],
+        b"first manager",
+    );
+    assert!(w.status.success(), "{}", stderr(&w));
+    let second = run_bounded(
+        Command::new(EXE)
+            .arg("up")
+            .env("OUTBOARD_CONTROL", &up.control),
+        Duration::from_secs(30),
+    );
+    assert!(!second.status.success());
+    assert!(
+        stderr(&second).contains("in use by another `outboard up`"),
+        "{}",
+        stderr(&second)
+    );
+    // The first manager still serves its own disk, data intact.
+    let r = up.run(&["blk", "read", "disk0", "--offset", "4096", "--length", "13"]);
+    assert_eq!(r.stdout, b"first manager", "{}", stderr(&r));
+}
+
+/// Defect 6: SIGKILL of the manager orphaned its children.
+#[test]
+fn a_killed_manager_takes_its_children_with_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut up = Up::start(dir.path(), None);
+    let pid = up.child.as_ref().unwrap().id();
+    let kids = common::children_of(pid);
+    assert_eq!(kids.len(), 2, "a device model and a driver server");
+    up.child.as_mut().unwrap().kill().unwrap();
+    up.child.take().unwrap().wait().unwrap();
+    for k in kids {
+        assert!(
+            wait_gone(k, Duration::from_secs(10)),
+            "child {k} outlived its manager"
+        );
+    }
+    // Nothing is left running on the old paths: a new manager starts on the same directory.
+    let up = Up::start(dir.path(), None);
+    assert!(up.run(&["blk", "info", "disk0"]).status.success());
+}
+
+/// Defect 7: server names were not validated; `control` replaced the manager's socket.
+#[test]
+fn a_server_named_control_does_not_replace_the_control_socket() {
+    let dir = tempfile::tempdir().unwrap();
+    let up = Up::start(
+        dir.path(),
+        Some("[[device]]\nname = \"d\"\nmodel = \"virtio-blk\"\nbacking = \"mem:1M\"\nserver = \"control\"\n"),
+    );
+    assert!(up.run(&["ls"]).status.success());
+    assert!(up.run(&["blk", "info", "d"]).status.success());
+    let o = run_bounded(
+        Command::new(EXE).args(["up", "--machine"]).arg({
+            let p = dir.path().join("bad.toml");
+            std::fs::write(&p, "[[device]]\nname = \"d\"\nmodel = \"virtio-blk\"\nbacking = \"mem:1M\"\nserver = \"../escaped\"\n").unwrap();
+            p
+        }).env("OUTBOARD_CONTROL", dir.path().join("rt2/control.sock")),
+        Duration::from_secs(30),
+    );
+    assert!(!o.status.success());
+    assert!(stderr(&o).contains(":5: server name"), "{}", stderr(&o));
+    assert!(!dir.path().join("escaped.server.sock").exists());
+}
+
+/// Defect 5: a driver server did not notice its device model died.
+#[test]
+fn a_dead_device_model_fails_requests_at_once_and_shows_in_the_registry() {
+    let dir = tempfile::tempdir().unwrap();
+    let up = Up::start(dir.path(), None);
+    let tree = registry(&up);
+    let model = find_node(&tree, "pci-function").unwrap()["props"]["pid"]
+        .as_u64()
+        .unwrap();
+    signal(model, Signal::KILL);
+    // A client gets a specific error quickly, not a 30 s hang.
+    let r = run_bounded(
+        Command::new(EXE)
+            .args(["blk", "read", "disk0", "--length", "4096"])
+            .env("OUTBOARD_CONTROL", &up.control),
+        Duration::from_secs(10),
+    );
+    assert!(!r.status.success());
+    assert!(stderr(&r).contains("device failed"), "{}", stderr(&r));
+    let text = stdout(&up.run(&["ls"]));
+    assert!(text.contains("state=failed"), "{text}");
+}
+
+/// Defect 1: a device model stalled past the vfio-user timeout wedged its driver server for
+/// good, every later reply off by one.
+#[test]
+fn a_stalled_device_model_fails_its_device_cleanly() {
+    let dir = tempfile::tempdir().unwrap();
+    let up = Up::start(dir.path(), None);
+    let tree = registry(&up);
+    let model = find_node(&tree, "pci-function").unwrap()["props"]["pid"]
+        .as_u64()
+        .unwrap();
+    signal(model, Signal::STOP);
+    let first = run_bounded(
+        Command::new(EXE)
+            .args(["blk", "info", "disk0"])
+            .env("OUTBOARD_CONTROL", &up.control),
+        Duration::from_secs(20),
+    );
+    signal(model, Signal::CONT);
+    assert!(!first.status.success());
+    // Later opens get the device's state, not a shifted reply to someone else's command.
+    let later = run_bounded(
+        Command::new(EXE)
+            .args(["blk", "info", "disk0"])
+            .env("OUTBOARD_CONTROL", &up.control),
+        Duration::from_secs(10),
+    );
+    assert!(!later.status.success());
+    let e = stderr(&later);
+    assert!(!e.contains("expected reply"), "{e}");
+    assert!(e.contains("device failed"), "{e}");
+    let text = stdout(&up.run(&["ls"]));
+    assert!(text.contains("state=failed"), "{text}");
+}
+
+/// Defect 10: an idle control connection stalled the manager (1 s each, crash detection too).
+#[test]
+fn idle_control_connections_do_not_stall_the_manager() {
+    let dir = tempfile::tempdir().unwrap();
+    let up = Up::start(dir.path(), None);
+    // Twenty silent clients: at 1 s each the manager used to be busy for 20 s, beyond every
+    // client's 10 s timeout.
+    let idle: Vec<_> = (0..20)
+        .map(|_| outboard_session::control::connect(&up.control).unwrap())
+        .collect();
+    let ls = run_bounded(
+        Command::new(EXE)
+            .arg("ls")
+            .env("OUTBOARD_CONTROL", &up.control),
+        Duration::from_secs(8),
+    );
+    assert!(ls.status.success(), "{}", stderr(&ls));
+    drop(idle);
+}
+
+/// Defect 10: a client that never reads its replies wedged the driver server.
+#[test]
+fn a_client_that_never_reads_cannot_wedge_a_driver_server() {
+    let dir = tempfile::tempdir().unwrap();
+    let up = Up::start(dir.path(), None);
+    let tree = registry(&up);
+    let server = find_node(&tree, "driver").unwrap()["props"]["server-socket"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let rude = outboard_session::control::connect(std::path::Path::new(&server)).unwrap();
+    let req = br#"{"op":"status","device":"disk0"}"#;
+    for _ in 0..100_000 {
+        match rustix::net::send(&rude, req, rustix::net::SendFlags::DONTWAIT) {
+            Ok(_) => {}
+            Err(_) => break,
+        }
+    }
+    // Another client is served as usual.
+    let data = common::pattern(5, 8192);
+    let mut w = Command::new(EXE)
+        .args(["blk", "write", "disk0", "--offset", "1M"])
+        .env("OUTBOARD_CONTROL", &up.control)
+        .stdin(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    w.stdin.take().unwrap().write_all(&data).unwrap();
+    let w = w.wait_with_output().unwrap();
+    assert!(w.status.success(), "{}", stderr(&w));
+    let r = run_bounded(
+        Command::new(EXE)
+            .args(["blk", "read", "disk0", "--offset", "1M", "--length", "8192"])
+            .env("OUTBOARD_CONTROL", &up.control),
+        Duration::from_secs(10),
+    );
+    assert!(r.stdout == data);
+    let _ = rude.as_fd();
+}
+
+/// Defect 12: a second client of a colocated device waited 5 s for `VERSION: timed out`.
+#[test]
+fn a_second_client_of_a_colocated_device_is_told_it_is_busy() {
+    let dir = tempfile::tempdir().unwrap();
+    let up = Up::start(
+        dir.path(),
+        Some("[[device]]\nname = \"c\"\nmodel = \"virtio-blk\"\nbacking = \"mem:8M\"\nplacement = \"colocated\"\n"),
+    );
+    // The first client holds the device: it blocks writing to a pipe nobody reads.
+    let mut holder = Command::new(EXE)
+        .args(["blk", "read", "c"])
+        .env("OUTBOARD_CONTROL", &up.control)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut first = [0u8; 1];
+    std::io::Read::read_exact(holder.stdout.as_mut().unwrap(), &mut first).unwrap();
+    let second = run_bounded(
+        Command::new(EXE)
+            .args(["blk", "info", "c"])
+            .env("OUTBOARD_CONTROL", &up.control),
+        Duration::from_secs(4),
+    );
+    assert!(!second.status.success());
+    assert!(stderr(&second).contains("busy"), "{}", stderr(&second));
+    holder.kill().unwrap();
+    holder.wait().unwrap();
+}
+
+/// Defect 12: distinct failures got the same "no such device".
+#[test]
+fn a_manager_that_is_not_running_is_not_reported_as_a_missing_device() {
+    let dir = tempfile::tempdir().unwrap();
+    let o = run_bounded(
+        Command::new(EXE)
+            .args(["blk", "info", "disk0"])
+            .env("OUTBOARD_CONTROL", dir.path().join("nothing.sock")),
+        Duration::from_secs(10),
+    );
+    assert!(!o.status.success());
+    let e = stderr(&o);
+    assert!(!e.contains("no such device"), "{e}");
+    assert!(e.contains("is `outboard up` running?"), "{e}");
+}
+
+/// Defect 12: small ones in the command line.
+#[test]
+fn the_command_line_refuses_bad_input_cleanly() {
+    let dir = tempfile::tempdir().unwrap();
+    let up = Up::start(dir.path(), None);
+    // An overflowing length was read as a tiny one and exited 0 with no output.
+    let r = up.run(&[
+        "blk",
+        "read",
+        "disk0",
+        "--offset",
+        "5",
+        "--length",
+        "18446744073709551613",
+    ]);
+    assert!(!r.status.success());
+    assert!(stderr(&r).contains("past the end"), "{}", stderr(&r));
+    // --create with a bad size left a file behind after refusing it.
+    let img = dir.path().join("ten.img");
+    let o = run_bounded(
+        Command::new(EXE)
+            .args(["device", "virtio-blk", "--create", "10", "--socket"])
+            .arg(dir.path().join("x.sock"))
+            .arg("--backing")
+            .arg(&img),
+        Duration::from_secs(10),
+    );
+    assert!(!o.status.success());
+    assert!(
+        !img.exists(),
+        "a refused --create left {} behind",
+        img.display()
+    );
+    // Logs to a pipe carry no colour codes.
+    let o = run_bounded(
+        Command::new(EXE)
+            .args(["-v", "blk", "info", "disk0"])
+            .env("OUTBOARD_CONTROL", &up.control),
+        Duration::from_secs(10),
+    );
+    assert!(!o.stderr.contains(&0x1b), "{}", stderr(&o));
+}
+
+/// Defect 12: `outboard … | head` panicked on the broken pipe.
+#[test]
+fn a_closed_stdout_ends_the_command_quietly() {
+    let dir = tempfile::tempdir().unwrap();
+    let up = Up::start(dir.path(), None);
+    let mut c = Command::new(EXE)
+        .args(["blk", "read", "disk0"])
+        .env("OUTBOARD_CONTROL", &up.control)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    drop(c.stdout.take());
+    let o = c.wait_with_output().unwrap();
+    assert!(!stderr(&o).contains("panicked"), "{}", stderr(&o));
+}
+
+/// Defect 12: the log of a crashed process was deleted at shutdown.
+#[test]
+fn a_crash_log_outlives_the_machine() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut up = Up::start(dir.path(), None);
+    let tree = registry(&up);
+    let pid = find_node(&tree, "driver").unwrap()["props"]["pid"]
+        .as_u64()
+        .unwrap();
+    signal(pid, Signal::KILL);
+    assert!(wait_gone(pid as u32, Duration::from_secs(10)));
+    let out = up.interrupt();
+    assert!(!out.status.success() || !out.stderr.is_empty());
+    let err = String::from_utf8_lossy(&out.stderr);
+    let log = err
+        .split("see ")
+        .nth(1)
+        .and_then(|s| s.split_whitespace().next())
+        .unwrap_or_else(|| panic!("no log named in {err}"));
+    assert!(std::path::Path::new(log).exists(), "{log} was deleted");
+}

@@ -1,0 +1,10 @@
+//! Operating-system helpers shared by several layers.
+//!
+//! [`sockpath`] claims a UNIX socket path the safe way: it replaces only a *stale* socket, never a
+//! regular file and never a socket someone still listens on, and it removes on exit only the
+//! socket it bound itself.
+#![deny(missing_docs)]
+
+pub mod sockpath;
+
+pub use sockpath::{bind_listener, is_live, SockPathError, SocketPath};

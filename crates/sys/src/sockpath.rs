@@ -1,0 +1,261 @@
+//! Claiming a UNIX socket path.
+//!
+//! `bind(2)` fails with `EADDRINUSE` when anything exists at the path, so servers habitually
+//! unlink the path first. Done blindly that deletes whatever is there: a user's file given by
+//! mistake (`--socket machine.toml`), or the live socket of another server, which then keeps
+//! running unreachable while the newcomer takes over its name. The rules here:
+//!
+//! - nothing at the path: bind;
+//! - a socket nobody accepts on (`connect` answers `ECONNREFUSED`): stale, left by a process that
+//!   died; unlink it and bind;
+//! - a socket someone accepts on: refuse ([`SockPathError::InUse`]);
+//! - anything else (a regular file, a directory, a symlink, a FIFO): refuse
+//!   ([`SockPathError::NotASocket`]), touching nothing.
+//!
+//! The bound socket's identity (device and inode) is remembered, so [`SocketPath`] removes the
+//! path on drop only while it still names *our* socket: a server that lost its path to someone
+//! else does not delete theirs.
+
+use std::os::fd::OwnedFd;
+use std::path::{Path, PathBuf};
+
+use rustix::fs::{FileType, Mode, OFlags, Stat};
+use rustix::io::Errno;
+use rustix::net::{AddressFamily, SocketAddrUnix, SocketFlags, SocketType};
+
+/// Why a socket path could not be claimed.
+#[derive(Debug, thiserror::Error)]
+pub enum SockPathError {
+    /// Something that is not a socket is at the path; it was left alone.
+    #[error("{path}: refusing to replace {kind} with a socket")]
+    NotASocket {
+        /// The path.
+        path: String,
+        /// What is there ("a regular file", "a directory", …).
+        kind: &'static str,
+    },
+    /// A live server accepts connections on the path.
+    #[error("{path}: already in use by a running server")]
+    InUse {
+        /// The path.
+        path: String,
+    },
+    /// The system refused an operation.
+    #[error("{path}: {op}: {errno}")]
+    Os {
+        /// The path.
+        path: String,
+        /// The operation.
+        op: &'static str,
+        /// Why.
+        errno: Errno,
+    },
+}
+
+fn kind_of(st: &Stat) -> &'static str {
+    match FileType::from_raw_mode(st.st_mode) {
+        FileType::RegularFile => "a regular file",
+        FileType::Directory => "a directory",
+        FileType::Symlink => "a symbolic link",
+        FileType::Fifo => "a FIFO",
+        FileType::CharacterDevice => "a character device",
+        FileType::BlockDevice => "a block device",
+        FileType::Socket => "a socket",
+        FileType::Unknown => "an unknown kind of file",
+    }
+}
+
+/// A socket path this process bound; removed on drop if it still names that socket.
+#[derive(Debug)]
+pub struct SocketPath {
+    path: PathBuf,
+    /// An `O_PATH` handle on the socket's inode. Holding it keeps the inode allocated, so its
+    /// number cannot be reused by a newer socket at the path (file systems reuse freed inode
+    /// numbers at once, and change times are too coarse to tell two sockets apart).
+    inode: OwnedFd,
+}
+
+fn same_file(a: &Stat, b: &Stat) -> bool {
+    a.st_dev == b.st_dev && a.st_ino == b.st_ino
+}
+
+impl SocketPath {
+    /// The path.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Whether the path still names the socket we bound.
+    pub fn still_ours(&self) -> bool {
+        rustix::fs::lstat(&self.path)
+            .ok()
+            .zip(rustix::fs::fstat(&self.inode).ok())
+            .is_some_and(|(at_path, ours)| same_file(&at_path, &ours))
+    }
+}
+
+impl Drop for SocketPath {
+    fn drop(&mut self) {
+        if self.still_ours() {
+            let _ = std::fs::remove_file(&self.path);
+        }
+    }
+}
+
+/// Whether a process is bound to the socket at `addr`, asked without making a connection: a
+/// datagram `connect` to a stream or seqpacket socket answers `EPROTOTYPE` when someone is bound
+/// and `ECONNREFUSED` when the socket is stale, and never reaches the server's `accept`.
+fn probe(addr: &SocketAddrUnix) -> Result<bool, Errno> {
+    let s = rustix::net::socket_with(
+        AddressFamily::UNIX,
+        SocketType::DGRAM,
+        SocketFlags::CLOEXEC,
+        None,
+    )?;
+    match rustix::net::connect(&s, addr) {
+        Ok(()) | Err(Errno::PROTOTYPE) | Err(Errno::AGAIN) => Ok(true),
+        Err(Errno::CONNREFUSED) => Ok(false),
+        Err(e) => Err(e),
+    }
+}
+
+/// Whether `path` is a socket some process is bound to (a server that is up).
+pub fn is_live(path: &Path) -> bool {
+    let is_socket = rustix::fs::lstat(path)
+        .is_ok_and(|st| FileType::from_raw_mode(st.st_mode) == FileType::Socket);
+    is_socket
+        && SocketAddrUnix::new(path)
+            .ok()
+            .is_some_and(|a| probe(&a).unwrap_or(false))
+}
+
+/// Binds and listens on a UNIX socket of type `kind` at `path`, following the module's rules.
+pub fn bind_listener(
+    path: &Path,
+    kind: SocketType,
+    backlog: i32,
+) -> Result<(OwnedFd, SocketPath), SockPathError> {
+    let shown = || path.display().to_string();
+    let os = |op, errno| SockPathError::Os {
+        path: shown(),
+        op,
+        errno,
+    };
+    let addr = SocketAddrUnix::new(path).map_err(|e| os("address", e))?;
+    let socket = || rustix::net::socket_with(AddressFamily::UNIX, kind, SocketFlags::CLOEXEC, None);
+    match rustix::fs::lstat(path) {
+        Err(Errno::NOENT) => {}
+        Err(e) => return Err(os("stat", e)),
+        Ok(st) if FileType::from_raw_mode(st.st_mode) != FileType::Socket => {
+            return Err(SockPathError::NotASocket {
+                path: shown(),
+                kind: kind_of(&st),
+            })
+        }
+        Ok(_) => match probe(&addr) {
+            // Nobody is bound: the owner died. Only such a socket is ours to replace.
+            Ok(false) => std::fs::remove_file(path)
+                .map_err(|e| os("unlink", Errno::from_io_error(&e).unwrap_or(Errno::IO)))?,
+            Ok(true) => return Err(SockPathError::InUse { path: shown() }),
+            Err(e) => return Err(os("connect", e)),
+        },
+    }
+    let fd = socket().map_err(|e| os("socket", e))?;
+    rustix::net::bind(&fd, &addr).map_err(|e| match e {
+        // Someone bound it between our check and our bind.
+        Errno::ADDRINUSE => SockPathError::InUse { path: shown() },
+        e => os("bind", e),
+    })?;
+    let inode = rustix::fs::open(
+        path,
+        OFlags::PATH | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+        Mode::empty(),
+    )
+    .map_err(|e| os("open", e))?;
+    rustix::net::listen(&fd, backlog).map_err(|e| os("listen", e))?;
+    Ok((
+        fd,
+        SocketPath {
+            path: path.to_owned(),
+            inode,
+        },
+    ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn bind(path: &Path) -> Result<(OwnedFd, SocketPath), SockPathError> {
+        bind_listener(path, SocketType::SEQPACKET, 4)
+    }
+
+    #[test]
+    fn a_regular_file_is_never_replaced() {
+        let dir = tempfile::tempdir().unwrap();
+        let victim = dir.path().join("machine.toml");
+        std::fs::write(&victim, "precious").unwrap();
+        let e = bind(&victim).unwrap_err();
+        assert!(
+            matches!(
+                e,
+                SockPathError::NotASocket {
+                    kind: "a regular file",
+                    ..
+                }
+            ),
+            "{e}"
+        );
+        assert_eq!(std::fs::read_to_string(&victim).unwrap(), "precious");
+        let d = dir.path().join("sub");
+        std::fs::create_dir(&d).unwrap();
+        assert!(matches!(
+            bind(&d),
+            Err(SockPathError::NotASocket {
+                kind: "a directory",
+                ..
+            })
+        ));
+        let link = dir.path().join("link");
+        std::os::unix::fs::symlink(&victim, &link).unwrap();
+        assert!(matches!(bind(&link), Err(SockPathError::NotASocket { .. })));
+        assert_eq!(std::fs::read_to_string(&victim).unwrap(), "precious");
+    }
+
+    #[test]
+    fn a_live_socket_is_refused_and_a_stale_one_replaced() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("s.sock");
+        let (fd, guard) = bind(&p).unwrap();
+        assert!(matches!(bind(&p), Err(SockPathError::InUse { .. })));
+        // A live socket of another type is still live.
+        assert!(matches!(
+            bind_listener(&p, SocketType::STREAM, 4),
+            Err(SockPathError::InUse { .. })
+        ));
+        assert!(is_live(&p));
+        // The owner dies without cleaning up: the socket is stale and may be replaced.
+        std::mem::forget(guard);
+        drop(fd);
+        assert!(p.exists() && !is_live(&p));
+        let (_fd, _guard) = bind(&p).unwrap();
+    }
+
+    #[test]
+    fn drop_removes_only_our_own_socket() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("s.sock");
+        let (fd, guard) = bind(&p).unwrap();
+        drop(fd);
+        // Someone else took the path over (after ours went stale).
+        let (_fd2, guard2) = bind(&p).unwrap();
+        assert!(!guard.still_ours());
+        drop(guard);
+        assert!(
+            p.exists(),
+            "the other server's socket must survive our exit"
+        );
+        drop(guard2);
+        assert!(!p.exists());
+    }
+}

@@ -33,6 +33,9 @@ extern "C" {
 #define OB_ETIMEOUT      -11   /* timed out */
 #define OB_EPROTOCOL     -12   /* the peer broke the protocol */
 #define OB_ENODEV        -13   /* no such device */
+#define OB_EFAILED       -14   /* the device or its driver failed and was given up */
+#define OB_EBUSY         -15   /* the device is in use by another client */
+#define OB_EUNREACHABLE  -16   /* the manager or server is not running */
 
 /* Operations for ob_block_submit. */
 #define OB_OP_READ         1

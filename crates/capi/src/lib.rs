@@ -368,6 +368,9 @@ pub extern "C" fn ob_strerror(code: c_int) -> *const c_char {
         -11 => c"timed out",
         -12 => c"protocol error",
         -13 => c"no such device",
+        -14 => c"the device or its driver failed and was given up",
+        -15 => c"the device is in use by another client",
+        -16 => c"the manager or server is not running",
         _ => c"unknown error",
     };
     s.as_ptr()

@@ -335,15 +335,25 @@ pub trait BlockDevice {
     fn in_flight(&self) -> usize;
 
     /// Runs one request to completion (needs nothing else in flight).
+    ///
+    /// A synchronous call that failed (timed out, device gone) may leave its request in
+    /// flight; the next call first waits for it, so it answers with the same error while the
+    /// cause lasts (never "handle busy"), and recovers once the request completes.
     fn execute(&mut self, r: &BlockRequest) -> Result<u32, BlockError> {
-        if self.in_flight() != 0 {
-            return Err(BlockError::Invalid(
-                "execute needs an idle device handle".into(),
-            ));
+        let mut out = Vec::with_capacity(1);
+        while self.in_flight() != 0 {
+            out.clear();
+            self.wait(&mut out, Duration::from_secs(30))?;
+            if out.iter().any(|c| c.tag != SYNC_TAG) {
+                return Err(BlockError::Invalid(
+                    "execute needs an idle device handle: asynchronous requests were in flight"
+                        .into(),
+                ));
+            }
         }
+        out.clear();
         self.submit(r)?;
         self.kick()?;
-        let mut out = Vec::with_capacity(1);
         while out.is_empty() {
             self.wait(&mut out, Duration::from_secs(30))?;
         }
@@ -390,11 +400,14 @@ pub trait BlockDevice {
             lba: 0,
             blocks: 0,
             buf_offset: 0,
-            tag: 0,
+            tag: SYNC_TAG,
         })
         .map(|_| ())
     }
 }
+
+/// The tag of requests the synchronous API makes; asynchronous users pick any other.
+pub const SYNC_TAG: u64 = u64::MAX;
 
 /// Block size and the largest chunk (whole blocks, at most 1 MiB) the buffer area holds.
 fn chunking(
@@ -422,7 +435,7 @@ fn staged(op: BlockOp, lba: u64, blocks: usize) -> BlockRequest {
         lba,
         blocks: blocks as u32,
         buf_offset: 0,
-        tag: lba,
+        tag: SYNC_TAG,
     }
 }
 

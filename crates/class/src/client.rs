@@ -79,6 +79,8 @@ pub struct BlockClient {
     in_flight: usize,
     mode: WaitMode,
     session: u64,
+    /// The server closed the session: every later call fails with `DeviceGone` at once.
+    gone: bool,
 }
 
 impl std::fmt::Debug for BlockClient {
@@ -132,6 +134,7 @@ impl BlockClient {
             in_flight: 0,
             mode: opts.mode,
             session,
+            gone: false,
         })
     }
 
@@ -163,7 +166,7 @@ impl BlockClient {
     }
 
     /// Blocks on the doorbell or the control socket; the latter means the server is gone.
-    fn block(&self, timeout: Duration) -> Result<(), BlockError> {
+    fn block(&mut self, timeout: Duration) -> Result<(), BlockError> {
         let ts = rustix::time::Timespec {
             tv_sec: timeout.as_secs() as _,
             tv_nsec: timeout.subsec_nanos() as _,
@@ -178,6 +181,7 @@ impl BlockClient {
             Err(e) => return Err(BlockError::Protocol(format!("poll: {e}"))),
         }
         if !p[1].revents().is_empty() {
+            self.gone = true;
             return Err(BlockError::DeviceGone);
         }
         self.client_bell.drain();
@@ -195,6 +199,9 @@ impl BlockDevice for BlockClient {
     }
 
     fn submit(&mut self, r: &BlockRequest) -> Result<(), BlockError> {
+        if self.gone {
+            return Err(BlockError::DeviceGone);
+        }
         validate(r, &self.info, self.region.geometry.buffer_size)?;
         if self.in_flight >= self.region.geometry.cq_entries as usize {
             return Err(BlockError::QueueFull);
@@ -242,6 +249,9 @@ impl BlockDevice for BlockClient {
             let n = self.poll(out)?;
             if n > 0 || self.in_flight == 0 {
                 return Ok(n);
+            }
+            if self.gone {
+                return Err(BlockError::DeviceGone);
             }
             if let WaitMode::Adaptive(spin) = self.mode {
                 let until = Instant::now() + spin;

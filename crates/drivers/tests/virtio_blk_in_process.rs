@@ -302,3 +302,54 @@ fn a_device_returning_a_bogus_descriptor_is_an_error_not_a_panic() {
         "{err}"
     );
 }
+
+/// A client's memory the device reaches through DMA: a memfd the client still holds.
+fn client_memfd(sealable: bool, len: u64) -> (Arc<outboard_shm::SharedMem>, std::os::fd::OwnedFd) {
+    use rustix::fs::MemfdFlags;
+    let flags = if sealable {
+        MemfdFlags::CLOEXEC | MemfdFlags::ALLOW_SEALING
+    } else {
+        MemfdFlags::CLOEXEC
+    };
+    let fd = rustix::fs::memfd_create("client", flags).unwrap();
+    rustix::fs::ftruncate(&fd, len).unwrap();
+    let keep = fd.try_clone().unwrap();
+    let mem =
+        outboard_shm::SharedMem::map_owned(fd, 0, len as usize, outboard_shm::Access::ReadWrite)
+            .unwrap();
+    (Arc::new(mem), keep)
+}
+
+/// Reliability defect 3: DMA_MAP a memfd, shrink it to 0, ring a doorbell: the device model
+/// died of SIGBUS. Now the model seals what it maps, and guards what it cannot seal.
+#[test]
+fn memory_its_owner_shrinks_cannot_kill_the_device_model() {
+    let (mut d, _) = disk("1M", BlkOptions::default());
+    // A sealable memfd: once the device maps it, its owner can no longer shrink it.
+    let (mem, owner) = client_memfd(true, 65536);
+    let buf = d.function().dma().map_shared(mem).unwrap();
+    d.write(0, &buf, 0, 4096).unwrap();
+    assert_eq!(
+        rustix::fs::ftruncate(&owner, 0),
+        Err(rustix::io::Errno::PERM)
+    );
+    d.read(0, &buf, 0, 4096).unwrap();
+
+    // A memfd that cannot be sealed: shrinking it fails the request that touches it, with an
+    // I/O error, and nothing else.
+    let (mem, owner) = client_memfd(false, 65536);
+    let bad = d.function().dma().map_shared(mem).unwrap();
+    d.write(8, &bad, 0, 4096).unwrap();
+    rustix::fs::ftruncate(&owner, 0).unwrap();
+    assert!(matches!(d.read(8, &bad, 0, 4096), Err(BlkError::Io)));
+    assert!(matches!(d.write(8, &bad, 0, 4096), Err(BlkError::Io)));
+    // The device model lives on and serves healthy memory.
+    let good = d.function().dma().alloc(4096).unwrap();
+    good.write(0, b"after").unwrap();
+    d.write(16, &good, 0, 512).unwrap();
+    good.fill(0, 512, 0).unwrap();
+    d.read(16, &good, 0, 512).unwrap();
+    let mut back = [0u8; 5];
+    good.read(0, &mut back).unwrap();
+    assert_eq!(&back, b"after");
+}

@@ -2,14 +2,18 @@
 //!
 //! Buffers are memfd-backed shared memory, mapped into the device's IOVA space by the backend
 //! (`VFIO_IOMMU_MAP_DMA`, or vfio-user DMA_MAP passing the fd). Drivers give devices IOVAs,
-//! never host addresses; the device can reach only what is mapped. IOVAs are handed out by a
-//! bump allocator from 4 GiB upwards and never reused, so a stale IOVA held by a confused
-//! device can never alias a newer buffer.
+//! never host addresses; the device can reach only what is mapped.
+//!
+//! IOVAs come from [`IovaSpace`]: fresh space from 4 GiB upwards, with an unmapped guard page
+//! after each buffer; a range is reused only once its buffer was unmapped from the device, and
+//! only after a quarantine of later frees, so a stale IOVA a confused device still holds hits
+//! nothing for as long as possible. A long-running server whose clients come and go therefore
+//! never runs out of IOVA space (it did when IOVAs were never reused).
 
+use std::collections::VecDeque;
 use std::ops::Deref;
 use std::os::fd::BorrowedFd;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use outboard_shm::SharedMem;
 
@@ -18,28 +22,79 @@ use crate::{HwError, Result};
 
 const PAGE: u64 = 4096;
 const IOVA_BASE: u64 = 1 << 32;
+/// The top of the IOVA space: 47 bits, what every IOMMU Outboard meets can address.
+const IOVA_END: u64 = 1 << 47;
+/// Freed ranges wait behind this many later frees before they are reused.
+const QUARANTINE: usize = 64;
+
+/// An allocator of device addresses.
+#[derive(Debug)]
+pub struct IovaSpace {
+    /// Start of never-used space.
+    fresh: u64,
+    /// Freed ranges, oldest first, each `(iova, len)` with `len` including its guard page.
+    freed: VecDeque<(u64, u64)>,
+}
+
+impl Default for IovaSpace {
+    fn default() -> Self {
+        Self {
+            fresh: IOVA_BASE,
+            freed: VecDeque::new(),
+        }
+    }
+}
+
+impl IovaSpace {
+    /// Reserves `len` bytes (rounded up to pages) followed by an unmapped guard page.
+    pub fn alloc(&mut self, len: u64) -> Option<u64> {
+        let need = len
+            .div_ceil(PAGE)
+            .max(1)
+            .checked_mul(PAGE)?
+            .checked_add(PAGE)?;
+        // Reuse the oldest freed range that fits, once enough later frees are queued behind it.
+        let ripe = self.freed.len().saturating_sub(QUARANTINE);
+        if let Some(i) = (0..ripe).find(|&i| self.freed[i].1 >= need) {
+            let (iova, have) = self.freed.remove(i).expect("index in range");
+            if have > need {
+                self.freed.push_back((iova + need, have - need));
+            }
+            return Some(iova);
+        }
+        let iova = self.fresh;
+        let end = iova.checked_add(need).filter(|e| *e <= IOVA_END)?;
+        self.fresh = end;
+        Some(iova)
+    }
+
+    /// Returns a range whose buffer the device can no longer reach (it was unmapped).
+    pub fn free(&mut self, iova: u64, len: u64) {
+        let need = len.div_ceil(PAGE).max(1) * PAGE + PAGE;
+        self.freed.push_back((iova, need));
+    }
+}
 
 /// Hands out DMA buffers for one device.
 pub struct DmaSpace {
     backend: Arc<dyn Backend>,
-    next: AtomicU64,
+    space: Arc<Mutex<IovaSpace>>,
 }
 
 impl DmaSpace {
     pub(crate) fn new(backend: Arc<dyn Backend>) -> Self {
         Self {
             backend,
-            next: AtomicU64::new(IOVA_BASE),
+            space: Arc::default(),
         }
     }
 
     fn reserve(&self, len: u64) -> Result<u64> {
-        let len = len.div_ceil(PAGE) * PAGE;
-        let iova = self.next.fetch_add(len + PAGE, Ordering::Relaxed); // a guard page between buffers
-        if iova.checked_add(len).is_none_or(|e| e > 1 << 47) {
-            return Err(HwError::Backend("IOVA space exhausted".into()));
-        }
-        Ok(iova)
+        self.space
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .alloc(len)
+            .ok_or_else(|| HwError::Backend("IOVA space exhausted".into()))
     }
 
     /// Allocates a zeroed buffer of at least `len` bytes that the device may read and write.
@@ -48,12 +103,13 @@ impl DmaSpace {
         let mem = SharedMem::create("outboard-dma", size as usize)?;
         let iova = self.reserve(size)?;
         let fd = mem.fd().expect("created memfd has an fd");
-        self.backend.dma_map(iova, size, fd, 0)?;
+        self.map_or_release(iova, size, fd)?;
         Ok(DmaBuf {
             mem: Arc::new(mem),
             iova,
             size,
             backend: self.backend.clone(),
+            space: self.space.clone(),
         })
     }
 
@@ -70,12 +126,25 @@ impl DmaSpace {
             HwError::Backend("shared memory without an fd cannot be mapped for DMA".into())
         })?;
         let iova = self.reserve(size)?;
-        self.backend.dma_map(iova, size, fd, 0)?;
+        self.map_or_release(iova, size, fd)?;
         Ok(DmaBuf {
             mem,
             iova,
             size,
             backend: self.backend.clone(),
+            space: self.space.clone(),
+        })
+    }
+}
+
+impl DmaSpace {
+    fn map_or_release(&self, iova: u64, size: u64, fd: BorrowedFd<'_>) -> Result<()> {
+        self.backend.dma_map(iova, size, fd, 0).inspect_err(|_| {
+            // Never mapped: the device cannot hold this address.
+            self.space
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .free(iova, size)
         })
     }
 }
@@ -86,6 +155,7 @@ pub struct DmaBuf {
     iova: u64,
     size: u64,
     backend: Arc<dyn Backend>,
+    space: Arc<Mutex<IovaSpace>>,
 }
 
 impl std::fmt::Debug for DmaBuf {
@@ -125,8 +195,60 @@ impl Deref for DmaBuf {
 
 impl Drop for DmaBuf {
     fn drop(&mut self) {
-        if let Err(e) = self.backend.dma_unmap(self.iova, self.size) {
-            tracing::warn!("unmapping DMA buffer {:#x}: {e}", self.iova);
+        match self.backend.dma_unmap(self.iova, self.size) {
+            // Only an address the device can no longer reach is reused.
+            Ok(()) => self
+                .space
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .free(self.iova, self.size),
+            Err(e) => tracing::warn!(
+                "unmapping DMA buffer {:#x}: {e}; its addresses stay reserved",
+                self.iova
+            ),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_long_running_space_never_runs_out_when_buffers_come_and_go() {
+        let mut s = IovaSpace::default();
+        // 1 TiB buffers: without reuse the 47-bit space is gone after about 128 of them.
+        let mut live = VecDeque::new();
+        for _ in 0..10_000 {
+            let iova = s.alloc(1 << 40).expect("space reused");
+            live.push_back(iova);
+            if live.len() > 8 {
+                s.free(live.pop_front().unwrap(), 1 << 40);
+            }
+        }
+    }
+
+    #[test]
+    fn freed_ranges_are_quarantined_and_never_overlap_live_ones() {
+        let mut s = IovaSpace::default();
+        let a = s.alloc(4096).unwrap();
+        s.free(a, 4096);
+        // Not reused at once: later frees must queue behind it first.
+        let b = s.alloc(4096).unwrap();
+        assert_ne!(a, b);
+        let mut live = vec![(b, 8192u64)];
+        for i in 0..2000u64 {
+            let len = (i % 7 + 1) * 4096;
+            let iova = s.alloc(len).unwrap();
+            for &(o, l) in &live {
+                assert!(iova + len + PAGE <= o || o + l <= iova, "overlap");
+            }
+            live.push((iova, len + PAGE));
+            if i % 3 == 0 {
+                let (o, l) = live.remove(0);
+                s.free(o, l - PAGE);
+            }
+        }
+        assert!(s.fresh < IOVA_BASE + (1 << 30), "space was reused");
     }
 }

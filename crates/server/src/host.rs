@@ -45,6 +45,28 @@ const LOST: u64 = 4 << 56;
 pub const DEFAULT_DEADLINE: Duration = Duration::from_secs(30);
 const KIND: u64 = 0xff << 56;
 
+/// What clients may take from one server: memory is created by the server for each session
+/// (and mapped into each device's DMA space), so a client must not be able to claim it all.
+#[derive(Debug, Clone, Copy)]
+pub struct Limits {
+    /// Largest buffer area of one session.
+    pub session_buffer: u64,
+    /// Largest sum of the buffer areas of all live sessions.
+    pub total_buffer: u64,
+    /// Most sessions open or draining at once.
+    pub sessions: usize,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Self {
+            session_buffer: 64 << 20,
+            total_buffer: 1 << 30,
+            sessions: 256,
+        }
+    }
+}
+
 /// Counters, for status and tests.
 #[derive(Debug, Default, Clone, Copy, serde::Serialize)]
 pub struct HostStats {
@@ -112,6 +134,7 @@ pub struct DriverHost {
     next_deadline_check: Instant,
     /// Where to report events (device failures) to the manager, if one started us.
     notify: Option<OwnedFd>,
+    limits: Limits,
 }
 
 fn err(e: impl std::fmt::Display) -> String {
@@ -165,6 +188,7 @@ impl DriverHost {
             deadline: DEFAULT_DEADLINE,
             next_deadline_check: Instant::now(),
             notify: None,
+            limits: Limits::default(),
         })
     }
 
@@ -182,6 +206,11 @@ impl DriverHost {
     /// once). Spinning trades CPU for the wake-up a sleeping host costs each client request.
     pub fn set_spin(&mut self, spin: Duration) {
         self.spin = spin;
+    }
+
+    /// Sets what clients may take.
+    pub fn set_limits(&mut self, limits: Limits) {
+        self.limits = limits;
     }
 
     /// Reports events to the manager on `fd` (a SEQPACKET socket).
@@ -622,6 +651,7 @@ impl DriverHost {
                     return Err(("busy", "this connection already has a session".into()));
                 }
                 geometry.check().map_err(|e| ("invalid", e.to_string()))?;
+                self.admit(geometry.buffer_size)?;
                 let region = Region::create(geometry).map_err(|e| ("resources", e.to_string()))?;
                 // Zero copy: the device reaches the client's buffers directly.
                 let (iova, dma) = self.devices[d]
@@ -695,6 +725,35 @@ impl DriverHost {
                 ))
             }
         }
+    }
+
+    /// Refuses a session the limits do not allow.
+    fn admit(&self, buffer_size: u64) -> Result<(), (&'static str, String)> {
+        let l = self.limits;
+        if buffer_size > l.session_buffer {
+            return Err((
+                "invalid",
+                format!(
+                    "a buffer area of {buffer_size} bytes is more than this server gives one \
+                     session ({} bytes)",
+                    l.session_buffer
+                ),
+            ));
+        }
+        let live = self.sessions.iter().flatten();
+        let in_use: u64 = live.clone().map(|s| s.region.geometry.buffer_size).sum();
+        if live.count() >= l.sessions || in_use + buffer_size > l.total_buffer {
+            return Err((
+                "busy",
+                format!(
+                    "this server is at its limit ({} sessions, {} of {} buffer bytes in use)",
+                    self.live_sessions(),
+                    in_use,
+                    l.total_buffer
+                ),
+            ));
+        }
+        Ok(())
     }
 
     fn find(&self, name: &str) -> Result<usize, (&'static str, String)> {

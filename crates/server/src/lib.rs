@@ -10,4 +10,4 @@ pub mod host;
 pub use backend::{BlockBackend, NullBlock};
 pub use blockhost::BlockHost;
 pub use colocated::Colocated;
-pub use host::{DriverHost, HostStats};
+pub use host::{DriverHost, HostStats, Limits};

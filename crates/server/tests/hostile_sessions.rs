@@ -102,3 +102,49 @@ fn garbage_control_messages_get_error_replies() {
     good_client_works(&sock);
     srv.stop();
 }
+
+fn open_with(
+    sock: &std::path::Path,
+    buffer_size: u64,
+) -> Result<outboard_class::BlockClient, BlockError> {
+    let mut opts = outboard_class::SessionOptions::default();
+    opts.geometry.buffer_size = buffer_size;
+    outboard_class::BlockClient::open(sock, "disk0", opts)
+}
+
+/// Reliability defect 11: one session could claim a 1 GiB buffer area, and clients coming and
+/// going used up the device's address space for good.
+#[test]
+fn a_client_cannot_claim_the_servers_memory_or_address_space() {
+    let dir = tempfile::tempdir().unwrap();
+    let srv = common::Served::start(dir.path(), SIZE);
+    let e = open_with(&srv.sock, 1 << 30).unwrap_err();
+    assert!(
+        matches!(&e, BlockError::Invalid(m) if m.contains("more than this server gives")),
+        "{e}"
+    );
+    // Sessions come and go many times over: their buffers' addresses are reused, so opening
+    // never fails for lack of them (each 64 MiB session also takes a guard page).
+    for _ in 0..300 {
+        let c = open_with(&srv.sock, 64 << 20).unwrap();
+        drop(c);
+    }
+    // Too many at once is "busy", and room comes back when they close.
+    let many: Vec<_> = (0..16).map(|_| open_with(&srv.sock, 64 << 20)).collect();
+    let refused = many
+        .iter()
+        .filter(|r| matches!(r, Err(BlockError::Busy(_))))
+        .count();
+    assert_eq!(refused, 0, "16 × 64 MiB fits the 1 GiB default");
+    let e = open_with(&srv.sock, 64 << 20).unwrap_err();
+    assert!(matches!(e, BlockError::Busy(_)), "{e}");
+    drop(many);
+    // The server releases a session when it sees its client leave: wait for that, not a time.
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while let Err(BlockError::Busy(_)) = open_with(&srv.sock, 64 << 20) {
+        assert!(std::time::Instant::now() < deadline, "room never came back");
+        std::thread::yield_now();
+    }
+    common::good_client_works(&srv.sock);
+    srv.stop();
+}

@@ -165,9 +165,11 @@ impl Region {
     /// geometry the server announced.
     pub fn attach(control: OwnedFd, buffers: OwnedFd, g: Geometry) -> Result<Self, SessionError> {
         g.check()?;
+        // The server's memfds: sealed by an honest server, sealed or guarded here whatever it is.
         let control =
-            SharedMem::map_owned(control, 0, g.control_size() as usize, Access::ReadWrite)?;
-        let buffers = SharedMem::map_owned(buffers, 0, g.buffer_size as usize, Access::ReadWrite)?;
+            SharedMem::map_peer_owned(control, 0, g.control_size() as usize, Access::ReadWrite)?;
+        let buffers =
+            SharedMem::map_peer_owned(buffers, 0, g.buffer_size as usize, Access::ReadWrite)?;
         let header_ok = control.read_u64(off::MAGIC)? == MAGIC
             && control.read_u32(off::VERSION)? == VERSION
             && control.read_u32(off::SQ_ENTRIES)? == g.sq_entries

@@ -11,6 +11,8 @@
 //! access to it.
 #![deny(missing_docs)]
 
+mod guard;
+
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::ptr::NonNull;
 use std::sync::atomic::{AtomicU16, AtomicU32};
@@ -42,6 +44,9 @@ pub enum ShmError {
     /// The mapping is read-only.
     #[error("the mapping is read-only")]
     ReadOnly,
+    /// The peer shrank the file under the mapping; its contents are gone.
+    #[error("the peer truncated the memory it shared")]
+    PeerTruncated,
     /// A zero-length mapping was requested.
     #[error("a mapping cannot be empty")]
     Empty,
@@ -87,6 +92,8 @@ pub struct SharedMem {
     len: usize,
     access: Access,
     fd: Option<OwnedFd>,
+    /// Set when the file cannot be sealed against shrinking (see [`guard`]).
+    guard: Option<guard::Guard>,
 }
 
 // SAFETY: `SharedMem` owns its mapping; all access goes through raw pointers with explicit
@@ -129,6 +136,7 @@ impl SharedMem {
             len,
             access,
             fd: Some(fd),
+            guard: None,
         })
     }
 
@@ -140,7 +148,59 @@ impl SharedMem {
             len,
             access,
             fd: None,
+            guard: None,
         })
+    }
+
+    /// Maps `len` bytes of a file a peer passed us, keeping the fd. The peer must not be able to
+    /// make our accesses fault by shrinking the file: a memfd is sealed against shrinking
+    /// (`F_SEAL_SHRINK`, which also binds the peer); a file that cannot be sealed is mapped under
+    /// the SIGBUS guard, so a truncation turns into [`ShmError::PeerTruncated`] on this
+    /// mapping's accesses instead of killing the process.
+    pub fn map_peer_owned(fd: OwnedFd, offset: u64, len: usize, access: Access) -> Result<Self> {
+        let needs_guard = Self::seal_against_shrinking(fd.as_fd())?;
+        let mut m = Self::map_owned(fd, offset, len, access)?;
+        if needs_guard {
+            m.guard = Some(guard::Guard::register(m.ptr.as_ptr() as usize, m.len)?);
+        }
+        Ok(m)
+    }
+
+    /// [`SharedMem::map_peer_owned`] without keeping the fd.
+    pub fn map_peer(fd: BorrowedFd<'_>, offset: u64, len: usize, access: Access) -> Result<Self> {
+        let needs_guard = Self::seal_against_shrinking(fd)?;
+        let mut m = Self::map(fd, offset, len, access)?;
+        if needs_guard {
+            m.guard = Some(guard::Guard::register(m.ptr.as_ptr() as usize, m.len)?);
+        }
+        Ok(m)
+    }
+
+    /// Seals a regular file against shrinking; true if that was impossible and the mapping
+    /// needs the guard. Other files (device memory) cannot be truncated.
+    fn seal_against_shrinking(fd: BorrowedFd<'_>) -> Result<bool> {
+        let st = rustix::fs::fstat(fd).map_err(os("fstat"))?;
+        if rustix::fs::FileType::from_raw_mode(st.st_mode) != rustix::fs::FileType::RegularFile {
+            return Ok(false);
+        }
+        let sealed = |s: rustix::fs::SealFlags| s.contains(rustix::fs::SealFlags::SHRINK);
+        if rustix::fs::fcntl_get_seals(fd).is_ok_and(sealed) {
+            return Ok(false);
+        }
+        Ok(rustix::fs::fcntl_add_seals(fd, rustix::fs::SealFlags::SHRINK).is_err())
+    }
+
+    /// Whether this mapping is guarded because its file could not be sealed.
+    pub fn is_guarded(&self) -> bool {
+        self.guard.is_some()
+    }
+
+    /// Fails if the peer truncated the file under a guarded mapping.
+    fn intact(&self) -> Result<()> {
+        match &self.guard {
+            Some(g) if g.poisoned() => Err(ShmError::PeerTruncated),
+            _ => Ok(()),
+        }
     }
 
     fn mmap(fd: BorrowedFd<'_>, offset: u64, len: usize, access: Access) -> Result<NonNull<u8>> {
@@ -234,7 +294,7 @@ impl SharedMem {
         unsafe {
             std::ptr::copy_nonoverlapping(self.ptr.as_ptr().add(start), buf.as_mut_ptr(), buf.len())
         };
-        Ok(())
+        self.intact()
     }
 
     /// Copies bytes into the mapping.
@@ -245,7 +305,7 @@ impl SharedMem {
         unsafe {
             std::ptr::copy_nonoverlapping(data.as_ptr(), self.ptr.as_ptr().add(start), data.len())
         };
-        Ok(())
+        self.intact()
     }
 
     /// Fills `len` bytes at `offset` with `byte`.
@@ -253,7 +313,7 @@ impl SharedMem {
         let start = self.check_write(offset, len)?;
         // SAFETY: bounds-checked, writable mapping (see `write`).
         unsafe { std::ptr::write_bytes(self.ptr.as_ptr().add(start), byte, len) };
-        Ok(())
+        self.intact()
     }
 
     /// Copies `len` bytes from `self` at `offset` to `other` at `other_offset`.
@@ -269,7 +329,8 @@ impl SharedMem {
         // SAFETY: both ranges are bounds-checked against live mappings; `copy` (memmove) is used
         // because the two mappings may be views of the same file.
         unsafe { std::ptr::copy(self.ptr.as_ptr().add(src), other.ptr.as_ptr().add(dst), len) };
-        Ok(())
+        self.intact()?;
+        other.intact()
     }
 
     /// Reads a little-endian value of `N` bytes with a single volatile access when aligned.
@@ -430,6 +491,9 @@ impl SharedMem {
 
 impl Drop for SharedMem {
     fn drop(&mut self) {
+        // Unregister first: once unmapped, the address range may be reused by another mapping
+        // whose faults are not ours to absorb.
+        self.guard = None;
         // SAFETY: unmaps exactly the range mapped in `mmap`; no reference into it can outlive
         // `self` because none is ever handed out.
         let _ = unsafe { rustix::mm::munmap(self.ptr.as_ptr().cast(), self.len) };
@@ -439,6 +503,55 @@ impl Drop for SharedMem {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn memfd(sealable: bool, len: u64) -> OwnedFd {
+        let flags = if sealable {
+            MemfdFlags::CLOEXEC | MemfdFlags::ALLOW_SEALING
+        } else {
+            MemfdFlags::CLOEXEC
+        };
+        let fd = rustix::fs::memfd_create("peer", flags).unwrap();
+        rustix::fs::ftruncate(&fd, len).unwrap();
+        fd
+    }
+
+    #[test]
+    fn a_peers_memfd_is_sealed_against_shrinking() {
+        let fd = memfd(true, 8192);
+        let peer = fd.try_clone().unwrap();
+        let m = SharedMem::map_peer_owned(fd, 0, 8192, Access::ReadWrite).unwrap();
+        assert!(!m.is_guarded());
+        assert_eq!(
+            rustix::fs::ftruncate(&peer, 0),
+            Err(rustix::io::Errno::PERM),
+            "the peer can no longer shrink it"
+        );
+        m.write(8000, b"still here").unwrap();
+    }
+
+    #[test]
+    fn a_file_truncated_under_a_guarded_mapping_is_an_error_not_sigbus() {
+        // Without ALLOW_SEALING a memfd is born with F_SEAL_SEAL: it cannot be sealed.
+        let fd = memfd(false, 3 * 4096);
+        let peer = fd.try_clone().unwrap();
+        let m = SharedMem::map_peer_owned(fd, 0, 3 * 4096, Access::ReadWrite).unwrap();
+        assert!(m.is_guarded());
+        m.write(5000, b"data").unwrap();
+        rustix::fs::ftruncate(&peer, 0).unwrap();
+        let mut buf = [0u8; 4];
+        assert_eq!(m.read(5000, &mut buf), Err(ShmError::PeerTruncated));
+        assert_eq!(m.write(100, b"x"), Err(ShmError::PeerTruncated));
+        // Other mappings are unaffected.
+        let other = SharedMem::create("other", 4096).unwrap();
+        other.write(0, b"ok").unwrap();
+        drop(m);
+        // A guarded mapping that is never truncated works as any other.
+        let fd = memfd(false, 4096);
+        let m = SharedMem::map_peer_owned(fd, 0, 4096, Access::ReadWrite).unwrap();
+        m.write(0, b"fine").unwrap();
+        m.read(0, &mut buf).unwrap();
+        assert_eq!(&buf, b"fine");
+    }
 
     #[test]
     fn round_trips_and_bounds() {

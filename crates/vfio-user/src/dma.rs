@@ -111,7 +111,7 @@ impl DmaMap {
         };
         let mem = match fd {
             Some(fd) => Some(
-                SharedMem::map_owned(fd, m.offset, size, access).map_err(|e| {
+                SharedMem::map_peer_owned(fd, m.offset, size, access).map_err(|e| {
                     tracing::warn!("DMA_MAP {:#x}+{:#x}: {e}", m.addr, m.size);
                     Errno::INVAL
                 })?,

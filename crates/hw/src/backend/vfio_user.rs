@@ -123,7 +123,7 @@ impl Backend for VfioUserBackend {
                     .offset
                     .checked_add(offset)
                     .ok_or_else(|| HwError::Backend("mmap offset overflows".into()))?;
-                let mem = SharedMem::map(
+                let mem = SharedMem::map_peer(
                     std::os::fd::AsFd::as_fd(fd),
                     fd_offset,
                     size as usize,

@@ -1,0 +1,264 @@
+//! Every parser of outside input, as a fuzz target: `fn(&[u8])` that must never panic, hang or
+//! leak, whatever the bytes.
+//!
+//! | target | outside input | peer that sends it |
+//! |---|---|---|
+//! | [`vfio_user_server`] | a vfio-user command stream | a client of a device model |
+//! | [`vfio_user_client`] | a vfio-user reply stream | a device model, to a driver |
+//! | [`session_ring`] | ring indices and entries in shared memory | a session's client |
+//! | [`control_message`] | control-channel messages | clients of servers and the manager |
+//! | [`machine_description`] | a machine description (TOML) | the user |
+//!
+//! `cargo fuzz run <target>` (in `fuzz/`) explores; `fuzz/corpus/<target>/` keeps what it
+//! found, and `tests/corpus.rs` replays that corpus on stable in every test run.
+#![deny(missing_docs)]
+
+use std::io::Write;
+use std::os::fd::{AsFd, OwnedFd};
+use std::sync::OnceLock;
+use std::time::Duration;
+
+use outboard_devices::backing::Backing;
+use outboard_devices::virtio_blk::BlkOptions;
+use outboard_session::region::{Geometry, Region};
+use outboard_session::{Consumer, Producer};
+use outboard_vfio_user::{Client, ClientOptions, Server, ServerOptions};
+use rustix::net::{AddressFamily, SocketFlags, SocketType};
+
+/// A fuzz target: must return normally for every input.
+pub type Target = fn(&[u8]);
+
+/// Names of the targets, as `fuzz/fuzz_targets/` and `fuzz/corpus/` call them.
+pub const TARGETS: &[(&str, Target)] = &[
+    ("vfio_user_server", vfio_user_server),
+    ("vfio_user_client", vfio_user_client),
+    ("session_ring", session_ring),
+    ("control_message", control_message),
+    ("machine_description", machine_description),
+];
+
+fn stream_pair() -> (OwnedFd, OwnedFd) {
+    rustix::net::socketpair(
+        AddressFamily::UNIX,
+        SocketType::STREAM,
+        SocketFlags::CLOEXEC,
+        None,
+    )
+    .expect("socketpair")
+}
+
+/// Sends `data` as a client's whole command stream to a virtio-blk device model, then hangs
+/// up, while the model serves it; the model must answer or drop the client, never panic.
+/// The model lives across inputs, so a state one input leaves behind meets the next one.
+pub fn vfio_user_server(data: &[u8]) {
+    type Model = outboard_devices::virtio_pci::VirtioPci<outboard_devices::virtio_blk::VirtioBlk>;
+    static SERVER: OnceLock<std::sync::Mutex<(Server<Model>, tempdir::Dir)>> = OnceLock::new();
+    let server = SERVER.get_or_init(|| {
+        let dir = tempdir::Dir::new();
+        let model = outboard_devices::virtio_blk(
+            Backing::open("mem:64K", None).expect("memory backing"),
+            BlkOptions::default(),
+        )
+        .expect("model");
+        let s = Server::bind(
+            &dir.path.join("fuzz.sock"),
+            model,
+            ServerOptions {
+                timeout: Duration::from_millis(50),
+            },
+        )
+        .expect("bind");
+        std::sync::Mutex::new((s, dir))
+    });
+    let mut guard = server.lock().unwrap_or_else(|p| p.into_inner());
+    let (server, dir) = &mut *guard;
+    let sock = rustix::net::socket_with(
+        AddressFamily::UNIX,
+        SocketType::STREAM,
+        SocketFlags::CLOEXEC | SocketFlags::NONBLOCK,
+        None,
+    )
+    .expect("socket");
+    let addr = rustix::net::SocketAddrUnix::new(dir.path.join("fuzz.sock")).expect("addr");
+    rustix::net::connect(&sock, &addr).expect("connect");
+    server.run_once(Duration::from_millis(50)).expect("accept");
+    let mut sent = 0;
+    let mut reply = vec![0u8; 1 << 16];
+    // Feed the stream, draining replies so the model never blocks on a full socket.
+    for _ in 0..10_000 {
+        if sent < data.len() {
+            match rustix::io::write(&sock, &data[sent..]) {
+                Ok(n) => sent += n,
+                Err(rustix::io::Errno::AGAIN) => {}
+                Err(_) => break,
+            }
+            if sent == data.len() {
+                let _ = rustix::net::shutdown(&sock, rustix::net::Shutdown::Write);
+            }
+        }
+        while let Ok(n) = rustix::io::read(&sock, &mut reply) {
+            if n == 0 {
+                break;
+            }
+        }
+        if !server.connected() {
+            break;
+        }
+        server.run_once(Duration::ZERO).expect("serve");
+    }
+    drop(sock);
+    while server.connected() {
+        server
+            .run_once(Duration::from_millis(1))
+            .expect("disconnect");
+    }
+}
+
+/// Plays a device model whose replies are `data`, to a driver's vfio-user client that
+/// connects and then asks for everything a driver asks for at bring-up.
+pub fn vfio_user_client(data: &[u8]) {
+    let (ours, theirs) = stream_pair();
+    // The "server" writes its whole reply stream up front and hangs up: the client reads
+    // replies (or garbage) and then end of file, so nothing waits on a timer.
+    let writer = {
+        let data = data.to_vec();
+        std::thread::spawn(move || {
+            let mut f = std::fs::File::from(theirs);
+            let _ = f.write_all(&data);
+        })
+    };
+    let opts = ClientOptions {
+        timeout: Duration::from_millis(100),
+        twin_socket: false,
+    };
+    if let Ok(mut c) = Client::from_fd(ours, opts) {
+        for index in 0..10 {
+            let _ = c.region_info(index);
+            let _ = c.region_io_fds(index);
+            let _ = c.irq_info(index);
+        }
+        let mut buf = [0u8; 64];
+        let _ = c.region_read(7, 0, &mut buf);
+        let _ = c.dma_unmap(0x1000, 0x1000);
+    }
+    let _ = writer.join();
+}
+
+/// A hostile client's writes to a session's shared ring memory, interleaved with the server's
+/// ring operations: indices and entries are garbage, the server must notice, never misbehave.
+///
+/// Input: a sequence of operations, each one byte of opcode and its operands.
+pub fn session_ring(data: &[u8]) {
+    let g = Geometry {
+        sq_entries: 8,
+        cq_entries: 16,
+        buffer_size: 64 << 10,
+    };
+    let Ok(region) = Region::create(g) else {
+        return;
+    };
+    let info = outboard_class::BlockInfo {
+        name: "fuzz".into(),
+        capacity: 128,
+        block_size: 512,
+        read_only: false,
+        queue_depth: 8,
+    };
+    let mut sq = Consumer::new(region.sq(), g.sq_entries);
+    let mut cq = Producer::new(region.cq(), g.cq_entries);
+    let size = g.control_size();
+    let mut i = 0;
+    while i < data.len() {
+        let op = data[i];
+        i += 1;
+        match op % 4 {
+            // The client writes 4 bytes anywhere in the control region.
+            0 if i + 6 <= data.len() => {
+                let at = u16::from_le_bytes([data[i], data[i + 1]]) as u64 % (size - 3);
+                let v = u32::from_le_bytes(data[i + 2..i + 6].try_into().expect("4 bytes"));
+                let _ = region.control.write_u32(at & !3, v);
+                i += 6;
+            }
+            // The server takes an entry and validates it as the block class does.
+            1 => {
+                let mut e = [0u8; 32];
+                if let Ok(true) = sq.pop(&mut e) {
+                    if let Ok(r) = outboard_class::block::Sqe(e).decode() {
+                        let _ = outboard_class::block::validate(&r, &info, g.buffer_size);
+                    }
+                }
+            }
+            // The server completes a request.
+            2 => {
+                let _ = cq.push(&[op; 16]);
+            }
+            _ => {
+                let _ = sq.available();
+                let _ = cq.free();
+            }
+        }
+    }
+}
+
+/// One control-channel message as a server (driver host or manager) receives it.
+pub fn control_message(data: &[u8]) {
+    use outboard_session::control;
+    let (a, b) = rustix::net::socketpair(
+        AddressFamily::UNIX,
+        SocketType::SEQPACKET,
+        SocketFlags::CLOEXEC,
+        None,
+    )
+    .expect("socketpair");
+    if data.len() <= control::MAX_MESSAGE
+        && rustix::net::send(&a, data, rustix::net::SendFlags::DONTWAIT).is_err()
+    {
+        return;
+    }
+    let _ = control::recv::<control::Request>(b.as_fd(), Some(Duration::ZERO));
+    // The other messages on control channels: replies (to clients), events (to the manager),
+    // the manager's own requests.
+    let _ = serde_json::from_slice::<control::Reply>(data);
+    let _ = serde_json::from_slice::<control::Event>(data);
+    let _ = serde_json::from_slice::<outboard_manager::api::Request>(data);
+    let _ = serde_json::from_slice::<outboard_manager::api::Reply>(data);
+}
+
+/// A machine description as the user writes it.
+pub fn machine_description(data: &[u8]) {
+    if let Ok(text) = std::str::from_utf8(data) {
+        let _ = outboard_manager::config::Machine::parse(text, "fuzz.toml");
+    }
+}
+
+/// A temporary directory without a dependency for it (the fuzz build links only this crate).
+mod tempdir {
+    use std::path::PathBuf;
+
+    /// Removed on drop.
+    pub struct Dir {
+        /// Its path.
+        pub path: PathBuf,
+    }
+
+    impl Dir {
+        pub fn new() -> Self {
+            let path = std::env::temp_dir().join(format!(
+                "outboard-fuzz-{}-{}",
+                std::process::id(),
+                std::time::SystemTime::now()
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .map(|d| d.as_nanos())
+                    .unwrap_or(0)
+            ));
+            std::fs::create_dir_all(&path).expect("temp dir");
+            Self { path }
+        }
+    }
+
+    impl Drop for Dir {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_dir_all(&self.path);
+        }
+    }
+}

@@ -25,6 +25,13 @@ pub enum BlockOp {
     WriteZeroes,
     /// Do nothing: measures the path to the driver and back.
     Null,
+    /// Lock `blocks` blocks for this session's read-modify-write: completes once granted; until
+    /// `Unlock`, other sessions' writes and locks that overlap the range wait. A session's locks
+    /// end with it. Clients that write partial blocks use this, so that two of them sharing a
+    /// block cannot each write back the other's stale copy.
+    Lock,
+    /// Release a lock taken with `Lock` (the same `lba` and `blocks`).
+    Unlock,
 }
 
 impl BlockOp {
@@ -37,6 +44,8 @@ impl BlockOp {
             BlockOp::Discard => 4,
             BlockOp::WriteZeroes => 5,
             BlockOp::Null => 6,
+            BlockOp::Lock => 7,
+            BlockOp::Unlock => 8,
         }
     }
     /// Operation from a wire opcode.
@@ -48,12 +57,18 @@ impl BlockOp {
             4 => BlockOp::Discard,
             5 => BlockOp::WriteZeroes,
             6 => BlockOp::Null,
+            7 => BlockOp::Lock,
+            8 => BlockOp::Unlock,
             _ => return None,
         })
     }
     /// Whether the operation moves data through the buffer area.
     pub fn has_data(self) -> bool {
         matches!(self, BlockOp::Read | BlockOp::Write)
+    }
+    /// Whether whoever serves the session answers it itself, without the device.
+    pub fn served_by_host(self) -> bool {
+        matches!(self, BlockOp::Null | BlockOp::Lock | BlockOp::Unlock)
     }
     /// Whether the operation changes the disk.
     pub fn modifies(self) -> bool {
@@ -211,7 +226,7 @@ pub struct BlockCompletion {
 
 /// Checks a request against the device and the buffer area (both placements call this).
 pub fn validate(r: &BlockRequest, info: &BlockInfo, buffer_size: u64) -> Result<(), BlockError> {
-    if r.op.modifies() && info.read_only {
+    if (r.op.modifies() || r.op == BlockOp::Lock) && info.read_only {
         return Err(BlockError::ReadOnly);
     }
     match r.op {
@@ -391,6 +406,30 @@ pub trait BlockDevice {
             self.execute(&staged(BlockOp::Write, at, part.len() / bs))?;
         }
         Ok(())
+    }
+
+    /// Locks blocks `lba..lba + blocks` against other sessions' writes (see [`BlockOp::Lock`]).
+    fn lock_blocks(&mut self, lba: u64, blocks: u32) -> Result<(), BlockError> {
+        self.execute(&BlockRequest {
+            op: BlockOp::Lock,
+            lba,
+            blocks,
+            buf_offset: 0,
+            tag: SYNC_TAG,
+        })
+        .map(|_| ())
+    }
+
+    /// Releases a lock taken with [`BlockDevice::lock_blocks`].
+    fn unlock_blocks(&mut self, lba: u64, blocks: u32) -> Result<(), BlockError> {
+        self.execute(&BlockRequest {
+            op: BlockOp::Unlock,
+            lba,
+            blocks,
+            buf_offset: 0,
+            tag: SYNC_TAG,
+        })
+        .map(|_| ())
     }
 
     /// Makes completed writes durable.

@@ -160,7 +160,9 @@ pub fn read_range(d: &mut dyn BlockDevice, offset: u64, len: u64) -> Result<Vec<
 }
 
 /// Writes `data` at byte `offset`; partial first and last blocks are read, merged and
-/// rewritten (read-modify-write), not refused.
+/// rewritten (read-modify-write), not refused. The blocks are locked against other clients'
+/// writes from the read to the write-back, so a client writing other bytes of the same block
+/// at the same time cannot be overwritten with this client's stale copy.
 pub fn write_range(d: &mut dyn BlockDevice, offset: u64, data: &[u8]) -> Result<(), String> {
     if data.is_empty() {
         return Ok(());
@@ -168,16 +170,26 @@ pub fn write_range(d: &mut dyn BlockDevice, offset: u64, data: &[u8]) -> Result<
     let bs = d.info().block_size as u64;
     let first = offset / bs;
     let end = (offset + data.len() as u64).div_ceil(bs);
-    let mut blocks = vec![0u8; ((end - first) * bs) as usize];
     let skip = (offset - first * bs) as usize;
-    if skip != 0 {
-        d.read_blocks(first, &mut blocks[..bs as usize])
-            .map_err(e)?;
+    let partial_end = !(offset + data.len() as u64).is_multiple_of(bs);
+    if skip == 0 && !partial_end {
+        return d.write_blocks(first, data).map_err(e);
     }
-    if !(offset + data.len() as u64).is_multiple_of(bs) {
-        let last = blocks.len() - bs as usize;
-        d.read_blocks(end - 1, &mut blocks[last..]).map_err(e)?;
-    }
-    blocks[skip..skip + data.len()].copy_from_slice(data);
-    d.write_blocks(first, &blocks).map_err(e)
+    let count = u32::try_from(end - first).map_err(|_| "write too large".to_string())?;
+    d.lock_blocks(first, count).map_err(e)?;
+    let merged = (|| {
+        let mut blocks = vec![0u8; ((end - first) * bs) as usize];
+        if skip != 0 {
+            d.read_blocks(first, &mut blocks[..bs as usize])?;
+        }
+        if partial_end {
+            let last = blocks.len() - bs as usize;
+            d.read_blocks(end - 1, &mut blocks[last..])?;
+        }
+        blocks[skip..skip + data.len()].copy_from_slice(data);
+        d.write_blocks(first, &blocks)
+    })();
+    let unlocked = d.unlock_blocks(first, count);
+    merged.map_err(e)?;
+    unlocked.map_err(e)
 }

@@ -373,3 +373,55 @@ fn a_crash_log_outlives_the_machine() {
         .unwrap_or_else(|| panic!("no log named in {err}"));
     assert!(std::path::Path::new(log).exists(), "{log} was deleted");
 }
+
+/// Defect 8: concurrent unaligned writes to disjoint byte ranges that share blocks lost
+/// acknowledged data (each client read-modify-wrote the shared blocks).
+#[test]
+fn concurrent_unaligned_writes_to_shared_blocks_all_land() {
+    let dir = tempfile::tempdir().unwrap();
+    let up = Up::start(dir.path(), None);
+    let writers = 12u64;
+    let piece = 300u64;
+    for round in 0..6u64 {
+        let base = (1 << 20) + round * 8192;
+        let procs: Vec<_> = (0..writers)
+            .map(|i| {
+                let mut c = Command::new(EXE)
+                    .args(["blk", "write", "disk0", "--offset"])
+                    .arg((base + i * piece).to_string())
+                    .env("OUTBOARD_CONTROL", &up.control)
+                    .stdin(Stdio::piped())
+                    .stderr(Stdio::piped())
+                    .spawn()
+                    .unwrap();
+                c.stdin
+                    .take()
+                    .unwrap()
+                    .write_all(&common::pattern(round * 100 + i, piece as usize))
+                    .unwrap();
+                c
+            })
+            .collect();
+        for p in procs {
+            let o = p.wait_with_output().unwrap();
+            assert!(o.status.success(), "{}", stderr(&o));
+        }
+        let r = up.run(&[
+            "blk",
+            "read",
+            "disk0",
+            "--offset",
+            &base.to_string(),
+            "--length",
+            &(writers * piece).to_string(),
+        ]);
+        for i in 0..writers {
+            let at = (i * piece) as usize;
+            assert!(
+                r.stdout[at..at + piece as usize]
+                    == common::pattern(round * 100 + i, piece as usize)[..],
+                "round {round}: writer {i}'s acknowledged bytes were lost"
+            );
+        }
+    }
+}

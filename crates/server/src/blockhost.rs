@@ -128,9 +128,9 @@ impl BlockHost {
                 },
                 vec![],
             ),
-            BlockOp::Null => {
+            BlockOp::Null | BlockOp::Lock | BlockOp::Unlock => {
                 return Err(BlockError::Invalid(
-                    "null requests are answered by the host".into(),
+                    "null, lock and unlock requests are answered by the host".into(),
                 ))
             }
         };

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use outboard_class::block::validate;
-use outboard_class::{BlockCompletion, BlockDevice, BlockError, BlockInfo, BlockOp, BlockRequest};
+use outboard_class::{BlockCompletion, BlockDevice, BlockError, BlockInfo, BlockRequest};
 use outboard_hw::{DeviceSpec, DmaBuf};
 use outboard_shm::SharedMem;
 
@@ -82,7 +82,8 @@ impl BlockDevice for Colocated {
         if self.tags.contains(&r.tag) {
             return Err(BlockError::DuplicateTag);
         }
-        if r.op == BlockOp::Null {
+        // One client drives a colocated device: a lock has nobody to exclude.
+        if r.op.served_by_host() {
             self.ready.push(BlockCompletion {
                 tag: r.tag,
                 result: Ok(0),

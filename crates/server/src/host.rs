@@ -21,7 +21,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use outboard_class::block::{validate, Cqe, Sqe};
-use outboard_class::{BlockCompletion, BlockError, BlockOp};
+use outboard_class::{BlockCompletion, BlockError, BlockOp, BlockRequest};
 use outboard_env::WorkLoop;
 use outboard_session::control::{self, Reply, Request};
 use outboard_session::doorbell::{announce_sleep, cancel_sleep, peer_sleeping};
@@ -30,6 +30,14 @@ use outboard_session::{Consumer, Doorbell, Producer, Region, SessionError};
 use outboard_sys::SocketPath;
 
 use crate::backend::BlockBackend;
+use crate::ranges::{range_of, Decision, Range, RangeLocks};
+
+/// Whether a session other than `si` has a write to `range` in the device.
+fn writes_elsewhere(tags: &[Option<InFlight>], si: usize, range: Range) -> bool {
+    tags.iter()
+        .flatten()
+        .any(|t| t.session != si && t.writes.is_some_and(|w| w.0 < range.1 && range.0 < w.1))
+}
 
 /// Most entries taken from one session per round.
 pub const BUDGET: usize = 32;
@@ -86,11 +94,25 @@ pub struct HostStats {
     pub device_failures: u64,
 }
 
+/// A request in a device.
+struct InFlight {
+    /// Session slot.
+    session: usize,
+    /// The client's tag.
+    tag: u64,
+    /// When it entered the device (for the deadline).
+    since: Instant,
+    /// The blocks it changes, if it is a write (a lock waits for it).
+    writes: Option<Range>,
+}
+
 struct Device {
     host: Box<dyn BlockBackend>,
-    /// Driver tag → (session slot, client tag, when it entered the device).
-    tags: Vec<Option<(usize, u64, Instant)>>,
+    /// Driver tag → the request it stands for.
+    tags: Vec<Option<InFlight>>,
     free_tags: Vec<usize>,
+    /// Range locks and the requests waiting on them.
+    locks: RangeLocks,
     /// Why the device was given up; from then on every request fails at once with this.
     failed: Option<String>,
 }
@@ -163,6 +185,7 @@ impl DriverHost {
                 host,
                 tags: Vec::new(),
                 free_tags: Vec::new(),
+                locks: RangeLocks::default(),
                 failed: None,
             })
             .collect();
@@ -293,6 +316,7 @@ impl DriverHost {
                 }
             }
             progress |= self.reap(d);
+            progress |= self.release_parked(d);
         }
         self.check_deadlines();
         for s in self.sessions.iter_mut().flatten() {
@@ -356,21 +380,25 @@ impl DriverHost {
             });
             match result {
                 Ok(r) if r.op == BlockOp::Null => Self::complete(s, &mut self.stats, tag, Ok(0)),
+                Ok(r) if r.op == BlockOp::Unlock => {
+                    let done = if dev.locks.unlock(i, &r) {
+                        Ok(0)
+                    } else {
+                        Err(BlockError::Invalid(
+                            "unlock of a range this session did not lock".into(),
+                        ))
+                    };
+                    Self::complete(s, &mut self.stats, tag, done);
+                }
                 Ok(r) => {
-                    let slot = dev.free_tags.pop().unwrap_or_else(|| {
-                        dev.tags.push(None);
-                        dev.tags.len() - 1
-                    });
-                    match dev.host.submit(&r, s.iova, slot as u64) {
-                        Ok(()) => {
-                            dev.tags[slot] = Some((i, tag, Instant::now()));
+                    let in_flight =
+                        |si: usize, range: Range| writes_elsewhere(&dev.tags, si, range);
+                    match dev.locks.admit(i, r, &in_flight) {
+                        Decision::Granted => Self::complete(s, &mut self.stats, tag, Ok(0)),
+                        Decision::Parked => {
                             s.tags.insert(tag);
                         }
-                        Err(e) => {
-                            dev.free_tags.push(slot);
-                            self.stats.rejected += 1;
-                            Self::complete(s, &mut self.stats, tag, Err(e));
-                        }
+                        Decision::Submit => Self::to_device(dev, s, i, &r, &mut self.stats),
                     }
                 }
                 Err(BlockError::DuplicateTag) => {
@@ -396,6 +424,74 @@ impl DriverHost {
         taken > 0
     }
 
+    /// Sends a validated request of session `si` to its device.
+    fn to_device(
+        dev: &mut Device,
+        s: &mut Session,
+        si: usize,
+        r: &BlockRequest,
+        stats: &mut HostStats,
+    ) {
+        let slot = dev.free_tags.pop().unwrap_or_else(|| {
+            dev.tags.push(None);
+            dev.tags.len() - 1
+        });
+        match dev.host.submit(r, s.iova, slot as u64) {
+            Ok(()) => {
+                dev.tags[slot] = Some(InFlight {
+                    session: si,
+                    tag: r.tag,
+                    since: Instant::now(),
+                    writes: r.op.modifies().then(|| range_of(r)).flatten(),
+                });
+                s.tags.insert(r.tag);
+            }
+            Err(e) => {
+                dev.free_tags.push(slot);
+                s.tags.remove(&r.tag);
+                stats.rejected += 1;
+                Self::complete(s, stats, r.tag, Err(e));
+            }
+        }
+    }
+
+    /// Lets device `d`'s parked requests go on as far as their conflicts have ended.
+    fn release_parked(&mut self, d: usize) -> bool {
+        let mut progress = false;
+        let mut out = Vec::new();
+        loop {
+            let dev = &mut self.devices[d];
+            if dev.failed.is_some() || !dev.locks.has_parked() {
+                break;
+            }
+            out.clear();
+            let room = usize::from(dev.host.has_room());
+            let tags = &dev.tags;
+            dev.locks.release(
+                room,
+                &|si: usize, range: Range| writes_elsewhere(tags, si, range),
+                &mut out,
+            );
+            if out.is_empty() {
+                break;
+            }
+            progress = true;
+            for (si, r, decision) in out.drain(..) {
+                let Some(s) = self.sessions[si].as_mut() else {
+                    continue;
+                };
+                match decision {
+                    Decision::Granted => {
+                        s.tags.remove(&r.tag);
+                        Self::complete(s, &mut self.stats, r.tag, Ok(0));
+                    }
+                    _ => Self::to_device(dev, s, si, &r, &mut self.stats),
+                }
+            }
+        }
+        progress
+    }
+
     fn complete(s: &mut Session, stats: &mut HostStats, tag: u64, result: Result<u32, BlockError>) {
         stats.completed += 1;
         if s.closing() {
@@ -418,7 +514,10 @@ impl DriverHost {
         }
         let n = self.scratch.len();
         for (slot, result) in self.scratch.drain(..) {
-            let Some((si, tag, _)) = dev.tags.get_mut(slot as usize).and_then(Option::take) else {
+            let Some(InFlight {
+                session: si, tag, ..
+            }) = dev.tags.get_mut(slot as usize).and_then(Option::take)
+            else {
                 continue;
             };
             dev.free_tags.push(slot as usize);
@@ -438,7 +537,7 @@ impl DriverHost {
         }
         self.next_deadline_check = now + (self.deadline / 4).min(Duration::from_millis(250));
         for d in 0..self.devices.len() {
-            let oldest = self.devices[d].tags.iter().flatten().map(|t| t.2).min();
+            let oldest = self.devices[d].tags.iter().flatten().map(|t| t.since).min();
             if oldest.is_some_and(|t| now.duration_since(t) > self.deadline) {
                 let why = format!(
                     "the device stalled: a request got no answer within {:?}",
@@ -476,12 +575,13 @@ impl DriverHost {
                 tracing::warn!("cannot tell the manager: {e}");
             }
         }
-        let stranded: Vec<(usize, u64)> = dev
+        let mut stranded: Vec<(usize, u64)> = dev
             .tags
             .drain(..)
             .flatten()
-            .map(|(si, tag, _)| (si, tag))
+            .map(|t| (t.session, t.tag))
             .collect();
+        stranded.extend(dev.locks.clear().into_iter().map(|(si, r)| (si, r.tag)));
         dev.free_tags.clear();
         for (si, tag) in stranded {
             if let Some(s) = self.sessions[si].as_mut() {
@@ -778,6 +878,10 @@ impl DriverHost {
     /// Stops serving a session; it is released once its in-flight requests finish.
     fn close_session(&mut self, i: usize) {
         if let Some(s) = self.sessions[i].as_mut() {
+            // Its locks end with it, and what it had waiting never starts.
+            for r in self.devices[s.device].locks.end_session(i) {
+                s.tags.remove(&r.tag);
+            }
             if let Some(sock) = s.sock.take() {
                 tracing::info!(
                     "session {}: client gone, draining {} request(s)",

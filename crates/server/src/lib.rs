@@ -6,6 +6,7 @@ pub mod backend;
 pub mod blockhost;
 pub mod colocated;
 pub mod host;
+pub mod ranges;
 
 pub use backend::{BlockBackend, NullBlock};
 pub use blockhost::BlockHost;

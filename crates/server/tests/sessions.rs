@@ -249,3 +249,48 @@ fn unknown_devices_and_bad_geometry_are_refused() {
     ));
     srv.stop();
 }
+
+/// A session's block lock holds back another session's write to those blocks until it is
+/// released, and the held-back write then lands after the holder's (defect 8's mechanism).
+#[test]
+fn a_lock_orders_another_sessions_write_after_the_holders() {
+    let dir = tempfile::tempdir().unwrap();
+    let srv = common::Served::start(dir.path(), "1M");
+    let open = || BlockClient::open(&srv.sock, "disk0", SessionOptions::default()).unwrap();
+    let (mut a, mut b) = (open(), open());
+    a.lock_blocks(4, 1).unwrap();
+    // B writes block 4 while A holds it: B's write waits.
+    b.buffers().write(0, &[0xbb; 512]).unwrap();
+    b.submit(&BlockRequest {
+        op: BlockOp::Write,
+        lba: 4,
+        blocks: 1,
+        buf_offset: 0,
+        tag: 1,
+    })
+    .unwrap();
+    b.kick().unwrap();
+    let mut got = Vec::new();
+    assert_eq!(
+        b.wait(&mut got, Duration::from_millis(200)),
+        Err(BlockError::Timeout)
+    );
+    // A's read-modify-write goes through under its lock, B's write lands after it.
+    a.write_blocks(4, &[0xaa; 512]).unwrap();
+    a.unlock_blocks(4, 1).unwrap();
+    while got.is_empty() {
+        b.wait(&mut got, Duration::from_secs(10)).unwrap();
+    }
+    assert_eq!(got[0].result, Ok(512));
+    let mut back = [0u8; 512];
+    a.read_blocks(4, &mut back).unwrap();
+    assert_eq!(back, [0xbb; 512]);
+    // Unlocking what one does not hold is an error; a dead session's locks die with it.
+    assert!(matches!(a.unlock_blocks(4, 1), Err(BlockError::Invalid(_))));
+    a.lock_blocks(8, 1).unwrap();
+    drop(a);
+    b.lock_blocks(8, 1).unwrap();
+    b.unlock_blocks(8, 1).unwrap();
+    drop(b);
+    srv.stop();
+}

@@ -395,10 +395,12 @@ impl<B: DeviceBackend> Server<B> {
     /// The fds to wait on for readability, and what each one is.
     pub fn poll_fds(&self) -> Vec<(BorrowedFd<'_>, Source)> {
         let mut v = Vec::new();
-        v.push((self.listener.as_fd(), Source::Listener));
+        // The connection first: a client that just hung up is noticed before the next one is
+        // judged busy.
         if let Some(c) = &self.conn {
             v.push((c.chan.fd(), Source::Connection));
         }
+        v.push((self.listener.as_fd(), Source::Listener));
         for (i, c) in self.turned_away.iter().enumerate() {
             v.push((c.fd(), Source::TurnedAway(i)));
         }
@@ -428,6 +430,25 @@ impl<B: DeviceBackend> Server<B> {
                 self.turn_away(i);
                 Ok(())
             }
+        }
+    }
+
+    /// Serves what the current client sent before hanging up, then lets it go, if it has hung
+    /// up: a new client must not be turned away by one that is already gone.
+    fn finish_departed(&mut self) {
+        loop {
+            let Some(c) = &self.conn else { return };
+            let fd = c.chan.fd();
+            let mut p = [PollFd::new(&fd, PollFlags::IN | PollFlags::RDHUP)];
+            let gone = match rustix::event::poll(&mut p, Some(&rustix::time::Timespec::default())) {
+                Ok(_) => p[0].revents().intersects(PollFlags::HUP | PollFlags::RDHUP),
+                Err(_) => false,
+            };
+            if !gone {
+                return;
+            }
+            // Its last messages, then its end of file.
+            self.serve_one();
         }
     }
 
@@ -505,6 +526,7 @@ impl<B: DeviceBackend> Server<B> {
         };
         let chan = Channel::new(fd);
         let _ = chan.set_send_timeout(self.opts.timeout);
+        self.finish_departed();
         if self.conn.is_some() {
             if self.turned_away.len() < MAX_TURNED_AWAY {
                 self.turned_away.push(chan);

@@ -41,3 +41,23 @@ cargo clippy --workspace --all-targets --locked -- -D warnings
 cargo test --workspace --locked
 # The ring protocol and doorbell rule, model-checked over all interleavings.
 RUSTFLAGS="--cfg loom" CARGO_TARGET_DIR=target/loom cargo test --locked --release -p outboard-session --test loom
+
+# Miri and the fuzzers need a nightly toolchain; where there is none, say so and carry on.
+if rustup toolchain list 2>/dev/null | grep -q '^nightly'; then
+    rustup component add --toolchain nightly miri rust-src >/dev/null 2>&1 || true
+fi
+# Miri: undefined behaviour in the unsafe accessors of shm and in the session ring.
+if cargo +nightly miri --version >/dev/null 2>&1; then
+    MIRIFLAGS=-Zmiri-disable-isolation PROPTEST_CASES=4 \
+        cargo +nightly miri test --locked -p outboard-shm -p outboard-session --lib
+else
+    echo "test.sh: no nightly toolchain with Miri here: the Miri run is skipped"
+fi
+# Fuzzing: a short run of every target from the kept corpus (scripts/fuzz.sh 600 is the long
+# run). The corpus also replays on stable in the ordinary tests above.
+if cargo +nightly --version >/dev/null 2>&1 &&
+    { command -v cargo-fuzz >/dev/null || cargo install cargo-fuzz --locked; }; then
+    scripts/fuzz.sh "${OUTBOARD_FUZZ_SECONDS:-20}"
+else
+    echo "test.sh: no nightly toolchain or cargo-fuzz here: the fuzz run is skipped"
+fi

@@ -94,7 +94,12 @@ pub struct SharedMem {
     fd: Option<OwnedFd>,
     /// Set when the file cannot be sealed against shrinking (see [`guard`]).
     guard: Option<guard::Guard>,
+    /// Ordinary process memory ([`SharedMem::heap`]) rather than a mapping.
+    heap: bool,
 }
+
+/// Alignment of heap-backed memory: a page, like a mapping.
+const HEAP_ALIGN: usize = 4096;
 
 // SAFETY: `SharedMem` owns its mapping; all access goes through raw pointers with explicit
 // copies or atomics, so sharing it between threads is as safe as sharing it between processes,
@@ -137,6 +142,7 @@ impl SharedMem {
             access,
             fd: Some(fd),
             guard: None,
+            heap: false,
         })
     }
 
@@ -149,6 +155,36 @@ impl SharedMem {
             access,
             fd: None,
             guard: None,
+            heap: false,
+        })
+    }
+
+    /// Zero-filled ordinary process memory with the same accessors: it has no fd and cannot be
+    /// shared with another process. For tests, and for Miri, which cannot create or map a
+    /// memfd but checks every access made through these methods.
+    pub fn heap(len: usize) -> Result<Self> {
+        if len == 0 {
+            return Err(ShmError::Empty);
+        }
+        let layout = std::alloc::Layout::from_size_align(len, HEAP_ALIGN).map_err(|_| {
+            ShmError::Os {
+                op: "allocate",
+                errno: rustix::io::Errno::NOMEM,
+            }
+        })?;
+        // SAFETY: the layout has a non-zero size (checked above).
+        let ptr = unsafe { std::alloc::alloc_zeroed(layout) };
+        let ptr = NonNull::new(ptr).ok_or(ShmError::Os {
+            op: "allocate",
+            errno: rustix::io::Errno::NOMEM,
+        })?;
+        Ok(Self {
+            ptr,
+            len,
+            access: Access::ReadWrite,
+            fd: None,
+            guard: None,
+            heap: true,
         })
     }
 
@@ -494,6 +530,14 @@ impl Drop for SharedMem {
         // Unregister first: once unmapped, the address range may be reused by another mapping
         // whose faults are not ours to absorb.
         self.guard = None;
+        if self.heap {
+            let layout = std::alloc::Layout::from_size_align(self.len, HEAP_ALIGN)
+                .expect("the layout `heap` allocated with");
+            // SAFETY: allocated in `heap` with exactly this layout; no reference into it can
+            // outlive `self` because none is ever handed out.
+            unsafe { std::alloc::dealloc(self.ptr.as_ptr(), layout) };
+            return;
+        }
         // SAFETY: unmaps exactly the range mapped in `mmap`; no reference into it can outlive
         // `self` because none is ever handed out.
         let _ = unsafe { rustix::mm::munmap(self.ptr.as_ptr().cast(), self.len) };
@@ -516,6 +560,7 @@ mod tests {
     }
 
     #[test]
+    #[cfg_attr(miri, ignore = "Miri cannot create or map a memfd")]
     fn a_peers_memfd_is_sealed_against_shrinking() {
         let fd = memfd(true, 8192);
         let peer = fd.try_clone().unwrap();
@@ -530,6 +575,7 @@ mod tests {
     }
 
     #[test]
+    #[cfg_attr(miri, ignore = "Miri cannot create or map a memfd")]
     fn a_file_truncated_under_a_guarded_mapping_is_an_error_not_sigbus() {
         // Without ALLOW_SEALING a memfd is born with F_SEAL_SEAL: it cannot be sealed.
         let fd = memfd(false, 3 * 4096);
@@ -554,6 +600,7 @@ mod tests {
     }
 
     #[test]
+    #[cfg_attr(miri, ignore = "Miri cannot create or map a memfd")]
     fn round_trips_and_bounds() {
         let m = SharedMem::create("t", 4096).unwrap();
         m.write(10, b"hello").unwrap();
@@ -577,6 +624,7 @@ mod tests {
     }
 
     #[test]
+    #[cfg_attr(miri, ignore = "Miri cannot create or map a memfd")]
     fn second_mapping_sees_writes() {
         let m = SharedMem::create("t", 8192).unwrap();
         let view = SharedMem::map(m.fd().unwrap(), 4096, 4096, Access::ReadOnly).unwrap();
@@ -588,9 +636,94 @@ mod tests {
     }
 
     #[test]
+    #[cfg_attr(miri, ignore = "Miri cannot create or map a memfd")]
     fn refuses_mapping_past_end_of_file() {
         let m = SharedMem::create("t", 4096).unwrap();
         let r = SharedMem::map(m.fd().unwrap(), 0, 8192, Access::ReadWrite);
         assert!(matches!(r, Err(ShmError::OutOfBounds { .. })));
+    }
+
+    /// Every accessor over ordinary memory: the tests Miri runs (`cargo +nightly miri test -p
+    /// outboard-shm`), so undefined behaviour in the unsafe code shows up there.
+    mod heap {
+        use super::*;
+        use std::sync::atomic::Ordering;
+
+        #[test]
+        fn copies_fills_and_bounds() {
+            let m = SharedMem::heap(8192).unwrap();
+            m.write(4090, b"across a page").unwrap();
+            let mut b = [0u8; 13];
+            m.read(4090, &mut b).unwrap();
+            assert_eq!(&b, b"across a page");
+            m.fill(100, 50, 0xab).unwrap();
+            assert_eq!(m.read_u64(100).unwrap(), 0xabab_abab_abab_abab);
+            m.write_u16(0, 0x1234).unwrap();
+            m.write_u32(2, 0xdead_beef).unwrap();
+            m.write_u64(6, u64::MAX).unwrap();
+            assert_eq!(m.read_u16(0).unwrap(), 0x1234);
+            assert_eq!(m.read_u32(2).unwrap(), 0xdead_beef);
+            assert_eq!(m.read_u64(6).unwrap(), u64::MAX);
+            // Out of bounds, and overflowing offsets, are errors, never accesses.
+            assert!(m.read(8190, &mut b).is_err());
+            assert!(m.write(u64::MAX - 3, b"xxxxxxx").is_err());
+            assert!(m.fill(8192, 1, 0).is_err());
+            assert!(m.check(0, 8193).is_err());
+            assert!(SharedMem::heap(0).is_err());
+        }
+
+        #[test]
+        fn copy_between_and_within() {
+            let a = SharedMem::heap(4096).unwrap();
+            let b = SharedMem::heap(4096).unwrap();
+            a.write(0, b"0123456789").unwrap();
+            a.copy_to(0, &b, 100, 10).unwrap();
+            let mut got = [0u8; 10];
+            b.read(100, &mut got).unwrap();
+            assert_eq!(&got, b"0123456789");
+            // Overlapping, within one buffer (memmove).
+            a.copy_to(0, &a, 3, 10).unwrap();
+            a.read(3, &mut got).unwrap();
+            assert_eq!(&got, b"0123456789");
+            assert!(a.copy_to(4090, &b, 0, 10).is_err());
+            assert!(a.copy_to(0, &b, 4090, 10).is_err());
+        }
+
+        #[test]
+        fn atomics_and_mmio_are_aligned_and_in_bounds() {
+            let m = SharedMem::heap(4096).unwrap();
+            let x = m.atomic_u32(64).unwrap();
+            x.store(7, Ordering::Release);
+            assert_eq!(m.atomic_u32(64).unwrap().fetch_add(1, Ordering::AcqRel), 7);
+            assert_eq!(m.read_u32(64).unwrap(), 8);
+            m.atomic_u16(2).unwrap().store(0xffff, Ordering::Relaxed);
+            assert_eq!(m.read_u16(2).unwrap(), 0xffff);
+            assert!(matches!(m.atomic_u32(66), Err(ShmError::Misaligned { .. })));
+            assert!(m.atomic_u32(4096).is_err());
+            m.mmio_write::<u64>(8, 0x0102_0304_0506_0708).unwrap();
+            assert_eq!(m.mmio_read::<u8>(8).unwrap(), 0x08);
+            assert_eq!(m.mmio_read::<u16>(8).unwrap(), 0x0708);
+            assert_eq!(m.mmio_read::<u32>(12).unwrap(), 0x0102_0304);
+            assert!(m.mmio_read::<u64>(12).is_err());
+        }
+
+        #[test]
+        fn shared_between_threads() {
+            let m = std::sync::Arc::new(SharedMem::heap(4096).unwrap());
+            let t = {
+                let m = m.clone();
+                std::thread::spawn(move || {
+                    m.write(512, &[1u8; 64]).unwrap();
+                    m.atomic_u32(0).unwrap().store(1, Ordering::Release);
+                })
+            };
+            while m.atomic_u32(0).unwrap().load(Ordering::Acquire) == 0 {
+                std::hint::spin_loop();
+            }
+            let mut b = [0u8; 64];
+            m.read(512, &mut b).unwrap();
+            assert_eq!(b, [1u8; 64]);
+            t.join().unwrap();
+        }
     }
 }

@@ -11,6 +11,7 @@
 #![deny(missing_docs)]
 
 pub mod backing;
+pub mod faults;
 pub mod pci_config;
 pub mod virtio_blk;
 pub mod virtio_pci;

@@ -7,9 +7,9 @@
 //! with `VIRTIO_BLK_S_IOERR`; an unknown request type with `UNSUPP`. A chain so broken that it
 //! has no status byte is returned with a used length of 0.
 //!
-//! Fault injection ([`Faults`]) lets tests play bad hardware: fail a sector range.
-
-use std::ops::Range;
+//! Fault injection ([`crate::faults`]) lets tests play bad hardware; this model fires the
+//! request faults (a failing sector range, the next N requests failing), the transport the
+//! rest.
 
 use outboard_spec::virtio::{self, feature as vfeature};
 use outboard_spec::virtio_blk::{config, feature, req, status, SECTOR_SIZE};
@@ -28,15 +28,7 @@ pub const SIZE_MAX: u32 = 1 << 20;
 /// Most sectors per discard / write-zeroes segment.
 pub const MAX_ZERO_SECTORS: u32 = 1 << 22;
 
-/// A handle through which a test injects faults while the device runs.
-pub type FaultHandle = std::sync::Arc<std::sync::Mutex<Faults>>;
-
-/// Faults a test can inject.
-#[derive(Debug, Default, Clone)]
-pub struct Faults {
-    /// Requests touching these sectors fail with IOERR.
-    pub fail_sectors: Option<Range<u64>>,
-}
+pub use crate::faults::{FaultHandle, Faults};
 
 /// Per-device counters.
 #[derive(Debug, Default, Clone, Copy)]
@@ -134,11 +126,14 @@ impl VirtioBlk {
         if end > self.capacity_sectors() {
             return Err(status::IOERR);
         }
-        let faults = self.faults.lock().unwrap_or_else(|p| p.into_inner());
+        let mut faults = crate::faults::lock(&self.faults);
         if let Some(f) = &faults.fail_sectors {
             if sector < f.end && f.start < end.max(sector + 1) {
                 return Err(status::IOERR);
             }
+        }
+        if Faults::spend(&mut faults.fail_next) {
+            return Err(status::IOERR);
         }
         Ok(())
     }
@@ -369,6 +364,10 @@ fn scatter<'a>(
 }
 
 impl VirtioDevice for VirtioBlk {
+    fn faults(&self) -> FaultHandle {
+        self.faults.clone()
+    }
+
     fn device_id(&self) -> u16 {
         virtio::DEVICE_ID_BLOCK
     }

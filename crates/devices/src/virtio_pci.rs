@@ -23,6 +23,7 @@ use outboard_vfio_user::{DeviceBackend, DeviceContext, DmaMap, IoFdDesc, MmapDes
 use rustix::event::EventfdFlags;
 use rustix::io::Errno;
 
+use crate::faults::Faults;
 use crate::pci_config::{Bar, ConfigBuilder, ConfigSpace, Ids};
 use crate::virtqueue::{DeviceQueue, QueueError};
 
@@ -47,6 +48,8 @@ pub const PBA_OFFSET: u64 = 0x800;
 pub trait VirtioDevice: Send {
     /// Virtio device ID (§5).
     fn device_id(&self) -> u16;
+    /// The device's fault-injection handle, shared with its transport.
+    fn faults(&self) -> crate::faults::FaultHandle;
     /// PCI class code for the function.
     fn class(&self) -> u32;
     /// Feature bits offered (the transport adds VERSION_1).
@@ -92,6 +95,8 @@ pub struct TransportStats {
     pub interrupts: u64,
     /// Interrupts suppressed by the driver (EVENT_IDX / NO_INTERRUPT).
     pub suppressed: u64,
+    /// Injected faults that fired.
+    pub faults_fired: u64,
 }
 
 /// A virtio device behind the PCI transport; implements [`DeviceBackend`].
@@ -111,11 +116,13 @@ pub struct VirtioPci<D: VirtioDevice> {
     devcfg: SharedMem,
     msix_table: Vec<u8>,
     stats: TransportStats,
+    faults: crate::faults::FaultHandle,
 }
 
 impl<D: VirtioDevice> VirtioPci<D> {
     /// Wraps `dev` in the transport.
     pub fn new(dev: D) -> std::io::Result<Self> {
+        let dev_faults = dev.faults();
         let nq = dev.num_queues();
         let vectors = nq + 1;
         let ids = Ids {
@@ -217,6 +224,7 @@ impl<D: VirtioDevice> VirtioPci<D> {
             devcfg,
             msix_table: vec![0; vectors as usize * pci::msix::ENTRY_SIZE as usize],
             stats: TransportStats::default(),
+            faults: dev_faults,
             dev,
         };
         t.reset_transport();
@@ -274,12 +282,79 @@ impl<D: VirtioDevice> VirtioPci<D> {
     }
 
     fn raise(&mut self, ctx: &mut DeviceContext, vector: u16, isr_bit: u8) {
-        self.stats.interrupts += 1;
-        if vector != NO_VECTOR && ctx.irqs.trigger(wire::irq::MSIX, vector as u32) {
-            return;
+        let times = {
+            let mut f = crate::faults::lock(&self.faults);
+            if Faults::spend(&mut f.drop_irqs) {
+                0
+            } else if Faults::spend(&mut f.duplicate_irqs) {
+                2
+            } else {
+                1
+            }
+        };
+        if times != 1 {
+            self.stats.faults_fired += 1;
         }
-        self.isr |= isr_bit;
-        ctx.irqs.trigger(wire::irq::INTX, 0);
+        for _ in 0..times {
+            self.stats.interrupts += 1;
+            if vector != NO_VECTOR && ctx.irqs.trigger(wire::irq::MSIX, vector as u32) {
+                continue;
+            }
+            self.isr |= isr_bit;
+            ctx.irqs.trigger(wire::irq::INTX, 0);
+        }
+    }
+
+    /// Fires the faults armed for a notification of queue `q`; false if the device must not
+    /// process it (it now needs a reset).
+    fn notification_faults(&mut self, ctx: &mut DeviceContext, q: u16) -> bool {
+        let (crash, stall, reset, spurious, corrupt) = {
+            let mut f = crate::faults::lock(&self.faults);
+            (
+                f.crash,
+                f.stall.take(),
+                std::mem::take(&mut f.needs_reset),
+                std::mem::take(&mut f.spurious_irqs),
+                f.corrupt_used.take(),
+            )
+        };
+        if crash {
+            tracing::error!("fault injection: the device model crashes");
+            std::process::abort();
+        }
+        if let Some(d) = stall {
+            self.stats.faults_fired += 1;
+            tracing::warn!("fault injection: the device stalls for {d:?}");
+            std::thread::sleep(d);
+        }
+        let vector = self
+            .queues
+            .get(q as usize)
+            .map_or(NO_VECTOR, |r| r.msix_vector);
+        for _ in 0..spurious {
+            self.stats.faults_fired += 1;
+            self.raise(ctx, vector, virtio::isr::QUEUE);
+        }
+        if let Some(c) = corrupt {
+            match self
+                .queues
+                .get_mut(q as usize)
+                .and_then(|r| r.live.as_mut())
+            {
+                Some(queue) => {
+                    self.stats.faults_fired += 1;
+                    queue.corrupt_next_used(c);
+                }
+                // Not armed yet: keep it for a live queue.
+                None => crate::faults::lock(&self.faults).corrupt_used = Some(c),
+            }
+        }
+        if reset {
+            self.stats.faults_fired += 1;
+            self.needs_reset(ctx, &QueueError::Layout("fault injection".into()));
+            return false;
+        }
+        true
     }
 
     fn needs_reset(&mut self, ctx: &mut DeviceContext, why: &QueueError) {
@@ -292,6 +367,9 @@ impl<D: VirtioDevice> VirtioPci<D> {
     /// Runs queue `q` until the driver has nothing more for it.
     fn kick(&mut self, ctx: &mut DeviceContext, q: u16) {
         self.stats.notifications += 1;
+        if !self.notification_faults(ctx, q) {
+            return;
+        }
         if self.status & DeviceStatus::DRIVER_OK.bits() == 0
             || self.status & DeviceStatus::DEVICE_NEEDS_RESET.bits() != 0
         {

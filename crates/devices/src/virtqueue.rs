@@ -105,6 +105,8 @@ pub struct DeviceQueue {
     used_idx: u16,
     event_idx: bool,
     indirect: bool,
+    /// An injected fault for the next used entry.
+    corrupt: Option<crate::faults::UsedCorruption>,
 }
 
 impl DeviceQueue {
@@ -133,6 +135,7 @@ impl DeviceQueue {
             used_idx: 0,
             event_idx: features & feature::RING_EVENT_IDX != 0,
             indirect: features & feature::RING_INDIRECT_DESC != 0,
+            corrupt: None,
         })
     }
 
@@ -250,8 +253,15 @@ impl DeviceQueue {
 
     /// Returns a chain to the driver with `len` bytes written.
     pub fn push(&mut self, dma: &DmaMap, head: u16, len: u32) -> Result<(), QueueError> {
+        let (id, len) = match self.corrupt.take() {
+            // An id past the end of the table: no driver ever has it in flight.
+            Some(crate::faults::UsedCorruption::Id) => (self.size as u32 + 7, len),
+            // Claims nothing was written, not even the status byte.
+            Some(crate::faults::UsedCorruption::Len) => (head as u32, 0),
+            None => (head as u32, len),
+        };
         let mut elem = [0u8; split::USED_ELEM_SIZE as usize];
-        elem[0..4].copy_from_slice(&(head as u32).to_le_bytes());
+        elem[0..4].copy_from_slice(&id.to_le_bytes());
         elem[4..8].copy_from_slice(&len.to_le_bytes());
         dma.write(
             self.used + split::used_entry(self.size, self.used_idx),
@@ -264,6 +274,11 @@ impl DeviceQueue {
             .map_err(|_| QueueError::Layout("used idx".into()))?
             .store(self.used_idx, Ordering::Release);
         Ok(())
+    }
+
+    /// Makes the next used entry lie (fault injection).
+    pub fn corrupt_next_used(&mut self, c: crate::faults::UsedCorruption) {
+        self.corrupt = Some(c);
     }
 
     /// Whether the driver wants an interrupt for the entries published since `old_used`.

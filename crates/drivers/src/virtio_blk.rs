@@ -214,6 +214,9 @@ impl std::fmt::Debug for VirtioBlk {
     }
 }
 
+/// What a request fails with when the device set DEVICE_NEEDS_RESET.
+pub const NEEDS_RESET: &str = "the device needs a reset (virtio DEVICE_NEEDS_RESET)";
+
 impl VirtioBlk {
     /// Brings the device up: §3.1.1 device initialization, then queue and vector set-up.
     pub fn new(func: PciFunction, opts: BlkDriverOptions) -> Result<Self, BlkError> {
@@ -374,6 +377,22 @@ impl VirtioBlk {
     /// The interrupt a work loop should wait on for queue `q`.
     pub fn irq(&self, q: usize) -> Option<&Irq> {
         self.queues.get(q).and_then(|qq| self.irqs.get(qq.irq_slot))
+    }
+
+    /// The configuration-change interrupt (MSI-X vector 0), when the device has MSI-X: it fires
+    /// when the configuration changes or the device needs a reset.
+    pub fn config_irq(&self) -> Option<&Irq> {
+        self.info.msix.then(|| self.irqs.first()).flatten()
+    }
+
+    /// Whether the device set DEVICE_NEEDS_RESET (virtio 1.2 §2.1.2): it has stopped, and
+    /// what it holds will not complete. A trapped register read: call it on the configuration
+    /// interrupt, never per request.
+    pub fn needs_reset(&self) -> Result<bool, BlkError> {
+        Ok(self
+            .transport
+            .status()?
+            .contains(outboard_spec::virtio::DeviceStatus::DEVICE_NEEDS_RESET))
     }
 
     /// Device addresses of queue `q`'s descriptor table, available ring and used ring.
@@ -590,10 +609,11 @@ impl VirtioBlk {
             .get_mut(q)
             .ok_or_else(|| BlkError::Invalid(format!("no queue {q}")))?;
         let mut n = 0;
-        while let Some((head, _len)) = queue.vq.pop_used()? {
+        while let Some((head, len)) = queue.vq.pop_used()? {
             let f = queue.in_flight[head as usize]
                 .take()
                 .ok_or_else(|| BlkError::Device(format!("completion for idle slot {head}")))?;
+
             let mut st = [0u8; 1];
             queue
                 .slots
@@ -616,6 +636,21 @@ impl VirtioBlk {
                 s => Err(BlkError::Device(format!(
                     "device returned unknown status {s}"
                 ))),
+            };
+            // A success's used length is what the device wrote into the request's
+            // device-writable buffers: the data of a read or GET_ID, then the status byte. Bytes
+            // past it are not the device's (virtio 1.2 §2.7.8.1: the driver MUST NOT rely on
+            // them), so a short count fails the request instead of handing back stale buffer
+            // contents. (A failed request reports what it wrote: at least the status.)
+            let wrote = match f.op {
+                BlkOp::Read | BlkOp::GetId => f.bytes + 1,
+                _ => 1,
+            };
+            let result = match result {
+                Ok(_) if (len as u64) < wrote => Err(BlkError::Device(format!(
+                    "short transfer: the device reports {len} of {wrote} bytes written"
+                ))),
+                r => r,
             };
             out.push(BlkCompletion { tag: f.tag, result });
             n += 1;
@@ -654,6 +689,11 @@ impl VirtioBlk {
             for i in std::mem::take(&mut self.ready) {
                 if let Some(irq) = self.irqs.get(i as usize) {
                     irq.ack();
+                }
+                // The configuration vector: a device that stopped says so here, and nothing it
+                // holds will complete; waiting out the deadline would only hide why.
+                if self.info.msix && i == 0 && self.needs_reset()? {
+                    return Err(BlkError::Device(NEEDS_RESET.into()));
                 }
                 if !self.info.msix {
                     // INTx: reading the ISR acknowledges the interrupt (§4.1.4.5).

@@ -36,6 +36,14 @@ pub trait BlockBackend: Send {
     }
     /// Gives the device up after a failure: it must stop reaching session memory.
     fn abandon(&mut self) {}
+    /// The interrupt that signals a configuration change or a device in trouble.
+    fn config_irq_fd(&self) -> Option<BorrowedFd<'_>> {
+        None
+    }
+    /// After a configuration interrupt: why the device can no longer work, if it cannot.
+    fn check_health(&mut self) -> Result<(), String> {
+        Ok(())
+    }
     /// Maps a session's buffer area into the device's DMA space: its base address and a guard
     /// that unmaps it when dropped.
     fn map_buffers(&self, mem: Arc<SharedMem>) -> Result<(u64, Box<dyn Any + Send>), BlockError>;
@@ -74,6 +82,19 @@ impl BlockBackend for BlockHost {
     }
     fn abandon(&mut self) {
         self.driver().function().abandon()
+    }
+    fn config_irq_fd(&self) -> Option<BorrowedFd<'_>> {
+        self.driver().config_irq().map(|i| i.fd())
+    }
+    fn check_health(&mut self) -> Result<(), String> {
+        if let Some(i) = self.driver().config_irq() {
+            i.ack();
+        }
+        match self.driver().needs_reset() {
+            Ok(false) => Ok(()),
+            Ok(true) => Err(outboard_drivers::virtio_blk::NEEDS_RESET.into()),
+            Err(e) => Err(format!("its status cannot be read: {e}")),
+        }
     }
     fn map_buffers(&self, mem: Arc<SharedMem>) -> Result<(u64, Box<dyn Any + Send>), BlockError> {
         let dma = self

@@ -33,7 +33,7 @@ pub fn class_error(e: BlkError) -> BlockError {
         BlkError::Io => BlockError::Io,
         BlkError::QueueFull => BlockError::QueueFull,
         BlkError::Timeout => BlockError::Timeout,
-        BlkError::Device(_) => BlockError::DeviceGone,
+        BlkError::Device(why) => BlockError::DeviceFailed(why),
     }
 }
 

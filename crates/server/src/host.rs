@@ -47,6 +47,7 @@ const CONN: u64 = 1 << 56;
 const BELL: u64 = 2 << 56;
 const IRQ: u64 = 3 << 56;
 const LOST: u64 = 4 << 56;
+const CONFIG: u64 = 5 << 56;
 
 /// How long a request may stay in a device before the device is declared stalled and its
 /// requests fail with [`BlockError::DeviceFailed`].
@@ -195,6 +196,9 @@ impl DriverHost {
             }
             if let Some(fd) = d.host.loss_fd() {
                 work.add(fd, LOST | i as u64).map_err(err)?;
+            }
+            if let Some(fd) = d.host.config_irq_fd() {
+                work.add(fd, CONFIG | i as u64).map_err(err)?;
             }
         }
         Ok(Self {
@@ -564,6 +568,9 @@ impl DriverHost {
         if let Some(fd) = dev.host.irq_fd() {
             let _ = self.work.remove(fd);
         }
+        if let Some(fd) = dev.host.config_irq_fd() {
+            let _ = self.work.remove(fd);
+        }
         dev.host.abandon();
         dev.failed = Some(why.clone());
         if let Some(n) = &self.notify {
@@ -674,6 +681,13 @@ impl DriverHost {
             IRQ => {
                 if let Some(d) = self.devices.get_mut(index) {
                     let _ = d.host.ack();
+                }
+            }
+            CONFIG if index < self.devices.len() => {
+                if self.devices[index].failed.is_none() {
+                    if let Err(why) = self.devices[index].host.check_health() {
+                        self.fail_device(index, why);
+                    }
                 }
             }
             LOST if index < self.devices.len() => {

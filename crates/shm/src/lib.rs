@@ -166,12 +166,11 @@ impl SharedMem {
         if len == 0 {
             return Err(ShmError::Empty);
         }
-        let layout = std::alloc::Layout::from_size_align(len, HEAP_ALIGN).map_err(|_| {
-            ShmError::Os {
+        let layout =
+            std::alloc::Layout::from_size_align(len, HEAP_ALIGN).map_err(|_| ShmError::Os {
                 op: "allocate",
                 errno: rustix::io::Errno::NOMEM,
-            }
-        })?;
+            })?;
         // SAFETY: the layout has a non-zero size (checked above).
         let ptr = unsafe { std::alloc::alloc_zeroed(layout) };
         let ptr = NonNull::new(ptr).ok_or(ShmError::Os {

@@ -1,0 +1,271 @@
+//! Fault injection: bad hardware on demand (DESIGN §2.2).
+//!
+//! Every device model carries a [`FaultHandle`]; a test, the machine description or the control
+//! API (through the model's fault socket) arms faults in it while the device runs, and the
+//! transport and the device fire them at the next matching event. Each armed fault fires as
+//! many times as asked and is then spent; [`Fault::Clear`] disarms everything.
+//!
+//! Faults are written as `kind` or `kind=value`, the same on the command line
+//! (`outboard device … --fault drop-irq=2`, `outboard fault disk0 stall=2s`) and in a machine
+//! description (`faults = ["error=0-8"]`).
+
+use std::fmt;
+use std::ops::Range;
+use std::str::FromStr;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+/// One fault to arm.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Fault {
+    /// Requests touching these sectors complete with an I/O error (`error=START-END`).
+    FailSectors(Range<u64>),
+    /// The next N requests complete with an I/O error (`error-next=N`).
+    FailNext(u32),
+    /// The next N interrupts are not delivered (`drop-irq=N`).
+    DropIrq(u32),
+    /// The next N interrupts are delivered twice (`duplicate-irq=N`).
+    DuplicateIrq(u32),
+    /// N interrupts with nothing to report, at the next notification (`spurious-irq=N`).
+    SpuriousIrq(u32),
+    /// The next completion names a descriptor that is not in flight (`corrupt-used=id`).
+    CorruptUsedId,
+    /// The next completion claims fewer bytes than were written (`corrupt-used=len`).
+    CorruptUsedLen,
+    /// At its next notification the device stops answering for this long (`stall=2s`).
+    Stall(Duration),
+    /// The device sets DEVICE_NEEDS_RESET and raises a configuration interrupt
+    /// (`needs-reset`).
+    NeedsReset,
+    /// The device model process aborts at its next notification (`crash`).
+    Crash,
+    /// Disarms every fault (`clear`).
+    Clear,
+}
+
+/// Every kind, as written, for help texts and campaigns.
+pub const KINDS: &[&str] = &[
+    "error=START-END",
+    "error-next=N",
+    "drop-irq=N",
+    "duplicate-irq=N",
+    "spurious-irq=N",
+    "corrupt-used=id|len",
+    "stall=DURATION",
+    "needs-reset",
+    "crash",
+    "clear",
+];
+
+fn count(v: Option<&str>, kind: &str) -> Result<u32, String> {
+    match v {
+        None => Ok(1),
+        Some(v) => v
+            .parse::<u32>()
+            .ok()
+            .filter(|n| *n > 0)
+            .ok_or_else(|| format!("{kind}={v}: give a count of at least 1")),
+    }
+}
+
+fn duration(v: &str) -> Option<Duration> {
+    let (n, unit) = match v.find(|c: char| !c.is_ascii_digit()) {
+        Some(i) => v.split_at(i),
+        None => (v, "ms"),
+    };
+    let n: u64 = n.parse().ok()?;
+    let d = match unit {
+        "ms" => Duration::from_millis(n),
+        "s" => Duration::from_secs(n),
+        _ => return None,
+    };
+    (d <= Duration::from_secs(3600)).then_some(d)
+}
+
+impl FromStr for Fault {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        let (kind, value) = match s.split_once('=') {
+            Some((k, v)) => (k.trim(), Some(v.trim())),
+            None => (s.trim(), None),
+        };
+        let none = |f: Fault| match value {
+            None => Ok(f),
+            Some(v) => Err(format!("{kind} takes no value (got {v:?})")),
+        };
+        match kind {
+            "error" => {
+                let v = value.ok_or("error=START-END: which sectors?")?;
+                let (a, b) = v
+                    .split_once('-')
+                    .ok_or_else(|| format!("error={v}: write a sector range START-END"))?;
+                let (a, b) = (a.parse::<u64>(), b.parse::<u64>());
+                match (a, b) {
+                    (Ok(a), Ok(b)) if a < b => Ok(Fault::FailSectors(a..b)),
+                    _ => Err(format!("error={v}: START-END with START < END")),
+                }
+            }
+            "error-next" => Ok(Fault::FailNext(count(value, kind)?)),
+            "drop-irq" => Ok(Fault::DropIrq(count(value, kind)?)),
+            "duplicate-irq" => Ok(Fault::DuplicateIrq(count(value, kind)?)),
+            "spurious-irq" => Ok(Fault::SpuriousIrq(count(value, kind)?)),
+            "corrupt-used" => match value {
+                Some("id") => Ok(Fault::CorruptUsedId),
+                Some("len") => Ok(Fault::CorruptUsedLen),
+                _ => Err("corrupt-used=id or corrupt-used=len".into()),
+            },
+            "stall" => value
+                .and_then(duration)
+                .map(Fault::Stall)
+                .ok_or_else(|| "stall=DURATION, e.g. stall=500ms or stall=2s (at most 1 h)".into()),
+            "needs-reset" => none(Fault::NeedsReset),
+            "crash" => none(Fault::Crash),
+            "clear" => none(Fault::Clear),
+            other => Err(format!(
+                "unknown fault {other:?} (known: {})",
+                KINDS.join(", ")
+            )),
+        }
+    }
+}
+
+impl fmt::Display for Fault {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Fault::FailSectors(r) => write!(f, "error={}-{}", r.start, r.end),
+            Fault::FailNext(n) => write!(f, "error-next={n}"),
+            Fault::DropIrq(n) => write!(f, "drop-irq={n}"),
+            Fault::DuplicateIrq(n) => write!(f, "duplicate-irq={n}"),
+            Fault::SpuriousIrq(n) => write!(f, "spurious-irq={n}"),
+            Fault::CorruptUsedId => f.write_str("corrupt-used=id"),
+            Fault::CorruptUsedLen => f.write_str("corrupt-used=len"),
+            Fault::Stall(d) => write!(f, "stall={}ms", d.as_millis()),
+            Fault::NeedsReset => f.write_str("needs-reset"),
+            Fault::Crash => f.write_str("crash"),
+            Fault::Clear => f.write_str("clear"),
+        }
+    }
+}
+
+/// How to corrupt a used-ring entry.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum UsedCorruption {
+    /// A descriptor id that is not in flight.
+    Id,
+    /// A length shorter than what the device wrote.
+    Len,
+}
+
+/// The faults armed in one device.
+#[derive(Debug, Default, Clone)]
+pub struct Faults {
+    /// Requests touching these sectors fail with IOERR.
+    pub fail_sectors: Option<Range<u64>>,
+    /// Requests still to fail.
+    pub fail_next: u32,
+    /// Interrupts still to drop.
+    pub drop_irqs: u32,
+    /// Interrupts still to deliver twice.
+    pub duplicate_irqs: u32,
+    /// Spurious interrupts to raise at the next notification.
+    pub spurious_irqs: u32,
+    /// The next used entry's corruption.
+    pub corrupt_used: Option<UsedCorruption>,
+    /// A stall to take at the next notification.
+    pub stall: Option<Duration>,
+    /// Set DEVICE_NEEDS_RESET at the next notification.
+    pub needs_reset: bool,
+    /// Abort the process at the next notification.
+    pub crash: bool,
+}
+
+impl Faults {
+    /// Arms `f`.
+    pub fn arm(&mut self, f: Fault) {
+        match f {
+            Fault::FailSectors(r) => self.fail_sectors = Some(r),
+            Fault::FailNext(n) => self.fail_next = self.fail_next.saturating_add(n),
+            Fault::DropIrq(n) => self.drop_irqs = self.drop_irqs.saturating_add(n),
+            Fault::DuplicateIrq(n) => self.duplicate_irqs = self.duplicate_irqs.saturating_add(n),
+            Fault::SpuriousIrq(n) => self.spurious_irqs = self.spurious_irqs.saturating_add(n),
+            Fault::CorruptUsedId => self.corrupt_used = Some(UsedCorruption::Id),
+            Fault::CorruptUsedLen => self.corrupt_used = Some(UsedCorruption::Len),
+            Fault::Stall(d) => self.stall = Some(d),
+            Fault::NeedsReset => self.needs_reset = true,
+            Fault::Crash => self.crash = true,
+            Fault::Clear => *self = Faults::default(),
+        }
+    }
+
+    /// Takes one from a counter, if any is left.
+    pub fn spend(counter: &mut u32) -> bool {
+        if *counter > 0 {
+            *counter -= 1;
+            true
+        } else {
+            false
+        }
+    }
+}
+
+/// Shared between the device model, its transport and whoever injects.
+pub type FaultHandle = Arc<Mutex<Faults>>;
+
+/// Locks a handle; a poisoned lock still holds valid counters.
+pub fn lock(h: &FaultHandle) -> MutexGuard<'_, Faults> {
+    h.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_kind_parses_and_prints_back() {
+        for s in [
+            "error=0-8",
+            "error-next=3",
+            "drop-irq=2",
+            "duplicate-irq=1",
+            "spurious-irq=4",
+            "corrupt-used=id",
+            "corrupt-used=len",
+            "stall=1500ms",
+            "needs-reset",
+            "crash",
+            "clear",
+        ] {
+            let f: Fault = s.parse().unwrap();
+            assert_eq!(f.to_string(), s);
+        }
+        assert_eq!(
+            "stall=2s".parse::<Fault>(),
+            Ok(Fault::Stall(Duration::from_secs(2)))
+        );
+        assert_eq!("drop-irq".parse::<Fault>(), Ok(Fault::DropIrq(1)));
+        for bad in [
+            "error=8-0",
+            "error",
+            "drop-irq=0",
+            "stall=forever",
+            "crash=1",
+            "melt",
+            "stall=9999s",
+        ] {
+            assert!(bad.parse::<Fault>().is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn faults_arm_add_up_and_clear() {
+        let mut f = Faults::default();
+        f.arm(Fault::DropIrq(2));
+        f.arm(Fault::DropIrq(1));
+        assert_eq!(f.drop_irqs, 3);
+        assert!(Faults::spend(&mut f.drop_irqs));
+        assert_eq!(f.drop_irqs, 2);
+        f.arm(Fault::Clear);
+        assert_eq!(f.drop_irqs, 0);
+        assert!(!Faults::spend(&mut f.drop_irqs));
+    }
+}

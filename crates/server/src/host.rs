@@ -683,11 +683,9 @@ impl DriverHost {
                     let _ = d.host.ack();
                 }
             }
-            CONFIG if index < self.devices.len() => {
-                if self.devices[index].failed.is_none() {
-                    if let Err(why) = self.devices[index].host.check_health() {
-                        self.fail_device(index, why);
-                    }
+            CONFIG if index < self.devices.len() && self.devices[index].failed.is_none() => {
+                if let Err(why) = self.devices[index].host.check_health() {
+                    self.fail_device(index, why);
                 }
             }
             LOST if index < self.devices.len() => {

@@ -11,6 +11,8 @@ use std::sync::Arc;
 
 use clap::{Args, Subcommand};
 use outboard_devices::backing::{parse_size, Backing};
+use outboard_devices::faults::socket::FaultSocket;
+use outboard_devices::faults::{lock, Fault, FaultHandle};
 use outboard_devices::virtio_blk::BlkOptions;
 use outboard_vfio_user::{DeviceBackend, Server, ServerOptions};
 
@@ -58,6 +60,37 @@ pub struct VirtioBlkArgs {
     /// Serial number returned by GET_ID (at most 20 bytes).
     #[arg(long, default_value = "outboard-blk")]
     serial: String,
+    #[command(flatten)]
+    faults: FaultArgs,
+}
+
+/// Fault injection: bad hardware on demand.
+#[derive(Args)]
+pub struct FaultArgs {
+    /// Arm a fault from the start (repeatable): error=START-END, error-next=N, drop-irq=N,
+    /// duplicate-irq=N, spurious-irq=N, corrupt-used=id|len, stall=DURATION, needs-reset,
+    /// crash.
+    #[arg(long = "fault", value_name = "FAULT", value_parser = parse_fault)]
+    faults: Vec<Fault>,
+    /// Also accept faults at run time on this SEQPACKET socket (what `outboard fault` uses).
+    #[arg(long, value_name = "PATH")]
+    faults_socket: Option<PathBuf>,
+}
+
+fn parse_fault(s: &str) -> Result<Fault, String> {
+    s.parse()
+}
+
+impl FaultArgs {
+    /// Arms the initial faults and starts the fault socket, if asked for.
+    fn start(self, handle: FaultHandle) -> Result<Option<FaultSocket>, String> {
+        for f in self.faults {
+            lock(&handle).arm(f);
+        }
+        self.faults_socket
+            .map(|p| outboard_devices::faults::socket::serve(&p, handle))
+            .transpose()
+    }
 }
 
 fn parse_size_arg(s: &str) -> Result<u64, String> {
@@ -81,6 +114,7 @@ pub fn run(c: DeviceCommand) -> Result<ExitCode, String> {
                 },
             )
             .map_err(|e| e.to_string())?;
+            let _faults = a.faults.start(model.device().faults())?;
             serve(model, &a.listen, &format!("virtio-blk ({what})"))
         }
     }

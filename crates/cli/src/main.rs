@@ -39,6 +39,13 @@ enum Command {
     /// Use a block device by name: info, read, write.
     #[command(subcommand)]
     Blk(blk::BlkCommand),
+    /// Inject faults into a running device's model: bad hardware on demand, to see what its
+    /// driver and clients do.
+    ///
+    /// Faults: error=START-END (sectors fail), error-next=N, drop-irq=N, duplicate-irq=N,
+    /// spurious-irq=N, corrupt-used=id|len, stall=DURATION (e.g. 500ms, 2s), needs-reset,
+    /// crash, clear (disarm all). Example: outboard fault disk0 drop-irq=3 error-next=1
+    Fault(FaultArgs),
     /// Run an emulated device model standalone, serving vfio-user on a socket.
     #[command(subcommand)]
     Device(device::DeviceCommand),
@@ -58,6 +65,27 @@ enum Command {
     /// (internal) A driver server: drives devices and serves their class devices to sessions.
     /// The manager starts these; run one by hand to test a driver.
     DriverHost(up::DriverHostArgs),
+}
+
+/// `outboard fault`.
+#[derive(clap::Args)]
+struct FaultArgs {
+    /// Device name, e.g. disk0.
+    device: String,
+    /// Faults to arm, in order.
+    #[arg(required = true, value_name = "FAULT")]
+    faults: Vec<String>,
+}
+
+fn fault(a: FaultArgs, control: std::path::PathBuf) -> Result<ExitCode, String> {
+    let socket =
+        outboard_manager::open::faults_socket(&control, &a.device).map_err(|e| e.to_string())?;
+    for f in &a.faults {
+        outboard_devices::faults::socket::inject(&socket, f)
+            .map_err(|e| format!("{}: {f}: {e}", a.device))?;
+        println!("{}: armed {f}", a.device);
+    }
+    Ok(ExitCode::SUCCESS)
 }
 
 /// Which tests, and how.
@@ -140,6 +168,7 @@ fn main() -> ExitCode {
         Command::Up(a) => up::up(a, control, cli.verbose),
         Command::Ls(a) => up::ls(a, control),
         Command::Blk(c) => blk::run(c, control),
+        Command::Fault(a) => fault(a, control),
         Command::DriverHost(a) => up::driver_host(a),
         Command::Bench(a) => bench(a),
         Command::BenchPeer { args } => {

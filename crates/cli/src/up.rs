@@ -49,10 +49,10 @@ pub struct DriverHostArgs {
     /// An inherited SEQPACKET socket to report events (device failures) to the manager on.
     #[arg(long, value_name = "FD")]
     notify_fd: Option<i32>,
-    /// Seconds a request may stay in a device before the device counts as stalled and is
-    /// given up (its requests fail with "device failed").
-    #[arg(long, default_value_t = 30)]
-    deadline_s: u64,
+    /// Milliseconds a request may stay in a device before the device counts as stalled and
+    /// is given up (its requests fail with "device failed").
+    #[arg(long, default_value_t = 30_000, value_parser = clap::value_parser!(u64).range(1..))]
+    deadline_ms: u64,
 }
 
 pub fn stop_flag() -> Result<Arc<AtomicBool>, String> {
@@ -151,7 +151,7 @@ pub fn driver_host(a: DriverHostArgs) -> Result<ExitCode, String> {
     let names: Vec<String> = hosts.iter().map(|h| h.info().name.clone()).collect();
     let mut server = DriverHost::bind(&a.listen, hosts)?;
     server.set_spin(std::time::Duration::from_micros(a.spin_us));
-    server.set_deadline(std::time::Duration::from_secs(a.deadline_s.max(1)));
+    server.set_deadline(std::time::Duration::from_millis(a.deadline_ms));
     if let Some(fd) = a.notify_fd {
         server.set_notify(outboard_manager::supervisor::inherited_fd(fd)?);
     }

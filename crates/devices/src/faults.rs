@@ -269,3 +269,129 @@ mod tests {
         assert!(!Faults::spend(&mut f.drop_irqs));
     }
 }
+
+/// A fault socket: lets other processes arm faults in a running device model.
+///
+/// SEQPACKET, one message per fault, written as on the command line (`drop-irq=2`); each gets
+/// the answer `ok` or `error: why`. Served on its own thread, so a slow or silent client
+/// delays nothing but itself; the socket is removed when the server is dropped.
+pub mod socket {
+    use std::os::fd::{AsFd, OwnedFd};
+    use std::path::Path;
+    use std::thread::JoinHandle;
+    use std::time::Duration;
+
+    use rustix::event::{PollFd, PollFlags};
+    use rustix::net::{RecvFlags, SendFlags, SocketFlags, SocketType};
+
+    use super::{lock, Fault, FaultHandle};
+
+    /// The serving thread and the socket path it owns.
+    #[derive(Debug)]
+    pub struct FaultSocket {
+        _path: outboard_sys::SocketPath,
+        _thread: JoinHandle<()>,
+    }
+
+    /// Serves `faults` at `path` until the process ends.
+    pub fn serve(path: &Path, faults: FaultHandle) -> Result<FaultSocket, String> {
+        let (listener, guard) = outboard_sys::bind_listener(path, SocketType::SEQPACKET, 8)
+            .map_err(|e| e.to_string())?;
+        let thread = std::thread::Builder::new()
+            .name("fault-socket".into())
+            .spawn(move || loop {
+                let Ok(conn) = rustix::net::accept_with(&listener, SocketFlags::CLOEXEC) else {
+                    continue;
+                };
+                answer(&conn, &faults);
+            })
+            .map_err(|e| e.to_string())?;
+        Ok(FaultSocket {
+            _path: guard,
+            _thread: thread,
+        })
+    }
+
+    /// Answers the messages of one client until it leaves or goes quiet for a second.
+    fn answer(conn: &OwnedFd, faults: &FaultHandle) {
+        let mut buf = [0u8; 256];
+        loop {
+            let mut p = [PollFd::new(&conn, PollFlags::IN)];
+            let ts = rustix::time::Timespec {
+                tv_sec: 1,
+                tv_nsec: 0,
+            };
+            if !matches!(rustix::event::poll(&mut p, Some(&ts)), Ok(1)) {
+                return;
+            }
+            let n = match rustix::net::recv(conn.as_fd(), &mut buf, RecvFlags::DONTWAIT) {
+                Ok((0, _)) | Err(_) => return,
+                Ok((n, _)) => n.min(buf.len()),
+            };
+            let reply = match std::str::from_utf8(&buf[..n])
+                .map_err(|_| "not UTF-8".to_string())
+                .and_then(|s| s.parse::<Fault>())
+            {
+                Ok(f) => {
+                    tracing::warn!("fault injection: armed {f}");
+                    lock(faults).arm(f);
+                    "ok".to_string()
+                }
+                Err(e) => format!("error: {e}"),
+            };
+            if rustix::net::send(conn.as_fd(), reply.as_bytes(), SendFlags::DONTWAIT).is_err() {
+                return;
+            }
+        }
+    }
+
+    /// Arms `fault` in the device model serving `path` (what `outboard fault` does).
+    pub fn inject(path: &Path, fault: &str) -> Result<(), String> {
+        let sock = rustix::net::socket_with(
+            rustix::net::AddressFamily::UNIX,
+            SocketType::SEQPACKET,
+            SocketFlags::CLOEXEC,
+            None,
+        )
+        .map_err(|e| e.to_string())?;
+        let addr = rustix::net::SocketAddrUnix::new(path).map_err(|e| e.to_string())?;
+        rustix::net::connect(&sock, &addr).map_err(|e| format!("{}: {e}", path.display()))?;
+        rustix::net::send(&sock, fault.as_bytes(), SendFlags::empty())
+            .map_err(|e| e.to_string())?;
+        let mut p = [PollFd::new(&sock, PollFlags::IN)];
+        let ts = rustix::time::Timespec {
+            tv_sec: Duration::from_secs(5).as_secs() as _,
+            tv_nsec: 0,
+        };
+        if !matches!(rustix::event::poll(&mut p, Some(&ts)), Ok(1)) {
+            return Err("the device model did not answer".into());
+        }
+        let mut buf = [0u8; 512];
+        let (n, _) =
+            rustix::net::recv(&sock, &mut buf, RecvFlags::empty()).map_err(|e| e.to_string())?;
+        match std::str::from_utf8(&buf[..n.min(buf.len())]) {
+            Ok("ok") => Ok(()),
+            Ok(other) => Err(other.trim_start_matches("error: ").to_string()),
+            Err(_) => Err("garbled answer".into()),
+        }
+    }
+
+    #[cfg(test)]
+    mod tests {
+        use super::*;
+
+        #[test]
+        fn faults_are_armed_through_the_socket_and_bad_ones_refused() {
+            let dir = tempfile::tempdir().unwrap();
+            let path = dir.path().join("f.sock");
+            let h = FaultHandle::default();
+            let _s = serve(&path, h.clone()).unwrap();
+            inject(&path, "drop-irq=2").unwrap();
+            assert_eq!(lock(&h).drop_irqs, 2);
+            let e = inject(&path, "melt-down").unwrap_err();
+            assert!(e.contains("unknown fault"), "{e}");
+            inject(&path, "clear").unwrap();
+            assert_eq!(lock(&h).drop_irqs, 0);
+        }
+    }
+}

@@ -12,6 +12,8 @@
 //! queues = 1
 //! placement = "separate"  # "separate": driver in a server; "colocated": driver in the client
 //! server = "blk0"         # devices naming the same server share it ("grouped")
+//! request_deadline = "30s" # a request still in the device after this fails the device
+//! faults = ["drop-irq=2"] # fault injection armed from the start (see `outboard fault`)
 //!
 //! [[device]]
 //! name = "null0"
@@ -79,6 +81,10 @@ pub struct DeviceConfig {
     pub placement: Placement,
     /// Driver server name (separate placement).
     pub server: String,
+    /// How long a request may stay in the device before the device counts as stalled.
+    pub request_deadline: std::time::Duration,
+    /// Faults armed in the device model from the start.
+    pub faults: Vec<String>,
 }
 
 /// A validated machine.
@@ -111,6 +117,9 @@ struct RawDevice {
     queues: Option<Spanned<i64>>,
     placement: Option<Spanned<String>>,
     server: Option<Spanned<String>>,
+    request_deadline: Option<Spanned<String>>,
+    #[serde(default)]
+    faults: Vec<Spanned<String>>,
 }
 
 /// Known device models.
@@ -304,6 +313,34 @@ impl Machine {
                     ));
                 }
             }
+            let request_deadline = match &d.request_deadline {
+                None => std::time::Duration::from_secs(30),
+                Some(s) => match parse_duration(s.get_ref()) {
+                    Some(t) if !t.is_zero() => t,
+                    _ => {
+                        return Err(err(
+                            s.span().start,
+                            format!(
+                                "request_deadline = {:?}: a duration such as \"500ms\" or \"30s\"",
+                                s.get_ref()
+                            ),
+                        ))
+                    }
+                },
+            };
+            let mut faults = Vec::new();
+            for f in &d.faults {
+                if d.model.get_ref() == "null-blk" {
+                    return Err(err(
+                        f.span().start,
+                        "a null-blk device has no hardware to fault".into(),
+                    ));
+                }
+                f.get_ref()
+                    .parse::<outboard_devices::faults::Fault>()
+                    .map_err(|e| err(f.span().start, format!("faults: {e}")))?;
+                faults.push(f.get_ref().clone());
+            }
             devices.push(DeviceConfig {
                 name: name.clone(),
                 model: d.model.into_inner(),
@@ -313,12 +350,27 @@ impl Machine {
                 queues,
                 placement,
                 server,
+                request_deadline,
+                faults,
             });
         }
         Ok(Machine {
             name: raw.name.unwrap_or_else(|| "machine".into()),
             devices,
         })
+    }
+}
+
+/// `500ms`, `30s` or `2m`.
+fn parse_duration(s: &str) -> Option<std::time::Duration> {
+    let i = s.find(|c: char| !c.is_ascii_digit())?;
+    let (n, unit) = s.split_at(i);
+    let n: u64 = n.parse().ok()?;
+    match unit {
+        "ms" => Some(std::time::Duration::from_millis(n)),
+        "s" => Some(std::time::Duration::from_secs(n)),
+        "m" => Some(std::time::Duration::from_secs(n.checked_mul(60)?)),
+        _ => None,
     }
 }
 

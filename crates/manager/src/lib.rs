@@ -192,6 +192,14 @@ impl Manager {
             if d.read_only {
                 args.push("--read-only".into());
             }
+            let faults_socket = self.created(self.rt().faults_socket(&d.name));
+            args.extend([
+                "--faults-socket".into(),
+                faults_socket.display().to_string(),
+            ]);
+            for f in &d.faults {
+                args.extend(["--fault".into(), f.clone()]);
+            }
             let log = self.created(self.rt().device_log(&d.name));
             let mut p = Process::spawn(
                 &self.opts.exe,
@@ -206,6 +214,7 @@ impl Manager {
                 .with("socket", sock.display().to_string())
                 .with("pid", p.pid())
                 .with("backing", d.backing.as_str())
+                .with("faults-socket", faults_socket.display().to_string())
                 .with("state", "running");
             self.procs.push(p);
             // Identity, BARs and IRQs, read the way a driver would.
@@ -288,6 +297,13 @@ impl Manager {
                 "--notify-fd".into(),
                 supervisor::EVENT_FD.to_string(),
             ];
+            let deadline = names
+                .iter()
+                .filter_map(|n| devices.iter().find(|d| &d.name == n))
+                .map(|d| d.request_deadline)
+                .min()
+                .unwrap_or(Duration::from_secs(30));
+            args.extend(["--deadline-ms".into(), deadline.as_millis().to_string()]);
             for n in &names {
                 let d = devices.iter().find(|d| &d.name == n).expect("named above");
                 let spec = if d.model == "null-blk" {

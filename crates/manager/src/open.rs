@@ -48,6 +48,29 @@ pub fn status(control_path: &Path, name: &str) -> Result<Node, BlockError> {
     }
 }
 
+/// The fault socket of class device `name`'s model (it has one when it is emulated).
+pub fn faults_socket(control_path: &Path, name: &str) -> Result<std::path::PathBuf, BlockError> {
+    let tree = registry(control_path)?;
+    fn find<'a>(n: &'a Node, name: &str) -> Option<&'a Node> {
+        let serves = |f: &Node| {
+            f.children
+                .iter()
+                .any(|d| d.children.iter().any(|c| c.name == name))
+        };
+        if n.kind == "pci-function" && serves(n) {
+            return Some(n);
+        }
+        n.children.iter().find_map(|c| find(c, name))
+    }
+    find(&tree, name)
+        .and_then(|f| f.props.get("faults-socket"))
+        .and_then(|p| p.as_str())
+        .map(std::path::PathBuf::from)
+        .ok_or_else(|| {
+            BlockError::NoSuchDevice(format!("{name} has no emulated device model to fault"))
+        })
+}
+
 /// Opens block device `name` wherever the machine places its driver: a session with its
 /// driver server, or the driver linked into this process.
 pub fn open_block(control_path: &Path, name: &str) -> Result<Box<dyn BlockDevice>, BlockError> {

@@ -87,6 +87,11 @@ impl RuntimeDir {
         self.dir.join(format!("{name}.device.log"))
     }
 
+    /// The fault socket of device `name`'s model.
+    pub fn faults_socket(&self, name: &str) -> PathBuf {
+        self.dir.join(format!("{name}.faults.sock"))
+    }
+
     /// The session socket of driver server `name`.
     pub fn server_socket(&self, name: &str) -> PathBuf {
         self.dir.join(format!("{name}.server.sock"))
@@ -131,6 +136,7 @@ mod tests {
             rt.device_socket("x"),
             rt.device_log("x"),
             rt.server_socket("x"),
+            rt.faults_socket("x"),
             rt.server_log("x"),
             rt.dir().join("control.sock"),
             rt.dir().join(LOCK),

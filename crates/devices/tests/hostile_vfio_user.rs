@@ -284,7 +284,7 @@ fn broken_framing_closes_the_connection_and_the_next_client_is_served() {
         .unwrap();
     assert_eq!(wire::DeviceInfo::decode(&info).unwrap().num_irqs, 5);
     drop(c);
-    std::thread::sleep(Duration::from_millis(100));
+    // Counted when each was dropped, before the clients above saw their connections close.
     let stats = srv.stop();
     assert!(stats.dropped >= 4, "{stats:?}");
 }

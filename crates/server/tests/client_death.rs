@@ -15,8 +15,12 @@ fn a_client_killed_with_requests_in_flight_leaves_nothing_behind() {
     let dir = tempfile::tempdir().unwrap();
     let srv = common::Served::start(dir.path(), SIZE);
     let (sock, backend) = (srv.sock.clone(), srv.backend.clone());
+    let dma_before = backend.with_device(|_, ctx| ctx.dma.len());
     good_client_works(&sock); // warm up: the first session's one-time allocations
-    std::thread::sleep(Duration::from_millis(200));
+                              // Its session is released once its buffers are unmapped from the device.
+    assert!(common::eventually(Duration::from_secs(10), || {
+        backend.with_device(|_, ctx| ctx.dma.len()) == dma_before
+    }));
     let (fds, mapped, dma) = (
         open_fds(),
         maps(),
@@ -31,14 +35,16 @@ fn a_client_killed_with_requests_in_flight_leaves_nothing_behind() {
         drop(raw); // gone, with up to 16 requests in the device
         std::thread::sleep(Duration::from_millis(50 + round * 10));
     }
-    std::thread::sleep(Duration::from_millis(300));
-    assert_eq!(
+    let released = || {
+        backend.with_device(|_, ctx| ctx.dma.len()) == dma && open_fds() <= fds && maps() <= mapped
+    };
+    assert!(
+        common::eventually(Duration::from_secs(10), released),
+        "left behind: DMA mappings {} (was {dma}), fds {} (was {fds}), maps {} (was {mapped})",
         backend.with_device(|_, ctx| ctx.dma.len()),
-        dma,
-        "DMA mappings released"
+        open_fds(),
+        maps()
     );
-    assert_eq!(open_fds(), fds, "fds released");
-    assert_eq!(maps(), mapped, "memory maps released");
     good_client_works(&sock);
     let stats = srv.stop();
     assert_eq!(stats.sessions_opened, stats.sessions_released);

@@ -12,7 +12,7 @@ shift || true
 targets=("$@")
 [ ${#targets[@]} -gt 0 ] || targets=(vfio_user_server vfio_user_client session_ring control_message machine_description)
 command -v cargo-fuzz >/dev/null || cargo install cargo-fuzz --locked
-cargo +nightly fuzz build -O "${targets[@]/#/}" >/dev/null 2>&1 || cargo +nightly fuzz build -O
+cargo +nightly fuzz build -O
 for t in "${targets[@]}"; do
     echo "== $t: ${secs}s"
     # -rss_limit_mb: the server target maps DMA memory; -timeout: no input may take a second.

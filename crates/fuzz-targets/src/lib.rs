@@ -6,7 +6,7 @@
 //! | [`vfio_user_server`] | a vfio-user command stream | a client of a device model |
 //! | [`vfio_user_client`] | a vfio-user reply stream | a device model, to a driver |
 //! | [`session_ring`] | ring indices and entries in shared memory | a session's client |
-//! | [`control_message`] | control-channel messages | clients of servers and the manager |
+//! | [`control_message`] | control-channel messages, fault-socket messages | clients of servers, the manager and device models |
 //! | [`machine_description`] | a machine description (TOML) | the user |
 //!
 //! `cargo fuzz run <target>` (in `fuzz/`) explores; `fuzz/corpus/<target>/` keeps what it
@@ -222,6 +222,13 @@ pub fn control_message(data: &[u8]) {
     let _ = serde_json::from_slice::<control::Event>(data);
     let _ = serde_json::from_slice::<outboard_manager::api::Request>(data);
     let _ = serde_json::from_slice::<outboard_manager::api::Reply>(data);
+    // A device model's fault socket takes faults as text.
+    if let Ok(text) = std::str::from_utf8(data) {
+        if let Ok(f) = text.parse::<outboard_devices::faults::Fault>() {
+            // What parses prints back as something that parses to the same fault.
+            assert_eq!(f.to_string().parse::<outboard_devices::faults::Fault>(), Ok(f));
+        }
+    }
 }
 
 /// A machine description as the user writes it.

@@ -53,7 +53,7 @@ enum Command {
     #[command(subcommand)]
     Hw(hw::HwCommand),
     /// Run the evaluation suite: configurations side by side, repeated runs, JSON, charts and
-    /// bench-results/REPORT.md with each target of EVALUATION.md.
+    /// bench-results/REPORT.md with each target and how far this run is from it.
     Bench(BenchArgs),
     /// (internal) The peer process of the ping-pong measurements.
     #[command(hide = true)]

@@ -15,6 +15,13 @@ fn signal(pid: u64, sig: Signal) {
     rustix::process::kill_process(Pid::from_raw(pid as i32).unwrap(), sig).unwrap();
 }
 
+/// The pid of the (first) device model.
+fn model_pid(up: &Up) -> u64 {
+    find_node(&registry(up), "pci-function").expect("a device model")["props"]["pid"]
+        .as_u64()
+        .expect("its pid")
+}
+
 fn stderr(o: &std::process::Output) -> String {
     String::from_utf8_lossy(&o.stderr).into_owned()
 }
@@ -134,16 +141,11 @@ fn a_server_named_control_does_not_replace_the_control_socket() {
 fn a_dead_device_model_fails_requests_at_once_and_shows_in_the_registry() {
     let dir = tempfile::tempdir().unwrap();
     let up = Up::start(dir.path(), None);
-    let tree = registry(&up);
-    let model = find_node(&tree, "pci-function").unwrap()["props"]["pid"]
-        .as_u64()
-        .unwrap();
+    let model = model_pid(&up);
     signal(model, Signal::KILL);
     // A client gets a specific error quickly, not a 30 s hang.
-    let r = run_bounded(
-        Command::new(EXE)
-            .args(["blk", "read", "disk0", "--length", "4096"])
-            .env("OUTBOARD_CONTROL", &up.control),
+    let r = up.run_within(
+        &["blk", "read", "disk0", "--length", "4096"],
         Duration::from_secs(10),
     );
     assert!(!r.status.success());
@@ -158,26 +160,13 @@ fn a_dead_device_model_fails_requests_at_once_and_shows_in_the_registry() {
 fn a_stalled_device_model_fails_its_device_cleanly() {
     let dir = tempfile::tempdir().unwrap();
     let up = Up::start(dir.path(), None);
-    let tree = registry(&up);
-    let model = find_node(&tree, "pci-function").unwrap()["props"]["pid"]
-        .as_u64()
-        .unwrap();
+    let model = model_pid(&up);
     signal(model, Signal::STOP);
-    let first = run_bounded(
-        Command::new(EXE)
-            .args(["blk", "info", "disk0"])
-            .env("OUTBOARD_CONTROL", &up.control),
-        Duration::from_secs(20),
-    );
+    let first = up.run_within(&["blk", "info", "disk0"], Duration::from_secs(20));
     signal(model, Signal::CONT);
     assert!(!first.status.success());
     // Later opens get the device's state, not a shifted reply to someone else's command.
-    let later = run_bounded(
-        Command::new(EXE)
-            .args(["blk", "info", "disk0"])
-            .env("OUTBOARD_CONTROL", &up.control),
-        Duration::from_secs(10),
-    );
+    let later = up.run_within(&["blk", "info", "disk0"], Duration::from_secs(10));
     assert!(!later.status.success());
     let e = stderr(&later);
     assert!(!e.contains("expected reply"), "{e}");
@@ -236,10 +225,8 @@ fn a_client_that_never_reads_cannot_wedge_a_driver_server() {
     w.stdin.take().unwrap().write_all(&data).unwrap();
     let w = w.wait_with_output().unwrap();
     assert!(w.status.success(), "{}", stderr(&w));
-    let r = run_bounded(
-        Command::new(EXE)
-            .args(["blk", "read", "disk0", "--offset", "1M", "--length", "8192"])
-            .env("OUTBOARD_CONTROL", &up.control),
+    let r = up.run_within(
+        &["blk", "read", "disk0", "--offset", "1M", "--length", "8192"],
         Duration::from_secs(10),
     );
     assert!(r.stdout == data);
@@ -264,12 +251,7 @@ fn a_second_client_of_a_colocated_device_is_told_it_is_busy() {
         .unwrap();
     let mut first = [0u8; 1];
     std::io::Read::read_exact(holder.stdout.as_mut().unwrap(), &mut first).unwrap();
-    let second = run_bounded(
-        Command::new(EXE)
-            .args(["blk", "info", "c"])
-            .env("OUTBOARD_CONTROL", &up.control),
-        Duration::from_secs(4),
-    );
+    let second = up.run_within(&["blk", "info", "c"], Duration::from_secs(4));
     assert!(!second.status.success());
     assert!(stderr(&second).contains("busy"), "{}", stderr(&second));
     holder.kill().unwrap();
@@ -326,12 +308,7 @@ fn the_command_line_refuses_bad_input_cleanly() {
         img.display()
     );
     // Logs to a pipe carry no colour codes.
-    let o = run_bounded(
-        Command::new(EXE)
-            .args(["-v", "blk", "info", "disk0"])
-            .env("OUTBOARD_CONTROL", &up.control),
-        Duration::from_secs(10),
-    );
+    let o = up.run_within(&["-v", "blk", "info", "disk0"], Duration::from_secs(10));
     assert!(!o.stderr.contains(&0x1b), "{}", stderr(&o));
 }
 

@@ -226,7 +226,10 @@ pub fn control_message(data: &[u8]) {
     if let Ok(text) = std::str::from_utf8(data) {
         if let Ok(f) = text.parse::<outboard_devices::faults::Fault>() {
             // What parses prints back as something that parses to the same fault.
-            assert_eq!(f.to_string().parse::<outboard_devices::faults::Fault>(), Ok(f));
+            assert_eq!(
+                f.to_string().parse::<outboard_devices::faults::Fault>(),
+                Ok(f)
+            );
         }
     }
 }

@@ -1,6 +1,8 @@
 //! A reply that arrives after its call timed out must not be taken for the next call's reply:
 //! the client gives the connection up instead, and says so on every later call.
 
+mod common;
+
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{channel, Receiver};
 use std::sync::{Arc, Mutex};
@@ -21,20 +23,7 @@ struct Stalling {
 
 impl DeviceBackend for Stalling {
     fn regions(&self) -> Vec<RegionDesc<'_>> {
-        vec![
-            RegionDesc {
-                index: region::BAR0,
-                size: 0x1000,
-                flags: region::FLAG_READ | region::FLAG_WRITE,
-                mmap: None,
-            },
-            RegionDesc {
-                index: region::CONFIG,
-                size: 256,
-                flags: region::FLAG_READ,
-                mmap: None,
-            },
-        ]
+        common::bar0_and_config()
     }
     fn irqs(&self) -> Vec<wire::IrqInfo> {
         vec![]

@@ -1,6 +1,8 @@
 //! In-band DMA: memory mapped without an fd is reached by the server with DMA_READ / DMA_WRITE
 //! over the twin socket, served by the client's twin thread.
 
+mod common;
+
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -23,20 +25,7 @@ struct Engine {
 
 impl DeviceBackend for Engine {
     fn regions(&self) -> Vec<RegionDesc<'_>> {
-        vec![
-            RegionDesc {
-                index: region::BAR0,
-                size: 0x1000,
-                flags: region::FLAG_READ | region::FLAG_WRITE,
-                mmap: None,
-            },
-            RegionDesc {
-                index: region::CONFIG,
-                size: 256,
-                flags: region::FLAG_READ,
-                mmap: None,
-            },
-        ]
+        common::bar0_and_config()
     }
     fn irqs(&self) -> Vec<wire::IrqInfo> {
         vec![]

@@ -119,6 +119,16 @@ impl Up {
             .unwrap()
     }
 
+    /// Runs `outboard ARGS` against this machine; a run longer than `limit` is a hang.
+    pub fn run_within(&self, args: &[&str], limit: Duration) -> Output {
+        run_bounded(
+            Command::new(EXE)
+                .args(args)
+                .env("OUTBOARD_CONTROL", &self.control),
+            limit,
+        )
+    }
+
     pub fn run_with_input(&self, args: &[&str], input: &[u8]) -> Output {
         let mut c = Command::new(EXE)
             .args(args)

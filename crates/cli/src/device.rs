@@ -22,6 +22,41 @@ pub enum DeviceCommand {
     ///
     /// Example: outboard device virtio-blk --socket /tmp/blk.sock --backing mem:64M
     VirtioBlk(VirtioBlkArgs),
+    /// A virtio-blk disk that stores nothing: reads return zeros, writes are dropped.
+    ///
+    /// The same device to a driver as virtio-blk, for measuring and exercising the path to
+    /// it. (In a machine description, `null-blk` instead runs no device at all: the driver
+    /// server answers for it, to measure the session path alone.)
+    ///
+    /// Example: outboard device null-blk --socket /tmp/null.sock --backing null:1G
+    NullBlk(NullBlkArgs),
+}
+
+/// Options every disk model takes.
+#[derive(Args)]
+pub struct DiskOptions {
+    /// Present the disk read-only.
+    #[arg(long)]
+    read_only: bool,
+    /// Number of request queues.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u16).range(1..=16))]
+    queues: u16,
+    /// Serial number returned by GET_ID (at most 20 bytes).
+    #[arg(long, default_value = "outboard-blk")]
+    serial: String,
+}
+
+#[derive(Args)]
+pub struct NullBlkArgs {
+    #[command(flatten)]
+    listen: Listen,
+    /// The disk's size, as null:SIZE (SIZE with an optional K/M/G/T suffix).
+    #[arg(long, value_name = "null:SIZE", default_value = "null:1G")]
+    backing: String,
+    #[command(flatten)]
+    disk: DiskOptions,
+    #[command(flatten)]
+    faults: FaultArgs,
 }
 
 /// Where the device model listens.
@@ -51,15 +86,8 @@ pub struct VirtioBlkArgs {
     /// Create the file with this size if it does not exist (sparse).
     #[arg(long, value_name = "SIZE", value_parser = parse_size_arg)]
     create: Option<u64>,
-    /// Present the disk read-only.
-    #[arg(long)]
-    read_only: bool,
-    /// Number of request queues.
-    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u16).range(1..=16))]
-    queues: u16,
-    /// Serial number returned by GET_ID (at most 20 bytes).
-    #[arg(long, default_value = "outboard-blk")]
-    serial: String,
+    #[command(flatten)]
+    disk: DiskOptions,
     #[command(flatten)]
     faults: FaultArgs,
 }
@@ -100,24 +128,45 @@ fn parse_size_arg(s: &str) -> Result<u64, String> {
 pub fn run(c: DeviceCommand) -> Result<ExitCode, String> {
     match c {
         DeviceCommand::VirtioBlk(a) => {
-            if a.serial.len() > 20 {
-                return Err("--serial is limited to 20 bytes".into());
-            }
             let backing = Backing::open(&a.backing, a.create).map_err(|e| e.to_string())?;
-            let what = format!("{} bytes, {}", backing.len(), backing.describe());
-            let model = outboard_devices::virtio_blk(
-                backing,
-                BlkOptions {
-                    read_only: a.read_only,
-                    num_queues: a.queues,
-                    serial: a.serial,
-                },
-            )
-            .map_err(|e| e.to_string())?;
-            let _faults = a.faults.start(model.device().faults())?;
-            serve(model, &a.listen, &format!("virtio-blk ({what})"))
+            disk("virtio-blk", backing, a.disk, a.faults, &a.listen)
+        }
+        DeviceCommand::NullBlk(a) => {
+            if !a.backing.starts_with("null:") {
+                return Err(format!(
+                    "--backing {:?}: a null-blk disk stores nothing; give null:SIZE",
+                    a.backing
+                ));
+            }
+            let backing = Backing::open(&a.backing, None).map_err(|e| e.to_string())?;
+            disk("null-blk", backing, a.disk, a.faults, &a.listen)
         }
     }
+}
+
+/// Serves a virtio-blk disk model over `backing`.
+fn disk(
+    name: &str,
+    backing: Backing,
+    o: DiskOptions,
+    faults: FaultArgs,
+    listen: &Listen,
+) -> Result<ExitCode, String> {
+    if o.serial.len() > 20 {
+        return Err("--serial is limited to 20 bytes".into());
+    }
+    let what = format!("{} bytes, {}", backing.len(), backing.describe());
+    let model = outboard_devices::virtio_blk(
+        backing,
+        BlkOptions {
+            read_only: o.read_only,
+            num_queues: o.queues,
+            serial: o.serial,
+        },
+    )
+    .map_err(|e| e.to_string())?;
+    let _faults = faults.start(model.device().faults())?;
+    serve(model, listen, &format!("{name} ({what})"))
 }
 
 /// Serves `model` until SIGINT or SIGTERM.

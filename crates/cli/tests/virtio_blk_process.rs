@@ -166,3 +166,49 @@ fn selftest_and_probe_explain_what_they_cannot_do() {
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("cannot connect"));
 }
+
+/// Every device model runs standalone with the same options (vfio-user interop issue): the
+/// null-blk model is a virtio-blk disk that reads zeros and drops writes, with faults too.
+#[test]
+fn the_null_blk_model_runs_standalone() {
+    let help = std::process::Command::new(env!("CARGO_BIN_EXE_outboard"))
+        .args(["device", "--help"])
+        .output()
+        .unwrap();
+    let help = String::from_utf8_lossy(&help.stdout);
+    assert!(
+        help.contains("virtio-blk") && help.contains("null-blk"),
+        "{help}"
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let dev = DeviceProcess::model(
+        dir.path(),
+        "null-blk",
+        "null:64M",
+        &["--fault", "drop-irq=1"],
+    );
+    let out = outboard(&["hw", "probe", "--vfio-user"], &dev.socket);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{text}");
+    assert!(text.contains("1af4:1042"), "{text}");
+    let mut d = open(&dev);
+    assert_eq!(d.info().capacity, (64 << 20) / 512);
+    let buf = d.function().dma().alloc(4096).unwrap();
+    buf.write(0, &[0xaa; 4096]).unwrap();
+    d.write(0, &buf, 0, 4096).unwrap();
+    d.read(0, &buf, 0, 4096).unwrap();
+    let mut back = [1u8; 4096];
+    buf.read(0, &mut back).unwrap();
+    assert_eq!(
+        back, [0u8; 4096],
+        "a null disk reads zeros whatever was written"
+    );
+    drop(d);
+    let bad = std::process::Command::new(env!("CARGO_BIN_EXE_outboard"))
+        .args(["device", "null-blk", "--backing", "mem:1M", "--socket"])
+        .arg(dir.path().join("x.sock"))
+        .output()
+        .unwrap();
+    assert!(!bad.status.success());
+    assert!(String::from_utf8_lossy(&bad.stderr).contains("null:SIZE"));
+}

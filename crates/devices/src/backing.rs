@@ -1,5 +1,6 @@
-//! Storage behind an emulated disk: a file or anonymous memory, both reached through an fd so
-//! the device moves data with `pread`/`pwrite` straight into client DMA memory.
+//! Storage behind an emulated disk: a file, anonymous memory, or nothing at all (`null:SIZE`),
+//! each reached through an fd so the device moves data with `pread`/`pwrite` straight into
+//! client DMA memory.
 
 use std::fs::{File, OpenOptions};
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
@@ -19,6 +20,8 @@ pub struct Backing {
 enum Kind {
     File(PathBuf),
     Memory,
+    /// `/dev/zero`: reads return zeros, writes are accepted and dropped.
+    Null,
 }
 
 /// Why a backing could not be opened.
@@ -63,7 +66,21 @@ impl Backing {
             spec: spec.to_string(),
             why: why.to_string(),
         };
-        let b = if let Some(size) = spec.strip_prefix("mem:") {
+        let b = if let Some(size) = spec.strip_prefix("null:") {
+            let len = parse_size(size)
+                .ok_or_else(|| bad("size must be a number with an optional K/M/G/T suffix"))?;
+            let fd = rustix::fs::open(
+                "/dev/zero",
+                rustix::fs::OFlags::RDWR | rustix::fs::OFlags::CLOEXEC,
+                rustix::fs::Mode::empty(),
+            )
+            .map_err(|e| bad(&format!("/dev/zero: {e}")))?;
+            Self {
+                fd,
+                len,
+                kind: Kind::Null,
+            }
+        } else if let Some(size) = spec.strip_prefix("mem:") {
             let len = parse_size(size)
                 .ok_or_else(|| bad("size must be a number with an optional K/M/G/T suffix"))?;
             let fd = rustix::fs::memfd_create("outboard-disk", MemfdFlags::CLOEXEC)
@@ -134,6 +151,7 @@ impl Backing {
         match &self.kind {
             Kind::File(p) => format!("file {}", p.display()),
             Kind::Memory => "memory".into(),
+            Kind::Null => "nothing (reads zeros, drops writes)".into(),
         }
     }
 
@@ -141,7 +159,7 @@ impl Backing {
     pub fn flush(&self) -> std::io::Result<()> {
         match self.kind {
             Kind::File(_) => rustix::fs::fdatasync(&self.fd).map_err(Into::into),
-            Kind::Memory => Ok(()),
+            Kind::Memory | Kind::Null => Ok(()),
         }
     }
 
@@ -152,6 +170,9 @@ impl Backing {
 
     /// Zeroes a range (WRITE_ZEROES): ZERO_RANGE, else PUNCH_HOLE, else writing zeros.
     pub fn zero(&self, offset: u64, len: u64) -> std::io::Result<()> {
+        if matches!(self.kind, Kind::Null) {
+            return Ok(());
+        }
         if rustix::fs::fallocate(
             &self.fd,
             FallocateFlags::ZERO_RANGE | FallocateFlags::KEEP_SIZE,
@@ -194,6 +215,19 @@ mod tests {
         assert_eq!(parse_size("1g"), Some(1 << 30));
         assert_eq!(parse_size("x"), None);
         assert_eq!(parse_size("99999999999T"), None);
+    }
+
+    #[test]
+    fn a_null_backing_reads_zeros_and_drops_writes() {
+        let b = Backing::open("null:1G", None).unwrap();
+        assert_eq!(b.len(), 1 << 30);
+        rustix::io::pwrite(b.fd(), &[7u8; 512], 4096).unwrap();
+        let mut back = [1u8; 512];
+        assert_eq!(rustix::io::pread(b.fd(), &mut back, 4096).unwrap(), 512);
+        assert_eq!(back, [0u8; 512]);
+        b.flush().unwrap();
+        b.zero(0, 1 << 20).unwrap();
+        assert!(Backing::open("null:100", None).is_err());
     }
 
     #[test]

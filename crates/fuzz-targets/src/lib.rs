@@ -130,6 +130,7 @@ pub fn vfio_user_client(data: &[u8]) {
     let opts = ClientOptions {
         timeout: Duration::from_millis(100),
         twin_socket: false,
+        ..Default::default()
     };
     if let Ok(mut c) = Client::from_fd(ours, opts) {
         for index in 0..10 {

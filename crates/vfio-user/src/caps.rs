@@ -23,9 +23,11 @@ pub struct Capabilities {
     /// Most fds the sender can receive in one message.
     #[serde(default = "default_max_msg_fds")]
     pub max_msg_fds: u32,
-    /// Largest data transfer the sender accepts.
+    /// Largest data transfer the sender accepts. Any value a peer announces is accepted
+    /// (libvfio-user sends 64-bit values); what is used is clamped to what Outboard handles
+    /// ([`Capabilities::data_xfer_limit`]).
     #[serde(default = "default_max_data_xfer")]
-    pub max_data_xfer_size: u32,
+    pub max_data_xfer_size: u64,
     /// Twin-socket mode for server-to-client commands.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub twin_socket: Option<TwinSocket>,
@@ -45,8 +47,8 @@ pub struct TwinSocket {
 fn default_max_msg_fds() -> u32 {
     1
 }
-fn default_max_data_xfer() -> u32 {
-    MAX_DATA_XFER
+fn default_max_data_xfer() -> u64 {
+    MAX_DATA_XFER as u64
 }
 
 impl Default for Capabilities {
@@ -64,9 +66,21 @@ impl Capabilities {
     pub fn ours(twin: Option<TwinSocket>) -> Self {
         Self {
             max_msg_fds: MAX_FDS as u32,
-            max_data_xfer_size: MAX_DATA_XFER,
+            max_data_xfer_size: MAX_DATA_XFER as u64,
             twin_socket: twin,
         }
+    }
+
+    /// The most bytes one message to this peer may carry as data: what it announced, but no
+    /// more than Outboard itself handles, and at least one byte.
+    pub fn data_xfer_limit(&self) -> usize {
+        self.max_data_xfer_size.clamp(1, MAX_DATA_XFER as u64) as usize
+    }
+
+    /// The most fds one message to this peer may carry: what it announced, but no more than
+    /// Outboard sends in one message.
+    pub fn fds_limit(&self) -> usize {
+        (self.max_msg_fds as usize).min(MAX_FDS)
     }
 }
 
@@ -94,8 +108,20 @@ mod tests {
     fn parses_peers_with_unknown_and_missing_fields() {
         let c = parse(r#"{"capabilities":{"max_msg_fds":8,"migration":{"pgsize":4096}}}"#).unwrap();
         assert_eq!(c.max_msg_fds, 8);
-        assert_eq!(c.max_data_xfer_size, MAX_DATA_XFER);
+        assert_eq!(c.max_data_xfer_size, MAX_DATA_XFER as u64);
         assert!(parse("").is_ok());
         assert!(parse("{not json").is_err());
+    }
+
+    #[test]
+    fn sizes_past_32_bits_are_accepted_and_clamped() {
+        let c = parse(r#"{"capabilities":{"max_msg_fds":64,"max_data_xfer_size":8589934592}}"#)
+            .unwrap();
+        assert_eq!(c.max_data_xfer_size, 1 << 33);
+        assert_eq!(c.data_xfer_limit(), MAX_DATA_XFER as usize);
+        assert_eq!(c.fds_limit(), MAX_FDS);
+        let small =
+            parse(r#"{"capabilities":{"max_msg_fds":1,"max_data_xfer_size":1024}}"#).unwrap();
+        assert_eq!((small.data_xfer_limit(), small.fds_limit()), (1024, 1));
     }
 }

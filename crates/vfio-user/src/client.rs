@@ -58,6 +58,14 @@ pub enum ClientError {
         /// What was wrong.
         why: String,
     },
+    /// The request needs something the connection does not offer.
+    #[error("{command}: {why}")]
+    Unsupported {
+        /// The command.
+        command: &'static str,
+        /// What is missing.
+        why: String,
+    },
     /// An earlier call failed in a way that leaves the stream's state unknown (a timeout, a
     /// lost or mismatched reply), so the connection was dropped; it cannot be used again.
     #[error("{command}: the connection to the device was dropped earlier: {why}")]
@@ -88,6 +96,9 @@ pub struct ClientOptions {
     pub timeout: Duration,
     /// Offer twin-socket mode (needed only for in-band DMA).
     pub twin_socket: bool,
+    /// The most data one server-to-client message may carry (announced as
+    /// `max_data_xfer_size`; larger in-band DMA messages are refused).
+    pub max_data_xfer_size: u32,
 }
 
 impl Default for ClientOptions {
@@ -95,6 +106,7 @@ impl Default for ClientOptions {
         Self {
             timeout: Duration::from_secs(5),
             twin_socket: true,
+            max_data_xfer_size: wire::MAX_DATA_XFER,
         }
     }
 }
@@ -183,7 +195,7 @@ impl Client {
             twin: None,
             broken: None,
         };
-        c.negotiate(opts.twin_socket)?;
+        c.negotiate(opts.twin_socket, opts.max_data_xfer_size)?;
         let req = wire::DeviceInfo {
             argsz: wire::DeviceInfo::SIZE as u32,
             ..Default::default()
@@ -199,11 +211,14 @@ impl Client {
         Ok(c)
     }
 
-    fn negotiate(&mut self, twin: bool) -> Result<()> {
-        let ours = Capabilities::ours(twin.then_some(TwinSocket {
-            supported: true,
-            fd_index: None,
-        }));
+    fn negotiate(&mut self, twin: bool, max_xfer: u32) -> Result<()> {
+        let ours = Capabilities {
+            max_data_xfer_size: max_xfer.clamp(1, wire::MAX_DATA_XFER) as u64,
+            ..Capabilities::ours(twin.then_some(TwinSocket {
+                supported: true,
+                fd_index: None,
+            }))
+        };
         let v = wire::Version {
             major: caps::MAJOR,
             minor: caps::MINOR,
@@ -239,10 +254,10 @@ impl Client {
                 source: ChannelError::Io(Errno::from_io_error(&e).unwrap_or(Errno::IO)),
             })?;
             let regions = self.in_band.clone();
-            let timeout = self.timeout;
+            let limit = ours.data_xfer_limit() as u64;
             let handle = std::thread::Builder::new()
                 .name("vfio-user-twin".into())
-                .spawn(move || serve_twin(Channel::new(fd), regions, timeout))
+                .spawn(move || serve_twin(Channel::new(fd), regions, limit))
                 .map_err(|_| ClientError::Protocol {
                     command: "VERSION",
                     why: "cannot start the twin-socket thread".into(),
@@ -347,32 +362,49 @@ impl Client {
         self.minor
     }
 
-    /// Describes region `index`, asking again with a larger argsz when it has capabilities.
+    /// Describes region `index`. Whenever the reply's `argsz` is larger than the request's,
+    /// the reply was cut short (its capability list, and with it possibly the region's fd, left
+    /// out), so the request is made again with that size, as QEMU does; the fd is taken from
+    /// whichever reply carries it. A region flagged mmappable that comes without an fd is
+    /// reached by trapped accesses instead.
     pub fn region_info(&mut self, index: u32) -> Result<RegionInfo> {
+        const MAX_ARGSZ: u32 = 64 << 10;
         let mut argsz = wire::RegionInfo::SIZE as u32;
-        for _ in 0..2 {
+        let mut fd: Option<OwnedFd> = None;
+        for _ in 0..3 {
             let (payload, mut fds) = self.call(
                 cmd::DEVICE_GET_REGION_INFO,
                 &wire::RegionInfo::encode_request(index, argsz),
                 &[],
             )?;
-            let info = wire::RegionInfo::decode(&payload)
+            let mut info = wire::RegionInfo::decode(&payload)
                 .map_err(|e| proto(cmd::DEVICE_GET_REGION_INFO, e))?;
-            if info.argsz > argsz && info.flags & wire::region::FLAG_CAPS != 0 {
+            if fds.len() > 1 {
+                return Err(ClientError::Protocol {
+                    command: "DEVICE_GET_REGION_INFO",
+                    why: format!("a region came with {} fds", fds.len()),
+                });
+            }
+            if let Some(f) = fds.pop() {
+                fd = Some(f);
+            }
+            if info.argsz > argsz {
+                if info.argsz > MAX_ARGSZ {
+                    return Err(ClientError::Protocol {
+                        command: "DEVICE_GET_REGION_INFO",
+                        why: format!("a region info of {} bytes", info.argsz),
+                    });
+                }
                 argsz = info.argsz;
                 continue;
             }
-            let fd = if info.flags & wire::region::FLAG_MMAP != 0 {
-                if fds.len() != 1 {
-                    return Err(ClientError::Protocol {
-                        command: "DEVICE_GET_REGION_INFO",
-                        why: format!("mmappable region came with {} fds", fds.len()),
-                    });
-                }
-                fds.pop()
-            } else {
-                None
-            };
+            if info.flags & wire::region::FLAG_MMAP == 0 {
+                fd = None;
+            } else if fd.is_none() {
+                tracing::debug!("region {index}: mmappable but no fd came: trapping it");
+                info.flags &= !wire::region::FLAG_MMAP;
+                info.sparse.clear();
+            }
             return Ok(RegionInfo { info, fd });
         }
         Err(ClientError::Protocol {
@@ -432,36 +464,48 @@ impl Client {
         })
     }
 
-    /// Reads `buf.len()` bytes of region `index` at `offset`.
+    /// Reads `buf.len()` bytes of region `index` at `offset`, in pieces no larger than the
+    /// server's `max_data_xfer_size`.
     pub fn region_read(&mut self, index: u32, offset: u64, buf: &mut [u8]) -> Result<()> {
-        let req = wire::RegionAccess {
-            offset,
-            region: index,
-            count: buf.len() as u32,
-            data: Vec::new(),
-        };
-        let (payload, _) = self.call(cmd::REGION_READ, &req.encode(), &[])?;
-        let reply =
-            wire::RegionAccess::decode(&payload, true).map_err(|e| proto(cmd::REGION_READ, e))?;
-        if reply.data.len() != buf.len() {
-            return Err(ClientError::Protocol {
-                command: "REGION_READ",
-                why: format!("asked for {} bytes, got {}", buf.len(), reply.data.len()),
-            });
+        let limit = self.peer.data_xfer_limit();
+        let mut at = offset;
+        for piece in buf.chunks_mut(limit) {
+            let req = wire::RegionAccess {
+                offset: at,
+                region: index,
+                count: piece.len() as u32,
+                data: Vec::new(),
+            };
+            let (payload, _) = self.call(cmd::REGION_READ, &req.encode(), &[])?;
+            let reply = wire::RegionAccess::decode(&payload, true)
+                .map_err(|e| proto(cmd::REGION_READ, e))?;
+            if reply.data.len() != piece.len() {
+                return Err(ClientError::Protocol {
+                    command: "REGION_READ",
+                    why: format!("asked for {} bytes, got {}", piece.len(), reply.data.len()),
+                });
+            }
+            piece.copy_from_slice(&reply.data);
+            at += piece.len() as u64;
         }
-        buf.copy_from_slice(&reply.data);
         Ok(())
     }
 
-    /// Writes `data` to region `index` at `offset` and waits for the acknowledgement.
+    /// Writes `data` to region `index` at `offset` and waits for the acknowledgement, in
+    /// pieces no larger than the server's `max_data_xfer_size`.
     pub fn region_write(&mut self, index: u32, offset: u64, data: &[u8]) -> Result<()> {
-        let req = wire::RegionAccess {
-            offset,
-            region: index,
-            count: data.len() as u32,
-            data: data.to_vec(),
-        };
-        self.call(cmd::REGION_WRITE, &req.encode(), &[])?;
+        let limit = self.peer.data_xfer_limit();
+        let mut at = offset;
+        for piece in data.chunks(limit) {
+            let req = wire::RegionAccess {
+                offset: at,
+                region: index,
+                count: piece.len() as u32,
+                data: piece.to_vec(),
+            };
+            self.call(cmd::REGION_WRITE, &req.encode(), &[])?;
+            at += piece.len() as u64;
+        }
         Ok(())
     }
 
@@ -504,22 +548,32 @@ impl Client {
         wire::IrqInfo::decode(&payload).map_err(|e| proto(cmd::DEVICE_GET_IRQ_INFO, e))
     }
 
-    /// Attaches eventfds to vectors `start..start+fds.len()` of IRQ `index`.
+    /// Attaches eventfds to vectors `start..start+fds.len()` of IRQ `index`, in as many
+    /// SET_IRQS messages as the server's `max_msg_fds` requires (each a sub-range of vectors).
     pub fn set_irq_eventfds(
         &mut self,
         index: u32,
         start: u32,
         fds: &[BorrowedFd<'_>],
     ) -> Result<()> {
-        let s = wire::IrqSet {
-            argsz: 0,
-            flags: wire::irq::SET_DATA_EVENTFD | wire::irq::SET_ACTION_TRIGGER,
-            index,
-            start,
-            count: fds.len() as u32,
-            data: Vec::new(),
-        };
-        self.call(cmd::DEVICE_SET_IRQS, &s.encode(), fds)?;
+        let limit = self.peer.fds_limit();
+        if limit == 0 && !fds.is_empty() {
+            return Err(ClientError::Unsupported {
+                command: "DEVICE_SET_IRQS",
+                why: "the server accepts no file descriptors (max_msg_fds 0)".into(),
+            });
+        }
+        for (i, piece) in fds.chunks(limit.max(1)).enumerate() {
+            let s = wire::IrqSet {
+                argsz: 0,
+                flags: wire::irq::SET_DATA_EVENTFD | wire::irq::SET_ACTION_TRIGGER,
+                index,
+                start: start + (i * limit) as u32,
+                count: piece.len() as u32,
+                data: Vec::new(),
+            };
+            self.call(cmd::DEVICE_SET_IRQS, &s.encode(), piece)?;
+        }
         Ok(())
     }
 
@@ -558,8 +612,16 @@ impl Client {
     }
 
     /// Maps `mem` at `iova` without passing its fd: the server reaches it with DMA_READ /
-    /// DMA_WRITE over the twin socket, served by this client.
+    /// DMA_WRITE over the twin socket, served by this client. Refused when no twin socket was
+    /// negotiated: the server would then send those commands on the main socket, in the middle
+    /// of this client's own exchanges.
     pub fn dma_map_in_band(&mut self, iova: u64, mem: Arc<SharedMem>, flags: u32) -> Result<()> {
+        if self.twin.is_none() {
+            return Err(ClientError::Unsupported {
+                command: "DMA_MAP",
+                why: "memory without an fd needs a twin socket, and none was negotiated".into(),
+            });
+        }
         let m = wire::DmaMap {
             argsz: wire::DmaMap::SIZE as u32,
             flags,
@@ -622,8 +684,9 @@ fn proto(command: u16, e: WireError) -> ClientError {
     }
 }
 
-/// Serves the server's DMA_READ / DMA_WRITE on the twin socket until it closes.
-fn serve_twin(chan: Channel, regions: Arc<Mutex<Vec<InBand>>>, timeout: Duration) {
+/// Serves the server's DMA_READ / DMA_WRITE on the twin socket until it closes. A transfer
+/// larger than the `limit` this client announced is refused (`EINVAL`).
+fn serve_twin(chan: Channel, regions: Arc<Mutex<Vec<InBand>>>, limit: u64) {
     loop {
         let msg = match chan.recv(Instant::now() + Duration::from_secs(3600)) {
             Ok(m) => m,
@@ -640,6 +703,13 @@ fn serve_twin(chan: Channel, regions: Arc<Mutex<Vec<InBand>>>, timeout: Duration
                 return Err(Errno::NOSYS);
             }
             let a = wire::DmaAccess::decode(&msg.payload, with_data).map_err(|_| Errno::INVAL)?;
+            if a.count > limit {
+                tracing::warn!(
+                    "the server sent a {}-byte DMA past the {limit} bytes negotiated",
+                    a.count
+                );
+                return Err(Errno::INVAL);
+            }
             let regions = regions.lock().expect("in-band lock");
             let r = regions
                 .iter()
@@ -662,7 +732,6 @@ fn serve_twin(chan: Channel, regions: Arc<Mutex<Vec<InBand>>>, timeout: Duration
                 Ok(wire::DmaAccess { data, ..a }.encode())
             }
         })();
-        let _ = timeout;
         let sent = match result {
             Ok(p) => chan.send(&Header::reply(&h, p.len()), &p, &[]),
             Err(e) => chan.send(&Header::error_reply(&h, e.raw_os_error() as u32), &[], &[]),

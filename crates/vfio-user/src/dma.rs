@@ -64,6 +64,8 @@ pub struct DmaMap {
     regions: Vec<Region>,
     twin: Mutex<Option<(Channel, u16)>>,
     timeout: Duration,
+    /// The most data one DMA_READ / DMA_WRITE may carry (the client's max_data_xfer_size).
+    max_transfer: usize,
 }
 
 impl std::fmt::Debug for DmaMap {
@@ -81,7 +83,13 @@ impl DmaMap {
             regions: Vec::new(),
             twin: Mutex::new(None),
             timeout,
+            max_transfer: wire::MAX_DATA_XFER as usize,
         }
+    }
+
+    /// Limits each in-band DMA message to `bytes` of data; larger accesses are split.
+    pub fn set_max_transfer(&mut self, bytes: usize) {
+        self.max_transfer = bytes.clamp(1, wire::MAX_DATA_XFER as usize);
     }
 
     /// Installs the server end of the twin socket for in-band DMA.
@@ -131,15 +139,21 @@ impl DmaMap {
         Ok(())
     }
 
-    /// Removes a region; address and size must match a mapping exactly.
+    /// Removes a region; address and size must match a mapping exactly. An unknown range is
+    /// `ENOENT`, as in libvfio-user.
     pub fn unmap(&mut self, addr: u64, size: u64) -> Result<(), Errno> {
         let at = self
             .regions
             .iter()
             .position(|r| r.iova == addr && r.size == size)
-            .ok_or(Errno::INVAL)?;
+            .ok_or(Errno::NOENT)?;
         self.regions.remove(at);
         Ok(())
+    }
+
+    /// Removes every region (DMA_UNMAP with `FLAG_ALL`); the twin socket stays.
+    pub fn unmap_all(&mut self) {
+        self.regions.clear();
     }
 
     /// Drops every region (client disconnected).
@@ -227,18 +241,22 @@ impl DmaMap {
                     len: buf.len() as u64,
                 }),
             None => {
-                let reply = self.in_band(cmd::DMA_READ, iova, buf.len() as u64, &[])?;
-                let a = DmaAccess::decode(&reply, true).map_err(|e| DmaError::InBand {
-                    iova,
-                    why: e.to_string(),
-                })?;
-                if a.data.len() != buf.len() {
-                    return Err(DmaError::InBand {
-                        iova,
-                        why: "short DMA_READ reply".into(),
-                    });
+                let mut at = iova;
+                for piece in buf.chunks_mut(self.max_transfer) {
+                    let reply = self.in_band(cmd::DMA_READ, at, piece.len() as u64, &[])?;
+                    let a = DmaAccess::decode(&reply, true).map_err(|e| DmaError::InBand {
+                        iova: at,
+                        why: e.to_string(),
+                    })?;
+                    if a.data.len() != piece.len() {
+                        return Err(DmaError::InBand {
+                            iova: at,
+                            why: "short DMA_READ reply".into(),
+                        });
+                    }
+                    piece.copy_from_slice(&a.data);
+                    at += piece.len() as u64;
                 }
-                buf.copy_from_slice(&a.data);
                 Ok(())
             }
         }
@@ -254,9 +272,14 @@ impl DmaMap {
                     iova,
                     len: data.len() as u64,
                 }),
-            None => self
-                .in_band(cmd::DMA_WRITE, iova, data.len() as u64, data)
-                .map(|_| ()),
+            None => {
+                let mut at = iova;
+                for piece in data.chunks(self.max_transfer) {
+                    self.in_band(cmd::DMA_WRITE, at, piece.len() as u64, piece)?;
+                    at += piece.len() as u64;
+                }
+                Ok(())
+            }
         }
     }
 
@@ -347,7 +370,7 @@ mod tests {
             map.write(0x10000, b"x"),
             Err(DmaError::Forbidden { .. })
         ));
-        assert_eq!(map.unmap(0x10000, 4096), Err(Errno::INVAL));
+        assert_eq!(map.unmap(0x10000, 4096), Err(Errno::NOENT));
         map.unmap(0x10000, 8192).unwrap();
         assert!(map.read(0x10000, &mut b).is_err());
         let _ = mem.fd().unwrap().as_fd();

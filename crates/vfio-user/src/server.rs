@@ -327,6 +327,8 @@ pub struct ServerStats {
 struct Connection {
     chan: Channel,
     negotiated: bool,
+    /// What the client announced it accepts (defaults until VERSION).
+    peer: Capabilities,
 }
 
 /// A vfio-user server for one device.
@@ -538,6 +540,7 @@ impl<B: DeviceBackend> Server<B> {
         self.conn = Some(Connection {
             chan,
             negotiated: false,
+            peer: Capabilities::default(),
         });
         Ok(())
     }
@@ -628,11 +631,21 @@ impl<B: DeviceBackend> Server<B> {
             }
             cmd::DMA_UNMAP => {
                 let u = wire::DmaUnmap::decode(&payload).map_err(bad)?;
-                if u.flags != 0 {
-                    return Err(Errno::NOTSUP);
+                match u.flags {
+                    0 => {
+                        self.backend.before_unmap(&mut self.ctx, u.addr, u.size);
+                        self.ctx.dma.unmap(u.addr, u.size)?;
+                    }
+                    // Everything at once (what QEMU and libvfio-user's client send at reset).
+                    wire::dma::UNMAP_FLAG_ALL if u.addr == 0 && u.size == 0 => {
+                        for (iova, size, _) in self.ctx.dma.mappings() {
+                            self.backend.before_unmap(&mut self.ctx, iova, size);
+                        }
+                        self.ctx.dma.unmap_all();
+                    }
+                    // FLAG_ALL with a range, dirty bitmaps (no migration here), unknown bits.
+                    _ => return Err(Errno::INVAL),
                 }
-                self.backend.before_unmap(&mut self.ctx, u.addr, u.size);
-                self.ctx.dma.unmap(u.addr, u.size)?;
                 Ok((payload[..wire::DmaUnmap::SIZE].to_vec(), Vec::new()))
             }
             cmd::DEVICE_GET_INFO => {
@@ -680,17 +693,24 @@ impl<B: DeviceBackend> Server<B> {
                 } else if req.index >= wire::region::NUM_PCI {
                     return Err(Errno::INVAL);
                 }
-                Ok((info.encode_reply(req.argsz), fds))
+                let reply = info.encode_reply(req.argsz);
+                // The fd travels only with the whole reply, capability list included (as
+                // libvfio-user sends it); a reply cut short says how much to ask for instead.
+                if !wire::RegionInfo::is_whole_reply(&reply) {
+                    fds.clear();
+                }
+                Ok((reply, fds))
             }
             cmd::DEVICE_GET_REGION_IO_FDS => {
                 let req = wire::IoFdsRequest::decode(&payload).map_err(bad)?;
                 if req.flags != 0 || req.count != 0 {
                     return Err(Errno::INVAL);
                 }
-                let descs = self.backend.io_fds(req.index);
-                if descs.is_empty() {
-                    return Err(Errno::NOTSUP);
+                if !self.backend.regions().iter().any(|r| r.index == req.index) {
+                    return Err(Errno::INVAL);
                 }
+                // A region without ioeventfds answers with none (count 0), as libvfio-user does.
+                let descs = self.backend.io_fds(req.index);
                 let mut subs = Vec::new();
                 let mut fds = Vec::new();
                 for (i, d) in descs.iter().enumerate() {
@@ -712,6 +732,12 @@ impl<B: DeviceBackend> Server<B> {
                 // Fds only accompany a reply that lists the sub-regions they belong to.
                 if reply.len() == wire::IoFdsRequest::SIZE {
                     fds.clear();
+                }
+                // One reply cannot be split: more fds than the client accepts in a message is
+                // E2BIG, and the client reaches those doorbells by trapped writes instead.
+                let limit = self.conn.as_ref().map_or(1, |c| c.peer.fds_limit());
+                if fds.len() > limit {
+                    return Err(Errno::TOOBIG);
                 }
                 Ok((reply, fds))
             }
@@ -780,8 +806,9 @@ impl<B: DeviceBackend> Server<B> {
         if r.flags & need == 0 {
             return Err(Errno::ACCESS);
         }
+        // A 0-byte access inside the region is a no-op that succeeds, as in libvfio-user.
         match offset.checked_add(count as u64) {
-            Some(end) if end <= r.size && count > 0 => Ok(()),
+            Some(end) if end <= r.size => Ok(()),
             _ => Err(Errno::INVAL),
         }
     }
@@ -793,6 +820,8 @@ impl<B: DeviceBackend> Server<B> {
             return Err(Errno::NOTSUP);
         }
         let theirs = caps::parse(&v.json).map_err(|_| Errno::INVAL)?;
+        // Server-initiated DMA messages must fit what the client accepts.
+        self.ctx.dma.set_max_transfer(theirs.data_xfer_limit());
         let mut fds = Vec::new();
         let twin = if theirs.twin_socket.as_ref().is_some_and(|t| t.supported) {
             let (ours, client_end) = rustix::net::socketpair(
@@ -819,6 +848,7 @@ impl<B: DeviceBackend> Server<B> {
         };
         if let Some(c) = self.conn.as_mut() {
             c.negotiated = true;
+            c.peer = theirs;
         }
         Ok((reply.encode(), fds))
     }

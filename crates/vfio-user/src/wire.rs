@@ -172,6 +172,10 @@ pub mod dma {
     pub const FLAG_READ: u32 = 1;
     /// The region is writable by the device.
     pub const FLAG_WRITE: u32 = 2;
+    /// DMA_UNMAP: also return a dirty-page bitmap (migration; not supported here).
+    pub const UNMAP_FLAG_GET_DIRTY_BITMAP: u32 = 1;
+    /// DMA_UNMAP: remove every mapping (`addr` and `size` must be 0).
+    pub const UNMAP_FLAG_ALL: u32 = 2;
 }
 
 /// I/O fd sub-region type: ioeventfd.
@@ -531,7 +535,8 @@ impl RegionInfo {
         let full = (Self::SIZE + caps_len) as u32;
         let fits = max >= full;
         let mut flags = self.flags;
-        if caps_len > 0 {
+        // As in libvfio-user: the flag announces a capability list only where one is sent.
+        if caps_len > 0 && fits {
             flags |= region::FLAG_CAPS;
         }
         let mut w = Writer::default();
@@ -554,6 +559,12 @@ impl RegionInfo {
             }
         }
         w.0
+    }
+
+    /// Whether an encoded reply is whole: its `argsz` (the full size) is what was sent.
+    pub fn is_whole_reply(reply: &[u8]) -> bool {
+        reply.len() >= 4
+            && u32::from_le_bytes(reply[..4].try_into().expect("4 bytes")) as usize == reply.len()
     }
 
     /// Encodes a request for region `index` allowing a reply of `argsz` bytes.
@@ -899,7 +910,7 @@ impl DmaMap {
 pub struct DmaUnmap {
     /// Maximum reply size.
     pub argsz: u32,
-    /// Unused; must be zero (dirty bitmaps are not supported).
+    /// 0, or [`dma::UNMAP_FLAG_ALL`] (dirty bitmaps are not supported).
     pub flags: u32,
     /// Base DMA address.
     pub addr: u64,

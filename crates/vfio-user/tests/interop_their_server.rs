@@ -165,6 +165,7 @@ fn our_client_drives_their_server() {
         ClientOptions {
             timeout: Duration::from_secs(5),
             twin_socket: true,
+            ..Default::default()
         },
     )
     .unwrap();

@@ -141,3 +141,52 @@ fn server_reaches_fdless_memory_through_the_twin_socket() {
     stop.store(true, Ordering::Relaxed);
     t.join().unwrap();
 }
+
+/// A client that announced max_data_xfer_size 1024 gets a 4 KiB device transfer as four
+/// DMA messages of at most 1024 bytes each (one 4 KiB DMA_WRITE used to arrive anyway).
+#[test]
+fn server_dma_is_split_to_the_clients_max_data_xfer_size() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("engine.sock");
+    let log = Arc::new(Mutex::new(Vec::new()));
+    let engine = Engine {
+        log: log.clone(),
+        ..Default::default()
+    };
+    let mut server = Server::bind(&path, engine, ServerOptions::default()).unwrap();
+    let stop = Arc::new(AtomicBool::new(false));
+    let s = stop.clone();
+    let t = std::thread::spawn(move || {
+        while !s.load(Ordering::Relaxed) {
+            server.run_once(Duration::from_millis(10)).unwrap();
+        }
+    });
+    let opts = ClientOptions {
+        max_data_xfer_size: 1024,
+        ..Default::default()
+    };
+    let mut c = Client::connect(&path, opts).unwrap();
+    let mem = Arc::new(SharedMem::create("inband", 16384).unwrap());
+    let data: Vec<u8> = (0..4096u32).map(|i| (i % 251) as u8).collect();
+    mem.write(0, &data).unwrap();
+    c.dma_map_in_band(0x4000_0000, mem.clone(), dma::FLAG_READ | dma::FLAG_WRITE)
+        .unwrap();
+    let reg = |c: &mut Client, off: u64, v: u64| {
+        c.region_write(region::BAR0, off, &v.to_le_bytes()).unwrap()
+    };
+    // 4 KiB in (DMA_READ), then out again 8 KiB further on (DMA_WRITE).
+    reg(&mut c, 0x0, 0x4000_0000);
+    reg(&mut c, 0x8, 4096);
+    reg(&mut c, 0x10, 1);
+    reg(&mut c, 0x0, 0x4000_0000 + 8192);
+    reg(&mut c, 0x18, 1);
+    let mut err = [0u8; 8];
+    c.region_read(region::BAR0, 0x20, &mut err).unwrap();
+    assert_eq!(u64::from_le_bytes(err), 0, "{:?}", log.lock().unwrap());
+    let mut back = vec![0u8; 4096];
+    mem.read(8192, &mut back).unwrap();
+    assert_eq!(back, data);
+    drop(c);
+    stop.store(true, Ordering::Relaxed);
+    t.join().unwrap();
+}

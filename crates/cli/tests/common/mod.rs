@@ -16,9 +16,14 @@ pub struct DeviceProcess {
 impl DeviceProcess {
     /// Starts `outboard device virtio-blk` with extra arguments and waits for its socket.
     pub fn virtio_blk(dir: &Path, backing: &str, extra: &[&str]) -> Self {
+        Self::model(dir, "virtio-blk", backing, extra)
+    }
+
+    /// Starts `outboard device MODEL` with extra arguments and waits for its socket.
+    pub fn model(dir: &Path, model: &str, backing: &str, extra: &[&str]) -> Self {
         let socket = dir.join("blk.sock");
         let child = Command::new(env!("CARGO_BIN_EXE_outboard"))
-            .args(["device", "virtio-blk", "--socket"])
+            .args(["device", model, "--socket"])
             .arg(&socket)
             .args(["--backing", backing])
             .args(extra)

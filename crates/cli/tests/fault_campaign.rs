@@ -289,7 +289,7 @@ fn every_fault_kind_mid_run_fails_specifically_or_recovers_and_harms_nobody_else
         );
         assert!(!row(f).given_up, "{f}\n{table}");
     }
-    for f in ["error-next=3", "error=0-64"] {
+    for f in ["error-next=3", "error=0-64", "corrupt-used=len"] {
         assert!(row(f).victim.errors.contains_key("io"), "{f}\n{table}");
         assert!(
             !row(f).given_up,

@@ -183,11 +183,19 @@ impl BlockHost {
     /// Moves the driver's completions to `out` in the class's terms.
     fn hand_over(&mut self, out: &mut Vec<(u64, Result<u32, BlockError>)>) -> usize {
         let n = self.completions.len();
-        out.extend(
-            self.completions
-                .drain(..)
-                .map(|c| (c.tag, c.result.map(|b| b as u32).map_err(class_error))),
-        );
+        out.extend(self.completions.drain(..).map(|c| {
+            let result = c.result.map(|b| b as u32).map_err(|e| match e {
+                // One request the device botched (a short transfer, no status): that request
+                // failed in the device; the device itself goes on. (`DeviceFailed` means the
+                // device was given up.)
+                BlkError::Device(why) => {
+                    tracing::warn!("request {}: {why}", c.tag);
+                    BlockError::Io
+                }
+                e => class_error(e),
+            });
+            (c.tag, result)
+        }));
         n
     }
 

@@ -283,23 +283,30 @@ fn selftest(a: &SelftestArgs) -> Result<ExitCode, String> {
             .map(|s| ((), format!("{s:?}")))
             .map_err(|e| e.to_string())
     });
-    rep.step("read first and last sector", || {
-        d.read(0, &buf, 0, 512).map_err(|e| e.to_string())?;
-        d.read(info.capacity - 1, &buf, 512, 512)
+    // Everything in whole logical blocks: a disk with 4 KiB blocks fails 512-byte requests.
+    let bs = info.block_size;
+    let per_block = bs as u64 / 512;
+    rep.step("read first and last block", || {
+        d.read(0, &buf, 0, bs).map_err(|e| e.to_string())?;
+        d.read(info.capacity - per_block, &buf, bs as u64, bs)
             .map_err(|e| e.to_string())?;
         Ok(((), String::new()))
     });
-    let n = 64u64.min(info.capacity / 8);
-    rep.step(&format!("{n} x 4 KiB reads, queue depth 32, twice"), || {
-        let first = batch_read(&mut d, &buf, n, 0)?;
-        let second = batch_read(&mut d, &buf, n, n * 4096)?;
-        if first != second {
-            return Err("two reads of the same sectors differ".into());
-        }
-        Ok(((), "both passes identical".into()))
-    });
+    let unit = bs.max(4096) as u64;
+    let n = 64u64.min(info.capacity * 512 / unit).min((1 << 19) / unit);
+    rep.step(
+        &format!("{n} x {} reads, queue depth 32, twice", size(unit)),
+        || {
+            let first = batch_read(&mut d, &buf, n, unit, 0)?;
+            let second = batch_read(&mut d, &buf, n, unit, n * unit)?;
+            if first != second {
+                return Err("two reads of the same sectors differ".into());
+            }
+            Ok(((), "both passes identical".into()))
+        },
+    );
     rep.step("out-of-range read is refused", || {
-        match d.read(info.capacity, &buf, 0, 512) {
+        match d.read(info.capacity, &buf, 0, bs) {
             Err(outboard_drivers::virtio_blk::BlkError::OutOfRange { .. }) => {
                 Ok(((), String::new()))
             }
@@ -310,13 +317,16 @@ fn selftest(a: &SelftestArgs) -> Result<ExitCode, String> {
         if info.read_only {
             println!("  skip  write test: the disk is read-only");
         } else {
-            write_test(
-                &mut d,
-                &buf,
-                a.scratch_sector
-                    .unwrap_or(info.capacity.saturating_sub(128)),
-                &mut rep,
-            );
+            let sector = a
+                .scratch_sector
+                .unwrap_or(info.capacity.saturating_sub(128));
+            if !sector.is_multiple_of(per_block) {
+                return Err(format!(
+                    "--scratch-sector {sector}: give a multiple of {per_block} (the disk has \
+                     {bs}-byte blocks; sectors are 512 bytes)"
+                ));
+            }
+            write_test(&mut d, &buf, sector, &mut rep);
         }
     } else {
         println!("  skip  write test (use --write: writes a scratch range, then restores it)");
@@ -331,21 +341,23 @@ fn selftest(a: &SelftestArgs) -> Result<ExitCode, String> {
     }
 }
 
+/// Reads `n` units of `unit` bytes from sector 0 into `buf` at `at`, 32 at a time.
 fn batch_read(
     d: &mut VirtioBlk,
     buf: &outboard_hw::DmaBuf,
     n: u64,
+    unit: u64,
     at: u64,
 ) -> Result<Vec<u8>, String> {
     let reqs = (0..n)
         .map(|i| {
             Ok(BlkRequest {
                 op: BlkOp::Read,
-                sector: i * 8,
+                sector: i * unit / 512,
                 bufs: vec![(
-                    buf.iova_at(at + i * 4096, 4096)
+                    buf.iova_at(at + i * unit, unit)
                         .map_err(|e| e.to_string())?,
-                    4096,
+                    unit as u32,
                 )],
                 tag: i,
             })
@@ -355,7 +367,7 @@ fn batch_read(
     if let Some(c) = done.iter().find(|c| c.result.is_err()) {
         return Err(format!("request {} failed: {:?}", c.tag, c.result));
     }
-    let mut out = vec![0u8; (n * 4096) as usize];
+    let mut out = vec![0u8; (n * unit) as usize];
     buf.read(at, &mut out).map_err(|e| e.to_string())?;
     Ok(out)
 }

@@ -2,7 +2,8 @@
 //! guest (TCG, q35, emulated Intel IOMMU, Debian's kernel booted through its PVH entry).
 //!
 //! The guest runs `outboard hw probe` on QEMU's virtio-blk-pci, nvme, virtio-net-pci and e1000,
-//! `outboard hw selftest --write` on virtio-blk-pci, and checks the IOMMU: no DMAR fault in a
+//! `outboard hw selftest --write` on virtio-blk-pci (512-byte and 4 KiB logical blocks), checks
+//! that a virtio-blk-pci without ACCESS_PLATFORM is refused at bring-up, and checks the IOMMU: no DMAR fault in a
 //! normal run, one when a read targets an unmapped IOVA. Needs qemu-system-x86, busybox-static,
 //! cpio and Debian's kernel package, which `test.sh` installs and `scripts/guest/prepare.sh`
 //! fetches.
@@ -26,11 +27,22 @@ bind() { # vendor:device → BDF, bound to vfio-pci
     fi
   done
 }
+bdf() { # BDF → bound to vfio-pci
+  d=/sys/bus/pci/devices/$1
+  echo vfio-pci > $d/driver_override
+  [ -e $d/driver ] && echo $1 > $d/driver/unbind
+  echo $1 > /sys/bus/pci/drivers_probe
+}
 faults() { dmesg | grep -c -E "DMAR: \[DMA (Read|Write)|DMAR: DRHD: handling fault" ; }
 BLK=$(bind 0x1af4:0x1042); NVME=$(bind 0x1b36:0x0010); NET=$(bind 0x1af4:0x1041); E1000=$(bind 0x8086:0x100e)
 echo "GUEST devices blk=$BLK nvme=$NVME net=$NET e1000=$E1000"
 for d in $BLK $NVME $NET $E1000; do echo "GUEST probe $d"; /outboard hw probe --vfio $d 2>&1; echo "GUEST probe-rc $?"; done
 /outboard -vv hw selftest --write --vfio $BLK 2>&1; echo "GUEST selftest-rc $?"
+bdf 0000:00:06.0; bdf 0000:00:07.0
+echo "GUEST noplat-t0 $(cut -d' ' -f1 /proc/uptime)"
+/outboard hw selftest --vfio 0000:00:06.0 2>&1; echo "GUEST noplat-rc $?"
+echo "GUEST noplat-t1 $(cut -d' ' -f1 /proc/uptime)"
+/outboard hw selftest --write --vfio 0000:00:07.0 2>&1; echo "GUEST blk4k-rc $?"
 echo "GUEST faults-normal $(faults)"
 /outboard hw dma-fault --vfio $BLK 2>&1
 sleep 1
@@ -126,6 +138,11 @@ fn outboard_drives_qemus_devices_through_vfio_in_a_guest() {
         .unwrap()
         .set_len(16 << 20)
         .unwrap();
+    let disk2 = work.path().join("noplat.img");
+    let disk3 = work.path().join("blk4k.img");
+    for d in [&disk2, &disk3] {
+        std::fs::File::create(d).unwrap().set_len(16 << 20).unwrap();
+    }
     let nvme = work.path().join("nvme.img");
     std::fs::File::create(&nvme)
         .unwrap()
@@ -160,6 +177,27 @@ fn outboard_drives_qemus_devices_through_vfio_in_a_guest() {
         .args([
             "-device",
             "virtio-blk-pci,drive=blk,disable-legacy=on,iommu_platform=on",
+        ])
+        // Without ACCESS_PLATFORM: it would DMA around the IOMMU, so it must be refused.
+        .arg("-drive")
+        .arg(format!(
+            "file={},if=none,id=noplat,format=raw",
+            disk2.display()
+        ))
+        .args([
+            "-device",
+            "virtio-blk-pci,drive=noplat,disable-legacy=on,iommu_platform=off,addr=0x6",
+        ])
+        // 4 KiB logical blocks: every request in whole 4 KiB blocks.
+        .arg("-drive")
+        .arg(format!(
+            "file={},if=none,id=blk4k,format=raw",
+            disk3.display()
+        ))
+        .args([
+            "-device",
+            "virtio-blk-pci,drive=blk4k,disable-legacy=on,iommu_platform=on,addr=0x7,\
+             logical_block_size=4096,physical_block_size=4096",
         ])
         .arg("-drive")
         .arg(format!("file={},if=none,id=nv,format=raw", nvme.display()))
@@ -235,6 +273,18 @@ fn outboard_drives_qemus_devices_through_vfio_in_a_guest() {
             && log.contains("MSI-X"),
         "{log}"
     );
+    // A virtio device without ACCESS_PLATFORM is refused at bring-up, saying why, at once.
+    assert_eq!(field("noplat-rc"), "1", "{log}");
+    assert!(
+        log.contains("does not offer VIRTIO_F_ACCESS_PLATFORM"),
+        "{log}"
+    );
+    let t0: f64 = field("noplat-t0").parse().unwrap();
+    let t1: f64 = field("noplat-t1").parse().unwrap();
+    assert!(t1 - t0 < 1.0, "refusing took {:.2} s:\n{log}", t1 - t0);
+    // A disk with 4 KiB logical blocks passes the write self-test.
+    assert_eq!(field("blk4k-rc"), "0", "{log}");
+    assert!(log.contains("block size 4096"), "{log}");
     // The IOMMU: silent in a normal run, a DMAR fault for an unmapped IOVA.
     assert_eq!(field("faults-normal"), "0", "{log}");
     let bad: u32 = field("faults-bad").parse().unwrap();

@@ -244,6 +244,17 @@ impl VirtioBlk {
                 "legacy (pre-1.0) virtio devices are not supported".into(),
             ));
         }
+        // Behind an IOMMU the driver hands out IOVAs. A device without ACCESS_PLATFORM
+        // (§6.1) takes them for physical addresses and DMAs around the IOMMU: refuse it here,
+        // not one timed-out request at a time later.
+        if func.behind_iommu() && offered & vfeature::ACCESS_PLATFORM == 0 {
+            t.add_status(DeviceStatus::FAILED)?;
+            return Err(BlkError::Device(
+                "the device does not offer VIRTIO_F_ACCESS_PLATFORM: it would DMA to physical \
+                 addresses, bypassing the IOMMU (for QEMU: iommu_platform=on)"
+                    .into(),
+            ));
+        }
         let features = match t.negotiate(SUPPORTED_FEATURES) {
             Ok(f) => f,
             Err(e) => {
@@ -439,6 +450,15 @@ impl VirtioBlk {
                     return Err(BlkError::Invalid(format!(
                         "{name} of {bytes} bytes is not whole {}-byte blocks",
                         self.info.block_size
+                    )));
+                }
+                // Sectors are 512 bytes whatever the block size (§5.2.6); a disk with larger
+                // logical blocks fails requests that do not start on one.
+                let per_block = self.info.block_size as u64 / SECTOR_SIZE;
+                if !r.sector.is_multiple_of(per_block) {
+                    return Err(BlkError::Invalid(format!(
+                        "sector {} does not start a {}-byte block",
+                        r.sector, self.info.block_size
                     )));
                 }
                 if r.bufs.len() > MAX_SEGMENTS.min(self.seg_max as usize) {

@@ -364,6 +364,12 @@ impl PciFunction {
         self.backend.reset()
     }
 
+    /// Whether the device's DMA goes through an IOMMU (VFIO): a device that would bypass the
+    /// IOMMU's translation (e.g. virtio without ACCESS_PLATFORM) cannot be driven safely.
+    pub fn behind_iommu(&self) -> bool {
+        self.backend.behind_iommu()
+    }
+
     /// Turns readable or hung up when the device is lost (its model died, or the connection
     /// was given up after a failure); an event source for the driver's loop. `None` when the
     /// backend cannot tell.

@@ -287,8 +287,23 @@ impl Transport {
         }
         for _ in 0..16 {
             let before = self.c8(common::CONFIG_GENERATION)?;
-            for (i, b) in buf.iter_mut().enumerate() {
-                *b = dev.region.read8(dev.offset + offset + i as u64)?;
+            // Natural widths (§4.1.3.1): a 16-bit field with one 16-bit access, 32- and
+            // 64-bit fields with 32-bit accesses, bytes alone only where nothing wider fits.
+            let mut i = 0;
+            while i < buf.len() {
+                let at = dev.offset + offset + i as u64;
+                let left = buf.len() - i;
+                let n = if left >= 4 && (offset + i as u64).is_multiple_of(4) {
+                    buf[i..i + 4].copy_from_slice(&dev.region.read32(at)?.to_le_bytes());
+                    4
+                } else if left >= 2 && (offset + i as u64).is_multiple_of(2) {
+                    buf[i..i + 2].copy_from_slice(&dev.region.read16(at)?.to_le_bytes());
+                    2
+                } else {
+                    buf[i] = dev.region.read8(at)?;
+                    1
+                };
+                i += n;
             }
             if self.c8(common::CONFIG_GENERATION)? == before {
                 return Ok(());

@@ -28,6 +28,11 @@ pub trait Backend: Send + Sync {
     fn dma_unmap(&self, iova: u64, size: u64) -> Result<()>;
     /// Resets the device.
     fn reset(&self) -> Result<()>;
+    /// Whether the device's DMA goes through an IOMMU that translates the IOVAs drivers hand
+    /// out (VFIO). Device models over vfio-user take IOVAs as their own address space.
+    fn behind_iommu(&self) -> bool {
+        false
+    }
     /// A file descriptor that turns readable (or hung up) when the device is lost: the device
     /// model died or the connection to it was given up. `None`: the backend has no such signal.
     fn loss_fd(&self) -> Option<BorrowedFd<'_>> {

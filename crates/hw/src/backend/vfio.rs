@@ -315,6 +315,10 @@ impl VfioBackend {
 }
 
 impl Backend for VfioBackend {
+    fn behind_iommu(&self) -> bool {
+        true
+    }
+
     fn config_read(&self, offset: u64, buf: &mut [u8]) -> Result<()> {
         self.dev.read(wire::region::CONFIG, offset, buf)
     }

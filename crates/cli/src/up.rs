@@ -55,6 +55,9 @@ pub struct DriverHostArgs {
     deadline_ms: u64,
 }
 
+/// The most device queues a driver server drives per device: requests are spread over them.
+const MAX_QUEUES: u16 = 16;
+
 pub fn stop_flag() -> Result<Arc<AtomicBool>, String> {
     let stop = Arc::new(AtomicBool::new(false));
     for sig in [signal_hook::consts::SIGTERM, signal_hook::consts::SIGINT] {
@@ -145,7 +148,7 @@ pub fn driver_host(a: DriverHostArgs) -> Result<ExitCode, String> {
         }
         let spec: DeviceSpec = spec.parse()?;
         hosts.push(Box::new(
-            BlockHost::open(name, &spec).map_err(|e| e.to_string())?,
+            BlockHost::open(name, &spec, MAX_QUEUES).map_err(|e| e.to_string())?,
         ));
     }
     let names: Vec<String> = hosts.iter().map(|h| h.info().name.clone()).collect();

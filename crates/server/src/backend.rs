@@ -28,8 +28,8 @@ pub trait BlockBackend: Send {
     fn arm(&mut self) -> Result<bool, BlockError>;
     /// Acknowledges the completion interrupt.
     fn ack(&mut self) -> Result<(), BlockError>;
-    /// The completion interrupt, if the device has one.
-    fn irq_fd(&self) -> Option<BorrowedFd<'_>>;
+    /// The completion interrupts (one per queue in use; none for a device without).
+    fn irq_fds(&self) -> Vec<BorrowedFd<'_>>;
     /// Readable or hung up when the device is lost (see `PciFunction::loss_fd`).
     fn loss_fd(&self) -> Option<BorrowedFd<'_>> {
         None
@@ -74,8 +74,13 @@ impl BlockBackend for BlockHost {
     fn ack(&mut self) -> Result<(), BlockError> {
         BlockHost::ack(self)
     }
-    fn irq_fd(&self) -> Option<BorrowedFd<'_>> {
-        self.driver().irq(0).map(|i| i.fd())
+    fn irq_fds(&self) -> Vec<BorrowedFd<'_>> {
+        let mut fds: Vec<BorrowedFd<'_>> = (0..self.queues())
+            .filter_map(|q| self.driver().irq(q).map(|i| i.fd()))
+            .collect();
+        // Queues may share a vector (INTx): one registration each.
+        fds.dedup_by_key(|f| std::os::fd::AsRawFd::as_raw_fd(f));
+        fds
     }
     fn loss_fd(&self) -> Option<BorrowedFd<'_>> {
         self.driver().function().loss_fd()
@@ -167,8 +172,8 @@ impl BlockBackend for NullBlock {
     fn ack(&mut self) -> Result<(), BlockError> {
         Ok(())
     }
-    fn irq_fd(&self) -> Option<BorrowedFd<'_>> {
-        None
+    fn irq_fds(&self) -> Vec<BorrowedFd<'_>> {
+        Vec::new()
     }
     fn map_buffers(&self, _mem: Arc<SharedMem>) -> Result<(u64, Box<dyn Any + Send>), BlockError> {
         Ok((0, Box::new(())))

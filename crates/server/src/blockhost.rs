@@ -7,11 +7,18 @@ use outboard_drivers::virtio_blk::{
 };
 use outboard_hw::{DeviceSpec, HwError, PciFunction};
 
-/// A block device published from a virtio-blk driver instance (queue 0).
+/// A block device published from a virtio-blk driver instance, its requests spread over the
+/// device's queues.
 pub struct BlockHost {
     driver: VirtioBlk,
     info: BlockInfo,
     sectors_per_block: u64,
+    /// The device queues the driver set up; requests are spread over all of them.
+    queues: usize,
+    /// Where the next request's search for a queue with room starts (round robin).
+    next_queue: usize,
+    /// Requests sent down each queue (for status and tests).
+    per_queue: Vec<u64>,
     completions: Vec<BlkCompletion>,
 }
 
@@ -38,8 +45,9 @@ pub fn class_error(e: BlkError) -> BlockError {
 }
 
 impl BlockHost {
-    /// Opens the device, matches and brings up its driver, and names the class device.
-    pub fn open(name: &str, spec: &DeviceSpec) -> Result<Self, BlockError> {
+    /// Opens the device, matches and brings up its driver on up to `queues` of the device's
+    /// queues, and names the class device.
+    pub fn open(name: &str, spec: &DeviceSpec, queues: u16) -> Result<Self, BlockError> {
         let f = PciFunction::open(spec).map_err(|e| match e {
             HwError::Busy { spec } => {
                 BlockError::Busy(format!("{spec}: another client drives this device"))
@@ -60,7 +68,11 @@ impl BlockHost {
                 p.driver
             )));
         }
-        let driver = VirtioBlk::new(f, BlkDriverOptions::default())
+        let opts = BlkDriverOptions {
+            queues: queues.max(1),
+            ..Default::default()
+        };
+        let driver = VirtioBlk::new(f, opts)
             .map_err(|e| BlockError::DeviceFailed(format!("{spec}: {e}")))?;
         Ok(Self::new(name, driver))
     }
@@ -73,10 +85,13 @@ impl BlockHost {
             capacity: d.capacity * 512 / d.block_size as u64,
             block_size: d.block_size,
             read_only: d.read_only,
-            queue_depth: d.queue_size as u32,
+            queue_depth: d.queue_size as u32 * d.queues.max(1) as u32,
         };
         Self {
             sectors_per_block: d.block_size as u64 / 512,
+            queues: d.queues.max(1) as usize,
+            next_queue: 0,
+            per_queue: vec![0; d.queues.max(1) as usize],
             driver,
             info,
             completions: Vec::new(),
@@ -93,14 +108,36 @@ impl BlockHost {
         &self.driver
     }
 
-    /// Whether the driver can take another request now.
+    /// Whether the driver can take another request now (on any queue).
     pub fn has_room(&self) -> bool {
-        self.driver.has_room(0, 1)
+        (0..self.queues).any(|q| self.driver.has_room(q, 1))
     }
 
-    /// Requests in flight in the driver.
+    /// Requests in flight in the driver, on all queues.
     pub fn in_flight(&self) -> usize {
-        self.driver.in_flight(0)
+        (0..self.queues).map(|q| self.driver.in_flight(q)).sum()
+    }
+
+    /// The device queues in use.
+    pub fn queues(&self) -> usize {
+        self.queues
+    }
+
+    /// Requests sent down each queue so far.
+    pub fn requests_per_queue(&self) -> &[u64] {
+        &self.per_queue
+    }
+
+    /// The next queue, round robin, that has room for a request of `bufs` buffers.
+    fn pick_queue(&mut self, bufs: usize) -> Result<usize, BlockError> {
+        for i in 0..self.queues {
+            let q = (self.next_queue + i) % self.queues;
+            if self.driver.has_room(q, bufs) {
+                self.next_queue = (q + 1) % self.queues;
+                return Ok(q);
+            }
+        }
+        Err(BlockError::QueueFull)
     }
 
     /// Submits an already validated class request whose buffer area starts at device address
@@ -137,9 +174,10 @@ impl BlockHost {
         if bytes > u32::MAX as u64 {
             return Err(BlockError::Invalid("request larger than 4 GiB".into()));
         }
+        let q = self.pick_queue(bufs.len())?;
         self.driver
             .submit(
-                0,
+                q,
                 &BlkRequest {
                     op,
                     sector,
@@ -147,12 +185,19 @@ impl BlockHost {
                     tag,
                 },
             )
-            .map_err(class_error)
+            .map_err(class_error)?;
+        self.per_queue[q] += 1;
+        Ok(())
     }
 
-    /// Publishes submitted requests to the device.
+    /// Publishes submitted requests to the device, queue by queue.
     pub fn kick(&mut self) -> Result<(), BlockError> {
-        self.driver.kick(0).map_err(class_error)
+        for q in 0..self.queues {
+            if self.driver.in_flight(q) > 0 {
+                self.driver.kick(q).map_err(class_error)?;
+            }
+        }
+        Ok(())
     }
 
     /// Reaps completions as `(driver tag, result)`.
@@ -161,13 +206,16 @@ impl BlockHost {
         out: &mut Vec<(u64, Result<u32, BlockError>)>,
     ) -> Result<usize, BlockError> {
         self.completions.clear();
-        self.driver
-            .poll(0, &mut self.completions)
-            .map_err(class_error)?;
+        for q in 0..self.queues {
+            self.driver
+                .poll(q, &mut self.completions)
+                .map_err(class_error)?;
+        }
         Ok(self.hand_over(out))
     }
 
-    /// Blocks in the driver until something completes or `timeout` (colocated use).
+    /// Blocks in the driver until something completes or `timeout` (colocated use, which
+    /// drives one queue: a client in one thread has nothing to spread).
     pub fn wait(
         &mut self,
         out: &mut Vec<(u64, Result<u32, BlockError>)>,
@@ -199,13 +247,22 @@ impl BlockHost {
         n
     }
 
-    /// Arms the completion interrupt; true if completions are already waiting.
+    /// Arms the completion interrupts of the queues with requests in flight; true if
+    /// completions are already waiting.
     pub fn arm(&mut self) -> Result<bool, BlockError> {
-        self.driver.arm(0).map_err(class_error)
+        for q in 0..self.queues {
+            if self.driver.in_flight(q) > 0 && self.driver.arm(q).map_err(class_error)? {
+                return Ok(true);
+            }
+        }
+        Ok(false)
     }
 
-    /// Acknowledges the completion interrupt.
+    /// Acknowledges the completion interrupts.
     pub fn ack(&mut self) -> Result<(), BlockError> {
-        self.driver.ack(0).map_err(class_error)
+        for q in 0..self.queues {
+            self.driver.ack(q).map_err(class_error)?;
+        }
+        Ok(())
     }
 }

@@ -26,7 +26,7 @@ impl Colocated {
     /// Opens the device at `spec`, brings its driver up here, and maps a buffer area of
     /// `buffer_size` bytes into the device's DMA space.
     pub fn open(name: &str, spec: &DeviceSpec, buffer_size: usize) -> Result<Self, BlockError> {
-        let host = BlockHost::open(name, spec)?;
+        let host = BlockHost::open(name, spec, 1)?;
         Self::with_host(host, buffer_size)
     }
 

@@ -191,7 +191,7 @@ impl DriverHost {
             })
             .collect();
         for (i, d) in devices.iter().enumerate() {
-            if let Some(fd) = d.host.irq_fd() {
+            for fd in d.host.irq_fds() {
                 work.add(fd, IRQ | i as u64).map_err(err)?;
             }
             if let Some(fd) = d.host.loss_fd() {
@@ -565,7 +565,7 @@ impl DriverHost {
         if let Some(fd) = dev.host.loss_fd() {
             let _ = self.work.remove(fd);
         }
-        if let Some(fd) = dev.host.irq_fd() {
+        for fd in dev.host.irq_fds() {
             let _ = self.work.remove(fd);
         }
         if let Some(fd) = dev.host.config_irq_fd() {

@@ -22,18 +22,27 @@ use std::os::fd::{AsFd, OwnedFd};
 
 /// A memory-backed virtio-blk model in this process, with its driver brought up as `disk0`.
 pub fn disk(size: &str) -> (BlockHost, Arc<InProcess>) {
+    disk_with_queues(size, 1)
+}
+
+/// The same with `queues` request queues, all driven.
+pub fn disk_with_queues(size: &str, queues: u16) -> (BlockHost, Arc<InProcess>) {
     let model = outboard_devices::virtio_blk(
         Backing::open(&format!("mem:{size}"), None).unwrap(),
-        Default::default(),
+        outboard_devices::virtio_blk::BlkOptions {
+            num_queues: queues,
+            ..Default::default()
+        },
     )
     .unwrap();
     let backend = Arc::new(InProcess::new(Box::new(model)));
     let f = PciFunction::with_backend("in-process".into(), backend.clone()).unwrap();
+    let opts = BlkDriverOptions {
+        queues,
+        ..Default::default()
+    };
     (
-        BlockHost::new(
-            "disk0",
-            VirtioBlk::new(f, BlkDriverOptions::default()).unwrap(),
-        ),
+        BlockHost::new("disk0", VirtioBlk::new(f, opts).unwrap()),
         backend,
     )
 }

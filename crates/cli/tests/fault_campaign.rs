@@ -49,6 +49,8 @@ struct Outcome {
     wrong_data: u64,
     hangs: u64,
     slowest: Duration,
+    /// Requests that succeeded after the device had been given up (it came back).
+    ok_after_failure: u64,
 }
 
 fn kind(e: &BlockError) -> String {
@@ -105,8 +107,14 @@ fn client(control: PathBuf, name: &str, stop: Arc<AtomicBool>, seed: u64) -> Out
         if took > HANG {
             out.hangs += 1;
         }
+        let given_up = out.errors.contains_key("device-failed");
         match r {
-            Ok(()) => out.ok += 1,
+            Ok(()) => {
+                out.ok += 1;
+                if given_up {
+                    out.ok_after_failure += 1;
+                }
+            }
             Err(e) => {
                 *out.errors.entry(kind(&e)).or_default() += 1;
                 // A device given up answers at once from now on: no need to spin on it.
@@ -154,7 +162,17 @@ struct Row {
     fault: &'static str,
     victim: Outcome,
     bystander: Outcome,
-    given_up: bool,
+    /// The victim's driver's state in the registry at the end.
+    final_state: String,
+}
+
+impl Row {
+    fn given_up(&self) -> bool {
+        self.victim.errors.contains_key("device-failed")
+    }
+    fn back(&self) -> bool {
+        self.victim.ok_after_failure > 0
+    }
 }
 
 fn run_one(fault: &'static str, seed: u64) -> Row {
@@ -178,7 +196,7 @@ fn run_one(fault: &'static str, seed: u64) -> Row {
     stop.store(true, Ordering::Relaxed);
     let victim = victim.join().expect("victim client panicked");
     let bystander = bystander.join().expect("bystander client panicked");
-    let given_up = driver_state(&common::registry(&up), "victim").starts_with("failed");
+    let final_state = driver_state(&common::registry(&up), "victim");
     assert!(
         !driver_state(&common::registry(&up), "bystander").starts_with("failed"),
         "{fault}: the bystander's driver is marked failed"
@@ -187,7 +205,7 @@ fn run_one(fault: &'static str, seed: u64) -> Row {
         fault,
         victim,
         bystander,
-        given_up,
+        final_state,
     }
 }
 
@@ -221,8 +239,8 @@ fn every_fault_kind_mid_run_fails_specifically_or_recovers_and_harms_nobody_else
     }
     let mut table = format!(
         "fault campaign (seed {seed}; deadline {DEADLINE:?})\n\n\
-         | fault | victim ok | victim errors | wrong data | hangs | slowest | device given up | bystander ok | bystander errors |\n\
-         |---|---|---|---|---|---|---|---|---|\n"
+         | fault | victim ok | victim errors | wrong data | hangs | slowest | device given up | back in service | state at the end | bystander ok | bystander errors |\n\
+         |---|---|---|---|---|---|---|---|---|---|---|\n"
     );
     for r in &rows {
         let errs: Vec<String> = r
@@ -232,7 +250,7 @@ fn every_fault_kind_mid_run_fails_specifically_or_recovers_and_harms_nobody_else
             .map(|(k, n)| format!("{k} {n}"))
             .collect();
         table += &format!(
-            "| {} | {} | {} | {} | {} | {:?} | {} | {} | {} |\n",
+            "| {} | {} | {} | {} | {} | {:?} | {} | {} | {} | {} | {} |\n",
             r.fault,
             r.victim.ok,
             if errs.is_empty() {
@@ -243,7 +261,9 @@ fn every_fault_kind_mid_run_fails_specifically_or_recovers_and_harms_nobody_else
             r.victim.wrong_data,
             r.victim.hangs,
             r.victim.slowest,
-            if r.given_up { "yes" } else { "no" },
+            if r.given_up() { "yes" } else { "no" },
+            if r.back() { "yes" } else { "-" },
+            r.final_state,
             r.bystander.ok,
             r.bystander.errors.values().sum::<u64>(),
         );
@@ -287,23 +307,27 @@ fn every_fault_kind_mid_run_fails_specifically_or_recovers_and_harms_nobody_else
             row(f).victim.errors.is_empty(),
             "{f}: should be harmless\n{table}"
         );
-        assert!(!row(f).given_up, "{f}\n{table}");
     }
     for f in ["error-next=3", "error=0-64", "corrupt-used=len"] {
         assert!(row(f).victim.errors.contains_key("io"), "{f}\n{table}");
         assert!(
-            !row(f).given_up,
+            !row(f).given_up(),
             "{f}: an I/O error is not a dead device\n{table}"
         );
     }
-    for f in ["corrupt-used=id", "stall=3s", "needs-reset", "crash"] {
+    // A device that stopped working is given up, and comes back once its model works again.
+    for f in ["corrupt-used=id", "stall=3s", "needs-reset"] {
         assert!(
-            row(f).given_up,
+            row(f).given_up(),
             "{f}: the device should have been given up\n{table}"
         );
         assert!(
-            row(f).victim.errors.contains_key("device-failed"),
-            "{f}\n{table}"
+            row(f).back(),
+            "{f}: the device should be back in service\n{table}"
         );
+        assert!(!row(f).final_state.starts_with("failed"), "{f}\n{table}");
     }
+    // A dead model stays dead until a supervisor restarts it.
+    assert!(row("crash").given_up(), "{table}");
+    assert!(row("crash").final_state.starts_with("failed"), "{table}");
 }

@@ -411,6 +411,12 @@ impl Manager {
                     drv.set("state", format!("failed: {why}"));
                 }
             }
+            Ok((control::Event::DeviceRecovered { device }, _)) => {
+                tracing::warn!("{device}: its driver brought the device back");
+                if let Some(drv) = self.driver_of_mut(&device) {
+                    drv.set("state", "running (recovered)");
+                }
+            }
             Err(outboard_session::SessionError::Timeout) => {}
             Err(_) => {
                 if let Some(ev) = self.procs[i].events.take() {

@@ -10,6 +10,9 @@ use outboard_shm::SharedMem;
 
 use crate::blockhost::BlockHost;
 
+/// Opens a device again from scratch (see [`crate::recovery`]).
+pub type Reopen = Arc<dyn Fn() -> Result<Box<dyn BlockBackend>, String> + Send + Sync>;
+
 /// A block device the host can serve: a driver instance, or the null device.
 pub trait BlockBackend: Send {
     /// Class status.
@@ -43,6 +46,10 @@ pub trait BlockBackend: Send {
     /// After a configuration interrupt: why the device can no longer work, if it cannot.
     fn check_health(&mut self) -> Result<(), String> {
         Ok(())
+    }
+    /// How to open this device again after it failed, if it can be.
+    fn reopener(&self) -> Option<Reopen> {
+        None
     }
     /// Maps a session's buffer area into the device's DMA space: its base address and a guard
     /// that unmaps it when dropped.
@@ -90,6 +97,14 @@ impl BlockBackend for BlockHost {
     }
     fn config_irq_fd(&self) -> Option<BorrowedFd<'_>> {
         self.driver().config_irq().map(|i| i.fd())
+    }
+    fn reopener(&self) -> Option<Reopen> {
+        let (name, spec, queues) = self.origin()?.clone();
+        Some(Arc::new(move || {
+            BlockHost::open(&name, &spec, queues)
+                .map(|h| Box::new(h) as Box<dyn BlockBackend>)
+                .map_err(|e| e.to_string())
+        }))
     }
     fn check_health(&mut self) -> Result<(), String> {
         if let Some(i) = self.driver().config_irq() {

@@ -19,6 +19,8 @@ pub struct BlockHost {
     next_queue: usize,
     /// Requests sent down each queue (for status and tests).
     per_queue: Vec<u64>,
+    /// How it was opened (name, device, queues), so that it can be opened again.
+    origin: Option<(String, DeviceSpec, u16)>,
     completions: Vec<BlkCompletion>,
 }
 
@@ -74,7 +76,9 @@ impl BlockHost {
         };
         let driver = VirtioBlk::new(f, opts)
             .map_err(|e| BlockError::DeviceFailed(format!("{spec}: {e}")))?;
-        Ok(Self::new(name, driver))
+        let mut h = Self::new(name, driver);
+        h.origin = Some((name.to_string(), spec.clone(), queues));
+        Ok(h)
     }
 
     /// Wraps a driver instance.
@@ -92,6 +96,7 @@ impl BlockHost {
             queues: d.queues.max(1) as usize,
             next_queue: 0,
             per_queue: vec![0; d.queues.max(1) as usize],
+            origin: None,
             driver,
             info,
             completions: Vec::new(),
@@ -121,6 +126,11 @@ impl BlockHost {
     /// The device queues in use.
     pub fn queues(&self) -> usize {
         self.queues
+    }
+
+    /// How the device was opened, if by [`BlockHost::open`].
+    pub fn origin(&self) -> Option<&(String, DeviceSpec, u16)> {
+        self.origin.as_ref()
     }
 
     /// Requests sent down each queue so far.

@@ -31,6 +31,26 @@ use outboard_sys::SocketPath;
 
 use crate::backend::BlockBackend;
 use crate::ranges::{range_of, Decision, Range, RangeLocks};
+use crate::recovery::Recovery;
+
+/// Adds device `d`'s event sources to the loop: its interrupts, its loss, its configuration
+/// changes.
+fn watch(
+    work: &WorkLoop,
+    host: &dyn BlockBackend,
+    d: usize,
+) -> Result<(), outboard_env::LoopError> {
+    for fd in host.irq_fds() {
+        work.add(fd, IRQ | d as u64)?;
+    }
+    if let Some(fd) = host.loss_fd() {
+        work.add(fd, LOST | d as u64)?;
+    }
+    if let Some(fd) = host.config_irq_fd() {
+        work.add(fd, CONFIG | d as u64)?;
+    }
+    Ok(())
+}
 
 /// Whether a session other than `si` has a write to `range` in the device.
 fn writes_elsewhere(tags: &[Option<InFlight>], si: usize, range: Range) -> bool {
@@ -93,6 +113,8 @@ pub struct HostStats {
     pub bells_rung: u64,
     /// Devices given up after a failure (lost, stalled past the deadline, driver error).
     pub device_failures: u64,
+    /// Failed devices opened again and serving.
+    pub device_recoveries: u64,
 }
 
 /// A request in a device.
@@ -114,8 +136,10 @@ struct Device {
     free_tags: Vec<usize>,
     /// Range locks and the requests waiting on them.
     locks: RangeLocks,
-    /// Why the device was given up; from then on every request fails at once with this.
+    /// Why the device was given up; until it is back, every request fails at once with this.
     failed: Option<String>,
+    /// The way back of a device that was given up.
+    recovery: Option<Recovery>,
 }
 
 struct Session {
@@ -188,18 +212,11 @@ impl DriverHost {
                 free_tags: Vec::new(),
                 locks: RangeLocks::default(),
                 failed: None,
+                recovery: None,
             })
             .collect();
         for (i, d) in devices.iter().enumerate() {
-            for fd in d.host.irq_fds() {
-                work.add(fd, IRQ | i as u64).map_err(err)?;
-            }
-            if let Some(fd) = d.host.loss_fd() {
-                work.add(fd, LOST | i as u64).map_err(err)?;
-            }
-            if let Some(fd) = d.host.config_irq_fd() {
-                work.add(fd, CONFIG | i as u64).map_err(err)?;
-            }
+            watch(&work, d.host.as_ref(), i).map_err(err)?;
         }
         Ok(Self {
             listener,
@@ -311,6 +328,7 @@ impl DriverHost {
         }
         for d in 0..self.devices.len() {
             if self.devices[d].failed.is_some() {
+                progress |= self.recover(d);
                 continue;
             }
             if self.devices[d].host.in_flight() > 0 {
@@ -573,6 +591,7 @@ impl DriverHost {
         }
         dev.host.abandon();
         dev.failed = Some(why.clone());
+        dev.recovery = dev.host.reopener().map(Recovery::new);
         if let Some(n) = &self.notify {
             let event = control::Event::DeviceFailed {
                 device: dev.host.info().name.clone(),
@@ -601,6 +620,56 @@ impl DriverHost {
                 );
             }
         }
+    }
+
+    /// Advances device `d`'s recovery; when the device is open again, swaps the new driver in,
+    /// maps every live session's buffers into the new device, and carries on serving.
+    fn recover(&mut self, d: usize) -> bool {
+        let Some(new) = self.devices[d].recovery.as_mut().and_then(Recovery::poll) else {
+            return false;
+        };
+        if let Err(e) = watch(&self.work, new.as_ref(), d) {
+            tracing::error!("device {d}: cannot watch the re-opened device: {e}");
+            return false;
+        }
+        let dev = &mut self.devices[d];
+        let old = std::mem::replace(&mut dev.host, new);
+        let name = dev.host.info().name.clone();
+        let attempts = dev.recovery.take().map_or(0, |r| r.attempts);
+        dev.failed = None;
+        let mut lost = Vec::new();
+        for (si, slot) in self.sessions.iter_mut().enumerate() {
+            let Some(s) = slot.as_mut().filter(|s| s.device == d && !s.closing()) else {
+                continue;
+            };
+            match dev.host.map_buffers(s.region.buffers.clone()) {
+                Ok((iova, dma)) => {
+                    s.iova = iova;
+                    // The old guard unmaps from the old device, which is gone: that fails fast.
+                    s._dma = dma;
+                }
+                Err(e) => {
+                    tracing::warn!(
+                        "session {}: cannot map into the re-opened device: {e}",
+                        s.id
+                    );
+                    lost.push(si);
+                }
+            }
+        }
+        drop(old);
+        for si in lost {
+            self.close_session(si);
+        }
+        tracing::warn!("device {name}: back after {attempts} attempt(s)");
+        self.stats.device_recoveries += 1;
+        if let Some(n) = &self.notify {
+            let event = control::Event::DeviceRecovered { device: name };
+            if let Err(e) = control::try_send(n.as_fd(), &event, &[]) {
+                tracing::warn!("cannot tell the manager: {e}");
+            }
+        }
+        true
     }
 
     /// Releases sessions whose clients left and whose requests have all finished.

@@ -7,6 +7,7 @@ pub mod blockhost;
 pub mod colocated;
 pub mod host;
 pub mod ranges;
+pub mod recovery;
 
 pub use backend::{BlockBackend, NullBlock};
 pub use blockhost::BlockHost;

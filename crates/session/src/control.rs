@@ -86,6 +86,11 @@ pub enum Event {
         /// Why.
         why: String,
     },
+    /// A device given up earlier was opened again and serves.
+    DeviceRecovered {
+        /// Class device name.
+        device: String,
+    },
 }
 
 /// A connected pair of SEQPACKET sockets (close-on-exec), e.g. for a child's event channel.

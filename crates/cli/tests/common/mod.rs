@@ -248,3 +248,17 @@ pub fn run_bounded(cmd: &mut Command, limit: Duration) -> Output {
     assert!(!killer.join().unwrap(), "{cmd:?} hung for {limit:?}");
     out
 }
+
+/// Waits until `cond` holds, re-checking as the system settles, for at most `limit`.
+pub fn eventually(limit: Duration, mut cond: impl FnMut() -> bool) -> bool {
+    let deadline = Instant::now() + limit;
+    loop {
+        if cond() {
+            return true;
+        }
+        if Instant::now() > deadline {
+            return false;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}

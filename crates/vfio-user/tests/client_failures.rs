@@ -3,15 +3,13 @@
 
 mod common;
 
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{channel, Receiver};
-use std::sync::{Arc, Mutex};
+use std::sync::Mutex;
 use std::time::Duration;
 
 use outboard_vfio_user::wire::{self, region};
 use outboard_vfio_user::{
-    Client, ClientError, ClientOptions, DeviceBackend, DeviceContext, RegionDesc, Server,
-    ServerOptions,
+    Client, ClientError, ClientOptions, DeviceBackend, DeviceContext, RegionDesc,
 };
 use rustix::event::{PollFd, PollFlags};
 use rustix::io::Errno;
@@ -61,14 +59,7 @@ fn a_late_reply_breaks_the_connection_instead_of_shifting_every_later_reply() {
     let backend = Stalling {
         release: Mutex::new(rx),
     };
-    let mut server = Server::bind(&path, backend, ServerOptions::default()).unwrap();
-    let stop = Arc::new(AtomicBool::new(false));
-    let s = stop.clone();
-    let t = std::thread::spawn(move || {
-        while !s.load(Ordering::Relaxed) {
-            server.run_once(Duration::from_millis(10)).unwrap();
-        }
-    });
+    let srv = common::serve(&path, backend);
     let opts = ClientOptions {
         timeout: Duration::from_millis(300),
         ..Default::default()
@@ -100,6 +91,5 @@ fn a_late_reply_breaks_the_connection_instead_of_shifting_every_later_reply() {
     c.region_read(region::BAR0, 0x20, &mut b).unwrap();
     assert_eq!(b, [0x20; 4]);
     drop(c);
-    stop.store(true, Ordering::Relaxed);
-    t.join().unwrap();
+    srv.stop();
 }

@@ -3,15 +3,11 @@
 
 mod common;
 
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
 
 use outboard_shm::SharedMem;
 use outboard_vfio_user::wire::{self, dma, region};
-use outboard_vfio_user::{
-    Client, ClientOptions, DeviceBackend, DeviceContext, RegionDesc, Server, ServerOptions,
-};
+use outboard_vfio_user::{Client, ClientOptions, DeviceBackend, DeviceContext, RegionDesc};
 use rustix::io::Errno;
 
 /// A DMA engine: registers addr (0x0), len (0x8); writing 1 to 0x10 copies client memory into
@@ -89,14 +85,7 @@ fn server_reaches_fdless_memory_through_the_twin_socket() {
         log: log.clone(),
         ..Default::default()
     };
-    let mut server = Server::bind(&path, engine, ServerOptions::default()).unwrap();
-    let stop = Arc::new(AtomicBool::new(false));
-    let s = stop.clone();
-    let t = std::thread::spawn(move || {
-        while !s.load(Ordering::Relaxed) {
-            server.run_once(Duration::from_millis(10)).unwrap();
-        }
-    });
+    let srv = common::serve(&path, engine);
 
     let mut c = Client::connect(&path, ClientOptions::default()).unwrap();
     assert!(c
@@ -138,8 +127,7 @@ fn server_reaches_fdless_memory_through_the_twin_socket() {
     );
 
     drop(c);
-    stop.store(true, Ordering::Relaxed);
-    t.join().unwrap();
+    srv.stop();
 }
 
 /// A client that announced max_data_xfer_size 1024 gets a 4 KiB device transfer as four
@@ -153,14 +141,7 @@ fn server_dma_is_split_to_the_clients_max_data_xfer_size() {
         log: log.clone(),
         ..Default::default()
     };
-    let mut server = Server::bind(&path, engine, ServerOptions::default()).unwrap();
-    let stop = Arc::new(AtomicBool::new(false));
-    let s = stop.clone();
-    let t = std::thread::spawn(move || {
-        while !s.load(Ordering::Relaxed) {
-            server.run_once(Duration::from_millis(10)).unwrap();
-        }
-    });
+    let srv = common::serve(&path, engine);
     let opts = ClientOptions {
         max_data_xfer_size: 1024,
         ..Default::default()
@@ -187,6 +168,5 @@ fn server_dma_is_split_to_the_clients_max_data_xfer_size() {
     mem.read(8192, &mut back).unwrap();
     assert_eq!(back, data);
     drop(c);
-    stop.store(true, Ordering::Relaxed);
-    t.join().unwrap();
+    srv.stop();
 }

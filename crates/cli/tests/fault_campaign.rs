@@ -188,8 +188,10 @@ fn run_one(fault: &'static str, seed: u64) -> Row {
     // A random point into the run.
     std::thread::sleep(Duration::from_millis(100 + seed % 400));
     inject(&up.control, fault);
-    // Long enough for every fault to fire and for a stalled device to pass its deadline.
-    std::thread::sleep(DEADLINE + Duration::from_millis(1500));
+    // Long enough for every fault to fire, for a stalled device to pass its deadline, and for
+    // a device given up to come back (the 3 s stall ends 1 s after the deadline; re-opening
+    // starts 100 ms after the failure and backs off from there).
+    std::thread::sleep(DEADLINE + Duration::from_secs(5));
     if fault.starts_with("error=") {
         inject(&up.control, "clear");
     }

@@ -199,6 +199,15 @@ fn run_one(fault: &'static str, seed: u64) -> Row {
     let victim = victim.join().expect("victim client panicked");
     let bystander = bystander.join().expect("bystander client panicked");
     let final_state = driver_state(&common::registry(&up), "victim");
+    // No process of the machine panicked: their logs are in the runtime directory.
+    for log in std::fs::read_dir(&up.dir).unwrap().flatten() {
+        let text = std::fs::read_to_string(log.path()).unwrap_or_default();
+        assert!(
+            !text.contains("panicked"),
+            "{fault}: {} has a panic:\n{text}",
+            log.path().display()
+        );
+    }
     assert!(
         !driver_state(&common::registry(&up), "bystander").starts_with("failed"),
         "{fault}: the bystander's driver is marked failed"

@@ -128,17 +128,6 @@ fn bench(a: BenchArgs) -> Result<ExitCode, String> {
     Ok(ExitCode::SUCCESS)
 }
 
-/// Rust starts programs with SIGPIPE ignored, so `outboard hw probe | head -1` would panic
-/// in `println!` when `head` exits. A command-line tool should end quietly instead, as every
-/// Unix filter does: restore the default action.
-fn restore_sigpipe() {
-    // SAFETY: called first thing in `main`, before any thread exists; setting a signal's
-    // disposition to SIG_DFL installs no handler code, so nothing can run in signal context.
-    unsafe {
-        libc::signal(libc::SIGPIPE, libc::SIG_DFL);
-    }
-}
-
 fn init_logging(verbose: u8) {
     let default = match verbose {
         0 => "warn",
@@ -157,7 +146,7 @@ fn init_logging(verbose: u8) {
 }
 
 fn main() -> ExitCode {
-    restore_sigpipe();
+    outboard_sys::process::restore_sigpipe();
     let cli = Cli::parse();
     init_logging(cli.verbose);
     let control = cli

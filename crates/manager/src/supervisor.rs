@@ -32,22 +32,9 @@ pub struct Process {
 /// The fd number a child finds its event channel on.
 pub const EVENT_FD: i32 = 3;
 
-/// Takes ownership of fd `n` inherited from the parent (the event channel), after checking
-/// that it is an open socket.
+/// Takes ownership of the event channel inherited as fd `n` (see [`EVENT_FD`]).
 pub fn inherited_fd(n: i32) -> Result<OwnedFd, String> {
-    if n <= 2 {
-        return Err(format!("--notify-fd {n}: not a descriptor a parent passes"));
-    }
-    // SAFETY: only borrowed for the checks below; nothing is closed through it.
-    let borrowed = unsafe { std::os::fd::BorrowedFd::borrow_raw(n) };
-    rustix::io::fcntl_getfd(borrowed).map_err(|e| format!("--notify-fd {n}: {e}"))?;
-    let st = rustix::fs::fstat(borrowed).map_err(|e| format!("--notify-fd {n}: {e}"))?;
-    if rustix::fs::FileType::from_raw_mode(st.st_mode) != rustix::fs::FileType::Socket {
-        return Err(format!("--notify-fd {n}: not a socket"));
-    }
-    // SAFETY: the fd is open (checked above) and was inherited across exec for this purpose:
-    // no other owner exists in this process, and this is called once at start-up.
-    Ok(unsafe { std::os::fd::FromRawFd::from_raw_fd(n) })
+    outboard_sys::process::inherited_socket(n).map_err(|e| format!("--notify-fd: {e}"))
 }
 
 impl Process {
@@ -86,7 +73,6 @@ impl Process {
         verbose: u8,
         pass: Option<OwnedFd>,
     ) -> Result<Self, String> {
-        let pass_raw = pass.as_ref().map(std::os::fd::AsRawFd::as_raw_fd);
         let out = File::create(&log).map_err(|e| format!("{}: {e}", log.display()))?;
         let err = out.try_clone().map_err(|e| e.to_string())?;
         let mut cmd = Command::new(exe);
@@ -96,33 +82,13 @@ impl Process {
         // Its own process group: a Ctrl-C at the terminal reaches the manager only, which then
         // stops children in order instead of racing them.
         cmd.process_group(0);
-        let parent = rustix::process::getpid();
-        // SAFETY: the closure runs in the child between fork and exec, where only
-        // async-signal-safe calls are allowed; it makes raw system calls only (prctl, getppid,
-        // dup2 or fcntl on a descriptor the parent keeps open until after the spawn) and
-        // allocates nothing.
-        unsafe {
-            cmd.pre_exec(move || {
-                // A manager that dies, even by SIGKILL, takes its children with it: an orphaned
-                // device model or driver server would hold its disk and sockets beside the next
-                // manager's fresh copies.
-                rustix::process::set_parent_process_death_signal(Some(Signal::KILL))?;
-                // The manager may have died before the line above took effect.
-                if rustix::process::getppid() != Some(parent) {
-                    return Err(rustix::io::Errno::SRCH.into());
-                }
-                if let Some(raw) = pass_raw {
-                    // dup2 leaves the copy without close-on-exec; the original keeps it.
-                    if raw == EVENT_FD {
-                        let fd = std::os::fd::BorrowedFd::borrow_raw(raw);
-                        rustix::io::fcntl_setfd(fd, rustix::io::FdFlags::empty())?;
-                    } else if libc::dup2(raw, EVENT_FD) < 0 {
-                        return Err(std::io::Error::last_os_error());
-                    }
-                }
-                Ok(())
-            });
-        }
+        // A manager that dies, even by SIGKILL, takes its children with it: an orphaned device
+        // model or driver server would hold its disk and sockets beside the next manager's
+        // fresh copies.
+        outboard_sys::process::die_with_parent(
+            &mut cmd,
+            pass.as_ref().map(|fd| (fd.as_fd(), EVENT_FD)),
+        );
         let child = cmd
             .args(args)
             .stdin(Stdio::null())

@@ -2,9 +2,11 @@
 //!
 //! [`sockpath`] claims a UNIX socket path the safe way: it replaces only a *stale* socket, never a
 //! regular file and never a socket someone still listens on, and it removes on exit only the
-//! socket it bound itself.
+//! socket it bound itself. [`process`] holds the process plumbing: children that die with
+//! their parent, descriptors passed across exec, SIGPIPE.
 #![deny(missing_docs)]
 
+pub mod process;
 pub mod sockpath;
 
 pub use sockpath::{bind_listener, is_live, SockPathError, SocketPath};

@@ -564,7 +564,9 @@ impl<D: VirtioDevice> VirtioPci<D> {
             o if o < COMMON_OFFSET + common::SIZE => self.common_read(o - COMMON_OFFSET, buf),
             ISR_OFFSET => {
                 // Reading the ISR clears it (§4.1.4.5).
-                buf[0] = std::mem::take(&mut self.isr);
+                if let Some(b) = buf.first_mut() {
+                    *b = std::mem::take(&mut self.isr);
+                }
             }
             o if (DEVICE_OFFSET..NOTIFY_OFFSET).contains(&o) => {
                 let _ = self.devcfg.read(o, buf);

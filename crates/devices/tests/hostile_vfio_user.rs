@@ -72,6 +72,13 @@ fn malformed_commands_get_error_replies_and_the_connection_survives() {
         .call(cmd::REGION_READ, &region_read(0, 0, 0), &[])
         .unwrap();
     assert_eq!(empty.len(), 16, "the access header, no data");
+    // Found by the fuzzer: a 0-byte read of the ISR register (BAR0 0x1000) panicked the model.
+    let empty = c
+        .call(cmd::REGION_READ, &region_read(0x1000, 0, 0), &[])
+        .unwrap();
+    assert_eq!(empty.len(), 16);
+    c.call(cmd::REGION_WRITE, &region_read(0x1000, 0, 0), &[])
+        .unwrap();
     assert_eq!(
         c.call(cmd::REGION_READ, &region_read(0, 6, 4), &[]),
         Err(einval())

@@ -768,15 +768,21 @@ impl<B: DeviceBackend> Server<B> {
                 let a = wire::RegionAccess::decode(&payload, false).map_err(bad)?;
                 self.check_region(a.region, a.offset, a.count, wire::region::FLAG_READ)?;
                 let mut data = vec![0u8; a.count as usize];
-                self.backend
-                    .region_read(&mut self.ctx, a.region, a.offset, &mut data)?;
+                // A 0-byte access is a no-op: the device never sees it (reading some registers
+                // has side effects, and no model has to handle an empty buffer).
+                if a.count > 0 {
+                    self.backend
+                        .region_read(&mut self.ctx, a.region, a.offset, &mut data)?;
+                }
                 Ok((wire::RegionAccess { data, ..a }.encode(), Vec::new()))
             }
             cmd::REGION_WRITE => {
                 let a = wire::RegionAccess::decode(&payload, true).map_err(bad)?;
                 self.check_region(a.region, a.offset, a.count, wire::region::FLAG_WRITE)?;
-                self.backend
-                    .region_write(&mut self.ctx, a.region, a.offset, &a.data)?;
+                if a.count > 0 {
+                    self.backend
+                        .region_write(&mut self.ctx, a.region, a.offset, &a.data)?;
+                }
                 Ok((
                     wire::RegionAccess {
                         data: Vec::new(),

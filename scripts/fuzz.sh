@@ -19,7 +19,7 @@ for t in "${targets[@]}"; do
     cargo +nightly fuzz run -O "$t" "corpus/$t" -- \
         -max_total_time="$secs" -rss_limit_mb=4096 -timeout=5 -print_final_stats=1 \
         2>&1 | tee "/tmp/outboard-fuzz-$t.log" | grep -E "^#[0-9]+[[:space:]]+(INITED|DONE)|stat::number_of_executed_units|ERROR|panicked" || true
-    if ls "artifacts/$t"/crash-* "artifacts/$t"/timeout-* "artifacts/$t"/leak-* >/dev/null 2>&1; then
+    if [ -n "$(find "artifacts/$t" \( -name 'crash-*' -o -name 'timeout-*' -o -name 'leak-*' -o -name 'oom-*' \) 2>/dev/null)" ]; then
         echo "$t: the fuzzer found a failure: see fuzz/artifacts/$t and /tmp/outboard-fuzz-$t.log" >&2
         exit 1
     fi

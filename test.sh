@@ -38,10 +38,6 @@ rustup component list --installed 2>/dev/null | grep -q clippy || rustup compone
 cargo fmt --all --check
 cargo clippy --workspace --all-targets --locked -- -D warnings
 
-cargo test --workspace --locked
-# The ring protocol and doorbell rule, model-checked over all interleavings.
-RUSTFLAGS="--cfg loom" CARGO_TARGET_DIR=target/loom cargo test --locked --release -p outboard-session --test loom
-
 # Miri and the fuzzers need a nightly toolchain; where there is none, say so and carry on.
 if rustup toolchain list 2>/dev/null | grep -q '^nightly'; then
     rustup component add --toolchain nightly miri rust-src >/dev/null 2>&1 || true
@@ -54,10 +50,15 @@ else
     echo "test.sh: no nightly toolchain with Miri here: the Miri run is skipped"
 fi
 # Fuzzing: a short run of every target from the kept corpus (scripts/fuzz.sh 600 is the long
-# run). The corpus also replays on stable in the ordinary tests above.
+# run). The corpus also replays on stable in the ordinary tests below.
 if cargo +nightly --version >/dev/null 2>&1 &&
     { command -v cargo-fuzz >/dev/null || cargo install cargo-fuzz --locked; }; then
     scripts/fuzz.sh "${OUTBOARD_FUZZ_SECONDS:-20}"
 else
     echo "test.sh: no nightly toolchain or cargo-fuzz here: the fuzz run is skipped"
 fi
+
+# The tests last, so that their results close the output.
+cargo test --workspace --locked
+# The ring protocol and doorbell rule, model-checked over all interleavings.
+RUSTFLAGS="--cfg loom" CARGO_TARGET_DIR=target/loom cargo test --locked --release -p outboard-session --test loom

@@ -121,16 +121,7 @@ fn malformed_commands_get_error_replies_and_the_connection_survives() {
     );
     // Fds missing or extra: two fds for DMA_MAP (at most one), an fd with GET_INFO (none),
     // one fd for two vectors.
-    let map = |addr, size| {
-        wire::DmaMap {
-            argsz: 32,
-            flags: 3,
-            offset: 0,
-            addr,
-            size,
-        }
-        .encode()
-    };
+    let map = common::dma_map;
     let mem = outboard_shm::SharedMem::create("m", 8192).unwrap();
     let fd = mem.fd().unwrap();
     assert_eq!(

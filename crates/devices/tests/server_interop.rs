@@ -14,16 +14,7 @@ fn errno(e: Errno) -> u32 {
     e.raw_os_error() as u32
 }
 
-fn map(addr: u64, size: u64) -> Vec<u8> {
-    wire::DmaMap {
-        argsz: 32,
-        flags: 3,
-        offset: 0,
-        addr,
-        size,
-    }
-    .encode()
-}
+use common::dma_map as map;
 
 fn unmap(flags: u32, addr: u64, size: u64) -> Vec<u8> {
     wire::DmaUnmap {

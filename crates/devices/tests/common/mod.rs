@@ -149,3 +149,15 @@ impl Raw {
         self.chan.recv_within(Duration::from_secs(2)).is_err()
     }
 }
+
+/// A DMA_MAP payload for `size` bytes at `addr`, readable and writable by the device.
+pub fn dma_map(addr: u64, size: u64) -> Vec<u8> {
+    wire::DmaMap {
+        argsz: 32,
+        flags: 3,
+        offset: 0,
+        addr,
+        size,
+    }
+    .encode()
+}

@@ -3,7 +3,6 @@
 
 mod common;
 
-use std::io::Write;
 use std::os::fd::AsFd;
 use std::process::{Command, Stdio};
 use std::time::Duration;
@@ -224,15 +223,10 @@ fn a_client_that_never_reads_cannot_wedge_a_driver_server() {
     }
     // Another client is served as usual.
     let data = common::pattern(5, 8192);
-    let mut w = Command::new(EXE)
-        .args(["blk", "write", "disk0", "--offset", "1M"])
-        .env("OUTBOARD_CONTROL", &up.control)
-        .stdin(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
+    let w = up
+        .spawn_write("disk0", 1 << 20, &data)
+        .wait_with_output()
         .unwrap();
-    w.stdin.take().unwrap().write_all(&data).unwrap();
-    let w = w.wait_with_output().unwrap();
     assert!(w.status.success(), "{}", stderr(&w));
     let r = up.run_within(
         &["blk", "read", "disk0", "--offset", "1M", "--length", "8192"],
@@ -372,20 +366,8 @@ fn concurrent_unaligned_writes_to_shared_blocks_all_land() {
         let base = (1 << 20) + round * 8192;
         let procs: Vec<_> = (0..writers)
             .map(|i| {
-                let mut c = Command::new(EXE)
-                    .args(["blk", "write", "disk0", "--offset"])
-                    .arg((base + i * piece).to_string())
-                    .env("OUTBOARD_CONTROL", &up.control)
-                    .stdin(Stdio::piped())
-                    .stderr(Stdio::piped())
-                    .spawn()
-                    .unwrap();
-                c.stdin
-                    .take()
-                    .unwrap()
-                    .write_all(&common::pattern(round * 100 + i, piece as usize))
-                    .unwrap();
-                c
+                let data = common::pattern(round * 100 + i, piece as usize);
+                up.spawn_write("disk0", base + i * piece, &data)
             })
             .collect();
         for p in procs {

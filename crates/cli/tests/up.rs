@@ -3,7 +3,6 @@
 
 mod common;
 
-use std::io::Write;
 use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
@@ -84,27 +83,7 @@ fn client_processes_in_parallel_do_verified_io() {
     let n = 6u64;
     // Each process writes its own 256 KiB range, then all read back and compare.
     let writers: Vec<_> = (0..n)
-        .map(|i| {
-            let mut c = Command::new(EXE)
-                .args([
-                    "blk",
-                    "write",
-                    "disk0",
-                    "--offset",
-                    &(i * 300_000 + 17).to_string(),
-                ])
-                .env("OUTBOARD_CONTROL", &up.control)
-                .stdin(Stdio::piped())
-                .stderr(Stdio::piped())
-                .spawn()
-                .unwrap();
-            c.stdin
-                .take()
-                .unwrap()
-                .write_all(&pattern(i, 262_144))
-                .unwrap();
-            c
-        })
+        .map(|i| up.spawn_write("disk0", i * 300_000 + 17, &pattern(i, 262_144)))
         .collect();
     for w in writers {
         let o = w.wait_with_output().unwrap();

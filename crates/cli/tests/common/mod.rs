@@ -124,6 +124,21 @@ impl Up {
             .unwrap()
     }
 
+    /// Starts `outboard blk write DEVICE --offset OFFSET` with `data` on its standard input;
+    /// wait for it with `wait_with_output`.
+    pub fn spawn_write(&self, device: &str, offset: u64, data: &[u8]) -> Child {
+        let mut c = Command::new(EXE)
+            .args(["blk", "write", device, "--offset"])
+            .arg(offset.to_string())
+            .env("OUTBOARD_CONTROL", &self.control)
+            .stdin(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        c.stdin.take().unwrap().write_all(data).unwrap();
+        c
+    }
+
     /// Runs `outboard ARGS` against this machine; a run longer than `limit` is a hang.
     pub fn run_within(&self, args: &[&str], limit: Duration) -> Output {
         run_bounded(

@@ -4,9 +4,11 @@ use std::sync::{Arc, Barrier};
 use std::time::Duration;
 
 use indicatif::ProgressBar;
-use outboard_class::{BlockClient, BlockDevice, SessionOptions, WaitMode};
+use outboard_class::BlockDevice;
+use outboard_client::Colocated;
+use outboard_client::{BlockClient, SessionOptions, WaitMode};
+use outboard_drivers::Attachment;
 use outboard_hw::DeviceSpec;
-use outboard_server::Colocated;
 
 use crate::cpu::CpuMeter;
 use crate::fixture::Fixture;
@@ -183,8 +185,12 @@ pub fn disk_read(ctx: &Context) -> Result<TestResult, String> {
     }
     let (device, dev_sock) = fx.device()?;
     {
-        let mut d = Colocated::open("disk0", &DeviceSpec::VfioUser(dev_sock.clone()), 4 << 20)
-            .map_err(|e| e.to_string())?;
+        let mut d = Colocated::open(
+            "disk0",
+            &Attachment::Pci(DeviceSpec::VfioUser(dev_sock.clone())),
+            4 << 20,
+        )
+        .map_err(|e| e.to_string())?;
         measure("colocated", &[me, device.pid], &mut |t| {
             workloads::seq_read(&mut d, t, total)
         })?;
@@ -330,8 +336,12 @@ pub fn iops(ctx: &Context) -> Result<TestResult, String> {
     let (device, dev_sock) = fx.device()?;
     {
         ctx.progress.set_message("iops: colocated");
-        let mut d = Colocated::open("disk0", &DeviceSpec::VfioUser(dev_sock.clone()), 1 << 20)
-            .map_err(|e| e.to_string())?;
+        let mut d = Colocated::open(
+            "disk0",
+            &Attachment::Pci(DeviceSpec::VfioUser(dev_sock.clone())),
+            1 << 20,
+        )
+        .map_err(|e| e.to_string())?;
         let mut s = Series {
             label: "colocated, 1 client".into(),
             points: vec![],

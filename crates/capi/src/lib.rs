@@ -10,7 +10,8 @@ use std::ffi::{c_char, c_int, c_void, CStr};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use outboard_class::{BlockClient, BlockDevice, BlockError, BlockOp, BlockRequest, SessionOptions};
+use outboard_class::{BlockDevice, BlockError, BlockOp, BlockRequest};
+use outboard_client::{BlockClient, SessionOptions};
 
 /// An open block device (opaque to C).
 pub struct ObBlock {
@@ -113,9 +114,9 @@ pub unsafe extern "C" fn ob_block_open(
     let Some(name) = name else { return -1 };
     let control = control
         .map(PathBuf::from)
-        .unwrap_or_else(outboard_manager::default_control);
+        .unwrap_or_else(outboard_client::manager::default_control);
     // SAFETY: `out` is writable per the contract.
-    unsafe { give(out, outboard_manager::open::open_block(&control, name)) }
+    unsafe { give(out, outboard_client::open_block(&control, name)) }
 }
 
 /// `ob_block_open_server`.

@@ -8,9 +8,10 @@ use std::sync::Arc;
 
 use outboard_devices::backing::Backing;
 use outboard_drivers::virtio_blk::{BlkDriverOptions, VirtioBlk};
+use outboard_drivers::virtio_block::VirtioBlock;
 use outboard_hw::backend::in_process::InProcess;
 use outboard_hw::PciFunction;
-use outboard_server::{BlockHost, DriverHost};
+use outboard_server::DriverHost;
 
 /// Builds the static library. `cargo test` refreshes only the rlib its tests link with, so a
 /// C program linked against `liboutboard_capi.a` as left by an earlier build would test old
@@ -74,14 +75,12 @@ fn the_c_program_passes_against_a_driver_server() {
         Arc::new(InProcess::new(Box::new(model))),
     )
     .unwrap();
-    let host = BlockHost::new(
+    let host = VirtioBlock::new(
         "disk0",
         VirtioBlk::new(f, BlkDriverOptions::default()).unwrap(),
     );
     let sock = dir.path().join("host.sock");
-    let (stop, t) = DriverHost::bind(&sock, vec![Box::new(host)])
-        .unwrap()
-        .spawn();
+    let (stop, t) = DriverHost::bind(&sock, vec![host.into()]).unwrap().spawn();
 
     let run = Command::new(&bin).arg(&sock).output().unwrap();
     let text = format!(
@@ -93,4 +92,19 @@ fn the_c_program_passes_against_a_driver_server() {
     assert!(text.contains("all checks passed"), "{text}");
     stop.store(true, Ordering::Relaxed);
     t.join().unwrap().unwrap();
+}
+
+/// The C library carries the client side only: no device model, no manager, no driver server.
+/// A crate that is linked leaves its mangled name in the archive's symbols and paths.
+#[test]
+fn the_c_library_links_neither_device_models_nor_the_manager_nor_the_server() {
+    let bytes = std::fs::read(static_lib()).unwrap();
+    let contains = |needle: &str| bytes.windows(needle.len()).any(|w| w == needle.as_bytes());
+    assert!(
+        contains("outboard_client"),
+        "the check itself is broken: the client library's name is not in the archive"
+    );
+    for absent in ["outboard_devices", "outboard_manager", "outboard_server"] {
+        assert!(!contains(absent), "liboutboard_capi.a contains {absent}");
+    }
 }

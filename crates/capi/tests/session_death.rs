@@ -5,7 +5,8 @@ use std::ffi::CString;
 use std::sync::atomic::Ordering;
 
 use outboard_capi::{ob_block_close, ob_block_open_server, ob_block_read, ObBlock};
-use outboard_server::{DriverHost, NullBlock};
+use outboard_drivers::null_blk::NullBlock;
+use outboard_server::DriverHost;
 
 const OB_EGONE: i32 = -6;
 
@@ -13,7 +14,7 @@ const OB_EGONE: i32 = -6;
 fn every_call_after_the_server_died_says_the_device_is_gone() {
     let dir = tempfile::tempdir().unwrap();
     let sock = dir.path().join("host.sock");
-    let (stop, t) = DriverHost::bind(&sock, vec![Box::new(NullBlock::new("null0", 1 << 20))])
+    let (stop, t) = DriverHost::bind(&sock, vec![NullBlock::new("null0", 1 << 20).into()])
         .unwrap()
         .spawn();
     let server = CString::new(sock.to_str().unwrap()).unwrap();

@@ -255,9 +255,15 @@ pub fn validate(r: &BlockRequest, info: &BlockInfo, buffer_size: u64) -> Result<
     Ok(())
 }
 
+/// The block class's ring declaration: bytes per submission entry. A session for a block
+/// device is opened with these entry sizes; the server refuses others.
+pub const SQE_SIZE: u32 = 32;
+/// Bytes per completion entry.
+pub const CQE_SIZE: u32 = 16;
+
 /// A submission entry as it sits in the ring.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Sqe(pub [u8; 32]);
+pub struct Sqe(pub [u8; SQE_SIZE as usize]);
 
 impl Sqe {
     /// Encodes a request.
@@ -296,7 +302,7 @@ impl Sqe {
 
 /// A completion entry as it sits in the ring.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Cqe(pub [u8; 16]);
+pub struct Cqe(pub [u8; CQE_SIZE as usize]);
 
 impl Cqe {
     /// Encodes a completion.

@@ -10,12 +10,11 @@ use clap::Args;
 use outboard_bench::fixture::Fixture;
 use outboard_bench::stats::median;
 use outboard_bench::workloads::{null_latencies, rand_read, sustained};
-use outboard_class::{
-    BlockClient, BlockDevice, BlockError, BlockOp, BlockRequest, SessionOptions, WaitMode,
-};
+use outboard_class::{BlockDevice, BlockError, BlockOp, BlockRequest};
+use outboard_client::{BlockClient, Colocated, SessionOptions, WaitMode};
 use outboard_devices::backing::parse_size;
+use outboard_drivers::Attachment;
 use outboard_hw::DeviceSpec;
-use outboard_server::Colocated;
 
 #[derive(Args)]
 pub struct BenchArgs {
@@ -74,8 +73,12 @@ pub fn run(a: BenchArgs) -> Result<std::process::ExitCode, String> {
         a.server_spin_us
     );
     let colo = {
-        let mut d = Colocated::open("disk0", &DeviceSpec::VfioUser(dev_sock.clone()), 4 << 20)
-            .map_err(e)?;
+        let mut d = Colocated::open(
+            "disk0",
+            &Attachment::Pci(DeviceSpec::VfioUser(dev_sock.clone())),
+            4 << 20,
+        )
+        .map_err(e)?;
         workloads(&mut d, a.seconds)?
     };
     let (_host, host_sock) = fx.host(

@@ -109,7 +109,7 @@ fn probe(spec: &DeviceSpec) -> Result<(), String> {
         "  subsystem {:04x}:{:04x}",
         id.subsystem_vendor, id.subsystem
     );
-    match outboard_drivers::match_driver(&id) {
+    match outboard_drivers::match_driver(&outboard_drivers::Identity::Pci(id)) {
         Some(p) => println!(
             "  driver: {} (class {}, probe score {})",
             p.driver, p.class, p.score
@@ -240,7 +240,7 @@ fn selftest(a: &SelftestArgs) -> Result<ExitCode, String> {
     let spec = a.target.spec();
     let f = PciFunction::open(&spec).map_err(|e| e.to_string())?;
     let id = f.identity();
-    let p = outboard_drivers::match_driver(&id)
+    let p = outboard_drivers::match_driver(&outboard_drivers::Identity::Pci(id))
         .ok_or_else(|| format!("no driver matches {:04x}:{:04x}", id.vendor, id.device))?;
     println!(
         "selftest of {spec}: {:04x}:{:04x} matched driver {} (score {})",

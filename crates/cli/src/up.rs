@@ -6,10 +6,10 @@ use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 
 use clap::Args;
-use outboard_hw::DeviceSpec;
+use outboard_drivers::{Attachment, StartOptions};
 use outboard_manager::config::Machine;
 use outboard_manager::{Manager, ManagerOptions};
-use outboard_server::{BlockBackend, BlockHost, DriverHost, NullBlock};
+use outboard_server::{DriverHost, Served};
 
 #[derive(Args)]
 pub struct UpArgs {
@@ -42,6 +42,11 @@ pub struct DriverHostArgs {
     /// drivers in one server.
     #[arg(long = "device", value_name = "NAME=SPEC", required = true)]
     devices: Vec<String>,
+    /// The driver (personality) to start for a device, as NAME=DRIVER (`virtio-blk`,
+    /// `null-blk`). The manager passes the driver its catalog matched; without it, the best
+    /// match for the device is started.
+    #[arg(long = "driver", value_name = "NAME=DRIVER")]
+    drivers: Vec<String>,
     /// Poll for new requests this many microseconds after the last one before sleeping
     /// (0: sleep at once). Saves a wake-up per request for busy clients; idle cost is nil.
     #[arg(long, default_value_t = 20)]
@@ -135,24 +140,39 @@ pub fn ls(a: LsArgs, control: PathBuf) -> Result<ExitCode, String> {
 
 pub fn driver_host(a: DriverHostArgs) -> Result<ExitCode, String> {
     let stop = stop_flag()?;
-    let mut hosts: Vec<Box<dyn BlockBackend>> = Vec::new();
+    let mut served: Vec<Served> = Vec::new();
+    let mut names = Vec::new();
+    for d in &a.drivers {
+        let (name, _) = d
+            .split_once('=')
+            .ok_or_else(|| format!("--driver {d:?}: use NAME=DRIVER"))?;
+        if !a
+            .devices
+            .iter()
+            .any(|x| x.split_once('=').is_some_and(|(n, _)| n == name))
+        {
+            return Err(format!("--driver {d:?}: no --device named {name:?}"));
+        }
+    }
     for d in &a.devices {
         let (name, spec) = d
             .split_once('=')
             .ok_or_else(|| format!("--device {d:?}: use NAME=SPEC"))?;
-        if let Some(size) = spec.strip_prefix("null:") {
-            let bytes = outboard_devices::backing::parse_size(size)
-                .ok_or_else(|| format!("--device {d:?}: null:SIZE needs a size"))?;
-            hosts.push(Box::new(NullBlock::new(name, bytes)));
-            continue;
-        }
-        let spec: DeviceSpec = spec.parse()?;
-        hosts.push(Box::new(
-            BlockHost::open(name, &spec, MAX_QUEUES).map_err(|e| e.to_string())?,
-        ));
+        let at: Attachment = spec.parse().map_err(|e| format!("--device {d:?}: {e}"))?;
+        let driver = a
+            .drivers
+            .iter()
+            .filter_map(|x| x.split_once('='))
+            .find(|(n, _)| *n == name)
+            .map(|(_, drv)| drv);
+        let opts = StartOptions {
+            name: name.to_string(),
+            queues: MAX_QUEUES,
+        };
+        served.push(Served::start(&at, driver, opts).map_err(|e| format!("{name}: {e}"))?);
+        names.push(name.to_string());
     }
-    let names: Vec<String> = hosts.iter().map(|h| h.info().name.clone()).collect();
-    let mut server = DriverHost::bind(&a.listen, hosts)?;
+    let mut server = DriverHost::bind(&a.listen, served)?;
     server.set_spin(std::time::Duration::from_micros(a.spin_us));
     server.set_deadline(std::time::Duration::from_millis(a.deadline_ms));
     if let Some(fd) = a.notify_fd {

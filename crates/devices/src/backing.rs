@@ -45,18 +45,7 @@ pub enum BackingError {
     },
 }
 
-/// Parses a size such as `4096`, `64K`, `512M`, `2G` (binary units).
-pub fn parse_size(s: &str) -> Option<u64> {
-    let s = s.trim();
-    let (num, mult) = match s.char_indices().last()? {
-        (i, 'k' | 'K') => (&s[..i], 1u64 << 10),
-        (i, 'm' | 'M') => (&s[..i], 1 << 20),
-        (i, 'g' | 'G') => (&s[..i], 1 << 30),
-        (i, 't' | 'T') => (&s[..i], 1 << 40),
-        _ => (s, 1),
-    };
-    num.parse::<u64>().ok()?.checked_mul(mult)
-}
+pub use outboard_sys::units::parse_size;
 
 impl Backing {
     /// Opens `mem:SIZE` (zero-filled memory) or a file path. A file that does not exist is

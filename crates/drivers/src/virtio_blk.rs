@@ -14,7 +14,9 @@
 
 use std::time::Duration;
 
-use outboard_env::WorkLoop;
+use std::os::fd::BorrowedFd;
+
+use outboard_env::{DeviceEvent, Failure, Waiter};
 use outboard_hw::{DmaBuf, Irq, IrqKind, PciFunction, PciIdentity};
 use outboard_spec::virtio::{self, feature as vfeature, DeviceStatus, NO_VECTOR};
 use outboard_spec::virtio_blk::{config, feature, req, status, SECTOR_SIZE};
@@ -197,12 +199,13 @@ pub struct VirtioBlk {
     transport: Transport,
     queues: Vec<Queue>,
     irqs: Vec<Irq>,
-    work: WorkLoop,
+    /// The environment's loop for synchronous use (`wait`), on this device's sources.
+    waiter: Waiter,
     info: BlkInfo,
     size_max: u32,
     seg_max: u32,
     timeout: Duration,
-    ready: Vec<u64>,
+    ready: Vec<DeviceEvent>,
     stopped: bool,
 }
 
@@ -216,6 +219,31 @@ impl std::fmt::Debug for VirtioBlk {
 
 /// What a request fails with when the device set DEVICE_NEEDS_RESET.
 pub const NEEDS_RESET: &str = "the device needs a reset (virtio DEVICE_NEEDS_RESET)";
+
+/// Which event each of a function's fds stands for. With MSI-X, vector 0 is configuration
+/// changes and vector `q + 1` is queue `q`; with INTx one vector carries everything.
+fn event_sources<'a>(
+    func: &'a PciFunction,
+    irqs: &'a [Irq],
+    msix: bool,
+) -> Vec<(DeviceEvent, BorrowedFd<'a>)> {
+    let mut v: Vec<(DeviceEvent, BorrowedFd<'a>)> = irqs
+        .iter()
+        .enumerate()
+        .map(|(i, irq)| {
+            let ev = if msix && i == 0 {
+                DeviceEvent::ConfigChange
+            } else {
+                DeviceEvent::Interrupt(i as u16)
+            };
+            (ev, irq.fd())
+        })
+        .collect();
+    if let Some(fd) = func.loss_fd() {
+        v.push((DeviceEvent::Lost, fd));
+    }
+    v
+}
 
 impl VirtioBlk {
     /// Brings the device up: §3.1.1 device initialization, then queue and vector set-up.
@@ -346,11 +374,8 @@ impl VirtioBlk {
         }
         // 8: DRIVER_OK.
         t.add_status(DeviceStatus::DRIVER_OK)?;
-        let work = WorkLoop::new().map_err(|e| BlkError::Device(e.to_string()))?;
-        for (i, irq) in irqs.iter().enumerate() {
-            work.add(irq.fd(), i as u64)
-                .map_err(|e| BlkError::Device(e.to_string()))?;
-        }
+        let waiter = Waiter::new(event_sources(&func, &irqs, msix))
+            .map_err(|e| BlkError::Device(e.to_string()))?;
         let info = BlkInfo {
             capacity,
             block_size,
@@ -365,7 +390,7 @@ impl VirtioBlk {
             transport: t,
             queues,
             irqs,
-            work,
+            waiter,
             info,
             size_max,
             seg_max,
@@ -703,23 +728,58 @@ impl VirtioBlk {
                 return Err(BlkError::Timeout);
             }
             self.ready.clear();
-            self.work
-                .wait(Some(deadline - now), &mut self.ready)
+            self.waiter
+                .wait(deadline - now, &mut self.ready)
                 .map_err(|e| BlkError::Device(e.to_string()))?;
-            for i in std::mem::take(&mut self.ready) {
-                if let Some(irq) = self.irqs.get(i as usize) {
+            for ev in std::mem::take(&mut self.ready) {
+                // A device that stopped says so here, and nothing it holds will complete:
+                // waiting out the deadline would only hide why.
+                self.handle_event(ev)
+                    .map_err(|f| BlkError::Device(f.to_string()))?;
+            }
+        }
+    }
+
+    /// The device's event sources for the environment's loop: each interrupt vector, the
+    /// configuration-change vector and the device's loss.
+    pub fn sources(&self) -> Vec<(DeviceEvent, BorrowedFd<'_>)> {
+        event_sources(&self.func, &self.irqs, self.info.msix)
+    }
+
+    /// Handles one of the device's events (the contract's `handle`): acknowledges an
+    /// interrupt, and reports a device that needs a reset or is gone.
+    pub fn handle_event(&mut self, ev: DeviceEvent) -> Result<(), Failure> {
+        let driver = |e: VirtioError| Failure::Driver(e.to_string());
+        match ev {
+            DeviceEvent::Lost => Err(Failure::Lost),
+            DeviceEvent::ConfigChange => {
+                if let Some(irq) = self.irqs.first() {
                     irq.ack();
                 }
-                // The configuration vector: a device that stopped says so here, and nothing it
-                // holds will complete; waiting out the deadline would only hide why.
-                if self.info.msix && i == 0 && self.needs_reset()? {
-                    return Err(BlkError::Device(NEEDS_RESET.into()));
+                self.check_reset()
+            }
+            DeviceEvent::Interrupt(v) => {
+                if let Some(irq) = self.irqs.get(v as usize) {
+                    irq.ack();
                 }
                 if !self.info.msix {
-                    // INTx: reading the ISR acknowledges the interrupt (§4.1.4.5).
-                    self.transport.read_isr()?;
+                    // INTx: reading the ISR acknowledges the interrupt (§4.1.4.5); bit 1
+                    // says the configuration changed.
+                    let isr = self.transport.read_isr().map_err(driver)?;
+                    if isr & 2 != 0 {
+                        return self.check_reset();
+                    }
                 }
+                Ok(())
             }
+        }
+    }
+
+    fn check_reset(&self) -> Result<(), Failure> {
+        match self.needs_reset() {
+            Ok(false) => Ok(()),
+            Ok(true) => Err(Failure::NeedsReset),
+            Err(e) => Err(Failure::Driver(format!("its status cannot be read: {e}"))),
         }
     }
 

@@ -1,113 +1,42 @@
-//! The driver execution environment.
+//! The driver execution environment (the native work-loop model).
 //!
-//! This crate holds the **native work-loop model** (I/O Kit work loops, sDDF event handlers):
-//! a driver runs on one thread that waits on its event sources — interrupt eventfds, timerfds,
-//! doorbells — and handles them one at a time, so nothing inside a driver needs a lock. The
-//! `osenv` legacy model (Fluke) is a later addition; it will share these event sources.
+//! A driver runs on one thread that the environment owns: it waits on event sources —
+//! interrupt eventfds, timerfds, session doorbells, control sockets — in a [`WorkLoop`] and
+//! calls the driver for each one ([`Driver::handle`]), so nothing inside a driver needs a lock.
+//! The environment also provides what a driver needs from the host: DMA mappings
+//! ([`DeviceEnv`]), timers and deadlines ([`Timer`]), and failure events ([`Failure`]). The
+//! `osenv` legacy model (Fluke) is a later addition; it will share these services.
 #![deny(missing_docs)]
 
-use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
-use std::time::Duration;
+pub mod driver;
+pub mod timer;
+pub mod workloop;
 
-use rustix::event::epoll;
-use rustix::io::Errno;
-
-/// Why the work loop failed.
-#[derive(Debug, thiserror::Error)]
-#[error("work loop: {op}: {errno}")]
-pub struct LoopError {
-    op: &'static str,
-    errno: Errno,
-}
-
-/// An epoll-based work loop: register fds with a token, wait, get back the tokens that fired.
-pub struct WorkLoop {
-    epoll: OwnedFd,
-}
-
-impl std::fmt::Debug for WorkLoop {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("WorkLoop")
-    }
-}
-
-impl WorkLoop {
-    /// A loop with no sources.
-    pub fn new() -> Result<Self, LoopError> {
-        let epoll = epoll::create(epoll::CreateFlags::CLOEXEC).map_err(|errno| LoopError {
-            op: "epoll_create",
-            errno,
-        })?;
-        Ok(Self { epoll })
-    }
-
-    /// Adds an event source: when `fd` becomes readable, `wait` reports `token`.
-    pub fn add(&self, fd: BorrowedFd<'_>, token: u64) -> Result<(), LoopError> {
-        epoll::add(
-            &self.epoll,
-            fd,
-            epoll::EventData::new_u64(token),
-            epoll::EventFlags::IN,
-        )
-        .map_err(|errno| LoopError {
-            op: "epoll_ctl(add)",
-            errno,
-        })
-    }
-
-    /// Removes a source.
-    pub fn remove(&self, fd: BorrowedFd<'_>) -> Result<(), LoopError> {
-        epoll::delete(&self.epoll, fd).map_err(|errno| LoopError {
-            op: "epoll_ctl(del)",
-            errno,
-        })
-    }
-
-    /// Waits up to `timeout` (forever if `None`) and appends the tokens of ready sources to
-    /// `ready`. Returns how many were added (0 on timeout or a signal).
-    pub fn wait(
-        &mut self,
-        timeout: Option<Duration>,
-        ready: &mut Vec<u64>,
-    ) -> Result<usize, LoopError> {
-        let ts = timeout.map(|t| rustix::time::Timespec {
-            tv_sec: t.as_secs() as _,
-            tv_nsec: t.subsec_nanos() as _,
-        });
-        // A stack buffer per call keeps the loop `Send` (epoll events hold a pointer union).
-        let mut buf = [std::mem::MaybeUninit::<epoll::Event>::uninit(); 64];
-        let events = match epoll::wait(&self.epoll, &mut buf, ts.as_ref()) {
-            Ok((events, _)) => events,
-            Err(Errno::INTR) => return Ok(0),
-            Err(errno) => {
-                return Err(LoopError {
-                    op: "epoll_wait",
-                    errno,
-                })
-            }
-        };
-        ready.extend(events.iter().map(|e| e.data.u64()));
-        Ok(events.len())
-    }
-
-    /// The epoll fd, so a loop can itself be a source in an outer loop.
-    pub fn fd(&self) -> BorrowedFd<'_> {
-        self.epoll.as_fd()
-    }
-}
+pub use driver::{DeviceEnv, DeviceEvent, Driver, EnvError, Failure, Mapping, Waiter};
+pub use timer::Timer;
+pub use workloop::{LoopError, WorkLoop};
 
 #[cfg(test)]
 mod tests {
     use super::*;
     use rustix::event::{eventfd, EventfdFlags};
+    use std::os::fd::AsFd;
+    use std::time::{Duration, Instant};
+
+    #[derive(Debug, Clone, Copy, PartialEq)]
+    enum Src {
+        A,
+        B(u32),
+        Tick,
+    }
 
     #[test]
-    fn reports_the_token_of_the_source_that_fired() {
+    fn reports_what_fired_as_the_value_it_was_registered_with() {
         let mut wl = WorkLoop::new().unwrap();
         let a = eventfd(0, EventfdFlags::NONBLOCK).unwrap();
         let b = eventfd(0, EventfdFlags::NONBLOCK).unwrap();
-        wl.add(a.as_fd(), 1).unwrap();
-        wl.add(b.as_fd(), 2).unwrap();
+        wl.add(a.as_fd(), Src::A).unwrap();
+        wl.add(b.as_fd(), Src::B(7)).unwrap();
         let mut ready = Vec::new();
         assert_eq!(
             wl.wait(Some(Duration::from_millis(1)), &mut ready).unwrap(),
@@ -115,6 +44,71 @@ mod tests {
         );
         rustix::io::write(&b, &1u64.to_ne_bytes()).unwrap();
         wl.wait(Some(Duration::from_secs(1)), &mut ready).unwrap();
-        assert_eq!(ready, vec![2]);
+        assert_eq!(ready, vec![Src::B(7)]);
+    }
+
+    #[test]
+    fn a_removed_source_is_not_reported_and_its_slot_is_reused() {
+        let mut wl = WorkLoop::new().unwrap();
+        let a = eventfd(0, EventfdFlags::NONBLOCK).unwrap();
+        let b = eventfd(0, EventfdFlags::NONBLOCK).unwrap();
+        wl.add(a.as_fd(), Src::A).unwrap();
+        wl.remove(a.as_fd()).unwrap();
+        rustix::io::write(&a, &1u64.to_ne_bytes()).unwrap();
+        wl.add(b.as_fd(), Src::B(1)).unwrap();
+        rustix::io::write(&b, &1u64.to_ne_bytes()).unwrap();
+        let mut ready = Vec::new();
+        wl.wait(Some(Duration::from_secs(1)), &mut ready).unwrap();
+        assert_eq!(ready, vec![Src::B(1)]);
+    }
+
+    #[test]
+    fn a_timer_wakes_the_loop_when_due_and_not_before() {
+        let mut wl = WorkLoop::new().unwrap();
+        let mut t = Timer::new().unwrap();
+        wl.add(t.fd(), Src::Tick).unwrap();
+        let start = Instant::now();
+        t.arm_at(start + Duration::from_millis(30)).unwrap();
+        let mut ready = Vec::new();
+        wl.wait(Some(Duration::from_secs(5)), &mut ready).unwrap();
+        assert_eq!(ready, vec![Src::Tick]);
+        assert!(start.elapsed() >= Duration::from_millis(30));
+        t.ack();
+        assert_eq!(t.due(), None);
+        ready.clear();
+        assert_eq!(
+            wl.wait(Some(Duration::from_millis(20)), &mut ready)
+                .unwrap(),
+            0
+        );
+    }
+
+    #[test]
+    fn a_disarmed_timer_stays_quiet() {
+        let mut wl = WorkLoop::new().unwrap();
+        let mut t = Timer::new().unwrap();
+        wl.add(t.fd(), Src::Tick).unwrap();
+        t.arm_at(Instant::now() + Duration::from_millis(10))
+            .unwrap();
+        t.disarm().unwrap();
+        let mut ready = Vec::new();
+        assert_eq!(
+            wl.wait(Some(Duration::from_millis(40)), &mut ready)
+                .unwrap(),
+            0
+        );
+    }
+
+    #[test]
+    fn a_timer_armed_in_the_past_fires_at_once() {
+        let mut wl = WorkLoop::new().unwrap();
+        let mut t = Timer::new().unwrap();
+        wl.add(t.fd(), Src::Tick).unwrap();
+        t.arm_at(Instant::now() - Duration::from_secs(1)).unwrap();
+        let mut ready = Vec::new();
+        assert_eq!(
+            wl.wait(Some(Duration::from_secs(1)), &mut ready).unwrap(),
+            1
+        );
     }
 }

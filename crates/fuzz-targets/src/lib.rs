@@ -153,6 +153,8 @@ pub fn session_ring(data: &[u8]) {
     let g = Geometry {
         sq_entries: 8,
         cq_entries: 16,
+        sqe_size: outboard_class::block::SQE_SIZE,
+        cqe_size: outboard_class::block::CQE_SIZE,
         buffer_size: 64 << 10,
     };
     let Ok(region) = Region::create(g) else {

@@ -75,7 +75,8 @@ impl IovaSpace {
     }
 }
 
-/// Hands out DMA buffers for one device.
+/// Hands out DMA buffers for one device. Clones share the device and its IOVA allocator.
+#[derive(Clone)]
 pub struct DmaSpace {
     backend: Arc<dyn Backend>,
     space: Arc<Mutex<IovaSpace>>,

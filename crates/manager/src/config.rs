@@ -52,15 +52,7 @@ pub struct ConfigError {
     pub message: String,
 }
 
-/// Where a device's driver runs.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
-#[serde(rename_all = "kebab-case")]
-pub enum Placement {
-    /// In a driver server process.
-    Separate,
-    /// Linked into each client.
-    Colocated,
-}
+pub use outboard_client::api::Placement;
 
 /// A validated device.
 #[derive(Debug, Clone, PartialEq, Eq)]

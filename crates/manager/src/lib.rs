@@ -7,18 +7,18 @@
 //! confinement come later.
 #![deny(missing_docs)]
 
-pub mod api;
 pub mod config;
-pub mod open;
-pub mod registry;
 pub mod runtime;
 pub mod supervisor;
+
+pub use outboard_client::{api, manager as open, registry};
 
 use std::os::fd::{AsFd, OwnedFd};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
+use outboard_drivers::Identity;
 use outboard_env::WorkLoop;
 use outboard_hw::{DeviceSpec, IrqKind, PciFunction};
 use outboard_session::control;
@@ -41,25 +41,7 @@ pub struct ManagerOptions {
     pub verbose: u8,
 }
 
-/// The default control socket: `$OUTBOARD_CONTROL`, else `$XDG_RUNTIME_DIR/outboard/control.sock`,
-/// else `/tmp/outboard-$UID/control.sock`.
-pub fn default_control() -> PathBuf {
-    if let Some(p) = std::env::var_os("OUTBOARD_CONTROL") {
-        return PathBuf::from(p);
-    }
-    default_runtime_dir().join("control.sock")
-}
-
-/// The default runtime directory.
-pub fn default_runtime_dir() -> PathBuf {
-    match std::env::var_os("XDG_RUNTIME_DIR") {
-        Some(d) => PathBuf::from(d).join("outboard"),
-        None => PathBuf::from(format!(
-            "/tmp/outboard-{}",
-            rustix::process::getuid().as_raw()
-        )),
-    }
-}
+pub use outboard_client::manager::{default_control, default_runtime_dir};
 
 /// What woke the manager's work loop.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -72,31 +54,6 @@ enum Source {
     Conn(usize),
     /// Child `i` reported an event.
     Events(usize),
-}
-
-impl Source {
-    const CONN: u64 = 1 << 32;
-    const EVENTS: u64 = 2 << 32;
-    const KIND: u64 = 0xffff_ffff << 32;
-
-    fn token(self) -> u64 {
-        match self {
-            Source::Listener => u64::MAX,
-            Source::Child(i) => i as u64,
-            Source::Conn(i) => Self::CONN | i as u64,
-            Source::Events(i) => Self::EVENTS | i as u64,
-        }
-    }
-
-    fn from_token(t: u64) -> Self {
-        let i = (t & !Self::KIND) as usize;
-        match t {
-            u64::MAX => Source::Listener,
-            t if t & Self::KIND == Self::CONN => Source::Conn(i),
-            t if t & Self::KIND == Self::EVENTS => Source::Events(i),
-            _ => Source::Child(i),
-        }
-    }
 }
 
 /// A running machine.
@@ -162,12 +119,18 @@ impl Manager {
         let mut bus = Node::new("bus", "vfio-user");
         let mut virtual_bus = Node::new("bus", "virtual");
         let devices = self.machine.devices.clone();
+        // The catalog's choice for each device: the driver server starts exactly this one.
+        let mut chosen: Vec<(String, &'static str)> = Vec::new();
         for d in devices.iter().filter(|d| d.model == "null-blk") {
+            let personality = outboard_drivers::match_driver(&Identity::Virtual(&d.model))
+                .ok_or_else(|| format!("{}: no driver matches model {}", d.name, d.model))?;
+            chosen.push((d.name.clone(), personality.driver));
             virtual_bus.children.push(
                 Node::new("device", &format!("{}@virtual", d.name))
                     .with("model", "null-blk")
                     .child(
-                        Node::new("driver", "null-blk")
+                        Node::new("driver", personality.driver)
+                            .with("probe-score", personality.score)
                             .with("placement", "separate")
                             .with("state", "starting")
                             .child(Node::new("block-device", &d.name)),
@@ -245,13 +208,15 @@ impl Manager {
                 })
                 .collect();
             node.set("irqs", irqs.join(", "));
-            let personality = outboard_drivers::match_driver(&id).ok_or_else(|| {
-                format!(
-                    "{}: no driver matches {:04x}:{:04x}",
-                    d.name, id.vendor, id.device
-                )
-            })?;
+            let personality =
+                outboard_drivers::match_driver(&Identity::Pci(id)).ok_or_else(|| {
+                    format!(
+                        "{}: no driver matches {:04x}:{:04x}",
+                        d.name, id.vendor, id.device
+                    )
+                })?;
             drop(f);
+            chosen.push((d.name.clone(), personality.driver));
             let driver = Node::new("driver", personality.driver)
                 .with("probe-score", personality.score)
                 .with(
@@ -312,6 +277,9 @@ impl Manager {
                     format!("vfio-user:{}", self.rt().device_socket(n).display())
                 };
                 args.extend(["--device".into(), format!("{n}={spec}")]);
+                if let Some((_, driver)) = chosen.iter().find(|c| &c.0 == n) {
+                    args.extend(["--driver".into(), format!("{n}={driver}")]);
+                }
             }
             let log = self.created(self.rt().server_log(&server));
             let mut p = Process::spawn_with_events(
@@ -325,7 +293,7 @@ impl Manager {
             let pid = p.pid();
             self.procs.push(p);
             for n in &names {
-                let info = outboard_class::BlockClient::status(&sock, n)
+                let info = outboard_client::BlockClient::status(&sock, n)
                     .map_err(|e| format!("{n}: {e}"))?;
                 let node = match self
                     .registry
@@ -362,17 +330,17 @@ impl Manager {
     /// it is readable and answered without waiting, so an idle or stuck client cannot delay a
     /// crash report or another client.
     pub fn run(&mut self, stop: &AtomicBool) -> Result<(), String> {
-        let mut work = WorkLoop::new().map_err(|e| e.to_string())?;
+        let mut work: WorkLoop<Source> = WorkLoop::new().map_err(|e| e.to_string())?;
         let (listener, _) = self.listener.as_ref().ok_or("the manager is not started")?;
-        work.add(listener.as_fd(), Source::Listener.token())
+        work.add(listener.as_fd(), Source::Listener)
             .map_err(|e| e.to_string())?;
         for (i, p) in self.procs.iter().enumerate() {
             if p.exited.is_none() {
-                work.add(p.fd(), Source::Child(i).token())
+                work.add(p.fd(), Source::Child(i))
                     .map_err(|e| e.to_string())?;
             }
             if let Some(ev) = &p.events {
-                work.add(ev.as_fd(), Source::Events(i).token())
+                work.add(ev.as_fd(), Source::Events(i))
                     .map_err(|e| e.to_string())?;
             }
         }
@@ -381,17 +349,17 @@ impl Manager {
             ready.clear();
             work.wait(Some(Duration::from_millis(100)), &mut ready)
                 .map_err(|e| e.to_string())?;
-            for &t in &ready {
-                match Source::from_token(t) {
-                    Source::Listener => self.accept(&work),
+            for &source in &ready {
+                match source {
+                    Source::Listener => self.accept(&mut work),
                     Source::Child(i) => {
                         if self.procs.get_mut(i).is_some_and(Process::reap) {
                             let _ = work.remove(self.procs[i].fd());
                             self.crashed(i);
                         }
                     }
-                    Source::Conn(i) => self.serve(&work, i),
-                    Source::Events(i) => self.child_event(&work, i),
+                    Source::Conn(i) => self.serve(&mut work, i),
+                    Source::Events(i) => self.child_event(&mut work, i),
                 }
             }
         }
@@ -400,7 +368,7 @@ impl Manager {
 
     /// Takes one event a driver server reported; a channel that closed or sent garbage is
     /// dropped (the pidfd reports the exit itself).
-    fn child_event(&mut self, work: &WorkLoop, i: usize) {
+    fn child_event(&mut self, work: &mut WorkLoop<Source>, i: usize) {
         let Some(ev) = self.procs.get(i).and_then(|p| p.events.as_ref()) else {
             return;
         };
@@ -437,7 +405,7 @@ impl Manager {
         find(&mut self.registry, name)
     }
 
-    fn accept(&mut self, work: &WorkLoop) {
+    fn accept(&mut self, work: &mut WorkLoop<Source>) {
         let Some((listener, _)) = &self.listener else {
             return;
         };
@@ -451,7 +419,7 @@ impl Manager {
                 self.conns.len() - 1
             }
         };
-        if work.add(conn.as_fd(), Source::Conn(slot).token()).is_ok() {
+        if work.add(conn.as_fd(), Source::Conn(slot)).is_ok() {
             self.conns[slot] = Some(conn);
         }
     }
@@ -508,7 +476,7 @@ impl Manager {
 
     /// Answers one request on control connection `i` without blocking; a connection that
     /// hung up, sent garbage or does not read its replies is closed.
-    fn serve(&mut self, work: &WorkLoop, i: usize) {
+    fn serve(&mut self, work: &mut WorkLoop<Source>, i: usize) {
         let Some(Some(conn)) = self.conns.get(i) else {
             return;
         };
@@ -532,7 +500,7 @@ impl Manager {
         }
     }
 
-    fn close_conn(&mut self, work: &WorkLoop, i: usize) {
+    fn close_conn(&mut self, work: &mut WorkLoop<Source>, i: usize) {
         if let Some(conn) = self.conns.get_mut(i).and_then(Option::take) {
             let _ = work.remove(conn.as_fd());
         }

@@ -21,35 +21,123 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use outboard_class::block::{validate, Cqe, Sqe};
-use outboard_class::{BlockCompletion, BlockError, BlockOp, BlockRequest};
-use outboard_env::WorkLoop;
+use outboard_class::{
+    BlockCompletion, BlockDriver, BlockError, BlockOp, BlockRequest, ClassDriver,
+};
+use outboard_drivers::{Attachment, StartOptions, Started};
+use outboard_env::{DeviceEnv, DeviceEvent, Mapping, Timer, WorkLoop};
 use outboard_session::control::{self, Reply, Request};
 use outboard_session::doorbell::{announce_sleep, cancel_sleep, peer_sleeping};
 use outboard_session::region::ShmRing;
 use outboard_session::{Consumer, Doorbell, Producer, Region, SessionError};
 use outboard_sys::SocketPath;
 
-use crate::backend::BlockBackend;
 use crate::ranges::{range_of, Decision, Range, RangeLocks};
-use crate::recovery::Recovery;
+use crate::recovery::{Recovery, Reopen};
 
-/// Adds device `d`'s event sources to the loop: its interrupts, its loss, its configuration
-/// changes.
+/// What woke the driver host.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Source {
+    /// A client is connecting.
+    Listener,
+    /// Control connection `i` has a message (or hung up).
+    Conn(usize),
+    /// Session `i`'s client rang.
+    Bell(usize),
+    /// Device `d` had an event.
+    Device(usize, DeviceEvent),
+    /// A request's deadline may have passed.
+    Deadline,
+}
+
+/// Adds device `d`'s event sources to the loop.
 fn watch(
-    work: &WorkLoop,
-    host: &dyn BlockBackend,
+    work: &mut WorkLoop<Source>,
+    driver: &dyn BlockDriver,
     d: usize,
 ) -> Result<(), outboard_env::LoopError> {
-    for fd in host.irq_fds() {
-        work.add(fd, IRQ | d as u64)?;
-    }
-    if let Some(fd) = host.loss_fd() {
-        work.add(fd, LOST | d as u64)?;
-    }
-    if let Some(fd) = host.config_irq_fd() {
-        work.add(fd, CONFIG | d as u64)?;
+    for (ev, fd) in driver.sources() {
+        work.add(fd, Source::Device(d, ev))?;
     }
     Ok(())
+}
+
+/// Removes device `d`'s event sources (before its driver is dropped or given up).
+fn unwatch(work: &mut WorkLoop<Source>, driver: &dyn BlockDriver) {
+    for (_, fd) in driver.sources() {
+        let _ = work.remove(fd);
+    }
+}
+
+/// A block device to serve: a started driver and its environment, and how to start it
+/// again after a failure.
+pub struct Served {
+    /// The driver.
+    pub driver: Box<dyn BlockDriver>,
+    /// Its environment.
+    pub env: DeviceEnv,
+    /// How to start it again, if it can be.
+    pub reopen: Option<Reopen<(Box<dyn BlockDriver>, DeviceEnv)>>,
+}
+
+impl Served {
+    /// Serves a driver that cannot be re-opened (tests, in-process devices).
+    pub fn new(driver: Box<dyn BlockDriver>, env: DeviceEnv) -> Self {
+        Self {
+            driver,
+            env,
+            reopen: None,
+        }
+    }
+
+    /// Starts the personality `driver` (or the best match) on the device at `at`, and
+    /// remembers how, so that a failed device is started again the same way.
+    pub fn start(
+        at: &Attachment,
+        driver: Option<&str>,
+        opts: StartOptions,
+    ) -> Result<Self, outboard_drivers::StartError> {
+        let (block, env, personality) = start_block(at, driver, &opts)?;
+        let at = at.clone();
+        let reopen: Reopen<(Box<dyn BlockDriver>, DeviceEnv)> = Arc::new(move || {
+            start_block(&at, Some(personality), &opts)
+                .map(|(d, env, _)| (d, env))
+                .map_err(|e| e.to_string())
+        });
+        Ok(Self {
+            driver: block,
+            env,
+            reopen: Some(reopen),
+        })
+    }
+}
+
+impl From<outboard_drivers::virtio_block::VirtioBlock> for Served {
+    fn from(d: outboard_drivers::virtio_block::VirtioBlock) -> Self {
+        let env = d.env();
+        Self::new(Box::new(d), env)
+    }
+}
+
+impl From<outboard_drivers::null_blk::NullBlock> for Served {
+    fn from(d: outboard_drivers::null_blk::NullBlock) -> Self {
+        Self::new(Box::new(d), DeviceEnv::virtual_device())
+    }
+}
+
+fn start_block(
+    at: &Attachment,
+    driver: Option<&str>,
+    opts: &StartOptions,
+) -> Result<(Box<dyn BlockDriver>, DeviceEnv, &'static str), outboard_drivers::StartError> {
+    let Started {
+        driver,
+        env,
+        personality,
+    } = outboard_drivers::start(at, driver, opts)?;
+    match driver {
+        ClassDriver::Block(b) => Ok((b, env, personality.driver)),
+    }
 }
 
 /// Whether a session other than `si` has a write to `range` in the device.
@@ -65,17 +153,9 @@ const DEADLINE_ROUNDS: u32 = 64;
 /// Most entries taken from one session per round.
 pub const BUDGET: usize = 32;
 
-const LISTENER: u64 = 0;
-const CONN: u64 = 1 << 56;
-const BELL: u64 = 2 << 56;
-const IRQ: u64 = 3 << 56;
-const LOST: u64 = 4 << 56;
-const CONFIG: u64 = 5 << 56;
-
 /// How long a request may stay in a device before the device is declared stalled and its
 /// requests fail with [`BlockError::DeviceFailed`].
 pub const DEFAULT_DEADLINE: Duration = Duration::from_secs(30);
-const KIND: u64 = 0xff << 56;
 
 /// What clients may take from one server: memory is created by the server for each session
 /// (and mapped into each device's DMA space), so a client must not be able to claim it all.
@@ -133,7 +213,9 @@ struct InFlight {
 }
 
 struct Device {
-    host: Box<dyn BlockBackend>,
+    host: Box<dyn BlockDriver>,
+    env: DeviceEnv,
+    reopen: Option<Reopen<(Box<dyn BlockDriver>, DeviceEnv)>>,
     /// Driver tag → the request it stands for.
     tags: Vec<Option<InFlight>>,
     free_tags: Vec<usize>,
@@ -142,7 +224,7 @@ struct Device {
     /// Why the device was given up; until it is back, every request fails at once with this.
     failed: Option<String>,
     /// The way back of a device that was given up.
-    recovery: Option<Recovery>,
+    recovery: Option<Recovery<(Box<dyn BlockDriver>, DeviceEnv)>>,
 }
 
 struct Session {
@@ -154,9 +236,8 @@ struct Session {
     cq: Producer<ShmRing>,
     server_bell: Doorbell,
     client_bell: Doorbell,
-    /// Device address of the buffer area, and the guard that unmaps it from the device.
-    iova: u64,
-    _dma: Box<dyn std::any::Any + Send>,
+    /// The buffer area in the device's DMA space (dropping it unmaps it).
+    dma: Mapping,
     tags: HashSet<u64>,
     dirty: bool,
 }
@@ -174,7 +255,9 @@ pub struct DriverHost {
     devices: Vec<Device>,
     conns: Vec<Option<(OwnedFd, Option<usize>)>>,
     sessions: Vec<Option<Session>>,
-    work: WorkLoop,
+    work: WorkLoop<Source>,
+    /// Wakes a sleeping loop when the oldest request in a device reaches its deadline.
+    deadline_timer: Timer,
     next_session: u64,
     stats: HostStats,
     scratch: Vec<(u64, Result<u32, BlockError>)>,
@@ -196,10 +279,7 @@ fn err(e: impl std::fmt::Display) -> String {
 
 impl DriverHost {
     /// Serves `devices` on a SEQPACKET socket at `path`.
-    pub fn bind(
-        path: &std::path::Path,
-        devices: Vec<Box<dyn BlockBackend>>,
-    ) -> Result<Self, String> {
+    pub fn bind(path: &std::path::Path, devices: Vec<Served>) -> Result<Self, String> {
         let (listener, path) = control::listen(path).map_err(err)?;
         let mut h = Self::new(listener, devices)?;
         h.path = Some(path);
@@ -207,13 +287,18 @@ impl DriverHost {
     }
 
     /// Serves `devices` on an already listening socket.
-    pub fn new(listener: OwnedFd, devices: Vec<Box<dyn BlockBackend>>) -> Result<Self, String> {
-        let work = WorkLoop::new().map_err(err)?;
-        work.add(listener.as_fd(), LISTENER).map_err(err)?;
+    pub fn new(listener: OwnedFd, devices: Vec<Served>) -> Result<Self, String> {
+        let mut work = WorkLoop::new().map_err(err)?;
+        work.add(listener.as_fd(), Source::Listener).map_err(err)?;
+        let deadline_timer = Timer::new().map_err(err)?;
+        work.add(deadline_timer.fd(), Source::Deadline)
+            .map_err(err)?;
         let devices: Vec<Device> = devices
             .into_iter()
-            .map(|host| Device {
-                host,
+            .map(|s| Device {
+                host: s.driver,
+                env: s.env,
+                reopen: s.reopen,
                 tags: Vec::new(),
                 free_tags: Vec::new(),
                 locks: RangeLocks::default(),
@@ -222,7 +307,7 @@ impl DriverHost {
             })
             .collect();
         for (i, d) in devices.iter().enumerate() {
-            watch(&work, d.host.as_ref(), i).map_err(err)?;
+            watch(&mut work, d.host.as_ref(), i).map_err(err)?;
         }
         Ok(Self {
             listener,
@@ -231,6 +316,7 @@ impl DriverHost {
             conns: Vec::new(),
             sessions: Vec::new(),
             work,
+            deadline_timer,
             next_session: 1,
             stats: HostStats::default(),
             scratch: Vec::new(),
@@ -297,6 +383,9 @@ impl DriverHost {
             }
             if self.prepare_sleep()? {
                 ready.clear();
+                self.arm_deadline()?;
+                // Deadlines have their timer; the timeout bounds how late a stop request or a
+                // device's recovery attempt is noticed.
                 self.work
                     .wait(Some(Duration::from_millis(100)), &mut ready)
                     .map_err(err)?;
@@ -469,7 +558,7 @@ impl DriverHost {
             dev.tags.push(None);
             dev.tags.len() - 1
         });
-        match dev.host.submit(r, s.iova, slot as u64) {
+        match dev.host.submit(r, s.dma.iova(), slot as u64) {
             Ok(()) => {
                 dev.tags[slot] = Some(InFlight {
                     session: si,
@@ -562,6 +651,22 @@ impl DriverHost {
         n > 0
     }
 
+    /// Arms the deadline timer for the oldest request in any device, so a sleeping loop wakes
+    /// when it expires.
+    fn arm_deadline(&mut self) -> Result<(), String> {
+        let oldest = self
+            .devices
+            .iter()
+            .filter(|d| d.failed.is_none())
+            .flat_map(|d| d.tags.iter().flatten().map(|t| t.since))
+            .min();
+        match oldest {
+            Some(t) => self.deadline_timer.arm_at(t + self.deadline),
+            None => self.deadline_timer.disarm(),
+        }
+        .map_err(err)
+    }
+
     /// Fails the devices whose oldest request has been in the device longer than the deadline.
     fn check_deadlines(&mut self) {
         let now = Instant::now();
@@ -591,18 +696,10 @@ impl DriverHost {
         }
         tracing::error!("device {}: {why}; giving it up", dev.host.info().name);
         self.stats.device_failures += 1;
-        if let Some(fd) = dev.host.loss_fd() {
-            let _ = self.work.remove(fd);
-        }
-        for fd in dev.host.irq_fds() {
-            let _ = self.work.remove(fd);
-        }
-        if let Some(fd) = dev.host.config_irq_fd() {
-            let _ = self.work.remove(fd);
-        }
+        unwatch(&mut self.work, dev.host.as_ref());
         dev.host.abandon();
         dev.failed = Some(why.clone());
-        dev.recovery = dev.host.reopener().map(Recovery::new);
+        dev.recovery = dev.reopen.clone().map(Recovery::new);
         if let Some(n) = &self.notify {
             let event = control::Event::DeviceFailed {
                 device: dev.host.info().name.clone(),
@@ -636,15 +733,16 @@ impl DriverHost {
     /// Advances device `d`'s recovery; when the device is open again, swaps the new driver in,
     /// maps every live session's buffers into the new device, and carries on serving.
     fn recover(&mut self, d: usize) -> bool {
-        let Some(new) = self.devices[d].recovery.as_mut().and_then(Recovery::poll) else {
+        let Some((new, env)) = self.devices[d].recovery.as_mut().and_then(Recovery::poll) else {
             return false;
         };
-        if let Err(e) = watch(&self.work, new.as_ref(), d) {
+        if let Err(e) = watch(&mut self.work, new.as_ref(), d) {
             tracing::error!("device {d}: cannot watch the re-opened device: {e}");
             return false;
         }
         let dev = &mut self.devices[d];
         let old = std::mem::replace(&mut dev.host, new);
+        dev.env = env;
         let name = dev.host.info().name.clone();
         let attempts = dev.recovery.take().map_or(0, |r| r.attempts);
         dev.failed = None;
@@ -653,11 +751,11 @@ impl DriverHost {
             let Some(s) = slot.as_mut().filter(|s| s.device == d && !s.closing()) else {
                 continue;
             };
-            match dev.host.map_buffers(s.region.buffers.clone()) {
-                Ok((iova, dma)) => {
-                    s.iova = iova;
-                    // The old guard unmaps from the old device, which is gone: that fails fast.
-                    s._dma = dma;
+            match dev.env.map(s.region.buffers.clone()) {
+                Ok(dma) => {
+                    // The old mapping unmaps from the old device, which is gone: that fails
+                    // fast.
+                    s.dma = dma;
                 }
                 Err(e) => {
                     tracing::warn!(
@@ -733,10 +831,9 @@ impl DriverHost {
         }
     }
 
-    fn event(&mut self, token: u64) -> Result<(), String> {
-        let index = (token & !KIND) as usize;
-        match token & KIND {
-            LISTENER => {
+    fn event(&mut self, source: Source) -> Result<(), String> {
+        match source {
+            Source::Listener => {
                 if let Ok(sock) = control::accept(self.listener.as_fd()) {
                     let slot = self
                         .conns
@@ -747,34 +844,30 @@ impl DriverHost {
                             self.conns.len() - 1
                         });
                     self.work
-                        .add(sock.as_fd(), CONN | slot as u64)
+                        .add(sock.as_fd(), Source::Conn(slot))
                         .map_err(err)?;
                     self.conns[slot] = Some((sock, None));
                 }
             }
-            CONN => self.control_message(index),
-            BELL => {
-                if let Some(Some(s)) = self.sessions.get(index) {
+            Source::Conn(i) => self.control_message(i),
+            Source::Bell(i) => {
+                if let Some(Some(s)) = self.sessions.get(i) {
                     s.server_bell.drain();
                 }
             }
-            IRQ => {
-                if let Some(d) = self.devices.get_mut(index) {
-                    let _ = d.host.ack();
+            Source::Deadline => {
+                self.deadline_timer.ack();
+                self.next_deadline_check = Instant::now();
+                self.check_deadlines();
+            }
+            Source::Device(d, ev) => {
+                let Some(dev) = self.devices.get_mut(d).filter(|dev| dev.failed.is_none()) else {
+                    return Ok(());
+                };
+                if let Err(failure) = dev.host.handle(ev) {
+                    self.fail_device(d, failure.to_string());
                 }
             }
-            CONFIG if index < self.devices.len() && self.devices[index].failed.is_none() => {
-                if let Err(why) = self.devices[index].host.check_health() {
-                    self.fail_device(index, why);
-                }
-            }
-            LOST if index < self.devices.len() => {
-                self.fail_device(
-                    index,
-                    "the device was lost: its model exited or stopped answering".into(),
-                );
-            }
-            _ => {}
         }
         Ok(())
     }
@@ -834,8 +927,36 @@ impl DriverHost {
                     vec![],
                 ))
             }
-            Request::Open { device, geometry } => {
+            Request::Open {
+                device,
+                class,
+                geometry,
+            } => {
                 let d = self.find(&device)?;
+                if class != "block" {
+                    return Err((
+                        "wrong-class",
+                        format!("{device} is a block device, not a {class:?} device"),
+                    ));
+                }
+                if (geometry.sqe_size, geometry.cqe_size)
+                    != (
+                        outboard_class::block::SQE_SIZE,
+                        outboard_class::block::CQE_SIZE,
+                    )
+                {
+                    return Err((
+                        "invalid",
+                        format!(
+                            "the block class's rings carry {}-byte submissions and {}-byte \
+                             completions, not {} and {}",
+                            outboard_class::block::SQE_SIZE,
+                            outboard_class::block::CQE_SIZE,
+                            geometry.sqe_size,
+                            geometry.cqe_size
+                        ),
+                    ));
+                }
                 if let Some(why) = &self.devices[d].failed {
                     return Err(("device-failed", format!("{device}: {why}")));
                 }
@@ -846,9 +967,9 @@ impl DriverHost {
                 self.admit(geometry.buffer_size)?;
                 let region = Region::create(geometry).map_err(|e| ("resources", e.to_string()))?;
                 // Zero copy: the device reaches the client's buffers directly.
-                let (iova, dma) = self.devices[d]
-                    .host
-                    .map_buffers(region.buffers.clone())
+                let dma = self.devices[d]
+                    .env
+                    .map(region.buffers.clone())
                     .map_err(|e| ("resources", e.to_string()))?;
                 let (server_bell, client_bell) = (
                     Doorbell::new().map_err(|e| ("resources", e.to_string()))?,
@@ -878,7 +999,7 @@ impl DriverHost {
                         self.sessions.len() - 1
                     });
                 self.work
-                    .add(server_bell.fd(), BELL | slot as u64)
+                    .add(server_bell.fd(), Source::Bell(slot))
                     .map_err(|e| ("resources", e.to_string()))?;
                 let id = self.next_session;
                 self.next_session += 1;
@@ -896,8 +1017,7 @@ impl DriverHost {
                     region,
                     server_bell,
                     client_bell,
-                    iova,
-                    _dma: dma,
+                    dma,
                     tags: HashSet::new(),
                     dirty: false,
                 });

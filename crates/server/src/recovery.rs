@@ -15,27 +15,30 @@
 use std::sync::mpsc::{channel, Receiver, TryRecvError};
 use std::time::{Duration, Instant};
 
-use crate::backend::{BlockBackend, Reopen};
+use std::sync::Arc;
+
+/// Opens a device again from scratch; runs on a helper thread.
+pub type Reopen<T> = Arc<dyn Fn() -> Result<T, String> + Send + Sync>;
 
 const FIRST_BACKOFF: Duration = Duration::from_millis(100);
 const MAX_BACKOFF: Duration = Duration::from_secs(5);
 
 /// One failed device's way back.
-pub struct Recovery {
-    reopen: Reopen,
+pub struct Recovery<T> {
+    reopen: Reopen<T>,
     next_attempt: Instant,
     backoff: Duration,
-    pending: Option<Receiver<Result<Box<dyn BlockBackend>, String>>>,
+    pending: Option<Receiver<Result<T, String>>>,
     /// Attempts made so far.
     pub attempts: u32,
     /// Why the last attempt failed.
     pub last_error: Option<String>,
 }
 
-impl Recovery {
+impl<T: Send + 'static> Recovery<T> {
     /// Starts trying to re-open with `reopen`, the first attempt after a short pause (the
     /// model needs a moment to see its old client leave).
-    pub fn new(reopen: Reopen) -> Self {
+    pub fn new(reopen: Reopen<T>) -> Self {
         Self {
             reopen,
             next_attempt: Instant::now() + FIRST_BACKOFF,
@@ -47,7 +50,7 @@ impl Recovery {
     }
 
     /// Starts an attempt when one is due; returns the device once an attempt succeeded.
-    pub fn poll(&mut self) -> Option<Box<dyn BlockBackend>> {
+    pub fn poll(&mut self) -> Option<T> {
         if let Some(rx) = &self.pending {
             match rx.try_recv() {
                 Err(TryRecvError::Empty) => return None,

@@ -103,13 +103,47 @@ fn garbage_control_messages_get_error_replies() {
     srv.stop();
 }
 
+/// `Open` names the class; a block device refuses another class, and refuses rings whose
+/// entries are not the block class's sizes.
+#[test]
+fn an_open_for_another_class_or_other_entry_sizes_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let srv = common::Served::start(dir.path(), SIZE);
+    let s = control::connect(&srv.sock).unwrap();
+    let open = |class: &str, geometry| Request::Open {
+        device: "disk0".into(),
+        class: class.into(),
+        geometry,
+    };
+    let refused = |req: &Request| {
+        let (reply, fds) = control::call(s.as_fd(), req, Duration::from_secs(2)).unwrap();
+        assert!(fds.is_empty());
+        match reply {
+            Reply::Error { code, message } => (code, message),
+            other => panic!("opened: {other:?}"),
+        }
+    };
+    let (code, message) = refused(&open("net", common::G));
+    assert_eq!(code, "wrong-class");
+    assert!(message.contains("block device"), "{message}");
+    let wide = outboard_session::Geometry {
+        sqe_size: 64,
+        ..common::G
+    };
+    let (code, message) = refused(&open("block", wide));
+    assert_eq!(code, "invalid");
+    assert!(message.contains("32-byte submissions"), "{message}");
+    good_client_works(&srv.sock);
+    srv.stop();
+}
+
 fn open_with(
     sock: &std::path::Path,
     buffer_size: u64,
-) -> Result<outboard_class::BlockClient, BlockError> {
-    let mut opts = outboard_class::SessionOptions::default();
+) -> Result<outboard_client::BlockClient, BlockError> {
+    let mut opts = outboard_client::SessionOptions::default();
     opts.geometry.buffer_size = buffer_size;
-    outboard_class::BlockClient::open(sock, "disk0", opts)
+    outboard_client::BlockClient::open(sock, "disk0", opts)
 }
 
 /// Reliability defect 11: one session could claim a 1 GiB buffer area, and clients coming and

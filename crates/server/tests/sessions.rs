@@ -6,17 +6,17 @@ mod common;
 use std::sync::{Arc, Barrier};
 use std::time::Duration;
 
-use outboard_class::{
-    BlockClient, BlockDevice, BlockError, BlockOp, BlockRequest, SessionOptions, WaitMode,
-};
+use outboard_class::{BlockDevice, BlockDriver, BlockError, BlockOp, BlockRequest};
+use outboard_client::Colocated;
+use outboard_client::{BlockClient, SessionOptions, WaitMode};
+use outboard_drivers::virtio_block::VirtioBlock;
 use outboard_hw::backend::in_process::InProcess;
-use outboard_server::{BlockHost, Colocated};
 
 const BLOCKS: u64 = 32768; // 16 MiB of 512-byte blocks
 
 const SIZE: &str = "16M";
 
-fn disk() -> (BlockHost, Arc<InProcess>) {
+fn disk() -> (VirtioBlock, Arc<InProcess>) {
     common::disk(SIZE)
 }
 
@@ -142,7 +142,8 @@ fn suite(d: &mut impl BlockDevice) {
 #[test]
 fn colocated_placement_passes_the_suite() {
     let (host, _) = disk();
-    let mut d = Colocated::with_host(host, 4 << 20).unwrap();
+    let env = host.env();
+    let mut d = Colocated::with_driver(Box::new(host), &env, 4 << 20).unwrap();
     suite(&mut d);
 }
 
@@ -320,7 +321,7 @@ fn every_queue_of_a_multi_queue_device_carries_io() {
         mem.write(i * 4096, &pattern(i, 4096)).unwrap();
     }
     let mut done = Vec::new();
-    let mut run = |host: &mut BlockHost, reqs: Vec<BlockRequest>| {
+    let mut run = |host: &mut VirtioBlock, reqs: Vec<BlockRequest>| {
         let mut next = 0;
         done.clear();
         while done.len() < reqs.len() {
@@ -365,7 +366,7 @@ fn a_driver_server_spreads_sessions_over_a_devices_queues() {
     let dir = tempfile::tempdir().unwrap();
     let (host, _backend) = common::disk_with_queues(SIZE, 4);
     let sock = dir.path().join("mq.sock");
-    let (stop, t) = outboard_server::DriverHost::bind(&sock, vec![Box::new(host)])
+    let (stop, t) = outboard_server::DriverHost::bind(&sock, vec![host.into()])
         .unwrap()
         .spawn();
     let mut clients: Vec<_> = (0..3)

@@ -38,6 +38,9 @@ pub enum Request {
     Open {
         /// Device name, e.g. `disk0`.
         device: String,
+        /// The class the client speaks (`block`): it must be the device's, and it fixes the
+        /// ring entry sizes.
+        class: String,
         /// Requested geometry.
         geometry: Geometry,
     },
@@ -265,9 +268,12 @@ mod tests {
         .unwrap();
         let req = Request::Open {
             device: "disk0".into(),
+            class: "block".into(),
             geometry: Geometry {
                 sq_entries: 64,
                 cq_entries: 64,
+                sqe_size: 32,
+                cqe_size: 16,
                 buffer_size: 1 << 20,
             },
         };

@@ -15,6 +15,8 @@
 //! | 12 | sq_entries u32 |
 //! | 16 | cq_entries u32 |
 //! | 24 | buffer_size u64 |
+//! | 32 | sqe_size u32 (declared by the class) |
+//! | 36 | cqe_size u32 (declared by the class) |
 //! | 64 | SQ head (server) |
 //! | 128 | SQ tail (client) |
 //! | 192 | CQ head (client) |
@@ -34,8 +36,8 @@ use crate::SessionError;
 
 /// "OUTBOARD" in ASCII, little-endian.
 pub const MAGIC: u64 = u64::from_le_bytes(*b"OUTBOARD");
-/// Layout version.
-pub const VERSION: u32 = 1;
+/// Layout version (2: entry sizes are the class's, recorded in the header).
+pub const VERSION: u32 = 2;
 
 /// Header field offsets.
 pub mod off {
@@ -49,6 +51,10 @@ pub mod off {
     pub const CQ_ENTRIES: u64 = 16;
     /// buffer_size.
     pub const BUFFER_SIZE: u64 = 24;
+    /// Submission entry size.
+    pub const SQE_SIZE: u64 = 32;
+    /// Completion entry size.
+    pub const CQE_SIZE: u64 = 36;
     /// SQ head.
     pub const SQ_HEAD: u64 = 64;
     /// SQ tail.
@@ -65,10 +71,8 @@ pub mod off {
     pub const SQ: u64 = 4096;
 }
 
-/// Size of a submission entry.
-pub const SQE_SIZE: u64 = 32;
-/// Size of a completion entry.
-pub const CQE_SIZE: u64 = 16;
+/// Largest ring entry a class may declare.
+pub const MAX_ENTRY_SIZE: u32 = 512;
 /// Largest ring.
 pub const MAX_ENTRIES: u32 = 4096;
 /// Largest buffer area (1 GiB).
@@ -81,6 +85,10 @@ pub struct Geometry {
     pub sq_entries: u32,
     /// Completion ring entries (power of two, at least `sq_entries`).
     pub cq_entries: u32,
+    /// Bytes per submission entry: the class declares it (block: 32).
+    pub sqe_size: u32,
+    /// Bytes per completion entry: the class declares it (block: 16).
+    pub cqe_size: u32,
     /// Buffer area size (whole pages).
     pub buffer_size: u64,
 }
@@ -98,6 +106,13 @@ impl Geometry {
                 self.sq_entries, self.cq_entries
             )));
         }
+        let ok_entry = |n: u32| n.is_multiple_of(8) && (8..=MAX_ENTRY_SIZE).contains(&n);
+        if !ok_entry(self.sqe_size) || !ok_entry(self.cqe_size) {
+            return Err(SessionError::Invalid(format!(
+                "ring entries of {}/{} bytes: need multiples of 8 from 8 to {MAX_ENTRY_SIZE}",
+                self.sqe_size, self.cqe_size
+            )));
+        }
         if self.buffer_size == 0
             || !self.buffer_size.is_multiple_of(4096)
             || self.buffer_size > MAX_BUFFER
@@ -111,12 +126,12 @@ impl Geometry {
     }
 
     fn cq_offset(&self) -> u64 {
-        off::SQ + (self.sq_entries as u64 * SQE_SIZE).div_ceil(64) * 64
+        off::SQ + (self.sq_entries as u64 * self.sqe_size as u64).div_ceil(64) * 64
     }
 
     /// Size of the control memfd.
     pub fn control_size(&self) -> u64 {
-        (self.cq_offset() + self.cq_entries as u64 * CQE_SIZE).div_ceil(4096) * 4096
+        (self.cq_offset() + self.cq_entries as u64 * self.cqe_size as u64).div_ceil(4096) * 4096
     }
 }
 
@@ -154,6 +169,8 @@ impl Region {
         control.write_u32(off::SQ_ENTRIES, g.sq_entries)?;
         control.write_u32(off::CQ_ENTRIES, g.cq_entries)?;
         control.write_u64(off::BUFFER_SIZE, g.buffer_size)?;
+        control.write_u32(off::SQE_SIZE, g.sqe_size)?;
+        control.write_u32(off::CQE_SIZE, g.cqe_size)?;
         Ok(Self {
             control: Arc::new(control),
             buffers: Arc::new(buffers),
@@ -174,7 +191,9 @@ impl Region {
             && control.read_u32(off::VERSION)? == VERSION
             && control.read_u32(off::SQ_ENTRIES)? == g.sq_entries
             && control.read_u32(off::CQ_ENTRIES)? == g.cq_entries
-            && control.read_u64(off::BUFFER_SIZE)? == g.buffer_size;
+            && control.read_u64(off::BUFFER_SIZE)? == g.buffer_size
+            && control.read_u32(off::SQE_SIZE)? == g.sqe_size
+            && control.read_u32(off::CQE_SIZE)? == g.cqe_size;
         if !header_ok {
             return Err(SessionError::Invalid(
                 "session header does not match its announcement".into(),
@@ -202,7 +221,7 @@ impl Region {
             off::SQ_HEAD,
             off::SQ_TAIL,
             off::SQ,
-            SQE_SIZE,
+            self.geometry.sqe_size as u64,
         )
     }
 
@@ -213,7 +232,7 @@ impl Region {
             off::CQ_HEAD,
             off::CQ_TAIL,
             self.geometry.cq_offset(),
-            CQE_SIZE,
+            self.geometry.cqe_size as u64,
         )
     }
 
@@ -296,6 +315,8 @@ mod tests {
         let g = Geometry {
             sq_entries: 128,
             cq_entries: 256,
+            sqe_size: 32,
+            cqe_size: 16,
             buffer_size: 1 << 20,
         };
         assert_eq!(g.cq_offset(), 4096 + 128 * 32);
@@ -318,6 +339,8 @@ mod tests {
         let g = Geometry {
             sq_entries: 8,
             cq_entries: 8,
+            sqe_size: 32,
+            cqe_size: 16,
             buffer_size: 8192,
         };
         let r = Region::create(g).unwrap();
@@ -342,6 +365,23 @@ mod tests {
         .check()
         .is_err());
         assert!(Geometry { cq_entries: 4, ..g }.check().is_err());
+        assert!(Geometry { sqe_size: 12, ..g }.check().is_err());
+        assert!(Geometry { cqe_size: 0, ..g }.check().is_err());
+        assert!(Geometry {
+            sqe_size: 1024,
+            ..g
+        }
+        .check()
+        .is_err());
+        // The header records the class's entry sizes: a client told other sizes is refused.
+        let (c, b) = r.fds();
+        let other = Geometry { sqe_size: 64, ..g };
+        assert!(Region::attach(
+            c.try_clone_to_owned().unwrap(),
+            b.try_clone_to_owned().unwrap(),
+            other
+        )
+        .is_err());
     }
 
     /// The ring over its real storage ([`ShmRing`] on [`SharedMem`]), in ordinary memory so
@@ -353,17 +393,19 @@ mod tests {
         let g = Geometry {
             sq_entries: 8,
             cq_entries: 8,
+            sqe_size: 32,
+            cqe_size: 16,
             buffer_size: 4096,
         };
         let mem = Arc::new(SharedMem::heap(g.control_size() as usize).unwrap());
-        let ring = || ShmRing::new(mem.clone(), off::SQ_HEAD, off::SQ_TAIL, off::SQ, SQE_SIZE);
+        let ring = || ShmRing::new(mem.clone(), off::SQ_HEAD, off::SQ_TAIL, off::SQ, 32);
         let mut p = Producer::new(ring(), g.sq_entries);
         let mut c = Consumer::new(ring(), g.sq_entries);
         let n: u64 = if cfg!(miri) { 100 } else { 10_000 };
         let t = std::thread::spawn(move || {
             let mut next = 0u64;
             while next < n {
-                let mut e = [0u8; SQE_SIZE as usize];
+                let mut e = [0u8; 32];
                 e[..8].copy_from_slice(&next.to_le_bytes());
                 e[24..].copy_from_slice(&(!next).to_le_bytes());
                 if p.push(&e).unwrap() {
@@ -375,7 +417,7 @@ mod tests {
         });
         let mut expect = 0u64;
         while expect < n {
-            let mut e = [0u8; SQE_SIZE as usize];
+            let mut e = [0u8; 32];
             if c.pop(&mut e).unwrap() {
                 assert_eq!(u64::from_le_bytes(e[..8].try_into().unwrap()), expect);
                 assert_eq!(u64::from_le_bytes(e[24..].try_into().unwrap()), !expect);
@@ -389,6 +431,6 @@ mod tests {
         mem.atomic_u32(off::SQ_TAIL)
             .unwrap()
             .store(u32::MAX, std::sync::atomic::Ordering::Release);
-        assert!(c.pop(&mut [0u8; SQE_SIZE as usize]).is_err());
+        assert!(c.pop(&mut [0u8; 32]).is_err());
     }
 }

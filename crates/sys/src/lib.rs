@@ -8,5 +8,6 @@
 
 pub mod process;
 pub mod sockpath;
+pub mod units;
 
 pub use sockpath::{bind_listener, is_live, SockPathError, SocketPath};

@@ -9,24 +9,26 @@ use std::thread::JoinHandle;
 use std::time::Duration;
 
 use outboard_class::block::{Cqe, Sqe};
-use outboard_class::{BlockClient, BlockDevice, BlockError, BlockOp, BlockRequest, SessionOptions};
+use outboard_class::{BlockDevice, BlockError, BlockOp, BlockRequest};
+use outboard_client::{BlockClient, SessionOptions};
 use outboard_devices::backing::Backing;
 use outboard_drivers::virtio_blk::{BlkDriverOptions, VirtioBlk};
+use outboard_drivers::virtio_block::VirtioBlock;
 use outboard_hw::backend::in_process::InProcess;
 use outboard_hw::PciFunction;
-use outboard_server::{BlockHost, DriverHost, HostStats};
+use outboard_server::{DriverHost, HostStats};
 use outboard_session::control::{self, Reply, Request};
 use outboard_session::region::ShmRing;
 use outboard_session::{Consumer, Doorbell, Geometry, Producer, Region};
 use std::os::fd::{AsFd, OwnedFd};
 
 /// A memory-backed virtio-blk model in this process, with its driver brought up as `disk0`.
-pub fn disk(size: &str) -> (BlockHost, Arc<InProcess>) {
+pub fn disk(size: &str) -> (VirtioBlock, Arc<InProcess>) {
     disk_with_queues(size, 1)
 }
 
 /// The same with `queues` request queues, all driven.
-pub fn disk_with_queues(size: &str, queues: u16) -> (BlockHost, Arc<InProcess>) {
+pub fn disk_with_queues(size: &str, queues: u16) -> (VirtioBlock, Arc<InProcess>) {
     let model = outboard_devices::virtio_blk(
         Backing::open(&format!("mem:{size}"), None).unwrap(),
         outboard_devices::virtio_blk::BlkOptions {
@@ -42,7 +44,7 @@ pub fn disk_with_queues(size: &str, queues: u16) -> (BlockHost, Arc<InProcess>) 
         ..Default::default()
     };
     (
-        BlockHost::new("disk0", VirtioBlk::new(f, opts).unwrap()),
+        VirtioBlock::new("disk0", VirtioBlk::new(f, opts).unwrap()),
         backend,
     )
 }
@@ -62,9 +64,7 @@ impl Served {
     pub fn start(dir: &Path, size: &str) -> Self {
         let (host, backend) = disk(size);
         let sock = dir.join("host.sock");
-        let (stop, thread) = DriverHost::bind(&sock, vec![Box::new(host)])
-            .unwrap()
-            .spawn();
+        let (stop, thread) = DriverHost::bind(&sock, vec![host.into()]).unwrap().spawn();
         Self {
             sock,
             backend,
@@ -96,6 +96,8 @@ pub struct Raw {
 pub const G: Geometry = Geometry {
     sq_entries: 16,
     cq_entries: 16,
+    sqe_size: outboard_class::block::SQE_SIZE,
+    cqe_size: outboard_class::block::CQE_SIZE,
     buffer_size: 65536,
 };
 
@@ -104,6 +106,7 @@ impl Raw {
         let sock = control::connect(sock_path).unwrap();
         let req = Request::Open {
             device: "disk0".into(),
+            class: "block".into(),
             geometry: G,
         };
         let (reply, fds) = control::call(sock.as_fd(), &req, Duration::from_secs(5)).unwrap();

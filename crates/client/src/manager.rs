@@ -1,16 +1,17 @@
 //! Opening class devices by name through the manager: the client's side of placement.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use outboard_class::{BlockClient, BlockDevice, BlockError, SessionOptions};
+use outboard_class::{BlockDevice, BlockError};
+use outboard_drivers::Attachment;
 use outboard_hw::DeviceSpec;
-use outboard_server::Colocated;
 use outboard_session::control;
 
-use crate::api::{Reply, Request};
-use crate::config::Placement;
+use crate::api::{Placement, Reply, Request};
+use crate::colocated::Colocated;
 use crate::registry::Node;
+use crate::session::{reply_error, BlockClient, SessionOptions};
 
 /// Sends one request to the manager.
 pub fn ask(control_path: &Path, req: &Request) -> Result<Reply, BlockError> {
@@ -34,7 +35,7 @@ pub fn ask(control_path: &Path, req: &Request) -> Result<Reply, BlockError> {
 pub fn registry(control_path: &Path) -> Result<Node, BlockError> {
     match ask(control_path, &Request::List)? {
         Reply::Registry { tree } => Ok(tree),
-        Reply::Error { code, message } => Err(outboard_class::client::reply_error(&code, message)),
+        Reply::Error { code, message } => Err(reply_error(&code, message)),
         other => Err(BlockError::Protocol(format!("unexpected reply {other:?}"))),
     }
 }
@@ -43,7 +44,7 @@ pub fn registry(control_path: &Path) -> Result<Node, BlockError> {
 pub fn status(control_path: &Path, name: &str) -> Result<Node, BlockError> {
     match ask(control_path, &Request::Status { name: name.into() })? {
         Reply::Status { node } => Ok(node),
-        Reply::Error { code, message } => Err(outboard_class::client::reply_error(&code, message)),
+        Reply::Error { code, message } => Err(reply_error(&code, message)),
         other => Err(BlockError::Protocol(format!("unexpected reply {other:?}"))),
     }
 }
@@ -90,10 +91,30 @@ pub fn open_block(control_path: &Path, name: &str) -> Result<Box<dyn BlockDevice
             ..
         } => Ok(Box::new(Colocated::open(
             name,
-            &DeviceSpec::VfioUser(device),
+            &Attachment::Pci(DeviceSpec::VfioUser(device)),
             4 << 20,
         )?)),
-        Reply::Error { code, message } => Err(outboard_class::client::reply_error(&code, message)),
+        Reply::Error { code, message } => Err(reply_error(&code, message)),
         other => Err(BlockError::Protocol(format!("unexpected reply {other:?}"))),
+    }
+}
+
+/// The default control socket: `$OUTBOARD_CONTROL`, else `$XDG_RUNTIME_DIR/outboard/control.sock`,
+/// else `/tmp/outboard-$UID/control.sock`.
+pub fn default_control() -> PathBuf {
+    if let Some(p) = std::env::var_os("OUTBOARD_CONTROL") {
+        return PathBuf::from(p);
+    }
+    default_runtime_dir().join("control.sock")
+}
+
+/// The default runtime directory.
+pub fn default_runtime_dir() -> PathBuf {
+    match std::env::var_os("XDG_RUNTIME_DIR") {
+        Some(d) => PathBuf::from(d).join("outboard"),
+        None => PathBuf::from(format!(
+            "/tmp/outboard-{}",
+            rustix::process::getuid().as_raw()
+        )),
     }
 }

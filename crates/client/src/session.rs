@@ -10,7 +10,7 @@ use outboard_session::region::ShmRing;
 use outboard_session::{Consumer, Doorbell, Geometry, Producer, Region, SessionError};
 use rustix::event::{PollFd, PollFlags};
 
-use crate::block::{
+use outboard_class::block::{
     validate, BlockCompletion, BlockDevice, BlockError, BlockInfo, BlockRequest, Cqe, Sqe,
 };
 
@@ -40,6 +40,8 @@ impl Default for SessionOptions {
             geometry: Geometry {
                 sq_entries: 256,
                 cq_entries: 256,
+                sqe_size: outboard_class::block::SQE_SIZE,
+                cqe_size: outboard_class::block::CQE_SIZE,
                 buffer_size: 4 << 20,
             },
             mode: WaitMode::Blocking,
@@ -98,6 +100,7 @@ impl BlockClient {
         let sock = control::connect(server).map_err(session_err)?;
         let req = Request::Open {
             device: device.into(),
+            class: "block".into(),
             geometry: opts.geometry,
         };
         let (reply, fds) = control::call(sock.as_fd(), &req, opts.timeout).map_err(session_err)?;

@@ -1,11 +1,21 @@
-//! The manager's control API: typed JSON messages on its SEQPACKET socket.
+//! The manager's control API: typed JSON messages on its SEQPACKET socket. Defined here, on
+//! the client's side, so that clients speak it without linking the manager.
 
 use std::path::PathBuf;
 
 use serde::{Deserialize, Serialize};
 
-use crate::config::Placement;
 use crate::registry::Node;
+
+/// Where a device's driver runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Placement {
+    /// In a driver server process.
+    Separate,
+    /// Linked into each client.
+    Colocated,
+}
 
 /// A request to the manager.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

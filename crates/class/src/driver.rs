@@ -1,0 +1,56 @@
+//! The driver side of the classes: the one small trait a driver implements per class it
+//! serves, on top of the environment's [`Driver`] contract.
+
+use outboard_env::{Driver, Failure};
+
+use crate::block::{BlockError, BlockInfo, BlockRequest};
+
+/// A block driver: what the block dispatcher (in a driver server) and the colocated placement
+/// call. Requests reach it validated against [`BlockDriver::info`]; their buffers are given as
+/// offsets from `iova_base`, the device address of the client's buffer area.
+pub trait BlockDriver: Driver {
+    /// Class status.
+    fn info(&self) -> &BlockInfo;
+    /// Whether another request fits now.
+    fn has_room(&self) -> bool;
+    /// Requests submitted and not yet reaped.
+    fn in_flight(&self) -> usize;
+    /// Submits a validated data, flush, discard or write-zeroes request under the driver tag
+    /// `tag`. An error is this request's alone.
+    fn submit(&mut self, r: &BlockRequest, iova_base: u64, tag: u64) -> Result<(), BlockError>;
+    /// Publishes submitted requests to the device.
+    fn kick(&mut self) -> Result<(), Failure>;
+    /// Reaps `(tag, result)` completions into `out`; returns how many.
+    fn poll(&mut self, out: &mut Vec<(u64, Result<u32, BlockError>)>) -> Result<usize, Failure>;
+    /// Arms the completion interrupts before the environment sleeps; true if completions are
+    /// already waiting (poll instead of sleeping).
+    fn arm(&mut self) -> Result<bool, Failure>;
+}
+
+/// A started driver, by the class it serves. A new class adds a variant here, its trait above
+/// and its dispatcher in the server.
+pub enum ClassDriver {
+    /// A block device.
+    Block(Box<dyn BlockDriver>),
+}
+
+impl std::fmt::Debug for ClassDriver {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            ClassDriver::Block(d) => f
+                .debug_tuple("Block")
+                .field(&d.driver_name())
+                .field(d.info())
+                .finish(),
+        }
+    }
+}
+
+impl ClassDriver {
+    /// The class's name, as `Open` names it.
+    pub fn class(&self) -> &'static str {
+        match self {
+            ClassDriver::Block(_) => "block",
+        }
+    }
+}

@@ -1,0 +1,184 @@
+//! The `colocated` placement: the driver linked into the client's process (Fluke "D"), the
+//! same [`BlockDevice`] API as a session, no IPC. The baseline every benchmark compares with.
+//!
+//! The client's thread is the driver's environment here: a [`Waiter`] on the driver's event
+//! sources stands in for the driver server's loop.
+
+use std::collections::HashSet;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use outboard_class::block::validate;
+use outboard_class::{
+    BlockCompletion, BlockDevice, BlockDriver, BlockError, BlockInfo, BlockRequest, ClassDriver,
+};
+use outboard_drivers::{Attachment, StartError, StartOptions, Started};
+use outboard_env::{DeviceEnv, DeviceEvent, Mapping, Waiter};
+use outboard_shm::SharedMem;
+
+/// A block device driven in this process.
+pub struct Colocated {
+    driver: Box<dyn BlockDriver>,
+    waiter: Waiter,
+    buffers: Arc<SharedMem>,
+    dma: Mapping,
+    tags: HashSet<u64>,
+    ready: Vec<BlockCompletion>,
+    scratch: Vec<(u64, Result<u32, BlockError>)>,
+    events: Vec<DeviceEvent>,
+}
+
+/// The class error for a driver that could not be started.
+pub fn start_error(e: StartError) -> BlockError {
+    match e {
+        StartError::Busy(m) => BlockError::Busy(format!("{m}: another client drives this device")),
+        StartError::Unreachable(m) => BlockError::Unreachable(m),
+        e => BlockError::DeviceFailed(e.to_string()),
+    }
+}
+
+impl Colocated {
+    /// Opens the device at `at`, starts its driver here (the best match), and maps a buffer
+    /// area of `buffer_size` bytes into the device's DMA space.
+    pub fn open(name: &str, at: &Attachment, buffer_size: usize) -> Result<Self, BlockError> {
+        let opts = StartOptions {
+            name: name.into(),
+            // A client in one thread has nothing to spread over several queues.
+            queues: 1,
+        };
+        let Started { driver, env, .. } =
+            outboard_drivers::start(at, None, &opts).map_err(start_error)?;
+        match driver {
+            ClassDriver::Block(d) => Self::with_driver(d, &env, buffer_size),
+        }
+    }
+
+    /// Wraps a driver already started.
+    pub fn with_driver(
+        driver: Box<dyn BlockDriver>,
+        env: &DeviceEnv,
+        buffer_size: usize,
+    ) -> Result<Self, BlockError> {
+        let buffers = Arc::new(
+            SharedMem::create("outboard-colocated", buffer_size.div_ceil(4096) * 4096)
+                .map_err(|e| BlockError::Protocol(e.to_string()))?,
+        );
+        let dma = env
+            .map(buffers.clone())
+            .map_err(|e| BlockError::Protocol(e.to_string()))?;
+        let waiter =
+            Waiter::new(driver.sources()).map_err(|e| BlockError::Protocol(e.to_string()))?;
+        Ok(Self {
+            driver,
+            waiter,
+            buffers,
+            dma,
+            tags: HashSet::new(),
+            ready: Vec::new(),
+            scratch: Vec::new(),
+            events: Vec::new(),
+        })
+    }
+
+    fn reap(&mut self, out: &mut Vec<BlockCompletion>) -> usize {
+        let mut n = 0;
+        for c in self.ready.drain(..) {
+            self.tags.remove(&c.tag);
+            out.push(c);
+            n += 1;
+        }
+        for (tag, result) in self.scratch.drain(..) {
+            self.tags.remove(&tag);
+            out.push(BlockCompletion { tag, result });
+            n += 1;
+        }
+        n
+    }
+
+    fn poll_driver(&mut self) -> Result<usize, BlockError> {
+        self.driver
+            .poll(&mut self.scratch)
+            .map_err(|f| BlockError::DeviceFailed(f.to_string()))
+    }
+}
+
+impl BlockDevice for Colocated {
+    fn info(&self) -> &BlockInfo {
+        self.driver.info()
+    }
+
+    fn buffers(&self) -> &SharedMem {
+        &self.buffers
+    }
+
+    fn submit(&mut self, r: &BlockRequest) -> Result<(), BlockError> {
+        validate(r, self.driver.info(), self.buffers.len() as u64)?;
+        if self.tags.contains(&r.tag) {
+            return Err(BlockError::DuplicateTag);
+        }
+        // One client drives a colocated device: a lock has nobody to exclude.
+        if r.op.served_by_host() {
+            self.ready.push(BlockCompletion {
+                tag: r.tag,
+                result: Ok(0),
+            });
+        } else {
+            if !self.driver.has_room() {
+                return Err(BlockError::QueueFull);
+            }
+            self.driver.submit(r, self.dma.iova(), r.tag)?;
+        }
+        self.tags.insert(r.tag);
+        Ok(())
+    }
+
+    fn kick(&mut self) -> Result<(), BlockError> {
+        self.driver
+            .kick()
+            .map_err(|f| BlockError::DeviceFailed(f.to_string()))
+    }
+
+    fn poll(&mut self, out: &mut Vec<BlockCompletion>) -> Result<usize, BlockError> {
+        self.poll_driver()?;
+        Ok(self.reap(out))
+    }
+
+    fn wait(
+        &mut self,
+        out: &mut Vec<BlockCompletion>,
+        timeout: Duration,
+    ) -> Result<usize, BlockError> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            self.poll_driver()?;
+            if !self.ready.is_empty() || !self.scratch.is_empty() || self.driver.in_flight() == 0 {
+                return Ok(self.reap(out));
+            }
+            // Arm, then re-check before sleeping, so a completion between the two is not lost.
+            if self
+                .driver
+                .arm()
+                .map_err(|f| BlockError::DeviceFailed(f.to_string()))?
+            {
+                continue;
+            }
+            let now = Instant::now();
+            if now >= deadline {
+                return Err(BlockError::Timeout);
+            }
+            self.events.clear();
+            self.waiter
+                .wait(deadline - now, &mut self.events)
+                .map_err(|e| BlockError::Protocol(e.to_string()))?;
+            for ev in std::mem::take(&mut self.events) {
+                self.driver
+                    .handle(ev)
+                    .map_err(|f| BlockError::DeviceFailed(f.to_string()))?;
+            }
+        }
+    }
+
+    fn in_flight(&self) -> usize {
+        self.tags.len()
+    }
+}

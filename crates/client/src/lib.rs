@@ -1,0 +1,23 @@
+//! What a client links (DESIGN.md §2, `client`): opening class devices by name through the
+//! manager ([`manager`]), the two placements — a session with a driver server ([`session`])
+//! and the driver linked in ([`colocated`]) — behind one [`BlockDevice`] API, and the manager's
+//! control API types ([`api`], [`registry`]).
+//!
+//! It never links the manager, the driver server or the device models: a program using
+//! Outboard's devices carries only the class contracts, the session protocol and, for the
+//! colocated placement, the drivers.
+//!
+//! [`BlockDevice`]: outboard_class::BlockDevice
+#![deny(missing_docs)]
+
+pub mod api;
+pub mod buffers;
+pub mod colocated;
+pub mod manager;
+pub mod registry;
+pub mod session;
+
+pub use buffers::{Buffer, BufferPool};
+pub use colocated::Colocated;
+pub use manager::open_block;
+pub use session::{reply_error, BlockClient, SessionOptions, WaitMode};

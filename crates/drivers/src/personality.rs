@@ -1,0 +1,299 @@
+//! Personalities (I/O Kit): what each driver can drive, how strongly it claims it, and how to
+//! start it. The manager matches with these; the driver server starts the personality the
+//! manager chose, by name — the match that was made is the one that runs.
+
+use std::str::FromStr;
+
+use outboard_class::ClassDriver;
+use outboard_env::DeviceEnv;
+use outboard_hw::{DeviceSpec, HwError, PciFunction, PciIdentity};
+
+use crate::null_blk::NullBlock;
+use crate::virtio_blk::{BlkDriverOptions, VirtioBlk};
+use crate::virtio_block::VirtioBlock;
+
+/// Where a device is: a PCI function behind a backend, or a virtual device with no hardware.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Attachment {
+    /// A PCI function (vfio-user socket or VFIO address).
+    Pci(DeviceSpec),
+    /// The null disk, `bytes` long.
+    Null {
+        /// Its size.
+        bytes: u64,
+    },
+}
+
+impl FromStr for Attachment {
+    type Err = String;
+
+    /// `null:SIZE` (the null disk), or a device spec (`vfio-user:PATH`, `vfio:BDF`).
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s.strip_prefix("null:") {
+            Some(size) => match outboard_sys::units::parse_size(size) {
+                Some(bytes) if bytes > 0 && bytes.is_multiple_of(512) => {
+                    Ok(Attachment::Null { bytes })
+                }
+                _ => Err(format!(
+                    "{s:?}: a null disk needs a size in whole 512-byte sectors (null:1G)"
+                )),
+            },
+            None => s.parse().map(Attachment::Pci),
+        }
+    }
+}
+
+impl std::fmt::Display for Attachment {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Attachment::Pci(spec) => spec.fmt(f),
+            Attachment::Null { bytes } => write!(f, "null:{bytes}"),
+        }
+    }
+}
+
+/// What matching sees of a device.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Identity<'a> {
+    /// A PCI function's identity.
+    Pci(PciIdentity),
+    /// A virtual device, by model name (`null-blk`).
+    Virtual(&'a str),
+}
+
+/// The device a personality's `start` receives.
+#[derive(Debug)]
+pub enum Provider {
+    /// An opened PCI function.
+    Pci(PciFunction),
+    /// The null disk.
+    Null {
+        /// Its size.
+        bytes: u64,
+    },
+}
+
+/// What a driver is started with besides its device.
+#[derive(Debug, Clone)]
+pub struct StartOptions {
+    /// The class device's name (`disk0`).
+    pub name: String,
+    /// Most device queues to use.
+    pub queues: u16,
+}
+
+/// Why a driver could not be started.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum StartError {
+    /// Another client holds the device.
+    #[error("{0}: another client drives this device")]
+    Busy(String),
+    /// The device could not be reached (no model at the socket, no such VFIO device).
+    #[error("{0}")]
+    Unreachable(String),
+    /// No personality matches the device, or the named one does not.
+    #[error("{0}")]
+    NoMatch(String),
+    /// The driver looked at the device and refused it, or failed to bring it up; the message
+    /// says why (a device it cannot drive safely is refused here, before any I/O).
+    #[error("{0}")]
+    Refused(String),
+}
+
+/// What a driver can drive, and how strongly it claims it.
+#[derive(Debug, Clone, Copy)]
+pub struct Personality {
+    /// Driver name.
+    pub driver: &'static str,
+    /// Class of device it publishes.
+    pub class: &'static str,
+    /// Probe score: the highest matching score wins.
+    pub score: u32,
+    /// Passive match on identity.
+    pub matches: fn(&Identity<'_>) -> bool,
+    /// Brings the driver up on the device.
+    pub start: fn(Provider, &StartOptions) -> Result<ClassDriver, StartError>,
+}
+
+/// A started driver and its environment.
+#[derive(Debug)]
+pub struct Started {
+    /// The driver, by class.
+    pub driver: ClassDriver,
+    /// Its device's environment (DMA mappings for memory others own).
+    pub env: DeviceEnv,
+    /// The personality that was started.
+    pub personality: &'static Personality,
+}
+
+fn virtio_blk_matches(id: &Identity<'_>) -> bool {
+    matches!(id, Identity::Pci(id) if crate::virtio_blk::matches(id))
+}
+
+fn virtio_blk_start(p: Provider, o: &StartOptions) -> Result<ClassDriver, StartError> {
+    let Provider::Pci(f) = p else {
+        return Err(StartError::NoMatch(
+            "virtio-blk drives PCI functions".into(),
+        ));
+    };
+    let opts = BlkDriverOptions {
+        queues: o.queues.max(1),
+        ..Default::default()
+    };
+    let chip = VirtioBlk::new(f, opts).map_err(|e| StartError::Refused(e.to_string()))?;
+    Ok(ClassDriver::Block(Box::new(VirtioBlock::new(
+        &o.name, chip,
+    ))))
+}
+
+fn null_blk_matches(id: &Identity<'_>) -> bool {
+    *id == Identity::Virtual("null-blk")
+}
+
+fn null_blk_start(p: Provider, o: &StartOptions) -> Result<ClassDriver, StartError> {
+    match p {
+        Provider::Null { bytes } => {
+            Ok(ClassDriver::Block(Box::new(NullBlock::new(&o.name, bytes))))
+        }
+        Provider::Pci(_) => Err(StartError::NoMatch("null-blk drives no hardware".into())),
+    }
+}
+
+static PERSONALITIES: &[Personality] = &[
+    Personality {
+        driver: "virtio-blk",
+        class: "block",
+        score: 1000,
+        matches: virtio_blk_matches,
+        start: virtio_blk_start,
+    },
+    Personality {
+        driver: "null-blk",
+        class: "block",
+        score: 1000,
+        matches: null_blk_matches,
+        start: null_blk_start,
+    },
+];
+
+/// Every built-in driver's personality.
+pub fn personalities() -> &'static [Personality] {
+    PERSONALITIES
+}
+
+/// The best driver for `id`, if any (passive match, then the highest probe score).
+pub fn match_driver(id: &Identity<'_>) -> Option<&'static Personality> {
+    personalities()
+        .iter()
+        .filter(|p| (p.matches)(id))
+        .max_by_key(|p| p.score)
+}
+
+/// The personality named `driver`.
+pub fn by_name(driver: &str) -> Option<&'static Personality> {
+    personalities().iter().find(|p| p.driver == driver)
+}
+
+fn open_function(spec: &DeviceSpec) -> Result<PciFunction, StartError> {
+    PciFunction::open(spec).map_err(|e| match e {
+        HwError::Busy { spec } => StartError::Busy(spec.to_string()),
+        e @ HwError::Open { .. } => StartError::Unreachable(e.to_string()),
+        e => StartError::Refused(format!("{spec}: {e}")),
+    })
+}
+
+/// Opens the device at `at` and starts `driver` on it — or, if `driver` is `None`, the
+/// personality that matches best. A named personality must still match the device.
+pub fn start(
+    at: &Attachment,
+    driver: Option<&str>,
+    opts: &StartOptions,
+) -> Result<Started, StartError> {
+    let (provider, env) = match at {
+        Attachment::Pci(spec) => {
+            let f = open_function(spec)?;
+            let env = DeviceEnv::for_function(&f);
+            (Provider::Pci(f), env)
+        }
+        Attachment::Null { bytes } => (
+            Provider::Null { bytes: *bytes },
+            DeviceEnv::virtual_device(),
+        ),
+    };
+    let described = match &provider {
+        Provider::Pci(f) => {
+            let id = f.identity();
+            (
+                Identity::Pci(id),
+                format!("{at} ({:04x}:{:04x})", id.vendor, id.device),
+            )
+        }
+        Provider::Null { .. } => (Identity::Virtual("null-blk"), at.to_string()),
+    };
+    let personality = match driver {
+        Some(name) => {
+            let p = by_name(name)
+                .ok_or_else(|| StartError::NoMatch(format!("no driver named {name:?}")))?;
+            if !(p.matches)(&described.0) {
+                return Err(StartError::NoMatch(format!(
+                    "driver {name} does not match {}",
+                    described.1
+                )));
+            }
+            p
+        }
+        None => match_driver(&described.0)
+            .ok_or_else(|| StartError::NoMatch(format!("no driver matches {}", described.1)))?,
+    };
+    let driver = (personality.start)(provider, opts).map_err(|e| match e {
+        StartError::Refused(why) => StartError::Refused(format!("{}: {why}", described.1)),
+        e => e,
+    })?;
+    Ok(Started {
+        driver,
+        env,
+        personality,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn attachments_parse_and_print_back() {
+        for s in ["null:4096", "vfio-user:/run/d.sock", "vfio:0000:00:04.0"] {
+            assert_eq!(s.parse::<Attachment>().unwrap().to_string(), s);
+        }
+        assert_eq!(
+            "null:1M".parse::<Attachment>().unwrap(),
+            Attachment::Null { bytes: 1 << 20 }
+        );
+        assert!("null:100".parse::<Attachment>().is_err());
+        assert!("null:".parse::<Attachment>().is_err());
+        assert!("nonsense:x".parse::<Attachment>().is_err());
+    }
+
+    #[test]
+    fn the_null_disk_is_matched_by_null_blk_only() {
+        let p = match_driver(&Identity::Virtual("null-blk")).unwrap();
+        assert_eq!(p.driver, "null-blk");
+        assert!(match_driver(&Identity::Virtual("other")).is_none());
+    }
+
+    #[test]
+    fn a_named_driver_that_does_not_match_is_refused_before_it_starts() {
+        let at = Attachment::Null { bytes: 1 << 20 };
+        let opts = StartOptions {
+            name: "n".into(),
+            queues: 1,
+        };
+        let e = start(&at, Some("virtio-blk"), &opts).unwrap_err();
+        assert!(matches!(e, StartError::NoMatch(m) if m.contains("does not match")));
+        let e = start(&at, Some("nvme"), &opts).unwrap_err();
+        assert!(matches!(e, StartError::NoMatch(m) if m.contains("no driver named")));
+        let s = start(&at, None, &opts).unwrap();
+        assert_eq!(s.personality.driver, "null-blk");
+        assert_eq!(s.driver.class(), "block");
+    }
+}

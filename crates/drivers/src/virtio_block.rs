@@ -1,0 +1,234 @@
+//! The block class on top of the virtio-blk chip driver: generic class requests in, chip
+//! requests out (Mach's split between class code and chip code), spread over the device's
+//! queues.
+
+use std::os::fd::BorrowedFd;
+
+use outboard_class::{BlockDriver, BlockError, BlockInfo, BlockOp, BlockRequest};
+use outboard_env::{DeviceEvent, Driver, Failure};
+
+use crate::virtio_blk::{BlkCompletion, BlkError, BlkOp, BlkRequest, VirtioBlk};
+
+/// A block device published from a virtio-blk driver instance, its requests spread over the
+/// device's queues.
+pub struct VirtioBlock {
+    driver: VirtioBlk,
+    info: BlockInfo,
+    sectors_per_block: u64,
+    /// The device queues the driver set up; requests are spread over all of them.
+    queues: usize,
+    /// Where the next request's search for a queue with room starts (round robin).
+    next_queue: usize,
+    /// Requests sent down each queue (for status and tests).
+    per_queue: Vec<u64>,
+    completions: Vec<BlkCompletion>,
+}
+
+impl std::fmt::Debug for VirtioBlock {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("VirtioBlock")
+            .field("info", &self.info)
+            .finish()
+    }
+}
+
+/// Maps a driver error to the class's error.
+pub fn class_error(e: BlkError) -> BlockError {
+    match e {
+        BlkError::OutOfRange { .. } => BlockError::OutOfRange,
+        BlkError::ReadOnly => BlockError::ReadOnly,
+        BlkError::Invalid(m) => BlockError::Invalid(m),
+        BlkError::Unsupported(_) => BlockError::Unsupported,
+        BlkError::Io => BlockError::Io,
+        BlkError::QueueFull => BlockError::QueueFull,
+        BlkError::Timeout => BlockError::Timeout,
+        BlkError::Device(why) => BlockError::DeviceFailed(why),
+    }
+}
+
+impl VirtioBlock {
+    /// Wraps a driver instance.
+    pub fn new(name: &str, driver: VirtioBlk) -> Self {
+        let d = driver.info();
+        let info = BlockInfo {
+            name: name.into(),
+            capacity: d.capacity * 512 / d.block_size as u64,
+            block_size: d.block_size,
+            read_only: d.read_only,
+            queue_depth: d.queue_size as u32 * d.queues.max(1) as u32,
+        };
+        Self {
+            sectors_per_block: d.block_size as u64 / 512,
+            queues: d.queues.max(1) as usize,
+            next_queue: 0,
+            per_queue: vec![0; d.queues.max(1) as usize],
+            driver,
+            info,
+            completions: Vec::new(),
+        }
+    }
+
+    /// The environment of this driver's device (its DMA space).
+    pub fn env(&self) -> outboard_env::DeviceEnv {
+        outboard_env::DeviceEnv::for_function(self.driver.function())
+    }
+
+    /// The chip driver.
+    pub fn driver(&self) -> &VirtioBlk {
+        &self.driver
+    }
+
+    /// The device queues in use.
+    pub fn queues(&self) -> usize {
+        self.queues
+    }
+
+    /// Requests sent down each queue so far.
+    pub fn requests_per_queue(&self) -> &[u64] {
+        &self.per_queue
+    }
+
+    /// The next queue, round robin, that has room for a request of `bufs` buffers.
+    fn pick_queue(&mut self, bufs: usize) -> Result<usize, BlockError> {
+        for i in 0..self.queues {
+            let q = (self.next_queue + i) % self.queues;
+            if self.driver.has_room(q, bufs) {
+                self.next_queue = (q + 1) % self.queues;
+                return Ok(q);
+            }
+        }
+        Err(BlockError::QueueFull)
+    }
+
+    /// Moves the driver's completions to `out` in the class's terms.
+    fn hand_over(&mut self, out: &mut Vec<(u64, Result<u32, BlockError>)>) -> usize {
+        let n = self.completions.len();
+        out.extend(self.completions.drain(..).map(|c| {
+            let result = c.result.map(|b| b as u32).map_err(|e| match e {
+                // One request the device botched (a short transfer, no status): that request
+                // failed in the device; the device itself goes on. (`DeviceFailed` means the
+                // device was given up.)
+                BlkError::Device(why) => {
+                    tracing::warn!("request {}: {why}", c.tag);
+                    BlockError::Io
+                }
+                e => class_error(e),
+            });
+            (c.tag, result)
+        }));
+        n
+    }
+}
+
+impl Driver for VirtioBlock {
+    fn driver_name(&self) -> &'static str {
+        "virtio-blk"
+    }
+
+    fn sources(&self) -> Vec<(DeviceEvent, BorrowedFd<'_>)> {
+        self.driver.sources()
+    }
+
+    fn handle(&mut self, event: DeviceEvent) -> Result<(), Failure> {
+        self.driver.handle_event(event)
+    }
+
+    fn abandon(&mut self) {
+        self.driver.function().abandon()
+    }
+}
+
+/// A chip error that stops the whole device (rather than one request).
+fn failure(e: BlkError) -> Failure {
+    Failure::Driver(e.to_string())
+}
+
+impl BlockDriver for VirtioBlock {
+    fn info(&self) -> &BlockInfo {
+        &self.info
+    }
+
+    fn has_room(&self) -> bool {
+        (0..self.queues).any(|q| self.driver.has_room(q, 1))
+    }
+
+    fn in_flight(&self) -> usize {
+        (0..self.queues).map(|q| self.driver.in_flight(q)).sum()
+    }
+
+    fn submit(&mut self, r: &BlockRequest, iova_base: u64, tag: u64) -> Result<(), BlockError> {
+        let bytes = r.blocks as u64 * self.info.block_size as u64;
+        let sector = r.lba * self.sectors_per_block;
+        let sectors = || {
+            u32::try_from(r.blocks as u64 * self.sectors_per_block)
+                .map_err(|_| BlockError::OutOfRange)
+        };
+        let (op, bufs) = match r.op {
+            BlockOp::Read => (BlkOp::Read, vec![(iova_base + r.buf_offset, bytes as u32)]),
+            BlockOp::Write => (BlkOp::Write, vec![(iova_base + r.buf_offset, bytes as u32)]),
+            BlockOp::Flush => (BlkOp::Flush, vec![]),
+            BlockOp::Discard => (
+                BlkOp::Discard {
+                    sectors: sectors()?,
+                },
+                vec![],
+            ),
+            BlockOp::WriteZeroes => (
+                BlkOp::WriteZeroes {
+                    sectors: sectors()?,
+                },
+                vec![],
+            ),
+            BlockOp::Null | BlockOp::Lock | BlockOp::Unlock => {
+                return Err(BlockError::Invalid(
+                    "null, lock and unlock requests are answered by the host".into(),
+                ))
+            }
+        };
+        if bytes > u32::MAX as u64 {
+            return Err(BlockError::Invalid("request larger than 4 GiB".into()));
+        }
+        let q = self.pick_queue(bufs.len())?;
+        self.driver
+            .submit(
+                q,
+                &BlkRequest {
+                    op,
+                    sector,
+                    bufs,
+                    tag,
+                },
+            )
+            .map_err(class_error)?;
+        self.per_queue[q] += 1;
+        Ok(())
+    }
+
+    fn kick(&mut self) -> Result<(), Failure> {
+        for q in 0..self.queues {
+            if self.driver.in_flight(q) > 0 {
+                self.driver.kick(q).map_err(failure)?;
+            }
+        }
+        Ok(())
+    }
+
+    fn poll(&mut self, out: &mut Vec<(u64, Result<u32, BlockError>)>) -> Result<usize, Failure> {
+        self.completions.clear();
+        for q in 0..self.queues {
+            self.driver
+                .poll(q, &mut self.completions)
+                .map_err(failure)?;
+        }
+        Ok(self.hand_over(out))
+    }
+
+    fn arm(&mut self) -> Result<bool, Failure> {
+        for q in 0..self.queues {
+            if self.driver.in_flight(q) > 0 && self.driver.arm(q).map_err(failure)? {
+                return Ok(true);
+            }
+        }
+        Ok(false)
+    }
+}

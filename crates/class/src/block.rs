@@ -6,6 +6,8 @@
 //! [`Cqe`]s, little-endian, layouts pinned by the tests below.
 
 use std::time::Duration;
+use zerocopy::little_endian::{I32, U32, U64};
+use zerocopy::{FromBytes, Immutable, IntoBytes, KnownLayout};
 
 use serde::{Deserialize, Serialize};
 
@@ -261,41 +263,77 @@ pub const SQE_SIZE: u32 = 32;
 /// Bytes per completion entry.
 pub const CQE_SIZE: u32 = 16;
 
+/// A submission entry's layout in the ring (little-endian, pinned by a test).
+#[derive(Debug, Clone, Copy, FromBytes, IntoBytes, KnownLayout, Immutable)]
+#[repr(C)]
+pub struct SqeLayout {
+    /// [`BlockOp`] code.
+    pub op: u8,
+    /// Must be zero.
+    pub reserved: [u8; 7],
+    /// The client's tag.
+    pub tag: U64,
+    /// First block.
+    pub lba: U64,
+    /// Number of blocks.
+    pub blocks: U32,
+    /// Offset of the data in the buffer area.
+    pub buf_offset: U32,
+}
+
+/// A completion entry's layout in the ring.
+#[derive(Debug, Clone, Copy, FromBytes, IntoBytes, KnownLayout, Immutable)]
+#[repr(C)]
+pub struct CqeLayout {
+    /// The request's tag.
+    pub tag: U64,
+    /// 0, or a negative [`BlockError::code`].
+    pub status: I32,
+    /// Bytes transferred.
+    pub bytes: U32,
+}
+
 /// A submission entry as it sits in the ring.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Sqe(pub [u8; SQE_SIZE as usize]);
 
 impl Sqe {
-    /// Encodes a request.
+    /// Encodes a request. Buffer offsets fit in 32 bits: buffer areas are at most 1 GiB.
     pub fn encode(r: &BlockRequest) -> Self {
-        let mut b = [0u8; 32];
-        b[0] = r.op.code();
-        b[8..16].copy_from_slice(&r.tag.to_le_bytes());
-        b[16..24].copy_from_slice(&r.lba.to_le_bytes());
-        b[24..28].copy_from_slice(&r.blocks.to_le_bytes());
-        b[28..32].copy_from_slice(&(r.buf_offset as u32).to_le_bytes());
-        Sqe(b)
+        let e = SqeLayout {
+            op: r.op.code(),
+            reserved: [0; 7],
+            tag: r.tag.into(),
+            lba: r.lba.into(),
+            blocks: r.blocks.into(),
+            buf_offset: (r.buf_offset as u32).into(),
+        };
+        Sqe(zerocopy::transmute!(e))
+    }
+
+    fn layout(&self) -> SqeLayout {
+        zerocopy::transmute!(self.0)
     }
 
     /// The tag, readable even when the rest is garbage (to address the error completion).
     pub fn tag(&self) -> u64 {
-        u64::from_le_bytes(self.0[8..16].try_into().expect("8 bytes"))
+        self.layout().tag.get()
     }
 
     /// Decodes untrusted bytes: unknown opcodes and non-zero reserved bytes are refused.
     pub fn decode(&self) -> Result<BlockRequest, BlockError> {
-        let b = &self.0;
-        let op = BlockOp::from_code(b[0])
-            .ok_or_else(|| BlockError::Invalid(format!("unknown opcode {}", b[0])))?;
-        if b[1..8].iter().any(|&x| x != 0) {
+        let e = self.layout();
+        let op = BlockOp::from_code(e.op)
+            .ok_or_else(|| BlockError::Invalid(format!("unknown opcode {}", e.op)))?;
+        if e.reserved != [0; 7] {
             return Err(BlockError::Invalid("reserved bytes are not zero".into()));
         }
         Ok(BlockRequest {
             op,
-            tag: self.tag(),
-            lba: u64::from_le_bytes(b[16..24].try_into().expect("8 bytes")),
-            blocks: u32::from_le_bytes(b[24..28].try_into().expect("4 bytes")),
-            buf_offset: u32::from_le_bytes(b[28..32].try_into().expect("4 bytes")) as u64,
+            tag: e.tag.get(),
+            lba: e.lba.get(),
+            blocks: e.blocks.get(),
+            buf_offset: e.buf_offset.get() as u64,
         })
     }
 }
@@ -307,24 +345,25 @@ pub struct Cqe(pub [u8; CQE_SIZE as usize]);
 impl Cqe {
     /// Encodes a completion.
     pub fn encode(c: &BlockCompletion) -> Self {
-        let mut b = [0u8; 16];
-        b[0..8].copy_from_slice(&c.tag.to_le_bytes());
         let (status, bytes) = match &c.result {
             Ok(n) => (0, *n),
             Err(e) => (e.code(), 0),
         };
-        b[8..12].copy_from_slice(&status.to_le_bytes());
-        b[12..16].copy_from_slice(&bytes.to_le_bytes());
-        Cqe(b)
+        let e = CqeLayout {
+            tag: c.tag.into(),
+            status: status.into(),
+            bytes: bytes.into(),
+        };
+        Cqe(zerocopy::transmute!(e))
     }
     /// Decodes.
     pub fn decode(&self) -> BlockCompletion {
-        let b = &self.0;
-        let status = i32::from_le_bytes(b[8..12].try_into().expect("4 bytes"));
+        let e: CqeLayout = zerocopy::transmute!(self.0);
+        let status = e.status.get();
         BlockCompletion {
-            tag: u64::from_le_bytes(b[0..8].try_into().expect("8 bytes")),
+            tag: e.tag.get(),
             result: if status == 0 {
-                Ok(u32::from_le_bytes(b[12..16].try_into().expect("4 bytes")))
+                Ok(e.bytes.get())
             } else {
                 Err(BlockError::from_code(status))
             },
@@ -522,6 +561,18 @@ mod tests {
             result: Ok(4096),
         };
         assert_eq!(Cqe::encode(&ok).decode(), ok);
+        use std::mem::{offset_of, size_of};
+        assert_eq!(size_of::<SqeLayout>(), SQE_SIZE as usize);
+        assert_eq!(offset_of!(SqeLayout, tag), 8);
+        assert_eq!(offset_of!(SqeLayout, lba), 16);
+        assert_eq!(offset_of!(SqeLayout, blocks), 24);
+        assert_eq!(offset_of!(SqeLayout, buf_offset), 28);
+        assert_eq!(size_of::<CqeLayout>(), CQE_SIZE as usize);
+        assert_eq!(offset_of!(CqeLayout, status), 8);
+        assert_eq!(offset_of!(CqeLayout, bytes), 12);
+        assert_eq!(&e.0[16..24], &0x1122_3344_5566u64.to_le_bytes());
+        assert_eq!(&e.0[28..32], &0x4000u32.to_le_bytes());
+        assert_eq!(&Cqe::encode(&c).0[8..12], &(-2i32).to_le_bytes());
     }
 
     #[test]

@@ -14,6 +14,7 @@
 use outboard_spec::virtio::{self, feature as vfeature};
 use outboard_spec::virtio_blk::{config, feature, req, status, SECTOR_SIZE};
 use outboard_vfio_user::{DmaError, DmaMap};
+use zerocopy::{FromZeros, IntoBytes};
 
 use crate::backing::Backing;
 use crate::virtio_pci::VirtioDevice;
@@ -147,15 +148,14 @@ impl VirtioBlk {
                 written: 0,
             };
         }
-        let mut header = [0u8; req::HEADER_SIZE as usize];
-        if gather(dma, readable_segments(chain), 0, &mut header).is_err() {
+        let mut header = req::Header::new_zeroed();
+        if gather(dma, readable_segments(chain), 0, header.as_mut_bytes()).is_err() {
             return Outcome {
                 status: status::IOERR,
                 written: 0,
             };
         }
-        let kind = u32::from_le_bytes(header[0..4].try_into().expect("4 bytes"));
-        let sector = u64::from_le_bytes(header[8..16].try_into().expect("8 bytes"));
+        let (kind, sector) = (header.kind.get(), header.sector.get());
         let out_len = readable - req::HEADER_SIZE as u64;
         let in_len = writable - 1;
         let result = match kind {
@@ -280,17 +280,15 @@ impl VirtioBlk {
             // max_discard_seg = max_write_zeroes_seg = 1
             return Err(status::UNSUPP);
         }
-        let mut seg = [0u8; req::SEGMENT_SIZE as usize];
+        let mut seg = req::Segment::new_zeroed();
         gather(
             dma,
             readable_segments(chain),
             req::HEADER_SIZE as u64,
-            &mut seg,
+            seg.as_mut_bytes(),
         )
         .map_err(|_| status::IOERR)?;
-        let sector = u64::from_le_bytes(seg[0..8].try_into().expect("8 bytes"));
-        let count = u32::from_le_bytes(seg[8..12].try_into().expect("4 bytes"));
-        let flags = u32::from_le_bytes(seg[12..16].try_into().expect("4 bytes"));
+        let (sector, count, flags) = (seg.sector.get(), seg.num_sectors.get(), seg.flags.get());
         if flags & !req::SEGMENT_F_UNMAP != 0
             || (kind == req::DISCARD && flags != 0)
             || count > MAX_ZERO_SECTORS

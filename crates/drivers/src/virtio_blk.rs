@@ -550,18 +550,21 @@ impl VirtioBlk {
             BlkOp::Discard { sectors } => (req::DISCARD, Some((sectors, 0u32))),
             BlkOp::WriteZeroes { sectors } => (req::WRITE_ZEROES, Some((sectors, 0u32))),
         };
-        let mut header = [0u8; 16];
-        header[0..4].copy_from_slice(&kind.to_le_bytes());
-        header[8..16].copy_from_slice(
-            &if kind == req::FLUSH || kind == req::GET_ID {
+        let header = req::Header {
+            kind: kind.into(),
+            reserved: 0.into(),
+            sector: if kind == req::FLUSH || kind == req::GET_ID {
                 0
             } else {
                 r.sector
             }
-            .to_le_bytes(),
-        );
+            .into(),
+        };
         let shm = |e: outboard_hw::ShmError| BlkError::Device(e.to_string());
-        queue.slots.write(slot, &header).map_err(shm)?;
+        queue
+            .slots
+            .write(slot, zerocopy::IntoBytes::as_bytes(&header))
+            .map_err(shm)?;
         queue
             .slots
             .write(slot + SLOT_STATUS, &[STATUS_UNSET])
@@ -573,11 +576,15 @@ impl VirtioBlk {
             write: false,
         }];
         if let Some((sectors, flags)) = seg {
-            let mut s = [0u8; 16];
-            s[0..8].copy_from_slice(&r.sector.to_le_bytes());
-            s[8..12].copy_from_slice(&sectors.to_le_bytes());
-            s[12..16].copy_from_slice(&flags.to_le_bytes());
-            queue.slots.write(slot + SLOT_SEGMENT, &s).map_err(shm)?;
+            let s = req::Segment {
+                sector: r.sector.into(),
+                num_sectors: sectors.into(),
+                flags: flags.into(),
+            };
+            queue
+                .slots
+                .write(slot + SLOT_SEGMENT, zerocopy::IntoBytes::as_bytes(&s))
+                .map_err(shm)?;
             bufs.push(Buf {
                 iova: base + slot + SLOT_SEGMENT,
                 len: 16,

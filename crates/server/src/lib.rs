@@ -3,8 +3,13 @@
 //! the client, is in `outboard-client`.)
 #![deny(missing_docs)]
 
+pub mod block;
+pub mod dispatch;
 pub mod host;
 pub mod ranges;
 pub mod recovery;
+pub mod session;
 
+pub use block::BlockDispatcher;
+pub use dispatch::Dispatcher;
 pub use host::{DriverHost, HostStats, Limits, Served};

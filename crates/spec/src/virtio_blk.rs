@@ -103,6 +103,59 @@ pub mod req {
     pub const SEGMENT_F_UNMAP: u32 = 1;
     /// Length of the GET_ID string.
     pub const ID_BYTES: u32 = 20;
+
+    use zerocopy::little_endian::{U32, U64};
+    use zerocopy::{FromBytes, Immutable, IntoBytes, KnownLayout};
+
+    /// `struct virtio_blk_req`'s header (§5.2.6), as it sits in driver memory.
+    #[derive(Debug, Clone, Copy, PartialEq, Eq, FromBytes, IntoBytes, KnownLayout, Immutable)]
+    #[repr(C)]
+    pub struct Header {
+        /// Request type (`IN`, `OUT`, …).
+        pub kind: U32,
+        /// Reserved, zero.
+        pub reserved: U32,
+        /// First 512-byte sector (zero for FLUSH and GET_ID).
+        pub sector: U64,
+    }
+
+    /// One discard / write-zeroes segment (§5.2.6.2).
+    #[derive(Debug, Clone, Copy, PartialEq, Eq, FromBytes, IntoBytes, KnownLayout, Immutable)]
+    #[repr(C)]
+    pub struct Segment {
+        /// First sector.
+        pub sector: U64,
+        /// Number of sectors.
+        pub num_sectors: U32,
+        /// `SEGMENT_F_UNMAP` or zero.
+        pub flags: U32,
+    }
+
+    #[cfg(test)]
+    mod tests {
+        use super::*;
+        use std::mem::{offset_of, size_of};
+
+        #[test]
+        fn layouts_are_pinned() {
+            assert_eq!(size_of::<Header>(), HEADER_SIZE as usize);
+            assert_eq!(offset_of!(Header, reserved), 4);
+            assert_eq!(offset_of!(Header, sector), 8);
+            assert_eq!(size_of::<Segment>(), SEGMENT_SIZE as usize);
+            assert_eq!(offset_of!(Segment, num_sectors), 8);
+            assert_eq!(offset_of!(Segment, flags), 12);
+            let h = Header {
+                kind: OUT.into(),
+                reserved: 0.into(),
+                sector: 0x0102_0304_0506_0708.into(),
+            };
+            assert_eq!(
+                h.as_bytes(),
+                &[1, 0, 0, 0, 0, 0, 0, 0, 8, 7, 6, 5, 4, 3, 2, 1],
+                "little-endian on the wire"
+            );
+        }
+    }
 }
 
 /// Request status byte (§5.2.6).

@@ -278,6 +278,30 @@ impl Writer {
     }
 }
 
+/// The header's layout on the wire (little-endian; pinned by a test).
+#[derive(
+    Debug,
+    Clone,
+    Copy,
+    zerocopy::FromBytes,
+    zerocopy::IntoBytes,
+    zerocopy::KnownLayout,
+    zerocopy::Immutable,
+)]
+#[repr(C)]
+pub struct RawHeader {
+    /// Message id.
+    pub msg_id: zerocopy::little_endian::U16,
+    /// Command.
+    pub command: zerocopy::little_endian::U16,
+    /// Whole message size.
+    pub size: zerocopy::little_endian::U32,
+    /// Flags.
+    pub flags: zerocopy::little_endian::U32,
+    /// errno.
+    pub error: zerocopy::little_endian::U32,
+}
+
 /// The 16-byte message header.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Header {
@@ -326,23 +350,24 @@ impl Header {
     }
     /// Encodes the header.
     pub fn encode(&self) -> [u8; HEADER_SIZE] {
-        let mut w = Writer::default();
-        w.u16(self.msg_id)
-            .u16(self.command)
-            .u32(self.size)
-            .u32(self.flags)
-            .u32(self.error);
-        w.0.try_into().expect("16 bytes")
+        let raw = RawHeader {
+            msg_id: self.msg_id.into(),
+            command: self.command.into(),
+            size: self.size.into(),
+            flags: self.flags.into(),
+            error: self.error.into(),
+        };
+        zerocopy::transmute!(raw)
     }
     /// Decodes and validates a header: its type and size must make sense.
     pub fn decode(b: &[u8; HEADER_SIZE]) -> Result<Self, WireError> {
-        let mut r = Reader::new("header", b, HEADER_SIZE)?;
+        let raw: RawHeader = zerocopy::transmute!(*b);
         let h = Self {
-            msg_id: r.u16()?,
-            command: r.u16()?,
-            size: r.u32()?,
-            flags: r.u32()?,
-            error: r.u32()?,
+            msg_id: raw.msg_id.get(),
+            command: raw.command.get(),
+            size: raw.size.get(),
+            flags: raw.flags.get(),
+            error: raw.error.get(),
         };
         if (h.size as usize) < HEADER_SIZE {
             return Err(invalid(
@@ -994,6 +1019,22 @@ impl DmaAccess {
 mod tests {
     use super::*;
     use proptest::prelude::*;
+
+    #[test]
+    fn header_layout_is_pinned() {
+        use std::mem::{offset_of, size_of};
+        assert_eq!(size_of::<RawHeader>(), HEADER_SIZE);
+        assert_eq!(offset_of!(RawHeader, command), 2);
+        assert_eq!(offset_of!(RawHeader, size), 4);
+        assert_eq!(offset_of!(RawHeader, flags), 8);
+        assert_eq!(offset_of!(RawHeader, error), 12);
+        let h = Header::command(0x0102, 0x0304, 4);
+        assert_eq!(
+            h.encode(),
+            [2, 1, 4, 3, 20, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0],
+            "little-endian, command type"
+        );
+    }
 
     #[test]
     fn header_round_trip_and_limits() {

@@ -1,0 +1,501 @@
+//! The block class's dispatcher: takes block requests out of sessions, validates them, orders
+//! overlapping writes and locks ([`crate::ranges`]), hands them to the driver under host-chosen
+//! tags, routes completions back, and handles the device's failure and recovery.
+//!
+//! Clients are untrusted: every entry is decoded and validated; a bad entry gets an error
+//! completion; duplicate tags are refused; each session may have at most as many requests
+//! unanswered as its completion ring can hold, so completions always have room; a round takes
+//! at most [`BUDGET`] entries per session, so one busy client cannot starve the others.
+
+use std::collections::HashSet;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use outboard_class::block::{validate, Cqe, Sqe, CQE_SIZE, SQE_SIZE};
+use outboard_class::{BlockCompletion, BlockDriver, BlockError, BlockOp, BlockRequest};
+use outboard_env::{DeviceEnv, DeviceEvent, LoopError, Mapping};
+use outboard_session::control;
+use outboard_shm::SharedMem;
+
+use crate::dispatch::{Ctx, Dispatcher, Refusal};
+use crate::host::Served;
+use crate::ranges::{range_of, Decision, Range, RangeLocks};
+use crate::recovery::{Recovery, Reopen};
+use crate::session::Session;
+
+/// Most entries taken from one session per round.
+pub const BUDGET: usize = 32;
+
+/// A request in the device.
+struct InFlight {
+    /// Session slot.
+    session: usize,
+    /// The client's tag.
+    tag: u64,
+    /// When it entered the device (for the deadline).
+    since: Instant,
+    /// The blocks it changes, if it is a write (a lock waits for it).
+    writes: Option<Range>,
+}
+
+/// What the dispatcher keeps per session.
+struct PerSession {
+    /// Client tags taken and not yet answered.
+    tags: HashSet<u64>,
+    /// The buffer area in the device's DMA space.
+    dma: Mapping,
+}
+
+type Device = (Box<dyn BlockDriver>, DeviceEnv);
+
+/// One block device being served.
+pub struct BlockDispatcher {
+    name: String,
+    driver: Box<dyn BlockDriver>,
+    env: DeviceEnv,
+    reopen: Option<Reopen<Device>>,
+    /// Driver tag → the request it stands for.
+    tags: Vec<Option<InFlight>>,
+    free_tags: Vec<usize>,
+    /// Range locks and the requests waiting on them.
+    locks: RangeLocks,
+    /// Why the device was given up; until it is back, every request fails at once with this.
+    failed: Option<String>,
+    /// The way back of a device that was given up.
+    recovery: Option<Recovery<Device>>,
+    sessions: Vec<Option<PerSession>>,
+    scratch: Vec<(u64, Result<u32, BlockError>)>,
+}
+
+/// Whether a session other than `si` has a write to `range` in the device.
+fn writes_elsewhere(tags: &[Option<InFlight>], si: usize, range: Range) -> bool {
+    tags.iter()
+        .flatten()
+        .any(|t| t.session != si && t.writes.is_some_and(|w| w.0 < range.1 && range.0 < w.1))
+}
+
+fn complete(
+    s: &mut Session,
+    stats: &mut crate::HostStats,
+    tag: u64,
+    result: Result<u32, BlockError>,
+) {
+    stats.completed += 1;
+    s.post(&Cqe::encode(&BlockCompletion { tag, result }).0);
+}
+
+impl BlockDispatcher {
+    /// Serves a started block driver.
+    pub fn new(served: Served) -> Self {
+        Self {
+            name: served.driver.info().name.clone(),
+            driver: served.driver,
+            env: served.env,
+            reopen: served.reopen,
+            tags: Vec::new(),
+            free_tags: Vec::new(),
+            locks: RangeLocks::default(),
+            failed: None,
+            recovery: None,
+            sessions: Vec::new(),
+            scratch: Vec::new(),
+        }
+    }
+
+    fn per_session(&mut self, slot: usize) -> Option<&mut PerSession> {
+        self.sessions.get_mut(slot).and_then(Option::as_mut)
+    }
+
+    /// Sends a validated request of session `si` to the device.
+    fn send_to_device(
+        &mut self,
+        s: &mut Session,
+        si: usize,
+        r: &BlockRequest,
+        stats: &mut crate::HostStats,
+    ) {
+        let Some(ps) = self.sessions.get_mut(si).and_then(Option::as_mut) else {
+            return;
+        };
+        let slot = self.free_tags.pop().unwrap_or_else(|| {
+            self.tags.push(None);
+            self.tags.len() - 1
+        });
+        match self.driver.submit(r, ps.dma.iova(), slot as u64) {
+            Ok(()) => {
+                self.tags[slot] = Some(InFlight {
+                    session: si,
+                    tag: r.tag,
+                    since: Instant::now(),
+                    writes: r.op.modifies().then(|| range_of(r)).flatten(),
+                });
+                ps.tags.insert(r.tag);
+            }
+            Err(e) => {
+                self.free_tags.push(slot);
+                ps.tags.remove(&r.tag);
+                stats.rejected += 1;
+                complete(s, stats, r.tag, Err(e));
+            }
+        }
+    }
+
+    /// Lets parked requests go on as far as their conflicts have ended.
+    fn release_parked(&mut self, cx: &mut Ctx<'_>) -> bool {
+        let mut progress = false;
+        let mut out = Vec::new();
+        loop {
+            if self.failed.is_some() || !self.locks.has_parked() {
+                break;
+            }
+            out.clear();
+            let room = usize::from(self.driver.has_room());
+            let tags = &self.tags;
+            self.locks.release(
+                room,
+                &|si: usize, range: Range| writes_elsewhere(tags, si, range),
+                &mut out,
+            );
+            if out.is_empty() {
+                break;
+            }
+            progress = true;
+            for (si, r, decision) in out.drain(..) {
+                let Some(s) = cx.sessions[si].as_mut() else {
+                    continue;
+                };
+                match decision {
+                    Decision::Granted => {
+                        if let Some(ps) = self.sessions.get_mut(si).and_then(Option::as_mut) {
+                            ps.tags.remove(&r.tag);
+                        }
+                        complete(s, cx.stats, r.tag, Ok(0));
+                    }
+                    _ => self.send_to_device(s, si, &r, cx.stats),
+                }
+            }
+        }
+        progress
+    }
+
+    /// Routes the device's completions to their sessions.
+    fn reap(&mut self, cx: &mut Ctx<'_>) -> bool {
+        self.scratch.clear();
+        if let Err(f) = self.driver.poll(&mut self.scratch) {
+            // The driver cannot tell what its device did: nothing in flight will complete.
+            self.fail(format!("the driver lost track of the device: {f}"), cx);
+            return true;
+        }
+        let n = self.scratch.len();
+        for (slot, result) in std::mem::take(&mut self.scratch) {
+            let Some(InFlight {
+                session: si, tag, ..
+            }) = self.tags.get_mut(slot as usize).and_then(Option::take)
+            else {
+                continue;
+            };
+            self.free_tags.push(slot as usize);
+            if let Some(ps) = self.sessions.get_mut(si).and_then(Option::as_mut) {
+                ps.tags.remove(&tag);
+            }
+            if let Some(s) = cx.sessions[si].as_mut() {
+                complete(s, cx.stats, tag, result);
+            }
+        }
+        n > 0
+    }
+
+    /// Gives the device up: it is abandoned (it must stop reaching session memory before
+    /// that memory can be reused), every request in it fails with the reason, and every later
+    /// request and open fails at once with it until it is back.
+    fn fail(&mut self, why: String, cx: &mut Ctx<'_>) {
+        if self.failed.is_some() {
+            return;
+        }
+        tracing::error!("device {}: {why}; giving it up", self.name);
+        cx.stats.device_failures += 1;
+        cx.unwatch(self.driver.as_ref());
+        self.driver.abandon();
+        self.failed = Some(why.clone());
+        self.recovery = self.reopen.clone().map(Recovery::new);
+        cx.notify(&control::Event::DeviceFailed {
+            device: self.name.clone(),
+            why: why.clone(),
+        });
+        let mut stranded: Vec<(usize, u64)> = self
+            .tags
+            .drain(..)
+            .flatten()
+            .map(|t| (t.session, t.tag))
+            .collect();
+        stranded.extend(self.locks.clear().into_iter().map(|(si, r)| (si, r.tag)));
+        self.free_tags.clear();
+        for (si, tag) in stranded {
+            if let Some(ps) = self.per_session(si) {
+                ps.tags.remove(&tag);
+            }
+            if let Some(s) = cx.sessions[si].as_mut() {
+                complete(s, cx.stats, tag, Err(BlockError::DeviceFailed(why.clone())));
+            }
+        }
+    }
+
+    /// Advances the recovery; when the device is open again, swaps the new driver in and maps
+    /// every live session's buffers into the new device.
+    fn recover(&mut self, cx: &mut Ctx<'_>) -> bool {
+        let Some((new, env)) = self.recovery.as_mut().and_then(Recovery::poll) else {
+            return false;
+        };
+        if let Err(e) = cx.watch(new.as_ref()) {
+            tracing::error!(
+                "device {}: cannot watch the re-opened device: {e}",
+                self.name
+            );
+            return false;
+        }
+        let old = std::mem::replace(&mut self.driver, new);
+        self.env = env;
+        let attempts = self.recovery.take().map_or(0, |r| r.attempts);
+        self.failed = None;
+        for (si, ps) in self.sessions.iter_mut().enumerate() {
+            let Some(ps) = ps.as_mut() else { continue };
+            let Some(s) = cx.sessions[si].as_mut().filter(|s| !s.closing()) else {
+                continue;
+            };
+            match self.env.map(s.region.buffers.clone()) {
+                // The old mapping unmaps from the old device, which is gone: that fails fast.
+                Ok(dma) => ps.dma = dma,
+                Err(e) => {
+                    tracing::warn!(
+                        "session {}: cannot map into the re-opened device: {e}",
+                        s.id
+                    );
+                    s.cut_off();
+                }
+            }
+        }
+        drop(old);
+        tracing::warn!("device {}: back after {attempts} attempt(s)", self.name);
+        cx.stats.device_recoveries += 1;
+        cx.notify(&control::Event::DeviceRecovered {
+            device: self.name.clone(),
+        });
+        true
+    }
+}
+
+impl Dispatcher for BlockDispatcher {
+    fn name(&self) -> &str {
+        &self.name
+    }
+
+    fn class(&self) -> &'static str {
+        "block"
+    }
+
+    fn entry_sizes(&self) -> (u32, u32) {
+        (SQE_SIZE, CQE_SIZE)
+    }
+
+    fn status(&self) -> serde_json::Value {
+        serde_json::to_value(self.driver.info()).expect("serialisable")
+    }
+
+    fn refuses(&self) -> Option<String> {
+        self.failed.clone()
+    }
+
+    fn start(&mut self, cx: &mut Ctx<'_>) -> Result<(), LoopError> {
+        cx.watch(self.driver.as_ref())
+    }
+
+    fn open(&mut self, slot: usize, buffers: Arc<SharedMem>) -> Result<(), Refusal> {
+        // Zero copy: the device reaches the client's buffers directly.
+        let dma = self
+            .env
+            .map(buffers)
+            .map_err(|e| ("resources", e.to_string()))?;
+        if self.sessions.len() <= slot {
+            self.sessions.resize_with(slot + 1, || None);
+        }
+        self.sessions[slot] = Some(PerSession {
+            tags: HashSet::new(),
+            dma,
+        });
+        Ok(())
+    }
+
+    fn take(&mut self, i: usize, cx: &mut Ctx<'_>) -> bool {
+        let Some(s) = cx.sessions[i].as_mut() else {
+            return false;
+        };
+        if s.closing() || self.per_session(i).is_none() {
+            return false;
+        }
+        let mut taken = 0;
+        let mut cut = false;
+        while taken < BUDGET {
+            let outstanding = self.outstanding(i);
+            match s.room_for_another(outstanding) {
+                Ok(true) => {}
+                Ok(false) => break,
+                Err(_) => {
+                    cut = true;
+                    break;
+                }
+            }
+            if self.failed.is_none() && !self.driver.has_room() {
+                break;
+            }
+            let mut e = [0u8; SQE_SIZE as usize];
+            match s.pop(&mut e) {
+                Ok(true) => {}
+                Ok(false) => break,
+                Err(_) => {
+                    cut = true;
+                    break;
+                }
+            }
+            taken += 1;
+            let sqe = Sqe(e);
+            let tag = sqe.tag();
+            let buffer_size = s.buffer_size();
+            let failed = &self.failed;
+            let info = self.driver.info();
+            let in_flight = &self.sessions[i].as_ref().expect("checked").tags;
+            let result = sqe.decode().and_then(|r| {
+                if let Some(why) = failed {
+                    return Err(BlockError::DeviceFailed(why.clone()));
+                }
+                validate(&r, info, buffer_size)?;
+                if in_flight.contains(&tag) {
+                    return Err(BlockError::DuplicateTag);
+                }
+                Ok(r)
+            });
+            match result {
+                Ok(r) if r.op == BlockOp::Null => complete(s, cx.stats, tag, Ok(0)),
+                Ok(r) if r.op == BlockOp::Unlock => {
+                    let done = if self.locks.unlock(i, &r) {
+                        Ok(0)
+                    } else {
+                        Err(BlockError::Invalid(
+                            "unlock of a range this session did not lock".into(),
+                        ))
+                    };
+                    complete(s, cx.stats, tag, done);
+                }
+                Ok(r) => {
+                    let tags = &self.tags;
+                    let elsewhere = |si: usize, range: Range| writes_elsewhere(tags, si, range);
+                    match self.locks.admit(i, r, &elsewhere) {
+                        Decision::Granted => complete(s, cx.stats, tag, Ok(0)),
+                        Decision::Parked => {
+                            if let Some(ps) = self.per_session(i) {
+                                ps.tags.insert(tag);
+                            }
+                        }
+                        Decision::Submit => self.send_to_device(s, i, &r, cx.stats),
+                    }
+                }
+                // Completing under the duplicated tag would confuse the original request's
+                // completion; it is reported with the error code and the tag as given.
+                Err(e) => {
+                    cx.stats.rejected += 1;
+                    complete(s, cx.stats, tag, Err(e));
+                }
+            }
+        }
+        if cut {
+            tracing::warn!(
+                "session {}: ring indices corrupt, cutting the client off",
+                s.id
+            );
+            cx.stats.cut_off += 1;
+            s.cut_off();
+        }
+        taken > 0
+    }
+
+    fn progress(&mut self, cx: &mut Ctx<'_>) -> bool {
+        if self.failed.is_some() {
+            return self.recover(cx);
+        }
+        if self.driver.in_flight() > 0 {
+            if let Err(f) = self.driver.kick() {
+                self.fail(format!("the driver could not notify the device: {f}"), cx);
+                return true;
+            }
+        }
+        let mut progress = self.reap(cx);
+        progress |= self.release_parked(cx);
+        progress
+    }
+
+    fn prepare_sleep(&mut self, cx: &mut Ctx<'_>) -> bool {
+        if self.failed.is_some() || self.driver.in_flight() == 0 {
+            return true;
+        }
+        match self.driver.arm() {
+            Ok(false) => true,
+            Ok(true) => false,
+            Err(f) => {
+                self.fail(format!("the driver could not arm its interrupt: {f}"), cx);
+                false
+            }
+        }
+    }
+
+    fn event(&mut self, ev: DeviceEvent, cx: &mut Ctx<'_>) {
+        if self.failed.is_some() {
+            return;
+        }
+        if let Err(failure) = self.driver.handle(ev) {
+            self.fail(failure.to_string(), cx);
+        }
+    }
+
+    fn oldest(&self) -> Option<Instant> {
+        if self.failed.is_some() {
+            return None;
+        }
+        self.tags.iter().flatten().map(|t| t.since).min()
+    }
+
+    fn check_deadline(&mut self, now: Instant, deadline: Duration, cx: &mut Ctx<'_>) {
+        if self
+            .oldest()
+            .is_some_and(|t| now.duration_since(t) > deadline)
+        {
+            let why = format!("the device stalled: a request got no answer within {deadline:?}");
+            self.fail(why, cx);
+        }
+    }
+
+    fn outstanding(&self, slot: usize) -> usize {
+        self.sessions
+            .get(slot)
+            .and_then(Option::as_ref)
+            .map_or(0, |ps| ps.tags.len())
+    }
+
+    fn close(&mut self, slot: usize) {
+        let parked = self.locks.end_session(slot);
+        if let Some(ps) = self.per_session(slot) {
+            for r in parked {
+                ps.tags.remove(&r.tag);
+            }
+        }
+    }
+
+    fn release(&mut self, slot: usize) {
+        // Dropping the mapping unmaps the buffers from the device.
+        if let Some(ps) = self.sessions.get_mut(slot) {
+            *ps = None;
+        }
+    }
+
+    fn recovering(&self) -> bool {
+        self.failed.is_some()
+    }
+}

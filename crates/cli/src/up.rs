@@ -93,7 +93,7 @@ pub fn up(a: UpArgs, control: PathBuf, verbose: u8) -> Result<ExitCode, String> 
         exe: std::env::current_exe().map_err(|e| e.to_string())?,
         verbose,
     };
-    let mut m = Manager::start(machine, opts)?;
+    let mut m = Manager::start(machine, opts).map_err(|e| e.to_string())?;
     let first = m
         .registry()
         .find("machine", &m.registry().name)
@@ -112,7 +112,7 @@ pub fn up(a: UpArgs, control: PathBuf, verbose: u8) -> Result<ExitCode, String> 
     println!("  echo hello | {env}outboard blk write {first} --offset 4096");
     println!("  {env}outboard blk read {first} --offset 4096 --length 6");
     println!("Ctrl-C stops every device and driver.");
-    m.run(&stop)?;
+    m.run(&stop).map_err(|e| e.to_string())?;
     m.shutdown();
     println!("outboard: stopped");
     Ok(ExitCode::SUCCESS)
@@ -172,7 +172,7 @@ pub fn driver_host(a: DriverHostArgs) -> Result<ExitCode, String> {
         served.push(Served::start(&at, driver, opts).map_err(|e| format!("{name}: {e}"))?);
         names.push(name.to_string());
     }
-    let mut server = DriverHost::bind(&a.listen, served)?;
+    let mut server = DriverHost::bind(&a.listen, served).map_err(|e| e.to_string())?;
     server.set_spin(std::time::Duration::from_micros(a.spin_us));
     server.set_deadline(std::time::Duration::from_millis(a.deadline_ms));
     if let Some(fd) = a.notify_fd {
@@ -183,7 +183,7 @@ pub fn driver_host(a: DriverHostArgs) -> Result<ExitCode, String> {
         names.join(", "),
         a.listen.display()
     );
-    server.run(&stop)?;
+    server.run(&stop).map_err(|e| e.to_string())?;
     eprintln!("outboard: driver server stopped ({:?})", server.stats());
     Ok(ExitCode::SUCCESS)
 }

@@ -12,12 +12,14 @@
 
 pub mod api;
 pub mod buffers;
+pub mod channel;
 pub mod colocated;
 pub mod manager;
 pub mod registry;
 pub mod session;
 
 pub use buffers::{Buffer, BufferPool};
+pub use channel::{Channel, ChannelError};
 pub use colocated::Colocated;
 pub use manager::open_block;
 pub use session::{reply_error, BlockClient, SessionOptions, WaitMode};

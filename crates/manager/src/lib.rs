@@ -79,11 +79,57 @@ fn size_text(n: u64) -> String {
     }
 }
 
+/// Why the manager could not start or stopped serving.
+#[derive(Debug, thiserror::Error)]
+pub enum ManagerError {
+    /// The runtime directory could not be claimed (another manager holds it, or it is not
+    /// usable).
+    #[error("{0}")]
+    Runtime(String),
+    /// The control socket could not be set up.
+    #[error("the control socket: {0}")]
+    Control(#[from] outboard_session::SessionError),
+    /// The work loop failed.
+    #[error(transparent)]
+    Loop(#[from] outboard_env::LoopError),
+    /// A child process (device model, driver server) could not be started or did not come up.
+    #[error("{0}")]
+    Launch(String),
+    /// A device could not be probed.
+    #[error("probing {device}: {why}")]
+    Probe {
+        /// Device name.
+        device: String,
+        /// Why.
+        why: String,
+    },
+    /// No driver in the catalog matches a device.
+    #[error("{device}: no driver matches {what}")]
+    NoDriver {
+        /// Device name.
+        device: String,
+        /// What was matched (ids or model).
+        what: String,
+    },
+    /// A driver server started but does not serve a device it should.
+    #[error("{device}: {why}")]
+    NotServed {
+        /// Device name.
+        device: String,
+        /// What its server answered.
+        why: outboard_class::BlockError,
+    },
+    /// `run` was called on a manager that is not started.
+    #[error("the manager is not started")]
+    NotStarted,
+}
+
 impl Manager {
     /// Starts every device model and driver server of `machine`. On failure, whatever was
     /// started is stopped again.
-    pub fn start(machine: Machine, opts: ManagerOptions) -> Result<Self, String> {
-        let runtime = runtime::RuntimeDir::claim(&opts.runtime_dir)?;
+    pub fn start(machine: Machine, opts: ManagerOptions) -> Result<Self, ManagerError> {
+        let runtime =
+            runtime::RuntimeDir::claim(&opts.runtime_dir).map_err(ManagerError::Runtime)?;
         let mut m = Self {
             registry: Node::new("machine", &machine.name).with("state", "starting"),
             machine,
@@ -114,8 +160,8 @@ impl Manager {
         p
     }
 
-    fn bring_up(&mut self) -> Result<(), String> {
-        self.listener = Some(control::listen(&self.opts.control).map_err(|e| e.to_string())?);
+    fn bring_up(&mut self) -> Result<(), ManagerError> {
+        self.listener = Some(control::listen(&self.opts.control)?);
         let mut bus = Node::new("bus", "vfio-user");
         let mut virtual_bus = Node::new("bus", "virtual");
         let devices = self.machine.devices.clone();
@@ -123,7 +169,10 @@ impl Manager {
         let mut chosen: Vec<(String, &'static str)> = Vec::new();
         for d in devices.iter().filter(|d| d.model == "null-blk") {
             let personality = outboard_drivers::match_driver(&Identity::Virtual(&d.model))
-                .ok_or_else(|| format!("{}: no driver matches model {}", d.name, d.model))?;
+                .ok_or_else(|| ManagerError::NoDriver {
+                    device: d.name.clone(),
+                    what: format!("model {}", d.model),
+                })?;
             chosen.push((d.name.clone(), personality.driver));
             virtual_bus.children.push(
                 Node::new("device", &format!("{}@virtual", d.name))
@@ -170,8 +219,10 @@ impl Manager {
                 &args,
                 log,
                 self.opts.verbose,
-            )?;
-            p.wait_for_socket(&sock, Duration::from_secs(10))?;
+            )
+            .map_err(ManagerError::Launch)?;
+            p.wait_for_socket(&sock, Duration::from_secs(10))
+                .map_err(ManagerError::Launch)?;
             let mut node = Node::new("pci-function", &format!("{}@vfio-user", d.name))
                 .with("model", d.model.as_str())
                 .with("socket", sock.display().to_string())
@@ -181,8 +232,12 @@ impl Manager {
                 .with("state", "running");
             self.procs.push(p);
             // Identity, BARs and IRQs, read the way a driver would.
-            let f = PciFunction::open(&DeviceSpec::VfioUser(sock.clone()))
-                .map_err(|e| format!("probing {}: {e}", d.name))?;
+            let f = PciFunction::open(&DeviceSpec::VfioUser(sock.clone())).map_err(|e| {
+                ManagerError::Probe {
+                    device: d.name.clone(),
+                    why: e.to_string(),
+                }
+            })?;
             let id = f.identity();
             node.set("ids", format!("{:04x}:{:04x}", id.vendor, id.device));
             node.set(
@@ -191,7 +246,10 @@ impl Manager {
             );
             let bars: Vec<String> = f
                 .bar_sizes()
-                .map_err(|e| e.to_string())?
+                .map_err(|e| ManagerError::Probe {
+                    device: d.name.clone(),
+                    why: e.to_string(),
+                })?
                 .iter()
                 .enumerate()
                 .filter(|(_, s)| **s > 0)
@@ -210,10 +268,10 @@ impl Manager {
             node.set("irqs", irqs.join(", "));
             let personality =
                 outboard_drivers::match_driver(&Identity::Pci(id)).ok_or_else(|| {
-                    format!(
-                        "{}: no driver matches {:04x}:{:04x}",
-                        d.name, id.vendor, id.device
-                    )
+                    ManagerError::NoDriver {
+                        device: d.name.clone(),
+                        what: format!("{:04x}:{:04x}", id.vendor, id.device),
+                    }
                 })?;
             drop(f);
             chosen.push((d.name.clone(), personality.driver));
@@ -288,13 +346,19 @@ impl Manager {
                 &args,
                 log,
                 self.opts.verbose,
-            )?;
-            p.wait_for_socket(&sock, Duration::from_secs(30))?;
+            )
+            .map_err(ManagerError::Launch)?;
+            p.wait_for_socket(&sock, Duration::from_secs(30))
+                .map_err(ManagerError::Launch)?;
             let pid = p.pid();
             self.procs.push(p);
             for n in &names {
-                let info = outboard_client::BlockClient::status(&sock, n)
-                    .map_err(|e| format!("{n}: {e}"))?;
+                let info = outboard_client::BlockClient::status(&sock, n).map_err(|why| {
+                    ManagerError::NotServed {
+                        device: n.clone(),
+                        why,
+                    }
+                })?;
                 let node = match self
                     .registry
                     .find_mut("pci-function", &format!("{n}@vfio-user"))
@@ -329,26 +393,22 @@ impl Manager {
     /// Nothing here blocks: a control connection is an event source of its own, read only when
     /// it is readable and answered without waiting, so an idle or stuck client cannot delay a
     /// crash report or another client.
-    pub fn run(&mut self, stop: &AtomicBool) -> Result<(), String> {
-        let mut work: WorkLoop<Source> = WorkLoop::new().map_err(|e| e.to_string())?;
-        let (listener, _) = self.listener.as_ref().ok_or("the manager is not started")?;
-        work.add(listener.as_fd(), Source::Listener)
-            .map_err(|e| e.to_string())?;
+    pub fn run(&mut self, stop: &AtomicBool) -> Result<(), ManagerError> {
+        let mut work: WorkLoop<Source> = WorkLoop::new()?;
+        let (listener, _) = self.listener.as_ref().ok_or(ManagerError::NotStarted)?;
+        work.add(listener.as_fd(), Source::Listener)?;
         for (i, p) in self.procs.iter().enumerate() {
             if p.exited.is_none() {
-                work.add(p.fd(), Source::Child(i))
-                    .map_err(|e| e.to_string())?;
+                work.add(p.fd(), Source::Child(i))?;
             }
             if let Some(ev) = &p.events {
-                work.add(ev.as_fd(), Source::Events(i))
-                    .map_err(|e| e.to_string())?;
+                work.add(ev.as_fd(), Source::Events(i))?;
             }
         }
         let mut ready = Vec::new();
         while !stop.load(Ordering::Relaxed) {
             ready.clear();
-            work.wait(Some(Duration::from_millis(100)), &mut ready)
-                .map_err(|e| e.to_string())?;
+            work.wait(Some(Duration::from_millis(100)), &mut ready)?;
             for &source in &ready {
                 match source {
                     Source::Listener => self.accept(&mut work),

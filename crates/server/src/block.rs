@@ -12,13 +12,14 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use outboard_class::block::{validate, Cqe, Sqe, CQE_SIZE, SQE_SIZE};
-use outboard_class::{BlockCompletion, BlockDriver, BlockError, BlockOp, BlockRequest};
+use outboard_class::{
+    BlockCompletion, BlockDriver, BlockError, BlockOp, BlockRequest, ClassDriver,
+};
 use outboard_env::{DeviceEnv, DeviceEvent, LoopError, Mapping};
 use outboard_session::control;
 use outboard_shm::SharedMem;
 
 use crate::dispatch::{Ctx, Dispatcher, Refusal};
-use crate::host::Served;
 use crate::ranges::{range_of, Decision, Range, RangeLocks};
 use crate::recovery::{Recovery, Reopen};
 use crate::session::Session;
@@ -46,7 +47,9 @@ struct PerSession {
     dma: Mapping,
 }
 
-type Device = (Box<dyn BlockDriver>, DeviceEnv);
+/// What a recovery brings back: a started driver (of this class, for a personality of this
+/// class) and its environment.
+type Device = (ClassDriver, DeviceEnv);
 
 /// One block device being served.
 pub struct BlockDispatcher {
@@ -86,12 +89,16 @@ fn complete(
 
 impl BlockDispatcher {
     /// Serves a started block driver.
-    pub fn new(served: Served) -> Self {
+    pub fn new(
+        driver: Box<dyn BlockDriver>,
+        env: DeviceEnv,
+        reopen: Option<Reopen<Device>>,
+    ) -> Self {
         Self {
-            name: served.driver.info().name.clone(),
-            driver: served.driver,
-            env: served.env,
-            reopen: served.reopen,
+            name: driver.info().name.clone(),
+            driver,
+            env,
+            reopen,
             tags: Vec::new(),
             free_tags: Vec::new(),
             locks: RangeLocks::default(),
@@ -246,6 +253,7 @@ impl BlockDispatcher {
         let Some((new, env)) = self.recovery.as_mut().and_then(Recovery::poll) else {
             return false;
         };
+        let ClassDriver::Block(new) = new;
         if let Err(e) = cx.watch(new.as_ref()) {
             tracing::error!(
                 "device {}: cannot watch the re-opened device: {e}",

@@ -20,7 +20,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use outboard_class::{BlockDriver, ClassDriver};
+use outboard_class::ClassDriver;
 use outboard_drivers::{Attachment, StartOptions, Started};
 use outboard_env::{DeviceEnv, DeviceEvent, Timer, WorkLoop};
 use outboard_session::control::{self, Reply, Request};
@@ -48,20 +48,20 @@ pub enum Source {
     Deadline,
 }
 
-/// A block device to serve: a started driver and its environment, and how to start it
-/// again after a failure.
+/// A device to serve, whatever its class: a started driver and its environment, and how to
+/// start it again after a failure.
 pub struct Served {
-    /// The driver.
-    pub driver: Box<dyn BlockDriver>,
+    /// The driver, by class.
+    pub driver: ClassDriver,
     /// Its environment.
     pub env: DeviceEnv,
     /// How to start it again, if it can be.
-    pub reopen: Option<Reopen<(Box<dyn BlockDriver>, DeviceEnv)>>,
+    pub reopen: Option<Reopen<(ClassDriver, DeviceEnv)>>,
 }
 
 impl Served {
     /// Serves a driver that cannot be re-opened (tests, in-process devices).
-    pub fn new(driver: Box<dyn BlockDriver>, env: DeviceEnv) -> Self {
+    pub fn new(driver: ClassDriver, env: DeviceEnv) -> Self {
         Self {
             driver,
             env,
@@ -76,46 +76,43 @@ impl Served {
         driver: Option<&str>,
         opts: StartOptions,
     ) -> Result<Self, outboard_drivers::StartError> {
-        let (block, env, personality) = start_block(at, driver, &opts)?;
+        let Started {
+            driver,
+            env,
+            personality,
+        } = outboard_drivers::start(at, driver, &opts)?;
         let at = at.clone();
-        let reopen: Reopen<(Box<dyn BlockDriver>, DeviceEnv)> = Arc::new(move || {
-            start_block(&at, Some(personality), &opts)
-                .map(|(d, env, _)| (d, env))
+        let name = personality.driver;
+        let reopen: Reopen<(ClassDriver, DeviceEnv)> = Arc::new(move || {
+            outboard_drivers::start(&at, Some(name), &opts)
+                .map(|s| (s.driver, s.env))
                 .map_err(|e| e.to_string())
         });
         Ok(Self {
-            driver: block,
+            driver,
             env,
             reopen: Some(reopen),
         })
+    }
+
+    /// The dispatcher of this device's class: the one place a class's dispatcher is chosen.
+    pub fn into_dispatcher(self) -> Box<dyn Dispatcher> {
+        match self.driver {
+            ClassDriver::Block(d) => Box::new(BlockDispatcher::new(d, self.env, self.reopen)),
+        }
     }
 }
 
 impl From<outboard_drivers::virtio_block::VirtioBlock> for Served {
     fn from(d: outboard_drivers::virtio_block::VirtioBlock) -> Self {
         let env = d.env();
-        Self::new(Box::new(d), env)
+        Self::new(ClassDriver::Block(Box::new(d)), env)
     }
 }
 
 impl From<outboard_drivers::null_blk::NullBlock> for Served {
     fn from(d: outboard_drivers::null_blk::NullBlock) -> Self {
-        Self::new(Box::new(d), DeviceEnv::virtual_device())
-    }
-}
-
-fn start_block(
-    at: &Attachment,
-    driver: Option<&str>,
-    opts: &StartOptions,
-) -> Result<(Box<dyn BlockDriver>, DeviceEnv, &'static str), outboard_drivers::StartError> {
-    let Started {
-        driver,
-        env,
-        personality,
-    } = outboard_drivers::start(at, driver, opts)?;
-    match driver {
-        ClassDriver::Block(b) => Ok((b, env, personality.driver)),
+        Self::new(ClassDriver::Block(Box::new(d)), DeviceEnv::virtual_device())
     }
 }
 
@@ -193,8 +190,15 @@ pub struct DriverHost {
     limits: Limits,
 }
 
-fn err(e: impl std::fmt::Display) -> String {
-    e.to_string()
+/// Why a driver server could not start or stopped.
+#[derive(Debug, thiserror::Error)]
+pub enum HostError {
+    /// Its socket could not be set up.
+    #[error("cannot listen: {0}")]
+    Listen(#[from] SessionError),
+    /// The work loop or a timer failed.
+    #[error(transparent)]
+    Loop(#[from] outboard_env::LoopError),
 }
 
 /// A dispatcher's view of the host for device `d`.
@@ -212,27 +216,23 @@ macro_rules! ctx {
 
 impl DriverHost {
     /// Serves `devices` on a SEQPACKET socket at `path`.
-    pub fn bind(path: &std::path::Path, devices: Vec<Served>) -> Result<Self, String> {
-        let (listener, path) = control::listen(path).map_err(err)?;
+    pub fn bind(path: &std::path::Path, devices: Vec<Served>) -> Result<Self, HostError> {
+        let (listener, path) = control::listen(path)?;
         let mut h = Self::new(listener, devices)?;
         h.path = Some(path);
         Ok(h)
     }
 
     /// Serves `devices` on an already listening socket.
-    pub fn new(listener: OwnedFd, devices: Vec<Served>) -> Result<Self, String> {
-        let mut work = WorkLoop::new().map_err(err)?;
-        work.add(listener.as_fd(), Source::Listener).map_err(err)?;
-        let deadline_timer = Timer::new().map_err(err)?;
-        work.add(deadline_timer.fd(), Source::Deadline)
-            .map_err(err)?;
+    pub fn new(listener: OwnedFd, devices: Vec<Served>) -> Result<Self, HostError> {
+        let mut work = WorkLoop::new()?;
+        work.add(listener.as_fd(), Source::Listener)?;
+        let deadline_timer = Timer::new()?;
+        work.add(deadline_timer.fd(), Source::Deadline)?;
         let mut h = Self {
             listener,
             path: None,
-            devices: devices
-                .into_iter()
-                .map(|s| Box::new(BlockDispatcher::new(s)) as Box<dyn Dispatcher>)
-                .collect(),
+            devices: devices.into_iter().map(Served::into_dispatcher).collect(),
             conns: Vec::new(),
             sessions: Vec::new(),
             work,
@@ -250,7 +250,7 @@ impl DriverHost {
             let mut devices = std::mem::take(&mut h.devices);
             let r = devices[d].start(&mut ctx!(h, d));
             h.devices = devices;
-            r.map_err(err)?;
+            r?;
         }
         Ok(h)
     }
@@ -299,7 +299,7 @@ impl DriverHost {
     }
 
     /// Serves until `stop` is set.
-    pub fn run(&mut self, stop: &AtomicBool) -> Result<(), String> {
+    pub fn run(&mut self, stop: &AtomicBool) -> Result<(), HostError> {
         let mut ready = Vec::new();
         while !stop.load(Ordering::Relaxed) {
             if self.round() {
@@ -325,8 +325,7 @@ impl DriverHost {
                 // Deadlines have their timer; the timeout bounds how late a stop request or a
                 // device's recovery attempt is noticed.
                 self.work
-                    .wait(Some(Duration::from_millis(100)), &mut ready)
-                    .map_err(err)?;
+                    .wait(Some(Duration::from_millis(100)), &mut ready)?;
                 self.wake();
                 self.check_deadlines();
                 for source in ready.drain(..) {
@@ -344,7 +343,7 @@ impl DriverHost {
         mut self,
     ) -> (
         Arc<AtomicBool>,
-        std::thread::JoinHandle<Result<HostStats, String>>,
+        std::thread::JoinHandle<Result<HostStats, HostError>>,
     ) {
         let stop = Arc::new(AtomicBool::new(false));
         let s = stop.clone();
@@ -396,12 +395,12 @@ impl DriverHost {
 
     /// Arms the deadline timer for the oldest request in any device, so a sleeping loop wakes
     /// when it expires.
-    fn arm_deadline(&mut self) -> Result<(), String> {
+    fn arm_deadline(&mut self) -> Result<(), HostError> {
         match self.devices.iter().filter_map(|d| d.oldest()).min() {
-            Some(t) => self.deadline_timer.arm_at(t + self.deadline),
-            None => self.deadline_timer.disarm(),
+            Some(t) => self.deadline_timer.arm_at(t + self.deadline)?,
+            None => self.deadline_timer.disarm()?,
         }
-        .map_err(err)
+        Ok(())
     }
 
     /// Fails the devices whose oldest request has been in the device longer than the deadline.
@@ -462,7 +461,7 @@ impl DriverHost {
         }
     }
 
-    fn event(&mut self, source: Source) -> Result<(), String> {
+    fn event(&mut self, source: Source) -> Result<(), HostError> {
         match source {
             Source::Listener => {
                 if let Ok(sock) = control::accept(self.listener.as_fd()) {
@@ -474,9 +473,7 @@ impl DriverHost {
                             self.conns.push(None);
                             self.conns.len() - 1
                         });
-                    self.work
-                        .add(sock.as_fd(), Source::Conn(slot))
-                        .map_err(err)?;
+                    self.work.add(sock.as_fd(), Source::Conn(slot))?;
                     self.conns[slot] = Some((sock, None));
                 }
             }

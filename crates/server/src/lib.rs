@@ -12,4 +12,4 @@ pub mod session;
 
 pub use block::BlockDispatcher;
 pub use dispatch::Dispatcher;
-pub use host::{DriverHost, HostStats, Limits, Served};
+pub use host::{DriverHost, HostError, HostStats, Limits, Served};

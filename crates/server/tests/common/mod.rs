@@ -56,7 +56,7 @@ pub struct Served {
     /// The device model behind it.
     pub backend: Arc<InProcess>,
     stop: Arc<AtomicBool>,
-    thread: JoinHandle<Result<HostStats, String>>,
+    thread: JoinHandle<Result<HostStats, outboard_server::HostError>>,
 }
 
 impl Served {

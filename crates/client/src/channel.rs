@@ -1,0 +1,270 @@
+//! A session's client side, whatever the class: opening, the two rings, doorbells, and the
+//! wait logic (adaptive spin, announce sleep, re-check, block on the doorbell or notice the
+//! server is gone), written once for every class client.
+
+use std::os::fd::{AsFd, OwnedFd};
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use outboard_session::control::{self, Reply, Request};
+use outboard_session::doorbell::{announce_sleep, cancel_sleep, peer_sleeping};
+use outboard_session::region::ShmRing;
+use outboard_session::{Consumer, Doorbell, Geometry, Producer, Region, SessionError};
+use rustix::event::{PollFd, PollFlags};
+
+/// How a client waits for completions.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum WaitMode {
+    /// Announce sleep and block on the doorbell at once.
+    Blocking,
+    /// Spin for up to this long re-checking the ring, then block.
+    Adaptive(Duration),
+}
+
+/// Why a session call failed, before a class gives it its own meaning.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ChannelError {
+    /// No server at the socket.
+    #[error("{0}")]
+    Connect(String),
+    /// The server closed the session (it exited, or cut this client off).
+    #[error("the session was closed by the server")]
+    Gone,
+    /// Nothing arrived in time.
+    #[error("timed out")]
+    Timeout,
+    /// The server refused, with its code and message.
+    #[error("{code}: {message}")]
+    Refused {
+        /// Machine-readable code (`no-such-device`, `busy`, `device-failed`, …).
+        code: String,
+        /// Why.
+        message: String,
+    },
+    /// The server broke the protocol.
+    #[error("protocol error: {0}")]
+    Protocol(String),
+}
+
+impl From<SessionError> for ChannelError {
+    fn from(e: SessionError) -> Self {
+        match e {
+            SessionError::Closed => ChannelError::Gone,
+            SessionError::Timeout => ChannelError::Timeout,
+            SessionError::Connect(m) => ChannelError::Connect(m),
+            e => ChannelError::Protocol(e.to_string()),
+        }
+    }
+}
+
+/// An open session.
+pub struct Channel {
+    sock: OwnedFd,
+    region: Region,
+    sq: Producer<ShmRing>,
+    cq: Consumer<ShmRing>,
+    server_bell: Doorbell,
+    client_bell: Doorbell,
+    mode: WaitMode,
+    session: u64,
+    /// The server closed the session: every later call fails at once.
+    gone: bool,
+}
+
+impl std::fmt::Debug for Channel {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Channel")
+            .field("session", &self.session)
+            .field("geometry", &self.region.geometry)
+            .finish()
+    }
+}
+
+impl Channel {
+    /// Opens a session of `class` on `device` at the driver server listening at `server`;
+    /// returns it and the device's status as the server sent it.
+    pub fn open(
+        server: &Path,
+        device: &str,
+        class: &str,
+        geometry: Geometry,
+        mode: WaitMode,
+        timeout: Duration,
+    ) -> Result<(Self, serde_json::Value), ChannelError> {
+        let sock = control::connect(server)?;
+        let req = Request::Open {
+            device: device.into(),
+            class: class.into(),
+            geometry,
+        };
+        let (reply, fds) = control::call(sock.as_fd(), &req, timeout)?;
+        let (session, geometry, info) = match reply {
+            Reply::Opened {
+                session,
+                geometry,
+                info,
+            } => (session, geometry, info),
+            Reply::Error { code, message } => return Err(ChannelError::Refused { code, message }),
+            other => {
+                return Err(ChannelError::Protocol(format!(
+                    "unexpected reply {other:?}"
+                )))
+            }
+        };
+        let [control_fd, buffers_fd, server_bell, client_bell]: [OwnedFd; 4] =
+            fds.try_into().map_err(|v: Vec<OwnedFd>| {
+                ChannelError::Protocol(format!("open reply carried {} fds, not 4", v.len()))
+            })?;
+        let region = Region::attach(control_fd, buffers_fd, geometry)?;
+        let channel = Self {
+            sq: Producer::new(region.sq(), geometry.sq_entries),
+            cq: Consumer::new(region.cq(), geometry.cq_entries),
+            region,
+            sock,
+            server_bell: Doorbell::from_fd(server_bell),
+            client_bell: Doorbell::from_fd(client_bell),
+            mode,
+            session,
+            gone: false,
+        };
+        Ok((channel, info))
+    }
+
+    /// Asks the server at `server` for `device`'s status without opening a session.
+    pub fn status(
+        server: &Path,
+        device: &str,
+        timeout: Duration,
+    ) -> Result<serde_json::Value, ChannelError> {
+        let sock = control::connect(server)?;
+        let req = Request::Status {
+            device: device.into(),
+        };
+        match control::call(sock.as_fd(), &req, timeout)?.0 {
+            Reply::Status { info } => Ok(info),
+            Reply::Error { code, message } => Err(ChannelError::Refused { code, message }),
+            other => Err(ChannelError::Protocol(format!(
+                "unexpected reply {other:?}"
+            ))),
+        }
+    }
+
+    /// The session id the server assigned.
+    pub fn session(&self) -> u64 {
+        self.session
+    }
+
+    /// The geometry agreed.
+    pub fn geometry(&self) -> Geometry {
+        self.region.geometry
+    }
+
+    /// The buffer area.
+    pub fn buffers(&self) -> &outboard_shm::SharedMem {
+        &self.region.buffers
+    }
+
+    /// Whether the server closed the session.
+    pub fn is_gone(&self) -> bool {
+        self.gone
+    }
+
+    /// Changes how [`Channel::wait`] waits.
+    pub fn set_mode(&mut self, mode: WaitMode) {
+        self.mode = mode;
+    }
+
+    /// Stages a submission entry; false if the ring is full.
+    pub fn stage(&mut self, entry: &[u8]) -> Result<bool, ChannelError> {
+        if self.gone {
+            return Err(ChannelError::Gone);
+        }
+        self.sq
+            .stage(entry)
+            .map_err(|e| ChannelError::Protocol(e.to_string()))
+    }
+
+    /// Publishes staged entries and rings the server only if it announced sleep.
+    pub fn kick(&mut self) {
+        self.sq.publish();
+        if peer_sleeping(self.region.server_sleeping()) {
+            self.server_bell.ring();
+        }
+    }
+
+    /// Takes the next completion entry into `entry`; false if there is none.
+    pub fn pop(&mut self, entry: &mut [u8]) -> Result<bool, ChannelError> {
+        self.cq
+            .pop(entry)
+            .map_err(|e| ChannelError::Protocol(e.to_string()))
+    }
+
+    fn completions_waiting(&self) -> Result<bool, ChannelError> {
+        Ok(self
+            .cq
+            .available()
+            .map_err(|e| ChannelError::Protocol(e.to_string()))?
+            > 0)
+    }
+
+    /// Waits until a completion is in the ring or `deadline` passes: spins first in adaptive
+    /// mode, then announces sleep, re-checks the ring (the doorbell rule: a completion posted
+    /// between the check and the announcement is not missed), and blocks on the doorbell and
+    /// the control socket together — the latter wakes it when the server is gone.
+    pub fn wait(&mut self, deadline: Instant) -> Result<(), ChannelError> {
+        loop {
+            if self.completions_waiting()? {
+                return Ok(());
+            }
+            if self.gone {
+                return Err(ChannelError::Gone);
+            }
+            if let WaitMode::Adaptive(spin) = self.mode {
+                let until = Instant::now() + spin;
+                while Instant::now() < until {
+                    if self.completions_waiting()? {
+                        return Ok(());
+                    }
+                    std::hint::spin_loop();
+                }
+            }
+            let flag = self.region.client_sleeping();
+            announce_sleep(flag);
+            if self.completions_waiting()? {
+                cancel_sleep(flag);
+                return Ok(());
+            }
+            let now = Instant::now();
+            if now >= deadline {
+                cancel_sleep(flag);
+                return Err(ChannelError::Timeout);
+            }
+            let r = self.block(deadline - now);
+            cancel_sleep(self.region.client_sleeping());
+            r?;
+        }
+    }
+
+    /// Blocks on the doorbell or the control socket; the latter means the server is gone.
+    fn block(&mut self, timeout: Duration) -> Result<(), ChannelError> {
+        let ts = rustix::time::Timespec {
+            tv_sec: timeout.as_secs() as _,
+            tv_nsec: timeout.subsec_nanos() as _,
+        };
+        let bell = self.client_bell.fd();
+        let mut p = [
+            PollFd::new(&bell, PollFlags::IN),
+            PollFd::new(&self.sock, PollFlags::IN),
+        ];
+        match rustix::event::poll(&mut p, Some(&ts)) {
+            Ok(_) | Err(rustix::io::Errno::INTR) => {}
+            Err(e) => return Err(ChannelError::Protocol(format!("poll: {e}"))),
+        }
+        if !p[1].revents().is_empty() {
+            self.gone = true;
+            return Err(ChannelError::Gone);
+        }
+        self.client_bell.drain();
+        Ok(())
+    }
+}

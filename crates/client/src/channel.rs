@@ -150,21 +150,25 @@ impl Channel {
     }
 
     /// The session id the server assigned.
+    #[inline]
     pub fn session(&self) -> u64 {
         self.session
     }
 
     /// The geometry agreed.
+    #[inline]
     pub fn geometry(&self) -> Geometry {
         self.region.geometry
     }
 
     /// The buffer area.
+    #[inline]
     pub fn buffers(&self) -> &outboard_shm::SharedMem {
         &self.region.buffers
     }
 
     /// Whether the server closed the session.
+    #[inline]
     pub fn is_gone(&self) -> bool {
         self.gone
     }
@@ -175,6 +179,7 @@ impl Channel {
     }
 
     /// Stages a submission entry; false if the ring is full.
+    #[inline]
     pub fn stage(&mut self, entry: &[u8]) -> Result<bool, ChannelError> {
         if self.gone {
             return Err(ChannelError::Gone);
@@ -185,6 +190,7 @@ impl Channel {
     }
 
     /// Publishes staged entries and rings the server only if it announced sleep.
+    #[inline]
     pub fn kick(&mut self) {
         self.sq.publish();
         if peer_sleeping(self.region.server_sleeping()) {
@@ -193,12 +199,14 @@ impl Channel {
     }
 
     /// Takes the next completion entry into `entry`; false if there is none.
+    #[inline]
     pub fn pop(&mut self, entry: &mut [u8]) -> Result<bool, ChannelError> {
         self.cq
             .pop(entry)
             .map_err(|e| ChannelError::Protocol(e.to_string()))
     }
 
+    #[inline]
     fn completions_waiting(&self) -> Result<bool, ChannelError> {
         Ok(self
             .cq

@@ -170,7 +170,8 @@ impl BlockDevice for Colocated {
             self.waiter
                 .wait(deadline - now, &mut self.events)
                 .map_err(|e| BlockError::Protocol(e.to_string()))?;
-            for ev in std::mem::take(&mut self.events) {
+            for i in 0..self.events.len() {
+                let ev = self.events[i];
                 self.driver
                     .handle(ev)
                     .map_err(|f| BlockError::DeviceFailed(f.to_string()))?;

@@ -738,7 +738,8 @@ impl VirtioBlk {
             self.waiter
                 .wait(deadline - now, &mut self.ready)
                 .map_err(|e| BlkError::Device(e.to_string()))?;
-            for ev in std::mem::take(&mut self.ready) {
+            for i in 0..self.ready.len() {
+                let ev = self.ready[i];
                 // A device that stopped says so here, and nothing it holds will complete:
                 // waiting out the deadline would only hide why.
                 self.handle_event(ev)

@@ -109,6 +109,7 @@ impl BlockDispatcher {
         }
     }
 
+    #[inline]
     fn per_session(&mut self, slot: usize) -> Option<&mut PerSession> {
         self.sessions.get_mut(slot).and_then(Option::as_mut)
     }
@@ -194,7 +195,10 @@ impl BlockDispatcher {
             return true;
         }
         let n = self.scratch.len();
-        for (slot, result) in std::mem::take(&mut self.scratch) {
+        // The scratch vector is taken and put back, keeping its capacity: no allocation per
+        // reap.
+        let mut done = std::mem::take(&mut self.scratch);
+        for (slot, result) in done.drain(..) {
             let Some(InFlight {
                 session: si, tag, ..
             }) = self.tags.get_mut(slot as usize).and_then(Option::take)
@@ -209,6 +213,7 @@ impl BlockDispatcher {
                 complete(s, cx.stats, tag, result);
             }
         }
+        self.scratch = done;
         n > 0
     }
 
@@ -480,6 +485,7 @@ impl Dispatcher for BlockDispatcher {
         }
     }
 
+    #[inline]
     fn outstanding(&self, slot: usize) -> usize {
         self.sessions
             .get(slot)

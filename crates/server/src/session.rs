@@ -62,6 +62,7 @@ impl Session {
     }
 
     /// Whether the client left.
+    #[inline]
     pub fn closing(&self) -> bool {
         self.sock.is_none()
     }
@@ -69,16 +70,19 @@ impl Session {
     /// Whether one more request may be taken while `outstanding` are unanswered: every request
     /// taken must find room in the completion ring later. An error means the client corrupted
     /// the ring's indices.
+    #[inline]
     pub fn room_for_another(&self, outstanding: usize) -> Result<bool, RingError> {
         Ok(self.cq.free()? as usize > outstanding)
     }
 
     /// Takes the next submission entry into `e`; false if there is none.
+    #[inline]
     pub fn pop(&mut self, e: &mut [u8]) -> Result<bool, RingError> {
         self.sq.pop(e)
     }
 
     /// Whether submissions are waiting (a corrupt ring counts as waiting, so it is looked at).
+    #[inline]
     pub fn has_submissions(&self) -> bool {
         self.sq.available().map(|n| n > 0).unwrap_or(true)
     }
@@ -86,6 +90,7 @@ impl Session {
     /// Stages a completion entry; it is published at the end of the round. Room was reserved
     /// when the request was taken; a full ring here means the client moved its head
     /// backwards, which the ring reports as corruption, and the entry is dropped.
+    #[inline]
     pub fn post(&mut self, e: &[u8]) {
         if self.closing() {
             return;
@@ -95,6 +100,7 @@ impl Session {
     }
 
     /// The buffer area's size.
+    #[inline]
     pub fn buffer_size(&self) -> u64 {
         self.region.geometry.buffer_size
     }

@@ -134,6 +134,32 @@ pub struct BlkRequest {
     pub tag: u64,
 }
 
+/// A request whose buffer list is borrowed: what [`VirtioBlk::submit_ref`] takes, so a caller
+/// with one buffer on its stack allocates nothing.
+#[derive(Debug, Clone, Copy)]
+pub struct BlkRequestRef<'a> {
+    /// What to do.
+    pub op: BlkOp,
+    /// First 512-byte sector.
+    pub sector: u64,
+    /// Data buffers, as device addresses and lengths.
+    pub bufs: &'a [(u64, u32)],
+    /// The caller's tag, returned in the completion.
+    pub tag: u64,
+}
+
+impl BlkRequest {
+    /// The borrowed view.
+    pub fn as_ref(&self) -> BlkRequestRef<'_> {
+        BlkRequestRef {
+            op: self.op,
+            sector: self.sector,
+            bufs: &self.bufs,
+            tag: self.tag,
+        }
+    }
+}
+
 /// A finished request.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct BlkCompletion {
@@ -441,7 +467,7 @@ impl VirtioBlk {
         self.queues.get(q).map_or(0, |qq| qq.vq.in_flight())
     }
 
-    fn validate(&self, r: &BlkRequest) -> Result<(&'static str, u64), BlkError> {
+    fn validate(&self, r: &BlkRequestRef<'_>) -> Result<(&'static str, u64), BlkError> {
         let bytes: u64 = r.bufs.iter().map(|b| b.1 as u64).sum();
         let (name, sectors) = match r.op {
             BlkOp::Read => ("read", bytes / SECTOR_SIZE),
@@ -530,6 +556,11 @@ impl VirtioBlk {
     /// Queues a request on queue `q`. It reaches the device at the next [`VirtioBlk::kick`]
     /// (submit several, kick once: batching).
     pub fn submit(&mut self, q: usize, r: &BlkRequest) -> Result<(), BlkError> {
+        self.submit_ref(q, &r.as_ref())
+    }
+
+    /// [`VirtioBlk::submit`] with a borrowed buffer list; allocates nothing.
+    pub fn submit_ref(&mut self, q: usize, r: &BlkRequestRef<'_>) -> Result<(), BlkError> {
         let (_, bytes) = self.validate(r)?;
         let queue = self
             .queues
@@ -570,11 +601,23 @@ impl VirtioBlk {
             .write(slot + SLOT_STATUS, &[STATUS_UNSET])
             .map_err(shm)?;
         let base = queue.slots.iova();
-        let mut bufs = vec![Buf {
+        // The chain on the stack: header, segment, data (at most MAX_SEGMENTS, checked by
+        // `validate`), status.
+        let mut chain = [Buf {
+            iova: 0,
+            len: 0,
+            write: false,
+        }; crate::virtio::queue::MAX_INDIRECT + 1];
+        let mut len = 0;
+        let mut push = |b: Buf| {
+            chain[len] = b;
+            len += 1;
+        };
+        push(Buf {
             iova: base + slot,
             len: 16,
             write: false,
-        }];
+        });
         if let Some((sectors, flags)) = seg {
             let s = req::Segment {
                 sector: r.sector.into(),
@@ -585,20 +628,22 @@ impl VirtioBlk {
                 .slots
                 .write(slot + SLOT_SEGMENT, zerocopy::IntoBytes::as_bytes(&s))
                 .map_err(shm)?;
-            bufs.push(Buf {
+            push(Buf {
                 iova: base + slot + SLOT_SEGMENT,
                 len: 16,
                 write: false,
             });
         }
         let write = matches!(r.op, BlkOp::Read | BlkOp::GetId);
-        bufs.extend(r.bufs.iter().map(|&(iova, len)| Buf { iova, len, write }));
-        bufs.push(Buf {
+        for &(iova, len) in r.bufs {
+            push(Buf { iova, len, write });
+        }
+        push(Buf {
             iova: base + slot + SLOT_STATUS,
             len: 1,
             write: true,
         });
-        let got = queue.vq.add(&bufs)?.ok_or(BlkError::QueueFull)?;
+        let got = queue.vq.add(&chain[..len])?.ok_or(BlkError::QueueFull)?;
         debug_assert_eq!(got as u64, head);
         queue.in_flight[head as usize] = Some(InFlight {
             tag: r.tag,

@@ -7,7 +7,7 @@ use std::os::fd::BorrowedFd;
 use outboard_class::{BlockDriver, BlockError, BlockInfo, BlockOp, BlockRequest};
 use outboard_env::{DeviceEvent, Driver, Failure};
 
-use crate::virtio_blk::{BlkCompletion, BlkError, BlkOp, BlkRequest, VirtioBlk};
+use crate::virtio_blk::{BlkCompletion, BlkError, BlkOp, BlkRequestRef, VirtioBlk};
 
 /// A block device published from a virtio-blk driver instance, its requests spread over the
 /// device's queues.
@@ -163,21 +163,23 @@ impl BlockDriver for VirtioBlock {
             u32::try_from(r.blocks as u64 * self.sectors_per_block)
                 .map_err(|_| BlockError::OutOfRange)
         };
-        let (op, bufs) = match r.op {
-            BlockOp::Read => (BlkOp::Read, vec![(iova_base + r.buf_offset, bytes as u32)]),
-            BlockOp::Write => (BlkOp::Write, vec![(iova_base + r.buf_offset, bytes as u32)]),
-            BlockOp::Flush => (BlkOp::Flush, vec![]),
+        // The one data buffer lives on the stack: nothing is allocated per request.
+        let data = [(iova_base + r.buf_offset, bytes as u32)];
+        let (op, bufs): (BlkOp, &[(u64, u32)]) = match r.op {
+            BlockOp::Read => (BlkOp::Read, &data),
+            BlockOp::Write => (BlkOp::Write, &data),
+            BlockOp::Flush => (BlkOp::Flush, &[]),
             BlockOp::Discard => (
                 BlkOp::Discard {
                     sectors: sectors()?,
                 },
-                vec![],
+                &[],
             ),
             BlockOp::WriteZeroes => (
                 BlkOp::WriteZeroes {
                     sectors: sectors()?,
                 },
-                vec![],
+                &[],
             ),
             BlockOp::Null | BlockOp::Lock | BlockOp::Unlock => {
                 return Err(BlockError::Invalid(
@@ -190,9 +192,9 @@ impl BlockDriver for VirtioBlock {
         }
         let q = self.pick_queue(bufs.len())?;
         self.driver
-            .submit(
+            .submit_ref(
                 q,
-                &BlkRequest {
+                &BlkRequestRef {
                     op,
                     sector,
                     bufs,

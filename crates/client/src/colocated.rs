@@ -13,7 +13,7 @@ use outboard_class::{
     BlockCompletion, BlockDevice, BlockDriver, BlockError, BlockInfo, BlockRequest, ClassDriver,
 };
 use outboard_drivers::{Attachment, StartError, StartOptions, Started};
-use outboard_env::{DeviceEnv, DeviceEvent, Mapping, Waiter};
+use outboard_env::{DeviceEnv, Failure, Mapping, WaitError, Waiter};
 use outboard_shm::SharedMem;
 
 /// A block device driven in this process.
@@ -25,7 +25,11 @@ pub struct Colocated {
     tags: HashSet<u64>,
     ready: Vec<BlockCompletion>,
     scratch: Vec<(u64, Result<u32, BlockError>)>,
-    events: Vec<DeviceEvent>,
+}
+
+/// The class error for a device its driver found failed.
+fn failed(f: Failure) -> BlockError {
+    BlockError::DeviceFailed(f.to_string())
 }
 
 /// The class error for a driver that could not be started.
@@ -76,7 +80,6 @@ impl Colocated {
             tags: HashSet::new(),
             ready: Vec::new(),
             scratch: Vec::new(),
-            events: Vec::new(),
         })
     }
 
@@ -96,9 +99,7 @@ impl Colocated {
     }
 
     fn poll_driver(&mut self) -> Result<usize, BlockError> {
-        self.driver
-            .poll(&mut self.scratch)
-            .map_err(|f| BlockError::DeviceFailed(f.to_string()))
+        self.driver.poll(&mut self.scratch).map_err(failed)
     }
 }
 
@@ -133,9 +134,7 @@ impl BlockDevice for Colocated {
     }
 
     fn kick(&mut self) -> Result<(), BlockError> {
-        self.driver
-            .kick()
-            .map_err(|f| BlockError::DeviceFailed(f.to_string()))
+        self.driver.kick().map_err(failed)
     }
 
     fn poll(&mut self, out: &mut Vec<BlockCompletion>) -> Result<usize, BlockError> {
@@ -155,27 +154,20 @@ impl BlockDevice for Colocated {
                 return Ok(self.reap(out));
             }
             // Arm, then re-check before sleeping, so a completion between the two is not lost.
-            if self
-                .driver
-                .arm()
-                .map_err(|f| BlockError::DeviceFailed(f.to_string()))?
-            {
+            if self.driver.arm().map_err(failed)? {
                 continue;
             }
             let now = Instant::now();
             if now >= deadline {
                 return Err(BlockError::Timeout);
             }
-            self.events.clear();
+            let driver = &mut self.driver;
             self.waiter
-                .wait(deadline - now, &mut self.events)
-                .map_err(|e| BlockError::Protocol(e.to_string()))?;
-            for i in 0..self.events.len() {
-                let ev = self.events[i];
-                self.driver
-                    .handle(ev)
-                    .map_err(|f| BlockError::DeviceFailed(f.to_string()))?;
-            }
+                .wait_and_handle(deadline - now, |ev| driver.handle(ev))
+                .map_err(|e| match e {
+                    WaitError::Failed(f) => failed(f),
+                    WaitError::Loop(e) => BlockError::Protocol(e.to_string()),
+                })?;
         }
     }
 

@@ -198,7 +198,6 @@ struct Queue {
     vq: VirtQueue,
     slots: DmaBuf,
     in_flight: Vec<Option<InFlight>>,
-    irq_slot: usize,
 }
 
 /// Options.
@@ -231,7 +230,6 @@ pub struct VirtioBlk {
     size_max: u32,
     seg_max: u32,
     timeout: Duration,
-    ready: Vec<DeviceEvent>,
     stopped: bool,
 }
 
@@ -243,8 +241,44 @@ impl std::fmt::Debug for VirtioBlk {
     }
 }
 
-/// What a request fails with when the device set DEVICE_NEEDS_RESET.
-pub const NEEDS_RESET: &str = "the device needs a reset (virtio DEVICE_NEEDS_RESET)";
+/// Whether the device set DEVICE_NEEDS_RESET.
+fn needs_reset(t: &Transport) -> Result<bool, VirtioError> {
+    Ok(t.status()?
+        .contains(outboard_spec::virtio::DeviceStatus::DEVICE_NEEDS_RESET))
+}
+
+/// The contract's `handle` for a device reached through `t`, whose vectors are `irqs`:
+/// acknowledges an interrupt, and reports a device that needs a reset or is gone.
+fn device_event(t: &Transport, irqs: &[Irq], msix: bool, ev: DeviceEvent) -> Result<(), Failure> {
+    let check_reset = || match needs_reset(t) {
+        Ok(false) => Ok(()),
+        Ok(true) => Err(Failure::NeedsReset),
+        Err(e) => Err(Failure::Driver(format!("its status cannot be read: {e}"))),
+    };
+    match ev {
+        DeviceEvent::Lost => Err(Failure::Lost),
+        DeviceEvent::ConfigChange => {
+            if let Some(irq) = irqs.first() {
+                irq.ack();
+            }
+            check_reset()
+        }
+        DeviceEvent::Interrupt(v) => {
+            if let Some(irq) = irqs.get(v as usize) {
+                irq.ack();
+            }
+            if !msix {
+                // INTx: reading the ISR acknowledges the interrupt (§4.1.4.5); bit 1 says the
+                // configuration changed.
+                let isr = t.read_isr().map_err(|e| Failure::Driver(e.to_string()))?;
+                if isr & 2 != 0 {
+                    return check_reset();
+                }
+            }
+            Ok(())
+        }
+    }
+}
 
 /// Which event each of a function's fds stands for. With MSI-X, vector 0 is configuration
 /// changes and vector `q + 1` is queue `q`; with INTx one vector carries everything.
@@ -395,7 +429,6 @@ impl VirtioBlk {
                 vq,
                 slots,
                 in_flight: (0..size).map(|_| None).collect(),
-                irq_slot: if msix { q as usize + 1 } else { 0 },
             });
         }
         // 8: DRIVER_OK.
@@ -421,7 +454,6 @@ impl VirtioBlk {
             size_max,
             seg_max,
             timeout: opts.timeout,
-            ready: Vec::new(),
             stopped: false,
         })
     }
@@ -436,25 +468,11 @@ impl VirtioBlk {
         &self.func
     }
 
-    /// The interrupt a work loop should wait on for queue `q`.
-    pub fn irq(&self, q: usize) -> Option<&Irq> {
-        self.queues.get(q).and_then(|qq| self.irqs.get(qq.irq_slot))
-    }
-
-    /// The configuration-change interrupt (MSI-X vector 0), when the device has MSI-X: it fires
-    /// when the configuration changes or the device needs a reset.
-    pub fn config_irq(&self) -> Option<&Irq> {
-        self.info.msix.then(|| self.irqs.first()).flatten()
-    }
-
     /// Whether the device set DEVICE_NEEDS_RESET (virtio 1.2 §2.1.2): it has stopped, and
     /// what it holds will not complete. A trapped register read: call it on the configuration
     /// interrupt, never per request.
     pub fn needs_reset(&self) -> Result<bool, BlkError> {
-        Ok(self
-            .transport
-            .status()?
-            .contains(outboard_spec::virtio::DeviceStatus::DEVICE_NEEDS_RESET))
+        Ok(needs_reset(&self.transport)?)
     }
 
     /// Device addresses of queue `q`'s descriptor table, available ring and used ring.
@@ -673,7 +691,7 @@ impl VirtioBlk {
     }
 
     /// Asks for an interrupt at queue `q`'s next completion, for a caller running its own
-    /// event loop on [`VirtioBlk::irq`]. Returns true if completions are already waiting (poll
+    /// event loop on [`VirtioBlk::sources`]. Returns true if completions are already waiting (poll
     /// instead of sleeping).
     pub fn arm(&mut self, q: usize) -> Result<bool, BlkError> {
         let queue = self
@@ -681,17 +699,6 @@ impl VirtioBlk {
             .get_mut(q)
             .ok_or_else(|| BlkError::Invalid(format!("no queue {q}")))?;
         Ok(queue.vq.enable_interrupts()?)
-    }
-
-    /// Acknowledges queue `q`'s interrupt after an external event loop saw it fire.
-    pub fn ack(&mut self, q: usize) -> Result<(), BlkError> {
-        if let Some(irq) = self.irq(q) {
-            irq.ack();
-        }
-        if !self.info.msix {
-            self.transport.read_isr()?;
-        }
-        Ok(())
     }
 
     /// Whether queue `q` can take a request of `bufs` data buffers now.
@@ -779,17 +786,12 @@ impl VirtioBlk {
             if now >= deadline {
                 return Err(BlkError::Timeout);
             }
-            self.ready.clear();
+            // A device that stopped says so here, and nothing it holds will complete: waiting
+            // out the deadline would only hide why.
+            let (transport, irqs, msix) = (&self.transport, &self.irqs, self.info.msix);
             self.waiter
-                .wait(deadline - now, &mut self.ready)
+                .wait_and_handle(deadline - now, |ev| device_event(transport, irqs, msix, ev))
                 .map_err(|e| BlkError::Device(e.to_string()))?;
-            for i in 0..self.ready.len() {
-                let ev = self.ready[i];
-                // A device that stopped says so here, and nothing it holds will complete:
-                // waiting out the deadline would only hide why.
-                self.handle_event(ev)
-                    .map_err(|f| BlkError::Device(f.to_string()))?;
-            }
         }
     }
 
@@ -802,38 +804,7 @@ impl VirtioBlk {
     /// Handles one of the device's events (the contract's `handle`): acknowledges an
     /// interrupt, and reports a device that needs a reset or is gone.
     pub fn handle_event(&mut self, ev: DeviceEvent) -> Result<(), Failure> {
-        let driver = |e: VirtioError| Failure::Driver(e.to_string());
-        match ev {
-            DeviceEvent::Lost => Err(Failure::Lost),
-            DeviceEvent::ConfigChange => {
-                if let Some(irq) = self.irqs.first() {
-                    irq.ack();
-                }
-                self.check_reset()
-            }
-            DeviceEvent::Interrupt(v) => {
-                if let Some(irq) = self.irqs.get(v as usize) {
-                    irq.ack();
-                }
-                if !self.info.msix {
-                    // INTx: reading the ISR acknowledges the interrupt (§4.1.4.5); bit 1
-                    // says the configuration changed.
-                    let isr = self.transport.read_isr().map_err(driver)?;
-                    if isr & 2 != 0 {
-                        return self.check_reset();
-                    }
-                }
-                Ok(())
-            }
-        }
-    }
-
-    fn check_reset(&self) -> Result<(), Failure> {
-        match self.needs_reset() {
-            Ok(false) => Ok(()),
-            Ok(true) => Err(Failure::NeedsReset),
-            Err(e) => Err(Failure::Driver(format!("its status cannot be read: {e}"))),
-        }
+        device_event(&self.transport, &self.irqs, self.info.msix, ev)
     }
 
     /// Submits one request on queue 0 and waits for it.

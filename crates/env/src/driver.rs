@@ -137,11 +137,24 @@ impl Mapping {
     }
 }
 
+/// Why [`Waiter::wait_and_handle`] stopped early.
+#[derive(Debug, thiserror::Error)]
+pub enum WaitError {
+    /// The loop itself failed.
+    #[error(transparent)]
+    Loop(#[from] LoopError),
+    /// An event revealed that the device failed.
+    #[error(transparent)]
+    Failed(#[from] Failure),
+}
+
 /// The environment's loop for one driver running on its own (a colocated client, a tool): it
-/// waits on the driver's sources and hands back what fired.
+/// waits on the driver's sources and hands each event to the driver.
 #[derive(Debug)]
 pub struct Waiter {
     work: WorkLoop<DeviceEvent>,
+    /// What fired, reused from wait to wait.
+    ready: Vec<DeviceEvent>,
 }
 
 impl Waiter {
@@ -151,15 +164,24 @@ impl Waiter {
         for (event, fd) in sources {
             work.add(fd, event)?;
         }
-        Ok(Self { work })
+        Ok(Self {
+            work,
+            ready: Vec::new(),
+        })
     }
 
-    /// Waits up to `timeout` for events and appends them to `out`.
-    pub fn wait(
+    /// Waits up to `timeout` for events and calls `handle` for each (the driver's
+    /// [`Driver::handle`]); the first failure ends the wait.
+    pub fn wait_and_handle(
         &mut self,
         timeout: Duration,
-        out: &mut Vec<DeviceEvent>,
-    ) -> Result<usize, LoopError> {
-        self.work.wait(Some(timeout), out)
+        mut handle: impl FnMut(DeviceEvent) -> Result<(), Failure>,
+    ) -> Result<(), WaitError> {
+        self.ready.clear();
+        self.work.wait(Some(timeout), &mut self.ready)?;
+        for &event in &self.ready {
+            handle(event)?;
+        }
+        Ok(())
     }
 }

@@ -12,7 +12,7 @@ pub mod driver;
 pub mod timer;
 pub mod workloop;
 
-pub use driver::{DeviceEnv, DeviceEvent, Driver, EnvError, Failure, Mapping, Waiter};
+pub use driver::{DeviceEnv, DeviceEvent, Driver, EnvError, Failure, Mapping, WaitError, Waiter};
 pub use timer::Timer;
 pub use workloop::{LoopError, WorkLoop};
 

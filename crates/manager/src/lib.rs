@@ -165,15 +165,12 @@ impl Manager {
         let mut bus = Node::new("bus", "vfio-user");
         let mut virtual_bus = Node::new("bus", "virtual");
         let devices = self.machine.devices.clone();
-        // The catalog's choice for each device: the driver server starts exactly this one.
-        let mut chosen: Vec<(String, &'static str)> = Vec::new();
         for d in devices.iter().filter(|d| d.model == "null-blk") {
             let personality = outboard_drivers::match_driver(&Identity::Virtual(&d.model))
                 .ok_or_else(|| ManagerError::NoDriver {
                     device: d.name.clone(),
                     what: format!("model {}", d.model),
                 })?;
-            chosen.push((d.name.clone(), personality.driver));
             virtual_bus.children.push(
                 Node::new("device", &format!("{}@virtual", d.name))
                     .with("model", "null-blk")
@@ -274,7 +271,6 @@ impl Manager {
                     }
                 })?;
             drop(f);
-            chosen.push((d.name.clone(), personality.driver));
             let driver = Node::new("driver", personality.driver)
                 .with("probe-score", personality.score)
                 .with(
@@ -335,7 +331,8 @@ impl Manager {
                     format!("vfio-user:{}", self.rt().device_socket(n).display())
                 };
                 args.extend(["--device".into(), format!("{n}={spec}")]);
-                if let Some((_, driver)) = chosen.iter().find(|c| &c.0 == n) {
+                // The catalog's choice, as the registry records it: the server starts exactly it.
+                if let Some(driver) = self.driver_of_mut(n).map(|drv| drv.name.clone()) {
                     args.extend(["--driver".into(), format!("{n}={driver}")]);
                 }
             }

@@ -53,7 +53,6 @@ type Device = (ClassDriver, DeviceEnv);
 
 /// One block device being served.
 pub struct BlockDispatcher {
-    name: String,
     driver: Box<dyn BlockDriver>,
     env: DeviceEnv,
     reopen: Option<Reopen<Device>>,
@@ -95,7 +94,6 @@ impl BlockDispatcher {
         reopen: Option<Reopen<Device>>,
     ) -> Self {
         Self {
-            name: driver.info().name.clone(),
             driver,
             env,
             reopen,
@@ -224,14 +222,14 @@ impl BlockDispatcher {
         if self.failed.is_some() {
             return;
         }
-        tracing::error!("device {}: {why}; giving it up", self.name);
+        tracing::error!("device {}: {why}; giving it up", self.driver.info().name);
         cx.stats.device_failures += 1;
         cx.unwatch(self.driver.as_ref());
         self.driver.abandon();
         self.failed = Some(why.clone());
         self.recovery = self.reopen.clone().map(Recovery::new);
         cx.notify(&control::Event::DeviceFailed {
-            device: self.name.clone(),
+            device: self.driver.info().name.clone(),
             why: why.clone(),
         });
         let mut stranded: Vec<(usize, u64)> = self
@@ -262,7 +260,7 @@ impl BlockDispatcher {
         if let Err(e) = cx.watch(new.as_ref()) {
             tracing::error!(
                 "device {}: cannot watch the re-opened device: {e}",
-                self.name
+                self.driver.info().name
             );
             return false;
         }
@@ -288,10 +286,13 @@ impl BlockDispatcher {
             }
         }
         drop(old);
-        tracing::warn!("device {}: back after {attempts} attempt(s)", self.name);
+        tracing::warn!(
+            "device {}: back after {attempts} attempt(s)",
+            self.driver.info().name
+        );
         cx.stats.device_recoveries += 1;
         cx.notify(&control::Event::DeviceRecovered {
-            device: self.name.clone(),
+            device: self.driver.info().name.clone(),
         });
         true
     }
@@ -299,7 +300,7 @@ impl BlockDispatcher {
 
 impl Dispatcher for BlockDispatcher {
     fn name(&self) -> &str {
-        &self.name
+        &self.driver.info().name
     }
 
     fn class(&self) -> &'static str {
@@ -507,9 +508,5 @@ impl Dispatcher for BlockDispatcher {
         if let Some(ps) = self.sessions.get_mut(slot) {
             *ps = None;
         }
-    }
-
-    fn recovering(&self) -> bool {
-        self.failed.is_some()
     }
 }

@@ -95,6 +95,4 @@ pub trait Dispatcher: Send {
     fn close(&mut self, slot: usize);
     /// Session `slot` drained: drop its buffer mapping.
     fn release(&mut self, slot: usize);
-    /// Whether the device is being brought back after a failure (the loop then polls).
-    fn recovering(&self) -> bool;
 }

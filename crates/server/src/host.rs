@@ -247,24 +247,19 @@ impl DriverHost {
             limits: Limits::default(),
         };
         for d in 0..h.devices.len() {
-            let mut devices = std::mem::take(&mut h.devices);
-            let r = devices[d].start(&mut ctx!(h, d));
-            h.devices = devices;
-            r?;
+            h.with_device(d, |dev, cx| dev.start(cx))?;
         }
         Ok(h)
     }
 
-    /// Runs `f` on device `d`'s dispatcher with its context.
+    /// Runs `f` on device `d`'s dispatcher with its context (the dispatcher and the context
+    /// are disjoint fields of the host).
     fn with_device<R>(
         &mut self,
         d: usize,
         f: impl FnOnce(&mut dyn Dispatcher, &mut Ctx<'_>) -> R,
     ) -> R {
-        let mut dev = std::mem::replace(&mut self.devices[d], Box::new(Vacant));
-        let r = f(dev.as_mut(), &mut ctx!(self, d));
-        self.devices[d] = dev;
-        r
+        f(self.devices[d].as_mut(), &mut ctx!(self, d))
     }
 
     /// Counters.
@@ -701,54 +696,5 @@ impl DriverHost {
                 }
             }
         }
-    }
-}
-
-/// Stands in for a dispatcher while it is lent out to [`DriverHost::with_device`].
-struct Vacant;
-
-impl Dispatcher for Vacant {
-    fn name(&self) -> &str {
-        ""
-    }
-    fn class(&self) -> &'static str {
-        ""
-    }
-    fn entry_sizes(&self) -> (u32, u32) {
-        (0, 0)
-    }
-    fn status(&self) -> serde_json::Value {
-        serde_json::Value::Null
-    }
-    fn refuses(&self) -> Option<String> {
-        None
-    }
-    fn start(&mut self, _: &mut Ctx<'_>) -> Result<(), outboard_env::LoopError> {
-        Ok(())
-    }
-    fn open(&mut self, _: usize, _: Arc<outboard_shm::SharedMem>) -> Result<(), Refusal> {
-        Err(("busy", "the device is being worked on".into()))
-    }
-    fn take(&mut self, _: usize, _: &mut Ctx<'_>) -> bool {
-        false
-    }
-    fn progress(&mut self, _: &mut Ctx<'_>) -> bool {
-        false
-    }
-    fn prepare_sleep(&mut self, _: &mut Ctx<'_>) -> bool {
-        true
-    }
-    fn event(&mut self, _: DeviceEvent, _: &mut Ctx<'_>) {}
-    fn oldest(&self) -> Option<Instant> {
-        None
-    }
-    fn check_deadline(&mut self, _: Instant, _: Duration, _: &mut Ctx<'_>) {}
-    fn outstanding(&self, _: usize) -> usize {
-        0
-    }
-    fn close(&mut self, _: usize) {}
-    fn release(&mut self, _: usize) {}
-    fn recovering(&self) -> bool {
-        false
     }
 }

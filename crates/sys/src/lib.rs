@@ -9,5 +9,6 @@
 pub mod process;
 pub mod sockpath;
 pub mod units;
+pub mod wait;
 
 pub use sockpath::{bind_listener, is_live, SockPathError, SocketPath};

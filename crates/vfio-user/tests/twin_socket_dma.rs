@@ -76,16 +76,21 @@ impl DeviceBackend for Engine {
     }
 }
 
-#[test]
-fn server_reaches_fdless_memory_through_the_twin_socket() {
-    let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("engine.sock");
+/// Serves an engine at `path`; returns the server and the engine's error log.
+fn serve_engine(path: &std::path::Path) -> (common::Served, Arc<Mutex<Vec<String>>>) {
     let log = Arc::new(Mutex::new(Vec::new()));
     let engine = Engine {
         log: log.clone(),
         ..Default::default()
     };
-    let srv = common::serve(&path, engine);
+    (common::serve(path, engine), log)
+}
+
+#[test]
+fn server_reaches_fdless_memory_through_the_twin_socket() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("engine.sock");
+    let (srv, log) = serve_engine(&path);
 
     let mut c = Client::connect(&path, ClientOptions::default()).unwrap();
     assert!(c
@@ -136,12 +141,7 @@ fn server_reaches_fdless_memory_through_the_twin_socket() {
 fn server_dma_is_split_to_the_clients_max_data_xfer_size() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("engine.sock");
-    let log = Arc::new(Mutex::new(Vec::new()));
-    let engine = Engine {
-        log: log.clone(),
-        ..Default::default()
-    };
-    let srv = common::serve(&path, engine);
+    let (srv, log) = serve_engine(&path);
     let opts = ClientOptions {
         max_data_xfer_size: 1024,
         ..Default::default()

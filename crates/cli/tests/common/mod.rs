@@ -264,16 +264,6 @@ pub fn run_bounded(cmd: &mut Command, limit: Duration) -> Output {
     out
 }
 
-/// Waits until `cond` holds, re-checking as the system settles, for at most `limit`.
-pub fn eventually(limit: Duration, mut cond: impl FnMut() -> bool) -> bool {
-    let deadline = Instant::now() + limit;
-    loop {
-        if cond() {
-            return true;
-        }
-        if Instant::now() > deadline {
-            return false;
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    }
-}
+/// Not every test binary that includes this module waits for a state.
+#[allow(unused_imports)]
+pub use outboard_sys::wait::eventually;

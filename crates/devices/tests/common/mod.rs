@@ -66,20 +66,9 @@ impl Running {
     }
 }
 
-/// Waits until `cond` holds, re-checking as the system settles, for at most `limit`: tests
-/// wait for the state they assert, never a fixed time a loaded machine may not honour.
-pub fn eventually(limit: Duration, mut cond: impl FnMut() -> bool) -> bool {
-    let deadline = std::time::Instant::now() + limit;
-    loop {
-        if cond() {
-            return true;
-        }
-        if std::time::Instant::now() > deadline {
-            return false;
-        }
-        std::thread::sleep(Duration::from_millis(2));
-    }
-}
+/// Not every test binary that includes this module waits for a state.
+#[allow(unused_imports)]
+pub use outboard_sys::wait::eventually;
 
 /// A vfio-user client written by hand, message by message, as a test needs it.
 pub struct Raw {

@@ -5,6 +5,7 @@
 //! area. On the wire (a session's rings) requests are 32-byte [`Sqe`]s and completions 16-byte
 //! [`Cqe`]s, little-endian, layouts pinned by the tests below.
 
+use outboard_session::{Direction, RingShape};
 use std::time::Duration;
 use zerocopy::little_endian::{I32, U32, U64};
 use zerocopy::{FromBytes, Immutable, IntoBytes, KnownLayout};
@@ -257,11 +258,23 @@ pub fn validate(r: &BlockRequest, info: &BlockInfo, buffer_size: u64) -> Result<
     Ok(())
 }
 
-/// The block class's ring declaration: bytes per submission entry. A session for a block
-/// device is opened with these entry sizes; the server refuses others.
+/// Bytes per submission entry.
 pub const SQE_SIZE: u32 = 32;
 /// Bytes per completion entry.
 pub const CQE_SIZE: u32 = 16;
+
+/// The block class's rings: ring 0 carries submissions to the server, ring 1 completions to
+/// the client. A block session has exactly these; the server refuses any other shape.
+pub const RINGS: [RingShape; 2] = [
+    RingShape {
+        direction: Direction::ToServer,
+        entry_size: SQE_SIZE,
+    },
+    RingShape {
+        direction: Direction::ToClient,
+        entry_size: CQE_SIZE,
+    },
+];
 
 /// A submission entry's layout in the ring (little-endian, pinned by a test).
 #[derive(Debug, Clone, Copy, FromBytes, IntoBytes, KnownLayout, Immutable)]

@@ -1,5 +1,5 @@
-//! A session's client side, whatever the class: opening, the two rings, doorbells, and the
-//! wait logic (adaptive spin, announce sleep, re-check, block on the doorbell or notice the
+//! A session's client side, whatever the class: opening, the rings the class declared,
+//! doorbells, and the wait logic (adaptive spin, announce sleep, re-check, block on the doorbell or notice the
 //! server is gone), written once for every class client.
 
 use std::os::fd::{AsFd, OwnedFd};
@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 use outboard_session::control::{self, Reply, Request};
 use outboard_session::doorbell::{announce_sleep, cancel_sleep, peer_sleeping};
 use outboard_session::region::ShmRing;
-use outboard_session::{Consumer, Doorbell, Geometry, Producer, Region, SessionError};
+use outboard_session::{Consumer, Direction, Doorbell, Geometry, Producer, Region, SessionError};
 use rustix::event::{PollFd, PollFlags};
 
 /// How a client waits for completions.
@@ -61,8 +61,10 @@ impl From<SessionError> for ChannelError {
 pub struct Channel {
     sock: OwnedFd,
     region: Region,
-    sq: Producer<ShmRing>,
-    cq: Consumer<ShmRing>,
+    /// The rings to the server, in session order.
+    outbound: Vec<Producer<ShmRing>>,
+    /// The rings to the client, in session order.
+    inbound: Vec<Consumer<ShmRing>>,
     server_bell: Doorbell,
     client_bell: Doorbell,
     mode: WaitMode,
@@ -92,10 +94,11 @@ impl Channel {
         timeout: Duration,
     ) -> Result<(Self, serde_json::Value), ChannelError> {
         let sock = control::connect(server)?;
+        let requested = geometry;
         let req = Request::Open {
             device: device.into(),
             class: class.into(),
-            geometry,
+            geometry: requested.clone(),
         };
         let (reply, fds) = control::call(sock.as_fd(), &req, timeout)?;
         let (session, geometry, info) = match reply {
@@ -115,10 +118,15 @@ impl Channel {
             fds.try_into().map_err(|v: Vec<OwnedFd>| {
                 ChannelError::Protocol(format!("open reply carried {} fds, not 4", v.len()))
             })?;
+        if geometry != requested {
+            return Err(ChannelError::Protocol(format!(
+                "the server granted {geometry:?}, not the {requested:?} asked for"
+            )));
+        }
         let region = Region::attach(control_fd, buffers_fd, geometry)?;
         let channel = Self {
-            sq: Producer::new(region.sq(), geometry.sq_entries),
-            cq: Consumer::new(region.cq(), geometry.cq_entries),
+            outbound: region.producers(Direction::ToServer),
+            inbound: region.consumers(Direction::ToClient),
             region,
             sock,
             server_bell: Doorbell::from_fd(server_bell),
@@ -157,8 +165,8 @@ impl Channel {
 
     /// The geometry agreed.
     #[inline]
-    pub fn geometry(&self) -> Geometry {
-        self.region.geometry
+    pub fn geometry(&self) -> &Geometry {
+        &self.region.geometry
     }
 
     /// The buffer area.
@@ -178,44 +186,53 @@ impl Channel {
         self.mode = mode;
     }
 
-    /// Stages a submission entry; false if the ring is full.
+    /// Stages an entry on the `ring`-th ring to the server; false if it is full.
     #[inline]
-    pub fn stage(&mut self, entry: &[u8]) -> Result<bool, ChannelError> {
+    pub fn stage(&mut self, ring: usize, entry: &[u8]) -> Result<bool, ChannelError> {
         if self.gone {
             return Err(ChannelError::Gone);
         }
-        self.sq
+        self.outbound[ring]
             .stage(entry)
             .map_err(|e| ChannelError::Protocol(e.to_string()))
     }
 
-    /// Publishes staged entries and rings the server only if it announced sleep.
+    /// Publishes staged entries on every ring to the server and rings the server only if it
+    /// announced sleep.
     #[inline]
     pub fn kick(&mut self) {
-        self.sq.publish();
+        for r in &mut self.outbound {
+            r.publish();
+        }
         if peer_sleeping(self.region.server_sleeping()) {
             self.server_bell.ring();
         }
     }
 
-    /// Takes the next completion entry into `entry`; false if there is none.
+    /// Takes the next entry of the `ring`-th ring to the client into `entry`; false if there
+    /// is none.
     #[inline]
-    pub fn pop(&mut self, entry: &mut [u8]) -> Result<bool, ChannelError> {
-        self.cq
+    pub fn pop(&mut self, ring: usize, entry: &mut [u8]) -> Result<bool, ChannelError> {
+        self.inbound[ring]
             .pop(entry)
             .map_err(|e| ChannelError::Protocol(e.to_string()))
     }
 
+    /// Whether an entry waits on any ring to the client.
     #[inline]
     fn completions_waiting(&self) -> Result<bool, ChannelError> {
-        Ok(self
-            .cq
-            .available()
-            .map_err(|e| ChannelError::Protocol(e.to_string()))?
-            > 0)
+        for r in &self.inbound {
+            if r.available()
+                .map_err(|e| ChannelError::Protocol(e.to_string()))?
+                > 0
+            {
+                return Ok(true);
+            }
+        }
+        Ok(false)
     }
 
-    /// Waits until a completion is in the ring or `deadline` passes: spins first in adaptive
+    /// Waits until an entry is on a ring to the client or `deadline` passes: spins first in adaptive
     /// mode, then announces sleep, re-checks the ring (the doorbell rule: a completion posted
     /// between the check and the announcement is not missed), and blocks on the doorbell and
     /// the control socket together — the latter wakes it when the server is gone.

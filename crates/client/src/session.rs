@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 
 use outboard_class::block::{
     validate, BlockCompletion, BlockDevice, BlockError, BlockInfo, BlockRequest, Cqe, Sqe,
-    CQE_SIZE, SQE_SIZE,
+    CQE_SIZE, RINGS,
 };
 use outboard_session::Geometry;
 
@@ -16,8 +16,10 @@ use crate::channel::{Channel, ChannelError};
 /// Options for a new session.
 #[derive(Debug, Clone, Copy)]
 pub struct SessionOptions {
-    /// Ring sizes and buffer area.
-    pub geometry: Geometry,
+    /// Entries in each ring (a power of two): the most requests in flight.
+    pub depth: u32,
+    /// Bytes in the buffer area (whole pages).
+    pub buffer_size: u64,
     /// How to wait.
     pub mode: WaitMode,
     /// Control round-trip timeout.
@@ -27,13 +29,8 @@ pub struct SessionOptions {
 impl Default for SessionOptions {
     fn default() -> Self {
         Self {
-            geometry: Geometry {
-                sq_entries: 256,
-                cq_entries: 256,
-                sqe_size: outboard_class::block::SQE_SIZE,
-                cqe_size: outboard_class::block::CQE_SIZE,
-                buffer_size: 4 << 20,
-            },
+            depth: 256,
+            buffer_size: 4 << 20,
             mode: WaitMode::Blocking,
             timeout: Duration::from_secs(10),
         }
@@ -61,11 +58,18 @@ fn channel_err(e: ChannelError) -> BlockError {
     }
 }
 
+/// Where the completion ring is among [`RINGS`].
+const COMPLETIONS: usize = 1;
+
 /// A session with a block device served by a driver server.
 pub struct BlockClient {
     channel: Channel,
     info: BlockInfo,
     in_flight: usize,
+    /// Most requests in flight: the completion ring's entries.
+    depth: usize,
+    /// The buffer area's size, which requests are checked against.
+    buffer_size: u64,
 }
 
 impl std::fmt::Debug for BlockClient {
@@ -80,17 +84,19 @@ impl std::fmt::Debug for BlockClient {
 impl BlockClient {
     /// Opens `device` on the driver server listening at `server`.
     pub fn open(server: &Path, device: &str, opts: SessionOptions) -> Result<Self, BlockError> {
-        let mut geometry = opts.geometry;
-        // The block class's ring declaration.
-        (geometry.sqe_size, geometry.cqe_size) = (SQE_SIZE, CQE_SIZE);
+        let geometry = Geometry::of_class(&RINGS, opts.depth, opts.buffer_size);
         let (channel, info) =
             Channel::open(server, device, "block", geometry, opts.mode, opts.timeout)
                 .map_err(channel_err)?;
         let info = parse_info(info)?;
+        let g = channel.geometry();
+        let (depth, buffer_size) = (g.rings[COMPLETIONS].entries as usize, g.buffer_size);
         Ok(Self {
             channel,
             info,
             in_flight: 0,
+            depth,
+            buffer_size,
         })
     }
 
@@ -136,12 +142,15 @@ impl BlockDevice for BlockClient {
         if self.channel.is_gone() {
             return Err(BlockError::DeviceGone);
         }
-        let g = self.channel.geometry();
-        validate(r, &self.info, g.buffer_size)?;
-        if self.in_flight >= g.cq_entries as usize {
+        validate(r, &self.info, self.buffer_size)?;
+        if self.in_flight >= self.depth {
             return Err(BlockError::QueueFull);
         }
-        if self.channel.stage(&Sqe::encode(r).0).map_err(channel_err)? {
+        let staged = self
+            .channel
+            .stage(0, &Sqe::encode(r).0)
+            .map_err(channel_err)?;
+        if staged {
             self.in_flight += 1;
             Ok(())
         } else {
@@ -157,7 +166,7 @@ impl BlockDevice for BlockClient {
     fn poll(&mut self, out: &mut Vec<BlockCompletion>) -> Result<usize, BlockError> {
         let mut n = 0;
         let mut e = [0u8; CQE_SIZE as usize];
-        while self.channel.pop(&mut e).map_err(channel_err)? {
+        while self.channel.pop(0, &mut e).map_err(channel_err)? {
             self.in_flight = self.in_flight.saturating_sub(1);
             out.push(Cqe(e).decode());
             n += 1;

@@ -20,8 +20,7 @@ use std::time::Duration;
 
 use outboard_devices::backing::Backing;
 use outboard_devices::virtio_blk::BlkOptions;
-use outboard_session::region::{Geometry, Region};
-use outboard_session::{Consumer, Producer};
+use outboard_session::region::{Direction, Geometry, Region};
 use outboard_vfio_user::{Client, ClientOptions, Server, ServerOptions};
 use rustix::net::{AddressFamily, SocketFlags, SocketType};
 
@@ -150,14 +149,9 @@ pub fn vfio_user_client(data: &[u8]) {
 ///
 /// Input: a sequence of operations, each one byte of opcode and its operands.
 pub fn session_ring(data: &[u8]) {
-    let g = Geometry {
-        sq_entries: 8,
-        cq_entries: 16,
-        sqe_size: outboard_class::block::SQE_SIZE,
-        cqe_size: outboard_class::block::CQE_SIZE,
-        buffer_size: 64 << 10,
-    };
-    let Ok(region) = Region::create(g) else {
+    let mut g = Geometry::of_class(&outboard_class::block::RINGS, 8, 64 << 10);
+    g.rings[1].entries = 16;
+    let Ok(region) = Region::create(g.clone()) else {
         return;
     };
     let info = outboard_class::BlockInfo {
@@ -167,8 +161,8 @@ pub fn session_ring(data: &[u8]) {
         read_only: false,
         queue_depth: 8,
     };
-    let mut sq = Consumer::new(region.sq(), g.sq_entries);
-    let mut cq = Producer::new(region.cq(), g.cq_entries);
+    let mut sq = region.consumers(Direction::ToServer).remove(0);
+    let mut cq = region.producers(Direction::ToClient).remove(0);
     let size = g.control_size();
     let mut i = 0;
     while i < data.len() {

@@ -11,18 +11,23 @@ use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use outboard_class::block::{validate, Cqe, Sqe, CQE_SIZE, SQE_SIZE};
+use outboard_class::block::{validate, Cqe, Sqe, RINGS, SQE_SIZE};
 use outboard_class::{
     BlockCompletion, BlockDriver, BlockError, BlockOp, BlockRequest, ClassDriver,
 };
 use outboard_env::{DeviceEnv, DeviceEvent, LoopError, Mapping};
-use outboard_session::control;
+use outboard_session::{control, RingShape};
 use outboard_shm::SharedMem;
 
 use crate::dispatch::{Ctx, Dispatcher, Refusal};
 use crate::ranges::{range_of, Decision, Range, RangeLocks};
 use crate::recovery::{Recovery, Reopen};
 use crate::session::Session;
+
+/// The block session's inbound ring of submissions (the first of [`RINGS`] to the server).
+const SUBMISSIONS: usize = 0;
+/// Its outbound ring of completions (the first of [`RINGS`] to the client).
+const COMPLETIONS: usize = 0;
 
 /// Most entries taken from one session per round.
 pub const BUDGET: usize = 32;
@@ -83,7 +88,10 @@ fn complete(
     result: Result<u32, BlockError>,
 ) {
     stats.completed += 1;
-    s.post(&Cqe::encode(&BlockCompletion { tag, result }).0);
+    s.post(
+        COMPLETIONS,
+        &Cqe::encode(&BlockCompletion { tag, result }).0,
+    );
 }
 
 impl BlockDispatcher {
@@ -307,8 +315,8 @@ impl Dispatcher for BlockDispatcher {
         "block"
     }
 
-    fn entry_sizes(&self) -> (u32, u32) {
-        (SQE_SIZE, CQE_SIZE)
+    fn rings(&self) -> &'static [RingShape] {
+        &RINGS
     }
 
     fn status(&self) -> serde_json::Value {
@@ -347,22 +355,19 @@ impl Dispatcher for BlockDispatcher {
             return false;
         }
         let mut taken = 0;
-        let mut cut = false;
-        while taken < BUDGET {
-            let outstanding = self.outstanding(i);
-            match s.room_for_another(outstanding) {
-                Ok(true) => {}
-                Ok(false) => break,
-                Err(_) => {
-                    cut = true;
-                    break;
-                }
-            }
+        // Every request taken must find room in the completion ring later, so at most as many
+        // are taken as the ring has free slots not already promised to requests in the device.
+        // Each one taken (answered now or later) uses up one slot: the ring is read once.
+        let (room, mut cut) = match s.completion_room(COMPLETIONS) {
+            Ok(free) => (free.saturating_sub(self.outstanding(i)), false),
+            Err(_) => (0, true),
+        };
+        while taken < BUDGET.min(room) {
             if self.failed.is_none() && !self.driver.has_room() {
                 break;
             }
             let mut e = [0u8; SQE_SIZE as usize];
-            match s.pop(&mut e) {
+            match s.pop(SUBMISSIONS, &mut e) {
                 Ok(true) => {}
                 Ok(false) => break,
                 Err(_) => {

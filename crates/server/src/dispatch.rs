@@ -12,7 +12,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use outboard_env::{DeviceEvent, Driver, LoopError, WorkLoop};
-use outboard_session::control;
+use outboard_session::{control, RingShape};
 use outboard_shm::SharedMem;
 
 use crate::host::{HostStats, Source};
@@ -66,8 +66,8 @@ pub trait Dispatcher: Send {
     fn name(&self) -> &str;
     /// The class (`block`), as `Open` names it.
     fn class(&self) -> &'static str;
-    /// The ring entry sizes the class declares (submission, completion).
-    fn entry_sizes(&self) -> (u32, u32);
+    /// The rings the class declares; a session must have exactly these.
+    fn rings(&self) -> &'static [RingShape];
     /// The class status a client gets on `Status` and `Open`.
     fn status(&self) -> serde_json::Value;
     /// Why new sessions are refused now (the device failed), if they are.

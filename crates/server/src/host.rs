@@ -25,7 +25,7 @@ use outboard_drivers::{Attachment, StartOptions, Started};
 use outboard_env::{DeviceEnv, DeviceEvent, Timer, WorkLoop};
 use outboard_session::control::{self, Reply, Request};
 use outboard_session::doorbell::{announce_sleep, cancel_sleep};
-use outboard_session::{Doorbell, Region, SessionError};
+use outboard_session::{Direction, Doorbell, Region, SessionError};
 use outboard_sys::SocketPath;
 
 use crate::block::BlockDispatcher;
@@ -558,14 +558,13 @@ impl DriverHost {
                         ),
                     ));
                 }
-                let (sqe, cqe) = dev.entry_sizes();
-                if (geometry.sqe_size, geometry.cqe_size) != (sqe, cqe) {
+                if !geometry.has_shapes(dev.rings()) {
                     return Err((
                         "invalid",
                         format!(
-                            "the {class} class's rings carry {sqe}-byte submissions and \
-                             {cqe}-byte completions, not {} and {}",
-                            geometry.sqe_size, geometry.cqe_size
+                            "the {class} class's rings are {}, not {}",
+                            describe(dev.rings().iter().map(|r| (r.direction, r.entry_size))),
+                            describe(geometry.rings.iter().map(|r| (r.direction, r.entry_size)))
                         ),
                     ));
                 }
@@ -578,7 +577,7 @@ impl DriverHost {
                 geometry.check().map_err(|e| ("invalid", e.to_string()))?;
                 self.admit(geometry.buffer_size)?;
                 let resources = |e: &dyn std::fmt::Display| ("resources", e.to_string());
-                let region = Region::create(geometry).map_err(|e| resources(&e))?;
+                let region = Region::create(geometry.clone()).map_err(|e| resources(&e))?;
                 let server_bell = Doorbell::new().map_err(|e| resources(&e))?;
                 let client_bell = Doorbell::new().map_err(|e| resources(&e))?;
                 let (cfd, bfd) = region.fds();
@@ -696,5 +695,23 @@ impl DriverHost {
                 }
             }
         }
+    }
+}
+
+/// Rings as a person reads them: "32-byte entries to the server, 16-byte entries to the client".
+fn describe(rings: impl Iterator<Item = (Direction, u32)>) -> String {
+    let parts: Vec<String> = rings
+        .map(|(d, size)| {
+            let to = match d {
+                Direction::ToServer => "server",
+                Direction::ToClient => "client",
+            };
+            format!("{size}-byte entries to the {to}")
+        })
+        .collect();
+    if parts.is_empty() {
+        "no rings".into()
+    } else {
+        parts.join(", ")
     }
 }

@@ -1,11 +1,14 @@
 //! One client's session as the multiplexer holds it, whatever its class: the shared region,
-//! its two rings, the doorbells, and whether the client is still there.
+//! the rings its class declared, the doorbells, and whether the client is still there.
+//!
+//! Rings are named by their index among the rings of their direction: a dispatcher pops from
+//! inbound ring `n` and posts to outbound ring `n` (block: ring 0 of each).
 
 use std::os::fd::OwnedFd;
 
 use outboard_session::doorbell::peer_sleeping;
 use outboard_session::region::ShmRing;
-use outboard_session::{Consumer, Doorbell, Producer, Region, RingError};
+use outboard_session::{Consumer, Direction, Doorbell, Producer, Region, RingError};
 
 /// A session.
 pub struct Session {
@@ -17,8 +20,8 @@ pub struct Session {
     pub(crate) sock: Option<OwnedFd>,
     /// Header, rings and buffer area.
     pub region: Region,
-    sq: Consumer<ShmRing>,
-    cq: Producer<ShmRing>,
+    inbound: Vec<Consumer<ShmRing>>,
+    outbound: Vec<Producer<ShmRing>>,
     pub(crate) server_bell: Doorbell,
     client_bell: Doorbell,
     /// Completions were staged since the last publish.
@@ -36,13 +39,12 @@ impl Session {
         server_bell: Doorbell,
         client_bell: Doorbell,
     ) -> Self {
-        let g = region.geometry;
         Self {
             id,
             device,
             sock,
-            sq: Consumer::new(region.sq(), g.sq_entries),
-            cq: Producer::new(region.cq(), g.cq_entries),
+            inbound: region.consumers(Direction::ToServer),
+            outbound: region.producers(Direction::ToClient),
             region,
             server_bell,
             client_bell,
@@ -67,35 +69,37 @@ impl Session {
         self.sock.is_none()
     }
 
-    /// Whether one more request may be taken while `outstanding` are unanswered: every request
-    /// taken must find room in the completion ring later. An error means the client corrupted
-    /// the ring's indices.
+    /// Free slots in outbound ring `ring`, published or not. An error means the client
+    /// corrupted the ring's indices.
     #[inline]
-    pub fn room_for_another(&self, outstanding: usize) -> Result<bool, RingError> {
-        Ok(self.cq.free()? as usize > outstanding)
+    pub fn completion_room(&self, ring: usize) -> Result<usize, RingError> {
+        Ok(self.outbound[ring].free()? as usize)
     }
 
-    /// Takes the next submission entry into `e`; false if there is none.
+    /// Takes the next entry of inbound ring `ring` into `e`; false if there is none.
     #[inline]
-    pub fn pop(&mut self, e: &mut [u8]) -> Result<bool, RingError> {
-        self.sq.pop(e)
+    pub fn pop(&mut self, ring: usize, e: &mut [u8]) -> Result<bool, RingError> {
+        self.inbound[ring].pop(e)
     }
 
-    /// Whether submissions are waiting (a corrupt ring counts as waiting, so it is looked at).
+    /// Whether entries wait in any inbound ring (a corrupt ring counts as waiting, so it is
+    /// looked at).
     #[inline]
     pub fn has_submissions(&self) -> bool {
-        self.sq.available().map(|n| n > 0).unwrap_or(true)
+        self.inbound
+            .iter()
+            .any(|r| r.available().map(|n| n > 0).unwrap_or(true))
     }
 
-    /// Stages a completion entry; it is published at the end of the round. Room was reserved
-    /// when the request was taken; a full ring here means the client moved its head
-    /// backwards, which the ring reports as corruption, and the entry is dropped.
+    /// Stages an entry on outbound ring `ring`; it is published at the end of the round. Room
+    /// was reserved when the request was taken; a full ring here means the client moved its
+    /// head backwards, which the ring reports as corruption, and the entry is dropped.
     #[inline]
-    pub fn post(&mut self, e: &[u8]) {
+    pub fn post(&mut self, ring: usize, e: &[u8]) {
         if self.closing() {
             return;
         }
-        let _ = self.cq.stage(e);
+        let _ = self.outbound[ring].stage(e);
         self.dirty = true;
     }
 
@@ -110,7 +114,9 @@ impl Session {
         if !std::mem::take(&mut self.dirty) {
             return false;
         }
-        self.cq.publish();
+        for r in &mut self.outbound {
+            r.publish();
+        }
         if peer_sleeping(self.region.client_sleeping()) {
             self.client_bell.ring();
             return true;

@@ -70,7 +70,10 @@ fn an_overfilled_ring_cuts_the_client_off_and_others_are_served() {
     let sock = srv.sock.clone();
     let raw = Raw::open(&sock);
     // Claim 1000 entries in a 16-entry ring.
-    raw.region.control.write_u32(off::SQ_TAIL, 1000).unwrap();
+    raw.region
+        .control
+        .write_u32(off::tail(0, outboard_session::Direction::ToServer), 1000)
+        .unwrap();
     raw.bell.ring();
     assert!(raw.cut_off(), "the server hangs up on a corrupt ring");
     good_client_works(&sock);
@@ -103,10 +106,10 @@ fn garbage_control_messages_get_error_replies() {
     srv.stop();
 }
 
-/// `Open` names the class; a block device refuses another class, and refuses rings whose
-/// entries are not the block class's sizes.
+/// `Open` names the class; a block device refuses another class, and refuses rings that are not
+/// the ones the block class declares: other entry sizes, another count, another direction.
 #[test]
-fn an_open_for_another_class_or_other_entry_sizes_is_refused() {
+fn an_open_for_another_class_or_other_rings_is_refused() {
     let dir = tempfile::tempdir().unwrap();
     let srv = common::Served::start(dir.path(), SIZE);
     let s = control::connect(&srv.sock).unwrap();
@@ -123,16 +126,25 @@ fn an_open_for_another_class_or_other_entry_sizes_is_refused() {
             other => panic!("opened: {other:?}"),
         }
     };
-    let (code, message) = refused(&open("net", common::G));
+    let (code, message) = refused(&open("net", common::g()));
     assert_eq!(code, "wrong-class");
     assert!(message.contains("block device"), "{message}");
-    let wide = outboard_session::Geometry {
-        sqe_size: 64,
-        ..common::G
-    };
-    let (code, message) = refused(&open("block", wide));
-    assert_eq!(code, "invalid");
-    assert!(message.contains("32-byte submissions"), "{message}");
+    let mut wide = common::g();
+    wide.rings[0].entry_size = 64;
+    let mut extra = common::g();
+    extra.rings.push(extra.rings[1]);
+    let mut reversed = common::g();
+    reversed.rings.reverse();
+    let mut none = common::g();
+    none.rings.clear();
+    for geometry in [wide, extra, reversed, none] {
+        let (code, message) = refused(&open("block", geometry.clone()));
+        assert_eq!(code, "invalid", "{geometry:?}");
+        assert!(
+            message.contains("32-byte entries to the server, 16-byte entries to the client"),
+            "{message}"
+        );
+    }
     good_client_works(&srv.sock);
     srv.stop();
 }
@@ -141,8 +153,10 @@ fn open_with(
     sock: &std::path::Path,
     buffer_size: u64,
 ) -> Result<outboard_client::BlockClient, BlockError> {
-    let mut opts = outboard_client::SessionOptions::default();
-    opts.geometry.buffer_size = buffer_size;
+    let opts = outboard_client::SessionOptions {
+        buffer_size,
+        ..Default::default()
+    };
     outboard_client::BlockClient::open(sock, "disk0", opts)
 }
 

@@ -244,8 +244,10 @@ fn unknown_devices_and_bad_geometry_are_refused() {
         BlockClient::open(&sock, "disk9", SessionOptions::default()),
         Err(BlockError::NoSuchDevice(_))
     ));
-    let mut bad = SessionOptions::default();
-    bad.geometry.sq_entries = 3;
+    let bad = SessionOptions {
+        depth: 3,
+        ..Default::default()
+    };
     assert!(matches!(
         BlockClient::open(&sock, "disk0", bad),
         Err(BlockError::Invalid(_))

@@ -38,8 +38,8 @@ pub enum Request {
     Open {
         /// Device name, e.g. `disk0`.
         device: String,
-        /// The class the client speaks (`block`): it must be the device's, and it fixes the
-        /// ring entry sizes.
+        /// The class the client speaks (`block`): it must be the device's, and the requested
+        /// rings must be the ones it declares.
         class: String,
         /// Requested geometry.
         geometry: Geometry,
@@ -269,13 +269,14 @@ mod tests {
         let req = Request::Open {
             device: "disk0".into(),
             class: "block".into(),
-            geometry: Geometry {
-                sq_entries: 64,
-                cq_entries: 64,
-                sqe_size: 32,
-                cqe_size: 16,
-                buffer_size: 1 << 20,
-            },
+            geometry: Geometry::of_class(
+                &[crate::region::RingShape {
+                    direction: crate::region::Direction::ToServer,
+                    entry_size: 32,
+                }],
+                64,
+                1 << 20,
+            ),
         };
         let efd = rustix::event::eventfd(0, rustix::event::EventfdFlags::empty()).unwrap();
         send(a.as_fd(), &req, &[efd.as_fd()]).unwrap();

@@ -1,8 +1,9 @@
 //! Client ↔ driver IPC (DESIGN.md §2.4).
 //!
 //! A session is long-lived: opening one costs a control round trip ([`control`]); using it costs
-//! no system call when both sides are busy. Its shared [`region`] holds a submission ring
-//! (client → server), a completion ring (server → client) and a buffer area the server maps into
+//! no system call when both sides are busy. Its shared [`region`] holds the rings its class
+//! declares (block: a submission ring, client → server, and a completion ring, server → client)
+//! and a buffer area the server maps into
 //! the device's DMA space, so devices move data straight to and from client buffers. The rings
 //! follow one protocol ([`ring`]); wake-ups use eventfd [`doorbell`]s rung only when the other
 //! side announced it is about to sleep.
@@ -21,7 +22,7 @@ pub mod sync;
 
 pub use doorbell::Doorbell;
 #[cfg(not(loom))]
-pub use region::{Geometry, Region};
+pub use region::{Direction, Geometry, Region, RingShape, RingSpec};
 pub use ring::{Consumer, Producer, RingError, RingStorage};
 
 /// Session errors.

@@ -231,6 +231,7 @@ impl SharedMem {
     }
 
     /// Fails if the peer truncated the file under a guarded mapping.
+    #[inline]
     fn intact(&self) -> Result<()> {
         match &self.guard {
             Some(g) if g.poisoned() => Err(ShmError::PeerTruncated),
@@ -300,6 +301,7 @@ impl SharedMem {
     }
 
     /// Checks that `[offset, offset + len)` lies inside the mapping and returns it as `usize`.
+    #[inline]
     pub fn check(&self, offset: u64, len: usize) -> Result<usize> {
         let end = offset.checked_add(len as u64);
         match end {
@@ -312,6 +314,7 @@ impl SharedMem {
         }
     }
 
+    #[inline]
     fn check_write(&self, offset: u64, len: usize) -> Result<usize> {
         if self.access == Access::ReadOnly {
             return Err(ShmError::ReadOnly);
@@ -320,6 +323,7 @@ impl SharedMem {
     }
 
     /// Copies bytes out of the mapping.
+    #[inline]
     pub fn read(&self, offset: u64, buf: &mut [u8]) -> Result<()> {
         let start = self.check(offset, buf.len())?;
         // SAFETY: the range was bounds-checked against the live mapping. The peer may write the
@@ -333,6 +337,7 @@ impl SharedMem {
     }
 
     /// Copies bytes into the mapping.
+    #[inline]
     pub fn write(&self, offset: u64, data: &[u8]) -> Result<()> {
         let start = self.check_write(offset, data.len())?;
         // SAFETY: bounds-checked, writable mapping; see `read` for why a concurrent peer access
@@ -400,6 +405,7 @@ impl SharedMem {
         self.write(offset, &v.to_le_bytes())
     }
 
+    #[inline]
     fn atomic_ptr(&self, offset: u64, size: usize) -> Result<*mut u8> {
         let start = self.check(offset, size)?;
         // SAFETY: `start` is in bounds (checked above).
@@ -417,6 +423,7 @@ impl SharedMem {
     ///
     /// Little-endian hosts only: the virtio and session layouts are little-endian, and Outboard
     /// targets x86-64 and aarch64 Linux.
+    #[inline]
     pub fn atomic_u16(&self, offset: u64) -> Result<&AtomicU16> {
         let ptr = self.atomic_ptr(offset, 2)?;
         // SAFETY: in bounds, 2-byte aligned, and the mapping lives as long as `&self`. AtomicU16
@@ -425,6 +432,7 @@ impl SharedMem {
     }
 
     /// A 32-bit atomic shared with the peer.
+    #[inline]
     pub fn atomic_u32(&self, offset: u64) -> Result<&AtomicU32> {
         let ptr = self.atomic_ptr(offset, 4)?;
         // SAFETY: as for `atomic_u16`, with 4-byte alignment checked.

@@ -19,7 +19,7 @@ use outboard_hw::PciFunction;
 use outboard_server::{DriverHost, HostStats};
 use outboard_session::control::{self, Reply, Request};
 use outboard_session::region::ShmRing;
-use outboard_session::{Consumer, Doorbell, Geometry, Producer, Region};
+use outboard_session::{Consumer, Direction, Doorbell, Geometry, Producer, Region};
 use std::os::fd::{AsFd, OwnedFd};
 
 /// A memory-backed virtio-blk model in this process, with its driver brought up as `disk0`.
@@ -93,13 +93,10 @@ pub struct Raw {
     pub bell: Doorbell,
 }
 
-pub const G: Geometry = Geometry {
-    sq_entries: 16,
-    cq_entries: 16,
-    sqe_size: outboard_class::block::SQE_SIZE,
-    cqe_size: outboard_class::block::CQE_SIZE,
-    buffer_size: 65536,
-};
+/// The geometry a raw client opens: the block class's rings, 16 entries each, 64 KiB of buffers.
+pub fn g() -> Geometry {
+    Geometry::of_class(&outboard_class::block::RINGS, 16, 65536)
+}
 
 impl Raw {
     pub fn open(sock_path: &Path) -> Self {
@@ -107,15 +104,15 @@ impl Raw {
         let req = Request::Open {
             device: "disk0".into(),
             class: "block".into(),
-            geometry: G,
+            geometry: g(),
         };
         let (reply, fds) = control::call(sock.as_fd(), &req, Duration::from_secs(5)).unwrap();
         assert!(matches!(reply, Reply::Opened { .. }));
         let [c, b, sb, _cb]: [OwnedFd; 4] = fds.try_into().unwrap();
-        let region = Region::attach(c, b, G).unwrap();
+        let region = Region::attach(c, b, g()).unwrap();
         Self {
-            sq: Producer::new(region.sq(), G.sq_entries),
-            cq: Consumer::new(region.cq(), G.cq_entries),
+            sq: region.producers(Direction::ToServer).remove(0),
+            cq: region.consumers(Direction::ToClient).remove(0),
             region,
             sock,
             bell: Doorbell::from_fd(sb),

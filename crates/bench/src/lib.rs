@@ -9,6 +9,7 @@ pub mod cpu;
 pub mod fixture;
 pub mod model;
 pub mod pingpong;
+pub mod placement;
 pub mod report;
 pub mod stats;
 pub mod tests;

@@ -13,6 +13,8 @@ use std::time::Instant;
 use outboard_shm::{Access, SharedMem};
 use rustix::event::EventfdFlags;
 
+use crate::placement::Pinned;
+
 fn read1(fd: BorrowedFd<'_>) -> Result<(), String> {
     let mut b = [0u8; 8];
     rustix::io::read(fd, &mut b)
@@ -26,8 +28,9 @@ fn write1(fd: BorrowedFd<'_>) -> Result<(), String> {
         .map_err(|e| format!("eventfd write: {e}"))
 }
 
-/// Round trips (µs) of an eventfd ping-pong with a peer process: each is two blocking wake-ups.
-pub fn eventfd(exe: &Path, n: usize) -> Result<Vec<f64>, String> {
+/// Round trips (µs) of an eventfd ping-pong with a peer process placed by `pin`: each is two
+/// blocking wake-ups.
+pub fn eventfd(exe: &Path, n: usize, pin: &Pinned) -> Result<Vec<f64>, String> {
     let ping = rustix::event::eventfd(0, EventfdFlags::empty()).map_err(|e| e.to_string())?;
     let pong = rustix::event::eventfd(0, EventfdFlags::empty()).map_err(|e| e.to_string())?;
     let mut child = Command::new(exe)
@@ -41,6 +44,10 @@ pub fn eventfd(exe: &Path, n: usize) -> Result<Vec<f64>, String> {
         .stdin(Stdio::null())
         .spawn()
         .map_err(|e| e.to_string())?;
+    if let Err(e) = pin.peer(child.id()) {
+        let _ = child.kill();
+        return Err(e);
+    }
     let mut v = Vec::with_capacity(n);
     for _ in 0..n {
         let t = Instant::now();
@@ -60,8 +67,9 @@ fn shared_line() -> Result<(OwnedFd, SharedMem), String> {
     Ok((fd, mem))
 }
 
-/// Round trips (µs) of a cache line bounced between this process and a peer, both spinning.
-pub fn cacheline(exe: &Path, n: usize) -> Result<Vec<f64>, String> {
+/// Round trips (µs) of a cache line bounced between this process and a peer placed by `pin`,
+/// both spinning.
+pub fn cacheline(exe: &Path, n: usize, pin: &Pinned) -> Result<Vec<f64>, String> {
     let (fd, mem) = shared_line()?;
     let word = mem.atomic_u32(0).map_err(|e| e.to_string())?;
     let mut child = Command::new(exe)
@@ -74,6 +82,10 @@ pub fn cacheline(exe: &Path, n: usize) -> Result<Vec<f64>, String> {
         .stdin(Stdio::null())
         .spawn()
         .map_err(|e| e.to_string())?;
+    if let Err(e) = pin.peer(child.id()) {
+        let _ = child.kill();
+        return Err(e);
+    }
     let mut v = Vec::with_capacity(n);
     for i in 0..n as u32 {
         let t = Instant::now();

@@ -4,7 +4,6 @@ use std::sync::{Arc, Barrier};
 use std::time::Duration;
 
 use indicatif::ProgressBar;
-use outboard_class::BlockDevice;
 use outboard_client::Colocated;
 use outboard_client::{BlockClient, SessionOptions, WaitMode};
 use outboard_drivers::Attachment;
@@ -13,6 +12,7 @@ use outboard_hw::DeviceSpec;
 use crate::cpu::CpuMeter;
 use crate::fixture::Fixture;
 use crate::model::{Figure, Machine, Point, Series, Target, TestResult, Unavailable};
+use crate::placement::{Pinned, Placement};
 use crate::stats::{median, Summary};
 use crate::{pingpong, workloads, Context};
 
@@ -435,10 +435,53 @@ pub fn iops(ctx: &Context) -> Result<TestResult, String> {
     })
 }
 
+/// Round trips per latency run and seconds per throughput run.
+fn rtt_sizes(ctx: &Context) -> (usize, f64) {
+    if ctx.quick {
+        (2000, 0.1)
+    } else {
+        (20000, 0.5)
+    }
+}
+
+/// One session configuration of the null round trip: a driver server hosting the null device,
+/// placed by `pin`, measured for latency and for batched throughput.
+#[allow(clippy::too_many_arguments)]
+fn session_rtt(
+    ctx: &Context,
+    fx: &Fixture,
+    pin: &Pinned,
+    label: &str,
+    host_spin: u64,
+    mode: WaitMode,
+    lat: &mut Figure,
+    tput: &mut Figure,
+) -> Result<(), String> {
+    let (n, secs) = rtt_sizes(ctx);
+    ctx.progress.set_message(format!("null-rtt: {label}"));
+    let (host, sock) = fx.host("null0=null:1M", host_spin)?;
+    pin.peer(host.pid)?;
+    let opts = SessionOptions {
+        mode,
+        ..Default::default()
+    };
+    let mut d = BlockClient::open(&sock, "null0", opts).map_err(|e| e.to_string())?;
+    let point = |y| Series {
+        label: label.into(),
+        points: vec![Point { x: 0.0, y }],
+    };
+    lat.series.push(point(repeat(ctx, || {
+        Ok(median(&mut workloads::null_latencies(&mut d, n)?))
+    })?));
+    tput.series.push(point(repeat(ctx, || {
+        workloads::null_throughput(&mut d, 32, secs)
+    })?));
+    Ok(())
+}
+
 /// Test 3: the null round trip through a session, next to the machine's physical floor.
 pub fn null_rtt(ctx: &Context) -> Result<TestResult, String> {
-    let n = if ctx.quick { 2000 } else { 20000 };
-    let secs = if ctx.quick { 0.1 } else { 0.5 };
+    let (n, secs) = rtt_sizes(ctx);
     let fx = Fixture::new(&ctx.exe, 1 << 20)?;
     let mut lat = figure(
         "latency",
@@ -461,66 +504,90 @@ pub fn null_rtt(ctx: &Context) -> Result<TestResult, String> {
         points: vec![Point { x: 0.0, y }],
     };
 
-    ctx.progress.set_message("null-rtt: eventfd ping-pong");
-    lat.series.push(bar(
-        "eventfd ping-pong",
-        repeat(ctx, || Ok(median(&mut pingpong::eventfd(&ctx.exe, n)?)))?,
-    ));
-    ctx.progress.set_message("null-rtt: cache-line ping-pong");
-    lat.series.push(bar(
-        "cache-line ping-pong",
-        repeat(ctx, || Ok(median(&mut pingpong::cacheline(&ctx.exe, n)?)))?,
-    ));
-    for (label, host_spin, mode) in [
-        ("session, blocking", 0, WaitMode::Blocking),
-        (
-            "session, adaptive",
-            20,
-            WaitMode::Adaptive(Duration::from_micros(20)),
-        ),
-    ] {
-        ctx.progress.set_message(format!("null-rtt: {label}"));
-        let (_host, sock) = fx.host("null0=null:1M", host_spin)?;
-        let mut d = BlockClient::open(
-            &sock,
-            "null0",
-            SessionOptions {
-                mode,
-                ..Default::default()
-            },
-        )
-        .map_err(|e| e.to_string())?;
+    let mut unavailable = Vec::new();
+    let one_cpu = |config: &str| Unavailable {
+        config: config.into(),
+        reason: "this process may run on one CPU only".into(),
+    };
+    // Blocking round trips, each beside the eventfd floor in the same placement.
+    for placement in [Placement::OneCore, Placement::TwoCores] {
+        let Some(pin) = Pinned::new(placement)? else {
+            unavailable.push(one_cpu(&format!(
+                "eventfd ping-pong, {}",
+                placement.label()
+            )));
+            unavailable.push(one_cpu(&format!(
+                "session, blocking, {}",
+                placement.label()
+            )));
+            continue;
+        };
+        let floor = format!("eventfd ping-pong, {}", placement.label());
+        ctx.progress.set_message(format!("null-rtt: {floor}"));
         lat.series.push(bar(
-            label,
+            &floor,
             repeat(ctx, || {
-                Ok(median(&mut workloads::null_latencies(&mut d, n)?))
+                Ok(median(&mut pingpong::eventfd(&ctx.exe, n, &pin)?))
             })?,
         ));
-        tput.series.push(bar(
-            label,
-            repeat(ctx, || workloads::null_throughput(&mut d, 32, secs))?,
-        ));
-        let _ = d.in_flight();
+        let label = format!("session, blocking, {}", placement.label());
+        session_rtt(
+            ctx,
+            &fx,
+            &pin,
+            &label,
+            0,
+            WaitMode::Blocking,
+            &mut lat,
+            &mut tput,
+        )?;
     }
-    let m = |label: &str| lat.series(label).and_then(|s| s.at(0.0)).expect("measured");
-    let (efd, line, block, adapt) = (
-        m("eventfd ping-pong"),
-        m("cache-line ping-pong"),
-        m("session, blocking"),
-        m("session, adaptive"),
-    );
-    let targets = vec![
-        Target {
-            target: "null round trip: blocking ≤ 1.3× eventfd ping-pong".into(),
-            measured: format!("{:.2}× ({block:.2} µs vs {efd:.2} µs)", block / efd),
-            met: Some(block <= 1.3 * efd),
-        },
-        Target {
-            target: "null round trip: adaptive ≤ 3× cache-line ping-pong".into(),
+    // Spinning needs both sides running at once: two cores only.
+    if let Some(pin) = Pinned::new(Placement::TwoCores)? {
+        ctx.progress.set_message("null-rtt: cache-line ping-pong");
+        lat.series.push(bar(
+            "cache-line ping-pong",
+            repeat(ctx, || {
+                Ok(median(&mut pingpong::cacheline(&ctx.exe, n, &pin)?))
+            })?,
+        ));
+        let adaptive = WaitMode::Adaptive(Duration::from_micros(20));
+        session_rtt(
+            ctx,
+            &fx,
+            &pin,
+            "session, adaptive",
+            20,
+            adaptive,
+            &mut lat,
+            &mut tput,
+        )?;
+    } else {
+        unavailable.push(one_cpu("cache-line ping-pong"));
+        unavailable.push(one_cpu("session, adaptive"));
+    }
+    let m = |label: &str| lat.series(label).and_then(|s| s.at(0.0));
+    let mut targets = Vec::new();
+    for placement in [Placement::OneCore, Placement::TwoCores] {
+        let at = placement.label();
+        if let (Some(efd), Some(block)) = (
+            m(&format!("eventfd ping-pong, {at}")),
+            m(&format!("session, blocking, {at}")),
+        ) {
+            targets.push(Target {
+                target: format!("null round trip: blocking ≤ 1.3× eventfd ping-pong ({at})"),
+                measured: format!("{:.2}× ({block:.2} µs vs {efd:.2} µs)", block / efd),
+                met: Some(block <= 1.3 * efd),
+            });
+        }
+    }
+    if let (Some(line), Some(adapt)) = (m("cache-line ping-pong"), m("session, adaptive")) {
+        targets.push(Target {
+            target: "null round trip: adaptive ≤ 3× cache-line ping-pong (two cores)".into(),
             measured: format!("{:.2}× ({adapt:.2} µs vs {line:.2} µs)", adapt / line),
             met: Some(adapt <= 3.0 * line),
-        },
-    ];
+        });
+    }
     Ok(TestResult {
         test: "null-rtt".into(),
         title: "Null round trip".into(),
@@ -529,7 +596,7 @@ pub fn null_rtt(ctx: &Context) -> Result<TestResult, String> {
         discarded: WARM_UP,
         params: serde_json::json!({ "round_trips_per_run": n, "batch_queue_depth": 32, "seconds_per_throughput_run": secs }),
         figures: vec![lat, tput],
-        unavailable: vec![],
+        unavailable,
         targets,
         machine: Machine::here(),
     })
@@ -544,7 +611,7 @@ pub fn steps(test: &str, ctx: &Context) -> u64 {
             let (q, c) = if ctx.quick { (2, 2) } else { (5, 3) };
             (c + 1 + c) * q * r
         }
-        "null-rtt" => 6 * r,
+        "null-rtt" => 9 * r,
         _ => 0,
     }
 }

@@ -35,9 +35,11 @@ fn quick_bench_writes_complete_json_charts_and_report() {
         (
             "null-rtt",
             vec![
-                "eventfd ping-pong",
+                "eventfd ping-pong, one core",
+                "session, blocking, one core",
+                "eventfd ping-pong, two cores",
+                "session, blocking, two cores",
                 "cache-line ping-pong",
-                "session, blocking",
                 "session, adaptive",
             ],
             2,

@@ -103,8 +103,9 @@ pub enum BlockError {
     /// The device or its driver is gone.
     #[error("the device is gone")]
     DeviceGone,
-    /// The driver is restarting; retry.
-    #[error("the driver is restarting")]
+    /// The device failed and its driver is bringing it back: this request did not complete;
+    /// retry later.
+    #[error("the device is restarting; retry later")]
     Restarting,
     /// A request with the same tag is already in flight.
     #[error("a request with this tag is already in flight")]
@@ -115,8 +116,8 @@ pub enum BlockError {
     /// No room to submit; reap completions first.
     #[error("the submission ring is full")]
     QueueFull,
-    /// Waited too long.
-    #[error("timed out waiting for the driver")]
+    /// Waited too long: the client gave up waiting, or the device stalled past its deadline.
+    #[error("timed out waiting for the device")]
     Timeout,
     /// The peer broke the session protocol.
     #[error("protocol error: {0}")]

@@ -16,7 +16,9 @@ pub trait BlockDriver: Driver {
     /// Requests submitted and not yet reaped.
     fn in_flight(&self) -> usize;
     /// Submits a validated data, flush, discard or write-zeroes request under the driver tag
-    /// `tag`. An error is this request's alone.
+    /// `tag`. An error is this request's alone — except [`BlockError::DeviceFailed`], which
+    /// says the device can take no request any more: the environment gives the device up, and
+    /// this request fails with everything else in it.
     fn submit(&mut self, r: &BlockRequest, iova_base: u64, tag: u64) -> Result<(), BlockError>;
     /// Publishes submitted requests to the device.
     fn kick(&mut self) -> Result<(), Failure>;

@@ -57,10 +57,17 @@ fn kind(e: &BlockError) -> String {
     match e {
         BlockError::Io => "io".into(),
         BlockError::DeviceFailed(_) => "device-failed".into(),
+        BlockError::Restarting => "restarting".into(),
         BlockError::DeviceGone => "gone".into(),
         BlockError::Timeout => "timeout".into(),
         other => format!("other: {other}"),
     }
+}
+
+/// Whether the client was told the device is out of service: being brought back
+/// ("restarting") or given up for good ("device failed").
+fn out_of_service(out: &Outcome) -> bool {
+    out.errors.contains_key("device-failed") || out.errors.contains_key("restarting")
 }
 
 fn pattern(seed: u64) -> Vec<u8> {
@@ -107,7 +114,7 @@ fn client(control: PathBuf, name: &str, stop: Arc<AtomicBool>, seed: u64) -> Out
         if took > HANG {
             out.hangs += 1;
         }
-        let given_up = out.errors.contains_key("device-failed");
+        let given_up = out_of_service(&out);
         match r {
             Ok(()) => {
                 out.ok += 1;
@@ -117,8 +124,8 @@ fn client(control: PathBuf, name: &str, stop: Arc<AtomicBool>, seed: u64) -> Out
             }
             Err(e) => {
                 *out.errors.entry(kind(&e)).or_default() += 1;
-                // A device given up answers at once from now on: no need to spin on it.
-                if matches!(e, BlockError::DeviceFailed(_)) {
+                // A device out of service answers at once: no need to spin on it.
+                if matches!(e, BlockError::DeviceFailed(_) | BlockError::Restarting) {
                     std::thread::sleep(Duration::from_millis(20));
                 }
             }
@@ -168,7 +175,7 @@ struct Row {
 
 impl Row {
     fn given_up(&self) -> bool {
-        self.victim.errors.contains_key("device-failed")
+        out_of_service(&self.victim)
     }
     fn back(&self) -> bool {
         self.victim.ok_after_failure > 0
@@ -337,6 +344,18 @@ fn every_fault_kind_mid_run_fails_specifically_or_recovers_and_harms_nobody_else
             "{f}: the device should be back in service\n{table}"
         );
         assert!(!row(f).final_state.starts_with("failed"), "{f}\n{table}");
+    }
+    // A request in a stalled device times out; one sent while the device is brought back is
+    // told so ("restarting"), not failed for good.
+    assert!(
+        row("stall=3s").victim.errors.contains_key("timeout"),
+        "{table}"
+    );
+    for f in ["corrupt-used=id", "needs-reset", "crash"] {
+        assert!(
+            row(f).victim.errors.contains_key("restarting"),
+            "{f}\n{table}"
+        );
     }
     // A dead model stays dead until a supervisor restarts it.
     assert!(row("crash").given_up(), "{table}");

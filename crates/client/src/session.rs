@@ -42,6 +42,7 @@ pub fn reply_error(code: &str, message: String) -> BlockError {
     match code {
         "no-such-device" => BlockError::NoSuchDevice(message),
         "device-failed" => BlockError::DeviceFailed(message),
+        "restarting" => BlockError::Restarting,
         "busy" => BlockError::Busy(message),
         _ => BlockError::Invalid(message),
     }

@@ -430,10 +430,23 @@ impl Manager {
             return;
         };
         match control::recv::<control::Event>(ev.as_fd(), Some(Duration::ZERO)) {
-            Ok((control::Event::DeviceFailed { device, why }, _)) => {
-                tracing::error!("{device}: its driver gave the device up: {why}");
+            Ok((
+                control::Event::DeviceFailed {
+                    device,
+                    why,
+                    restarting,
+                },
+                _,
+            )) => {
+                let state = if restarting {
+                    tracing::error!("{device}: failed, its driver is re-opening it: {why}");
+                    format!("failed, restarting: {why}")
+                } else {
+                    tracing::error!("{device}: its driver gave the device up: {why}");
+                    format!("failed: {why}")
+                };
                 if let Some(drv) = self.driver_of_mut(&device) {
-                    drv.set("state", format!("failed: {why}"));
+                    drv.set("state", state);
                 }
             }
             Ok((control::Event::DeviceRecovered { device }, _)) => {

@@ -21,13 +21,22 @@ use outboard_shm::SharedMem;
 
 use crate::dispatch::{Ctx, Dispatcher, Refusal};
 use crate::ranges::{range_of, Decision, Range, RangeLocks};
-use crate::recovery::{Recovery, Reopen};
+use crate::recovery::{Progress, Recovery, Reopen};
 use crate::session::Session;
 
 /// The block session's inbound ring of submissions (the first of [`RINGS`] to the server).
 const SUBMISSIONS: usize = 0;
 /// Its outbound ring of completions (the first of [`RINGS`] to the client).
 const COMPLETIONS: usize = 0;
+
+/// What failed a device, which decides what the requests in it get.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Cause {
+    /// A request passed its deadline: the requests in the device timed out.
+    Stalled,
+    /// The device stopped working otherwise.
+    Failed,
+}
 
 /// Most entries taken from one session per round.
 pub const BUDGET: usize = 32;
@@ -120,23 +129,29 @@ impl BlockDispatcher {
         self.sessions.get_mut(slot).and_then(Option::as_mut)
     }
 
-    /// Sends a validated request of session `si` to the device.
+    /// Sends a validated request of session `si` to the device. Returns why the device
+    /// failed, if submitting revealed that it did: the request then counts as in the device,
+    /// and fails with it when the caller gives the device up.
+    #[must_use]
     fn send_to_device(
         &mut self,
         s: &mut Session,
         si: usize,
         r: &BlockRequest,
         stats: &mut crate::HostStats,
-    ) {
-        let Some(ps) = self.sessions.get_mut(si).and_then(Option::as_mut) else {
-            return;
-        };
+    ) -> Option<String> {
+        let ps = self.sessions.get_mut(si).and_then(Option::as_mut)?;
         let slot = self.free_tags.pop().unwrap_or_else(|| {
             self.tags.push(None);
             self.tags.len() - 1
         });
-        match self.driver.submit(r, ps.dma.iova(), slot as u64) {
-            Ok(()) => {
+        let (failed, refused) = match self.driver.submit(r, ps.dma.iova(), slot as u64) {
+            Ok(()) => (None, None),
+            Err(BlockError::DeviceFailed(why)) => (Some(why), None),
+            Err(e) => (None, Some(e)),
+        };
+        match refused {
+            None => {
                 self.tags[slot] = Some(InFlight {
                     session: si,
                     tag: r.tag,
@@ -145,13 +160,14 @@ impl BlockDispatcher {
                 });
                 ps.tags.insert(r.tag);
             }
-            Err(e) => {
+            Some(e) => {
                 self.free_tags.push(slot);
                 ps.tags.remove(&r.tag);
                 stats.rejected += 1;
                 complete(s, stats, r.tag, Err(e));
             }
         }
+        failed
     }
 
     /// Lets parked requests go on as far as their conflicts have ended.
@@ -185,7 +201,12 @@ impl BlockDispatcher {
                         }
                         complete(s, cx.stats, r.tag, Ok(0));
                     }
-                    _ => self.send_to_device(s, si, &r, cx.stats),
+                    _ => {
+                        if let Some(why) = self.send_to_device(s, si, &r, cx.stats) {
+                            self.fail(why, Cause::Failed, cx);
+                            return true;
+                        }
+                    }
                 }
             }
         }
@@ -197,7 +218,8 @@ impl BlockDispatcher {
         self.scratch.clear();
         if let Err(f) = self.driver.poll(&mut self.scratch) {
             // The driver cannot tell what its device did: nothing in flight will complete.
-            self.fail(format!("the driver lost track of the device: {f}"), cx);
+            let why = format!("the driver lost track of the device: {f}");
+            self.fail(why, Cause::Failed, cx);
             return true;
         }
         let n = self.scratch.len();
@@ -223,10 +245,21 @@ impl BlockDispatcher {
         n > 0
     }
 
+    /// What a request gets while the device is out of service: "restarting" while it is being
+    /// re-opened (retry later), "device failed" with the reason once it is given up for good.
+    fn out_of_service(&self) -> BlockError {
+        match (&self.failed, &self.recovery) {
+            (_, Some(_)) => BlockError::Restarting,
+            (Some(why), None) => BlockError::DeviceFailed(why.clone()),
+            (None, None) => BlockError::DeviceFailed("the device is not in service".into()),
+        }
+    }
+
     /// Gives the device up: it is abandoned (it must stop reaching session memory before
-    /// that memory can be reused), every request in it fails with the reason, and every later
-    /// request and open fails at once with it until it is back.
-    fn fail(&mut self, why: String, cx: &mut Ctx<'_>) {
+    /// that memory can be reused), and every request in it fails — "timed out" if the device
+    /// stalled, else as [`BlockDispatcher::out_of_service`] says. Every later request and open
+    /// fails at once the same way until the device is back.
+    fn fail(&mut self, why: String, cause: Cause, cx: &mut Ctx<'_>) {
         if self.failed.is_some() {
             return;
         }
@@ -239,6 +272,7 @@ impl BlockDispatcher {
         cx.notify(&control::Event::DeviceFailed {
             device: self.driver.info().name.clone(),
             why: why.clone(),
+            restarting: self.recovery.is_some(),
         });
         let mut stranded: Vec<(usize, u64)> = self
             .tags
@@ -248,12 +282,16 @@ impl BlockDispatcher {
             .collect();
         stranded.extend(self.locks.clear().into_iter().map(|(si, r)| (si, r.tag)));
         self.free_tags.clear();
+        let error = match cause {
+            Cause::Stalled => BlockError::Timeout,
+            Cause::Failed => self.out_of_service(),
+        };
         for (si, tag) in stranded {
             if let Some(ps) = self.per_session(si) {
                 ps.tags.remove(&tag);
             }
             if let Some(s) = cx.sessions[si].as_mut() {
-                complete(s, cx.stats, tag, Err(BlockError::DeviceFailed(why.clone())));
+                complete(s, cx.stats, tag, Err(error.clone()));
             }
         }
     }
@@ -261,8 +299,25 @@ impl BlockDispatcher {
     /// Advances the recovery; when the device is open again, swaps the new driver in and maps
     /// every live session's buffers into the new device.
     fn recover(&mut self, cx: &mut Ctx<'_>) -> bool {
-        let Some((new, env)) = self.recovery.as_mut().and_then(Recovery::poll) else {
+        let Some(recovery) = self.recovery.as_mut() else {
             return false;
+        };
+        let (new, env) = match recovery.poll() {
+            Progress::Trying => return false,
+            Progress::Back(device) => device,
+            Progress::GaveUp(why) => {
+                let name = self.driver.info().name.clone();
+                tracing::error!("device {name}: {why}; given up for good");
+                let why = format!("{}; {why}", self.failed.take().unwrap_or_default());
+                self.failed = Some(why.clone());
+                self.recovery = None;
+                cx.notify(&control::Event::DeviceFailed {
+                    device: name,
+                    why,
+                    restarting: false,
+                });
+                return true;
+            }
         };
         let ClassDriver::Block(new) = new;
         if let Err(e) = cx.watch(new.as_ref()) {
@@ -323,8 +378,15 @@ impl Dispatcher for BlockDispatcher {
         serde_json::to_value(self.driver.info()).expect("serialisable")
     }
 
-    fn refuses(&self) -> Option<String> {
-        self.failed.clone()
+    fn refuses(&self) -> Option<Refusal> {
+        self.failed.as_ref()?;
+        Some(match self.out_of_service() {
+            BlockError::Restarting => (
+                "restarting",
+                format!("{} is being re-opened; try again", self.name()),
+            ),
+            e => ("device-failed", format!("{}: {e}", self.name())),
+        })
     }
 
     fn start(&mut self, cx: &mut Ctx<'_>) -> Result<(), LoopError> {
@@ -362,6 +424,7 @@ impl Dispatcher for BlockDispatcher {
             Ok(free) => (free.saturating_sub(self.outstanding(i)), false),
             Err(_) => (0, true),
         };
+        let mut lost = None;
         while taken < BUDGET.min(room) {
             if self.failed.is_none() && !self.driver.has_room() {
                 break;
@@ -379,12 +442,12 @@ impl Dispatcher for BlockDispatcher {
             let sqe = Sqe(e);
             let tag = sqe.tag();
             let buffer_size = s.buffer_size();
-            let failed = &self.failed;
+            let out_of_service = self.failed.is_some().then(|| self.out_of_service());
             let info = self.driver.info();
             let in_flight = &self.sessions[i].as_ref().expect("checked").tags;
             let result = sqe.decode().and_then(|r| {
-                if let Some(why) = failed {
-                    return Err(BlockError::DeviceFailed(why.clone()));
+                if let Some(e) = out_of_service {
+                    return Err(e);
                 }
                 validate(&r, info, buffer_size)?;
                 if in_flight.contains(&tag) {
@@ -414,7 +477,12 @@ impl Dispatcher for BlockDispatcher {
                                 ps.tags.insert(tag);
                             }
                         }
-                        Decision::Submit => self.send_to_device(s, i, &r, cx.stats),
+                        Decision::Submit => {
+                            lost = self.send_to_device(s, i, &r, cx.stats);
+                            if lost.is_some() {
+                                break;
+                            }
+                        }
                     }
                 }
                 // Completing under the duplicated tag would confuse the original request's
@@ -433,6 +501,9 @@ impl Dispatcher for BlockDispatcher {
             cx.stats.cut_off += 1;
             s.cut_off();
         }
+        if let Some(why) = lost {
+            self.fail(why, Cause::Failed, cx);
+        }
         taken > 0
     }
 
@@ -442,7 +513,8 @@ impl Dispatcher for BlockDispatcher {
         }
         if self.driver.in_flight() > 0 {
             if let Err(f) = self.driver.kick() {
-                self.fail(format!("the driver could not notify the device: {f}"), cx);
+                let why = format!("the driver could not notify the device: {f}");
+                self.fail(why, Cause::Failed, cx);
                 return true;
             }
         }
@@ -459,7 +531,8 @@ impl Dispatcher for BlockDispatcher {
             Ok(false) => true,
             Ok(true) => false,
             Err(f) => {
-                self.fail(format!("the driver could not arm its interrupt: {f}"), cx);
+                let why = format!("the driver could not arm its interrupt: {f}");
+                self.fail(why, Cause::Failed, cx);
                 false
             }
         }
@@ -470,7 +543,7 @@ impl Dispatcher for BlockDispatcher {
             return;
         }
         if let Err(failure) = self.driver.handle(ev) {
-            self.fail(failure.to_string(), cx);
+            self.fail(failure.to_string(), Cause::Failed, cx);
         }
     }
 
@@ -487,7 +560,7 @@ impl Dispatcher for BlockDispatcher {
             .is_some_and(|t| now.duration_since(t) > deadline)
         {
             let why = format!("the device stalled: a request got no answer within {deadline:?}");
-            self.fail(why, cx);
+            self.fail(why, Cause::Stalled, cx);
         }
     }
 

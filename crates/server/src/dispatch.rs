@@ -70,8 +70,8 @@ pub trait Dispatcher: Send {
     fn rings(&self) -> &'static [RingShape];
     /// The class status a client gets on `Status` and `Open`.
     fn status(&self) -> serde_json::Value;
-    /// Why new sessions are refused now (the device failed), if they are.
-    fn refuses(&self) -> Option<String>;
+    /// Why new sessions are refused now (the device is restarting or failed), if they are.
+    fn refuses(&self) -> Option<Refusal>;
     /// Registers the device's event sources when serving starts.
     fn start(&mut self, cx: &mut Ctx<'_>) -> Result<(), LoopError>;
     /// A session opens at `slot`: map its buffer area for the device.

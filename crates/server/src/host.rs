@@ -120,7 +120,7 @@ impl From<outboard_drivers::null_blk::NullBlock> for Served {
 const DEADLINE_ROUNDS: u32 = 64;
 
 /// How long a request may stay in a device before the device is declared stalled and its
-/// requests fail with [`BlockError::DeviceFailed`].
+/// requests fail with [`BlockError::Timeout`].
 pub const DEFAULT_DEADLINE: Duration = Duration::from_secs(30);
 
 /// What clients may take from one server: memory is created by the server for each session
@@ -568,8 +568,8 @@ impl DriverHost {
                         ),
                     ));
                 }
-                if let Some(why) = dev.refuses() {
-                    return Err(("device-failed", format!("{device}: {why}")));
+                if let Some(refusal) = dev.refuses() {
+                    return Err(refusal);
                 }
                 if self.conns[conn].as_ref().is_some_and(|c| c.1.is_some()) {
                     return Err(("busy", "this connection already has a session".into()));

@@ -82,12 +82,15 @@ pub enum Reply {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "event", rename_all = "kebab-case", deny_unknown_fields)]
 pub enum Event {
-    /// The server gave a device up; every request to it fails from now on.
+    /// The server took a device out of service; requests to it fail until it is back.
     DeviceFailed {
         /// Class device name.
         device: String,
         /// Why.
         why: String,
+        /// Whether the server is re-opening it (false: given up for good).
+        #[serde(default)]
+        restarting: bool,
     },
     /// A device given up earlier was opened again and serves.
     DeviceRecovered {

@@ -109,12 +109,12 @@ fn probe(spec: &DeviceSpec) -> Result<(), String> {
         "  subsystem {:04x}:{:04x}",
         id.subsystem_vendor, id.subsystem
     );
-    match outboard_drivers::match_driver(&outboard_drivers::Identity::Pci(id)) {
-        Some(p) => println!(
+    match outboard_drivers::probe_driver(&outboard_drivers::Probe::Pci(&f)) {
+        Ok(p) => println!(
             "  driver: {} (class {}, probe score {})",
-            p.driver, p.class, p.score
+            p.personality.driver, p.personality.class, p.score
         ),
-        None => println!("  driver: none matches"),
+        Err(why) => println!("  driver: none ({why})"),
     }
     let sizes = f.bar_sizes().map_err(|e| e.to_string())?;
     println!("  BARs:");
@@ -240,11 +240,11 @@ fn selftest(a: &SelftestArgs) -> Result<ExitCode, String> {
     let spec = a.target.spec();
     let f = PciFunction::open(&spec).map_err(|e| e.to_string())?;
     let id = f.identity();
-    let p = outboard_drivers::match_driver(&outboard_drivers::Identity::Pci(id))
-        .ok_or_else(|| format!("no driver matches {:04x}:{:04x}", id.vendor, id.device))?;
+    let p = outboard_drivers::probe_driver(&outboard_drivers::Probe::Pci(&f))
+        .map_err(|why| format!("{:04x}:{:04x}: {why}", id.vendor, id.device))?;
     println!(
         "selftest of {spec}: {:04x}:{:04x} matched driver {} (score {})",
-        id.vendor, id.device, p.driver, p.score
+        id.vendor, id.device, p.personality.driver, p.score
     );
     let mut rep = Report { failed: false };
     let Some(mut d) = rep.step("bring-up", || {

@@ -17,6 +17,6 @@ pub mod virtio_blk;
 pub mod virtio_block;
 
 pub use personality::{
-    by_name, match_driver, personalities, start, Attachment, Identity, Personality, StartError,
-    StartOptions, Started,
+    by_name, candidates, personalities, probe_driver, start, Attachment, Identity, Personality,
+    Probe, Probed, StartError, StartOptions, Started,
 };

@@ -61,6 +61,35 @@ pub enum Identity<'a> {
     Virtual(&'a str),
 }
 
+/// The device an active probe examines: read-only looks (configuration space, BAR sizes);
+/// a probe changes nothing on the device.
+#[derive(Debug, Clone, Copy)]
+pub enum Probe<'a> {
+    /// An opened PCI function.
+    Pci(&'a PciFunction),
+    /// A virtual device, by model name.
+    Virtual(&'a str),
+}
+
+impl<'a> Probe<'a> {
+    /// What passive matching sees of it.
+    pub fn identity(&self) -> Identity<'a> {
+        match self {
+            Probe::Pci(f) => Identity::Pci(f.identity()),
+            Probe::Virtual(model) => Identity::Virtual(model),
+        }
+    }
+}
+
+/// The winner of a match: the personality and the score its probe gave.
+#[derive(Debug, Clone, Copy)]
+pub struct Probed {
+    /// The personality.
+    pub personality: &'static Personality,
+    /// Its probe score.
+    pub score: u32,
+}
+
 /// The device a personality's `start` receives.
 #[derive(Debug)]
 pub enum Provider {
@@ -107,10 +136,12 @@ pub struct Personality {
     pub driver: &'static str,
     /// Class of device it publishes.
     pub class: &'static str,
-    /// Probe score: the highest matching score wins.
+    /// Initial probe score, which the active probe may change; the highest score wins.
     pub score: u32,
     /// Passive match on identity.
     pub matches: fn(&Identity<'_>) -> bool,
+    /// Active probe of a passively matched device: its score, or why the driver declines it.
+    pub probe: fn(&Probe<'_>, u32) -> Result<u32, String>,
     /// Brings the driver up on the device.
     pub start: fn(Provider, &StartOptions) -> Result<ClassDriver, StartError>,
 }
@@ -128,6 +159,15 @@ pub struct Started {
 
 fn virtio_blk_matches(id: &Identity<'_>) -> bool {
     matches!(id, Identity::Pci(id) if crate::virtio_blk::matches(id))
+}
+
+fn virtio_blk_probe(dev: &Probe<'_>, initial: u32) -> Result<u32, String> {
+    let Probe::Pci(f) = dev else {
+        return Err("virtio-blk drives PCI functions".into());
+    };
+    let caps = crate::virtio::transport::virtio_caps(f).map_err(|e| e.to_string())?;
+    let bars = f.bar_sizes().map_err(|e| e.to_string())?;
+    crate::virtio_blk::probe_score(&f.identity(), &caps, &bars, initial)
 }
 
 fn virtio_blk_start(p: Provider, o: &StartOptions) -> Result<ClassDriver, StartError> {
@@ -150,6 +190,11 @@ fn null_blk_matches(id: &Identity<'_>) -> bool {
     *id == Identity::Virtual("null-blk")
 }
 
+/// Nothing to examine: a null disk is always what it says.
+fn null_blk_probe(_: &Probe<'_>, initial: u32) -> Result<u32, String> {
+    Ok(initial)
+}
+
 fn null_blk_start(p: Provider, o: &StartOptions) -> Result<ClassDriver, StartError> {
     match p {
         Provider::Null { bytes } => {
@@ -165,6 +210,7 @@ static PERSONALITIES: &[Personality] = &[
         class: "block",
         score: 1000,
         matches: virtio_blk_matches,
+        probe: virtio_blk_probe,
         start: virtio_blk_start,
     },
     Personality {
@@ -172,6 +218,7 @@ static PERSONALITIES: &[Personality] = &[
         class: "block",
         score: 1000,
         matches: null_blk_matches,
+        probe: null_blk_probe,
         start: null_blk_start,
     },
 ];
@@ -181,12 +228,34 @@ pub fn personalities() -> &'static [Personality] {
     PERSONALITIES
 }
 
-/// The best driver for `id`, if any (passive match, then the highest probe score).
-pub fn match_driver(id: &Identity<'_>) -> Option<&'static Personality> {
-    personalities()
-        .iter()
-        .filter(|p| (p.matches)(id))
-        .max_by_key(|p| p.score)
+/// The drivers whose passive match takes `id`.
+pub fn candidates<'a>(id: &'a Identity<'a>) -> impl Iterator<Item = &'static Personality> + 'a {
+    personalities().iter().filter(move |p| (p.matches)(id))
+}
+
+/// The best driver for a device (I/O Kit's matching): every personality whose passive match
+/// takes its identity probes it, and the highest score wins. The error says why none did: no
+/// passive match, or each candidate's reason for declining.
+pub fn probe_driver(dev: &Probe<'_>) -> Result<Probed, String> {
+    let id = dev.identity();
+    let mut best: Option<Probed> = None;
+    let mut declined = Vec::new();
+    for personality in candidates(&id) {
+        match (personality.probe)(dev, personality.score) {
+            Ok(score) if best.is_none_or(|b| score > b.score) => {
+                best = Some(Probed { personality, score })
+            }
+            Ok(_) => {}
+            Err(why) => declined.push(format!("{} declined: {why}", personality.driver)),
+        }
+    }
+    best.ok_or_else(|| {
+        if declined.is_empty() {
+            "no driver matches".to_string()
+        } else {
+            declined.join("; ")
+        }
+    })
 }
 
 /// The personality named `driver`.
@@ -220,33 +289,37 @@ pub fn start(
             DeviceEnv::virtual_device(),
         ),
     };
-    let described = match &provider {
+    let (probe, described) = match &provider {
         Provider::Pci(f) => {
             let id = f.identity();
             (
-                Identity::Pci(id),
+                Probe::Pci(f),
                 format!("{at} ({:04x}:{:04x})", id.vendor, id.device),
             )
         }
-        Provider::Null { .. } => (Identity::Virtual("null-blk"), at.to_string()),
+        Provider::Null { .. } => (Probe::Virtual("null-blk"), at.to_string()),
     };
     let personality = match driver {
         Some(name) => {
             let p = by_name(name)
                 .ok_or_else(|| StartError::NoMatch(format!("no driver named {name:?}")))?;
-            if !(p.matches)(&described.0) {
+            if !(p.matches)(&probe.identity()) {
                 return Err(StartError::NoMatch(format!(
-                    "driver {name} does not match {}",
-                    described.1
+                    "driver {name} does not match {described}"
                 )));
             }
+            (p.probe)(&probe, p.score)
+                .map_err(|why| StartError::Refused(format!("{described}: {name}: {why}")))?;
             p
         }
-        None => match_driver(&described.0)
-            .ok_or_else(|| StartError::NoMatch(format!("no driver matches {}", described.1)))?,
+        None => {
+            probe_driver(&probe)
+                .map_err(|why| StartError::NoMatch(format!("{described}: {why}")))?
+                .personality
+        }
     };
     let driver = (personality.start)(provider, opts).map_err(|e| match e {
-        StartError::Refused(why) => StartError::Refused(format!("{}: {why}", described.1)),
+        StartError::Refused(why) => StartError::Refused(format!("{described}: {why}")),
         e => e,
     })?;
     Ok(Started {
@@ -276,9 +349,13 @@ mod tests {
 
     #[test]
     fn the_null_disk_is_matched_by_null_blk_only() {
-        let p = match_driver(&Identity::Virtual("null-blk")).unwrap();
-        assert_eq!(p.driver, "null-blk");
-        assert!(match_driver(&Identity::Virtual("other")).is_none());
+        let p = probe_driver(&Probe::Virtual("null-blk")).unwrap();
+        assert_eq!(p.personality.driver, "null-blk");
+        assert_eq!(p.score, 1000);
+        assert_eq!(
+            probe_driver(&Probe::Virtual("other")).unwrap_err(),
+            "no driver matches"
+        );
     }
 
     #[test]

@@ -353,3 +353,21 @@ fn memory_its_owner_shrinks_cannot_kill_the_device_model() {
     good.read(0, &mut back).unwrap();
     assert_eq!(&back, b"after");
 }
+
+/// Matching runs the active probe on the real model: the modern virtio-pci structures are
+/// found inside its BARs, and virtio-blk claims it with its full score.
+#[test]
+fn the_probe_of_a_modern_virtio_blk_model_claims_it() {
+    let model = outboard_devices::virtio_blk(
+        Backing::open("mem:1M", None).unwrap(),
+        BlkOptions::default(),
+    )
+    .unwrap();
+    let backend = Arc::new(InProcess::new(Box::new(model)));
+    let func = PciFunction::with_backend("in-process".into(), backend).unwrap();
+    let p = outboard_drivers::probe_driver(&outboard_drivers::Probe::Pci(&func)).unwrap();
+    assert_eq!(p.personality.driver, "virtio-blk");
+    assert_eq!(p.score, 1000);
+    // The probe only looked: the driver still brings the device up.
+    VirtioBlk::new(func, BlkDriverOptions::default()).unwrap();
+}

@@ -18,7 +18,7 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use outboard_drivers::Identity;
+use outboard_drivers::{Probe, Probed};
 use outboard_env::WorkLoop;
 use outboard_hw::{DeviceSpec, IrqKind, PciFunction};
 use outboard_session::control;
@@ -166,17 +166,19 @@ impl Manager {
         let mut virtual_bus = Node::new("bus", "virtual");
         let devices = self.machine.devices.clone();
         for d in devices.iter().filter(|d| d.model == "null-blk") {
-            let personality = outboard_drivers::match_driver(&Identity::Virtual(&d.model))
-                .ok_or_else(|| ManagerError::NoDriver {
-                    device: d.name.clone(),
-                    what: format!("model {}", d.model),
+            let Probed { personality, score } =
+                outboard_drivers::probe_driver(&Probe::Virtual(&d.model)).map_err(|why| {
+                    ManagerError::NoDriver {
+                        device: d.name.clone(),
+                        what: format!("model {}: {why}", d.model),
+                    }
                 })?;
             virtual_bus.children.push(
                 Node::new("device", &format!("{}@virtual", d.name))
                     .with("model", "null-blk")
                     .child(
                         Node::new("driver", personality.driver)
-                            .with("probe-score", personality.score)
+                            .with("probe-score", score)
                             .with("placement", "separate")
                             .with("state", "starting")
                             .child(Node::new("block-device", &d.name)),
@@ -263,16 +265,14 @@ impl Manager {
                 })
                 .collect();
             node.set("irqs", irqs.join(", "));
-            let personality =
-                outboard_drivers::match_driver(&Identity::Pci(id)).ok_or_else(|| {
-                    ManagerError::NoDriver {
-                        device: d.name.clone(),
-                        what: format!("{:04x}:{:04x}", id.vendor, id.device),
-                    }
+            let Probed { personality, score } = outboard_drivers::probe_driver(&Probe::Pci(&f))
+                .map_err(|why| ManagerError::NoDriver {
+                    device: d.name.clone(),
+                    what: format!("{:04x}:{:04x}: {why}", id.vendor, id.device),
                 })?;
             drop(f);
             let driver = Node::new("driver", personality.driver)
-                .with("probe-score", personality.score)
+                .with("probe-score", score)
                 .with(
                     "placement",
                     match d.placement {

@@ -17,6 +17,10 @@ ldd /bin/busybox 2>&1 | grep -q "not a dynamic executable" || need_apt+=(busybox
 command -v cpio >/dev/null || need_apt+=(cpio)
 command -v xz >/dev/null || need_apt+=(xz-utils)
 command -v strip >/dev/null || need_apt+=(binutils)
+# The NBD export's peers: libnbd's nbdinfo and nbdcopy, QEMU's qemu-img and qemu-io (fio's
+# nbd engine comes with Debian's fio).
+command -v nbdcopy >/dev/null || need_apt+=(libnbd-bin)
+command -v qemu-io >/dev/null || need_apt+=(qemu-utils)
 if [ ${#need_apt[@]} -gt 0 ]; then
     if [ "$(id -u)" = 0 ]; then
         export DEBIAN_FRONTEND=noninteractive

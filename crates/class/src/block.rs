@@ -195,6 +195,10 @@ pub struct BlockInfo {
     pub read_only: bool,
     /// Requests the driver keeps in flight.
     pub queue_depth: u32,
+    /// Largest transfer of one request, in bytes (whole blocks); 0: no limit but the buffer
+    /// area's.
+    #[serde(default)]
+    pub max_transfer: u32,
 }
 
 impl BlockInfo {
@@ -249,6 +253,12 @@ pub fn validate(r: &BlockRequest, info: &BlockInfo, buffer_size: u64) -> Result<
     }
     if r.op.has_data() {
         let len = r.blocks as u64 * info.block_size as u64;
+        if info.max_transfer != 0 && len > info.max_transfer as u64 {
+            return Err(BlockError::Invalid(format!(
+                "{len} bytes in one request: the device takes at most {}",
+                info.max_transfer
+            )));
+        }
         if r.buf_offset
             .checked_add(len)
             .is_none_or(|e| e > buffer_size)
@@ -257,6 +267,23 @@ pub fn validate(r: &BlockRequest, info: &BlockInfo, buffer_size: u64) -> Result<
         }
     }
     Ok(())
+}
+
+/// Whether `fd` is readable (or hung up) within `timeout`.
+pub fn readable(fd: std::os::fd::BorrowedFd<'_>, timeout: Duration) -> Result<bool, BlockError> {
+    let ts = rustix::time::Timespec {
+        tv_sec: timeout.as_secs() as _,
+        tv_nsec: timeout.subsec_nanos() as _,
+    };
+    let mut p = [rustix::event::PollFd::new(
+        &fd,
+        rustix::event::PollFlags::IN,
+    )];
+    match rustix::event::poll(&mut p, Some(&ts)) {
+        Ok(n) => Ok(n > 0),
+        Err(rustix::io::Errno::INTR) => Ok(false),
+        Err(e) => Err(BlockError::Protocol(format!("poll: {e}"))),
+    }
 }
 
 /// Bytes per submission entry.
@@ -408,6 +435,41 @@ pub trait BlockDevice {
     /// Requests submitted and not yet completed.
     fn in_flight(&self) -> usize;
 
+    /// Waits until completions arrive (appended to `out`), `also` becomes readable, or
+    /// `timeout` passes — for a client that serves a socket and a device from one thread.
+    /// Returns whether `also` is readable. This default looks at `also` between waits of at
+    /// most a millisecond; a client with its own doorbell waits on both at once.
+    fn wait_or_readable(
+        &mut self,
+        out: &mut Vec<BlockCompletion>,
+        timeout: Duration,
+        also: std::os::fd::BorrowedFd<'_>,
+    ) -> Result<bool, BlockError> {
+        let deadline = std::time::Instant::now() + timeout;
+        loop {
+            let now = std::time::Instant::now();
+            let slice = if self.in_flight() == 0 {
+                deadline.saturating_duration_since(now)
+            } else {
+                Duration::ZERO
+            };
+            if readable(also, slice)? {
+                return Ok(true);
+            }
+            if self.in_flight() == 0 || now >= deadline {
+                return Ok(false);
+            }
+            let step = deadline
+                .saturating_duration_since(now)
+                .min(Duration::from_millis(1));
+            match self.wait(out, step) {
+                Ok(0) | Err(BlockError::Timeout) => {}
+                Ok(_) => return Ok(false),
+                Err(e) => return Err(e),
+            }
+        }
+    }
+
     /// Runs one request to completion (needs nothing else in flight).
     ///
     /// A synchronous call that failed (timed out, device gone) may leave its request in
@@ -519,7 +581,11 @@ fn chunking(
             "{len} bytes is not whole {bs}-byte blocks"
         )));
     }
-    let chunk = (buffers.len() / bs * bs).min(1 << 20);
+    let limit = match info.max_transfer {
+        0 => usize::MAX,
+        m => m as usize,
+    };
+    let chunk = (buffers.len() / bs * bs).min(limit).min(1 << 20);
     if chunk == 0 {
         return Err(BlockError::BadBuffer);
     }
@@ -549,6 +615,7 @@ mod tests {
             block_size: 512,
             read_only: false,
             queue_depth: 64,
+            max_transfer: 0,
         }
     }
 

@@ -3,6 +3,7 @@
 mod blk;
 mod blkbench;
 mod device;
+mod export;
 mod hw;
 mod latency;
 mod up;
@@ -39,6 +40,9 @@ enum Command {
     /// Use a block device by name: info, read, write.
     #[command(subcommand)]
     Blk(blk::BlkCommand),
+    /// Serve a machine's block devices to ordinary tools (NBD).
+    #[command(subcommand)]
+    Export(export::ExportCommand),
     /// Inject faults into a running device's model: bad hardware on demand, to see what its
     /// driver and clients do.
     ///
@@ -158,6 +162,7 @@ fn main() -> ExitCode {
         Command::Ls(a) => up::ls(a, control),
         Command::Blk(c) => blk::run(c, control),
         Command::Fault(a) => fault(a, control),
+        Command::Export(c) => export::run(c, control),
         Command::DriverHost(a) => up::driver_host(a),
         Command::Bench(a) => bench(a),
         Command::BenchPeer { args } => {

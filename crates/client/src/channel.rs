@@ -2,7 +2,7 @@
 //! doorbells, and the wait logic (adaptive spin, announce sleep, re-check, block on the doorbell or notice the
 //! server is gone), written once for every class client.
 
-use std::os::fd::{AsFd, OwnedFd};
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::path::Path;
 use std::time::{Duration, Instant};
 
@@ -237,9 +237,18 @@ impl Channel {
     /// between the check and the announcement is not missed), and blocks on the doorbell and
     /// the control socket together — the latter wakes it when the server is gone.
     pub fn wait(&mut self, deadline: Instant) -> Result<(), ChannelError> {
+        self.wait_or(deadline, None).map(|_| ())
+    }
+
+    /// As [`Channel::wait`], but also wakes when `also` becomes readable; true if it did.
+    pub fn wait_or(
+        &mut self,
+        deadline: Instant,
+        also: Option<BorrowedFd<'_>>,
+    ) -> Result<bool, ChannelError> {
         loop {
             if self.completions_waiting()? {
-                return Ok(());
+                return Ok(false);
             }
             if self.gone {
                 return Err(ChannelError::Gone);
@@ -248,7 +257,7 @@ impl Channel {
                 let until = Instant::now() + spin;
                 while Instant::now() < until {
                     if self.completions_waiting()? {
-                        return Ok(());
+                        return Ok(false);
                     }
                     std::hint::spin_loop();
                 }
@@ -257,31 +266,41 @@ impl Channel {
             announce_sleep(flag);
             if self.completions_waiting()? {
                 cancel_sleep(flag);
-                return Ok(());
+                return Ok(false);
             }
             let now = Instant::now();
             if now >= deadline {
                 cancel_sleep(flag);
                 return Err(ChannelError::Timeout);
             }
-            let r = self.block(deadline - now);
+            let r = self.block(deadline - now, also);
             cancel_sleep(self.region.client_sleeping());
-            r?;
+            if r? {
+                return Ok(true);
+            }
         }
     }
 
-    /// Blocks on the doorbell or the control socket; the latter means the server is gone.
-    fn block(&mut self, timeout: Duration) -> Result<(), ChannelError> {
+    /// Blocks on the doorbell, the control socket (readable: the server is gone) and `also`;
+    /// true if `also` is readable.
+    fn block(
+        &mut self,
+        timeout: Duration,
+        also: Option<BorrowedFd<'_>>,
+    ) -> Result<bool, ChannelError> {
         let ts = rustix::time::Timespec {
             tv_sec: timeout.as_secs() as _,
             tv_nsec: timeout.subsec_nanos() as _,
         };
         let bell = self.client_bell.fd();
+        let extra = also.unwrap_or(bell);
         let mut p = [
             PollFd::new(&bell, PollFlags::IN),
             PollFd::new(&self.sock, PollFlags::IN),
+            PollFd::new(&extra, PollFlags::IN),
         ];
-        match rustix::event::poll(&mut p, Some(&ts)) {
+        let watched = if also.is_some() { 3 } else { 2 };
+        match rustix::event::poll(&mut p[..watched], Some(&ts)) {
             Ok(_) | Err(rustix::io::Errno::INTR) => {}
             Err(e) => return Err(ChannelError::Protocol(format!("poll: {e}"))),
         }
@@ -289,7 +308,8 @@ impl Channel {
             self.gone = true;
             return Err(ChannelError::Gone);
         }
+        let also_ready = watched == 3 && !p[2].revents().is_empty();
         self.client_bell.drain();
-        Ok(())
+        Ok(also_ready)
     }
 }

@@ -21,5 +21,5 @@ pub mod session;
 pub use buffers::{Buffer, BufferPool};
 pub use channel::{Channel, ChannelError};
 pub use colocated::Colocated;
-pub use manager::open_block;
+pub use manager::{open_block, open_block_with};
 pub use session::{reply_error, BlockClient, SessionOptions, WaitMode};

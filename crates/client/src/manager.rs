@@ -75,25 +75,37 @@ pub fn faults_socket(control_path: &Path, name: &str) -> Result<std::path::PathB
 /// Opens block device `name` wherever the machine places its driver: a session with its
 /// driver server, or the driver linked into this process.
 pub fn open_block(control_path: &Path, name: &str) -> Result<Box<dyn BlockDevice>, BlockError> {
+    open_block_with(control_path, name, SessionOptions::default()).map(|(d, _)| d)
+}
+
+/// As [`open_block`], with the session's depth and buffer area chosen; also says where the
+/// driver runs (a colocated driver serves one client at a time).
+pub fn open_block_with(
+    control_path: &Path,
+    name: &str,
+    opts: SessionOptions,
+) -> Result<(Box<dyn BlockDevice>, Placement), BlockError> {
     match ask(control_path, &Request::Open { name: name.into() })? {
         Reply::Open {
             placement: Placement::Separate,
             server: Some(server),
             ..
-        } => Ok(Box::new(BlockClient::open(
-            &server,
-            name,
-            SessionOptions::default(),
-        )?)),
+        } => Ok((
+            Box::new(BlockClient::open(&server, name, opts)?),
+            Placement::Separate,
+        )),
         Reply::Open {
             placement: Placement::Colocated,
             device: Some(device),
             ..
-        } => Ok(Box::new(Colocated::open(
-            name,
-            &Attachment::Pci(DeviceSpec::VfioUser(device)),
-            4 << 20,
-        )?)),
+        } => Ok((
+            Box::new(Colocated::open(
+                name,
+                &Attachment::Pci(DeviceSpec::VfioUser(device)),
+                opts.buffer_size as usize,
+            )?),
+            Placement::Colocated,
+        )),
         Reply::Error { code, message } => Err(reply_error(&code, message)),
         other => Err(BlockError::Protocol(format!("unexpected reply {other:?}"))),
     }

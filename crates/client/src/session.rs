@@ -193,4 +193,27 @@ impl BlockDevice for BlockClient {
     fn in_flight(&self) -> usize {
         self.in_flight
     }
+
+    fn wait_or_readable(
+        &mut self,
+        out: &mut Vec<BlockCompletion>,
+        timeout: Duration,
+        also: std::os::fd::BorrowedFd<'_>,
+    ) -> Result<bool, BlockError> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            if self.poll(out)? > 0 {
+                return Ok(false);
+            }
+            if self.in_flight == 0 {
+                return outboard_class::block::readable(also, timeout);
+            }
+            match self.channel.wait_or(deadline, Some(also)) {
+                Ok(true) => return Ok(true),
+                Ok(false) => {}
+                Err(ChannelError::Timeout) => return Ok(false),
+                Err(e) => return Err(channel_err(e)),
+            }
+        }
+    }
 }

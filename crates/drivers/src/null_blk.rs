@@ -26,6 +26,7 @@ impl NullBlock {
                 block_size: 512,
                 read_only: false,
                 queue_depth: 256,
+                max_transfer: 0,
             },
             done: VecDeque::new(),
         }

@@ -228,6 +228,19 @@ pub struct BlkInfo {
     pub features: u64,
     /// Interrupt mode used.
     pub msix: bool,
+    /// Largest data segment the device takes (SIZE_MAX; 4 GiB - 1 when it sets no limit).
+    pub size_max: u32,
+    /// Most data segments in one request: the device's SEG_MAX, at most what one indirect
+    /// table holds.
+    pub segments: u32,
+}
+
+impl BlkInfo {
+    /// The largest data transfer of one request, in bytes, in whole blocks.
+    pub fn max_transfer(&self) -> u32 {
+        let max = (self.size_max as u64 * self.segments as u64).min(u32::MAX as u64) as u32;
+        max / self.block_size * self.block_size
+    }
 }
 
 struct InFlight {
@@ -485,6 +498,8 @@ impl VirtioBlk {
             queue_size: queues[0].vq.size(),
             features,
             msix,
+            size_max,
+            segments: seg_max.min(MAX_SEGMENTS as u32),
         };
         Ok(Self {
             func,

@@ -7,7 +7,7 @@ use std::os::fd::BorrowedFd;
 use outboard_class::{BlockDriver, BlockError, BlockInfo, BlockOp, BlockRequest};
 use outboard_env::{DeviceEvent, Driver, Failure};
 
-use crate::virtio_blk::{BlkCompletion, BlkError, BlkOp, BlkRequestRef, VirtioBlk};
+use crate::virtio_blk::{BlkCompletion, BlkError, BlkOp, BlkRequestRef, VirtioBlk, MAX_SEGMENTS};
 
 /// A block device published from a virtio-blk driver instance, its requests spread over the
 /// device's queues.
@@ -47,6 +47,30 @@ pub fn class_error(e: BlkError) -> BlockError {
 }
 
 impl VirtioBlock {
+    /// Cuts `bytes` at device address `at` into segments no longer than the device's
+    /// SIZE_MAX, in `out`; refuses a transfer that needs more segments than it takes.
+    fn segments<'s>(
+        &self,
+        at: u64,
+        bytes: u64,
+        out: &'s mut [(u64, u32); MAX_SEGMENTS],
+    ) -> Result<&'s [(u64, u32)], BlockError> {
+        let d = self.driver.info();
+        let max = d.size_max as u64;
+        let n = bytes.div_ceil(max) as usize;
+        if bytes == 0 || n > d.segments as usize {
+            return Err(BlockError::Invalid(format!(
+                "{bytes} bytes in one request: the device takes at most {}",
+                d.max_transfer()
+            )));
+        }
+        for (i, seg) in out[..n].iter_mut().enumerate() {
+            let off = i as u64 * max;
+            *seg = (at + off, (bytes - off).min(max) as u32);
+        }
+        Ok(&out[..n])
+    }
+
     /// Wraps a driver instance.
     pub fn new(name: &str, driver: VirtioBlk) -> Self {
         let d = driver.info();
@@ -56,6 +80,7 @@ impl VirtioBlock {
             block_size: d.block_size,
             read_only: d.read_only,
             queue_depth: d.queue_size as u32 * d.queues.max(1) as u32,
+            max_transfer: d.max_transfer(),
         };
         Self {
             sectors_per_block: d.block_size as u64 / 512,
@@ -163,11 +188,17 @@ impl BlockDriver for VirtioBlock {
             u32::try_from(r.blocks as u64 * self.sectors_per_block)
                 .map_err(|_| BlockError::OutOfRange)
         };
-        // The one data buffer lives on the stack: nothing is allocated per request.
-        let data = [(iova_base + r.buf_offset, bytes as u32)];
+        // The data buffer, cut into segments the device takes, lives on the stack: nothing is
+        // allocated per request.
+        let mut segments = [(0u64, 0u32); MAX_SEGMENTS];
+        let data = if r.op.has_data() {
+            self.segments(iova_base + r.buf_offset, bytes, &mut segments)?
+        } else {
+            &[]
+        };
         let (op, bufs): (BlkOp, &[(u64, u32)]) = match r.op {
-            BlockOp::Read => (BlkOp::Read, &data),
-            BlockOp::Write => (BlkOp::Write, &data),
+            BlockOp::Read => (BlkOp::Read, data),
+            BlockOp::Write => (BlkOp::Write, data),
             BlockOp::Flush => (BlkOp::Flush, &[]),
             BlockOp::Discard => (
                 BlkOp::Discard {

@@ -8,6 +8,7 @@
 //! | [`session_ring`] | ring indices and entries in shared memory | a session's client |
 //! | [`control_message`] | control-channel messages, fault-socket messages | clients of servers, the manager and device models |
 //! | [`machine_description`] | a machine description (TOML) | the user |
+//! | [`nbd_stream`] | an NBD client's whole stream: negotiation, then requests and payloads | any NBD client |
 //!
 //! `cargo fuzz run <target>` (in `fuzz/`) explores; `fuzz/corpus/<target>/` keeps what it
 //! found, and `tests/corpus.rs` replays that corpus on stable in every test run.
@@ -34,6 +35,7 @@ pub const TARGETS: &[(&str, Target)] = &[
     ("session_ring", session_ring),
     ("control_message", control_message),
     ("machine_description", machine_description),
+    ("nbd_stream", nbd_stream),
 ];
 
 fn stream_pair() -> (OwnedFd, OwnedFd) {
@@ -160,6 +162,7 @@ pub fn session_ring(data: &[u8]) {
         block_size: 512,
         read_only: false,
         queue_depth: 8,
+        max_transfer: 0,
     };
     let mut sq = region.consumers(Direction::ToServer).remove(0);
     let mut cq = region.producers(Direction::ToClient).remove(0);
@@ -236,6 +239,51 @@ pub fn machine_description(data: &[u8]) {
     if let Ok(text) = std::str::from_utf8(data) {
         let _ = outboard_manager::config::Machine::parse(text, "fuzz.toml");
     }
+}
+
+/// An NBD client's whole stream, sent to the export's negotiation and then its transmission
+/// phase over a null disk; the export must answer, refuse or hang up — never panic or hang.
+pub fn nbd_stream(data: &[u8]) {
+    use std::os::unix::net::UnixStream;
+    let (a, b) = stream_pair();
+    let (mut client, server) = (UnixStream::from(a), UnixStream::from(b));
+    let export = outboard_nbd::Export {
+        name: "fuzz".into(),
+        description: String::new(),
+        size: 1 << 20,
+        block_size: 512,
+        max_payload: 64 << 10,
+        read_only: false,
+        multi_conn: false,
+    };
+    let serve = std::thread::spawn(move || {
+        let mut s = server;
+        let exports = [export];
+        if let Ok(outboard_nbd::Outcome::Go { export, structured }) =
+            outboard_nbd::negotiate(&mut s, &exports)
+        {
+            let driver = outboard_drivers::null_blk::NullBlock::new("fuzz", 1 << 20);
+            let env = outboard_env::DeviceEnv::virtual_device();
+            if let Ok(mut dev) =
+                outboard_client::Colocated::with_driver(Box::new(driver), &env, 256 << 10)
+            {
+                let _ =
+                    outboard_nbd::transmit::Conn::new(s, &mut dev, &exports[export], structured)
+                        .run();
+            }
+        }
+    });
+    // The export's answers are drained meanwhile, so it never waits on a full socket.
+    let mut reader = client.try_clone().expect("clone");
+    let drain = std::thread::spawn(move || {
+        let mut sink = [0u8; 64 << 10];
+        while matches!(std::io::Read::read(&mut reader, &mut sink), Ok(n) if n > 0) {}
+    });
+    let _ = client.write_all(data);
+    let _ = client.shutdown(std::net::Shutdown::Write);
+    serve.join().expect("the export panicked");
+    let _ = client.shutdown(std::net::Shutdown::Both);
+    drain.join().expect("drain");
 }
 
 /// A temporary directory without a dependency for it (the fuzz build links only this crate).

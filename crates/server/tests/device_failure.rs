@@ -30,6 +30,7 @@ impl Broken {
                 block_size: 512,
                 read_only: false,
                 queue_depth: 8,
+                max_transfer: 0,
             },
             dead,
             in_flight: 0,

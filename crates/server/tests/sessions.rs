@@ -381,3 +381,50 @@ fn a_driver_server_spreads_sessions_over_a_devices_queues() {
     stop.store(true, std::sync::atomic::Ordering::Relaxed);
     t.join().unwrap().unwrap();
 }
+
+/// Defect found by QEMU's `qemu-img` through the NBD export: a request longer than the
+/// device's largest segment (virtio-blk SIZE_MAX, 1 MiB for the emulated disk) went to the
+/// device as one descriptor, and the driver refused it. The driver now cuts it into segments;
+/// the device's largest transfer is in the status, and a longer request is refused up front.
+#[test]
+fn a_request_longer_than_the_devices_largest_segment_is_cut_into_segments() {
+    let dir = tempfile::tempdir().unwrap();
+    let srv = common::Served::start(dir.path(), SIZE);
+    let opts = SessionOptions {
+        buffer_size: 64 << 20,
+        ..Default::default()
+    };
+    let mut d = BlockClient::open(&srv.sock, "disk0", opts).unwrap();
+    let max = d.info().max_transfer;
+    assert!(max >= 3 << 20, "largest transfer {max}");
+    let len = 3 << 20;
+    let data = pattern(77, len);
+    d.buffers().write(0, &data).unwrap();
+    let bs = d.info().block_size as u64;
+    let req = |op, tag| BlockRequest {
+        op,
+        lba: 8,
+        blocks: (len as u64 / bs) as u32,
+        buf_offset: 0,
+        tag,
+    };
+    assert_eq!(d.execute(&req(BlockOp::Write, 1)), Ok(len as u32));
+    d.buffers().fill(0, len, 0).unwrap();
+    assert_eq!(d.execute(&req(BlockOp::Read, 2)), Ok(len as u32));
+    let mut back = vec![0u8; len];
+    d.buffers().read(0, &mut back).unwrap();
+    assert!(back == data, "a segmented transfer came back different");
+    // One block past the largest transfer is refused before it leaves the client.
+    let mut info = d.info().clone();
+    info.capacity = u64::MAX / 2;
+    let mut too_long = req(BlockOp::Read, 3);
+    too_long.blocks = (max as u64 / bs) as u32 + 1;
+    assert!(matches!(
+        outboard_class::block::validate(&too_long, &info, u64::MAX),
+        Err(BlockError::Invalid(_))
+    ));
+    too_long.blocks -= 1;
+    assert!(outboard_class::block::validate(&too_long, &info, u64::MAX).is_ok());
+    drop(d);
+    srv.stop();
+}

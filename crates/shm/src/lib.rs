@@ -348,6 +348,55 @@ impl SharedMem {
         self.intact()
     }
 
+    /// Reads from `fd` straight into `[offset, offset + len)` of the mapping — one `read(2)`,
+    /// no copy in user space (a socket's payload lands in a device-visible buffer). Returns the
+    /// bytes read; 0 means end of file. `EINTR` is retried.
+    pub fn fill_from_fd(&self, fd: BorrowedFd<'_>, offset: u64, len: usize) -> Result<usize> {
+        let start = self.check_write(offset, len)?;
+        // SAFETY: the range is bounds-checked against the live, writable mapping. The slice is
+        // of `MaybeUninit<u8>`, valid for any content, and only the kernel writes through it
+        // (read(2) copies into it); a peer writing the same bytes concurrently races only with
+        // that copy, as with `write` above, and the caller hands over only buffers no request
+        // in flight is using.
+        let buf = unsafe {
+            std::slice::from_raw_parts_mut(
+                self.ptr
+                    .as_ptr()
+                    .add(start)
+                    .cast::<std::mem::MaybeUninit<u8>>(),
+                len,
+            )
+        };
+        let n = loop {
+            match rustix::io::read(fd, &mut *buf) {
+                Ok((init, _)) => break init.len(),
+                Err(rustix::io::Errno::INTR) => continue,
+                Err(errno) => return Err(ShmError::Os { op: "read", errno }),
+            }
+        };
+        self.intact()?;
+        Ok(n)
+    }
+
+    /// Writes `[offset, offset + len)` of the mapping to `fd` — one `write(2)`, no copy in user
+    /// space. Returns the bytes written. `EINTR` is retried.
+    pub fn drain_to_fd(&self, fd: BorrowedFd<'_>, offset: u64, len: usize) -> Result<usize> {
+        let start = self.check(offset, len)?;
+        // SAFETY: bounds-checked live mapping; only the kernel reads through the slice
+        // (write(2) copies out of it). Bytes a peer changes meanwhile are sent as they are,
+        // which is the same contract as `read` above for plain bytes.
+        let buf = unsafe { std::slice::from_raw_parts(self.ptr.as_ptr().add(start), len) };
+        let n = loop {
+            match rustix::io::write(fd, buf) {
+                Ok(n) => break n,
+                Err(rustix::io::Errno::INTR) => continue,
+                Err(errno) => return Err(ShmError::Os { op: "write", errno }),
+            }
+        };
+        self.intact()?;
+        Ok(n)
+    }
+
     /// Fills `len` bytes at `offset` with `byte`.
     pub fn fill(&self, offset: u64, len: usize, byte: u8) -> Result<()> {
         let start = self.check_write(offset, len)?;

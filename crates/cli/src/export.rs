@@ -1,0 +1,104 @@
+//! `outboard export`: a machine's block devices for ordinary tools, over NBD.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::sync::atomic::AtomicBool;
+use std::sync::Arc;
+
+use clap::Subcommand;
+use outboard_client::api::Placement;
+use outboard_client::SessionOptions;
+use outboard_nbd::{ExportSpec, Listen, NbdServer, Opener};
+
+/// `outboard export …`.
+#[derive(Subcommand)]
+pub enum ExportCommand {
+    /// Serve block devices to NBD clients (qemu, nbdcopy, nbdinfo, fio, the kernel) until
+    /// Ctrl-C.
+    ///
+    /// Fixed newstyle negotiation with NBD_OPT_GO/INFO/LIST/ABORT/EXPORT_NAME, structured
+    /// replies, the device's block size in NBD_INFO_BLOCK_SIZE; read, write, flush, FUA, trim,
+    /// write-zeroes, cache. Each connection gets its own session with the device.
+    ///
+    /// Examples:
+    ///   outboard export nbd disk0 --socket /tmp/disk0.nbd
+    ///   nbdinfo 'nbd+unix:///disk0?socket=/tmp/disk0.nbd'
+    ///   outboard export nbd disk0 disk1 --listen 127.0.0.1:10809
+    #[command(verbatim_doc_comment)]
+    Nbd(NbdArgs),
+}
+
+/// `outboard export nbd`.
+#[derive(clap::Args)]
+pub struct NbdArgs {
+    /// Block devices to export, each under its own name (the first is also the default
+    /// export, "").
+    #[arg(required = true, value_name = "DEVICE")]
+    devices: Vec<String>,
+    /// Listen on a UNIX socket at PATH [default: nbd.sock in the runtime directory].
+    #[arg(long, value_name = "PATH", conflicts_with = "listen")]
+    socket: Option<PathBuf>,
+    /// Listen on TCP, e.g. 127.0.0.1:10809 (NBD's port). No TLS yet: keep it on trusted
+    /// networks.
+    #[arg(long, value_name = "ADDR:PORT")]
+    listen: Option<SocketAddr>,
+    /// The export's name, when exporting one device [default: the device's name].
+    #[arg(long)]
+    name: Option<String>,
+    /// Refuse writes (and trims, write-zeroes) from clients.
+    #[arg(long)]
+    read_only: bool,
+}
+
+/// Runs an export command.
+pub fn run(c: ExportCommand, control: PathBuf) -> Result<ExitCode, String> {
+    let ExportCommand::Nbd(a) = c;
+    if a.name.is_some() && a.devices.len() > 1 {
+        return Err("--name names one export: give one device, or let each keep its name".into());
+    }
+    let specs: Vec<ExportSpec> = a
+        .devices
+        .iter()
+        .map(|d| ExportSpec {
+            name: a.name.clone().unwrap_or_else(|| d.clone()),
+            device: d.clone(),
+            read_only: a.read_only,
+        })
+        .collect();
+    let listen = match (&a.socket, a.listen) {
+        (_, Some(addr)) => Listen::Tcp(addr),
+        (Some(p), None) => Listen::Unix(p.clone()),
+        (None, None) => {
+            Listen::Unix(outboard_client::manager::default_runtime_dir().join("nbd.sock"))
+        }
+    };
+    let open: Opener = Arc::new(move |device: &str| {
+        let opts = SessionOptions {
+            buffer_size: outboard_nbd::server::SESSION_BUFFERS,
+            ..Default::default()
+        };
+        let (d, placement) = outboard_client::open_block_with(&control, device, opts)?;
+        Ok((d, placement == Placement::Separate))
+    });
+    let server = NbdServer::bind(&listen, &specs, open).map_err(|e| e.to_string())?;
+    for e in server.exports() {
+        let uri = match &listen {
+            Listen::Unix(p) => format!("nbd+unix:///{}?socket={}", e.name, p.display()),
+            Listen::Tcp(addr) => format!("nbd://{addr}/{}", e.name),
+        };
+        println!(
+            "exporting {} ({} bytes, {}-byte blocks{}) at {uri}",
+            e.name,
+            e.size,
+            e.block_size,
+            if e.read_only { ", read-only" } else { "" }
+        );
+    }
+    let stop = Arc::new(AtomicBool::new(false));
+    for sig in [signal_hook::consts::SIGTERM, signal_hook::consts::SIGINT] {
+        signal_hook::flag::register(sig, stop.clone()).map_err(|e| e.to_string())?;
+    }
+    server.run(&stop).map_err(|e| e.to_string())?;
+    Ok(ExitCode::SUCCESS)
+}

@@ -1,0 +1,455 @@
+//! The NBD export against independent NBD clients — libnbd's `nbdinfo` and `nbdcopy`, QEMU's
+//! `qemu-img` and `qemu-io`, fio's `nbd` engine — and against hostile ones, on a machine
+//! brought up with `outboard up`.
+
+mod common;
+
+use std::io::{Read, Write};
+use std::os::unix::net::UnixStream;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use common::{Up, EXE};
+
+/// A 256 MiB disk in a driver server of its own.
+const MACHINE: &str = r#"
+name = "nbd"
+[[device]]
+name = "disk0"
+model = "virtio-blk"
+backing = "mem:256M"
+placement = "separate"
+"#;
+
+const SIZE: u64 = 256 << 20;
+
+/// `outboard export nbd` running against a machine; killed on drop.
+struct Export {
+    child: Child,
+    socket: PathBuf,
+}
+
+impl Export {
+    fn start(up: &Up, extra: &[&str]) -> Self {
+        let socket = up.dir.join("disk0.nbd");
+        let child = Command::new(EXE)
+            .args(["export", "nbd", "disk0", "--socket"])
+            .arg(&socket)
+            .args(extra)
+            .env("OUTBOARD_CONTROL", &up.control)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("spawn outboard export");
+        assert!(
+            common::eventually(Duration::from_secs(20), || outboard_sys::is_live(&socket)),
+            "the export did not start listening"
+        );
+        Self { child, socket }
+    }
+
+    fn uri(&self) -> String {
+        format!("nbd+unix:///disk0?socket={}", self.socket.display())
+    }
+}
+
+impl Drop for Export {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn tool(cmd: &str, args: &[&str]) -> Output {
+    let o = Command::new(cmd)
+        .args(args)
+        .stdin(Stdio::null())
+        .output()
+        .unwrap_or_else(|e| panic!("{cmd}: {e} (is it installed? test.sh installs it)"));
+    assert!(
+        o.status.success(),
+        "{cmd} {args:?}: {}\n{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    );
+    o
+}
+
+fn random_image(path: &Path, len: u64, seed: u64) {
+    let mut f = std::fs::File::create(path).unwrap();
+    let chunk = 1 << 20;
+    for i in 0..len / chunk {
+        f.write_all(&common::pattern(seed + i, chunk as usize))
+            .unwrap();
+    }
+}
+
+#[test]
+fn nbdinfo_lists_the_export_with_its_size_block_sizes_and_abilities() {
+    let dir = tempfile::tempdir().unwrap();
+    let up = Up::start(dir.path(), Some(MACHINE));
+    let ex = Export::start(&up, &[]);
+    let o = tool("nbdinfo", &["--json", &ex.uri()]);
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    let e = &v["exports"][0];
+    assert_eq!(e["export-name"], "disk0", "{v}");
+    assert_eq!(e["export-size"], SIZE, "{v}");
+    assert_eq!(e["block_size_minimum"], 512, "{v}");
+    assert_eq!(e["block_size_preferred"], 4096, "{v}");
+    assert_eq!(e["block_size_maximum"], 4 << 20, "{v}");
+    for yes in [
+        "can_flush",
+        "can_fua",
+        "can_trim",
+        "can_zero",
+        "can_multi_conn",
+        "can_cache",
+    ] {
+        assert_eq!(e[yes], true, "{yes}: {v}");
+    }
+    assert_eq!(e["is_read_only"], false, "{v}");
+    // The list names it; a read-only export says so.
+    let list = tool("nbdinfo", &["--list", "--json", &ex.uri()]);
+    let v: serde_json::Value = serde_json::from_slice(&list.stdout).unwrap();
+    assert_eq!(v["exports"][0]["export-name"], "disk0", "{v}");
+    drop(ex);
+    let ro = Export::start(&up, &["--read-only"]);
+    let o = tool("nbdinfo", &["--json", &ro.uri()]);
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(v["exports"][0]["is_read_only"], true, "{v}");
+}
+
+#[test]
+fn nbdcopy_moves_a_random_image_in_and_out_byte_identical_and_qemu_img_agrees() {
+    let dir = tempfile::tempdir().unwrap();
+    let up = Up::start(dir.path(), Some(MACHINE));
+    let ex = Export::start(&up, &[]);
+    let src = dir.path().join("in.img");
+    let back = dir.path().join("out.img");
+    random_image(&src, SIZE, 7);
+    tool("nbdcopy", &[src.to_str().unwrap(), &ex.uri()]);
+    tool("nbdcopy", &[&ex.uri(), back.to_str().unwrap()]);
+    let (a, b) = (std::fs::read(&src).unwrap(), std::fs::read(&back).unwrap());
+    assert_eq!(a.len(), b.len());
+    assert!(a == b, "the image came back different");
+    tool(
+        "qemu-img",
+        &[
+            "compare",
+            "-f",
+            "raw",
+            "-F",
+            "raw",
+            src.to_str().unwrap(),
+            &ex.uri(),
+        ],
+    );
+}
+
+#[test]
+fn qemu_io_reads_writes_discards_and_writes_zeroes() {
+    let dir = tempfile::tempdir().unwrap();
+    let up = Up::start(dir.path(), Some(MACHINE));
+    let ex = Export::start(&up, &[]);
+    let o = tool(
+        "qemu-io",
+        &[
+            "-f",
+            "raw",
+            &ex.uri(),
+            "-c",
+            "write -P 0xab 0 1M",
+            "-c",
+            "read -P 0xab 0 1M",
+            "-c",
+            "write -P 0xcd -f 1M 64k",
+            "-c",
+            "read -P 0xcd 1M 64k",
+            "-c",
+            "write -z 4k 8k",
+            "-c",
+            "read -P 0 4k 8k",
+            "-c",
+            "read -P 0xab 12k 4k",
+            "-c",
+            "discard 64k 64k",
+            "-c",
+            "flush",
+        ],
+    );
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert!(!out.contains("Pattern verification failed"), "{out}");
+    assert!(!out.contains("error"), "{out}");
+    // What qemu-io wrote is what the device holds, read through the other door.
+    let r = up.run(&[
+        "blk", "read", "disk0", "--offset", "1048576", "--length", "65536",
+    ]);
+    assert!(r.status.success());
+    assert!(r.stdout.iter().all(|&b| b == 0xcd));
+    // A read past the end is refused, and the export goes on.
+    let past = Command::new("qemu-io")
+        .args(["-f", "raw", &ex.uri(), "-c", &format!("read {SIZE} 4k")])
+        .output()
+        .unwrap();
+    let text =
+        String::from_utf8_lossy(&past.stdout).to_string() + &String::from_utf8_lossy(&past.stderr);
+    assert!(
+        text.contains("out of bounds") || text.contains("Invalid") || !past.status.success(),
+        "{text}"
+    );
+    tool(
+        "qemu-io",
+        &["-f", "raw", &ex.uri(), "-c", "read -P 0xab 0 4k"],
+    );
+}
+
+#[test]
+fn fio_nbd_engine_verified_random_writes_with_several_jobs_and_connections() {
+    let dir = tempfile::tempdir().unwrap();
+    let up = Up::start(dir.path(), Some(MACHINE));
+    let ex = Export::start(&up, &[]);
+    let uri = format!("--uri={}", ex.uri());
+    let o = tool(
+        "fio",
+        &[
+            "--name=verify",
+            "--ioengine=nbd",
+            &uri,
+            "--rw=randwrite",
+            "--bs=4k",
+            "--size=16M",
+            "--offset_increment=32M",
+            "--numjobs=4",
+            "--iodepth=16",
+            "--verify=crc32c",
+            "--verify_fatal=1",
+            "--do_verify=1",
+            "--output-format=json",
+        ],
+    );
+    let text = String::from_utf8_lossy(&o.stdout);
+    let v: serde_json::Value = serde_json::from_str(&text[text.find('{').unwrap()..]).unwrap();
+    for job in v["jobs"].as_array().unwrap() {
+        assert_eq!(job["error"], 0, "{job}");
+        assert!(
+            job["write"]["io_bytes"].as_u64().unwrap() >= 16 << 20,
+            "{job}"
+        );
+    }
+}
+
+/// A raw NBD client, for saying what real clients would not.
+struct Raw(UnixStream);
+
+impl Raw {
+    fn connect(path: &Path) -> Self {
+        let s = UnixStream::connect(path).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        Self(s)
+    }
+
+    /// Reads the greeting and answers it with fixed newstyle, no zeroes.
+    fn hello(&mut self) {
+        let mut g = [0u8; 18];
+        self.0.read_exact(&mut g).unwrap();
+        assert_eq!(&g[..8], b"NBDMAGIC");
+        assert_eq!(&g[8..16], b"IHAVEOPT");
+        self.0.write_all(&3u32.to_be_bytes()).unwrap();
+    }
+
+    fn option(&mut self, option: u32, data: &[u8]) {
+        let mut b = b"IHAVEOPT".to_vec();
+        b.extend_from_slice(&option.to_be_bytes());
+        b.extend_from_slice(&(data.len() as u32).to_be_bytes());
+        b.extend_from_slice(data);
+        self.0.write_all(&b).unwrap();
+    }
+
+    /// One option reply: (type, data).
+    fn option_reply(&mut self) -> (u32, Vec<u8>) {
+        let mut h = [0u8; 20];
+        self.0.read_exact(&mut h).unwrap();
+        assert_eq!(
+            u64::from_be_bytes(h[..8].try_into().unwrap()),
+            0x3e889045565a9
+        );
+        let kind = u32::from_be_bytes(h[12..16].try_into().unwrap());
+        let len = u32::from_be_bytes(h[16..20].try_into().unwrap());
+        let mut d = vec![0u8; len as usize];
+        self.0.read_exact(&mut d).unwrap();
+        (kind, d)
+    }
+
+    /// Negotiates export "disk0" with `NBD_OPT_GO` asking for block sizes; simple replies.
+    fn go(path: &Path) -> Self {
+        let mut r = Self::connect(path);
+        r.hello();
+        let mut d = 5u32.to_be_bytes().to_vec();
+        d.extend_from_slice(b"disk0");
+        d.extend_from_slice(&1u16.to_be_bytes());
+        d.extend_from_slice(&3u16.to_be_bytes());
+        r.option(7, &d);
+        loop {
+            let (kind, _) = r.option_reply();
+            if kind == 1 {
+                return r;
+            }
+            assert_eq!(kind, 3, "an info reply or the ack");
+        }
+    }
+
+    fn request(&mut self, command: u16, cookie: u64, offset: u64, length: u32, payload: &[u8]) {
+        let mut b = 0x25609513u32.to_be_bytes().to_vec();
+        b.extend_from_slice(&0u16.to_be_bytes());
+        b.extend_from_slice(&command.to_be_bytes());
+        b.extend_from_slice(&cookie.to_be_bytes());
+        b.extend_from_slice(&offset.to_be_bytes());
+        b.extend_from_slice(&length.to_be_bytes());
+        b.extend_from_slice(payload);
+        self.0.write_all(&b).unwrap();
+    }
+
+    /// A simple reply: (error, cookie), and `data` bytes after it.
+    fn reply(&mut self, data: usize) -> (u32, u64, Vec<u8>) {
+        let mut h = [0u8; 16];
+        self.0.read_exact(&mut h).unwrap();
+        assert_eq!(u32::from_be_bytes(h[..4].try_into().unwrap()), 0x67446698);
+        let error = u32::from_be_bytes(h[4..8].try_into().unwrap());
+        let cookie = u64::from_be_bytes(h[8..].try_into().unwrap());
+        let mut d = vec![0u8; if error == 0 { data } else { 0 }];
+        self.0.read_exact(&mut d).unwrap();
+        (error, cookie, d)
+    }
+
+    /// Whether the server closed the connection.
+    fn closed(&mut self) -> bool {
+        let mut b = [0u8; 1];
+        matches!(self.0.read(&mut b), Ok(0) | Err(_))
+    }
+}
+
+/// A well-behaved client writing and verifying through its own connection until `stop`.
+fn verified_writer(socket: PathBuf, stop: std::sync::Arc<std::sync::atomic::AtomicBool>) -> u64 {
+    let mut c = Raw::go(&socket);
+    let mut n = 0u64;
+    while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+        let data = common::pattern(n, 4096);
+        let at = (n % 64) * 4096;
+        c.request(1, n, at, 4096, &data);
+        assert_eq!(c.reply(0), (0, n, vec![]));
+        c.request(0, n, at, 4096, &[]);
+        let (e, cookie, got) = c.reply(4096);
+        assert_eq!((e, cookie), (0, n));
+        assert!(got == data, "read back differs at {at}");
+        n += 1;
+    }
+    n
+}
+
+#[test]
+fn hostile_clients_get_errors_or_are_cut_off_while_another_client_is_undisturbed() {
+    let dir = tempfile::tempdir().unwrap();
+    let up = Up::start(dir.path(), Some(MACHINE));
+    let ex = Export::start(&up, &[]);
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let good = {
+        let (s, st) = (ex.socket.clone(), stop.clone());
+        std::thread::spawn(move || verified_writer(s, st))
+    };
+
+    // Bad magic in the first option: the connection is closed.
+    let mut c = Raw::connect(&ex.socket);
+    c.hello();
+    c.0.write_all(b"NOTNBD!!\0\0\0\x07\0\0\0\0").unwrap();
+    assert!(c.closed(), "bad option magic");
+
+    // An option whose length runs past what is sent, then a malformed GO: errors, not a hang.
+    let mut c = Raw::connect(&ex.socket);
+    c.hello();
+    c.option(7, &[0, 0, 0, 200, b'x']);
+    let (kind, msg) = c.option_reply();
+    assert_eq!(
+        kind,
+        (1 << 31) + 3,
+        "NBD_REP_ERR_INVALID: {}",
+        String::from_utf8_lossy(&msg)
+    );
+    c.option(3, b"junk");
+    assert_eq!(c.option_reply().0, (1 << 31) + 3, "LIST with data");
+    c.option(0x4242, &[]);
+    assert_eq!(c.option_reply().0, (1 << 31) + 1, "unknown option");
+    // An option claiming 1 GiB of data: refused and closed.
+    let mut b = b"IHAVEOPT".to_vec();
+    b.extend_from_slice(&7u32.to_be_bytes());
+    b.extend_from_slice(&(1u32 << 30).to_be_bytes());
+    c.0.write_all(&b).unwrap();
+    assert_eq!(c.option_reply().0, (1 << 31) + 9, "NBD_REP_ERR_TOO_BIG");
+    assert!(c.closed());
+
+    // An unknown export.
+    let mut c = Raw::connect(&ex.socket);
+    c.hello();
+    let mut d = 4u32.to_be_bytes().to_vec();
+    d.extend_from_slice(b"nope");
+    d.extend_from_slice(&0u16.to_be_bytes());
+    c.option(7, &d);
+    assert_eq!(c.option_reply().0, (1 << 31) + 6, "NBD_REP_ERR_UNKNOWN");
+
+    // In transmission: past the end, unaligned, unknown command, huge lengths.
+    let mut c = Raw::go(&ex.socket);
+    c.request(0, 1, SIZE, 4096, &[]);
+    assert_eq!(c.reply(0).0, 22, "read past the end: EINVAL");
+    c.request(1, 2, SIZE - 512, 4096, &[0u8; 4096]);
+    assert_eq!(c.reply(0).0, 28, "write past the end: ENOSPC");
+    c.request(0, 3, 100, 512, &[]);
+    assert_eq!(c.reply(0).0, 22, "unaligned: EINVAL");
+    c.request(99, 4, 0, 0, &[]);
+    assert_eq!(c.reply(0).0, 22, "unknown command: EINVAL");
+    c.request(0, 5, 0, 64 << 20, &[]);
+    assert_eq!(c.reply(0).0, 22, "a read longer than the maximum: EINVAL");
+    // Still in step: a good request works.
+    c.request(0, 6, 0, 512, &[]);
+    assert_eq!(c.reply(512).0, 0);
+    // A write claiming 1 GiB of payload cannot be skipped: the connection is closed.
+    c.request(1, 7, 0, 1 << 30, &[]);
+    assert_eq!(c.reply(0).0, 28, "a write past the end: ENOSPC");
+    assert!(c.closed());
+
+    // Garbage in place of a request: closed.
+    let mut c = Raw::go(&ex.socket);
+    c.0.write_all(&[0xff; 28]).unwrap();
+    assert!(c.closed());
+
+    // A client that half-closes mid-write, and one that never reads its replies.
+    let mut c = Raw::go(&ex.socket);
+    c.request(1, 8, 0, 4096, &[1u8; 100]);
+    c.0.shutdown(std::net::Shutdown::Write).unwrap();
+    assert!(c.closed());
+    // The deaf client's replies fill its socket; only its own connection waits on it.
+    let mut deaf = Raw::go(&ex.socket);
+    deaf.0
+        .set_write_timeout(Some(Duration::from_millis(500)))
+        .unwrap();
+    let t = Instant::now();
+    for i in 0..2000u64 {
+        let mut b = 0x25609513u32.to_be_bytes().to_vec();
+        b.extend_from_slice(&[0, 0, 0, 0]);
+        b.extend_from_slice(&i.to_be_bytes());
+        b.extend_from_slice(&0u64.to_be_bytes());
+        b.extend_from_slice(&(64u32 << 10).to_be_bytes());
+        if deaf.0.write_all(&b).is_err() || t.elapsed() > Duration::from_secs(3) {
+            break;
+        }
+    }
+
+    std::thread::sleep(Duration::from_millis(500));
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let rounds = good.join().expect("the well-behaved client failed");
+    assert!(
+        rounds > 10,
+        "the well-behaved client made no progress ({rounds})"
+    );
+    drop(deaf);
+}

@@ -1,0 +1,34 @@
+//! The NBD export (DESIGN.md §2.7): block devices served to any NBD client — QEMU, libnbd's
+//! tools, fio's `nbd` engine, the Linux kernel — over a UNIX socket or TCP.
+//!
+//! The export is an ordinary client of the block class: each NBD connection opens its own
+//! session with the device ([`server`]), negotiates fixed newstyle ([`negotiate`]), and then
+//! moves requests between the socket and the session ([`transmit`]), data going straight
+//! between the socket and the session's buffer area. The wire format is in [`proto`], pure and
+//! fuzzed.
+#![deny(missing_docs)]
+
+pub mod negotiate;
+pub mod proto;
+pub mod server;
+pub mod transmit;
+
+pub use negotiate::{negotiate, negotiate_with, Export, Outcome};
+pub use server::{ExportSpec, Listen, NbdServer, Opener};
+
+/// Why a connection (or the server) stopped.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum NbdError {
+    /// The client broke the protocol; its connection is closed.
+    #[error("protocol: {0}")]
+    Protocol(String),
+    /// The socket failed (or the client left mid-message).
+    #[error("socket: {0}")]
+    Io(String),
+    /// The device failed in a way that ends the connection (gone, failed, stuck).
+    #[error("device: {0}")]
+    Device(outboard_class::BlockError),
+    /// The export could not be set up (listen, open the device).
+    #[error("{0}")]
+    Setup(String),
+}

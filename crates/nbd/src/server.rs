@@ -1,0 +1,220 @@
+//! The export server: listens on a UNIX socket or TCP, and gives every connection a thread
+//! and a session of its own with the device it chooses — so several connections and exports
+//! are served at once, and a slow or hostile client holds up only its own thread.
+
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpListener};
+use std::os::fd::AsFd;
+use std::os::unix::net::UnixListener;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use outboard_class::{BlockDevice, BlockError};
+
+use crate::negotiate::{negotiate_with, Export, Outcome};
+use crate::transmit::Conn;
+use crate::NbdError;
+
+/// Largest request payload offered (`NBD_INFO_BLOCK_SIZE`'s maximum).
+pub const MAX_PAYLOAD: u32 = 4 << 20;
+/// Each connection's session buffer area: room for several maximal requests in flight.
+pub const SESSION_BUFFERS: u64 = 32 << 20;
+
+/// Where to listen.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Listen {
+    /// A UNIX socket at this path (created; an existing socket file is replaced, any other
+    /// file is refused).
+    Unix(PathBuf),
+    /// A TCP address.
+    Tcp(SocketAddr),
+}
+
+/// One export to serve.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ExportSpec {
+    /// The name clients ask for.
+    pub name: String,
+    /// The block device behind it.
+    pub device: String,
+    /// Refuse writes even if the device takes them.
+    pub read_only: bool,
+}
+
+/// Opens a session with a block device by name: the device, and whether several sessions may
+/// be open on it at once (a driver linked into this process serves one).
+pub type Opener =
+    Arc<dyn Fn(&str) -> Result<(Box<dyn BlockDevice>, bool), BlockError> + Send + Sync>;
+
+enum Listener {
+    /// The socket, and its path (removed when the server goes, if it is still ours).
+    Unix(UnixListener, outboard_sys::SocketPath),
+    Tcp(TcpListener),
+}
+
+/// A bound export server.
+pub struct NbdServer {
+    listener: Listener,
+    exports: Arc<Vec<(Export, String)>>,
+    open: Opener,
+    active: Arc<AtomicUsize>,
+}
+
+impl NbdServer {
+    /// Opens each export's device once to learn what it is, then binds.
+    pub fn bind(listen: &Listen, specs: &[ExportSpec], open: Opener) -> Result<Self, NbdError> {
+        if specs.is_empty() {
+            return Err(NbdError::Setup("nothing to export".into()));
+        }
+        let mut exports = Vec::new();
+        for s in specs {
+            if exports
+                .iter()
+                .any(|(e, _): &(Export, String)| e.name == s.name)
+            {
+                return Err(NbdError::Setup(format!("two exports named {:?}", s.name)));
+            }
+            let (dev, multi_conn) =
+                open(&s.device).map_err(|e| NbdError::Setup(format!("{}: {e}", s.device)))?;
+            let info = dev.info();
+            let area = dev.buffers().len() as u64;
+            let device_max = match info.max_transfer {
+                0 => u32::MAX,
+                m => m,
+            };
+            let max_payload = (MAX_PAYLOAD as u64)
+                .min(area / 2 / 4096 * 4096)
+                .min(device_max as u64) as u32;
+            exports.push((
+                Export {
+                    name: s.name.clone(),
+                    description: format!("Outboard block device {}", s.device),
+                    size: info.capacity * info.block_size as u64,
+                    block_size: info.block_size,
+                    max_payload: max_payload / info.block_size * info.block_size,
+                    read_only: s.read_only || info.read_only,
+                    multi_conn,
+                },
+                s.device.clone(),
+            ));
+        }
+        let listener = match listen {
+            Listen::Unix(path) => {
+                let (fd, claimed) =
+                    outboard_sys::bind_listener(path, rustix::net::SocketType::STREAM, 64)
+                        .map_err(|e| NbdError::Setup(e.to_string()))?;
+                Listener::Unix(UnixListener::from(fd), claimed)
+            }
+            Listen::Tcp(addr) => Listener::Tcp(
+                TcpListener::bind(addr).map_err(|e| NbdError::Setup(format!("{addr}: {e}")))?,
+            ),
+        };
+        Ok(Self {
+            listener,
+            exports: Arc::new(exports),
+            open,
+            active: Arc::new(AtomicUsize::new(0)),
+        })
+    }
+
+    /// What is exported.
+    pub fn exports(&self) -> Vec<Export> {
+        self.exports.iter().map(|(e, _)| e.clone()).collect()
+    }
+
+    /// Where it listens (`unix:PATH` or `tcp:ADDR:PORT`, with the port actually bound).
+    pub fn address(&self) -> String {
+        match &self.listener {
+            Listener::Unix(_, p) => format!("unix:{}", p.path().display()),
+            Listener::Tcp(l) => l
+                .local_addr()
+                .map(|a| format!("tcp:{a}"))
+                .unwrap_or_else(|e| format!("tcp:? ({e})")),
+        }
+    }
+
+    /// Connections being served now.
+    pub fn active(&self) -> usize {
+        self.active.load(Ordering::Relaxed)
+    }
+
+    /// Accepts and serves connections until `stop` is set.
+    pub fn run(&self, stop: &AtomicBool) -> Result<(), NbdError> {
+        while !stop.load(Ordering::Relaxed) {
+            let ready = match &self.listener {
+                Listener::Unix(l, _) => readable(l),
+                Listener::Tcp(l) => readable(l),
+            };
+            if !ready {
+                continue;
+            }
+            let accepted = match &self.listener {
+                Listener::Unix(l, _) => l.accept().map(|(s, _)| self.spawn(s, "unix".into())),
+                Listener::Tcp(l) => l.accept().map(|(s, peer)| {
+                    let _ = s.set_nodelay(true);
+                    self.spawn(s, peer.to_string())
+                }),
+            };
+            if let Err(e) = accepted {
+                tracing::warn!("accept: {e}");
+            }
+        }
+        Ok(())
+    }
+
+    fn spawn<S: Read + Write + AsFd + Send + 'static>(&self, s: S, peer: String) {
+        let exports = self.exports.clone();
+        let open = self.open.clone();
+        let active = self.active.clone();
+        active.fetch_add(1, Ordering::Relaxed);
+        let spawned = std::thread::Builder::new()
+            .name("nbd-conn".into())
+            .spawn(move || {
+                match connection(s, &exports, &open) {
+                    Ok(Some(stats)) => tracing::info!(
+                        "{peer}: done ({} ok, {} errors, {} bytes)",
+                        stats.ok,
+                        stats.errors,
+                        stats.bytes
+                    ),
+                    Ok(None) => tracing::debug!("{peer}: left during negotiation"),
+                    Err(e) => tracing::warn!("{peer}: {e}"),
+                }
+                active.fetch_sub(1, Ordering::Relaxed);
+            });
+        if let Err(e) = spawned {
+            tracing::error!("cannot start a connection thread: {e}");
+            self.active.fetch_sub(1, Ordering::Relaxed);
+        }
+    }
+}
+
+fn readable(fd: &impl AsFd) -> bool {
+    outboard_class::block::readable(fd.as_fd(), Duration::from_millis(200)).unwrap_or(false)
+}
+
+/// One connection: negotiation, a session with the chosen device, transmission.
+fn connection<S: Read + Write + AsFd>(
+    mut s: S,
+    exports: &[(Export, String)],
+    open: &Opener,
+) -> Result<Option<crate::transmit::ConnStats>, NbdError> {
+    let list: Vec<Export> = exports.iter().map(|(e, _)| e.clone()).collect();
+    let mut dev: Option<Box<dyn BlockDevice>> = None;
+    // The session is opened before the client is told yes, so a busy or failed device is
+    // refused during negotiation, with the reason.
+    let outcome = negotiate_with(&mut s, &list, &mut |i| {
+        let (d, _) = open(&exports[i].1).map_err(|e| e.to_string())?;
+        dev = Some(d);
+        Ok(())
+    })?;
+    let Outcome::Go { export, structured } = outcome else {
+        return Ok(None);
+    };
+    let mut dev = dev.ok_or_else(|| NbdError::Setup("no session after negotiation".into()))?;
+    Conn::new(s, dev.as_mut(), &list[export], structured)
+        .run()
+        .map(Some)
+}

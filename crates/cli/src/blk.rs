@@ -66,11 +66,16 @@ pub fn run(c: BlkCommand, control: PathBuf) -> Result<ExitCode, String> {
     match c {
         BlkCommand::Bench(a) => return crate::blkbench::run(a),
         BlkCommand::Info { device } => {
-            let node = outboard_manager::open::status(&control, &device).map_err(e)?;
+            // A remote disk (an NBD URI) has no registry entry here.
+            let node = if outboard_client::remote::is_uri(&device) {
+                None
+            } else {
+                Some(outboard_manager::open::status(&control, &device).map_err(e)?)
+            };
             let d = outboard_manager::open::open_block(&control, &device).map_err(e)?;
             let i = d.info();
             println!("{}", i.name);
-            if let Some(p) = node.props.get("capacity") {
+            if let Some(p) = node.as_ref().and_then(|n| n.props.get("capacity")) {
                 println!("  registry     capacity {}", p.as_str().unwrap_or_default());
             }
             println!("  capacity     {} bytes ({} blocks)", i.bytes(), i.capacity);
@@ -176,7 +181,12 @@ pub fn write_range(d: &mut dyn BlockDevice, offset: u64, data: &[u8]) -> Result<
         return d.write_blocks(first, data).map_err(e);
     }
     let count = u32::try_from(end - first).map_err(|_| "write too large".to_string())?;
-    d.lock_blocks(first, count).map_err(e)?;
+    // A remote disk has no range locks: its read-modify-write is then unguarded.
+    let locked = match d.lock_blocks(first, count) {
+        Ok(()) => true,
+        Err(outboard_class::BlockError::Unsupported) => false,
+        Err(x) => return Err(e(x)),
+    };
     let merged = (|| {
         let mut blocks = vec![0u8; ((end - first) * bs) as usize];
         if skip != 0 {
@@ -189,7 +199,11 @@ pub fn write_range(d: &mut dyn BlockDevice, offset: u64, data: &[u8]) -> Result<
         blocks[skip..skip + data.len()].copy_from_slice(data);
         d.write_blocks(first, &blocks)
     })();
-    let unlocked = d.unlock_blocks(first, count);
+    let unlocked = if locked {
+        d.unlock_blocks(first, count)
+    } else {
+        Ok(())
+    };
     merged.map_err(e)?;
     unlocked.map_err(e)
 }

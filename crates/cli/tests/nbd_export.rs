@@ -453,3 +453,215 @@ fn hostile_clients_get_errors_or_are_cut_off_while_another_client_is_undisturbed
     );
     drop(deaf);
 }
+
+/// The block class's client opens a remote disk by URI through the same API as a local one:
+/// `outboard blk` reads and writes `nbd+unix://…` with no manager involved.
+#[test]
+fn a_remote_disk_opens_by_uri_through_the_block_api() {
+    let dir = tempfile::tempdir().unwrap();
+    let up = Up::start(dir.path(), Some(MACHINE));
+    let ex = Export::start(&up, &[]);
+    let uri = ex.uri();
+    let data = common::pattern(11, 3 << 20);
+    let file = dir.path().join("data");
+    std::fs::write(&file, &data).unwrap();
+    let nowhere = ["--control", "/nonexistent/control.sock"];
+    let run = |args: &[&str]| {
+        Command::new(EXE)
+            .args(nowhere)
+            .args(args)
+            .stdin(Stdio::null())
+            .output()
+            .unwrap()
+    };
+    let w = run(&[
+        "blk",
+        "write",
+        &uri,
+        "-i",
+        file.to_str().unwrap(),
+        "--offset",
+        "1048576",
+    ]);
+    assert!(w.status.success(), "{}", String::from_utf8_lossy(&w.stderr));
+    let r = run(&[
+        "blk",
+        "read",
+        &uri,
+        "--offset",
+        "1048576",
+        "--length",
+        &(3 << 20).to_string(),
+    ]);
+    assert!(r.status.success(), "{}", String::from_utf8_lossy(&r.stderr));
+    assert!(r.stdout == data, "read back through the URI differs");
+    // What went in through the remote door is on the local device.
+    let local = up.run(&[
+        "blk", "read", "disk0", "--offset", "1048576", "--length", "4096",
+    ]);
+    assert_eq!(local.stdout, data[..4096]);
+    // A partial-block write over NBD (no range locks there) still lands.
+    let p = Command::new(EXE)
+        .args(nowhere)
+        .args(["blk", "write", &uri, "--offset", "100"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .and_then(|mut c| {
+            c.stdin.take().unwrap().write_all(b"hello")?;
+            c.wait_with_output()
+        })
+        .unwrap();
+    assert!(p.status.success(), "{}", String::from_utf8_lossy(&p.stderr));
+    let r = run(&["blk", "read", &uri, "--offset", "100", "--length", "5"]);
+    assert_eq!(r.stdout, b"hello");
+    let info = run(&["blk", "info", &uri]);
+    let text = String::from_utf8_lossy(&info.stdout);
+    assert!(text.contains(&format!("{SIZE} bytes")), "{text}");
+    // An export that is not there is named in the error.
+    let bad = uri.replace("///disk0", "///nope");
+    let o = run(&["blk", "info", &bad]);
+    assert!(!o.status.success());
+    assert!(
+        String::from_utf8_lossy(&o.stderr).contains("nope"),
+        "{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+}
+
+/// Two network namespaces joined by a veth pair, removed on drop.
+struct Netns {
+    a: String,
+    b: String,
+}
+
+impl Netns {
+    fn ip(args: &[&str]) {
+        let o = Command::new("ip")
+            .args(args)
+            .output()
+            .expect("ip (iproute2)");
+        assert!(
+            o.status.success(),
+            "ip {args:?}: {}",
+            String::from_utf8_lossy(&o.stderr)
+        );
+    }
+
+    fn new() -> Self {
+        let tag = std::process::id() % 100_000;
+        let (a, b) = (format!("obexp{tag}"), format!("obcli{tag}"));
+        let n = Self { a, b };
+        Self::ip(&["netns", "add", &n.a]);
+        Self::ip(&["netns", "add", &n.b]);
+        let (va, vb) = (format!("obva{tag}"), format!("obvb{tag}"));
+        Self::ip(&["link", "add", &va, "type", "veth", "peer", "name", &vb]);
+        Self::ip(&["link", "set", &va, "netns", &n.a]);
+        Self::ip(&["link", "set", &vb, "netns", &n.b]);
+        for (ns, dev, addr) in [(&n.a, &va, "10.213.7.1/24"), (&n.b, &vb, "10.213.7.2/24")] {
+            Self::ip(&["-n", ns, "addr", "add", addr, "dev", dev]);
+            Self::ip(&["-n", ns, "link", "set", dev, "up"]);
+            Self::ip(&["-n", ns, "link", "set", "lo", "up"]);
+        }
+        n
+    }
+}
+
+impl Drop for Netns {
+    fn drop(&mut self) {
+        // Deleting a namespace deletes its end of the veth pair, and with it the other end.
+        for ns in [&self.a, &self.b] {
+            let _ = Command::new("ip").args(["netns", "del", ns]).output();
+        }
+    }
+}
+
+/// Location transparency across machines' worth of separation: the export listens on TCP in
+/// one network namespace, the client reads and writes from another, over a veth pair.
+#[test]
+fn a_remote_disk_across_network_namespaces_over_tcp() {
+    if !rustix::process::geteuid().is_root() {
+        eprintln!("SKIPPED: network namespaces need root (test.sh runs as root in CI)");
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let up = Up::start(dir.path(), Some(MACHINE));
+    let net = Netns::new();
+    // The export process joins namespace A; the machine's sockets are UNIX sockets in the file
+    // system, reachable from any network namespace.
+    let mut export = Command::new("ip")
+        .args([
+            "netns",
+            "exec",
+            &net.a,
+            EXE,
+            "export",
+            "nbd",
+            "disk0",
+            "--listen",
+            "10.213.7.1:10809",
+        ])
+        .env("OUTBOARD_CONTROL", &up.control)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .unwrap();
+    let in_b = |args: &[&str]| {
+        Command::new("ip")
+            .args(["netns", "exec", &net.b])
+            .args(args)
+            .stdin(Stdio::null())
+            .output()
+            .unwrap()
+    };
+    let uri = "nbd://10.213.7.1:10809/disk0";
+    let listening = common::eventually(Duration::from_secs(20), || {
+        in_b(&[EXE, "blk", "info", uri]).status.success()
+    });
+    assert!(
+        listening,
+        "the export is not reachable across the namespaces"
+    );
+    let data = common::pattern(21, 1 << 20);
+    let file = dir.path().join("data");
+    std::fs::write(&file, &data).unwrap();
+    let w = in_b(&[
+        EXE,
+        "blk",
+        "write",
+        uri,
+        "-i",
+        file.to_str().unwrap(),
+        "--offset",
+        "4096",
+    ]);
+    assert!(w.status.success(), "{}", String::from_utf8_lossy(&w.stderr));
+    let r = in_b(&[
+        EXE,
+        "blk",
+        "read",
+        uri,
+        "--offset",
+        "4096",
+        "--length",
+        &(1u32 << 20).to_string(),
+    ]);
+    assert!(r.status.success(), "{}", String::from_utf8_lossy(&r.stderr));
+    assert!(r.stdout == data, "data read across the namespaces differs");
+    let info = in_b(&["nbdinfo", "--json", uri]);
+    assert!(
+        info.status.success(),
+        "{}",
+        String::from_utf8_lossy(&info.stderr)
+    );
+    // Not reachable from the host's own namespace: the traffic stayed on the veth pair.
+    let host = Command::new(EXE)
+        .args(["blk", "info", uri])
+        .output()
+        .unwrap();
+    assert!(!host.status.success());
+    let _ = export.kill();
+    let _ = export.wait();
+}

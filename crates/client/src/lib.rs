@@ -16,10 +16,12 @@ pub mod channel;
 pub mod colocated;
 pub mod manager;
 pub mod registry;
+pub mod remote;
 pub mod session;
 
 pub use buffers::{Buffer, BufferPool};
 pub use channel::{Channel, ChannelError};
 pub use colocated::Colocated;
 pub use manager::{open_block, open_block_with};
+pub use remote::NbdClient;
 pub use session::{reply_error, BlockClient, SessionOptions, WaitMode};

@@ -73,7 +73,8 @@ pub fn faults_socket(control_path: &Path, name: &str) -> Result<std::path::PathB
 }
 
 /// Opens block device `name` wherever the machine places its driver: a session with its
-/// driver server, or the driver linked into this process.
+/// driver server, or the driver linked into this process. A URI (`nbd://HOST[:PORT]/EXPORT`,
+/// `nbd+unix:///EXPORT?socket=PATH`) opens a remote disk over NBD instead.
 pub fn open_block(control_path: &Path, name: &str) -> Result<Box<dyn BlockDevice>, BlockError> {
     open_block_with(control_path, name, SessionOptions::default()).map(|(d, _)| d)
 }
@@ -85,6 +86,11 @@ pub fn open_block_with(
     name: &str,
     opts: SessionOptions,
 ) -> Result<(Box<dyn BlockDevice>, Placement), BlockError> {
+    // A remote disk's URI needs no manager: the same API reaches it over NBD.
+    if crate::remote::is_uri(name) {
+        let d = crate::remote::NbdClient::open(name, opts.buffer_size as usize)?;
+        return Ok((Box::new(d), Placement::Separate));
+    }
     match ask(control_path, &Request::Open { name: name.into() })? {
         Reply::Open {
             placement: Placement::Separate,

@@ -9,7 +9,8 @@
 #![deny(missing_docs)]
 
 pub mod negotiate;
-pub mod proto;
+/// The wire format (in `spec`, shared with the client of remote disks).
+pub use outboard_spec::nbd as proto;
 pub mod server;
 pub mod transmit;
 

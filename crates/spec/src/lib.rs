@@ -5,6 +5,7 @@
 //! once, next to the section of the specification it comes from. Nothing here has behaviour.
 #![deny(missing_docs)]
 
+pub mod nbd;
 pub mod pci;
 pub mod virtio;
 pub mod virtio_blk;

@@ -1,4 +1,5 @@
-//! The NBD wire protocol (the NBD project's `doc/proto.md`): constants, the parsers of what a
+//! The NBD wire protocol (the NBD project's `doc/proto.md`), for the export and for the client
+//! of remote disks: constants, the parsers of what a
 //! client sends, and the encoders of what the server answers. Everything here is pure — bytes
 //! in, values or errors out — so it is fuzzed and property-tested without a socket.
 //!
@@ -427,6 +428,85 @@ pub fn error_chunk(cookie: u64, error: u32, message: &str) -> Vec<u8> {
     b.extend_from_slice(&(message.len() as u16).to_be_bytes());
     b.extend_from_slice(message);
     b
+}
+
+/// A client's option: header and data.
+pub fn option(option: u32, data: &[u8]) -> Vec<u8> {
+    let mut b = Vec::with_capacity(16 + data.len());
+    b.extend_from_slice(&IHAVEOPT.to_be_bytes());
+    b.extend_from_slice(&option.to_be_bytes());
+    b.extend_from_slice(&(data.len() as u32).to_be_bytes());
+    b.extend_from_slice(data);
+    b
+}
+
+/// An option reply's header, as a client reads it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct OptionReply {
+    /// The option it answers.
+    pub option: u32,
+    /// `NBD_REP_*`.
+    pub reply: u32,
+    /// Bytes of data that follow.
+    pub length: u32,
+}
+
+impl OptionReply {
+    /// Bytes on the wire.
+    pub const SIZE: usize = 20;
+
+    /// Parses an option reply header.
+    pub fn parse(b: &[u8; Self::SIZE]) -> Result<Self, ProtoError> {
+        let magic = be64(b);
+        if magic != REPLY_MAGIC {
+            return Err(ProtoError::BadMagic(magic));
+        }
+        Ok(Self {
+            option: be32(&b[8..]),
+            reply: be32(&b[12..]),
+            length: be32(&b[16..]),
+        })
+    }
+}
+
+/// A simple reply header, as a client reads it: (error, cookie).
+pub fn parse_simple_reply(b: &[u8; 16]) -> Result<(u32, u64), ProtoError> {
+    let magic = be32(b);
+    if magic != SIMPLE_REPLY_MAGIC {
+        return Err(ProtoError::BadMagic(magic as u64));
+    }
+    Ok((be32(&b[4..]), be64(&b[8..])))
+}
+
+/// The information a client learns from `NBD_REP_INFO` replies.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ExportInfo {
+    /// Size in bytes.
+    pub size: u64,
+    /// Transmission flags.
+    pub flags: u16,
+    /// Minimum, preferred and maximum block sizes, if sent.
+    pub block_sizes: Option<(u32, u32, u32)>,
+}
+
+impl ExportInfo {
+    /// Takes in one `NBD_REP_INFO` payload; unknown information types are ignored.
+    pub fn absorb(&mut self, data: &[u8]) -> Result<(), ProtoError> {
+        let short = || ProtoError::Malformed(format!("information of {} bytes", data.len()));
+        let kind = data.get(..2).map(be16).ok_or_else(short)?;
+        match kind {
+            info::EXPORT if data.len() == 12 => {
+                self.size = be64(&data[2..]);
+                self.flags = be16(&data[10..]);
+            }
+            info::BLOCK_SIZE if data.len() == 14 => {
+                self.block_sizes = Some((be32(&data[2..]), be32(&data[6..]), be32(&data[10..])));
+            }
+            info::EXPORT | info::BLOCK_SIZE => return Err(short()),
+            _ => {}
+        }
+        Ok(())
+    }
 }
 
 #[cfg(test)]

@@ -49,6 +49,9 @@ pub struct NbdArgs {
     /// Refuse writes (and trims, write-zeroes) from clients.
     #[arg(long)]
     read_only: bool,
+    /// (internal) Report clients to the manager on this inherited descriptor.
+    #[arg(long, hide = true, value_name = "FD")]
+    notify_fd: Option<i32>,
 }
 
 /// Runs an export command.
@@ -81,7 +84,10 @@ pub fn run(c: ExportCommand, control: PathBuf) -> Result<ExitCode, String> {
         let (d, placement) = outboard_client::open_block_with(&control, device, opts)?;
         Ok((d, placement == Placement::Separate))
     });
-    let server = NbdServer::bind(&listen, &specs, open).map_err(|e| e.to_string())?;
+    let mut server = NbdServer::bind(&listen, &specs, open).map_err(|e| e.to_string())?;
+    if let Some(fd) = a.notify_fd {
+        server = server.notify(outboard_sys::process::inherited_socket(fd)?);
+    }
     for e in server.exports() {
         let uri = match &listen {
             Listen::Unix(p) => format!("nbd+unix:///{}?socket={}", e.name, p.display()),

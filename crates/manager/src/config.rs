@@ -79,6 +79,28 @@ pub struct DeviceConfig {
     pub faults: Vec<String>,
 }
 
+/// Where an export listens.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ExportAddress {
+    /// A UNIX socket (default: `<name>.nbd` in the runtime directory).
+    Socket(Option<std::path::PathBuf>),
+    /// TCP.
+    Tcp(std::net::SocketAddr),
+}
+
+/// A validated `[[export]]`: a block device served over NBD while the machine is up.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ExportConfig {
+    /// The export's name (default: the device's).
+    pub name: String,
+    /// The block device.
+    pub device: String,
+    /// Where it listens.
+    pub address: ExportAddress,
+    /// Writes are refused.
+    pub read_only: bool,
+}
+
 /// A validated machine.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Machine {
@@ -86,6 +108,8 @@ pub struct Machine {
     pub name: String,
     /// Devices.
     pub devices: Vec<DeviceConfig>,
+    /// Exports started with the machine.
+    pub exports: Vec<ExportConfig>,
 }
 
 #[derive(Deserialize)]
@@ -94,6 +118,20 @@ struct RawMachine {
     name: Option<String>,
     #[serde(default)]
     device: Vec<Spanned<RawDevice>>,
+    #[serde(default)]
+    export: Vec<Spanned<RawExport>>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawExport {
+    device: Spanned<String>,
+    name: Option<Spanned<String>>,
+    protocol: Option<Spanned<String>>,
+    socket: Option<Spanned<String>>,
+    listen: Option<Spanned<String>>,
+    #[serde(default)]
+    read_only: bool,
 }
 
 #[derive(Deserialize)]
@@ -346,9 +384,65 @@ impl Machine {
                 faults,
             });
         }
+        let mut exports: Vec<ExportConfig> = Vec::new();
+        for e in raw.export {
+            let at = e.span().start;
+            let e = e.into_inner();
+            let device = e.device.get_ref();
+            if !devices.iter().any(|d| &d.name == device) {
+                return Err(err(
+                    e.device.span().start,
+                    format!("export of {device:?}: the machine has no such device"),
+                ));
+            }
+            if let Some(p) = &e.protocol {
+                if p.get_ref() != "nbd" {
+                    return Err(err(
+                        p.span().start,
+                        format!("protocol {:?}: exports speak \"nbd\"", p.get_ref()),
+                    ));
+                }
+            }
+            let name = e.name.as_ref().map_or(device, |n| n.get_ref()).clone();
+            if name.is_empty() || name.len() > 256 || name.contains('\0') {
+                return Err(err(at, format!("export name {name:?}: 1-256 characters")));
+            }
+            if exports.iter().any(|o| o.name == name) {
+                return Err(err(at, format!("two exports are named {name:?}")));
+            }
+            let address = match (&e.socket, &e.listen) {
+                (Some(_), Some(l)) => {
+                    return Err(err(
+                        l.span().start,
+                        "an export listens on a socket or on TCP, not both".into(),
+                    ))
+                }
+                (None, Some(l)) => ExportAddress::Tcp(l.get_ref().parse().map_err(|_| {
+                    err(
+                        l.span().start,
+                        format!(
+                            "listen = {:?}: an address and port, e.g. \"127.0.0.1:10809\"",
+                            l.get_ref()
+                        ),
+                    )
+                })?),
+                (Some(p), None) if p.get_ref().is_empty() => {
+                    return Err(err(p.span().start, "socket = \"\": give a path".into()))
+                }
+                (Some(p), None) => ExportAddress::Socket(Some(p.get_ref().into())),
+                (None, None) => ExportAddress::Socket(None),
+            };
+            exports.push(ExportConfig {
+                name,
+                device: device.clone(),
+                address,
+                read_only: e.read_only,
+            });
+        }
         Ok(Machine {
             name: raw.name.unwrap_or_else(|| "machine".into()),
             devices,
+            exports,
         })
     }
 }
@@ -392,6 +486,50 @@ fn same_file(a: &str, b: &str) -> bool {
 mod tests {
     use super::*;
     use proptest::prelude::*;
+
+    #[test]
+    fn exports_are_checked_and_located() {
+        let base = "[[device]]\nname = \"disk0\"\nmodel = \"virtio-blk\"\nbacking = \"mem:1M\"\n";
+        let ok = format!(
+            "{base}[[export]]\ndevice = \"disk0\"\n[[export]]\ndevice = \"disk0\"\nname = \"ro\"\nlisten = \"127.0.0.1:10809\"\nread_only = true\n"
+        );
+        let m = Machine::parse(&ok, "m.toml").unwrap();
+        assert_eq!(m.exports.len(), 2);
+        assert_eq!(m.exports[0].name, "disk0");
+        assert_eq!(m.exports[0].address, ExportAddress::Socket(None));
+        assert_eq!(
+            m.exports[1].address,
+            ExportAddress::Tcp("127.0.0.1:10809".parse().unwrap())
+        );
+        assert!(m.exports[1].read_only);
+        for (bad, says) in [
+            ("[[export]]\ndevice = \"disk9\"\n", "no such device"),
+            (
+                "[[export]]\ndevice = \"disk0\"\nsocket = \"/tmp/x\"\nlisten = \"127.0.0.1:1\"\n",
+                "not both",
+            ),
+            (
+                "[[export]]\ndevice = \"disk0\"\nlisten = \"localhost\"\n",
+                "address and port",
+            ),
+            (
+                "[[export]]\ndevice = \"disk0\"\nprotocol = \"iscsi\"\n",
+                "nbd",
+            ),
+            (
+                "[[export]]\ndevice = \"disk0\"\n[[export]]\ndevice = \"disk0\"\n",
+                "two exports",
+            ),
+            (
+                "[[export]]\ndevice = \"disk0\"\nport = 1\n",
+                "unknown field",
+            ),
+        ] {
+            let e = Machine::parse(&format!("{base}{bad}"), "m.toml").unwrap_err();
+            assert!(e.message.contains(says), "{bad}: {e}");
+            assert!(e.line >= 5, "{bad}: located at line {}", e.line);
+        }
+    }
 
     #[test]
     fn the_default_machine_parses() {

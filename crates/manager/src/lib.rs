@@ -24,7 +24,7 @@ use outboard_hw::{DeviceSpec, IrqKind, PciFunction};
 use outboard_session::control;
 
 use crate::api::{Reply, Request};
-use crate::config::{Machine, Placement};
+use crate::config::{ExportAddress, Machine, Placement};
 use crate::registry::Node;
 use crate::supervisor::Process;
 
@@ -377,6 +377,68 @@ impl Manager {
                 }
             }
         }
+        self.start_exports()
+    }
+
+    /// Starts the machine's `[[export]]`s, each an `outboard export nbd` child with an event
+    /// channel (it reports its clients), under the block device it serves in the registry.
+    fn start_exports(&mut self) -> Result<(), ManagerError> {
+        for (i, e) in self.machine.exports.clone().iter().enumerate() {
+            let mut args = vec![
+                "--control".to_string(),
+                self.opts.control.display().to_string(),
+                "export".into(),
+                "nbd".into(),
+                e.device.clone(),
+                "--name".into(),
+                e.name.clone(),
+                "--notify-fd".into(),
+                supervisor::EVENT_FD.to_string(),
+            ];
+            if e.read_only {
+                args.push("--read-only".into());
+            }
+            let (socket, uri) = match &e.address {
+                ExportAddress::Socket(p) => {
+                    let p = p
+                        .clone()
+                        .unwrap_or_else(|| self.rt().dir().join(format!("export-{i}.nbd")));
+                    let p = self.created(p);
+                    args.extend(["--socket".into(), p.display().to_string()]);
+                    let uri = format!("nbd+unix:///{}?socket={}", e.name, p.display());
+                    (Some(p), uri)
+                }
+                ExportAddress::Tcp(a) => {
+                    args.extend(["--listen".into(), a.to_string()]);
+                    (None, format!("nbd://{a}/{}", e.name))
+                }
+            };
+            let log = self.created(self.rt().dir().join(format!("export-{i}.log")));
+            let p = Process::spawn_with_events(
+                &self.opts.exe,
+                &format!("export {}", e.name),
+                &args,
+                log,
+                self.opts.verbose,
+            )
+            .map_err(ManagerError::Launch)?;
+            // Not waited for here: the export opens its device through this manager, which
+            // answers only once it runs. It reports itself ready (its first client report),
+            // and a crash before that shows in the registry like any other.
+            let _ = socket;
+            let pid = p.pid();
+            self.procs.push(p);
+            if let Some(b) = self.registry.find_mut("block-device", &e.device) {
+                b.children.push(
+                    Node::new("export", &format!("nbd:{}", e.name))
+                        .with("uri", uri)
+                        .with("read-only", e.read_only)
+                        .with("pid", pid)
+                        .with("clients", 0)
+                        .with("state", "starting"),
+                );
+            }
+        }
         Ok(())
     }
 
@@ -447,6 +509,13 @@ impl Manager {
                 };
                 if let Some(drv) = self.driver_of_mut(&device) {
                     drv.set("state", state);
+                }
+            }
+            Ok((control::Event::ExportClients { export, clients }, _)) => {
+                if let Some(n) = self.registry.find_mut("export", &format!("nbd:{export}")) {
+                    n.set("state", "running");
+                    n.set("clients", clients.len());
+                    n.set("peers", clients.join(", "));
                 }
             }
             Ok((control::Event::DeviceRecovered { device }, _)) => {

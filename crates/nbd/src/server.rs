@@ -54,12 +54,71 @@ enum Listener {
     Tcp(TcpListener),
 }
 
+/// The clients in transmission, per export, told to the manager as they come and go.
+struct Clients {
+    notify: Option<std::os::fd::OwnedFd>,
+    /// (id, export, peer).
+    list: std::sync::Mutex<Vec<(u64, String, String)>>,
+    next: std::sync::atomic::AtomicU64,
+}
+
+impl Clients {
+    fn join(self: &Arc<Self>, export: &str, peer: &str) -> ClientEntry {
+        let id = self.next.fetch_add(1, Ordering::Relaxed);
+        self.lock().push((id, export.to_string(), peer.to_string()));
+        self.report(export);
+        ClientEntry {
+            clients: self.clone(),
+            id,
+            export: export.to_string(),
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Vec<(u64, String, String)>> {
+        // A panicking connection thread cannot leave the list half-changed: push and retain
+        // are whole operations, so a poisoned lock's data is still right.
+        self.list.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn report(&self, export: &str) {
+        let Some(fd) = &self.notify else { return };
+        let clients = self
+            .lock()
+            .iter()
+            .filter(|(_, e, _)| e == export)
+            .map(|(_, _, p)| p.clone())
+            .collect();
+        let ev = outboard_session::control::Event::ExportClients {
+            export: export.to_string(),
+            clients,
+        };
+        if let Err(e) = outboard_session::control::try_send(fd.as_fd(), &ev, &[]) {
+            tracing::warn!("cannot tell the manager about clients: {e}");
+        }
+    }
+}
+
+/// A client in transmission; leaves the list when dropped.
+struct ClientEntry {
+    clients: Arc<Clients>,
+    id: u64,
+    export: String,
+}
+
+impl Drop for ClientEntry {
+    fn drop(&mut self) {
+        self.clients.lock().retain(|(id, _, _)| *id != self.id);
+        self.clients.report(&self.export);
+    }
+}
+
 /// A bound export server.
 pub struct NbdServer {
     listener: Listener,
     exports: Arc<Vec<(Export, String)>>,
     open: Opener,
     active: Arc<AtomicUsize>,
+    clients: Arc<Clients>,
 }
 
 impl NbdServer {
@@ -116,7 +175,24 @@ impl NbdServer {
             exports: Arc::new(exports),
             open,
             active: Arc::new(AtomicUsize::new(0)),
+            clients: Arc::new(Clients {
+                notify: None,
+                list: Default::default(),
+                next: Default::default(),
+            }),
         })
+    }
+
+    /// Reports clients coming and going on `notify` (the manager's event channel), starting
+    /// with an empty list per export now: the manager takes that as "listening".
+    pub fn notify(mut self, notify: std::os::fd::OwnedFd) -> Self {
+        if let Some(c) = Arc::get_mut(&mut self.clients) {
+            c.notify = Some(notify);
+        }
+        for (e, _) in self.exports.iter() {
+            self.clients.report(&e.name);
+        }
+        self
     }
 
     /// What is exported.
@@ -168,11 +244,12 @@ impl NbdServer {
         let exports = self.exports.clone();
         let open = self.open.clone();
         let active = self.active.clone();
+        let clients = self.clients.clone();
         active.fetch_add(1, Ordering::Relaxed);
         let spawned = std::thread::Builder::new()
             .name("nbd-conn".into())
             .spawn(move || {
-                match connection(s, &exports, &open) {
+                match connection(s, &exports, &open, &|export| clients.join(export, &peer)) {
                     Ok(Some(stats)) => tracing::info!(
                         "{peer}: done ({} ok, {} errors, {} bytes)",
                         stats.ok,
@@ -200,6 +277,7 @@ fn connection<S: Read + Write + AsFd>(
     mut s: S,
     exports: &[(Export, String)],
     open: &Opener,
+    join: &dyn Fn(&str) -> ClientEntry,
 ) -> Result<Option<crate::transmit::ConnStats>, NbdError> {
     let list: Vec<Export> = exports.iter().map(|(e, _)| e.clone()).collect();
     let mut dev: Option<Box<dyn BlockDevice>> = None;
@@ -214,6 +292,7 @@ fn connection<S: Read + Write + AsFd>(
         return Ok(None);
     };
     let mut dev = dev.ok_or_else(|| NbdError::Setup("no session after negotiation".into()))?;
+    let _client = join(&list[export].name);
     Conn::new(s, dev.as_mut(), &list[export], structured)
         .run()
         .map(Some)

@@ -78,7 +78,8 @@ pub enum Reply {
     },
 }
 
-/// What a driver server tells its manager, unasked, over the socket the manager gave it.
+/// What a driver server or an export tells its manager, unasked, over the socket the manager
+/// gave it.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "event", rename_all = "kebab-case", deny_unknown_fields)]
 pub enum Event {
@@ -96,6 +97,13 @@ pub enum Event {
     DeviceRecovered {
         /// Class device name.
         device: String,
+    },
+    /// An export's clients changed: those connected now (their addresses).
+    ExportClients {
+        /// The export's name.
+        export: String,
+        /// One entry per connection in transmission.
+        clients: Vec<String>,
     },
 }
 

@@ -21,6 +21,8 @@ command -v strip >/dev/null || need_apt+=(binutils)
 # nbd engine comes with Debian's fio).
 command -v nbdcopy >/dev/null || need_apt+=(libnbd-bin)
 command -v qemu-io >/dev/null || need_apt+=(qemu-utils)
+# The exports benchmark's peer (qemu-storage-daemon comes with qemu-system-x86).
+command -v nbdkit >/dev/null || need_apt+=(nbdkit)
 # The remote-disk test joins two network namespaces with a veth pair.
 command -v ip >/dev/null || need_apt+=(iproute2)
 if [ ${#need_apt[@]} -gt 0 ]; then

@@ -6,6 +6,7 @@
 
 pub mod charts;
 pub mod cpu;
+pub mod exports;
 pub mod fixture;
 pub mod model;
 pub mod pingpong;
@@ -20,7 +21,7 @@ use std::path::PathBuf;
 use indicatif::{ProgressBar, ProgressStyle};
 
 /// The tests, in report order.
-pub const TESTS: &[&str] = &["disk-read", "iops", "null-rtt"];
+pub const TESTS: &[&str] = &["disk-read", "iops", "null-rtt", "exports"];
 
 /// What a run needs.
 pub struct Context {
@@ -79,6 +80,7 @@ pub fn run(tests: &[&str], opts: Options) -> Result<(), String> {
             "disk-read" => tests::disk_read(&ctx),
             "iops" => tests::iops(&ctx),
             "null-rtt" => tests::null_rtt(&ctx),
+            "exports" => exports::exports(&ctx),
             other => Err(format!(
                 "unknown test {other:?} (known: {})",
                 TESTS.join(", ")

@@ -16,10 +16,13 @@ use crate::placement::{Pinned, Placement};
 use crate::stats::{median, Summary};
 use crate::{pingpong, workloads, Context};
 
-const WARM_UP: usize = 1;
+pub(crate) const WARM_UP: usize = 1;
 
 /// Repeats `f` for every run, advancing the progress bar.
-fn repeat(ctx: &Context, mut f: impl FnMut() -> Result<f64, String>) -> Result<Summary, String> {
+pub(crate) fn repeat(
+    ctx: &Context,
+    mut f: impl FnMut() -> Result<f64, String>,
+) -> Result<Summary, String> {
     let mut v = Vec::with_capacity(ctx.runs);
     for _ in 0..ctx.runs {
         v.push(f()?);
@@ -612,6 +615,7 @@ pub fn steps(test: &str, ctx: &Context) -> u64 {
             (c + 1 + c) * q * r
         }
         "null-rtt" => 9 * r,
+        "exports" => crate::exports::steps(ctx),
         _ => 0,
     }
 }

@@ -14,6 +14,7 @@ pub mod placement;
 pub mod report;
 pub mod stats;
 pub mod tests;
+pub mod trace;
 pub mod workloads;
 
 use std::path::PathBuf;
@@ -21,7 +22,7 @@ use std::path::PathBuf;
 use indicatif::{ProgressBar, ProgressStyle};
 
 /// The tests, in report order.
-pub const TESTS: &[&str] = &["disk-read", "iops", "null-rtt", "exports"];
+pub const TESTS: &[&str] = &["disk-read", "iops", "null-rtt", "trace", "exports"];
 
 /// What a run needs.
 pub struct Context {
@@ -81,6 +82,7 @@ pub fn run(tests: &[&str], opts: Options) -> Result<(), String> {
             "iops" => tests::iops(&ctx),
             "null-rtt" => tests::null_rtt(&ctx),
             "exports" => exports::exports(&ctx),
+            "trace" => trace::trace_test(&ctx),
             other => Err(format!(
                 "unknown test {other:?} (known: {})",
                 TESTS.join(", ")

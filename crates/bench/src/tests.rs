@@ -616,6 +616,7 @@ pub fn steps(test: &str, ctx: &Context) -> u64 {
         }
         "null-rtt" => 9 * r,
         "exports" => crate::exports::steps(ctx),
+        "trace" => crate::trace::steps(ctx),
         _ => 0,
     }
 }

@@ -96,7 +96,7 @@ fn fault(a: FaultArgs, control: std::path::PathBuf) -> Result<ExitCode, String> 
 #[derive(clap::Args)]
 struct BenchArgs {
     /// Tests to run: disk-read, iops, null-rtt, or all.
-    #[arg(required = true, value_parser = ["disk-read", "iops", "null-rtt", "exports", "all"])]
+    #[arg(required = true, value_parser = ["disk-read", "iops", "null-rtt", "trace", "exports", "all"])]
     tests: Vec<String>,
     /// A short smoke run (small sizes, 2 runs): checks the machinery, not the numbers.
     #[arg(long)]

@@ -46,12 +46,25 @@ fn quick_bench_writes_complete_json_charts_and_report() {
             1,
         ),
         (
+            "trace",
+            vec!["colocated", "separate", "grouped", "nbd"],
+            2,
+            1,
+        ),
+        (
             "exports",
             ["Outboard", "nbdkit memory", "qemu-storage-daemon"]
                 .iter()
                 .flat_map(|server| {
-                    ["read QD1", "read QD32", "write QD1", "write QD32", "in", "out"]
-                        .map(|cell| format!("{server}, {cell}"))
+                    [
+                        "read QD1",
+                        "read QD32",
+                        "write QD1",
+                        "write QD32",
+                        "in",
+                        "out",
+                    ]
+                    .map(|cell| format!("{server}, {cell}"))
                 })
                 .collect::<Vec<String>>()
                 .leak()

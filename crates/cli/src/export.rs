@@ -25,6 +25,7 @@ pub enum ExportCommand {
     ///   outboard export nbd disk0 --socket /tmp/disk0.nbd
     ///   nbdinfo 'nbd+unix:///disk0?socket=/tmp/disk0.nbd'
     ///   outboard export nbd disk0 disk1 --listen 127.0.0.1:10809
+    ///   outboard export nbd disk0 --listen 0.0.0.0:10809 --tls-cert c.pem --tls-key k.pem
     #[command(verbatim_doc_comment)]
     Nbd(NbdArgs),
 }
@@ -39,8 +40,8 @@ pub struct NbdArgs {
     /// Listen on a UNIX socket at PATH [default: nbd.sock in the runtime directory].
     #[arg(long, value_name = "PATH", conflicts_with = "listen")]
     socket: Option<PathBuf>,
-    /// Listen on TCP, e.g. 127.0.0.1:10809 (NBD's port). No TLS yet: keep it on trusted
-    /// networks.
+    /// Listen on TCP, e.g. 127.0.0.1:10809 (NBD's port). Without --tls-cert, keep it on
+    /// trusted networks.
     #[arg(long, value_name = "ADDR:PORT")]
     listen: Option<SocketAddr>,
     /// The export's name, when exporting one device [default: the device's name].
@@ -49,6 +50,13 @@ pub struct NbdArgs {
     /// Refuse writes (and trims, write-zeroes) from clients.
     #[arg(long)]
     read_only: bool,
+    /// Require TLS (NBD_OPT_STARTTLS) with this certificate chain (PEM, leaf first); clients
+    /// then use nbds:// URIs.
+    #[arg(long, value_name = "PEM", requires = "tls_key")]
+    tls_cert: Option<PathBuf>,
+    /// The private key of --tls-cert (PEM).
+    #[arg(long, value_name = "PEM", requires = "tls_cert")]
+    tls_key: Option<PathBuf>,
     /// (internal) Report clients to the manager on this inherited descriptor.
     #[arg(long, hide = true, value_name = "FD")]
     notify_fd: Option<i32>,
@@ -85,13 +93,22 @@ pub fn run(c: ExportCommand, control: PathBuf) -> Result<ExitCode, String> {
         Ok((d, placement == Placement::Separate))
     });
     let mut server = NbdServer::bind(&listen, &specs, open).map_err(|e| e.to_string())?;
+    let tls = match (&a.tls_cert, &a.tls_key) {
+        (Some(cert), Some(key)) => {
+            let config = outboard_nbd::tls::server_config(cert, key).map_err(|e| e.to_string())?;
+            server = server.tls(config);
+            true
+        }
+        _ => false,
+    };
     if let Some(fd) = a.notify_fd {
         server = server.notify(outboard_sys::process::inherited_socket(fd)?);
     }
     for e in server.exports() {
+        let s = if tls { "s" } else { "" };
         let uri = match &listen {
-            Listen::Unix(p) => format!("nbd+unix:///{}?socket={}", e.name, p.display()),
-            Listen::Tcp(addr) => format!("nbd://{addr}/{}", e.name),
+            Listen::Unix(p) => format!("nbd{s}+unix:///{}?socket={}", e.name, p.display()),
+            Listen::Tcp(addr) => format!("nbd{s}://{addr}/{}", e.name),
         };
         println!(
             "exporting {} ({} bytes, {}-byte blocks{}) at {uri}",

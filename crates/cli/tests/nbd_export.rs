@@ -656,6 +656,67 @@ fn a_remote_disk_across_network_namespaces_over_tcp() {
         "{}",
         String::from_utf8_lossy(&info.stderr)
     );
+    // The same across the namespaces with TLS: a second export of the disk, certificates for
+    // the namespace's address.
+    let pki = dir.path().join("pki");
+    std::fs::create_dir_all(&pki).unwrap();
+    certificates(&pki);
+    let mut tls_export = Command::new("ip")
+        .args([
+            "netns",
+            "exec",
+            &net.a,
+            EXE,
+            "export",
+            "nbd",
+            "disk0",
+            "--listen",
+            "10.213.7.1:10810",
+        ])
+        .args(tls_args(&pki))
+        .env("OUTBOARD_CONTROL", &up.control)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .unwrap();
+    let tls_uri = format!(
+        "nbds://10.213.7.1:10810/disk0?tls-certificates={}",
+        pki.display()
+    );
+    let plain = "nbd://10.213.7.1:10810/disk0";
+    assert!(
+        common::eventually(Duration::from_secs(20), || {
+            in_b(&[EXE, "blk", "info", &tls_uri]).status.success()
+        }),
+        "the TLS export is not reachable across the namespaces"
+    );
+    let r = in_b(&[
+        EXE,
+        "blk",
+        "read",
+        &tls_uri,
+        "--offset",
+        "4096",
+        "--length",
+        &(1u32 << 20).to_string(),
+    ]);
+    assert!(r.status.success(), "{}", String::from_utf8_lossy(&r.stderr));
+    assert!(
+        r.stdout == data,
+        "data read over TLS across the namespaces differs"
+    );
+    let info = in_b(&["nbdinfo", "--json", &tls_uri]);
+    assert!(
+        info.status.success(),
+        "{}",
+        String::from_utf8_lossy(&info.stderr)
+    );
+    // Without TLS, that export answers nothing but "TLS required".
+    let refused = in_b(&[EXE, "blk", "info", plain]);
+    assert!(!refused.status.success());
+    let _ = tls_export.kill();
+    let _ = tls_export.wait();
     // Not reachable from the host's own namespace: the traffic stayed on the veth pair.
     let host = Command::new(EXE)
         .args(["blk", "info", uri])
@@ -730,4 +791,95 @@ fn machine_description_exports_start_with_the_machine_and_show_their_clients() {
     while c.option_reply().0 != 1 {}
     c.request(1, 1, 0, 512, &[0u8; 512]);
     assert_eq!(c.reply(0).0, 1, "EPERM");
+}
+
+/// A certificate authority and a server certificate it signed (for localhost, 127.0.0.1 and
+/// the test namespace's address), written to `dir`: `ca-cert.pem` (the layout libnbd and QEMU
+/// read), `server-cert.pem`, `server-key.pem`; and a second, unrelated authority in `other/`.
+fn certificates(dir: &Path) {
+    let ca = |name: &str| {
+        let mut p = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
+        p.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+        p.distinguished_name.push(rcgen::DnType::CommonName, name);
+        let key = rcgen::KeyPair::generate().unwrap();
+        let cert = p.self_signed(&key).unwrap();
+        (cert, key)
+    };
+    let (ca_cert, ca_key) = ca("Outboard test CA");
+    let names = ["localhost", "127.0.0.1", "10.213.7.1"]
+        .map(String::from)
+        .to_vec();
+    let mut p = rcgen::CertificateParams::new(names).unwrap();
+    p.distinguished_name
+        .push(rcgen::DnType::CommonName, "outboard export");
+    let key = rcgen::KeyPair::generate().unwrap();
+    let cert = p.signed_by(&key, &ca_cert, &ca_key).unwrap();
+    std::fs::write(dir.join("ca-cert.pem"), ca_cert.pem()).unwrap();
+    std::fs::write(dir.join("server-cert.pem"), cert.pem()).unwrap();
+    std::fs::write(dir.join("server-key.pem"), key.serialize_pem()).unwrap();
+    let other = dir.join("other");
+    std::fs::create_dir_all(&other).unwrap();
+    std::fs::write(other.join("ca-cert.pem"), ca("Someone else").0.pem()).unwrap();
+}
+
+fn tls_args(pki: &Path) -> Vec<String> {
+    vec![
+        "--tls-cert".into(),
+        pki.join("server-cert.pem").display().to_string(),
+        "--tls-key".into(),
+        pki.join("server-key.pem").display().to_string(),
+    ]
+}
+
+/// An export with `--tls-cert`: a plaintext client is told TLS is required; nbdinfo (GnuTLS)
+/// and Outboard's own client (rustls) negotiate STARTTLS and read and write; a client that does
+/// not trust the server's authority is refused at the handshake.
+#[test]
+fn a_tls_export_requires_starttls_and_serves_libnbd_and_the_block_client() {
+    let dir = tempfile::tempdir().unwrap();
+    let pki = dir.path().join("pki");
+    std::fs::create_dir_all(&pki).unwrap();
+    certificates(&pki);
+    let up = Up::start(dir.path(), Some(MACHINE));
+    let args = tls_args(&pki);
+    let ex = Export::start(&up, &args.iter().map(String::as_str).collect::<Vec<_>>());
+    // Plaintext: refused with NBD_REP_ERR_TLS_REQD, before anything else.
+    let mut c = Raw::connect(&ex.socket);
+    c.hello();
+    c.option(3, &[]);
+    assert_eq!(c.option_reply().0, (1 << 31) + 5, "NBD_REP_ERR_TLS_REQD");
+    let uri = format!(
+        "nbds+unix:///disk0?socket={}&tls-certificates={}",
+        ex.socket.display(),
+        pki.display()
+    );
+    let o = tool("nbdinfo", &["--json", &uri]);
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(v["exports"][0]["export-size"], SIZE, "{v}");
+    let data = common::pattern(31, 1 << 20);
+    let file = dir.path().join("data");
+    std::fs::write(&file, &data).unwrap();
+    let w = up.run(&[
+        "blk",
+        "write",
+        &uri,
+        "-i",
+        file.to_str().unwrap(),
+        "--offset",
+        "8192",
+    ]);
+    assert!(w.status.success(), "{}", String::from_utf8_lossy(&w.stderr));
+    let r = up.run(&[
+        "blk", "read", &uri, "--offset", "8192", "--length", "1048576",
+    ]);
+    assert!(r.status.success(), "{}", String::from_utf8_lossy(&r.stderr));
+    assert!(r.stdout == data, "data through TLS differs");
+    let stranger = uri.replace(pki.to_str().unwrap(), pki.join("other").to_str().unwrap());
+    let o = up.run(&["blk", "info", &stranger]);
+    assert!(!o.status.success());
+    assert!(
+        String::from_utf8_lossy(&o.stderr).contains("TLS"),
+        "{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
 }

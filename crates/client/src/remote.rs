@@ -33,6 +33,9 @@ pub struct NbdUri {
     pub address: NbdAddress,
     /// The export's name.
     pub export: String,
+    /// `nbds`: TLS, with the certificate authority in this file (`tls-certificates=DIR` names a
+    /// directory holding `ca-cert.pem`, as for libnbd and QEMU; else `$OUTBOARD_TLS_CA`).
+    pub tls: Option<std::path::PathBuf>,
 }
 
 /// How to reach the server.
@@ -48,22 +51,52 @@ impl std::str::FromStr for NbdUri {
     type Err = String;
 
     fn from_str(s: &str) -> Result<Self, String> {
-        if let Some(rest) = s.strip_prefix("nbd+unix://") {
-            let (path, query) = rest.split_once('?').ok_or_else(|| {
-                format!("{s}: a nbd+unix URI names its socket: nbd+unix:///EXPORT?socket=PATH")
-            })?;
-            let export = path.strip_prefix('/').unwrap_or(path).to_string();
-            let socket = query
+        let (tls, unix, rest) = if let Some(r) = s.strip_prefix("nbd+unix://") {
+            (false, true, r)
+        } else if let Some(r) = s.strip_prefix("nbds+unix://") {
+            (true, true, r)
+        } else if let Some(r) = s.strip_prefix("nbd://") {
+            (false, false, r)
+        } else if let Some(r) = s.strip_prefix("nbds://") {
+            (true, false, r)
+        } else {
+            return Err(format!(
+                "{s}: not an NBD URI (nbd[s]://HOST[:PORT]/EXPORT or \
+                 nbd[s]+unix:///EXPORT?socket=PATH)"
+            ));
+        };
+        let (rest, query) = rest.split_once('?').unwrap_or((rest, ""));
+        let param = |k: &str| {
+            query
                 .split('&')
-                .find_map(|kv| kv.strip_prefix("socket="))
-                .filter(|p| !p.is_empty())
-                .ok_or_else(|| format!("{s}: no socket= in the query"))?;
+                .find_map(|kv| kv.strip_prefix(k)?.strip_prefix('='))
+                .filter(|v| !v.is_empty())
+        };
+        let tls = tls
+            .then(|| {
+                param("tls-certificates")
+                    .map(|d| std::path::Path::new(d).join("ca-cert.pem"))
+                    .or_else(|| std::env::var_os("OUTBOARD_TLS_CA").map(Into::into))
+                    .ok_or_else(|| {
+                        format!(
+                            "{s}: TLS needs the certificate authority: \
+                             ?tls-certificates=DIR (with DIR/ca-cert.pem) or $OUTBOARD_TLS_CA"
+                        )
+                    })
+            })
+            .transpose()?;
+        if unix {
+            let export = rest.strip_prefix('/').unwrap_or(rest).to_string();
+            let socket = param("socket").ok_or_else(|| {
+                format!("{s}: a +unix URI names its socket: nbd+unix:///EXPORT?socket=PATH")
+            })?;
             return Ok(Self {
                 address: NbdAddress::Unix(socket.into()),
                 export,
+                tls,
             });
         }
-        if let Some(rest) = s.strip_prefix("nbd://") {
+        {
             let (host, export) = rest.split_once('/').unwrap_or((rest, ""));
             if host.is_empty() {
                 return Err(format!("{s}: no host"));
@@ -77,44 +110,155 @@ impl std::str::FromStr for NbdUri {
             } else {
                 format!("{host}:10809")
             };
-            return Ok(Self {
+            Ok(Self {
                 address: NbdAddress::Tcp(host),
                 export: export.to_string(),
-            });
+                tls,
+            })
         }
-        Err(format!(
-            "{s}: not an NBD URI (nbd://HOST[:PORT]/EXPORT or nbd+unix:///EXPORT?socket=PATH)"
-        ))
     }
 }
 
 /// Whether `name` is a remote disk's URI rather than a local device's name.
 pub fn is_uri(name: &str) -> bool {
-    name.starts_with("nbd://") || name.starts_with("nbd+unix://")
+    ["nbd://", "nbd+unix://", "nbds://", "nbds+unix://"]
+        .iter()
+        .any(|p| name.starts_with(p))
 }
 
-enum Stream {
+/// The socket under the connection.
+enum Plain {
     Tcp(TcpStream),
     Unix(UnixStream),
+}
+
+impl Plain {
+    fn fd(&self) -> BorrowedFd<'_> {
+        match self {
+            Plain::Tcp(s) => s.as_fd(),
+            Plain::Unix(s) => s.as_fd(),
+        }
+    }
+}
+
+impl Read for Plain {
+    fn read(&mut self, b: &mut [u8]) -> std::io::Result<usize> {
+        match self {
+            Plain::Tcp(s) => s.read(b),
+            Plain::Unix(s) => s.read(b),
+        }
+    }
+}
+
+impl Write for Plain {
+    fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
+        match self {
+            Plain::Tcp(s) => s.write(b),
+            Plain::Unix(s) => s.write(b),
+        }
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+/// The connection: plain (data moves without a copy) or TLS (rustls decrypts in between).
+enum Stream {
+    Plain(Plain),
+    Tls(Box<rustls::StreamOwned<rustls::ClientConnection, Plain>>),
 }
 
 impl Stream {
     fn io(&mut self) -> &mut dyn ReadWrite {
         match self {
-            Stream::Tcp(s) => s,
-            Stream::Unix(s) => s,
+            Stream::Plain(s) => s,
+            Stream::Tls(s) => s.as_mut(),
         }
     }
     fn fd(&self) -> BorrowedFd<'_> {
         match self {
-            Stream::Tcp(s) => s.as_fd(),
-            Stream::Unix(s) => s.as_fd(),
+            Stream::Plain(s) => s.fd(),
+            Stream::Tls(s) => s.sock.fd(),
         }
+    }
+    /// Whether a read would not block now (decrypted bytes count).
+    fn ready(&mut self, timeout: Duration) -> Result<bool, BlockError> {
+        if let Stream::Tls(t) = self {
+            let buffered = t
+                .conn
+                .process_new_packets()
+                .map(|s| s.plaintext_bytes_to_read() > 0)
+                .unwrap_or(true);
+            if buffered {
+                return Ok(true);
+            }
+        }
+        readable(self.fd(), timeout)
+    }
+    /// Reads exactly `len` bytes into `mem` at `offset`.
+    fn recv_into(&mut self, mem: &SharedMem, offset: u64, len: usize) -> Result<(), BlockError> {
+        let mut done = 0usize;
+        while done < len {
+            let n = match self {
+                Stream::Plain(p) => mem
+                    .fill_from_fd(p.fd(), offset + done as u64, len - done)
+                    .map_err(|e| BlockError::Protocol(e.to_string()))?,
+                Stream::Tls(t) => {
+                    let mut tmp = vec![0u8; (len - done).min(256 << 10)];
+                    let n = t.read(&mut tmp).map_err(io_err)?;
+                    mem.write(offset + done as u64, &tmp[..n])
+                        .map_err(|e| BlockError::Protocol(e.to_string()))?;
+                    n
+                }
+            };
+            if n == 0 {
+                return Err(BlockError::DeviceGone);
+            }
+            done += n;
+        }
+        Ok(())
+    }
+    /// Writes `len` bytes of `mem` at `offset`.
+    fn send_from(&mut self, mem: &SharedMem, offset: u64, len: usize) -> Result<(), BlockError> {
+        let mut done = 0usize;
+        while done < len {
+            done += match self {
+                Stream::Plain(p) => mem
+                    .drain_to_fd(p.fd(), offset + done as u64, len - done)
+                    .map_err(|e| BlockError::Protocol(e.to_string()))?,
+                Stream::Tls(t) => {
+                    let mut tmp = vec![0u8; (len - done).min(256 << 10)];
+                    mem.read(offset + done as u64, &mut tmp)
+                        .map_err(|e| BlockError::Protocol(e.to_string()))?;
+                    t.write_all(&tmp).map_err(io_err)?;
+                    tmp.len()
+                }
+            };
+        }
+        Ok(())
     }
 }
 
 trait ReadWrite: Read + Write {}
 impl<T: Read + Write> ReadWrite for T {}
+
+/// A TLS client configuration trusting the certificate authority in `ca` (PEM).
+fn tls_config(ca: &std::path::Path) -> Result<std::sync::Arc<rustls::ClientConfig>, BlockError> {
+    use rustls::pki_types::pem::PemObject;
+    use rustls::pki_types::CertificateDer;
+    let bad = |e: &dyn std::fmt::Display| BlockError::Invalid(format!("{}: {e}", ca.display()));
+    let mut roots = rustls::RootCertStore::empty();
+    for c in CertificateDer::pem_file_iter(ca).map_err(|e| bad(&e))? {
+        roots.add(c.map_err(|e| bad(&e))?).map_err(|e| bad(&e))?;
+    }
+    let provider = std::sync::Arc::new(rustls::crypto::ring::default_provider());
+    let config = rustls::ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .map_err(|e| BlockError::Invalid(e.to_string()))?
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+    Ok(std::sync::Arc::new(config))
+}
 
 /// A remote disk over NBD.
 pub struct NbdClient {
@@ -158,9 +302,11 @@ impl NbdClient {
             NbdAddress::Tcp(a) => {
                 let s = TcpStream::connect(a).map_err(unreachable)?;
                 let _ = s.set_nodelay(true);
-                Stream::Tcp(s)
+                Stream::Plain(Plain::Tcp(s))
             }
-            NbdAddress::Unix(p) => Stream::Unix(UnixStream::connect(p).map_err(unreachable)?),
+            NbdAddress::Unix(p) => {
+                Stream::Plain(Plain::Unix(UnixStream::connect(p).map_err(unreachable)?))
+            }
         };
         let mut c = Self {
             sock,
@@ -177,11 +323,12 @@ impl NbdClient {
             in_flight: HashMap::new(),
             broken: None,
         };
-        c.negotiate(&u.export)?;
+        c.negotiate(&u)?;
         Ok(c)
     }
 
-    fn negotiate(&mut self, export: &str) -> Result<(), BlockError> {
+    fn negotiate(&mut self, u: &NbdUri) -> Result<(), BlockError> {
+        let export = u.export.as_str();
         let io = self.sock.io();
         let mut g = [0u8; 18];
         io.read_exact(&mut g).map_err(io_err)?;
@@ -201,6 +348,10 @@ impl NbdClient {
             cf |= proto::client_flags::NO_ZEROES;
         }
         io.write_all(&cf.to_be_bytes()).map_err(io_err)?;
+        if let Some(ca) = &u.tls {
+            self.start_tls(u, ca)?;
+        }
+        let io = self.sock.io();
         let mut go = (export.len() as u32).to_be_bytes().to_vec();
         go.extend_from_slice(export.as_bytes());
         go.extend_from_slice(&1u16.to_be_bytes());
@@ -258,6 +409,54 @@ impl NbdClient {
         Ok(())
     }
 
+    /// `NBD_OPT_STARTTLS`, then the TLS handshake, verifying the server's certificate against
+    /// `ca` for the URI's host.
+    fn start_tls(&mut self, u: &NbdUri, ca: &std::path::Path) -> Result<(), BlockError> {
+        let io = self.sock.io();
+        io.write_all(&proto::option(proto::opt::STARTTLS, &[]))
+            .map_err(io_err)?;
+        let mut h = [0u8; OptionReply::SIZE];
+        io.read_exact(&mut h).map_err(io_err)?;
+        let r = OptionReply::parse(&h).map_err(proto_err)?;
+        if r.length > proto::MAX_OPTION {
+            return Err(BlockError::Protocol("an overlong STARTTLS reply".into()));
+        }
+        let mut d = vec![0u8; r.length as usize];
+        io.read_exact(&mut d).map_err(io_err)?;
+        if r.reply != rep::ACK {
+            return Err(BlockError::Unreachable(format!(
+                "the NBD server will not start TLS: {}",
+                String::from_utf8_lossy(&d)
+            )));
+        }
+        let host = match &u.address {
+            NbdAddress::Tcp(a) => a.rsplit_once(':').map_or(a.as_str(), |(h, _)| h),
+            NbdAddress::Unix(_) => "localhost",
+        };
+        let host = host
+            .trim_start_matches('[')
+            .trim_end_matches(']')
+            .to_string();
+        let name = rustls::pki_types::ServerName::try_from(host)
+            .map_err(|e| BlockError::Invalid(format!("server name: {e}")))?;
+        let conn = rustls::ClientConnection::new(tls_config(ca)?, name)
+            .map_err(|e| BlockError::Protocol(format!("TLS: {e}")))?;
+        let Stream::Plain(plain) = std::mem::replace(
+            &mut self.sock,
+            Stream::Plain(Plain::Unix(UnixStream::pair().map_err(io_err)?.0)),
+        ) else {
+            return Err(BlockError::Protocol("TLS is already on".into()));
+        };
+        let mut tls = rustls::StreamOwned::new(conn, plain);
+        while tls.conn.is_handshaking() {
+            tls.conn
+                .complete_io(&mut tls.sock)
+                .map_err(|e| BlockError::Unreachable(format!("TLS handshake: {e}")))?;
+        }
+        self.sock = Stream::Tls(Box::new(tls));
+        Ok(())
+    }
+
     fn fail(&mut self, e: BlockError) -> BlockError {
         self.broken = Some(e.clone());
         e
@@ -273,17 +472,8 @@ impl NbdClient {
         })?;
         let bytes = r.blocks as u64 * self.info.block_size as u64;
         if error == 0 && r.op == BlockOp::Read {
-            let mut done = 0u64;
-            while done < bytes {
-                let n = self
-                    .buffers
-                    .fill_from_fd(self.sock.fd(), r.buf_offset + done, (bytes - done) as usize)
-                    .map_err(|e| BlockError::Protocol(e.to_string()))?;
-                if n == 0 {
-                    return Err(BlockError::DeviceGone);
-                }
-                done += n as u64;
-            }
+            self.sock
+                .recv_into(&self.buffers, r.buf_offset, bytes as usize)?;
         }
         let result = match error {
             0 if r.op.has_data() => Ok(bytes as u32),
@@ -345,16 +535,11 @@ impl BlockDevice for NbdClient {
             return Err(self.fail(e));
         }
         if r.op == BlockOp::Write {
-            let mut done = 0usize;
-            while done < length as usize {
-                match self.buffers.drain_to_fd(
-                    self.sock.fd(),
-                    r.buf_offset + done as u64,
-                    length as usize - done,
-                ) {
-                    Ok(n) => done += n,
-                    Err(e) => return Err(self.fail(BlockError::Protocol(e.to_string()))),
-                }
+            if let Err(e) = self
+                .sock
+                .send_from(&self.buffers, r.buf_offset, length as usize)
+            {
+                return Err(self.fail(e));
             }
         }
         self.in_flight.insert(r.tag, *r);
@@ -368,7 +553,7 @@ impl BlockDevice for NbdClient {
 
     fn poll(&mut self, out: &mut Vec<BlockCompletion>) -> Result<usize, BlockError> {
         let before = out.len();
-        while !self.in_flight.is_empty() && readable(self.sock.fd(), Duration::ZERO)? {
+        while !self.in_flight.is_empty() && self.sock.ready(Duration::ZERO)? {
             if let Err(e) = self.read_reply(out) {
                 return Err(self.fail(e));
             }
@@ -394,7 +579,7 @@ impl BlockDevice for NbdClient {
             if now >= deadline {
                 return Err(BlockError::Timeout);
             }
-            readable(self.sock.fd(), deadline - now)?;
+            self.sock.ready(deadline - now)?;
         }
     }
 
@@ -427,5 +612,23 @@ mod tests {
             assert!(bad.parse::<NbdUri>().is_err(), "{bad}");
         }
         assert!(is_uri("nbd://h/e") && is_uri("nbd+unix:///e?socket=/s") && !is_uri("disk0"));
+        // TLS: the authority comes from tls-certificates=DIR, as libnbd and QEMU name it.
+        let u: NbdUri = "nbds://h:99/e?tls-certificates=/etc/pki".parse().unwrap();
+        assert_eq!(u.tls, Some("/etc/pki/ca-cert.pem".into()));
+        assert_eq!(u.address, NbdAddress::Tcp("h:99".into()));
+        let u: NbdUri = "nbds+unix:///e?socket=/s&tls-certificates=/c"
+            .parse()
+            .unwrap();
+        assert_eq!(
+            (u.address, u.tls),
+            (NbdAddress::Unix("/s".into()), Some("/c/ca-cert.pem".into()))
+        );
+        assert_eq!("nbd://h/e".parse::<NbdUri>().unwrap().tls, None);
+        if std::env::var_os("OUTBOARD_TLS_CA").is_none() {
+            assert!("nbds://h/e"
+                .parse::<NbdUri>()
+                .unwrap_err()
+                .contains("certificate authority"));
+        }
     }
 }

@@ -99,6 +99,8 @@ pub struct ExportConfig {
     pub address: ExportAddress,
     /// Writes are refused.
     pub read_only: bool,
+    /// TLS required, with this certificate chain and key (PEM).
+    pub tls: Option<(std::path::PathBuf, std::path::PathBuf)>,
 }
 
 /// A validated machine.
@@ -132,6 +134,8 @@ struct RawExport {
     listen: Option<Spanned<String>>,
     #[serde(default)]
     read_only: bool,
+    tls_cert: Option<Spanned<String>>,
+    tls_key: Option<Spanned<String>>,
 }
 
 #[derive(Deserialize)]
@@ -432,11 +436,22 @@ impl Machine {
                 (Some(p), None) => ExportAddress::Socket(Some(p.get_ref().into())),
                 (None, None) => ExportAddress::Socket(None),
             };
+            let tls = match (&e.tls_cert, &e.tls_key) {
+                (Some(c), Some(k)) => Some((c.get_ref().into(), k.get_ref().into())),
+                (None, None) => None,
+                (Some(c), None) => {
+                    return Err(err(c.span().start, "tls_cert needs tls_key".into()))
+                }
+                (None, Some(k)) => {
+                    return Err(err(k.span().start, "tls_key needs tls_cert".into()))
+                }
+            };
             exports.push(ExportConfig {
                 name,
                 device: device.clone(),
                 address,
                 read_only: e.read_only,
+                tls,
             });
         }
         Ok(Machine {
@@ -523,6 +538,10 @@ mod tests {
             (
                 "[[export]]\ndevice = \"disk0\"\nport = 1\n",
                 "unknown field",
+            ),
+            (
+                "[[export]]\ndevice = \"disk0\"\ntls_cert = \"c.pem\"\n",
+                "needs tls_key",
             ),
         ] {
             let e = Machine::parse(&format!("{base}{bad}"), "m.toml").unwrap_err();

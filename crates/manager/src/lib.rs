@@ -398,6 +398,11 @@ impl Manager {
             if e.read_only {
                 args.push("--read-only".into());
             }
+            if let Some((cert, key)) = &e.tls {
+                args.extend(["--tls-cert".into(), cert.display().to_string()]);
+                args.extend(["--tls-key".into(), key.display().to_string()]);
+            }
+            let s = if e.tls.is_some() { "s" } else { "" };
             let (socket, uri) = match &e.address {
                 ExportAddress::Socket(p) => {
                     let p = p
@@ -405,12 +410,12 @@ impl Manager {
                         .unwrap_or_else(|| self.rt().dir().join(format!("export-{i}.nbd")));
                     let p = self.created(p);
                     args.extend(["--socket".into(), p.display().to_string()]);
-                    let uri = format!("nbd+unix:///{}?socket={}", e.name, p.display());
+                    let uri = format!("nbd{s}+unix:///{}?socket={}", e.name, p.display());
                     (Some(p), uri)
                 }
                 ExportAddress::Tcp(a) => {
                     args.extend(["--listen".into(), a.to_string()]);
-                    (None, format!("nbd://{a}/{}", e.name))
+                    (None, format!("nbd{s}://{a}/{}", e.name))
                 }
             };
             let log = self.created(self.rt().dir().join(format!("export-{i}.log")));

@@ -12,9 +12,11 @@ pub mod negotiate;
 /// The wire format (in `spec`, shared with the client of remote disks).
 pub use outboard_spec::nbd as proto;
 pub mod server;
+pub mod tls;
 pub mod transmit;
+pub mod transport;
 
-pub use negotiate::{negotiate, negotiate_with, Export, Outcome};
+pub use negotiate::{negotiate, negotiate_with, Export, Outcome, TlsPolicy};
 pub use server::{ExportSpec, Listen, NbdServer, Opener};
 
 /// Why a connection (or the server) stopped.

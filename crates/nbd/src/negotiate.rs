@@ -52,9 +52,26 @@ impl Export {
     }
 }
 
+/// Where a negotiation stands on TLS.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct TlsPolicy {
+    /// The server can start TLS (`NBD_OPT_STARTTLS`).
+    pub available: bool,
+    /// It must, before anything but `NBD_OPT_ABORT`.
+    pub required: bool,
+    /// TLS is running: negotiation goes on inside it (no greeting again).
+    pub active: bool,
+}
+
 /// How the negotiation ended.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Outcome {
+    /// The client asked for TLS and was told yes: run the handshake on the stream, then
+    /// negotiate again with `TlsPolicy::active` (options chosen before are forgotten).
+    StartTls {
+        /// The client's flags asked for no zeroes.
+        no_zeroes: bool,
+    },
     /// Transmission begins on export `export` (an index into the list).
     Go {
         /// Which export.
@@ -85,30 +102,39 @@ fn find<'a>(exports: &'a [Export], name: &str) -> Option<(usize, &'a Export)> {
     exports.iter().enumerate().find(|(_, e)| e.name == name)
 }
 
-/// Runs the handshake on `s` for `exports`.
+/// Runs the handshake on `s` for `exports`, without TLS.
 pub fn negotiate<S: Read + Write>(s: &mut S, exports: &[Export]) -> Result<Outcome, NbdError> {
-    negotiate_with(s, exports, &mut |_| Ok(()))
+    negotiate_with(s, exports, &mut |_| Ok(()), TlsPolicy::default(), false)
 }
 
 /// As [`negotiate`]; `choose` is called with the export a client picked, before it is told
-/// yes, and may refuse it with a reason (the device is busy or failed).
+/// yes, and may refuse it with a reason (the device is busy or failed). `tls` says whether TLS
+/// may or must be started, or is running (then `no_zeroes` carries the client's flag from
+/// before it, and there is no greeting).
 pub fn negotiate_with<S: Read + Write>(
     s: &mut S,
     exports: &[Export],
     choose: &mut dyn FnMut(usize) -> Result<(), String>,
+    tls: TlsPolicy,
+    no_zeroes: bool,
 ) -> Result<Outcome, NbdError> {
-    send(s, &proto::greeting())?;
-    let mut flags = [0u8; 4];
-    if !read_exact(s, &mut flags)? {
-        return Ok(Outcome::Ended);
-    }
-    let flags = u32::from_be_bytes(flags);
-    if flags & !(client_flags::FIXED_NEWSTYLE | client_flags::NO_ZEROES) != 0 {
-        return Err(NbdError::Protocol(format!(
-            "unknown client flags {flags:#x}"
-        )));
-    }
-    let no_zeroes = flags & client_flags::NO_ZEROES != 0;
+    let no_zeroes = if tls.active {
+        no_zeroes
+    } else {
+        send(s, &proto::greeting())?;
+        let mut flags = [0u8; 4];
+        if !read_exact(s, &mut flags)? {
+            return Ok(Outcome::Ended);
+        }
+        let flags = u32::from_be_bytes(flags);
+        if flags & !(client_flags::FIXED_NEWSTYLE | client_flags::NO_ZEROES) != 0 {
+            return Err(NbdError::Protocol(format!(
+                "unknown client flags {flags:#x}"
+            )));
+        }
+        flags & client_flags::NO_ZEROES != 0
+    };
+    let tls_pending = tls.required && !tls.active;
     let mut structured = false;
     for _ in 0..MAX_OPTIONS {
         let mut h = [0u8; OptionHeader::SIZE];
@@ -132,6 +158,19 @@ pub fn negotiate_with<S: Read + Write>(
         let reply =
             |s: &mut S, kind: u32, d: &[u8]| send(s, &proto::option_reply(h.option, kind, d));
         let refuse = |s: &mut S, kind: u32, why: &str| reply(s, kind, why.as_bytes());
+        if tls_pending && !matches!(h.option, opt::STARTTLS | opt::ABORT) {
+            if h.option == opt::EXPORT_NAME {
+                return Err(NbdError::Protocol(
+                    "NBD_OPT_EXPORT_NAME before the TLS this export requires".into(),
+                ));
+            }
+            refuse(
+                s,
+                rep::ERR_TLS_REQD,
+                "this export requires TLS: NBD_OPT_STARTTLS first",
+            )?;
+            continue;
+        }
         match h.option {
             opt::EXPORT_NAME => {
                 let name =
@@ -166,7 +205,17 @@ pub fn negotiate_with<S: Read + Write>(
                 }
                 reply(s, rep::ACK, &[])?;
             }
-            opt::STARTTLS => refuse(s, rep::ERR_POLICY, "TLS is not configured on this export")?,
+            opt::STARTTLS if !tls.available => {
+                refuse(s, rep::ERR_POLICY, "TLS is not configured on this export")?
+            }
+            opt::STARTTLS if tls.active => refuse(s, rep::ERR_INVALID, "TLS is already on")?,
+            opt::STARTTLS if !data.is_empty() => {
+                refuse(s, rep::ERR_INVALID, "NBD_OPT_STARTTLS carries no data")?
+            }
+            opt::STARTTLS => {
+                reply(s, rep::ACK, &[])?;
+                return Ok(Outcome::StartTls { no_zeroes });
+            }
             opt::INFO | opt::GO => {
                 let r = match InfoRequest::parse(&data) {
                     Ok(r) => r,

@@ -2,7 +2,6 @@
 //! and a session of its own with the device it chooses — so several connections and exports
 //! are served at once, and a slow or hostile client holds up only its own thread.
 
-use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener};
 use std::os::fd::AsFd;
 use std::os::unix::net::UnixListener;
@@ -13,8 +12,9 @@ use std::time::Duration;
 
 use outboard_class::{BlockDevice, BlockError};
 
-use crate::negotiate::{negotiate_with, Export, Outcome};
+use crate::negotiate::{negotiate_with, Export, Outcome, TlsPolicy};
 use crate::transmit::Conn;
+use crate::transport::Transport;
 use crate::NbdError;
 
 /// Largest request payload offered (`NBD_INFO_BLOCK_SIZE`'s maximum).
@@ -119,6 +119,7 @@ pub struct NbdServer {
     open: Opener,
     active: Arc<AtomicUsize>,
     clients: Arc<Clients>,
+    tls: Option<Arc<rustls::ServerConfig>>,
 }
 
 impl NbdServer {
@@ -180,7 +181,14 @@ impl NbdServer {
                 list: Default::default(),
                 next: Default::default(),
             }),
+            tls: None,
         })
+    }
+
+    /// Requires TLS (`NBD_OPT_STARTTLS`) of every client, with `config`.
+    pub fn tls(mut self, config: Arc<rustls::ServerConfig>) -> Self {
+        self.tls = Some(config);
+        self
     }
 
     /// Reports clients coming and going on `notify` (the manager's event channel), starting
@@ -240,16 +248,18 @@ impl NbdServer {
         Ok(())
     }
 
-    fn spawn<S: Read + Write + AsFd + Send + 'static>(&self, s: S, peer: String) {
+    fn spawn<S: Transport + AsFd + Send + 'static>(&self, s: S, peer: String) {
         let exports = self.exports.clone();
         let open = self.open.clone();
         let active = self.active.clone();
         let clients = self.clients.clone();
+        let tls = self.tls.clone();
         active.fetch_add(1, Ordering::Relaxed);
         let spawned = std::thread::Builder::new()
             .name("nbd-conn".into())
             .spawn(move || {
-                match connection(s, &exports, &open, &|export| clients.join(export, &peer)) {
+                let join = |export: &str| clients.join(export, &peer);
+                match connection(s, &exports, &open, &join, tls) {
                     Ok(Some(stats)) => tracing::info!(
                         "{peer}: done ({} ok, {} errors, {} bytes)",
                         stats.ok,
@@ -272,28 +282,91 @@ fn readable(fd: &impl AsFd) -> bool {
     outboard_class::block::readable(fd.as_fd(), Duration::from_millis(200)).unwrap_or(false)
 }
 
-/// One connection: negotiation, a session with the chosen device, transmission.
-fn connection<S: Read + Write + AsFd>(
+/// What a connection needs from the server.
+struct Shared<'a> {
+    exports: &'a [(Export, String)],
+    list: Vec<Export>,
+    open: &'a Opener,
+    join: &'a dyn Fn(&str) -> ClientEntry,
+    tls: Option<Arc<rustls::ServerConfig>>,
+}
+
+/// One connection: negotiation (TLS started inside it if the client asks or the export
+/// requires), a session with the chosen device, transmission.
+fn connection<S: Transport + AsFd>(
     mut s: S,
     exports: &[(Export, String)],
     open: &Opener,
     join: &dyn Fn(&str) -> ClientEntry,
+    tls: Option<Arc<rustls::ServerConfig>>,
 ) -> Result<Option<crate::transmit::ConnStats>, NbdError> {
-    let list: Vec<Export> = exports.iter().map(|(e, _)| e.clone()).collect();
-    let mut dev: Option<Box<dyn BlockDevice>> = None;
-    // The session is opened before the client is told yes, so a busy or failed device is
-    // refused during negotiation, with the reason.
-    let outcome = negotiate_with(&mut s, &list, &mut |i| {
-        let (d, _) = open(&exports[i].1).map_err(|e| e.to_string())?;
-        dev = Some(d);
+    let sh = Shared {
+        exports,
+        list: exports.iter().map(|(e, _)| e.clone()).collect(),
+        open,
+        join,
+        tls,
+    };
+    let policy = TlsPolicy {
+        available: sh.tls.is_some(),
+        required: sh.tls.is_some(),
+        active: false,
+    };
+    let mut dev = None;
+    let first = negotiate_with(&mut s, &sh.list, &mut chooser(&sh, &mut dev), policy, false)?;
+    match first {
+        Outcome::StartTls { no_zeroes } => {
+            let config = sh.tls.clone().expect("offered only when configured");
+            let conn = rustls::ServerConnection::new(config)
+                .map_err(|e| NbdError::Setup(format!("TLS: {e}")))?;
+            let mut tls = rustls::StreamOwned::new(conn, s);
+            while tls.conn.is_handshaking() {
+                tls.conn
+                    .complete_io(&mut tls.sock)
+                    .map_err(|e| NbdError::Protocol(format!("TLS handshake: {e}")))?;
+            }
+            let policy = TlsPolicy {
+                active: true,
+                ..policy
+            };
+            let outcome = negotiate_with(
+                &mut tls,
+                &sh.list,
+                &mut chooser(&sh, &mut dev),
+                policy,
+                no_zeroes,
+            )?;
+            transmit(tls, outcome, dev, &sh)
+        }
+        outcome => transmit(s, outcome, dev, &sh),
+    }
+}
+
+/// Opens the chosen export's device before the client is told yes, so a busy or failed
+/// device is refused during negotiation, with the reason.
+fn chooser<'a>(
+    sh: &'a Shared<'_>,
+    dev: &'a mut Option<Box<dyn BlockDevice>>,
+) -> impl FnMut(usize) -> Result<(), String> + 'a {
+    move |i| {
+        let (d, _) = (sh.open)(&sh.exports[i].1).map_err(|e| e.to_string())?;
+        *dev = Some(d);
         Ok(())
-    })?;
+    }
+}
+
+fn transmit<S: Transport>(
+    s: S,
+    outcome: Outcome,
+    dev: Option<Box<dyn BlockDevice>>,
+    sh: &Shared<'_>,
+) -> Result<Option<crate::transmit::ConnStats>, NbdError> {
     let Outcome::Go { export, structured } = outcome else {
         return Ok(None);
     };
     let mut dev = dev.ok_or_else(|| NbdError::Setup("no session after negotiation".into()))?;
-    let _client = join(&list[export].name);
-    Conn::new(s, dev.as_mut(), &list[export], structured)
+    let _client = (sh.join)(&sh.list[export].name);
+    Conn::new(s, dev.as_mut(), &sh.list[export], structured)
         .run()
         .map(Some)
 }

@@ -2,10 +2,10 @@
 //! replies out — pipelined, and replied to in completion order (NBD matches replies to requests
 //! by cookie).
 //!
-//! Data moves between the socket and the session's buffer area with no copy in user space: a
-//! write's payload is read from the socket straight into the piece of the buffer area the
-//! device will read, and a read's data is written to the socket straight from where the
-//! device put it (`SharedMem::fill_from_fd`/`drain_to_fd`).
+//! On a plain socket, data moves between the socket and the session's buffer area with no copy
+//! in user space: a write's payload is read from the socket straight into the piece of the
+//! buffer area the device will read, and a read's data is written to the socket straight from
+//! where the device put it ([`Transport`]; over TLS, rustls decrypts and encrypts in between).
 //!
 //! Every request is checked before it reaches the device: command, flags, alignment to the
 //! block size, bounds, length. A bad one gets the protocol's error and the connection goes
@@ -13,8 +13,6 @@
 //! is not NBD (bad magic) or a write too large to skip ends this connection only.
 
 use std::collections::HashMap;
-use std::io::{Read, Write};
-use std::os::fd::AsFd;
 use std::time::Duration;
 
 use outboard_class::{BlockCompletion, BlockDevice, BlockError, BlockOp, BlockRequest};
@@ -22,6 +20,7 @@ use outboard_client::{Buffer, BufferPool};
 
 use crate::negotiate::Export;
 use crate::proto::{self, chunk, cmd, cmd_flags, errno, Request};
+use crate::transport::Transport;
 use crate::NbdError;
 
 /// Largest write payload skipped (read and dropped) to answer an error and stay in step; a
@@ -87,7 +86,7 @@ pub struct Conn<'a, S> {
     stats: ConnStats,
 }
 
-impl<'a, S: Read + Write + AsFd> Conn<'a, S> {
+impl<'a, S: Transport> Conn<'a, S> {
     /// A connection on `sock` serving `export` from `dev`.
     pub fn new(
         sock: S,
@@ -120,10 +119,7 @@ impl<'a, S: Read + Write + AsFd> Conn<'a, S> {
         loop {
             // Take what the client sent, as long as there is room.
             while !closing && self.stalled.is_none() && self.pending.len() < self.depth {
-                if !self.pending.is_empty()
-                    && !outboard_class::block::readable(self.sock.as_fd(), Duration::ZERO)
-                        .map_err(NbdError::Device)?
-                {
+                if !self.pending.is_empty() && !self.sock.ready() {
                     break;
                 }
                 match self.read_request()? {
@@ -151,9 +147,11 @@ impl<'a, S: Read + Write + AsFd> Conn<'a, S> {
             {
                 let may_read =
                     !closing && self.stalled.is_none() && self.pending.len() < self.depth;
-                if may_read {
+                if may_read && self.sock.buffered() {
+                    // Requests already decrypted: take them before waiting on anything.
+                } else if may_read {
                     self.dev
-                        .wait_or_readable(&mut self.completions, DEVICE_WAIT, self.sock.as_fd())
+                        .wait_or_readable(&mut self.completions, DEVICE_WAIT, self.sock.fd())
                         .map_err(NbdError::Device)?;
                 } else {
                     self.dev
@@ -386,10 +384,9 @@ impl<'a, S: Read + Write + AsFd> Conn<'a, S> {
         let mut done = 0usize;
         while done < len as usize {
             let n = self
-                .dev
-                .buffers()
-                .fill_from_fd(
-                    self.sock.as_fd(),
+                .sock
+                .recv_into(
+                    self.dev.buffers(),
                     b.offset + done as u64,
                     len as usize - done,
                 )
@@ -463,10 +460,9 @@ impl<'a, S: Read + Write + AsFd> Conn<'a, S> {
             let mut done = 0usize;
             while done < r.length as usize {
                 let n = self
-                    .dev
-                    .buffers()
-                    .drain_to_fd(
-                        self.sock.as_fd(),
+                    .sock
+                    .send_from(
+                        self.dev.buffers(),
                         b.offset + done as u64,
                         r.length as usize - done,
                     )

@@ -39,28 +39,13 @@ fn have(tool: &str) -> bool {
 fn start(which: &str, exe: &Path, dir: &Path, size: u64) -> Result<Server, String> {
     match which {
         "Outboard" => {
-            let machine = dir.join("machine.toml");
             let sock = dir.join("outboard.nbd");
-            std::fs::write(
-                &machine,
-                format!(
-                    "name = \"bench-exports\"\n[[device]]\nname = \"disk0\"\nmodel = \"virtio-blk\"\n\
-                     backing = \"mem:{size}\"\n[[export]]\ndevice = \"disk0\"\nsocket = \"{}\"\n",
-                    sock.display()
-                ),
-            )
-            .map_err(|e| e.to_string())?;
-            let args = [
-                "--control".to_string(),
-                dir.join("control.sock").display().to_string(),
-                "up".into(),
-                "--machine".into(),
-                machine.display().to_string(),
-                "--runtime-dir".into(),
-                dir.join("rt").display().to_string(),
-            ];
-            let up = spawn(exe, &args, &sock)?;
-            wait_live(&sock)?;
+            let description = format!(
+                "name = \"bench-exports\"\n[[device]]\nname = \"disk0\"\nmodel = \"virtio-blk\"\n\
+                 backing = \"mem:{size}\"\n[[export]]\ndevice = \"disk0\"\nsocket = \"{}\"\n",
+                sock.display()
+            );
+            let up = crate::fixture::machine(exe, dir, &description, std::slice::from_ref(&sock))?;
             Ok(Server {
                 _procs: vec![up],
                 uri: format!("nbd+unix:///disk0?socket={}", sock.display()),
@@ -77,7 +62,6 @@ fn start(which: &str, exe: &Path, dir: &Path, size: u64) -> Result<Server, Strin
                 size.to_string(),
             ];
             let p = spawn(Path::new("nbdkit"), &args, &sock)?;
-            wait_live(&sock)?;
             Ok(Server {
                 _procs: vec![p],
                 uri: format!("nbd+unix:///?socket={}", sock.display()),
@@ -107,24 +91,12 @@ fn start(which: &str, exe: &Path, dir: &Path, size: u64) -> Result<Server, Strin
             // way, so nothing is left in /dev/shm.
             let _ = std::fs::remove_file(&img);
             let p = p?;
-            wait_live(&sock)?;
             Ok(Server {
                 _procs: vec![p],
                 uri: format!("nbd+unix:///disk0?socket={}", sock.display()),
             })
         }
     }
-}
-
-fn wait_live(sock: &Path) -> Result<(), String> {
-    let deadline = Instant::now() + std::time::Duration::from_secs(30);
-    while !outboard_sys::is_live(sock) {
-        if Instant::now() > deadline {
-            return Err(format!("nothing listens at {}", sock.display()));
-        }
-        std::thread::sleep(std::time::Duration::from_millis(10));
-    }
-    Ok(())
 }
 
 /// `nbdcopy` from `from` to `to`; MB/s.

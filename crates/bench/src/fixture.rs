@@ -174,3 +174,33 @@ impl Drop for LoopDev {
         let _ = Command::new("losetup").arg("-d").arg(&self.path).output();
     }
 }
+
+/// Brings up a machine (`outboard up`) from `description` in `dir`, and waits until every one
+/// of `sockets` (its exports) is listening.
+pub fn machine(
+    exe: &Path,
+    dir: &Path,
+    description: &str,
+    sockets: &[PathBuf],
+) -> Result<Proc, String> {
+    let file = dir.join("machine.toml");
+    std::fs::write(&file, description).map_err(|e| format!("{}: {e}", file.display()))?;
+    let args = [
+        "--control".to_string(),
+        dir.join("control.sock").display().to_string(),
+        "up".into(),
+        "--machine".into(),
+        file.display().to_string(),
+        "--runtime-dir".into(),
+        dir.join("rt").display().to_string(),
+    ];
+    let up = spawn(exe, &args, &dir.join("control.sock"))?;
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !sockets.iter().all(|s| outboard_sys::is_live(s)) {
+        if Instant::now() > deadline {
+            return Err("the machine's exports did not start listening".into());
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    Ok(up)
+}

@@ -405,7 +405,6 @@ pub fn trace_test(ctx: &crate::Context) -> Result<crate::model::TestResult, Stri
     drop((m0, m1));
     {
         ctx.progress.set_message("trace: nbd");
-        let machine = dir.join("machine.toml");
         let nbd = |n: &str| dir.join(format!("{n}.nbd"));
         let mut text = "name = \"trace\"\n".to_string();
         for (n, size) in [("disk0", sizes[0]), ("disk1", sizes[1])] {
@@ -415,24 +414,7 @@ pub fn trace_test(ctx: &crate::Context) -> Result<crate::model::TestResult, Stri
                 nbd(n).display()
             );
         }
-        std::fs::write(&machine, text).map_err(|x| x.to_string())?;
-        let args = [
-            "--control".to_string(),
-            dir.join("control.sock").display().to_string(),
-            "up".into(),
-            "--machine".into(),
-            machine.display().to_string(),
-            "--runtime-dir".into(),
-            dir.join("rt").display().to_string(),
-        ];
-        let up = crate::fixture::spawn(exe, &args, &nbd("disk1"))?;
-        let deadline = Instant::now() + Duration::from_secs(30);
-        while !(outboard_sys::is_live(&nbd("disk0")) && outboard_sys::is_live(&nbd("disk1"))) {
-            if Instant::now() > deadline {
-                return Err("the NBD exports did not start".into());
-            }
-            std::thread::sleep(Duration::from_millis(10));
-        }
+        let up = crate::fixture::machine(exe, &dir, &text, &[nbd("disk0"), nbd("disk1")])?;
         let uri = |n: &str| format!("nbd+unix:///{n}?socket={}", nbd(n).display());
         let mut d0 = NbdClient::open(&uri("disk0"), 4 << 20).map_err(e)?;
         let mut d1 = NbdClient::open(&uri("disk1"), 4 << 20).map_err(e)?;

@@ -474,27 +474,7 @@ fn a_remote_disk_opens_by_uri_through_the_block_api() {
             .output()
             .unwrap()
     };
-    let w = run(&[
-        "blk",
-        "write",
-        &uri,
-        "-i",
-        file.to_str().unwrap(),
-        "--offset",
-        "1048576",
-    ]);
-    assert!(w.status.success(), "{}", String::from_utf8_lossy(&w.stderr));
-    let r = run(&[
-        "blk",
-        "read",
-        &uri,
-        "--offset",
-        "1048576",
-        "--length",
-        &(3 << 20).to_string(),
-    ]);
-    assert!(r.status.success(), "{}", String::from_utf8_lossy(&r.stderr));
-    assert!(r.stdout == data, "read back through the URI differs");
+    blk_round_trip(&run, &uri, 1 << 20, &data, &file);
     // What went in through the remote door is on the local device.
     let local = up.run(&[
         "blk", "read", "disk0", "--offset", "1048576", "--length", "4096",
@@ -627,29 +607,8 @@ fn a_remote_disk_across_network_namespaces_over_tcp() {
     let data = common::pattern(21, 1 << 20);
     let file = dir.path().join("data");
     std::fs::write(&file, &data).unwrap();
-    let w = in_b(&[
-        EXE,
-        "blk",
-        "write",
-        uri,
-        "-i",
-        file.to_str().unwrap(),
-        "--offset",
-        "4096",
-    ]);
-    assert!(w.status.success(), "{}", String::from_utf8_lossy(&w.stderr));
-    let r = in_b(&[
-        EXE,
-        "blk",
-        "read",
-        uri,
-        "--offset",
-        "4096",
-        "--length",
-        &(1u32 << 20).to_string(),
-    ]);
-    assert!(r.status.success(), "{}", String::from_utf8_lossy(&r.stderr));
-    assert!(r.stdout == data, "data read across the namespaces differs");
+    let in_b_outboard = |a: &[&str]| in_b(&[&[EXE], a].concat());
+    blk_round_trip(&in_b_outboard, uri, 4096, &data, &file);
     let info = in_b(&["nbdinfo", "--json", uri]);
     assert!(
         info.status.success(),
@@ -691,21 +650,7 @@ fn a_remote_disk_across_network_namespaces_over_tcp() {
         }),
         "the TLS export is not reachable across the namespaces"
     );
-    let r = in_b(&[
-        EXE,
-        "blk",
-        "read",
-        &tls_uri,
-        "--offset",
-        "4096",
-        "--length",
-        &(1u32 << 20).to_string(),
-    ]);
-    assert!(r.status.success(), "{}", String::from_utf8_lossy(&r.stderr));
-    assert!(
-        r.stdout == data,
-        "data read over TLS across the namespaces differs"
-    );
+    blk_reads_back(&in_b_outboard, &tls_uri, 4096, &data);
     let info = in_b(&["nbdinfo", "--json", &tls_uri]);
     assert!(
         info.status.success(),
@@ -859,21 +804,7 @@ fn a_tls_export_requires_starttls_and_serves_libnbd_and_the_block_client() {
     let data = common::pattern(31, 1 << 20);
     let file = dir.path().join("data");
     std::fs::write(&file, &data).unwrap();
-    let w = up.run(&[
-        "blk",
-        "write",
-        &uri,
-        "-i",
-        file.to_str().unwrap(),
-        "--offset",
-        "8192",
-    ]);
-    assert!(w.status.success(), "{}", String::from_utf8_lossy(&w.stderr));
-    let r = up.run(&[
-        "blk", "read", &uri, "--offset", "8192", "--length", "1048576",
-    ]);
-    assert!(r.status.success(), "{}", String::from_utf8_lossy(&r.stderr));
-    assert!(r.stdout == data, "data through TLS differs");
+    blk_round_trip(&|a: &[&str]| up.run(a), &uri, 8192, &data, &file);
     let stranger = uri.replace(pki.to_str().unwrap(), pki.join("other").to_str().unwrap());
     let o = up.run(&["blk", "info", &stranger]);
     assert!(!o.status.success());
@@ -882,4 +813,45 @@ fn a_tls_export_requires_starttls_and_serves_libnbd_and_the_block_client() {
         "{}",
         String::from_utf8_lossy(&o.stderr)
     );
+}
+
+/// Writes `data` at byte `offset` of the disk at `uri` with `outboard blk write` (through `run`,
+/// which says where and how `outboard` runs), and reads it back.
+fn blk_round_trip(
+    run: &dyn Fn(&[&str]) -> Output,
+    uri: &str,
+    offset: u64,
+    data: &[u8],
+    file: &Path,
+) {
+    std::fs::write(file, data).unwrap();
+    let at = offset.to_string();
+    let w = run(&[
+        "blk",
+        "write",
+        uri,
+        "-i",
+        file.to_str().unwrap(),
+        "--offset",
+        &at,
+    ]);
+    assert!(
+        w.status.success(),
+        "{uri}: {}",
+        String::from_utf8_lossy(&w.stderr)
+    );
+    blk_reads_back(run, uri, offset, data);
+}
+
+/// Reads `data.len()` bytes at `offset` of the disk at `uri` with `outboard blk read`, and
+/// checks they are `data`.
+fn blk_reads_back(run: &dyn Fn(&[&str]) -> Output, uri: &str, offset: u64, data: &[u8]) {
+    let (at, len) = (offset.to_string(), data.len().to_string());
+    let r = run(&["blk", "read", uri, "--offset", &at, "--length", &len]);
+    assert!(
+        r.status.success(),
+        "{uri}: {}",
+        String::from_utf8_lossy(&r.stderr)
+    );
+    assert!(r.stdout == data, "{uri}: the data read back differs");
 }

@@ -136,9 +136,16 @@ impl Fixture {
 
     /// Attaches the image to a kernel loop device.
     pub fn loop_device(&self) -> Result<LoopDev, String> {
+        LoopDev::attach(&self.image)
+    }
+}
+
+impl LoopDev {
+    /// Attaches `file` to a free loop device (needs root).
+    pub fn attach(file: &Path) -> Result<LoopDev, String> {
         let out = Command::new("losetup")
             .args(["--find", "--show"])
-            .arg(&self.image)
+            .arg(file)
             .output()
             .map_err(|e| format!("losetup: {e}"))?;
         if !out.status.success() {
@@ -150,7 +157,9 @@ impl Fixture {
         let path = PathBuf::from(String::from_utf8_lossy(&out.stdout).trim().to_string());
         Ok(LoopDev { path })
     }
+}
 
+impl Fixture {
     /// The `outboard` executable.
     pub fn exe(&self) -> &Path {
         &self.exe

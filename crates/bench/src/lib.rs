@@ -15,6 +15,7 @@ pub mod report;
 pub mod stats;
 pub mod tests;
 pub mod trace;
+pub mod uring;
 pub mod workloads;
 
 use std::path::PathBuf;

@@ -47,7 +47,7 @@ fn quick_bench_writes_complete_json_charts_and_report() {
         ),
         (
             "trace",
-            vec!["colocated", "separate", "grouped", "nbd"],
+            vec!["kernel", "colocated", "separate", "grouped", "nbd"],
             2,
             1,
         ),

@@ -397,6 +397,15 @@ impl SharedMem {
         Ok(n)
     }
 
+    /// The address of `[offset, offset + len)` in this process, bounds-checked, for handing to
+    /// the kernel as an I/O buffer (io_uring). Using it is the caller's `unsafe`: the memory
+    /// must stay mapped, and untouched by Rust references, until the kernel is done with it.
+    pub fn io_ptr(&self, offset: u64, len: usize) -> Result<*mut u8> {
+        let start = self.check_write(offset, len)?;
+        // SAFETY: `start` is within the mapping (checked above); no reference is formed.
+        Ok(unsafe { self.ptr.as_ptr().add(start) })
+    }
+
     /// Fills `len` bytes at `offset` with `byte`.
     pub fn fill(&self, offset: u64, len: usize, byte: u8) -> Result<()> {
         let start = self.check_write(offset, len)?;

@@ -568,26 +568,8 @@ fn a_remote_disk_across_network_namespaces_over_tcp() {
     let dir = tempfile::tempdir().unwrap();
     let up = Up::start(dir.path(), Some(MACHINE));
     let net = Netns::new();
-    // The export process joins namespace A; the machine's sockets are UNIX sockets in the file
-    // system, reachable from any network namespace.
-    let mut export = Command::new("ip")
-        .args([
-            "netns",
-            "exec",
-            &net.a,
-            EXE,
-            "export",
-            "nbd",
-            "disk0",
-            "--listen",
-            "10.213.7.1:10809",
-        ])
-        .env("OUTBOARD_CONTROL", &up.control)
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::inherit())
-        .spawn()
-        .unwrap();
+    // The export joins namespace A.
+    let mut export = export_in(&net.a, &up, "10.213.7.1:10809", &[]);
     let in_b = |args: &[&str]| {
         Command::new("ip")
             .args(["netns", "exec", &net.b])
@@ -620,25 +602,7 @@ fn a_remote_disk_across_network_namespaces_over_tcp() {
     let pki = dir.path().join("pki");
     std::fs::create_dir_all(&pki).unwrap();
     certificates(&pki);
-    let mut tls_export = Command::new("ip")
-        .args([
-            "netns",
-            "exec",
-            &net.a,
-            EXE,
-            "export",
-            "nbd",
-            "disk0",
-            "--listen",
-            "10.213.7.1:10810",
-        ])
-        .args(tls_args(&pki))
-        .env("OUTBOARD_CONTROL", &up.control)
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::inherit())
-        .spawn()
-        .unwrap();
+    let mut tls_export = export_in(&net.a, &up, "10.213.7.1:10810", &tls_args(&pki));
     let tls_uri = format!(
         "nbds://10.213.7.1:10810/disk0?tls-certificates={}",
         pki.display()
@@ -854,4 +818,21 @@ fn blk_reads_back(run: &dyn Fn(&[&str]) -> Output, uri: &str, offset: u64, data:
         String::from_utf8_lossy(&r.stderr)
     );
     assert!(r.stdout == data, "{uri}: the data read back differs");
+}
+
+/// `outboard export nbd disk0` listening on `addr` inside network namespace `ns`, with
+/// `extra` arguments; the machine's sockets are UNIX sockets in the file system, reachable from
+/// any network namespace.
+fn export_in(ns: &str, up: &Up, addr: &str, extra: &[String]) -> Child {
+    Command::new("ip")
+        .args([
+            "netns", "exec", ns, EXE, "export", "nbd", "disk0", "--listen", addr,
+        ])
+        .args(extra)
+        .env("OUTBOARD_CONTROL", &up.control)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .unwrap()
 }

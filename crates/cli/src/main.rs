@@ -95,7 +95,7 @@ fn fault(a: FaultArgs, control: std::path::PathBuf) -> Result<ExitCode, String> 
 /// Which tests, and how.
 #[derive(clap::Args)]
 struct BenchArgs {
-    /// Tests to run: disk-read, iops, null-rtt, or all.
+    /// Tests to run: disk-read, iops, null-rtt, trace (the 1992 HP disk trace), exports (NBD against nbdkit and qemu-storage-daemon), or all.
     #[arg(required = true, value_parser = ["disk-read", "iops", "null-rtt", "trace", "exports", "all"])]
     tests: Vec<String>,
     /// A short smoke run (small sizes, 2 runs): checks the machinery, not the numbers.
@@ -104,7 +104,7 @@ struct BenchArgs {
     /// Runs per measurement, the first discarded as warm-up [default: 11; --quick: 2].
     #[arg(long, default_value_t = 0)]
     runs: usize,
-    /// Data size: bytes read per run (disk-read) or disk size (iops), e.g. 64M, 1G.
+    /// Data size: bytes read per run (disk-read), or disk size (iops, exports), e.g. 64M, 1G.
     #[arg(long, value_parser = |s: &str| outboard_devices::backing::parse_size(s).ok_or("not a size"))]
     size: Option<u64>,
     /// Where results go.

@@ -52,6 +52,7 @@ typedef struct {
     uint32_t block_size;   /* in bytes */
     uint32_t read_only;    /* 1 if writes are refused */
     uint32_t queue_depth;  /* requests the driver keeps in flight */
+    uint32_t max_transfer; /* largest transfer of one request in bytes; 0: no limit */
 } ob_block_info;
 
 typedef struct {

@@ -31,7 +31,13 @@ pub struct ObBlockInfo {
     pub read_only: u32,
     /// Queue depth.
     pub queue_depth: u32,
+    /// Largest transfer of one request (bytes; 0: no limit). It fills what was padding, so the
+    /// struct keeps its size.
+    pub max_transfer: u32,
 }
+
+// The header's `ob_block_info` is 24 bytes (the C test checks its side).
+const _: () = assert!(std::mem::size_of::<ObBlockInfo>() == 24);
 
 /// `ob_block_request`.
 #[repr(C)]
@@ -176,6 +182,7 @@ pub unsafe extern "C" fn ob_block_get_info(b: *const ObBlock, info: *mut ObBlock
         block_size: i.block_size,
         read_only: i.read_only as u32,
         queue_depth: i.queue_depth,
+        max_transfer: i.max_transfer,
     };
     // SAFETY: non-null and writable per the contract.
     unsafe { info.write(v) };

@@ -18,6 +18,10 @@ int main(int argc, char **argv) {
     CHECK(ob_block_get_info(b, &info) == OB_OK, "info");
     CHECK(info.block_size == 512 && info.capacity == 2048 && !info.read_only, "geometry %u %llu",
           info.block_size, (unsigned long long)info.capacity);
+    /* The emulated disk takes 1 MiB segments, several per request. */
+    CHECK(info.max_transfer >= 1048576 && info.max_transfer % info.block_size == 0,
+          "max_transfer %u", info.max_transfer);
+    CHECK(sizeof(ob_block_info) == 24, "ob_block_info is %zu bytes", sizeof(ob_block_info));
 
     /* Synchronous write, flush, read back. */
     unsigned char out[8192], in[8192];

@@ -137,6 +137,40 @@ pub fn max_outstanding(events: &[Event]) -> usize {
     max
 }
 
+/// What a replay keeps per request and per disk.
+struct Replay {
+    /// Each disk's buffer area, handed out per request.
+    pools: Vec<BufferPool>,
+    /// Request `i` has completed.
+    done: Vec<bool>,
+    /// Request `i`'s piece of its disk's buffer area while it is in flight.
+    bufs: Vec<Option<outboard_client::Buffer>>,
+    out: Vec<BlockCompletion>,
+}
+
+impl Replay {
+    /// Takes the completions of disk `k` (waiting for one if `block`), marking their requests
+    /// done and giving their buffers back.
+    fn reap(&mut self, disk: &mut dyn BlockDevice, k: usize, block: bool) -> Result<(), String> {
+        self.out.clear();
+        if block {
+            disk.wait(&mut self.out, Duration::from_secs(60))
+        } else {
+            disk.poll(&mut self.out)
+        }
+        .map_err(|x| x.to_string())?;
+        for c in &self.out {
+            let i = c.tag as usize;
+            c.result.clone().map_err(|x| format!("request {i}: {x}"))?;
+            self.done[i] = true;
+            if let Some(b) = self.bufs[i].take() {
+                self.pools[k].free(b);
+            }
+        }
+        Ok(())
+    }
+}
+
 /// Replays `events` of `ios` on the two disks; returns the elapsed time.
 pub fn replay(
     disks: &mut [&mut dyn BlockDevice; 2],
@@ -144,40 +178,16 @@ pub fn replay(
     events: &[Event],
 ) -> Result<Duration, String> {
     let e = |x: BlockError| x.to_string();
-    let mut pools: Vec<BufferPool> = disks
-        .iter()
-        .map(|d| BufferPool::new(d.buffers().len() as u64, 4096))
-        .collect();
-    let mut done = vec![false; ios.len()];
-    let mut bufs = vec![None; ios.len()];
-    let mut out: Vec<BlockCompletion> = Vec::new();
-    let t0 = Instant::now();
-    // Takes completions from disk `k`, waiting if `block`.
-    let mut reap = |k: usize,
-                    disks: &mut [&mut dyn BlockDevice; 2],
-                    block: bool,
-                    done: &mut Vec<bool>,
-                    bufs: &mut Vec<Option<outboard_client::Buffer>>,
-                    pools: &mut Vec<BufferPool>|
-     -> Result<(), String> {
-        out.clear();
-        if block {
-            disks[k]
-                .wait(&mut out, Duration::from_secs(60))
-                .map_err(e)?;
-        } else {
-            disks[k].poll(&mut out).map_err(e)?;
-        }
-        for c in &out {
-            let i = c.tag as usize;
-            c.result.clone().map_err(|x| format!("request {i}: {x}"))?;
-            done[i] = true;
-            if let Some(b) = bufs[i].take() {
-                pools[k].free(b);
-            }
-        }
-        Ok(())
+    let mut st = Replay {
+        pools: disks
+            .iter()
+            .map(|d| BufferPool::new(d.buffers().len() as u64, 4096))
+            .collect(),
+        done: vec![false; ios.len()],
+        bufs: vec![None; ios.len()],
+        out: Vec::new(),
     };
+    let t0 = Instant::now();
     for ev in events {
         match *ev {
             Event::Start(i) => {
@@ -185,12 +195,12 @@ pub fn replay(
                 let k = io.disk;
                 let bs = disks[k].info().block_size as u64;
                 let buf = loop {
-                    if let Some(b) = pools[k].alloc(io.bytes as u64) {
+                    if let Some(b) = st.pools[k].alloc(io.bytes as u64) {
                         break b;
                     }
-                    reap(k, disks, true, &mut done, &mut bufs, &mut pools)?;
+                    st.reap(&mut *disks[k], k, true)?;
                 };
-                bufs[i] = Some(buf);
+                st.bufs[i] = Some(buf);
                 let r = BlockRequest {
                     op: if io.read {
                         BlockOp::Read
@@ -207,7 +217,7 @@ pub fn replay(
                         Ok(()) => break,
                         Err(BlockError::QueueFull) => {
                             disks[k].kick().map_err(e)?;
-                            reap(k, disks, true, &mut done, &mut bufs, &mut pools)?;
+                            st.reap(&mut *disks[k], k, true)?;
                         }
                         Err(x) => return Err(format!("request {i}: {x}")),
                     }
@@ -216,9 +226,9 @@ pub fn replay(
             }
             Event::Complete(i) => {
                 let k = ios[i].disk;
-                reap(k, disks, false, &mut done, &mut bufs, &mut pools)?;
-                while !done[i] {
-                    reap(k, disks, true, &mut done, &mut bufs, &mut pools)?;
+                st.reap(&mut *disks[k], k, false)?;
+                while !st.done[i] {
+                    st.reap(&mut *disks[k], k, true)?;
                 }
             }
         }

@@ -33,14 +33,10 @@ struct Export {
 impl Export {
     fn start(up: &Up, extra: &[&str]) -> Self {
         let socket = up.dir.join("disk0.nbd");
-        let child = Command::new(EXE)
-            .args(["export", "nbd", "disk0", "--socket"])
+        let child = export_command(up, &[])
+            .arg("--socket")
             .arg(&socket)
             .args(extra)
-            .env("OUTBOARD_CONTROL", &up.control)
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::inherit())
             .spawn()
             .expect("spawn outboard export");
         assert!(
@@ -824,15 +820,29 @@ fn blk_reads_back(run: &dyn Fn(&[&str]) -> Output, uri: &str, offset: u64, data:
 /// `extra` arguments; the machine's sockets are UNIX sockets in the file system, reachable from
 /// any network namespace.
 fn export_in(ns: &str, up: &Up, addr: &str, extra: &[String]) -> Child {
-    Command::new("ip")
-        .args([
-            "netns", "exec", ns, EXE, "export", "nbd", "disk0", "--listen", addr,
-        ])
+    export_command(up, &["ip", "netns", "exec", ns])
+        .args(["--listen", addr])
         .args(extra)
+        .spawn()
+        .unwrap()
+}
+
+/// `outboard export nbd disk0` for `up`'s machine, run through `wrapper` (a program and its
+/// arguments, or nothing); the caller adds where it listens.
+fn export_command(up: &Up, wrapper: &[&str]) -> Command {
+    let (program, before) = match wrapper.split_first() {
+        Some((p, rest)) => (*p, rest),
+        None => (EXE, &[][..]),
+    };
+    let mut c = Command::new(program);
+    c.args(before);
+    if !wrapper.is_empty() {
+        c.arg(EXE);
+    }
+    c.args(["export", "nbd", "disk0"])
         .env("OUTBOARD_CONTROL", &up.control)
         .stdin(Stdio::null())
         .stdout(Stdio::null())
-        .stderr(Stdio::inherit())
-        .spawn()
-        .unwrap()
+        .stderr(Stdio::inherit());
+    c
 }

@@ -298,163 +298,45 @@ impl NbdClient {
     pub fn open(uri: &str, buffer_size: usize) -> Result<Self, BlockError> {
         let u: NbdUri = uri.parse().map_err(BlockError::Invalid)?;
         let unreachable = |e: std::io::Error| BlockError::Unreachable(format!("{uri}: {e}"));
-        let sock = match &u.address {
+        let mut plain = match &u.address {
             NbdAddress::Tcp(a) => {
                 let s = TcpStream::connect(a).map_err(unreachable)?;
                 let _ = s.set_nodelay(true);
-                Stream::Plain(Plain::Tcp(s))
+                Plain::Tcp(s)
             }
-            NbdAddress::Unix(p) => {
-                Stream::Plain(Plain::Unix(UnixStream::connect(p).map_err(unreachable)?))
-            }
+            NbdAddress::Unix(p) => Plain::Unix(UnixStream::connect(p).map_err(unreachable)?),
         };
-        let mut c = Self {
+        greet(&mut plain)?;
+        let mut sock = match &u.tls {
+            Some(ca) => start_tls(plain, &u, ca)?,
+            None => Stream::Plain(plain),
+        };
+        let export = go(sock.io(), &u.export)?;
+        let buffers = SharedMem::heap(buffer_size)
+            .map_err(|e| BlockError::Invalid(format!("buffer area: {e}")))?;
+        let (min, _, max) = export.block_sizes.unwrap_or((1, 4096, 32 << 20));
+        let block = min.max(512);
+        if !block.is_power_of_two() || block > MAX_MIN_BLOCK || export.size % block as u64 != 0 {
+            return Err(BlockError::Protocol(format!(
+                "export of {} bytes with {min}-byte blocks",
+                export.size
+            )));
+        }
+        let area = buffers.len() as u32 / block * block;
+        Ok(Self {
             sock,
             info: BlockInfo {
                 name: uri.to_string(),
-                capacity: 0,
-                block_size: 512,
-                read_only: false,
+                capacity: export.size / block as u64,
+                block_size: block,
+                read_only: export.flags & proto::flags::READ_ONLY != 0,
                 queue_depth: DEPTH as u32,
-                max_transfer: 0,
+                max_transfer: (max / block * block).min(area).max(block),
             },
-            buffers: SharedMem::heap(buffer_size)
-                .map_err(|e| BlockError::Invalid(format!("buffer area: {e}")))?,
+            buffers,
             in_flight: HashMap::new(),
             broken: None,
-        };
-        c.negotiate(&u)?;
-        Ok(c)
-    }
-
-    fn negotiate(&mut self, u: &NbdUri) -> Result<(), BlockError> {
-        let export = u.export.as_str();
-        let io = self.sock.io();
-        let mut g = [0u8; 18];
-        io.read_exact(&mut g).map_err(io_err)?;
-        if g[..8] != proto::NBD_MAGIC.to_be_bytes() || g[8..16] != proto::IHAVEOPT.to_be_bytes() {
-            return Err(BlockError::Protocol(
-                "not a newstyle NBD server (bad greeting)".into(),
-            ));
-        }
-        let flags = u16::from_be_bytes([g[16], g[17]]);
-        if flags & proto::handshake::FIXED_NEWSTYLE == 0 {
-            return Err(BlockError::Protocol(
-                "the server does not speak fixed newstyle".into(),
-            ));
-        }
-        let mut cf = proto::client_flags::FIXED_NEWSTYLE;
-        if flags & proto::handshake::NO_ZEROES != 0 {
-            cf |= proto::client_flags::NO_ZEROES;
-        }
-        io.write_all(&cf.to_be_bytes()).map_err(io_err)?;
-        if let Some(ca) = &u.tls {
-            self.start_tls(u, ca)?;
-        }
-        let io = self.sock.io();
-        let mut go = (export.len() as u32).to_be_bytes().to_vec();
-        go.extend_from_slice(export.as_bytes());
-        go.extend_from_slice(&1u16.to_be_bytes());
-        go.extend_from_slice(&proto::info::BLOCK_SIZE.to_be_bytes());
-        io.write_all(&proto::option(proto::opt::GO, &go))
-            .map_err(io_err)?;
-        let mut info = ExportInfo::default();
-        loop {
-            let mut h = [0u8; OptionReply::SIZE];
-            io.read_exact(&mut h).map_err(io_err)?;
-            let r = OptionReply::parse(&h).map_err(proto_err)?;
-            if r.length > proto::MAX_OPTION {
-                return Err(BlockError::Protocol(format!(
-                    "an option reply of {} bytes",
-                    r.length
-                )));
-            }
-            let mut d = vec![0u8; r.length as usize];
-            io.read_exact(&mut d).map_err(io_err)?;
-            match r.reply {
-                rep::ACK => break,
-                rep::INFO => info.absorb(&d).map_err(proto_err)?,
-                rep::ERR_UNKNOWN => {
-                    return Err(BlockError::NoSuchDevice(format!(
-                        "no export {export:?}: {}",
-                        String::from_utf8_lossy(&d)
-                    )))
-                }
-                e if e & (1 << 31) != 0 => {
-                    return Err(BlockError::DeviceFailed(format!(
-                        "the NBD server refused export {export:?}: {}",
-                        String::from_utf8_lossy(&d)
-                    )))
-                }
-                other => {
-                    return Err(BlockError::Protocol(format!(
-                        "unexpected option reply {other}"
-                    )))
-                }
-            }
-        }
-        let (min, _, max) = info.block_sizes.unwrap_or((1, 4096, 32 << 20));
-        let block = min.max(512);
-        if !block.is_power_of_two() || block > MAX_MIN_BLOCK || info.size % block as u64 != 0 {
-            return Err(BlockError::Protocol(format!(
-                "export of {} bytes with {min}-byte blocks",
-                info.size
-            )));
-        }
-        self.info.block_size = block;
-        self.info.capacity = info.size / block as u64;
-        self.info.read_only = info.flags & proto::flags::READ_ONLY != 0;
-        let area = self.buffers.len() as u32 / block * block;
-        self.info.max_transfer = (max / block * block).min(area).max(block);
-        Ok(())
-    }
-
-    /// `NBD_OPT_STARTTLS`, then the TLS handshake, verifying the server's certificate against
-    /// `ca` for the URI's host.
-    fn start_tls(&mut self, u: &NbdUri, ca: &std::path::Path) -> Result<(), BlockError> {
-        let io = self.sock.io();
-        io.write_all(&proto::option(proto::opt::STARTTLS, &[]))
-            .map_err(io_err)?;
-        let mut h = [0u8; OptionReply::SIZE];
-        io.read_exact(&mut h).map_err(io_err)?;
-        let r = OptionReply::parse(&h).map_err(proto_err)?;
-        if r.length > proto::MAX_OPTION {
-            return Err(BlockError::Protocol("an overlong STARTTLS reply".into()));
-        }
-        let mut d = vec![0u8; r.length as usize];
-        io.read_exact(&mut d).map_err(io_err)?;
-        if r.reply != rep::ACK {
-            return Err(BlockError::Unreachable(format!(
-                "the NBD server will not start TLS: {}",
-                String::from_utf8_lossy(&d)
-            )));
-        }
-        let host = match &u.address {
-            NbdAddress::Tcp(a) => a.rsplit_once(':').map_or(a.as_str(), |(h, _)| h),
-            NbdAddress::Unix(_) => "localhost",
-        };
-        let host = host
-            .trim_start_matches('[')
-            .trim_end_matches(']')
-            .to_string();
-        let name = rustls::pki_types::ServerName::try_from(host)
-            .map_err(|e| BlockError::Invalid(format!("server name: {e}")))?;
-        let conn = rustls::ClientConnection::new(tls_config(ca)?, name)
-            .map_err(|e| BlockError::Protocol(format!("TLS: {e}")))?;
-        let Stream::Plain(plain) = std::mem::replace(
-            &mut self.sock,
-            Stream::Plain(Plain::Unix(UnixStream::pair().map_err(io_err)?.0)),
-        ) else {
-            return Err(BlockError::Protocol("TLS is already on".into()));
-        };
-        let mut tls = rustls::StreamOwned::new(conn, plain);
-        while tls.conn.is_handshaking() {
-            tls.conn
-                .complete_io(&mut tls.sock)
-                .map_err(|e| BlockError::Unreachable(format!("TLS handshake: {e}")))?;
-        }
-        self.sock = Stream::Tls(Box::new(tls));
-        Ok(())
+        })
     }
 
     fn fail(&mut self, e: BlockError) -> BlockError {
@@ -487,6 +369,113 @@ impl NbdClient {
         out.push(BlockCompletion { tag: r.tag, result });
         Ok(())
     }
+}
+
+/// Reads the server's greeting and answers it: fixed newstyle, no zeroes if offered.
+fn greet(io: &mut dyn ReadWrite) -> Result<(), BlockError> {
+    let mut g = [0u8; 18];
+    io.read_exact(&mut g).map_err(io_err)?;
+    if g[..8] != proto::NBD_MAGIC.to_be_bytes() || g[8..16] != proto::IHAVEOPT.to_be_bytes() {
+        return Err(BlockError::Protocol(
+            "not a newstyle NBD server (bad greeting)".into(),
+        ));
+    }
+    let flags = u16::from_be_bytes([g[16], g[17]]);
+    if flags & proto::handshake::FIXED_NEWSTYLE == 0 {
+        return Err(BlockError::Protocol(
+            "the server does not speak fixed newstyle".into(),
+        ));
+    }
+    let mut cf = proto::client_flags::FIXED_NEWSTYLE;
+    if flags & proto::handshake::NO_ZEROES != 0 {
+        cf |= proto::client_flags::NO_ZEROES;
+    }
+    io.write_all(&cf.to_be_bytes()).map_err(io_err)
+}
+
+/// One option reply: its header and data, checked.
+fn option_reply(io: &mut dyn ReadWrite) -> Result<(OptionReply, Vec<u8>), BlockError> {
+    let mut h = [0u8; OptionReply::SIZE];
+    io.read_exact(&mut h).map_err(io_err)?;
+    let r = OptionReply::parse(&h).map_err(proto_err)?;
+    if r.length > proto::MAX_OPTION {
+        return Err(BlockError::Protocol(format!(
+            "an option reply of {} bytes",
+            r.length
+        )));
+    }
+    let mut d = vec![0u8; r.length as usize];
+    io.read_exact(&mut d).map_err(io_err)?;
+    Ok((r, d))
+}
+
+/// `NBD_OPT_GO` for `export`, asking for block sizes; what the server says of it.
+fn go(io: &mut dyn ReadWrite, export: &str) -> Result<ExportInfo, BlockError> {
+    let mut go = (export.len() as u32).to_be_bytes().to_vec();
+    go.extend_from_slice(export.as_bytes());
+    go.extend_from_slice(&1u16.to_be_bytes());
+    go.extend_from_slice(&proto::info::BLOCK_SIZE.to_be_bytes());
+    io.write_all(&proto::option(proto::opt::GO, &go))
+        .map_err(io_err)?;
+    let mut info = ExportInfo::default();
+    loop {
+        let (r, d) = option_reply(io)?;
+        match r.reply {
+            rep::ACK => return Ok(info),
+            rep::INFO => info.absorb(&d).map_err(proto_err)?,
+            rep::ERR_UNKNOWN => {
+                return Err(BlockError::NoSuchDevice(format!(
+                    "no export {export:?}: {}",
+                    String::from_utf8_lossy(&d)
+                )))
+            }
+            e if e & (1 << 31) != 0 => {
+                return Err(BlockError::DeviceFailed(format!(
+                    "the NBD server refused export {export:?}: {}",
+                    String::from_utf8_lossy(&d)
+                )))
+            }
+            other => {
+                return Err(BlockError::Protocol(format!(
+                    "unexpected option reply {other}"
+                )))
+            }
+        }
+    }
+}
+
+/// `NBD_OPT_STARTTLS`, then the TLS handshake on `plain`, verifying the server's certificate
+/// against `ca` for the URI's host.
+fn start_tls(mut plain: Plain, u: &NbdUri, ca: &std::path::Path) -> Result<Stream, BlockError> {
+    plain
+        .write_all(&proto::option(proto::opt::STARTTLS, &[]))
+        .map_err(io_err)?;
+    let (r, d) = option_reply(&mut plain)?;
+    if r.reply != rep::ACK {
+        return Err(BlockError::Unreachable(format!(
+            "the NBD server will not start TLS: {}",
+            String::from_utf8_lossy(&d)
+        )));
+    }
+    let host = match &u.address {
+        NbdAddress::Tcp(a) => a.rsplit_once(':').map_or(a.as_str(), |(h, _)| h),
+        NbdAddress::Unix(_) => "localhost",
+    };
+    let host = host
+        .trim_start_matches('[')
+        .trim_end_matches(']')
+        .to_string();
+    let name = rustls::pki_types::ServerName::try_from(host)
+        .map_err(|e| BlockError::Invalid(format!("server name: {e}")))?;
+    let conn = rustls::ClientConnection::new(tls_config(ca)?, name)
+        .map_err(|e| BlockError::Protocol(format!("TLS: {e}")))?;
+    let mut tls = rustls::StreamOwned::new(conn, plain);
+    while tls.conn.is_handshaking() {
+        tls.conn
+            .complete_io(&mut tls.sock)
+            .map_err(|e| BlockError::Unreachable(format!("TLS handshake: {e}")))?;
+    }
+    Ok(Stream::Tls(Box::new(tls)))
 }
 
 impl BlockDevice for NbdClient {

@@ -403,19 +403,18 @@ impl Manager {
                 args.extend(["--tls-key".into(), key.display().to_string()]);
             }
             let s = if e.tls.is_some() { "s" } else { "" };
-            let (socket, uri) = match &e.address {
+            let uri = match &e.address {
                 ExportAddress::Socket(p) => {
                     let p = p
                         .clone()
                         .unwrap_or_else(|| self.rt().dir().join(format!("export-{i}.nbd")));
                     let p = self.created(p);
                     args.extend(["--socket".into(), p.display().to_string()]);
-                    let uri = format!("nbd{s}+unix:///{}?socket={}", e.name, p.display());
-                    (Some(p), uri)
+                    format!("nbd{s}+unix:///{}?socket={}", e.name, p.display())
                 }
                 ExportAddress::Tcp(a) => {
                     args.extend(["--listen".into(), a.to_string()]);
-                    (None, format!("nbd{s}://{a}/{}", e.name))
+                    format!("nbd{s}://{a}/{}", e.name)
                 }
             };
             let log = self.created(self.rt().dir().join(format!("export-{i}.log")));
@@ -430,7 +429,6 @@ impl Manager {
             // Not waited for here: the export opens its device through this manager, which
             // answers only once it runs. It reports itself ready (its first client report),
             // and a crash before that shows in the registry like any other.
-            let _ = socket;
             let pid = p.pid();
             self.procs.push(p);
             if let Some(b) = self.registry.find_mut("block-device", &e.device) {

@@ -133,20 +133,9 @@ impl Process {
     /// Waits until a server is bound at `path` (a stale socket left there does not count) while
     /// the process is still running, up to `timeout`.
     pub fn wait_for_socket(&mut self, path: &Path, timeout: Duration) -> Result<(), String> {
-        self.wait_until(&path.display().to_string(), timeout, || {
-            outboard_sys::is_live(path)
-        })
-    }
-
-    fn wait_until(
-        &mut self,
-        what: &str,
-        timeout: Duration,
-        ready: impl Fn() -> bool,
-    ) -> Result<(), String> {
         let deadline = Instant::now() + timeout;
         loop {
-            if ready() {
+            if outboard_sys::is_live(path) {
                 return Ok(());
             }
             if self.reap() {
@@ -160,8 +149,9 @@ impl Process {
             }
             if Instant::now() > deadline {
                 return Err(format!(
-                    "{} was not listening at {what} within {timeout:?}",
-                    self.role
+                    "{} did not create {} within {timeout:?}",
+                    self.role,
+                    path.display()
                 ));
             }
             std::thread::sleep(Duration::from_millis(10));

@@ -112,10 +112,16 @@ impl Drop for ClientEntry {
     }
 }
 
+/// What is exported: each export's description, and the block device behind it (same index).
+struct Exports {
+    list: Vec<Export>,
+    devices: Vec<String>,
+}
+
 /// A bound export server.
 pub struct NbdServer {
     listener: Listener,
-    exports: Arc<Vec<(Export, String)>>,
+    exports: Arc<Exports>,
     open: Opener,
     active: Arc<AtomicUsize>,
     clients: Arc<Clients>,
@@ -128,12 +134,12 @@ impl NbdServer {
         if specs.is_empty() {
             return Err(NbdError::Setup("nothing to export".into()));
         }
-        let mut exports = Vec::new();
+        let mut exports = Exports {
+            list: Vec::new(),
+            devices: Vec::new(),
+        };
         for s in specs {
-            if exports
-                .iter()
-                .any(|(e, _): &(Export, String)| e.name == s.name)
-            {
+            if exports.list.iter().any(|e| e.name == s.name) {
                 return Err(NbdError::Setup(format!("two exports named {:?}", s.name)));
             }
             let (dev, multi_conn) =
@@ -147,18 +153,16 @@ impl NbdServer {
             let max_payload = (MAX_PAYLOAD as u64)
                 .min(area / 2 / 4096 * 4096)
                 .min(device_max as u64) as u32;
-            exports.push((
-                Export {
-                    name: s.name.clone(),
-                    description: format!("Outboard block device {}", s.device),
-                    size: info.capacity * info.block_size as u64,
-                    block_size: info.block_size,
-                    max_payload: max_payload / info.block_size * info.block_size,
-                    read_only: s.read_only || info.read_only,
-                    multi_conn,
-                },
-                s.device.clone(),
-            ));
+            exports.devices.push(s.device.clone());
+            exports.list.push(Export {
+                name: s.name.clone(),
+                description: format!("Outboard block device {}", s.device),
+                size: info.capacity * info.block_size as u64,
+                block_size: info.block_size,
+                max_payload: max_payload / info.block_size * info.block_size,
+                read_only: s.read_only || info.read_only,
+                multi_conn,
+            });
         }
         let listener = match listen {
             Listen::Unix(path) => {
@@ -197,7 +201,7 @@ impl NbdServer {
         if let Some(c) = Arc::get_mut(&mut self.clients) {
             c.notify = Some(notify);
         }
-        for (e, _) in self.exports.iter() {
+        for e in &self.exports.list {
             self.clients.report(&e.name);
         }
         self
@@ -205,7 +209,7 @@ impl NbdServer {
 
     /// What is exported.
     pub fn exports(&self) -> Vec<Export> {
-        self.exports.iter().map(|(e, _)| e.clone()).collect()
+        self.exports.list.clone()
     }
 
     /// Where it listens (`unix:PATH` or `tcp:ADDR:PORT`, with the port actually bound).
@@ -284,8 +288,7 @@ fn readable(fd: &impl AsFd) -> bool {
 
 /// What a connection needs from the server.
 struct Shared<'a> {
-    exports: &'a [(Export, String)],
-    list: Vec<Export>,
+    exports: &'a Exports,
     open: &'a Opener,
     join: &'a dyn Fn(&str) -> ClientEntry,
     tls: Option<Arc<rustls::ServerConfig>>,
@@ -295,14 +298,13 @@ struct Shared<'a> {
 /// requires), a session with the chosen device, transmission.
 fn connection<S: Transport + AsFd>(
     mut s: S,
-    exports: &[(Export, String)],
+    exports: &Exports,
     open: &Opener,
     join: &dyn Fn(&str) -> ClientEntry,
     tls: Option<Arc<rustls::ServerConfig>>,
 ) -> Result<Option<crate::transmit::ConnStats>, NbdError> {
     let sh = Shared {
         exports,
-        list: exports.iter().map(|(e, _)| e.clone()).collect(),
         open,
         join,
         tls,
@@ -313,7 +315,13 @@ fn connection<S: Transport + AsFd>(
         active: false,
     };
     let mut dev = None;
-    let first = negotiate_with(&mut s, &sh.list, &mut chooser(&sh, &mut dev), policy, false)?;
+    let first = negotiate_with(
+        &mut s,
+        &sh.exports.list,
+        &mut chooser(&sh, &mut dev),
+        policy,
+        false,
+    )?;
     match first {
         Outcome::StartTls { no_zeroes } => {
             let config = sh.tls.clone().expect("offered only when configured");
@@ -331,7 +339,7 @@ fn connection<S: Transport + AsFd>(
             };
             let outcome = negotiate_with(
                 &mut tls,
-                &sh.list,
+                &sh.exports.list,
                 &mut chooser(&sh, &mut dev),
                 policy,
                 no_zeroes,
@@ -349,7 +357,7 @@ fn chooser<'a>(
     dev: &'a mut Option<Box<dyn BlockDevice>>,
 ) -> impl FnMut(usize) -> Result<(), String> + 'a {
     move |i| {
-        let (d, _) = (sh.open)(&sh.exports[i].1).map_err(|e| e.to_string())?;
+        let (d, _) = (sh.open)(&sh.exports.devices[i]).map_err(|e| e.to_string())?;
         *dev = Some(d);
         Ok(())
     }
@@ -365,8 +373,8 @@ fn transmit<S: Transport>(
         return Ok(None);
     };
     let mut dev = dev.ok_or_else(|| NbdError::Setup("no session after negotiation".into()))?;
-    let _client = (sh.join)(&sh.list[export].name);
-    Conn::new(s, dev.as_mut(), &sh.list[export], structured)
+    let _client = (sh.join)(&sh.exports.list[export].name);
+    Conn::new(s, dev.as_mut(), &sh.exports.list[export], structured)
         .run()
         .map(Some)
 }

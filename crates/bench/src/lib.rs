@@ -12,10 +12,12 @@ pub mod model;
 pub mod pingpong;
 pub mod placement;
 pub mod report;
+pub mod restart;
 pub mod stats;
 pub mod tests;
 pub mod trace;
 pub mod uring;
+pub mod verified;
 pub mod workloads;
 
 use std::path::PathBuf;
@@ -23,7 +25,14 @@ use std::path::PathBuf;
 use indicatif::{ProgressBar, ProgressStyle};
 
 /// The tests, in report order.
-pub const TESTS: &[&str] = &["disk-read", "iops", "null-rtt", "trace", "exports"];
+pub const TESTS: &[&str] = &[
+    "disk-read",
+    "iops",
+    "null-rtt",
+    "trace",
+    "exports",
+    "restart",
+];
 
 /// What a run needs.
 pub struct Context {
@@ -84,6 +93,7 @@ pub fn run(tests: &[&str], opts: Options) -> Result<(), String> {
             "null-rtt" => tests::null_rtt(&ctx),
             "exports" => exports::exports(&ctx),
             "trace" => trace::trace_test(&ctx),
+            "restart" => restart::restart_test(&ctx),
             other => Err(format!(
                 "unknown test {other:?} (known: {})",
                 TESTS.join(", ")

@@ -617,6 +617,7 @@ pub fn steps(test: &str, ctx: &Context) -> u64 {
         "null-rtt" => 9 * r,
         "exports" => crate::exports::steps(ctx),
         "trace" => crate::trace::steps(ctx),
+        "restart" => crate::restart::steps(ctx),
         _ => 0,
     }
 }

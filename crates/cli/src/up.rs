@@ -58,6 +58,11 @@ pub struct DriverHostArgs {
     /// is given up (its requests fail with "device failed").
     #[arg(long, default_value_t = 30_000, value_parser = clap::value_parser!(u64).range(1..))]
     deadline_ms: u64,
+    /// A supervisor restarts this server and its clients resume their sessions: a device that
+    /// fails ends the server (exit status 75) with its requests unanswered, for the clients
+    /// to send again, instead of failing them.
+    #[arg(long)]
+    restartable: bool,
 }
 
 /// The most device queues a driver server drives per device: requests are spread over them.
@@ -175,14 +180,16 @@ pub fn driver_host(a: DriverHostArgs) -> Result<ExitCode, String> {
     let mut server = DriverHost::bind(&a.listen, served).map_err(|e| e.to_string())?;
     server.set_spin(std::time::Duration::from_micros(a.spin_us));
     server.set_deadline(std::time::Duration::from_millis(a.deadline_ms));
-    if let Some(fd) = a.notify_fd {
-        server.set_notify(outboard_manager::supervisor::inherited_fd(fd)?);
-    }
+    server.set_restartable(a.restartable);
     eprintln!(
         "outboard: driver server for {} listening on {}",
         names.join(", "),
         a.listen.display()
     );
+    if let Some(fd) = a.notify_fd {
+        server.set_notify(outboard_manager::supervisor::inherited_fd(fd)?);
+        server.announce_serving().map_err(|e| e.to_string())?;
+    }
     server.run(&stop).map_err(|e| e.to_string())?;
     eprintln!("outboard: driver server stopped ({:?})", server.stats());
     Ok(ExitCode::SUCCESS)

@@ -144,10 +144,7 @@ fn a_client_process_killed_mid_io_does_not_disturb_the_others() {
     assert!(!text.contains("crashed"), "{text}");
 }
 
-#[test]
-fn a_crashed_driver_server_is_reported_not_waited_on() {
-    let dir = tempfile::tempdir().unwrap();
-    let mut up = Up::start(dir.path(), None);
+fn kill_driver(up: &Up) -> i32 {
     let tree: serde_json::Value =
         serde_json::from_slice(&up.run(&["ls", "--json"]).stdout).unwrap();
     let driver = &tree["children"][0]["children"][0]["children"][0];
@@ -157,26 +154,59 @@ fn a_crashed_driver_server_is_reported_not_waited_on() {
         rustix::process::Signal::KILL,
     )
     .unwrap();
-    let deadline = Instant::now() + Duration::from_secs(5);
+    pid
+}
+
+#[test]
+fn a_crashed_driver_server_is_reported_and_restarted() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut up = Up::start(dir.path(), None);
+    kill_driver(&up);
+    let deadline = Instant::now() + Duration::from_secs(10);
     loop {
         let text = stdout(&up.run(&["ls"]));
-        if text.contains("crashed") {
+        if text.contains("restarts=1") && text.contains("state=serving") {
+            assert!(text.contains("last-restart-ms="), "{text}");
             break;
         }
-        assert!(Instant::now() < deadline, "crash not reported: {text}");
+        assert!(Instant::now() < deadline, "no restart: {text}");
         std::thread::sleep(Duration::from_millis(50));
     }
-    // A client gets an error, not a hang.
-    let t = Instant::now();
     let r = up.run(&["blk", "info", "disk0"]);
-    assert!(!r.status.success());
-    assert!(t.elapsed() < Duration::from_secs(10));
+    assert!(r.status.success(), "{}", String::from_utf8_lossy(&r.stderr));
     let out = up.interrupt();
     assert!(
-        String::from_utf8_lossy(&out.stderr).contains("exited"),
+        String::from_utf8_lossy(&out.stderr).contains("exited (signal: 9"),
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
+}
+
+/// Past its restart limit a driver is given up, and then its clients get a specific error
+/// at once.
+#[test]
+fn a_driver_past_its_restart_limit_is_given_up_and_clients_are_told() {
+    let dir = tempfile::tempdir().unwrap();
+    let up = Up::start(
+        dir.path(),
+        Some("[[device]]\nname = \"disk0\"\nmodel = \"virtio-blk\"\nbacking = \"mem:1M\"\nrestarts = 0\n"),
+    );
+    kill_driver(&up);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let text = stdout(&up.run(&["ls"]));
+        if text.contains("state=gave up") {
+            break;
+        }
+        assert!(Instant::now() < deadline, "not given up: {text}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let t = Instant::now();
+    let r = up.run(&["blk", "read", "disk0", "--length", "512"]);
+    assert!(!r.status.success());
+    let e = String::from_utf8_lossy(&r.stderr);
+    assert!(e.contains("device failed") && e.contains("gave up"), "{e}");
+    assert!(t.elapsed() < Duration::from_secs(10));
 }
 
 #[test]

@@ -4,12 +4,14 @@
 
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::path::Path;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use outboard_session::control::{self, Reply, Request};
 use outboard_session::doorbell::{announce_sleep, cancel_sleep, peer_sleeping};
 use outboard_session::region::ShmRing;
 use outboard_session::{Consumer, Direction, Doorbell, Geometry, Producer, Region, SessionError};
+use outboard_shm::SharedMem;
 use rustix::event::{PollFd, PollFlags};
 
 /// How a client waits for completions.
@@ -93,14 +95,50 @@ impl Channel {
         mode: WaitMode,
         timeout: Duration,
     ) -> Result<(Self, serde_json::Value), ChannelError> {
-        let sock = control::connect(server)?;
-        let requested = geometry;
         let req = Request::Open {
             device: device.into(),
             class: class.into(),
-            geometry: requested.clone(),
+            geometry: geometry.clone(),
         };
-        let (reply, fds) = control::call(sock.as_fd(), &req, timeout)?;
+        Self::establish(server, &req, geometry, None, mode, timeout)
+    }
+
+    /// Resumes a session with a restarted server at `server`: a new session around the
+    /// buffer area this client kept (so buffers in use stay valid), claiming back `locks`.
+    #[allow(clippy::too_many_arguments)]
+    pub fn resume(
+        server: &Path,
+        device: &str,
+        class: &str,
+        geometry: Geometry,
+        buffers: Arc<SharedMem>,
+        locks: &[(u64, u32)],
+        mode: WaitMode,
+        timeout: Duration,
+    ) -> Result<(Self, serde_json::Value), ChannelError> {
+        let req = Request::Resume {
+            device: device.into(),
+            class: class.into(),
+            geometry: geometry.clone(),
+            locks: locks.to_vec(),
+        };
+        Self::establish(server, &req, geometry, Some(buffers), mode, timeout)
+    }
+
+    /// Sends `req` (with the kept buffer area's fd, when resuming) and maps what the server
+    /// granted.
+    fn establish(
+        server: &Path,
+        req: &Request,
+        requested: Geometry,
+        kept: Option<Arc<SharedMem>>,
+        mode: WaitMode,
+        timeout: Duration,
+    ) -> Result<(Self, serde_json::Value), ChannelError> {
+        let sock = control::connect(server)?;
+        let pass: Vec<BorrowedFd<'_>> = kept.as_ref().and_then(|b| b.fd()).into_iter().collect();
+        control::send(sock.as_fd(), req, &pass)?;
+        let (reply, fds) = control::recv(sock.as_fd(), Some(timeout))?;
         let (session, geometry, info) = match reply {
             Reply::Opened {
                 session,
@@ -123,7 +161,12 @@ impl Channel {
                 "the server granted {geometry:?}, not the {requested:?} asked for"
             )));
         }
-        let region = Region::attach(control_fd, buffers_fd, geometry)?;
+        let region = match kept {
+            None => Region::attach(control_fd, buffers_fd, geometry)?,
+            // The server's copy of the buffer fd is ours: the mapping we keep is the one the
+            // caller's buffers live in.
+            Some(buffers) => Region::attach_to(control_fd, buffers, geometry)?,
+        };
         let channel = Self {
             outbound: region.producers(Direction::ToServer),
             inbound: region.consumers(Direction::ToClient),
@@ -171,8 +214,18 @@ impl Channel {
 
     /// The buffer area.
     #[inline]
-    pub fn buffers(&self) -> &outboard_shm::SharedMem {
+    pub fn buffers(&self) -> &SharedMem {
         &self.region.buffers
+    }
+
+    /// The buffer area, to keep across a resumed session.
+    pub fn shared_buffers(&self) -> Arc<SharedMem> {
+        self.region.buffers.clone()
+    }
+
+    /// The wait mode.
+    pub fn mode(&self) -> WaitMode {
+        self.mode
     }
 
     /// Whether the server closed the session.

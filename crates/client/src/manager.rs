@@ -1,7 +1,7 @@
 //! Opening class devices by name through the manager: the client's side of placement.
 
 use std::path::{Path, PathBuf};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use outboard_class::{BlockDevice, BlockError};
 use outboard_drivers::Attachment;
@@ -11,7 +11,11 @@ use outboard_session::control;
 use crate::api::{Placement, Reply, Request};
 use crate::colocated::Colocated;
 use crate::registry::Node;
-use crate::session::{reply_error, BlockClient, SessionOptions};
+use crate::session::{reply_error, BlockClient, SessionOptions, Supervisor};
+
+/// Longest a client waits for a restarting driver before it fails its requests with "device
+/// failed" (the manager normally gives up, and says so, much sooner).
+pub const RESTART_PATIENCE: Duration = Duration::from_secs(120);
 
 /// Sends one request to the manager.
 pub fn ask(control_path: &Path, req: &Request) -> Result<Reply, BlockError> {
@@ -91,15 +95,42 @@ pub fn open_block_with(
         let d = crate::remote::NbdClient::open(name, opts.buffer_size as usize)?;
         return Ok((Box::new(d), Placement::Separate));
     }
-    match ask(control_path, &Request::Open { name: name.into() })? {
-        Reply::Open {
-            placement: Placement::Separate,
-            server: Some(server),
-            ..
-        } => Ok((
-            Box::new(BlockClient::open(&server, name, opts)?),
-            Placement::Separate,
-        )),
+    // A device whose driver is restarting is opened once it is back; so is one whose server
+    // died between the manager's answer and the open (the manager then says "restarting").
+    let patience = Instant::now() + RESTART_PATIENCE;
+    let reply = loop {
+        let reply = ask(control_path, &Request::Open { name: name.into() })?;
+        let server = match &reply {
+            Reply::Error { code, .. } if code == "restarting" && Instant::now() < patience => {
+                std::thread::sleep(Duration::from_millis(5));
+                continue;
+            }
+            Reply::Open {
+                placement: Placement::Separate,
+                server: Some(server),
+                ..
+            } => server,
+            _ => break reply,
+        };
+        match BlockClient::open(server, name, opts) {
+            Ok(client) => {
+                let client = client.supervised(Supervisor {
+                    control: control_path.to_owned(),
+                    patience: RESTART_PATIENCE,
+                });
+                return Ok((Box::new(client), Placement::Separate));
+            }
+            Err(BlockError::DeviceGone | BlockError::NoSuchDevice(_) | BlockError::Timeout)
+                if Instant::now() < patience =>
+            {
+                // The server is not there (or died while opening): the manager knows whether
+                // it comes back.
+                std::thread::sleep(Duration::from_millis(5));
+            }
+            Err(e) => return Err(e),
+        }
+    };
+    match reply {
         Reply::Open {
             placement: Placement::Colocated,
             device: Some(device),

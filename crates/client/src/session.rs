@@ -1,7 +1,8 @@
 //! The block class's client over a session (the `separate` placement): block requests in and
 //! out of a [`Channel`], which holds the class-independent session logic.
 
-use std::path::Path;
+use std::collections::VecDeque;
+use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use outboard_class::block::{
@@ -12,6 +13,7 @@ use outboard_session::Geometry;
 
 pub use crate::channel::WaitMode;
 use crate::channel::{Channel, ChannelError};
+use crate::inflight::InFlight;
 
 /// Options for a new session.
 #[derive(Debug, Clone, Copy)]
@@ -62,15 +64,48 @@ fn channel_err(e: ChannelError) -> BlockError {
 /// Where the completion ring is among [`RINGS`].
 const COMPLETIONS: usize = 1;
 
+/// Who restarts the server, so that a session outlives it (see [`BlockClient::supervised`]).
+#[derive(Debug, Clone)]
+pub struct Supervisor {
+    /// The manager's control socket: asked whether the driver is coming back.
+    pub control: PathBuf,
+    /// Longest the client waits for the server to come back before it fails the requests
+    /// with [`BlockError::DeviceFailed`] (the manager normally says sooner that it gave up).
+    pub patience: Duration,
+}
+
+/// How a session fared across server restarts.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct ResumeStats {
+    /// Times the session was resumed on a restarted server.
+    pub resumes: u64,
+    /// Requests sent again (parts of a write count once each).
+    pub replayed: u64,
+    /// The longest time from noticing the server gone to the replay being answered.
+    pub longest: Duration,
+}
+
 /// A session with a block device served by a driver server.
 pub struct BlockClient {
     channel: Channel,
     info: BlockInfo,
-    in_flight: usize,
+    /// What the server has not answered: enough to send it again to a restarted server.
+    pending: InFlight,
+    /// Completions already taken (during a resume) and not yet handed to the caller.
+    ready: VecDeque<BlockCompletion>,
     /// Most requests in flight: the completion ring's entries.
     depth: usize,
     /// The buffer area's size, which requests are checked against.
     buffer_size: u64,
+    server: PathBuf,
+    device: String,
+    timeout: Duration,
+    supervisor: Option<Supervisor>,
+    /// The session ended for good: every later call fails with this.
+    ended: Option<BlockError>,
+    resumes: ResumeStats,
+    /// Each resume: when the server was found gone, and when the replay was answered.
+    resume_log: Vec<(Instant, Instant)>,
 }
 
 impl std::fmt::Debug for BlockClient {
@@ -94,11 +129,29 @@ impl BlockClient {
         let (depth, buffer_size) = (g.rings[COMPLETIONS].entries as usize, g.buffer_size);
         Ok(Self {
             channel,
+            pending: InFlight::new(info.block_size),
             info,
-            in_flight: 0,
+            ready: VecDeque::new(),
             depth,
             buffer_size,
+            server: server.to_owned(),
+            device: device.to_owned(),
+            timeout: opts.timeout,
+            supervisor: None,
+            ended: None,
+            resumes: ResumeStats::default(),
+            resume_log: Vec::new(),
         })
+    }
+
+    /// Makes the session outlive its server: when the server dies, the client waits for the
+    /// supervisor to start it again, resumes the session on the new server with the same
+    /// buffer area, and sends again every request that was not answered — before any new
+    /// one — so the caller sees a delay, not an error. Without a supervisor a dead server
+    /// fails the session with [`BlockError::DeviceGone`].
+    pub fn supervised(mut self, supervisor: Supervisor) -> Self {
+        self.supervisor = Some(supervisor);
+        self
     }
 
     /// Asks the driver server at `server` for the status of `device`, without opening a session.
@@ -114,6 +167,232 @@ impl BlockClient {
     /// Changes how [`BlockDevice::wait`] waits.
     pub fn set_mode(&mut self, mode: WaitMode) {
         self.channel.set_mode(mode);
+    }
+
+    /// How the session fared across server restarts.
+    pub fn resume_stats(&self) -> ResumeStats {
+        self.resumes
+    }
+
+    /// Each resume: when the server was found gone, and when the replay was answered (the
+    /// first completions from the new server).
+    pub fn resume_log(&self) -> &[(Instant, Instant)] {
+        &self.resume_log
+    }
+
+    /// Takes what the server posted into `out`.
+    fn reap(&mut self, out: &mut Vec<BlockCompletion>) -> Result<usize, BlockError> {
+        let mut n = 0;
+        let mut e = [0u8; CQE_SIZE as usize];
+        while self.channel.pop(0, &mut e).map_err(channel_err)? {
+            let c = Cqe(e).decode();
+            out.push(self.pending.complete(c.tag, c.result)?);
+            n += 1;
+        }
+        Ok(n)
+    }
+
+    /// The server is gone: resumes the session on its successor if there is a supervisor,
+    /// else ends it. On return the session is usable again or has ended for good.
+    fn server_gone(&mut self) -> Result<(), BlockError> {
+        if let Some(e) = &self.ended {
+            return Err(e.clone());
+        }
+        let Some(sup) = self.supervisor.clone() else {
+            return self.end(BlockError::DeviceGone);
+        };
+        let started = Instant::now();
+        let give_up = started + sup.patience;
+        loop {
+            // What the old server answered before it died is answered.
+            let mut done = Vec::new();
+            let reaped = self.reap(&mut done);
+            self.ready.extend(done);
+            reaped?;
+            match self.resume(&sup, give_up)? {
+                Resumed::Yes => break,
+                // The new server died too while the replay ran: go again.
+                Resumed::GoneAgain => continue,
+            }
+        }
+        let took = started.elapsed();
+        self.resume_log.push((started, Instant::now()));
+        self.resumes.resumes += 1;
+        self.resumes.longest = self.resumes.longest.max(took);
+        Ok(())
+    }
+
+    /// Ends the session: every request in flight completes with `e`, and so does every later
+    /// call.
+    fn end(&mut self, e: BlockError) -> Result<(), BlockError> {
+        for slot in self.pending.slots() {
+            if let Ok(c) = self.pending.complete(slot as u64, Err(e.clone())) {
+                self.ready.push_back(c);
+            }
+        }
+        self.ended = Some(e.clone());
+        Err(e)
+    }
+
+    /// Waits for the supervisor's new server, opens the session on it and replays.
+    fn resume(&mut self, sup: &Supervisor, give_up: Instant) -> Result<Resumed, BlockError> {
+        let geometry = self.channel.geometry().clone();
+        let mut next_question = Instant::now();
+        let (channel, info) = loop {
+            match Channel::resume(
+                &self.server,
+                &self.device,
+                "block",
+                geometry.clone(),
+                self.channel.shared_buffers(),
+                self.pending.locks(),
+                self.channel.mode(),
+                self.timeout,
+            ) {
+                Ok(opened) => break opened,
+                Err(ChannelError::Connect(_) | ChannelError::Gone | ChannelError::Timeout) => {}
+                Err(ChannelError::Refused { code, .. }) if code == "restarting" => {}
+                Err(e) => return self.end(channel_err(e)).map(|_| Resumed::Yes),
+            }
+            let now = Instant::now();
+            if now >= give_up {
+                let why = format!(
+                    "its driver server did not come back within {:?}",
+                    sup.patience
+                );
+                return self
+                    .end(BlockError::DeviceFailed(why))
+                    .map(|_| Resumed::Yes);
+            }
+            if now >= next_question {
+                if let Some(e) = supervisor_verdict(&sup.control, &self.device) {
+                    return self.end(e).map(|_| Resumed::Yes);
+                }
+                next_question = now + Duration::from_millis(100);
+            }
+            std::thread::sleep(Duration::from_millis(1));
+        };
+        let info = parse_info(info)?;
+        if info.capacity != self.info.capacity || info.block_size != self.info.block_size {
+            let why = format!(
+                "the restarted driver serves another disk ({} blocks of {}, was {} of {})",
+                info.capacity, info.block_size, self.info.capacity, self.info.block_size
+            );
+            return self
+                .end(BlockError::DeviceFailed(why))
+                .map(|_| Resumed::Yes);
+        }
+        self.channel = channel;
+        self.replay()
+    }
+
+    /// Sends every unanswered request again, in the order they were submitted, and waits for
+    /// all of them: nothing new goes to the device before the replay is answered.
+    fn replay(&mut self) -> Result<Resumed, BlockError> {
+        let (parts, covered) = self.pending.replay();
+        for slot in covered {
+            let bytes = self.pending.request(slot).map_or(0, |r| {
+                if r.op == outboard_class::BlockOp::Write {
+                    r.blocks * self.info.block_size
+                } else {
+                    0
+                }
+            });
+            let c = self.pending.complete(slot as u64, Ok(bytes))?;
+            self.ready.push_back(c);
+        }
+        // Parts left per slot, and the first error any part got.
+        let mut left: std::collections::HashMap<u32, (usize, Option<BlockError>)> =
+            std::collections::HashMap::new();
+        for p in &parts {
+            left.entry(p.slot).or_insert((0, None)).0 += 1;
+        }
+        let slot_of: Vec<u32> = parts.iter().map(|p| p.slot).collect();
+        let mut queued = parts.into_iter().enumerate();
+        let mut sent = 0usize;
+        let mut answered = 0usize;
+        let total = left.values().map(|v| v.0).sum::<usize>();
+        let mut e = [0u8; CQE_SIZE as usize];
+        let deadline = Instant::now() + self.timeout.max(Duration::from_secs(60));
+        while answered < total {
+            // Parts go out under their index among the parts, never more than the ring holds.
+            while sent - answered < self.depth {
+                let Some((i, p)) = queued.next() else { break };
+                let wire = BlockRequest {
+                    tag: i as u64,
+                    ..p.req
+                };
+                match self.channel.stage(0, &Sqe::encode(&wire).0) {
+                    Ok(true) => sent += 1,
+                    Ok(false) => return Err(BlockError::Protocol("replay: ring full".into())),
+                    Err(ChannelError::Gone) => return Ok(Resumed::GoneAgain),
+                    Err(e) => return Err(channel_err(e)),
+                }
+                self.resumes.replayed += 1;
+            }
+            self.channel.kick();
+            while self.channel.pop(0, &mut e).map_err(channel_err)? {
+                let c = Cqe(e).decode();
+                answered += 1;
+                let slot = *slot_of.get(c.tag as usize).ok_or_else(|| {
+                    BlockError::Protocol(format!("replay: a completion for unknown tag {}", c.tag))
+                })?;
+                let entry = left.get_mut(&slot).expect("every part's slot is counted");
+                entry.0 -= 1;
+                if let Err(err) = c.result {
+                    entry.1.get_or_insert(err);
+                }
+                if entry.0 == 0 {
+                    let (_, err) = left.remove(&slot).expect("present");
+                    let full = self.pending.request(slot).map_or(0, |r| {
+                        if matches!(
+                            r.op,
+                            outboard_class::BlockOp::Read | outboard_class::BlockOp::Write
+                        ) {
+                            r.blocks * self.info.block_size
+                        } else {
+                            0
+                        }
+                    });
+                    let c = self
+                        .pending
+                        .complete(slot as u64, err.map_or(Ok(full), Err))?;
+                    self.ready.push_back(c);
+                }
+            }
+            if answered < total {
+                match self.channel.wait(deadline) {
+                    Ok(()) => {}
+                    Err(ChannelError::Gone) => return Ok(Resumed::GoneAgain),
+                    Err(e) => return Err(channel_err(e)),
+                }
+            }
+        }
+        Ok(Resumed::Yes)
+    }
+}
+
+/// Whether a resume attempt succeeded.
+enum Resumed {
+    /// The session is back and its replay answered.
+    Yes,
+    /// The new server died during the replay.
+    GoneAgain,
+}
+
+/// What the manager says about `device` while its server is down: an error if the driver is
+/// not coming back, `None` while it is (or the manager cannot say yet).
+fn supervisor_verdict(control: &Path, device: &str) -> Option<BlockError> {
+    match crate::manager::status(control, device) {
+        Ok(node) => {
+            let state = node.props.get("state")?.as_str()?;
+            state
+                .starts_with("gave up")
+                .then(|| BlockError::DeviceFailed(format!("{device}: {state}")))
+        }
+        // No manager: nobody will start the server again.
+        Err(BlockError::Unreachable(_)) => Some(BlockError::DeviceGone),
+        Err(_) => None,
     }
 }
 
@@ -141,21 +420,25 @@ impl BlockDevice for BlockClient {
 
     fn submit(&mut self, r: &BlockRequest) -> Result<(), BlockError> {
         if self.channel.is_gone() {
-            return Err(BlockError::DeviceGone);
+            self.server_gone()?;
         }
         validate(r, &self.info, self.buffer_size)?;
-        if self.in_flight >= self.depth {
+        if self.pending.len() >= self.depth {
             return Err(BlockError::QueueFull);
         }
-        let staged = self
-            .channel
-            .stage(0, &Sqe::encode(r).0)
-            .map_err(channel_err)?;
-        if staged {
-            self.in_flight += 1;
-            Ok(())
-        } else {
-            Err(BlockError::QueueFull)
+        let wire = self.pending.insert(r);
+        match self.channel.stage(0, &Sqe::encode(&wire).0) {
+            Ok(true) => Ok(()),
+            Ok(false) => {
+                self.pending.cancel(wire.tag);
+                Err(BlockError::QueueFull)
+            }
+            // Recorded: the resume sends it with the others.
+            Err(ChannelError::Gone) => self.server_gone(),
+            Err(e) => {
+                self.pending.cancel(wire.tag);
+                Err(channel_err(e))
+            }
         }
     }
 
@@ -165,14 +448,9 @@ impl BlockDevice for BlockClient {
     }
 
     fn poll(&mut self, out: &mut Vec<BlockCompletion>) -> Result<usize, BlockError> {
-        let mut n = 0;
-        let mut e = [0u8; CQE_SIZE as usize];
-        while self.channel.pop(0, &mut e).map_err(channel_err)? {
-            self.in_flight = self.in_flight.saturating_sub(1);
-            out.push(Cqe(e).decode());
-            n += 1;
-        }
-        Ok(n)
+        let early = self.ready.len();
+        out.extend(self.ready.drain(..));
+        Ok(early + self.reap(out)?)
     }
 
     fn wait(
@@ -183,15 +461,28 @@ impl BlockDevice for BlockClient {
         let deadline = Instant::now() + timeout;
         loop {
             let n = self.poll(out)?;
-            if n > 0 || self.in_flight == 0 {
+            if n > 0 || self.pending.is_empty() {
                 return Ok(n);
             }
-            self.channel.wait(deadline).map_err(channel_err)?;
+            match self.channel.wait(deadline) {
+                Ok(()) => {}
+                Err(ChannelError::Gone) => {
+                    // Resumed (its replay's answers are in `ready`) or ended (so are the
+                    // errors): either way the next poll hands them over.
+                    let _ = self.server_gone();
+                    if self.ready.is_empty() {
+                        if let Some(e) = &self.ended {
+                            return Err(e.clone());
+                        }
+                    }
+                }
+                Err(e) => return Err(channel_err(e)),
+            }
         }
     }
 
     fn in_flight(&self) -> usize {
-        self.in_flight
+        self.pending.len()
     }
 
     fn wait_or_readable(
@@ -205,13 +496,21 @@ impl BlockDevice for BlockClient {
             if self.poll(out)? > 0 {
                 return Ok(false);
             }
-            if self.in_flight == 0 {
+            if self.pending.is_empty() {
                 return outboard_class::block::readable(also, timeout);
             }
             match self.channel.wait_or(deadline, Some(also)) {
                 Ok(true) => return Ok(true),
                 Ok(false) => {}
                 Err(ChannelError::Timeout) => return Ok(false),
+                Err(ChannelError::Gone) => {
+                    let _ = self.server_gone();
+                    if self.ready.is_empty() {
+                        if let Some(e) = &self.ended {
+                            return Err(e.clone());
+                        }
+                    }
+                }
                 Err(e) => return Err(channel_err(e)),
             }
         }

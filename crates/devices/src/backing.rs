@@ -69,6 +69,21 @@ impl Backing {
                 len,
                 kind: Kind::Null,
             }
+        } else if let Some(n) = spec.strip_prefix("fd:") {
+            // Memory the supervisor holds and passes to each incarnation of the model, so
+            // that a restarted model finds the bytes its predecessor acknowledged.
+            let n: i32 = n
+                .parse()
+                .map_err(|_| bad("fd:N takes a descriptor number"))?;
+            let fd = outboard_sys::process::inherited_file(n).map_err(|e| bad(&e))?;
+            let len = rustix::fs::fstat(&fd)
+                .map_err(|e| bad(&e.to_string()))?
+                .st_size as u64;
+            Self {
+                fd,
+                len,
+                kind: Kind::Memory,
+            }
         } else if let Some(size) = spec.strip_prefix("mem:") {
             let len = parse_size(size)
                 .ok_or_else(|| bad("size must be a number with an optional K/M/G/T suffix"))?;

@@ -13,6 +13,9 @@
 //! placement = "separate"  # "separate": driver in a server; "colocated": driver in the client
 //! server = "blk0"         # devices naming the same server share it ("grouped")
 //! request_deadline = "30s" # a request still in the device after this fails the device
+//! restarts = 10           # a crashed driver server or model is restarted this many times…
+//! restart_window = "60s"  # …within this window; one crash more and it is given up
+//! heartbeat = "1s"        # a driver server whose loop stops this long is hung: restarted
 //! faults = ["drop-irq=2"] # fault injection armed from the start (see `outboard fault`)
 //!
 //! [[device]]
@@ -77,6 +80,8 @@ pub struct DeviceConfig {
     pub request_deadline: std::time::Duration,
     /// Faults armed in the device model from the start.
     pub faults: Vec<String>,
+    /// When its driver server and model are restarted after a crash, and when given up.
+    pub restart: crate::supervisor::RestartPolicy,
 }
 
 /// Where an export listens.
@@ -152,6 +157,9 @@ struct RawDevice {
     placement: Option<Spanned<String>>,
     server: Option<Spanned<String>>,
     request_deadline: Option<Spanned<String>>,
+    restarts: Option<Spanned<i64>>,
+    restart_window: Option<Spanned<String>>,
+    heartbeat: Option<Spanned<String>>,
     #[serde(default)]
     faults: Vec<Spanned<String>>,
 }
@@ -347,21 +355,39 @@ impl Machine {
                     ));
                 }
             }
-            let request_deadline = match &d.request_deadline {
-                None => std::time::Duration::from_secs(30),
-                Some(s) => match parse_duration(s.get_ref()) {
-                    Some(t) if !t.is_zero() => t,
-                    _ => {
-                        return Err(err(
+            let duration =
+                |key: &str, v: &Option<Spanned<String>>, default: std::time::Duration| match v {
+                    None => Ok(default),
+                    Some(s) => match parse_duration(s.get_ref()) {
+                        Some(t) if !t.is_zero() => Ok(t),
+                        _ => Err(err(
                             s.span().start,
                             format!(
-                                "request_deadline = {:?}: a duration such as \"500ms\" or \"30s\"",
+                                "{key} = {:?}: a duration such as \"500ms\" or \"30s\"",
                                 s.get_ref()
                             ),
-                        ))
-                    }
-                },
-            };
+                        )),
+                    },
+                };
+            let request_deadline = duration(
+                "request_deadline",
+                &d.request_deadline,
+                std::time::Duration::from_secs(30),
+            )?;
+            let mut restart = crate::supervisor::RestartPolicy::default();
+            restart.window = duration("restart_window", &d.restart_window, restart.window)?;
+            restart.heartbeat = duration("heartbeat", &d.heartbeat, restart.heartbeat)?;
+            if let Some(n) = &d.restarts {
+                restart.limit = u32::try_from(*n.get_ref()).map_err(|_| {
+                    err(
+                        n.span().start,
+                        format!(
+                            "restarts = {}: a count from 0 (never restart) up",
+                            n.get_ref()
+                        ),
+                    )
+                })?;
+            }
             let mut faults = Vec::new();
             for f in &d.faults {
                 if d.model.get_ref() == "null-blk" {
@@ -386,6 +412,7 @@ impl Machine {
                 server,
                 request_deadline,
                 faults,
+                restart,
             });
         }
         let mut exports: Vec<ExportConfig> = Vec::new();

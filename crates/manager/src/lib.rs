@@ -212,14 +212,32 @@ impl Manager {
                 args.extend(["--fault".into(), f.clone()]);
             }
             let log = self.created(self.rt().device_log(&d.name));
-            let mut p = Process::spawn(
-                &self.opts.exe,
-                &format!("device model for {}", d.name),
-                &args,
-                log,
-                self.opts.verbose,
-            )
+            let role = format!("device model for {}", d.name);
+            let mut p = match d.backing.strip_prefix("mem:") {
+                // The manager holds a memory disk, so a restarted model finds what its
+                // predecessor acknowledged: each incarnation gets it as fd 3.
+                Some(size) => {
+                    let memory = disk_memory(&d.name, size).map_err(ManagerError::Launch)?;
+                    let at = args
+                        .iter()
+                        .position(|a| a == "--backing")
+                        .expect("set above");
+                    args[at + 1] = format!("fd:{}", supervisor::EVENT_FD);
+                    Process::spawn_passing(
+                        &self.opts.exe,
+                        &role,
+                        &args,
+                        log,
+                        self.opts.verbose,
+                        std::sync::Arc::new(memory),
+                    )
+                }
+                None => Process::spawn(&self.opts.exe, &role, &args, log, self.opts.verbose),
+            }
             .map_err(ManagerError::Launch)?;
+            p.kind = supervisor::Kind::Model {
+                device: d.name.clone(),
+            };
             p.wait_for_socket(&sock, Duration::from_secs(10))
                 .map_err(ManagerError::Launch)?;
             let mut node = Node::new("pci-function", &format!("{}@vfio-user", d.name))
@@ -315,6 +333,7 @@ impl Manager {
                 sock.display().to_string(),
                 "--notify-fd".into(),
                 supervisor::EVENT_FD.to_string(),
+                "--restartable".into(),
             ];
             let deadline = names
                 .iter()
@@ -347,6 +366,10 @@ impl Manager {
             .map_err(ManagerError::Launch)?;
             p.wait_for_socket(&sock, Duration::from_secs(30))
                 .map_err(ManagerError::Launch)?;
+            p.kind = supervisor::Kind::Server {
+                name: server.clone(),
+                devices: names.clone(),
+            };
             let pid = p.pid();
             self.procs.push(p);
             for n in &names {
@@ -368,7 +391,9 @@ impl Manager {
                     drv.set("server-socket", sock.display().to_string());
                     drv.set("pid", pid);
                     drv.set("state", "running");
+                    drv.set("restarts", 0);
                     if let Some(b) = drv.children.first_mut() {
+                        b.set("state", "serving");
                         b.set("capacity", size_text(info.bytes()));
                         b.set("block-size", info.block_size);
                         b.set("read-only", info.read_only);
@@ -470,20 +495,21 @@ impl Manager {
         let mut ready = Vec::new();
         while !stop.load(Ordering::Relaxed) {
             ready.clear();
-            work.wait(Some(Duration::from_millis(100)), &mut ready)?;
+            work.wait(Some(self.next_check()), &mut ready)?;
             for &source in &ready {
                 match source {
                     Source::Listener => self.accept(&mut work),
                     Source::Child(i) => {
                         if self.procs.get_mut(i).is_some_and(Process::reap) {
                             let _ = work.remove(self.procs[i].fd());
-                            self.crashed(i);
+                            self.exited(i, &mut work);
                         }
                     }
                     Source::Conn(i) => self.serve(&mut work, i),
                     Source::Events(i) => self.child_event(&mut work, i),
                 }
             }
+            self.supervise(&mut work);
         }
         Ok(())
     }
@@ -514,6 +540,7 @@ impl Manager {
                     drv.set("state", state);
                 }
             }
+            Ok((control::Event::Serving, fds)) => self.serving(i, fds),
             Ok((control::Event::ExportClients { export, clients }, _)) => {
                 if let Some(n) = self.registry.find_mut("export", &format!("nbd:{export}")) {
                     n.set("state", "running");
@@ -533,6 +560,318 @@ impl Manager {
                     let _ = work.remove(ev.as_fd());
                 }
             }
+        }
+    }
+
+    /// How long the loop may sleep: until the next restart is due, and no longer than the
+    /// heartbeat check allows.
+    fn next_check(&self) -> Duration {
+        let now = std::time::Instant::now();
+        let mut wait = Duration::from_millis(100);
+        for p in &self.procs {
+            if let Some(at) = p.restart_at {
+                wait = wait.min(at.saturating_duration_since(now));
+            }
+            if p.heartbeat.is_some() {
+                wait = wait.min(Duration::from_millis(50));
+            }
+        }
+        wait
+    }
+
+    /// The restart policy of the devices a process serves or models.
+    fn policy(&self, kind: &supervisor::Kind) -> supervisor::RestartPolicy {
+        let first = match kind {
+            supervisor::Kind::Model { device } => Some(device),
+            supervisor::Kind::Server { devices, .. } => devices.first(),
+            supervisor::Kind::Export => None,
+        };
+        first
+            .and_then(|n| self.machine.devices.iter().find(|d| &d.name == n))
+            .map(|d| d.restart)
+            .unwrap_or_default()
+    }
+
+    /// The class devices a process serves (a server) or models (a model).
+    fn devices_of(kind: &supervisor::Kind) -> Vec<String> {
+        match kind {
+            supervisor::Kind::Model { device } => vec![device.clone()],
+            supervisor::Kind::Server { devices, .. } => devices.clone(),
+            supervisor::Kind::Export => Vec::new(),
+        }
+    }
+
+    /// Records a state on the driver and the class device node of each of `devices`.
+    fn set_state(&mut self, devices: &[String], driver: &str, device: &str) {
+        for n in devices {
+            if let Some(drv) = self.driver_of_mut(n) {
+                drv.set("state", driver);
+            }
+            if let Some(b) = self.registry.find_mut("block-device", n) {
+                b.set("state", device);
+            }
+        }
+    }
+
+    /// Child `i` exited while the machine runs: a driver server or a model is started again
+    /// (at once the first time, with back-off after that) until it crashes more often than
+    /// its policy allows; then it is given up and its clients are told so.
+    fn exited(&mut self, i: usize, work: &mut WorkLoop<Source>) {
+        if let Some(ev) = self.procs[i].events.take() {
+            let _ = work.remove(ev.as_fd());
+        }
+        self.procs[i].heartbeat = None;
+        let kind = self.procs[i].kind.clone();
+        if kind == supervisor::Kind::Export {
+            self.crashed(i);
+            return;
+        }
+        let now = std::time::Instant::now();
+        let policy = self.policy(&kind);
+        let p = &mut self.procs[i];
+        let status = p.exited.map(|s| s.to_string()).unwrap_or_default();
+        let (role, pid, log) = (p.role.clone(), p.pid(), p.log.clone());
+        p.down_since.get_or_insert(now);
+        let delay = p.restarts.crashed(now, &policy);
+        let total = p.restarts.total;
+        // A server whose model was given up has nothing to serve.
+        let model_gone = Self::devices_of(&kind).iter().find_map(|n| {
+            self.procs.iter().find_map(|m| {
+                (m.kind == (supervisor::Kind::Model { device: n.clone() }))
+                    .then(|| m.gave_up.clone())
+                    .flatten()
+            })
+        });
+        let delay = if model_gone.is_some() { None } else { delay };
+        // The log explains the crash: it outlives the machine.
+        self.created.retain(|f| f != &log);
+        let devices = Self::devices_of(&kind);
+        match delay {
+            Some(d) => {
+                tracing::warn!(
+                    "{role} (pid {pid}) exited ({status}); restart {total} in {d:?}; log {}",
+                    log.display()
+                );
+                self.procs[i].restart_at = Some(now + d);
+                self.set_state(
+                    &devices,
+                    &format!("restarting ({role} exited: {status})"),
+                    "restarting",
+                );
+            }
+            None => {
+                let why = format!(
+                    "gave up: {role} exited ({status}) more than {} times in {:?}; log {}",
+                    policy.limit,
+                    policy.window,
+                    log.display()
+                );
+                tracing::error!("{why}");
+                eprintln!("outboard: {why}");
+                self.procs[i].gave_up = Some(why.clone());
+                self.procs[i].restart_at = None;
+                self.set_state(&devices, &why, &why);
+            }
+        }
+        // A server that ended because its device failed (a hung or lying model): the model
+        // is reset the only way an emulated device can be, by starting it again on its
+        // backing. It is reaped here, so the server cannot start before it is back.
+        // So is one that hung (most often in a call to a model that stopped answering) or
+        // died before it served (it could not bring its device up).
+        let p = &self.procs[i];
+        let device_failed = p.exited.and_then(|s| s.code())
+            == Some(outboard_server::host::EXIT_DEVICE_FAILED)
+            || p.hung
+            || !p.served;
+        let device_failed = device_failed && matches!(kind, supervisor::Kind::Server { .. });
+        if device_failed && delay.is_some() {
+            // A model started after this server is a new one already: the failure was the
+            // old one's.
+            let server_started = self.procs[i].started;
+            let models: Vec<usize> = (0..self.procs.len())
+                .filter(|&j| {
+                    let m = &self.procs[j];
+                    m.exited.is_none()
+                        && m.started <= server_started
+                        && matches!(&m.kind, supervisor::Kind::Model { device } if devices.contains(device))
+                })
+                .collect();
+            for j in models {
+                let m = &mut self.procs[j];
+                tracing::warn!(
+                    "{}: its driver found the device failed; restarting it",
+                    m.role
+                );
+                let _ = m.child.kill();
+                m.exited = m.child.wait().ok();
+                let _ = work.remove(m.fd());
+                self.exited(j, work);
+            }
+        }
+        if let supervisor::Kind::Model { device } = &kind {
+            if let Some(f) = self
+                .registry
+                .find_mut("pci-function", &format!("{device}@vfio-user"))
+            {
+                f.set(
+                    "state",
+                    if delay.is_some() {
+                        "restarting"
+                    } else {
+                        "gave up"
+                    },
+                );
+                f.set("restarts", total);
+            }
+            // Its driver cannot serve without it: end the server now (it would notice at its
+            // next request), so it starts again on the new model and its clients replay.
+            for p in &mut self.procs {
+                if matches!(&p.kind, supervisor::Kind::Server { devices, .. } if devices.contains(device))
+                    && p.exited.is_none()
+                {
+                    let _ = rustix::process::kill_process(
+                        rustix::process::Pid::from_child(&p.child),
+                        rustix::process::Signal::KILL,
+                    );
+                }
+            }
+        }
+    }
+
+    /// Starts what is due to restart, and kills driver servers whose heartbeat stopped.
+    fn supervise(&mut self, work: &mut WorkLoop<Source>) {
+        let now = std::time::Instant::now();
+        for i in 0..self.procs.len() {
+            let kind = self.procs[i].kind.clone();
+            if let Some(hb) = self.procs[i].heartbeat.as_mut() {
+                let still = hb.still_for(now);
+                let limit = self.policy(&kind).heartbeat;
+                if still > limit && self.procs[i].exited.is_none() {
+                    let p = &mut self.procs[i];
+                    tracing::error!(
+                        "{} (pid {}) is hung: its loop has not turned for {still:?}; killing it",
+                        p.role,
+                        p.pid()
+                    );
+                    p.heartbeat = None;
+                    p.hung = true;
+                    let _ = rustix::process::kill_process(
+                        rustix::process::Pid::from_child(&p.child),
+                        rustix::process::Signal::KILL,
+                    );
+                    let devices = Self::devices_of(&kind);
+                    for n in &devices {
+                        if let Some(drv) = self.driver_of_mut(n) {
+                            drv.set(
+                                "last-hang",
+                                format!("no heartbeat for {} ms", still.as_millis()),
+                            );
+                        }
+                    }
+                }
+            }
+            if self.procs[i].restart_at.is_none_or(|at| at > now) {
+                continue;
+            }
+            // A server starts only once its models run again.
+            let models_down = Self::devices_of(&kind).iter().any(|n| {
+                self.procs.iter().any(|m| {
+                    m.kind == (supervisor::Kind::Model { device: n.clone() })
+                        && (m.restart_at.is_some() || m.exited.is_some())
+                })
+            });
+            if matches!(kind, supervisor::Kind::Server { .. }) && models_down {
+                continue;
+            }
+            self.restart(i, work);
+        }
+    }
+
+    /// Starts child `i` again.
+    fn restart(&mut self, i: usize, work: &mut WorkLoop<Source>) {
+        self.procs[i].restart_at = None;
+        let kind = self.procs[i].kind.clone();
+        let p = &mut self.procs[i];
+        if let Err(e) = p.respawn(&self.opts.exe, self.opts.verbose) {
+            tracing::error!("{e}");
+            // Counted as another crash: back-off, and in the end giving up, apply.
+            p.exited = None;
+            let now = std::time::Instant::now();
+            let policy = self.policy(&kind);
+            let p = &mut self.procs[i];
+            match p.restarts.crashed(now, &policy) {
+                Some(d) => p.restart_at = Some(now + d),
+                None => {
+                    p.gave_up = Some(format!("gave up: {e}"));
+                    let why = format!("gave up: {e}");
+                    self.set_state(&Self::devices_of(&kind), &why, &why);
+                }
+            }
+            return;
+        }
+        let pid = p.pid();
+        let _ = work.add(p.fd(), Source::Child(i));
+        if let Some(ev) = &p.events {
+            let _ = work.add(ev.as_fd(), Source::Events(i));
+        }
+        let total = p.restarts.total;
+        if let supervisor::Kind::Model { device } = &kind {
+            // The model is quick to start; its server waits for it.
+            let sock = self.rt().device_socket(device);
+            let p = &mut self.procs[i];
+            if let Err(e) = p.wait_for_socket(&sock, Duration::from_secs(10)) {
+                tracing::error!("{e}");
+                return;
+            }
+            let down = p.down_since.take().map(|t| t.elapsed()).unwrap_or_default();
+            tracing::warn!("device model for {device} restarted (pid {pid}) in {down:?}");
+            if let Some(f) = self
+                .registry
+                .find_mut("pci-function", &format!("{device}@vfio-user"))
+            {
+                f.set("state", "running");
+                f.set("pid", pid);
+                f.set("restarts", total);
+            }
+        } else {
+            let devices = Self::devices_of(&kind);
+            for n in &devices {
+                if let Some(drv) = self.driver_of_mut(n) {
+                    drv.set("pid", pid);
+                    drv.set("restarts", total);
+                }
+            }
+            self.set_state(&devices, "starting", "restarting");
+        }
+    }
+
+    /// Driver server `i` serves (first start or a restart): its heartbeat starts counting.
+    fn serving(&mut self, i: usize, fds: Vec<OwnedFd>) {
+        let p = &mut self.procs[i];
+        p.served = true;
+        match fds.into_iter().next().map(supervisor::Heartbeat::new) {
+            Some(Ok(hb)) => p.heartbeat = Some(hb),
+            Some(Err(e)) => tracing::warn!("{}: {e}", p.role),
+            None => tracing::warn!("{}: no heartbeat page", p.role),
+        }
+        let (role, pid, total) = (p.role.clone(), p.pid(), p.restarts.total);
+        let down = p.down_since.take().map(|t| t.elapsed());
+        let devices = Self::devices_of(&p.kind.clone());
+        if let Some(down) = down {
+            tracing::warn!("{role} (pid {pid}) serves again, {down:?} after it went down");
+            for n in &devices {
+                if let Some(drv) = self.driver_of_mut(n) {
+                    drv.set("last-restart-ms", down.as_secs_f64() * 1e3);
+                    drv.set("restarts", total);
+                }
+            }
+            self.set_state(
+                &devices,
+                &format!("running (restarted {total} times)"),
+                "serving",
+            );
+        } else {
+            self.set_state(&devices, "running", "serving");
         }
     }
 
@@ -676,7 +1015,10 @@ impl Manager {
             .props
             .get("state")?
             .as_str()?;
-        (state.starts_with("crashed") || state.starts_with("failed")).then(|| state.to_string())
+        (state.starts_with("crashed")
+            || state.starts_with("failed")
+            || state.starts_with("gave up"))
+        .then(|| state.to_string())
     }
 
     fn open(&self, name: &str) -> Reply {
@@ -701,6 +1043,18 @@ impl Manager {
                 message: format!("{name}: its driver is not serving: {state}"),
             };
         }
+        let restarting = self
+            .registry
+            .find("block-device", name)
+            .and_then(|b| b.props.get("state"))
+            .and_then(|s| s.as_str())
+            == Some("restarting");
+        if restarting {
+            return Reply::Error {
+                code: "restarting".into(),
+                message: format!("{name}: its driver is restarting"),
+            };
+        }
         Reply::Open {
             placement: d.placement,
             server: (d.placement == Placement::Separate)
@@ -712,6 +1066,9 @@ impl Manager {
     /// Stops every child (driver servers first, then device models) and removes the files the
     /// manager created.
     pub fn shutdown(&mut self) {
+        // First: a client whose server stops asks the manager whether it comes back, and a
+        // manager that no longer answers says no.
+        self.listener = None;
         let mut crash_logs = Vec::new();
         for p in self.procs.iter_mut().rev() {
             // One that died on its own before we asked: its log explains why.
@@ -750,4 +1107,17 @@ impl Drop for Manager {
     fn drop(&mut self) {
         self.shutdown();
     }
+}
+
+/// Zero-filled memory for a `mem:SIZE` disk, held by the manager across model restarts.
+fn disk_memory(name: &str, size: &str) -> Result<OwnedFd, String> {
+    let len = outboard_devices::backing::parse_size(size)
+        .ok_or_else(|| format!("{name}: backing mem:{size}: not a size"))?;
+    let fd = rustix::fs::memfd_create(
+        format!("outboard-disk-{name}").as_str(),
+        rustix::fs::MemfdFlags::CLOEXEC,
+    )
+    .map_err(|e| format!("{name}: memfd: {e}"))?;
+    rustix::fs::ftruncate(&fd, len).map_err(|e| format!("{name}: {e}"))?;
+    Ok(fd)
 }

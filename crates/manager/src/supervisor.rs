@@ -4,7 +4,6 @@
 //! the runtime directory. A child's exit is seen at once through its pidfd (an event source in
 //! the manager's work loop), recorded in the registry, and reported — never waited on blindly.
 
-use std::fs::File;
 use std::os::fd::{AsFd, OwnedFd};
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
@@ -27,6 +26,155 @@ pub struct Process {
     pub exited: Option<std::process::ExitStatus>,
     /// The manager's end of the child's event channel (driver servers).
     pub events: Option<OwnedFd>,
+    /// How it was started, to start it again the same way.
+    args: Vec<String>,
+    /// A descriptor it finds as fd [`EVENT_FD`] instead of an event channel (a model's
+    /// backing memory, which outlives each incarnation).
+    pass: Option<std::sync::Arc<OwnedFd>>,
+    /// It reports events (a driver server or an export): each incarnation gets a channel.
+    wants_events: bool,
+    /// What it is.
+    pub kind: Kind,
+    /// Its crash history.
+    pub restarts: Restarts,
+    /// When it died, until it serves again.
+    pub down_since: Option<Instant>,
+    /// When to start it again.
+    pub restart_at: Option<Instant>,
+    /// Why it is not started again.
+    pub gave_up: Option<String>,
+    /// Its heartbeat, once it serves (driver servers).
+    pub heartbeat: Option<Heartbeat>,
+    /// This incarnation reported that it serves.
+    pub served: bool,
+    /// This incarnation was killed because its heartbeat stopped.
+    pub hung: bool,
+    /// When this incarnation started.
+    pub started: Instant,
+}
+
+/// What a supervised process is, which decides what its death means.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Kind {
+    /// The model of device `device`.
+    Model {
+        /// Class device name.
+        device: String,
+    },
+    /// Driver server `name`, serving `devices`.
+    Server {
+        /// Server name.
+        name: String,
+        /// The class devices it serves.
+        devices: Vec<String>,
+    },
+    /// An NBD export (a client of the devices: not restarted).
+    Export,
+}
+
+/// When a crashed process is started again, and when the manager stops trying.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RestartPolicy {
+    /// Most restarts within `window`; one more crash and the process is given up.
+    pub limit: u32,
+    /// The window restarts are counted in.
+    pub window: Duration,
+    /// Delay before the second restart in the window; doubling for each one after.
+    pub backoff: Duration,
+    /// Longest delay.
+    pub max_backoff: Duration,
+    /// A driver server whose loop has not turned for this long is hung: it is killed and
+    /// restarted.
+    pub heartbeat: Duration,
+}
+
+impl Default for RestartPolicy {
+    fn default() -> Self {
+        Self {
+            limit: 10,
+            window: Duration::from_secs(60),
+            backoff: Duration::from_millis(10),
+            max_backoff: Duration::from_secs(2),
+            heartbeat: Duration::from_secs(1),
+        }
+    }
+}
+
+/// A process's crash history.
+#[derive(Debug, Default, Clone)]
+pub struct Restarts {
+    recent: std::collections::VecDeque<Instant>,
+    /// Restarts since the machine came up.
+    pub total: u64,
+}
+
+impl Restarts {
+    /// A crash at `now`: how long to wait before starting it again, or `None` to give up
+    /// (more than `limit` restarts within the window). The first restart in a quiet window
+    /// is immediate: clients are waiting.
+    pub fn crashed(&mut self, now: Instant, p: &RestartPolicy) -> Option<Duration> {
+        self.recent
+            .retain(|t| now.saturating_duration_since(*t) < p.window);
+        let k = self.recent.len() as u32;
+        if k >= p.limit {
+            return None;
+        }
+        self.recent.push_back(now);
+        self.total += 1;
+        Some(match k {
+            0 => Duration::ZERO,
+            k => p
+                .backoff
+                .saturating_mul(1u32 << (k - 1).min(20))
+                .min(p.max_backoff),
+        })
+    }
+
+    /// Restarts within the window that ends at `now`.
+    pub fn recent(&self, now: Instant, p: &RestartPolicy) -> usize {
+        self.recent
+            .iter()
+            .filter(|t| now.saturating_duration_since(**t) < p.window)
+            .count()
+    }
+}
+
+/// A driver server's heartbeat: the word its loop bumps each turn, in a page it shared.
+#[derive(Debug)]
+pub struct Heartbeat {
+    page: outboard_shm::SharedMem,
+    last: u32,
+    moved: Instant,
+}
+
+impl Heartbeat {
+    /// Maps the page the server sent (sealed, or guarded if it is not: a server cannot fault
+    /// the manager by shrinking it).
+    pub fn new(fd: OwnedFd) -> Result<Self, String> {
+        let page =
+            outboard_shm::SharedMem::map_peer_owned(fd, 0, 4096, outboard_shm::Access::ReadOnly)
+                .map_err(|e| format!("heartbeat page: {e}"))?;
+        Ok(Self {
+            page,
+            last: 0,
+            moved: Instant::now(),
+        })
+    }
+
+    /// How long the word has not moved, as of `now`.
+    pub fn still_for(&mut self, now: Instant) -> Duration {
+        let word = self
+            .page
+            .atomic_u32(0)
+            .map(|w| w.load(std::sync::atomic::Ordering::Relaxed));
+        if let Ok(w) = word {
+            if w != self.last {
+                self.last = w;
+                self.moved = now;
+            }
+        }
+        now.saturating_duration_since(self.moved)
+    }
 }
 
 /// The fd number a child finds its event channel on.
@@ -46,7 +194,63 @@ impl Process {
         log: PathBuf,
         verbose: u8,
     ) -> Result<Self, String> {
-        Self::spawn_with(exe, role, args, log, verbose, None)
+        Self::spawn_with(exe, role, args, log, verbose, None, false)
+    }
+
+    /// Starts `exe args…` with `pass` as its fd [`EVENT_FD`] (a model's backing memory).
+    pub fn spawn_passing(
+        exe: &Path,
+        role: &str,
+        args: &[String],
+        log: PathBuf,
+        verbose: u8,
+        pass: std::sync::Arc<OwnedFd>,
+    ) -> Result<Self, String> {
+        let mut p = Self::spawn_with(exe, role, args, log, verbose, Some(pass.as_fd()), false)?;
+        p.pass = Some(pass);
+        Ok(p)
+    }
+
+    /// Starts the process again as it was started (its log goes on, after the last
+    /// incarnation's): a new pid, pidfd and event channel.
+    pub fn respawn(&mut self, exe: &Path, verbose: u8) -> Result<(), String> {
+        let with_events = self.wants_events;
+        let next = if with_events {
+            let (ours, theirs) =
+                outboard_session::control::pair().map_err(|e| format!("{}: {e}", self.role))?;
+            let mut p = Self::spawn_with(
+                exe,
+                &self.role,
+                &self.args,
+                self.log.clone(),
+                verbose,
+                Some(theirs.as_fd()),
+                true,
+            )?;
+            p.events = Some(ours);
+            p
+        } else {
+            let pass = self.pass.clone();
+            let mut p = Self::spawn_with(
+                exe,
+                &self.role,
+                &self.args,
+                self.log.clone(),
+                verbose,
+                pass.as_ref().map(|f| f.as_fd()),
+                true,
+            )?;
+            p.pass = pass;
+            p
+        };
+        *self = Self {
+            wants_events: self.wants_events,
+            kind: self.kind.clone(),
+            restarts: std::mem::take(&mut self.restarts),
+            down_since: self.down_since,
+            ..next
+        };
+        Ok(())
     }
 
     /// Starts `exe args…` with its output in `log` and an event channel: the child finds its
@@ -60,8 +264,9 @@ impl Process {
     ) -> Result<Self, String> {
         let (ours, theirs) =
             outboard_session::control::pair().map_err(|e| format!("{role}: {e}"))?;
-        let mut p = Self::spawn_with(exe, role, args, log, verbose, Some(theirs))?;
+        let mut p = Self::spawn_with(exe, role, args, log, verbose, Some(theirs.as_fd()), false)?;
         p.events = Some(ours);
+        p.wants_events = true;
         Ok(p)
     }
 
@@ -71,9 +276,16 @@ impl Process {
         args: &[String],
         log: PathBuf,
         verbose: u8,
-        pass: Option<OwnedFd>,
+        pass: Option<std::os::fd::BorrowedFd<'_>>,
+        append: bool,
     ) -> Result<Self, String> {
-        let out = File::create(&log).map_err(|e| format!("{}: {e}", log.display()))?;
+        let out = std::fs::OpenOptions::new()
+            .create(true)
+            .write(true)
+            .append(append)
+            .truncate(!append)
+            .open(&log)
+            .map_err(|e| format!("{}: {e}", log.display()))?;
         let err = out.try_clone().map_err(|e| e.to_string())?;
         let mut cmd = Command::new(exe);
         if verbose > 0 {
@@ -85,10 +297,7 @@ impl Process {
         // A manager that dies, even by SIGKILL, takes its children with it: an orphaned device
         // model or driver server would hold its disk and sockets beside the next manager's
         // fresh copies.
-        outboard_sys::process::die_with_parent(
-            &mut cmd,
-            pass.as_ref().map(|fd| (fd.as_fd(), EVENT_FD)),
-        );
+        outboard_sys::process::die_with_parent(&mut cmd, pass.map(|fd| (fd, EVENT_FD)));
         let child = cmd
             .args(args)
             .stdin(Stdio::null())
@@ -96,8 +305,6 @@ impl Process {
             .stderr(err)
             .spawn()
             .map_err(|e| format!("starting {role} ({}): {e}", exe.display()))?;
-        // The child has its copy now.
-        drop(pass);
         let pid = Pid::from_child(&child);
         let pidfd = rustix::process::pidfd_open(pid, PidfdFlags::empty())
             .map_err(|e| format!("pidfd for {role}: {e}"))?;
@@ -108,6 +315,18 @@ impl Process {
             log,
             exited: None,
             events: None,
+            args: args.to_vec(),
+            pass: None,
+            wants_events: false,
+            kind: Kind::Export,
+            restarts: Restarts::default(),
+            down_since: None,
+            restart_at: None,
+            gave_up: None,
+            heartbeat: None,
+            served: false,
+            hung: false,
+            started: Instant::now(),
         })
     }
 
@@ -179,5 +398,32 @@ impl Process {
     /// The pidfd, for a work loop.
     pub fn fd(&self) -> std::os::fd::BorrowedFd<'_> {
         self.pidfd.as_fd()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn restarts_back_off_and_give_up_past_the_limit_within_the_window() {
+        let p = RestartPolicy {
+            limit: 3,
+            window: Duration::from_secs(10),
+            backoff: Duration::from_millis(10),
+            max_backoff: Duration::from_millis(15),
+            heartbeat: Duration::from_secs(1),
+        };
+        let mut r = Restarts::default();
+        let t = Instant::now();
+        assert_eq!(r.crashed(t, &p), Some(Duration::ZERO));
+        assert_eq!(r.crashed(t, &p), Some(Duration::from_millis(10)));
+        assert_eq!(r.crashed(t, &p), Some(Duration::from_millis(15)));
+        assert_eq!(r.crashed(t, &p), None);
+        assert_eq!(r.total, 3);
+        // Once the window has passed, it is a first crash again.
+        let later = t + Duration::from_secs(11);
+        assert_eq!(r.recent(later, &p), 0);
+        assert_eq!(r.crashed(later, &p), Some(Duration::ZERO));
     }
 }

@@ -263,6 +263,9 @@ impl BlockDispatcher {
         if self.failed.is_some() {
             return;
         }
+        if cx.restartable && cause == Cause::Failed {
+            cx.end_for_restart(&self.driver.info().name, &why);
+        }
         tracing::error!("device {}: {why}; giving it up", self.driver.info().name);
         cx.stats.device_failures += 1;
         cx.unwatch(self.driver.as_ref());
@@ -293,6 +296,14 @@ impl BlockDispatcher {
             if let Some(s) = cx.sessions[si].as_mut() {
                 complete(s, cx.stats, tag, Err(error.clone()));
             }
+        }
+        if cx.restartable {
+            // A stalled device's requests have their answer (they waited past their deadline);
+            // everything else is served by the next server, on a reset device.
+            for s in cx.sessions.iter_mut().flatten() {
+                s.flush();
+            }
+            cx.end_for_restart(&self.driver.info().name, &why);
         }
     }
 
@@ -570,6 +581,23 @@ impl Dispatcher for BlockDispatcher {
             .get(slot)
             .and_then(Option::as_ref)
             .map_or(0, |ps| ps.tags.len())
+    }
+
+    fn reclaim(&mut self, slot: usize, locks: &[(u64, u32)]) -> Result<(), Refusal> {
+        let ranges: Vec<Range> = locks
+            .iter()
+            .map(|&(lba, n)| (lba, lba.saturating_add(n as u64)))
+            .collect();
+        let capacity = self.driver.info().capacity;
+        if let Some(r) = ranges.iter().find(|r| r.1 > capacity) {
+            return Err((
+                "invalid",
+                format!("lock on blocks {}..{} beyond the disk", r.0, r.1),
+            ));
+        }
+        self.locks
+            .reclaim(slot, &ranges)
+            .map_err(|e| ("invalid", e))
     }
 
     fn close(&mut self, slot: usize) {

@@ -32,6 +32,8 @@ pub struct Ctx<'a> {
     pub device: usize,
     pub(crate) work: &'a mut WorkLoop<Source>,
     pub(crate) notify: Option<BorrowedFd<'a>>,
+    /// A supervisor restarts the server: a failed device ends the process.
+    pub(crate) restartable: bool,
 }
 
 impl Ctx<'_> {
@@ -48,6 +50,20 @@ impl Ctx<'_> {
         for (_, fd) in driver.sources() {
             let _ = self.work.remove(fd);
         }
+    }
+
+    /// A device failed in a restartable server: tell the manager why, and end the process with
+    /// the requests unanswered. The supervisor resets the device (closing our handle to it
+    /// does) and starts a new server, on which the clients resume and send those requests
+    /// again; failing them here would turn a restart into errors.
+    pub fn end_for_restart(&self, device: &str, why: &str) -> ! {
+        self.notify(&control::Event::DeviceFailed {
+            device: device.into(),
+            why: why.into(),
+            restarting: true,
+        });
+        tracing::error!("device {device}: {why}; ending this server for its supervisor to restart");
+        std::process::exit(crate::host::EXIT_DEVICE_FAILED)
     }
 
     /// Tells the manager (if one started this server) what happened to a device.
@@ -76,6 +92,9 @@ pub trait Dispatcher: Send {
     fn start(&mut self, cx: &mut Ctx<'_>) -> Result<(), LoopError>;
     /// A session opens at `slot`: map its buffer area for the device.
     fn open(&mut self, slot: usize, buffers: Arc<SharedMem>) -> Result<(), Refusal>;
+    /// A resumed session at `slot` held these locks (first block, blocks) under the previous
+    /// server: grant them back, or refuse all of them.
+    fn reclaim(&mut self, slot: usize, locks: &[(u64, u32)]) -> Result<(), Refusal>;
     /// Takes what it may of session `slot`'s submissions; true if it took any.
     fn take(&mut self, slot: usize, cx: &mut Ctx<'_>) -> bool;
     /// Moves the device along: publishes, reaps, releases what waited, recovers a failed

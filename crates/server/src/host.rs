@@ -25,7 +25,7 @@ use outboard_drivers::{Attachment, StartOptions, Started};
 use outboard_env::{DeviceEnv, DeviceEvent, Timer, WorkLoop};
 use outboard_session::control::{self, Reply, Request};
 use outboard_session::doorbell::{announce_sleep, cancel_sleep};
-use outboard_session::{Direction, Doorbell, Region, SessionError};
+use outboard_session::{Direction, Doorbell, Geometry, Region, SessionError};
 use outboard_sys::SocketPath;
 
 use crate::block::BlockDispatcher;
@@ -187,8 +187,18 @@ pub struct DriverHost {
     rounds: u32,
     /// Where to report events (device failures) to the manager, if one started us.
     notify: Option<OwnedFd>,
+    /// A supervisor restarts this server and its clients resume: a failed device ends the
+    /// process instead of failing the requests in it.
+    restartable: bool,
+    /// The word the loop bumps each turn, shared with the manager, which declares the server
+    /// hung when it stops moving.
+    heartbeat: Option<outboard_shm::SharedMem>,
     limits: Limits,
 }
+
+/// The exit status of a restartable server whose device failed: its supervisor resets the
+/// device and starts the server again.
+pub const EXIT_DEVICE_FAILED: i32 = 75;
 
 /// Why a driver server could not start or stopped.
 #[derive(Debug, thiserror::Error)]
@@ -210,6 +220,7 @@ macro_rules! ctx {
             device: $d,
             work: &mut $self.work,
             notify: $self.notify.as_ref().map(|n| n.as_fd()),
+            restartable: $self.restartable,
         }
     };
 }
@@ -244,6 +255,8 @@ impl DriverHost {
             next_deadline_check: Instant::now(),
             rounds: 0,
             notify: None,
+            restartable: false,
+            heartbeat: None,
             limits: Limits::default(),
         };
         for d in 0..h.devices.len() {
@@ -288,6 +301,39 @@ impl DriverHost {
         self.notify = Some(fd);
     }
 
+    /// Lets a supervisor restart this server: a device that fails ends the process (exit
+    /// status [`EXIT_DEVICE_FAILED`]) with its requests unanswered, for the clients to replay
+    /// on the next server, instead of failing them.
+    pub fn set_restartable(&mut self, restartable: bool) {
+        self.restartable = restartable;
+    }
+
+    /// Tells the manager the server is serving, and hands it the heartbeat: a sealed page
+    /// whose first word this loop bumps each turn (and at least every 100 ms when idle).
+    pub fn announce_serving(&mut self) -> Result<(), HostError> {
+        let Some(notify) = self.notify.as_ref() else {
+            return Ok(());
+        };
+        let beat = outboard_shm::SharedMem::create("outboard-heartbeat", 4096)
+            .map_err(|e| HostError::Listen(SessionError::Os(e.to_string())))?;
+        beat.seal_size()
+            .map_err(|e| HostError::Listen(SessionError::Os(e.to_string())))?;
+        let fd = beat.fd().expect("a memfd");
+        control::send(notify.as_fd(), &control::Event::Serving, &[fd])?;
+        self.heartbeat = Some(beat);
+        Ok(())
+    }
+
+    /// One turn of the loop, for the manager's hung-server check.
+    #[inline]
+    fn beat(&self) {
+        if let Some(h) = &self.heartbeat {
+            if let Ok(word) = h.atomic_u32(0) {
+                word.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+    }
+
     /// How long a request may stay in a device before the device counts as stalled.
     pub fn set_deadline(&mut self, deadline: Duration) {
         self.deadline = deadline;
@@ -297,6 +343,7 @@ impl DriverHost {
     pub fn run(&mut self, stop: &AtomicBool) -> Result<(), HostError> {
         let mut ready = Vec::new();
         while !stop.load(Ordering::Relaxed) {
+            self.beat();
             if self.round() {
                 continue;
             }
@@ -499,7 +546,7 @@ impl DriverHost {
         let session = *session;
         // The socket is readable (that is why we are here): never wait on a client.
         let reply = match control::recv::<Request>(sock.as_fd(), Some(Duration::ZERO)) {
-            Ok((req, _fds)) => self.request(conn, req),
+            Ok((req, fds)) => self.request(conn, req, fds),
             Err(SessionError::Timeout) => return,
             Err(SessionError::Closed) | Err(SessionError::Os(_)) => {
                 self.drop_conn(conn, session);
@@ -531,7 +578,12 @@ impl DriverHost {
     }
 
     #[allow(clippy::type_complexity)]
-    fn request(&mut self, conn: usize, req: Request) -> Result<(Reply, Vec<OwnedFd>), Refusal> {
+    fn request(
+        &mut self,
+        conn: usize,
+        req: Request,
+        fds: Vec<OwnedFd>,
+    ) -> Result<(Reply, Vec<OwnedFd>), Refusal> {
         match req {
             Request::Status { device } => {
                 let d = self.find(&device)?;
@@ -546,83 +598,133 @@ impl DriverHost {
                 device,
                 class,
                 geometry,
+            } => self.open_session(conn, &device, &class, geometry, None),
+            Request::Resume {
+                device,
+                class,
+                geometry,
+                locks,
             } => {
-                let d = self.find(&device)?;
-                let dev = &self.devices[d];
-                if class != dev.class() {
-                    return Err((
-                        "wrong-class",
-                        format!(
-                            "{device} is a {} device, not a {class:?} device",
-                            dev.class()
-                        ),
-                    ));
-                }
-                if !geometry.has_shapes(dev.rings()) {
-                    return Err((
+                let [buffers]: [OwnedFd; 1] = fds.try_into().map_err(|v: Vec<OwnedFd>| {
+                    (
                         "invalid",
-                        format!(
-                            "the {class} class's rings are {}, not {}",
-                            describe(dev.rings().iter().map(|r| (r.direction, r.entry_size))),
-                            describe(geometry.rings.iter().map(|r| (r.direction, r.entry_size)))
-                        ),
-                    ));
-                }
-                if let Some(refusal) = dev.refuses() {
-                    return Err(refusal);
-                }
-                if self.conns[conn].as_ref().is_some_and(|c| c.1.is_some()) {
-                    return Err(("busy", "this connection already has a session".into()));
-                }
-                geometry.check().map_err(|e| ("invalid", e.to_string()))?;
-                self.admit(geometry.buffer_size)?;
-                let resources = |e: &dyn std::fmt::Display| ("resources", e.to_string());
-                let region = Region::create(geometry.clone()).map_err(|e| resources(&e))?;
-                let server_bell = Doorbell::new().map_err(|e| resources(&e))?;
-                let client_bell = Doorbell::new().map_err(|e| resources(&e))?;
-                let (cfd, bfd) = region.fds();
-                let fds = [cfd, bfd, server_bell.fd(), client_bell.fd()]
-                    .iter()
-                    .map(|f| f.try_clone_to_owned())
-                    .collect::<Result<Vec<_>, _>>()
-                    .map_err(|e| resources(&e))?;
-                let sock = self.conns[conn]
-                    .as_ref()
-                    .map(|c| c.0.try_clone())
-                    .transpose()
-                    .map_err(|e| resources(&e))?;
-                let slot = self
-                    .sessions
-                    .iter()
-                    .position(Option::is_none)
-                    .unwrap_or_else(|| {
-                        self.sessions.push(None);
-                        self.sessions.len() - 1
-                    });
-                self.devices[d].open(slot, region.buffers.clone())?;
-                if let Err(e) = self.work.add(server_bell.fd(), Source::Bell(slot)) {
-                    self.devices[d].release(slot);
-                    return Err(resources(&e));
-                }
-                let id = self.next_session;
-                self.next_session += 1;
-                self.sessions[slot] =
-                    Some(Session::new(id, d, sock, region, server_bell, client_bell));
-                if let Some(c) = self.conns[conn].as_mut() {
-                    c.1 = Some(slot);
-                }
-                self.stats.sessions_opened += 1;
-                tracing::info!("session {id} opened on {device}");
-                Ok((
-                    Reply::Opened {
-                        session: id,
-                        geometry,
-                        info: self.devices[d].status(),
-                    },
-                    fds,
-                ))
+                        format!("resume carries the buffer area: 1 fd, not {}", v.len()),
+                    )
+                })?;
+                self.open_session(conn, &device, &class, geometry, Some((buffers, locks)))
             }
         }
+    }
+
+    /// Opens a session: a new one, or (`resumed`: the client's buffer area and the locks it
+    /// held) one the client had with a previous server.
+    #[allow(clippy::type_complexity)]
+    fn open_session(
+        &mut self,
+        conn: usize,
+        device: &str,
+        class: &str,
+        geometry: Geometry,
+        resumed: Option<(OwnedFd, Vec<(u64, u32)>)>,
+    ) -> Result<(Reply, Vec<OwnedFd>), Refusal> {
+        let d = self.find(device)?;
+        let dev = &self.devices[d];
+        if class != dev.class() {
+            return Err((
+                "wrong-class",
+                format!(
+                    "{device} is a {} device, not a {class:?} device",
+                    dev.class()
+                ),
+            ));
+        }
+        if !geometry.has_shapes(dev.rings()) {
+            return Err((
+                "invalid",
+                format!(
+                    "the {class} class's rings are {}, not {}",
+                    describe(dev.rings().iter().map(|r| (r.direction, r.entry_size))),
+                    describe(geometry.rings.iter().map(|r| (r.direction, r.entry_size)))
+                ),
+            ));
+        }
+        if let Some(refusal) = dev.refuses() {
+            return Err(refusal);
+        }
+        if self.conns[conn].as_ref().is_some_and(|c| c.1.is_some()) {
+            return Err(("busy", "this connection already has a session".into()));
+        }
+        geometry.check().map_err(|e| ("invalid", e.to_string()))?;
+        self.admit(geometry.buffer_size)?;
+        let resources = |e: &dyn std::fmt::Display| ("resources", e.to_string());
+        let resuming = resumed.is_some();
+        let (region, locks) = match resumed {
+            None => (
+                Region::create(geometry.clone()).map_err(|e| resources(&e))?,
+                Vec::new(),
+            ),
+            Some((buffers, locks)) => (
+                Region::resume(geometry.clone(), buffers).map_err(|e| match e {
+                    SessionError::Invalid(m) => ("invalid", m),
+                    e => resources(&e),
+                })?,
+                locks,
+            ),
+        };
+        let server_bell = Doorbell::new().map_err(|e| resources(&e))?;
+        let client_bell = Doorbell::new().map_err(|e| resources(&e))?;
+        let (cfd, bfd) = region.fds();
+        let fds = [cfd, bfd, server_bell.fd(), client_bell.fd()]
+            .iter()
+            .map(|f| f.try_clone_to_owned())
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(|e| resources(&e))?;
+        let sock = self.conns[conn]
+            .as_ref()
+            .map(|c| c.0.try_clone())
+            .transpose()
+            .map_err(|e| resources(&e))?;
+        let slot = self
+            .sessions
+            .iter()
+            .position(Option::is_none)
+            .unwrap_or_else(|| {
+                self.sessions.push(None);
+                self.sessions.len() - 1
+            });
+        self.devices[d].open(slot, region.buffers.clone())?;
+        if let Err(e) = self.devices[d].reclaim(slot, &locks) {
+            self.devices[d].release(slot);
+            return Err(e);
+        }
+        if let Err(e) = self.work.add(server_bell.fd(), Source::Bell(slot)) {
+            self.devices[d].close(slot);
+            self.devices[d].release(slot);
+            return Err(resources(&e));
+        }
+        let id = self.next_session;
+        self.next_session += 1;
+        self.sessions[slot] = Some(Session::new(id, d, sock, region, server_bell, client_bell));
+        if let Some(c) = self.conns[conn].as_mut() {
+            c.1 = Some(slot);
+        }
+        self.stats.sessions_opened += 1;
+        if !resuming {
+            tracing::info!("session {id} opened on {device}");
+        } else {
+            tracing::info!(
+                "session {id} resumed on {device} with {} lock(s)",
+                locks.len()
+            );
+        }
+        Ok((
+            Reply::Opened {
+                session: id,
+                geometry,
+                info: self.devices[d].status(),
+            },
+            fds,
+        ))
     }
 
     /// Refuses a session the limits do not allow.

@@ -174,6 +174,29 @@ impl RangeLocks {
         gone.into_iter().map(|(_, r)| r).collect()
     }
 
+    /// Grants `session` the locks it held under a previous server (a resumed session). They
+    /// are refused, and none is granted, if one overlaps a lock another session holds: two
+    /// sessions cannot both have held it.
+    pub fn reclaim(&mut self, session: usize, ranges: &[Range]) -> Result<(), String> {
+        for &r in ranges {
+            if r.0 >= r.1 {
+                return Err(format!("lock range {r:?} is empty"));
+            }
+            if let Some((_, h)) = self
+                .held
+                .iter()
+                .find(|&&(s, h)| s != session && overlaps(h, r))
+            {
+                return Err(format!(
+                    "lock on blocks {}..{} overlaps blocks {}..{}, held by another session",
+                    r.0, r.1, h.0, h.1
+                ));
+            }
+        }
+        self.held.extend(ranges.iter().map(|&r| (session, r)));
+        Ok(())
+    }
+
     /// Drops everything (the device failed); returns every parked request.
     pub fn clear(&mut self) -> Vec<(usize, BlockRequest)> {
         self.held.clear();
@@ -195,6 +218,28 @@ mod tests {
         }
     }
     const NONE: &dyn Fn(usize, Range) -> bool = &|_, _| false;
+
+    #[test]
+    fn reclaimed_locks_hold_back_others_and_conflicting_reclaims_are_refused() {
+        let mut l = RangeLocks::default();
+        l.reclaim(1, &[(10, 20)]).unwrap();
+        assert_eq!(
+            l.admit(2, req(BlockOp::Write, 15, 1, 1), NONE),
+            Decision::Parked
+        );
+        assert_eq!(
+            l.admit(1, req(BlockOp::Write, 15, 1, 2), NONE),
+            Decision::Submit
+        );
+        let e = l.reclaim(3, &[(0, 4), (19, 30)]).unwrap_err();
+        assert!(e.contains("19..30"), "{e}");
+        assert!(l.reclaim(3, &[(5, 5)]).is_err());
+        // Neither of session 3's ranges was granted.
+        assert_eq!(
+            l.admit(2, req(BlockOp::Lock, 0, 4, 3), NONE),
+            Decision::Granted
+        );
+    }
 
     #[test]
     fn a_lock_holds_back_other_sessions_writes_until_unlocked() {

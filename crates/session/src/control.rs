@@ -44,6 +44,22 @@ pub enum Request {
         /// Requested geometry.
         geometry: Geometry,
     },
+    /// Re-open a session after its server was restarted: as `Open`, but the client passes
+    /// the buffer area it already has (one fd: the memfd the previous server created, sealed
+    /// against resizing), so the buffers its in-flight requests point at stay where they are.
+    /// `locks` are the ranges the session held (`Lock` acknowledged, no `Unlock` yet); the new
+    /// server grants them back before it serves anything.
+    Resume {
+        /// Device name.
+        device: String,
+        /// The class the client speaks.
+        class: String,
+        /// The geometry of the session being resumed; its buffer size must be the memfd's.
+        geometry: Geometry,
+        /// Lock ranges held: (first block, blocks).
+        #[serde(default)]
+        locks: Vec<(u64, u32)>,
+    },
     /// Status of a device.
     Status {
         /// Device name.
@@ -98,6 +114,9 @@ pub enum Event {
         /// Class device name.
         device: String,
     },
+    /// The server is listening and serves every device it was given (sent once, after
+    /// start-up): the manager counts a restart as finished from here.
+    Serving,
     /// An export's clients changed: those connected now (their addresses).
     ExportClients {
         /// The export's name.

@@ -255,10 +255,15 @@ impl Region {
     /// Creates a region (SERVER side).
     pub fn create(g: Geometry) -> Result<Self, SessionError> {
         g.check()?;
-        let cfd = sealed_memfd("outboard-session", g.control_size())?;
         let bfd = sealed_memfd("outboard-buffers", g.buffer_size)?;
-        let control = SharedMem::map_owned(cfd, 0, g.control_size() as usize, Access::ReadWrite)?;
         let buffers = SharedMem::map_owned(bfd, 0, g.buffer_size as usize, Access::ReadWrite)?;
+        Self::with_buffers(g, buffers)
+    }
+
+    /// A fresh control memfd (header and empty rings) around `buffers`.
+    fn with_buffers(g: Geometry, buffers: SharedMem) -> Result<Self, SessionError> {
+        let cfd = sealed_memfd("outboard-session", g.control_size())?;
+        let control = SharedMem::map_owned(cfd, 0, g.control_size() as usize, Access::ReadWrite)?;
         control.write_u64(off::MAGIC, MAGIC)?;
         control.write_u32(off::VERSION, VERSION)?;
         control.write_u32(off::RING_COUNT, g.rings.len() as u32)?;
@@ -275,15 +280,61 @@ impl Region {
         })
     }
 
+    /// Creates a region around a buffer area a client brought back from a previous server
+    /// (SERVER side, `Resume`): fresh header and rings, the client's buffers. The memfd must be
+    /// one a server made — sealed against growing, shrinking and further seals, with no write
+    /// seal (the device must be able to write into it) — and exactly the geometry's size.
+    pub fn resume(g: Geometry, buffers: OwnedFd) -> Result<Self, SessionError> {
+        g.check()?;
+        let seals = rustix::fs::fcntl_get_seals(&buffers).map_err(|e| {
+            SessionError::Invalid(format!("the buffer area is not a sealed memfd ({e})"))
+        })?;
+        let needed = SealFlags::GROW | SealFlags::SHRINK | SealFlags::SEAL;
+        if !seals.contains(needed) || seals.intersects(SealFlags::WRITE | SealFlags::FUTURE_WRITE) {
+            return Err(SessionError::Invalid(format!(
+                "the buffer area's seals are {seals:?}, not exactly grow, shrink and seal"
+            )));
+        }
+        let size = rustix::fs::fstat(&buffers)
+            .map_err(|e| SessionError::Os(e.to_string()))?
+            .st_size as u64;
+        if size != g.buffer_size {
+            return Err(SessionError::Invalid(format!(
+                "the buffer area is {size} bytes, the geometry says {}",
+                g.buffer_size
+            )));
+        }
+        let buffers = SharedMem::map_owned(buffers, 0, g.buffer_size as usize, Access::ReadWrite)?;
+        Self::with_buffers(g, buffers)
+    }
+
     /// Maps a region received from the server (CLIENT side), checking the header against the
     /// geometry the server announced.
     pub fn attach(control: OwnedFd, buffers: OwnedFd, g: Geometry) -> Result<Self, SessionError> {
         g.check()?;
         // The server's memfds: sealed by an honest server, sealed or guarded here whatever it is.
-        let control =
-            SharedMem::map_peer_owned(control, 0, g.control_size() as usize, Access::ReadWrite)?;
         let buffers =
             SharedMem::map_peer_owned(buffers, 0, g.buffer_size as usize, Access::ReadWrite)?;
+        Self::attach_to(control, Arc::new(buffers), g)
+    }
+
+    /// Maps the control memfd of a resumed session (CLIENT side) around the buffer area the
+    /// client kept, checking the header against the geometry.
+    pub fn attach_to(
+        control: OwnedFd,
+        buffers: Arc<SharedMem>,
+        g: Geometry,
+    ) -> Result<Self, SessionError> {
+        g.check()?;
+        if buffers.len() as u64 != g.buffer_size {
+            return Err(SessionError::Invalid(format!(
+                "the buffer area is {} bytes, the geometry says {}",
+                buffers.len(),
+                g.buffer_size
+            )));
+        }
+        let control =
+            SharedMem::map_peer_owned(control, 0, g.control_size() as usize, Access::ReadWrite)?;
         let mut header_ok = control.read_u64(off::MAGIC)? == MAGIC
             && control.read_u32(off::VERSION)? == VERSION
             && control.read_u32(off::RING_COUNT)? == g.rings.len() as u32
@@ -300,7 +351,7 @@ impl Region {
         }
         Ok(Self {
             control: Arc::new(control),
-            buffers: Arc::new(buffers),
+            buffers,
             geometry: g,
         })
     }
@@ -559,6 +610,43 @@ mod tests {
         assert_eq!(attached.producers(Direction::ToServer).len(), 1);
         assert_eq!(attached.consumers(Direction::ToClient).len(), 1);
         assert!(attached.ring(2).is_none());
+    }
+
+    /// A resumed session keeps the client's buffers (same bytes, new rings); a buffer area that
+    /// is not a server's sealed memfd of the right size is refused.
+    #[test]
+    #[cfg_attr(miri, ignore = "Miri cannot create or map a memfd")]
+    fn resume_takes_back_only_a_sealed_buffer_area_of_the_right_size() {
+        let g = Geometry::of_class(&BLOCKLIKE, 8, 8192);
+        let old = Region::create(g.clone()).unwrap();
+        old.buffers.write(4096, b"kept").unwrap();
+        let bfd = || old.fds().1.try_clone_to_owned().unwrap();
+        let new = Region::resume(g.clone(), bfd()).unwrap();
+        let mut kept = [0; 4];
+        new.buffers.read(4096, &mut kept).unwrap();
+        assert_eq!(&kept, b"kept");
+        assert_ne!(
+            rustix::fs::fstat(new.fds().0).unwrap().st_ino,
+            rustix::fs::fstat(old.fds().0).unwrap().st_ino,
+            "the rings are new"
+        );
+        let e = Region::resume(
+            Geometry {
+                buffer_size: 4096,
+                ..g.clone()
+            },
+            bfd(),
+        )
+        .unwrap_err();
+        assert!(e.to_string().contains("8192 bytes"), "{e}");
+        let plain = rustix::fs::memfd_create("plain", MemfdFlags::CLOEXEC).unwrap();
+        rustix::fs::ftruncate(&plain, 8192).unwrap();
+        let e = Region::resume(g.clone(), plain).unwrap_err();
+        assert!(e.to_string().contains("seals"), "{e}");
+        let file = tempfile::tempfile().unwrap();
+        file.set_len(8192).unwrap();
+        let e = Region::resume(g, file.into()).unwrap_err();
+        assert!(e.to_string().contains("not a sealed memfd"), "{e}");
     }
 
     /// Rings in both directions, several of each, over one control area: entries pushed into

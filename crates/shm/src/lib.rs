@@ -133,6 +133,19 @@ impl SharedMem {
         Self::map_owned(fd, 0, len, Access::ReadWrite)
     }
 
+    /// Seals the size of a memfd this process created (`F_SEAL_GROW | F_SEAL_SHRINK |
+    /// F_SEAL_SEAL`), so a peer it is passed to can neither resize it nor seal it otherwise.
+    pub fn seal_size(&self) -> Result<()> {
+        let fd = self.fd().ok_or(ShmError::Empty)?;
+        rustix::fs::fcntl_add_seals(
+            fd,
+            rustix::fs::SealFlags::GROW
+                | rustix::fs::SealFlags::SHRINK
+                | rustix::fs::SealFlags::SEAL,
+        )
+        .map_err(os("fcntl(F_ADD_SEALS)"))
+    }
+
     /// Maps `len` bytes of `fd` from `offset`, keeping the fd.
     pub fn map_owned(fd: OwnedFd, offset: u64, len: usize, access: Access) -> Result<Self> {
         let ptr = Self::mmap(fd.as_fd(), offset, len, access)?;

@@ -45,6 +45,16 @@ pub fn die_with_parent(cmd: &mut Command, pass: Option<(BorrowedFd<'_>, i32)>) {
 /// Takes ownership of fd `n` inherited from the parent, after checking that it is an open
 /// socket (what a parent passes for a channel).
 pub fn inherited_socket(n: i32) -> Result<OwnedFd, String> {
+    inherited(n, rustix::fs::FileType::Socket, "a socket")
+}
+
+/// Takes ownership of fd `n` inherited from the parent, after checking that it is an open
+/// regular file or memfd (what a parent passes as a disk's backing).
+pub fn inherited_file(n: i32) -> Result<OwnedFd, String> {
+    inherited(n, rustix::fs::FileType::RegularFile, "a file")
+}
+
+fn inherited(n: i32, kind: rustix::fs::FileType, what: &str) -> Result<OwnedFd, String> {
     if n <= 2 {
         return Err(format!("fd {n}: not a descriptor a parent passes"));
     }
@@ -52,12 +62,16 @@ pub fn inherited_socket(n: i32) -> Result<OwnedFd, String> {
     let borrowed = unsafe { BorrowedFd::borrow_raw(n) };
     rustix::io::fcntl_getfd(borrowed).map_err(|e| format!("fd {n}: {e}"))?;
     let st = rustix::fs::fstat(borrowed).map_err(|e| format!("fd {n}: {e}"))?;
-    if rustix::fs::FileType::from_raw_mode(st.st_mode) != rustix::fs::FileType::Socket {
-        return Err(format!("fd {n}: not a socket"));
+    if rustix::fs::FileType::from_raw_mode(st.st_mode) != kind {
+        return Err(format!("fd {n}: not {what}"));
     }
     // SAFETY: the fd is open (checked above) and was inherited across exec to be owned here:
     // no other owner exists in this process; callers take it once, at start-up.
-    Ok(unsafe { OwnedFd::from_raw_fd(n) })
+    let fd = unsafe { OwnedFd::from_raw_fd(n) };
+    // Not handed on to anything this process starts.
+    rustix::io::fcntl_setfd(&fd, rustix::io::FdFlags::CLOEXEC)
+        .map_err(|e| format!("fd {n}: {e}"))?;
+    Ok(fd)
 }
 
 /// Restores SIGPIPE's default action. Rust starts programs with it ignored, so a command-line

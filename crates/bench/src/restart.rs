@@ -1,0 +1,345 @@
+//! Evaluation test 8: restarts under load. The verified workload ([`crate::verified`]) runs
+//! with several clients while the block driver server — or, separately, its device model — is
+//! killed with SIGKILL again and again. Reported per kill interval: the time from each kill to
+//! the first completion from the restarted server (median, p99, max), failed requests, data
+//! mismatches, duplicate completions, and throughput against a run without kills.
+//!
+//! "Every N ms" is measured from the moment the previous restart serves again: a kill before
+//! the new server has started would measure start-up, not recovery.
+
+use std::path::Path;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use crate::model::{Figure, Machine, Point, Series, Target, TestResult};
+use crate::stats::Summary;
+use crate::verified::{self, Workload};
+use crate::Context;
+
+/// Clients running the workload.
+const CLIENTS: u64 = 4;
+
+/// What the killer aims at.
+#[derive(Debug, Clone, Copy)]
+enum Victim {
+    Driver,
+    Model,
+}
+
+impl Victim {
+    fn node(self) -> &'static str {
+        match self {
+            Victim::Driver => "driver",
+            Victim::Model => "pci-function",
+        }
+    }
+    fn label(self) -> &'static str {
+        match self {
+            Victim::Driver => "driver server killed",
+            Victim::Model => "device model killed",
+        }
+    }
+}
+
+/// One run: what the clients saw and when the kills were.
+struct Outcome {
+    iops: f64,
+    kills: Vec<Instant>,
+    /// Kill → first completion from the new server, per kill.
+    recoveries: Vec<f64>,
+    failed: usize,
+    mismatches: usize,
+    duplicates: u64,
+    replayed: u64,
+}
+
+fn first_of<'a>(
+    n: &'a outboard_client::registry::Node,
+    kind: &str,
+) -> Option<&'a outboard_client::registry::Node> {
+    if n.kind == kind {
+        return Some(n);
+    }
+    n.children.iter().find_map(|c| first_of(c, kind))
+}
+
+/// The pid of the first `kind` node, and whether its driver serves.
+fn pid_and_serving(control: &Path, kind: &str) -> Option<(i32, bool)> {
+    let tree = outboard_client::manager::registry(control).ok()?;
+    let pid = first_of(&tree, kind)?.props.get("pid")?.as_i64()? as i32;
+    let serving = first_of(&tree, "block-device")?
+        .props
+        .get("state")?
+        .as_str()?
+        == "serving";
+    Some((pid, serving))
+}
+
+/// Runs the workload for `secs`, killing `victim` every `every` (none: a baseline).
+fn run(
+    control: &Path,
+    w: Workload,
+    secs: f64,
+    kill: Option<(Victim, Duration)>,
+) -> Result<Outcome, String> {
+    let stop = Arc::new(AtomicBool::new(false));
+    let clients: Vec<_> = (0..CLIENTS)
+        .map(|id| {
+            let mut dev = verified::open(control, "disk0", w.depth)?;
+            let stop = stop.clone();
+            Ok(std::thread::spawn(move || {
+                verified::run_client(&mut dev, id, w, &stop)
+            }))
+        })
+        .collect::<Result<_, String>>()?;
+    let started = Instant::now();
+    let until = started + Duration::from_secs_f64(secs);
+    let mut kills = Vec::new();
+    while Instant::now() < until {
+        let Some((victim, every)) = kill else {
+            std::thread::sleep(until - Instant::now());
+            break;
+        };
+        std::thread::sleep(every);
+        let (pid, _) = pid_and_serving(control, victim.node()).ok_or("no process to kill")?;
+        let (server, _) = pid_and_serving(control, "driver").ok_or("no driver server")?;
+        rustix::process::kill_process(
+            rustix::process::Pid::from_raw(pid).ok_or("bad pid")?,
+            rustix::process::Signal::KILL,
+        )
+        .map_err(|e| format!("kill {pid}: {e}"))?;
+        kills.push(Instant::now());
+        let back = Instant::now() + Duration::from_secs(30);
+        loop {
+            match pid_and_serving(control, "driver") {
+                Some((p, true)) if p != server => break,
+                _ if Instant::now() > back => return Err("the driver did not come back".into()),
+                _ => std::thread::sleep(Duration::from_millis(1)),
+            }
+        }
+    }
+    let elapsed = started.elapsed().as_secs_f64();
+    stop.store(true, Ordering::Relaxed);
+    let mut o = Outcome {
+        iops: 0.0,
+        recoveries: Vec::new(),
+        failed: 0,
+        mismatches: 0,
+        duplicates: 0,
+        replayed: 0,
+        kills: kills.clone(),
+    };
+    let mut resumes = Vec::new();
+    for c in clients {
+        let r = c.join().map_err(|_| "a client panicked")??;
+        o.iops += r.completed as f64 / elapsed;
+        o.failed += r.failed.len();
+        o.mismatches += r.mismatches.len();
+        o.duplicates += r.duplicates;
+        o.replayed += r.replayed;
+        resumes.extend(r.resumes);
+    }
+    for (i, k) in kills.iter().enumerate() {
+        let next = kills.get(i + 1).copied();
+        let first = resumes
+            .iter()
+            .filter(|(noticed, _)| noticed >= k && next.is_none_or(|n| *noticed < n))
+            .map(|(_, answered)| answered.duration_since(*k).as_secs_f64() * 1e3)
+            .min_by(f64::total_cmp);
+        if let Some(ms) = first {
+            o.recoveries.push(ms);
+        }
+    }
+    Ok(o)
+}
+
+/// The machine: one emulated disk whose driver may restart without limit.
+const MACHINE: &str = r#"name = "restart-bench"
+[[device]]
+name = "disk0"
+model = "virtio-blk"
+backing = "mem:64M"
+queues = 2
+restarts = 1000000
+"#;
+
+fn percentile(v: &[f64], p: f64) -> f64 {
+    let mut v = v.to_vec();
+    v.sort_by(f64::total_cmp);
+    if v.is_empty() {
+        return f64::NAN;
+    }
+    v[((v.len() - 1) as f64 * p).round() as usize]
+}
+
+/// Runs the test.
+pub fn restart_test(ctx: &Context) -> Result<TestResult, String> {
+    let intervals: &[u64] = if ctx.quick {
+        &[100, 1000]
+    } else {
+        &[10, 30, 100, 300, 1000]
+    };
+    let secs = if ctx.quick { 2.0 } else { 6.0 };
+    let w = Workload {
+        depth: 16,
+        blocks: 1024,
+        flush_every: 64,
+    };
+    let mut latency = Figure {
+        id: "recovery".into(),
+        title: "Kill to first completion from the new server (ms)".into(),
+        x_label: "kill interval (ms)".into(),
+        y_label: "ms".into(),
+        log_x: true,
+        log_y: false,
+        kind: "line".into(),
+        series: Vec::new(),
+    };
+    let mut tput = Figure {
+        id: "throughput".into(),
+        title: "Verified requests per second, with kills and without".into(),
+        y_label: "requests/s".into(),
+        ..latency.clone()
+    };
+    let mut table = Vec::new();
+    let mut targets = Vec::new();
+    let mut all_medians = Vec::new();
+    let (mut failed, mut mismatched, mut dups) = (0, 0, 0);
+    for victim in [Victim::Driver, Victim::Model] {
+        let dir = std::env::temp_dir().join(format!(
+            "outboard-bench-restart-{}-{:?}",
+            std::process::id(),
+            victim
+        ));
+        std::fs::create_dir_all(&dir).map_err(|e| e.to_string())?;
+        let up = crate::fixture::machine(&ctx.exe, &dir, MACHINE, &[])?;
+        let control = dir.join("control.sock");
+        ctx.progress
+            .set_message(format!("restart: {}, baseline", victim.label()));
+        let base = run(&control, w, secs, None)?;
+        ctx.progress.inc(1);
+        let mut med = Vec::new();
+        let mut p99 = Vec::new();
+        let mut max = Vec::new();
+        let mut rate = Vec::new();
+        for &n in intervals {
+            ctx.progress
+                .set_message(format!("restart: {}, every {n} ms", victim.label()));
+            let o = run(&control, w, secs, Some((victim, Duration::from_millis(n))))?;
+            ctx.progress.inc(1);
+            let s = |v: f64| Summary {
+                median: v,
+                min: v,
+                max: v,
+                samples: vec![v],
+            };
+            let m = percentile(&o.recoveries, 0.5);
+            all_medians.push(m);
+            med.push(Point {
+                x: n as f64,
+                y: s(m),
+            });
+            p99.push(Point {
+                x: n as f64,
+                y: s(percentile(&o.recoveries, 0.99)),
+            });
+            max.push(Point {
+                x: n as f64,
+                y: s(percentile(&o.recoveries, 1.0)),
+            });
+            rate.push(Point {
+                x: n as f64,
+                y: s(o.iops),
+            });
+            failed += o.failed;
+            mismatched += o.mismatches;
+            dups += o.duplicates;
+            table.push(serde_json::json!({
+                "victim": victim.label(),
+                "interval_ms": n,
+                "kills": o.kills.len(),
+                "recovered": o.recoveries.len(),
+                "median_ms": m,
+                "p99_ms": percentile(&o.recoveries, 0.99),
+                "max_ms": percentile(&o.recoveries, 1.0),
+                "failed": o.failed,
+                "mismatches": o.mismatches,
+                "duplicates": o.duplicates,
+                "replayed": o.replayed,
+                "requests_per_s": o.iops,
+                "baseline_per_s": base.iops,
+                "throughput_lost": 1.0 - o.iops / base.iops,
+            }));
+        }
+        drop(up);
+        let _ = std::fs::remove_dir_all(&dir);
+        let who = victim.label();
+        latency.series.push(Series {
+            label: format!("{who}, median"),
+            points: med,
+        });
+        latency.series.push(Series {
+            label: format!("{who}, p99"),
+            points: p99,
+        });
+        latency.series.push(Series {
+            label: format!("{who}, max"),
+            points: max,
+        });
+        tput.series.push(Series {
+            label: who.into(),
+            points: rate,
+        });
+        tput.series.push(Series {
+            label: format!("{who}: baseline, no kills"),
+            points: intervals
+                .iter()
+                .map(|&n| Point {
+                    x: n as f64,
+                    y: Summary {
+                        median: base.iops,
+                        min: base.iops,
+                        max: base.iops,
+                        samples: vec![base.iops],
+                    },
+                })
+                .collect(),
+        });
+    }
+    let worst = all_medians.iter().copied().fold(0.0, f64::max);
+    targets.push(Target {
+        target: "restart: kill-to-first-completion median ≤ 50 ms (worst interval)".into(),
+        measured: format!("{worst:.1} ms"),
+        met: Some(worst <= 50.0),
+    });
+    targets.push(Target {
+        target: "restart: zero failed requests, zero mismatches, zero duplicates".into(),
+        measured: format!("{failed} failed, {mismatched} mismatches, {dups} duplicates"),
+        met: Some(failed == 0 && mismatched == 0 && dups == 0),
+    });
+    Ok(TestResult {
+        test: "restart".into(),
+        title: "Restart under load".into(),
+        reference: "EVALUATION.md test 8".into(),
+        runs: 1,
+        discarded: 0,
+        params: serde_json::json!({
+            "clients": CLIENTS,
+            "queue_depth": w.depth,
+            "blocks_per_client": w.blocks,
+            "block_bytes": verified::BLOCK,
+            "seconds_per_interval": secs,
+            "rows": table,
+        }),
+        figures: vec![latency, tput],
+        unavailable: Vec::new(),
+        targets,
+        machine: Machine::here(),
+    })
+}
+
+/// Progress steps.
+pub fn steps(ctx: &Context) -> u64 {
+    2 * (1 + if ctx.quick { 2 } else { 5 })
+}

@@ -1,0 +1,157 @@
+//! Restart with replay (DESIGN.md §2.6): the driver server, or the device model under it, is
+//! killed at random instants while several clients write, read and flush at queue depth 16;
+//! afterwards no request failed, every read was consistent with what had been acknowledged,
+//! every acknowledged write is on the disk, and the registry counts the restarts.
+
+mod common;
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use common::{find_node, registry, Up};
+use outboard_bench::verified::{self, Workload};
+use rustix::process::{Pid, Signal};
+
+const MACHINE: &str = r#"
+name = "restart"
+[[device]]
+name = "disk0"
+model = "virtio-blk"
+backing = "mem:16M"
+queues = 2
+restarts = 1000
+"#;
+
+fn pid_of(up: &Up, kind: &str) -> Option<(i32, String)> {
+    let node = find_node(&registry(up), kind)?.clone();
+    Some((
+        node["props"]["pid"].as_i64()? as i32,
+        node["props"]["state"]
+            .as_str()
+            .unwrap_or_default()
+            .to_string(),
+    ))
+}
+
+/// Waits until the driver serves again with a pid other than `old`.
+fn wait_serving(up: &Up, old: i32) {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        if let Some((pid, state)) = pid_of(up, "driver") {
+            if pid != old && state.starts_with("running") {
+                return;
+            }
+        }
+        assert!(Instant::now() < deadline, "the driver did not come back");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
+fn kill_repeatedly(target: &str, kills: usize) {
+    let dir = tempfile::tempdir().unwrap();
+    let up = Up::start(dir.path(), Some(MACHINE));
+    let stop = Arc::new(AtomicBool::new(false));
+    let w = Workload {
+        depth: 16,
+        blocks: 256,
+        flush_every: 50,
+    };
+    let clients: Vec<_> = (0..3u64)
+        .map(|id| {
+            let mut dev = verified::open(&up.control, "disk0", w.depth).unwrap();
+            let stop = stop.clone();
+            std::thread::spawn(move || verified::run_client(&mut dev, id, w, &stop))
+        })
+        .collect();
+    let mut rng = 0x1234_5678_9abc_def1u64;
+    for _ in 0..kills {
+        rng ^= rng << 13;
+        rng ^= rng >> 7;
+        rng ^= rng << 17;
+        std::thread::sleep(Duration::from_millis(50 + rng % 250));
+        let (server, _) = pid_of(&up, "driver").unwrap();
+        let (victim, _) = pid_of(&up, target).unwrap();
+        rustix::process::kill_process(Pid::from_raw(victim).unwrap(), Signal::KILL).unwrap();
+        wait_serving(&up, server);
+    }
+    std::thread::sleep(Duration::from_millis(200));
+    stop.store(true, Ordering::Relaxed);
+    let mut completed = 0;
+    let mut resumes = 0;
+    for c in clients {
+        let r = c.join().unwrap().unwrap();
+        assert!(r.failed.is_empty(), "failed requests: {:?}", r.failed);
+        assert!(
+            r.mismatches.is_empty(),
+            "inconsistent reads: {:?}",
+            r.mismatches
+        );
+        assert_eq!(r.duplicates, 0);
+        completed += r.completed;
+        resumes += r.resumes.len();
+    }
+    assert!(completed > 1000, "only {completed} requests completed");
+    assert!(resumes >= kills, "{resumes} resumes for {kills} kills");
+    let reg = registry(&up);
+    let restarts = if target == "driver" {
+        find_node(&reg, "driver").unwrap()["props"]["restarts"].as_u64()
+    } else {
+        find_node(&reg, "pci-function").unwrap()["props"]["restarts"].as_u64()
+    };
+    assert_eq!(restarts, Some(kills as u64), "{reg:#}");
+}
+
+#[test]
+fn killing_the_driver_server_at_random_loses_and_fails_nothing() {
+    kill_repeatedly("driver", 12);
+}
+
+#[test]
+fn killing_the_device_model_at_random_loses_and_fails_nothing() {
+    kill_repeatedly("pci-function", 6);
+}
+
+/// A server that stops (SIGSTOP: its loop never turns) is found by its heartbeat, killed and
+/// restarted within the bound (heartbeat + the manager's 50 ms check + start-up), and the
+/// clients it held see no error.
+#[test]
+fn a_hung_driver_server_is_restarted_within_its_heartbeat() {
+    let dir = tempfile::tempdir().unwrap();
+    let machine = MACHINE.replace("restarts = 1000", "heartbeat = \"300ms\"");
+    let up = Up::start(dir.path(), Some(&machine));
+    let stop = Arc::new(AtomicBool::new(false));
+    let w = Workload {
+        depth: 16,
+        blocks: 64,
+        flush_every: 20,
+    };
+    let mut dev = verified::open(&up.control, "disk0", w.depth).unwrap();
+    let client = {
+        let stop = stop.clone();
+        std::thread::spawn(move || verified::run_client(&mut dev, 0, w, &stop))
+    };
+    std::thread::sleep(Duration::from_millis(200));
+    let (server, _) = pid_of(&up, "driver").unwrap();
+    let hung = Instant::now();
+    rustix::process::kill_process(Pid::from_raw(server).unwrap(), Signal::STOP).unwrap();
+    wait_serving(&up, server);
+    let took = hung.elapsed();
+    assert!(
+        took < Duration::from_millis(300 + 50 + 2000),
+        "restarted {took:?} after it hung"
+    );
+    assert!(
+        took >= Duration::from_millis(300),
+        "restarted before the heartbeat ran out"
+    );
+    let reg = registry(&up);
+    let driver = find_node(&reg, "driver").unwrap();
+    assert!(driver["props"]["last-hang"].is_string(), "{reg:#}");
+    std::thread::sleep(Duration::from_millis(200));
+    stop.store(true, Ordering::Relaxed);
+    let r = client.join().unwrap().unwrap();
+    assert!(r.failed.is_empty(), "{:?}", r.failed);
+    assert!(r.mismatches.is_empty(), "{:?}", r.mismatches);
+    assert_eq!(r.resumes.len(), 1);
+}

@@ -82,9 +82,11 @@ fn run(
     w: Workload,
     secs: f64,
     kill: Option<(Victim, Duration)>,
+    round: u64,
 ) -> Result<Outcome, String> {
     let stop = Arc::new(AtomicBool::new(false));
-    let clients: Vec<_> = (0..CLIENTS)
+    // Each run's clients own regions no earlier run wrote: they start from zeros.
+    let clients: Vec<_> = (round * CLIENTS..(round + 1) * CLIENTS)
         .map(|id| {
             let mut dev = verified::open(control, "disk0", w.depth)?;
             let stop = stop.clone();
@@ -104,12 +106,13 @@ fn run(
         std::thread::sleep(every);
         let (pid, _) = pid_and_serving(control, victim.node()).ok_or("no process to kill")?;
         let (server, _) = pid_and_serving(control, "driver").ok_or("no driver server")?;
+        // Before the signal: a client can notice the death before kill(2) returns here.
+        kills.push(Instant::now());
         rustix::process::kill_process(
             rustix::process::Pid::from_raw(pid).ok_or("bad pid")?,
             rustix::process::Signal::KILL,
         )
         .map_err(|e| format!("kill {pid}: {e}"))?;
-        kills.push(Instant::now());
         let back = Instant::now() + Duration::from_secs(30);
         loop {
             match pid_and_serving(control, "driver") {
@@ -183,7 +186,7 @@ pub fn restart_test(ctx: &Context) -> Result<TestResult, String> {
     let secs = if ctx.quick { 2.0 } else { 6.0 };
     let w = Workload {
         depth: 16,
-        blocks: 1024,
+        blocks: 512,
         flush_every: 64,
     };
     let mut latency = Figure {
@@ -217,16 +220,22 @@ pub fn restart_test(ctx: &Context) -> Result<TestResult, String> {
         let control = dir.join("control.sock");
         ctx.progress
             .set_message(format!("restart: {}, baseline", victim.label()));
-        let base = run(&control, w, secs, None)?;
+        let base = run(&control, w, secs, None, 0)?;
         ctx.progress.inc(1);
         let mut med = Vec::new();
         let mut p99 = Vec::new();
         let mut max = Vec::new();
         let mut rate = Vec::new();
-        for &n in intervals {
+        for (round, &n) in (1..).zip(intervals) {
             ctx.progress
                 .set_message(format!("restart: {}, every {n} ms", victim.label()));
-            let o = run(&control, w, secs, Some((victim, Duration::from_millis(n))))?;
+            let o = run(
+                &control,
+                w,
+                secs,
+                Some((victim, Duration::from_millis(n))),
+                round,
+            )?;
             ctx.progress.inc(1);
             let s = |v: f64| Summary {
                 median: v,

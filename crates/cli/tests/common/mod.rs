@@ -103,16 +103,29 @@ impl Up {
         }
         let child = cmd.spawn().unwrap();
         let deadline = Instant::now() + Duration::from_secs(30);
-        let up = Self {
+        let mut up = Self {
             child: Some(child),
             control,
             dir: dir.join("rt"),
         };
-        while !up.run(&["ls"]).status.success() {
-            assert!(Instant::now() < deadline, "outboard up did not come up");
+        loop {
+            let ls = up.run(&["ls"]);
+            if ls.status.success() {
+                return up;
+            }
+            let exited = up.child.as_mut().unwrap().try_wait().unwrap().is_some();
+            if exited || Instant::now() >= deadline {
+                let out = up.interrupt();
+                panic!(
+                    "outboard up did not come up ({}); ls said: {}\nits stderr:\n{}\nlogs:\n{}",
+                    if exited { "it exited" } else { "timed out" },
+                    String::from_utf8_lossy(&ls.stderr),
+                    String::from_utf8_lossy(&out.stderr),
+                    logs_of(&up.dir)
+                );
+            }
             std::thread::sleep(Duration::from_millis(50));
         }
-        up
     }
 
     pub fn run(&self, args: &[&str]) -> Output {
@@ -179,6 +192,18 @@ impl Drop for Up {
             self.interrupt();
         }
     }
+}
+
+/// Every log file in a runtime directory, for a failure message.
+pub fn logs_of(dir: &Path) -> String {
+    let mut all = String::new();
+    for e in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+        if e.path().extension().is_some_and(|x| x == "log") {
+            let text = std::fs::read_to_string(e.path()).unwrap_or_default();
+            all += &format!("--- {}\n{text}\n", e.path().display());
+        }
+    }
+    all
 }
 
 pub fn stdout(o: &Output) -> String {

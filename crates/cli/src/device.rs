@@ -16,6 +16,8 @@ use outboard_devices::faults::{lock, Fault, FaultHandle};
 use outboard_devices::virtio_blk::BlkOptions;
 use outboard_vfio_user::{DeviceBackend, Server, ServerOptions};
 
+use crate::confine::ConfineArgs;
+
 #[derive(Subcommand)]
 pub enum DeviceCommand {
     /// A virtio-blk disk (virtio 1.x over PCI, vendor 0x1af4 device 0x1042).
@@ -57,6 +59,8 @@ pub struct NullBlkArgs {
     disk: DiskOptions,
     #[command(flatten)]
     faults: FaultArgs,
+    #[command(flatten)]
+    confine: ConfineArgs,
 }
 
 /// Where the device model listens.
@@ -90,6 +94,8 @@ pub struct VirtioBlkArgs {
     disk: DiskOptions,
     #[command(flatten)]
     faults: FaultArgs,
+    #[command(flatten)]
+    confine: ConfineArgs,
 }
 
 /// Fault injection: bad hardware on demand.
@@ -129,7 +135,14 @@ pub fn run(c: DeviceCommand) -> Result<ExitCode, String> {
     match c {
         DeviceCommand::VirtioBlk(a) => {
             let backing = Backing::open(&a.backing, a.create).map_err(|e| e.to_string())?;
-            disk("virtio-blk", backing, a.disk, a.faults, &a.listen)
+            disk(
+                "virtio-blk",
+                backing,
+                a.disk,
+                a.faults,
+                &a.listen,
+                &a.confine,
+            )
         }
         DeviceCommand::NullBlk(a) => {
             if !a.backing.starts_with("null:") {
@@ -139,7 +152,7 @@ pub fn run(c: DeviceCommand) -> Result<ExitCode, String> {
                 ));
             }
             let backing = Backing::open(&a.backing, None).map_err(|e| e.to_string())?;
-            disk("null-blk", backing, a.disk, a.faults, &a.listen)
+            disk("null-blk", backing, a.disk, a.faults, &a.listen, &a.confine)
         }
     }
 }
@@ -151,6 +164,7 @@ fn disk(
     o: DiskOptions,
     faults: FaultArgs,
     listen: &Listen,
+    confine: &ConfineArgs,
 ) -> Result<ExitCode, String> {
     if o.serial.len() > 20 {
         return Err("--serial is limited to 20 bytes".into());
@@ -166,11 +180,16 @@ fn disk(
     )
     .map_err(|e| e.to_string())?;
     let _faults = faults.start(model.device().faults())?;
-    serve(model, listen, &format!("{name} ({what})"))
+    serve(model, listen, confine, &format!("{name} ({what})"))
 }
 
 /// Serves `model` until SIGINT or SIGTERM.
-pub fn serve<B: DeviceBackend>(model: B, listen: &Listen, what: &str) -> Result<ExitCode, String> {
+pub fn serve<B: DeviceBackend>(
+    model: B,
+    listen: &Listen,
+    confine: &ConfineArgs,
+    what: &str,
+) -> Result<ExitCode, String> {
     let stop = Arc::new(AtomicBool::new(false));
     for sig in [signal_hook::consts::SIGTERM, signal_hook::consts::SIGINT] {
         signal_hook::flag::register(sig, stop.clone()).map_err(|e| e.to_string())?;
@@ -191,6 +210,9 @@ pub fn serve<B: DeviceBackend>(model: B, listen: &Listen, what: &str) -> Result<
         |p| p.display().to_string(),
     );
     eprintln!("outboard: {what} serving vfio-user on {where_}");
+    if let Some(code) = confine.apply()? {
+        return Ok(code);
+    }
     server.run(&stop).map_err(|e| e.to_string())?;
     eprintln!("outboard: stopped");
     Ok(ExitCode::SUCCESS)

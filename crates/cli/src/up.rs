@@ -63,6 +63,8 @@ pub struct DriverHostArgs {
     /// to send again, instead of failing them.
     #[arg(long)]
     restartable: bool,
+    #[command(flatten)]
+    confine: crate::confine::ConfineArgs,
 }
 
 /// The most device queues a driver server drives per device: requests are spread over them.
@@ -180,7 +182,8 @@ pub fn driver_host(a: DriverHostArgs) -> Result<ExitCode, String> {
     let mut server = DriverHost::bind(&a.listen, served).map_err(|e| e.to_string())?;
     server.set_spin(std::time::Duration::from_micros(a.spin_us));
     server.set_deadline(std::time::Duration::from_millis(a.deadline_ms));
-    server.set_restartable(a.restartable);
+    // A confined server cannot open its device again: a failure ends it, for its supervisor.
+    server.set_restartable(a.restartable || a.confine.confined());
     eprintln!(
         "outboard: driver server for {} listening on {}",
         names.join(", "),
@@ -189,6 +192,9 @@ pub fn driver_host(a: DriverHostArgs) -> Result<ExitCode, String> {
     if let Some(fd) = a.notify_fd {
         server.set_notify(outboard_manager::supervisor::inherited_fd(fd)?);
         server.announce_serving().map_err(|e| e.to_string())?;
+    }
+    if let Some(code) = a.confine.apply()? {
+        return Ok(code);
     }
     server.run(&stop).map_err(|e| e.to_string())?;
     eprintln!("outboard: driver server stopped ({:?})", server.stats());

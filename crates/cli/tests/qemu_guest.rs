@@ -3,7 +3,8 @@
 //!
 //! The guest runs `outboard hw probe` on QEMU's virtio-blk-pci, nvme, virtio-net-pci and e1000,
 //! `outboard hw selftest --write` on virtio-blk-pci (512-byte and 4 KiB logical blocks), checks
-//! that a virtio-blk-pci without ACCESS_PLATFORM is refused at bring-up, and checks the IOMMU: no DMAR fault in a
+//! that a virtio-blk-pci without ACCESS_PLATFORM is refused at bring-up, that a driver server
+//! on a VFIO device, once confined, is refused every escape, and checks the IOMMU: no DMAR fault in a
 //! normal run, one when a read targets an unmapped IOVA. Needs qemu-system-x86, busybox-static,
 //! cpio and Debian's kernel package, which `test.sh` installs and `scripts/guest/prepare.sh`
 //! fetches.
@@ -38,6 +39,7 @@ BLK=$(bind 0x1af4:0x1042); NVME=$(bind 0x1b36:0x0010); NET=$(bind 0x1af4:0x1041)
 echo "GUEST devices blk=$BLK nvme=$NVME net=$NET e1000=$E1000"
 for d in $BLK $NVME $NET $E1000; do echo "GUEST probe $d"; /outboard hw probe --vfio $d 2>&1; echo "GUEST probe-rc $?"; done
 /outboard -vv hw selftest --write --vfio $BLK 2>&1; echo "GUEST selftest-rc $?"
+/outboard driver-host --listen /blk.sock --device d=vfio:$BLK --check-confinement /init /none.sock 1 2>&1; echo "GUEST confine-rc $?"
 bdf 0000:00:06.0; bdf 0000:00:07.0
 echo "GUEST noplat-t0 $(cut -d' ' -f1 /proc/uptime)"
 /outboard hw selftest --vfio 0000:00:06.0 2>&1; echo "GUEST noplat-rc $?"
@@ -273,6 +275,9 @@ fn outboard_drives_qemus_devices_through_vfio_in_a_guest() {
             && log.contains("MSI-X"),
         "{log}"
     );
+    // The same driver, started through VFIO and then confined, escapes nowhere.
+    assert_eq!(field("confine-rc"), "0", "{log}");
+    assert!(log.contains("11 of 11 attempts refused"), "{log}");
     // A virtio device without ACCESS_PLATFORM is refused at bring-up, saying why, at once.
     assert_eq!(field("noplat-rc"), "1", "{log}");
     assert!(

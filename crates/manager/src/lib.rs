@@ -196,6 +196,8 @@ impl Manager {
                 d.backing.clone(),
                 "--queues".into(),
                 d.queues.to_string(),
+                // Once it listens, it opens nothing: no filesystem, no network, no processes.
+                "--confine".into(),
             ];
             if let Some(c) = d.create {
                 args.extend(["--create".into(), c.to_string()]);
@@ -240,6 +242,8 @@ impl Manager {
             };
             p.wait_for_socket(&sock, Duration::from_secs(10))
                 .map_err(ManagerError::Launch)?;
+            // A model serves once it listens.
+            p.served = true;
             let mut node = Node::new("pci-function", &format!("{}@vfio-user", d.name))
                 .with("model", d.model.as_str())
                 .with("socket", sock.display().to_string())
@@ -334,6 +338,7 @@ impl Manager {
                 "--notify-fd".into(),
                 supervisor::EVENT_FD.to_string(),
                 "--restartable".into(),
+                "--confine".into(),
             ];
             let deadline = names
                 .iter()
@@ -632,7 +637,7 @@ impl Manager {
         let status = p.exited.map(|s| s.to_string()).unwrap_or_default();
         let (role, pid, log) = (p.role.clone(), p.pid(), p.log.clone());
         p.down_since.get_or_insert(now);
-        let delay = p.restarts.crashed(now, &policy);
+        let delay = p.restarts.crashed(now, &policy, p.served);
         let total = p.restarts.total;
         // A server whose model was given up has nothing to serve.
         let model_gone = Self::devices_of(&kind).iter().find_map(|n| {
@@ -799,7 +804,7 @@ impl Manager {
             let now = std::time::Instant::now();
             let policy = self.policy(&kind);
             let p = &mut self.procs[i];
-            match p.restarts.crashed(now, &policy) {
+            match p.restarts.crashed(now, &policy, false) {
                 Some(d) => p.restart_at = Some(now + d),
                 None => {
                     p.gave_up = Some(format!("gave up: {e}"));
@@ -823,6 +828,7 @@ impl Manager {
                 tracing::error!("{e}");
                 return;
             }
+            p.served = true;
             let down = p.down_since.take().map(|t| t.elapsed()).unwrap_or_default();
             tracing::warn!("device model for {device} restarted (pid {pid}) in {down:?}");
             if let Some(f) = self

@@ -79,7 +79,8 @@ pub struct RestartPolicy {
     pub limit: u32,
     /// The window restarts are counted in.
     pub window: Duration,
-    /// Delay before the second restart in the window; doubling for each one after.
+    /// Delay before restarting an incarnation that died before it served; doubling for each
+    /// such death in a row.
     pub backoff: Duration,
     /// Longest delay.
     pub max_backoff: Duration,
@@ -104,30 +105,40 @@ impl Default for RestartPolicy {
 #[derive(Debug, Default, Clone)]
 pub struct Restarts {
     recent: std::collections::VecDeque<Instant>,
+    /// Incarnations in a row that died before they served: a crash loop, which back-off
+    /// slows down.
+    failing: u32,
     /// Restarts since the machine came up.
     pub total: u64,
 }
 
 impl Restarts {
-    /// A crash at `now`: how long to wait before starting it again, or `None` to give up
-    /// (more than `limit` restarts within the window). The first restart in a quiet window
-    /// is immediate: clients are waiting.
-    pub fn crashed(&mut self, now: Instant, p: &RestartPolicy) -> Option<Duration> {
+    /// A crash at `now` of an incarnation that had (`served`) or had not yet come into
+    /// service: how long to wait before starting it again, or `None` to give up (more than
+    /// `limit` restarts within the window).
+    ///
+    /// An incarnation that served is started again at once, however often that happens:
+    /// clients are waiting, and the next one is as likely to serve. Back-off is for crash
+    /// loops, incarnations that die before serving; each such death in a row doubles the
+    /// delay. The give-up limit bounds both.
+    pub fn crashed(&mut self, now: Instant, p: &RestartPolicy, served: bool) -> Option<Duration> {
         self.recent
             .retain(|t| now.saturating_duration_since(*t) < p.window);
-        let k = self.recent.len() as u32;
-        if k >= p.limit {
+        if self.recent.len() as u32 >= p.limit {
             return None;
         }
         self.recent.push_back(now);
         self.total += 1;
-        Some(match k {
-            0 => Duration::ZERO,
-            k => p
-                .backoff
-                .saturating_mul(1u32 << (k - 1).min(20))
+        if served {
+            self.failing = 0;
+            return Some(Duration::ZERO);
+        }
+        self.failing += 1;
+        Some(
+            p.backoff
+                .saturating_mul(1u32 << (self.failing - 1).min(20))
                 .min(p.max_backoff),
-        })
+        )
     }
 
     /// Restarts within the window that ends at `now`.
@@ -416,14 +427,31 @@ mod tests {
         };
         let mut r = Restarts::default();
         let t = Instant::now();
-        assert_eq!(r.crashed(t, &p), Some(Duration::ZERO));
-        assert_eq!(r.crashed(t, &p), Some(Duration::from_millis(10)));
-        assert_eq!(r.crashed(t, &p), Some(Duration::from_millis(15)));
-        assert_eq!(r.crashed(t, &p), None);
+        // Incarnations that never served: a crash loop, slowed down.
+        assert_eq!(r.crashed(t, &p, false), Some(Duration::from_millis(10)));
+        assert_eq!(r.crashed(t, &p, false), Some(Duration::from_millis(15)));
+        // One that served is started again at once, and ends the loop.
+        assert_eq!(r.crashed(t, &p, true), Some(Duration::ZERO));
+        assert_eq!(r.crashed(t, &p, false), None);
         assert_eq!(r.total, 3);
-        // Once the window has passed, it is a first crash again.
+        // Once the window has passed, the count starts again; the loop has not ended.
         let later = t + Duration::from_secs(11);
         assert_eq!(r.recent(later, &p), 0);
-        assert_eq!(r.crashed(later, &p), Some(Duration::ZERO));
+        assert_eq!(r.crashed(later, &p, true), Some(Duration::ZERO));
+        assert_eq!(r.crashed(later, &p, false), Some(Duration::from_millis(10)));
+    }
+
+    #[test]
+    fn a_driver_killed_often_while_serving_is_never_delayed() {
+        let p = RestartPolicy {
+            limit: 1000,
+            ..RestartPolicy::default()
+        };
+        let mut r = Restarts::default();
+        let t = Instant::now();
+        for k in 0..500 {
+            let now = t + Duration::from_millis(10 * k);
+            assert_eq!(r.crashed(now, &p, true), Some(Duration::ZERO), "kill {k}");
+        }
     }
 }

@@ -10,14 +10,16 @@ use rustix::io::{Errno, FdFlags};
 use rustix::process::Signal;
 
 /// Makes the child of `cmd` die (SIGKILL) when this process dies, even by SIGKILL, and, if
-/// `pass` is given, find that descriptor as fd `at` (without close-on-exec). The caller keeps
+/// `pass` is given, find that descriptor as fd `at` (without close-on-exec). No other
+/// descriptor of this process reaches the child beyond its standard three. The caller keeps
 /// `pass` open until the child is spawned.
 pub fn die_with_parent(cmd: &mut Command, pass: Option<(BorrowedFd<'_>, i32)>) {
     let parent = rustix::process::getpid();
     let pass = pass.map(|(fd, at)| (fd.as_raw_fd(), at));
     // SAFETY: the closure runs in the child between fork and exec, where only async-signal-
-    // safe calls are allowed; it makes raw system calls only (prctl, getppid, and dup3 or fcntl
-    // on a descriptor the caller keeps open until after the spawn) and allocates nothing.
+    // safe calls are allowed; it makes raw system calls only (prctl, getppid, dup2 or fcntl on
+    // a descriptor the caller keeps open until after the spawn, close_range) and allocates
+    // nothing.
     unsafe {
         cmd.pre_exec(move || {
             rustix::process::set_parent_process_death_signal(Some(Signal::KILL))?;
@@ -36,6 +38,19 @@ pub fn die_with_parent(cmd: &mut Command, pass: Option<(BorrowedFd<'_>, i32)>) {
                         return Err(std::io::Error::last_os_error());
                     }
                 }
+            }
+            // Everything else this process holds stays here: descriptors inherited from
+            // whoever started the manager, other children's channels, disks. Marked
+            // close-on-exec rather than closed, so the exec-error pipe still works.
+            let first = pass.map_or(3, |(_, at)| at + 1) as libc::c_uint;
+            if libc::syscall(
+                libc::SYS_close_range,
+                first,
+                libc::c_uint::MAX,
+                libc::CLOSE_RANGE_CLOEXEC,
+            ) < 0
+            {
+                return Err(std::io::Error::last_os_error());
             }
             Ok(())
         });

@@ -1,0 +1,68 @@
+//! `--confine` and `--check-confinement` for the roles that touch devices: driver servers and
+//! device models.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::Args;
+
+#[derive(Args, Debug, Clone)]
+pub struct ConfineArgs {
+    /// Once started, drop every privilege serving does not need: a seccomp allow-list, Landlock
+    /// with no filesystem and no network, no_new_privs, resource limits (what `outboard up`
+    /// starts its children with). The process then opens nothing new.
+    #[arg(long)]
+    confine: bool,
+    /// Confine, then try what a compromised driver would (open FILE, connect to SOCKET, create
+    /// sockets, ptrace and signal process PID, start a process, execve, map executable
+    /// memory) and print each result instead of serving. Exits 0 if every attempt was
+    /// refused, 1 if any worked.
+    #[arg(long, num_args = 3, value_names = ["FILE", "SOCKET", "PID"])]
+    check_confinement: Option<Vec<String>>,
+}
+
+impl ConfineArgs {
+    /// Whether the process will be confined.
+    pub fn confined(&self) -> bool {
+        self.confine || self.check_confinement.is_some()
+    }
+
+    /// Confines the process if asked to, right before it serves. With `--check-confinement`,
+    /// probes and returns the exit code the process ends with instead of serving.
+    pub fn apply(&self) -> Result<Option<ExitCode>, String> {
+        if !self.confined() {
+            return Ok(None);
+        }
+        let targets = self
+            .check_confinement
+            .as_ref()
+            .map(|v| {
+                let pid = v[2]
+                    .parse()
+                    .map_err(|_| format!("--check-confinement: {:?} is not a pid", v[2]))?;
+                Ok::<_, String>(outboard_confine::probe::Targets {
+                    file: PathBuf::from(&v[0]),
+                    socket: PathBuf::from(&v[1]),
+                    pid,
+                })
+            })
+            .transpose()?;
+        let report = outboard_confine::confine().map_err(|e| e.to_string())?;
+        eprintln!("outboard: {report}");
+        let Some(targets) = targets else {
+            return Ok(None);
+        };
+        let attempts = outboard_confine::probe::attempts(&targets, |a| println!("{a}"));
+        let escaped = attempts.iter().filter(|a| !a.denied()).count();
+        println!(
+            "{} of {} attempts refused",
+            attempts.len() - escaped,
+            attempts.len()
+        );
+        Ok(Some(if escaped == 0 {
+            ExitCode::SUCCESS
+        } else {
+            ExitCode::FAILURE
+        }))
+    }
+}

@@ -1,0 +1,190 @@
+//! Least privilege: the driver servers and device models `outboard up` starts are confined
+//! (seccomp allow-list, Landlock, no_new_privs, limits), hold only their own descriptors, still
+//! serve, and refuse what a compromised driver or model would try.
+
+mod common;
+
+use std::os::unix::net::UnixListener;
+use std::process::{Command, Stdio};
+
+use common::{find_node, registry, DeviceProcess, Up, EXE};
+
+const MACHINE: &str = r#"
+name = "confined"
+[[device]]
+name = "disk0"
+model = "virtio-blk"
+backing = "mem:8M"
+[[device]]
+name = "disk1"
+model = "virtio-blk"
+backing = "mem:8M"
+"#;
+
+fn status(pid: u64, field: &str) -> String {
+    let s = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    s.lines()
+        .find_map(|l| l.strip_prefix(&format!("{field}:")))
+        .unwrap_or_else(|| panic!("no {field} in /proc/{pid}/status"))
+        .trim()
+        .to_string()
+}
+
+/// What each descriptor of `pid` refers to.
+fn fds(pid: u64) -> Vec<String> {
+    std::fs::read_dir(format!("/proc/{pid}/fd"))
+        .unwrap()
+        .flatten()
+        .filter_map(|e| std::fs::read_link(e.path()).ok())
+        .map(|p| p.display().to_string())
+        .collect()
+}
+
+#[test]
+fn the_processes_a_machine_starts_are_confined_and_hold_only_their_own_descriptors() {
+    let dir = tempfile::tempdir().unwrap();
+    let up = Up::start(dir.path(), Some(MACHINE));
+    let tree = registry(&up);
+    let model = find_node(&tree, "pci-function").unwrap()["props"]["pid"]
+        .as_u64()
+        .unwrap();
+    let server = find_node(&tree, "driver").unwrap()["props"]["pid"]
+        .as_u64()
+        .unwrap();
+    for (what, pid) in [("device model", model), ("driver server", server)] {
+        assert_eq!(status(pid, "NoNewPrivs"), "1", "{what}");
+        assert_eq!(status(pid, "Seccomp"), "2", "{what}: seccomp filter mode");
+        let limits = std::fs::read_to_string(format!("/proc/{pid}/limits")).unwrap();
+        let core = limits.lines().find(|l| l.starts_with("Max core")).unwrap();
+        assert_eq!(core.split_whitespace().nth(4), Some("0"), "{what}: {core}");
+        let log = std::fs::read_to_string(up.dir.join(if what == "device model" {
+            "disk0.device.log"
+        } else {
+            "disk0-server.server.log"
+        }))
+        .unwrap();
+        assert!(
+            log.contains("confined: seccomp allow-list of"),
+            "{what}: {log}"
+        );
+        // Only what it was given: standard streams (null and its log), sockets, eventfds,
+        // timers, memory areas, and for the model its listening socket. Never another
+        // device's socket or log, never the manager's control socket.
+        for target in fds(pid) {
+            let own = target == "/dev/null"
+                || target.starts_with("socket:")
+                || target.starts_with("anon_inode:")
+                || target.starts_with("/memfd:")
+                || target.ends_with("disk0.device.log")
+                || target.ends_with("disk0.vfio-user.sock")
+                || target.ends_with("disk0.faults.sock")
+                || target.ends_with("disk0-server.server.log")
+                || target.ends_with("disk0-server.server.sock");
+            assert!(own, "{what} (pid {pid}) holds {target}");
+        }
+    }
+    // And it all still serves.
+    let data = common::pattern(7, 8192);
+    let w = up.run_with_input(&["blk", "write", "disk0", "--offset", "4096"], &data);
+    assert!(w.status.success(), "{}", String::from_utf8_lossy(&w.stderr));
+    let r = up.run(&[
+        "blk", "read", "disk0", "--offset", "4096", "--length", "8192",
+    ]);
+    assert_eq!(r.stdout, data);
+}
+
+/// Runs `outboard ARGS --check-confinement FILE SOCKET PID` aimed at another device's
+/// socket, a file, and a bystander process; returns its report.
+fn check(dir: &std::path::Path, args: &[&str]) -> (bool, String) {
+    let secret = dir.join("secret");
+    std::fs::write(&secret, "not for drivers").unwrap();
+    let other = dir.join("other-device.sock");
+    let _other = UnixListener::bind(&other).unwrap();
+    let mut bystander = Command::new("sleep").arg("30").spawn().unwrap();
+    let out = Command::new(EXE)
+        .args(args)
+        .arg("--check-confinement")
+        .arg(&secret)
+        .arg(&other)
+        .arg(bystander.id().to_string())
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    let _ = bystander.kill();
+    let _ = bystander.wait();
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    (out.status.success(), text)
+}
+
+fn assert_all_refused(what: &str, ok: bool, text: &str) {
+    assert!(ok, "{what}: an attempt got through:\n{text}");
+    let attempts: Vec<&str> = text
+        .lines()
+        .filter(|l| l.contains(": denied (") || l.contains(": ALLOWED"))
+        .collect();
+    for (prefix, how) in [
+        ("open ", "Operation not permitted"),
+        ("create a file in ", "Operation not permitted"),
+        ("connect to ", "Operation not permitted"),
+        ("create a UNIX socket", "Operation not permitted"),
+        ("create a TCP socket", "Operation not permitted"),
+        ("ptrace pid ", "Operation not permitted"),
+        ("signal pid ", "Operation not permitted"),
+        ("start a process", "Operation not permitted"),
+        ("execve ", "Operation not permitted"),
+        ("map executable memory", "Operation not permitted"),
+    ] {
+        let line = attempts
+            .iter()
+            .find(|l| l.starts_with(prefix))
+            .unwrap_or_else(|| panic!("{what}: no {prefix:?} attempt:\n{text}"));
+        assert!(line.contains(how), "{what}: {line}");
+    }
+    assert!(
+        text.contains("11 of 11 attempts refused"),
+        "{what}:\n{text}"
+    );
+}
+
+#[test]
+fn a_confined_driver_server_cannot_escape() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = DeviceProcess::virtio_blk(dir.path(), "mem:1M", &[]);
+    let device = format!("d0=vfio-user:{}", model.socket.display());
+    let listen = dir.path().join("server.sock");
+    let (ok, text) = check(
+        dir.path(),
+        &[
+            "driver-host",
+            "--listen",
+            listen.to_str().unwrap(),
+            "--device",
+            &device,
+        ],
+    );
+    assert!(text.contains("confined: seccomp"), "{text}");
+    assert_all_refused("driver server", ok, &text);
+}
+
+#[test]
+fn a_confined_device_model_cannot_escape() {
+    let dir = tempfile::tempdir().unwrap();
+    let socket = dir.path().join("model.sock");
+    let (ok, text) = check(
+        dir.path(),
+        &[
+            "device",
+            "virtio-blk",
+            "--socket",
+            socket.to_str().unwrap(),
+            "--backing",
+            "mem:1M",
+        ],
+    );
+    assert!(text.contains("confined: seccomp"), "{text}");
+    assert_all_refused("device model", ok, &text);
+}

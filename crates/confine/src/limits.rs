@@ -1,0 +1,55 @@
+//! Resource limits and process attributes set before the allow-list forbids changing them.
+
+use std::fmt;
+
+use crate::ConfineError;
+
+/// Most descriptors a confined process may hold: its sessions' sockets, eventfds and memory
+/// areas fit many times over; a leak stops here instead of at the system's limit.
+pub const MAX_FILES: u64 = 4096;
+
+/// The limits in force after [`apply`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Limits {
+    /// `RLIMIT_NOFILE`.
+    pub files: u64,
+}
+
+impl fmt::Display for Limits {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "rlimits nofile={} nproc=0 core=0", self.files)
+    }
+}
+
+fn os(what: &'static str) -> impl FnOnce(rustix::io::Errno) -> ConfineError {
+    move |e| ConfineError::Os {
+        what,
+        source: e.into(),
+    }
+}
+
+/// Lowers the limits (never raises them) and sets `no_new_privs` and not-dumpable.
+///
+/// `nproc = 0` stops `fork` for an unprivileged user (the allow-list stops it for root);
+/// `core = 0` and not-dumpable keep a crashed driver's memory (client data) out of core
+/// files and away from `ptrace` by processes of the same user.
+pub fn apply() -> Result<Limits, ConfineError> {
+    use rustix::process::{getrlimit, setrlimit, Resource, Rlimit};
+    let lower = |r: Resource, to: u64, what: &'static str| -> Result<u64, ConfineError> {
+        let now = getrlimit(r);
+        let cap = |v: Option<u64>| Some(v.map_or(to, |v| v.min(to)));
+        let new = Rlimit {
+            current: cap(now.current),
+            maximum: cap(now.maximum),
+        };
+        setrlimit(r, new).map_err(os(what))?;
+        Ok(new.current.unwrap_or(to))
+    };
+    let files = lower(Resource::Nofile, MAX_FILES, "RLIMIT_NOFILE")?;
+    lower(Resource::Nproc, 0, "RLIMIT_NPROC")?;
+    lower(Resource::Core, 0, "RLIMIT_CORE")?;
+    rustix::thread::set_no_new_privs(true).map_err(os("PR_SET_NO_NEW_PRIVS"))?;
+    rustix::process::set_dumpable_behavior(rustix::process::DumpableBehavior::NotDumpable)
+        .map_err(os("PR_SET_DUMPABLE"))?;
+    Ok(Limits { files })
+}

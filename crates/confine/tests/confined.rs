@@ -1,0 +1,114 @@
+//! A process confined the way driver servers and device models are cannot do what a
+//! compromised driver would; the same process unconfined can (so the probe can tell).
+//!
+//! Each case runs in a child: this test binary again, running only `probe_child`.
+
+use std::os::unix::net::UnixListener;
+use std::process::{Child, Command, Stdio};
+
+const MODE: &str = "OUTBOARD_PROBE_MODE";
+
+/// The probe itself, when this binary runs as a child; a no-op otherwise.
+#[test]
+fn probe_child() {
+    let Ok(mode) = std::env::var(MODE) else {
+        return;
+    };
+    let var = |k: &str| std::env::var(k).unwrap();
+    let targets = outboard_confine::probe::Targets {
+        file: var("OUTBOARD_PROBE_FILE").into(),
+        socket: var("OUTBOARD_PROBE_SOCKET").into(),
+        pid: var("OUTBOARD_PROBE_PID").parse().unwrap(),
+    };
+    if mode == "confined" {
+        let report = outboard_confine::confine().expect("confine");
+        println!("{report}");
+    }
+    let all = outboard_confine::probe::attempts(&targets, |a| println!("{a}"));
+    println!(
+        "refused {}/{}",
+        all.iter().filter(|a| a.denied()).count(),
+        all.len()
+    );
+}
+
+struct Victim(Child);
+impl Drop for Victim {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn run(mode: &str) -> String {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("secret");
+    std::fs::write(&file, "secret").unwrap();
+    let socket = dir.path().join("other-device.sock");
+    let _listener = UnixListener::bind(&socket).unwrap();
+    let victim = Victim(Command::new("sleep").arg("30").spawn().unwrap());
+    let out = Command::new(std::env::current_exe().unwrap())
+        .args(["--exact", "probe_child", "--nocapture", "--test-threads=1"])
+        .env(MODE, mode)
+        .env("OUTBOARD_PROBE_FILE", &file)
+        .env("OUTBOARD_PROBE_SOCKET", &socket)
+        .env("OUTBOARD_PROBE_PID", victim.0.id().to_string())
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    // The test harness puts its own words before the first line.
+    let text = String::from_utf8_lossy(&out.stdout).replace("test probe_child ... ", "");
+    assert!(
+        !dir.path().join("outboard-escape").exists() || mode != "confined",
+        "a confined process created a file:\n{text}"
+    );
+    text
+}
+
+#[test]
+fn a_confined_process_is_refused_every_escape() {
+    let out = run("confined");
+    assert!(out.contains("confined: seccomp allow-list of"), "{out}");
+    let lines: Vec<&str> = out
+        .lines()
+        .filter(|l| l.contains(": denied") || l.contains(": ALLOWED"))
+        .collect();
+    assert_eq!(lines.len(), 11, "every attempt is reported:\n{out}");
+    for l in &lines {
+        assert!(l.contains(": denied ("), "not refused: {l}\n{out}");
+    }
+    assert!(out.contains("refused 11/11"), "{out}");
+    // Refused by the allow-list, not by chance (a missing file, a dead socket).
+    for what in [
+        "open ",
+        "connect to ",
+        "create a UNIX socket",
+        "ptrace pid",
+        "execve",
+    ] {
+        let l = lines.iter().find(|l| l.starts_with(what)).unwrap();
+        assert!(l.contains("Operation not permitted"), "{l}");
+    }
+}
+
+#[test]
+fn the_same_process_unconfined_gets_through_so_the_probe_can_tell() {
+    let out = run("free");
+    for what in [
+        "open ",
+        "create a file in ",
+        "connect to ",
+        "create a UNIX socket",
+        "signal pid",
+        "ptrace pid",
+        "start a process",
+    ] {
+        let l = out
+            .lines()
+            .find(|l| l.starts_with(what))
+            .unwrap_or_else(|| panic!("no {what:?} line:\n{out}"));
+        assert!(l.ends_with(": ALLOWED"), "{l}\n{out}");
+    }
+    // execve worked: the process became /bin/true before it could report the rest.
+    assert!(!out.contains("refused "), "{out}");
+}

@@ -51,6 +51,10 @@ enum Command {
     /// spurious-irq=N, corrupt-used=id|len, stall=DURATION (e.g. 500ms, 2s), needs-reset,
     /// crash, clear (disarm all). Example: outboard fault disk0 drop-irq=3 error-next=1
     Fault(FaultArgs),
+    /// Suspend a class device (its driver finishes what is in flight and takes nothing new;
+    /// clients' requests wait, they do not fail) or resume it. Waits until the device is
+    /// quiet. Example: outboard power disk0 suspend
+    Power(up::PowerArgs),
     /// Run an emulated device model standalone, serving vfio-user on a socket.
     #[command(subcommand)]
     Device(device::DeviceCommand),
@@ -163,6 +167,7 @@ fn main() -> ExitCode {
         Command::Ls(a) => up::ls(a, control),
         Command::Blk(c) => blk::run(c, control),
         Command::Fault(a) => fault(a, control),
+        Command::Power(a) => up::power(a, control),
         Command::Export(c) => export::run(c, control),
         Command::DriverHost(a) => up::driver_host(a),
         Command::Bench(a) => bench(a),

@@ -33,6 +33,29 @@ pub struct LsArgs {
 }
 
 #[derive(Args)]
+pub struct PowerArgs {
+    /// Class device name, e.g. disk0.
+    device: String,
+    /// The power state to go to.
+    state: PowerState,
+    /// How long to wait for a suspending device to finish what is in flight.
+    #[arg(long, default_value = "30s", value_parser = parse_duration)]
+    timeout: std::time::Duration,
+}
+
+#[derive(Clone, Copy, clap::ValueEnum)]
+pub enum PowerState {
+    /// Quiesce: finish in-flight requests, take no new ones until resumed.
+    Suspend,
+    /// Back in service: requests that waited are taken.
+    Resume,
+}
+
+fn parse_duration(s: &str) -> Result<std::time::Duration, String> {
+    outboard_manager::config::parse_duration(s).ok_or_else(|| format!("{s:?}: e.g. 500ms, 30s"))
+}
+
+#[derive(Args)]
 pub struct DriverHostArgs {
     /// Control socket (SEQPACKET) to serve sessions on.
     #[arg(long, value_name = "PATH")]
@@ -63,6 +86,10 @@ pub struct DriverHostArgs {
     /// to send again, instead of failing them.
     #[arg(long)]
     restartable: bool,
+    /// Start with this device quiesced: requests to it wait until the manager resumes it
+    /// (a server restarted while the device was suspended). Repeatable.
+    #[arg(long, value_name = "NAME")]
+    quiesce: Vec<String>,
     #[command(flatten)]
     confine: crate::confine::ConfineArgs,
 }
@@ -145,6 +172,37 @@ pub fn ls(a: LsArgs, control: PathBuf) -> Result<ExitCode, String> {
     Ok(ExitCode::SUCCESS)
 }
 
+pub fn power(a: PowerArgs, control: PathBuf) -> Result<ExitCode, String> {
+    let suspend = matches!(a.state, PowerState::Suspend);
+    let node = outboard_client::manager::power(&control, &a.device, suspend)
+        .map_err(|e| format!("{}: {e}", a.device))?;
+    let state = |n: &outboard_manager::registry::Node| {
+        n.props
+            .get("state")
+            .and_then(|s| s.as_str())
+            .unwrap_or("")
+            .to_string()
+    };
+    let want = if suspend { "suspended" } else { "serving" };
+    let deadline = std::time::Instant::now() + a.timeout;
+    let mut now = state(&node);
+    while now != want {
+        if std::time::Instant::now() > deadline {
+            return Err(format!(
+                "{}: still {now:?} after {:?} (requests in flight have not finished)",
+                a.device, a.timeout
+            ));
+        }
+        std::thread::sleep(std::time::Duration::from_millis(10));
+        now = state(
+            &outboard_client::manager::status(&control, &a.device)
+                .map_err(|e| format!("{}: {e}", a.device))?,
+        );
+    }
+    println!("{}: {now}", a.device);
+    Ok(ExitCode::SUCCESS)
+}
+
 pub fn driver_host(a: DriverHostArgs) -> Result<ExitCode, String> {
     let stop = stop_flag()?;
     let mut served: Vec<Served> = Vec::new();
@@ -180,6 +238,11 @@ pub fn driver_host(a: DriverHostArgs) -> Result<ExitCode, String> {
         names.push(name.to_string());
     }
     let mut server = DriverHost::bind(&a.listen, served).map_err(|e| e.to_string())?;
+    for n in &a.quiesce {
+        if !server.quiesce(n) {
+            return Err(format!("--quiesce {n:?}: no --device named so"));
+        }
+    }
     server.set_spin(std::time::Duration::from_micros(a.spin_us));
     server.set_deadline(std::time::Duration::from_millis(a.deadline_ms));
     // A confined server cannot open its device again: a failure ends it, for its supervisor.
@@ -190,7 +253,9 @@ pub fn driver_host(a: DriverHostArgs) -> Result<ExitCode, String> {
         a.listen.display()
     );
     if let Some(fd) = a.notify_fd {
-        server.set_notify(outboard_manager::supervisor::inherited_fd(fd)?);
+        server
+            .set_notify(outboard_manager::supervisor::inherited_fd(fd)?)
+            .map_err(|e| e.to_string())?;
         server.announce_serving().map_err(|e| e.to_string())?;
     }
     if let Some(code) = a.confine.apply()? {

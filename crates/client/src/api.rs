@@ -33,6 +33,15 @@ pub enum Request {
         /// Device name.
         name: String,
     },
+    /// Quiesce (`suspend`) a class device, or put it back in service (`resume`). Suspending
+    /// stops its driver taking new requests, which wait, and finishes those in flight; the
+    /// device's state then reads `suspended`. The reply is its registry entry at once.
+    Power {
+        /// Device name.
+        name: String,
+        /// Suspend (true) or resume (false).
+        suspend: bool,
+    },
 }
 
 /// The manager's answer.

@@ -53,6 +53,22 @@ pub fn status(control_path: &Path, name: &str) -> Result<Node, BlockError> {
     }
 }
 
+/// Asks for class device `name` to be suspended or resumed; returns its registry entry as
+/// the manager answered (the state reads `suspending` until the device has drained).
+pub fn power(control_path: &Path, name: &str, suspend: bool) -> Result<Node, BlockError> {
+    match ask(
+        control_path,
+        &Request::Power {
+            name: name.into(),
+            suspend,
+        },
+    )? {
+        Reply::Status { node } => Ok(node),
+        Reply::Error { code, message } => Err(reply_error(&code, message)),
+        other => Err(BlockError::Protocol(format!("unexpected reply {other:?}"))),
+    }
+}
+
 /// The fault socket of class device `name`'s model (it has one when it is emulated).
 pub fn faults_socket(control_path: &Path, name: &str) -> Result<std::path::PathBuf, BlockError> {
     let tree = registry(control_path)?;

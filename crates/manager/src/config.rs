@@ -490,7 +490,7 @@ impl Machine {
 }
 
 /// `500ms`, `30s` or `2m`.
-fn parse_duration(s: &str) -> Option<std::time::Duration> {
+pub fn parse_duration(s: &str) -> Option<std::time::Duration> {
     let i = s.find(|c: char| !c.is_ascii_digit())?;
     let (n, unit) = s.split_at(i);
     let n: u64 = n.parse().ok()?;

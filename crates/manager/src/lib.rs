@@ -68,6 +68,9 @@ pub struct Manager {
     /// Files the manager's children create; removed at shutdown unless they explain a crash.
     created: Vec<PathBuf>,
     conns: Vec<Option<OwnedFd>>,
+    /// Class devices suspended on request (`outboard power NAME suspend`): a restarted
+    /// server is asked to quiesce them again.
+    suspended: std::collections::BTreeSet<String>,
 }
 
 fn size_text(n: u64) -> String {
@@ -139,6 +142,7 @@ impl Manager {
             procs: Vec::new(),
             created: Vec::new(),
             conns: Vec::new(),
+            suspended: Default::default(),
         };
         if let Err(e) = m.bring_up() {
             m.shutdown();
@@ -553,6 +557,14 @@ impl Manager {
                     n.set("peers", clients.join(", "));
                 }
             }
+            Ok((control::Event::Quiesced { device }, _)) => {
+                if self.suspended.contains(&device) {
+                    tracing::info!("{device}: suspended (quiesced, nothing in flight)");
+                    if let Some(b) = self.registry.find_mut("block-device", &device) {
+                        b.set("state", "suspended");
+                    }
+                }
+            }
             Ok((control::Event::DeviceRecovered { device }, _)) => {
                 tracing::warn!("{device}: its driver brought the device back");
                 if let Some(drv) = self.driver_of_mut(&device) {
@@ -879,6 +891,94 @@ impl Manager {
         } else {
             self.set_state(&devices, "running", "serving");
         }
+        // A new incarnation started with what was suspended quiesced (`--quiesce`); it
+        // reports it drained, which needs the command's reply path: ask again.
+        let suspended: Vec<String> = devices
+            .into_iter()
+            .filter(|n| self.suspended.contains(n))
+            .collect();
+        for n in suspended {
+            self.command(&n, control::Command::Quiesce { device: n.clone() });
+        }
+    }
+
+    /// Sends `cmd` to the driver server serving class device `name`, and records the state
+    /// it leads to; false if no server of this machine serves it now.
+    fn command(&mut self, name: &str, cmd: control::Command) -> bool {
+        let server = self.procs.iter().find(|p| {
+            p.exited.is_none()
+                && matches!(&p.kind, supervisor::Kind::Server { devices, .. } if devices.iter().any(|d| d == name))
+        });
+        let Some(ev) = server.and_then(|p| p.events.as_ref()) else {
+            return false;
+        };
+        if let Err(e) = control::send(ev.as_fd(), &cmd, &[]) {
+            tracing::warn!("{name}: cannot reach its driver server: {e}");
+            return false;
+        }
+        let state = match cmd {
+            control::Command::Quiesce { .. } => "suspending",
+            control::Command::Resume { .. } => "serving",
+        };
+        if let Some(b) = self.registry.find_mut("block-device", name) {
+            b.set("state", state);
+        }
+        true
+    }
+
+    /// `outboard power NAME suspend|resume`.
+    fn power(&mut self, name: &str, suspend: bool) -> Reply {
+        let err = |code: &str, message: String| Reply::Error {
+            code: code.into(),
+            message,
+        };
+        let Some(d) = self.machine.devices.iter().find(|d| d.name == name) else {
+            return err("no-such-device", format!("no device named {name:?}"));
+        };
+        if d.placement != Placement::Separate {
+            return err(
+                "invalid",
+                format!(
+                    "{name}: its driver is linked into each client (colocated); only a driver \
+                     server's devices can be suspended"
+                ),
+            );
+        }
+        let was = self.suspended.contains(name);
+        if suspend {
+            self.suspended.insert(name.to_string());
+        } else {
+            self.suspended.remove(name);
+        }
+        let cmd = if suspend {
+            control::Command::Quiesce {
+                device: name.into(),
+            }
+        } else {
+            control::Command::Resume {
+                device: name.into(),
+            }
+        };
+        tracing::info!(
+            "{name}: {}",
+            if suspend { "suspending" } else { "resuming" }
+        );
+        // A server restarted meanwhile starts with the device quiesced: it must not take a
+        // request its clients replay before the command reaches it.
+        for p in &mut self.procs {
+            if matches!(&p.kind, supervisor::Kind::Server { devices, .. } if devices.iter().any(|d| d == name))
+            {
+                p.set_arg("--quiesce", name, suspend);
+            }
+        }
+        // A server that is restarting gets the command when it serves again.
+        if !self.command(name, cmd) && was != suspend {
+            tracing::info!("{name}: its driver server is not running; applied when it serves");
+        }
+        match self.registry.find("block-device", name) {
+            Some(node) => Reply::Status { node: node.clone() },
+            None => err("no-such-device", format!("no device named {name:?}")),
+        }
     }
 
     /// The driver node serving class device `name`.
@@ -993,8 +1093,9 @@ impl Manager {
         }
     }
 
-    fn answer(&self, req: Request) -> Reply {
+    fn answer(&mut self, req: Request) -> Reply {
         match req {
+            Request::Power { name, suspend } => self.power(&name, suspend),
             Request::List => Reply::Registry {
                 tree: self.registry.clone(),
             },

@@ -222,6 +222,21 @@ impl Process {
         Ok(p)
     }
 
+    /// Adds `flag value` to the arguments the next incarnation starts with, or removes it.
+    pub fn set_arg(&mut self, flag: &str, value: &str, on: bool) {
+        let at = self
+            .args
+            .windows(2)
+            .position(|w| w[0] == flag && w[1] == value);
+        match (at, on) {
+            (None, true) => self.args.extend([flag.to_string(), value.to_string()]),
+            (Some(i), false) => {
+                self.args.drain(i..i + 2);
+            }
+            _ => {}
+        }
+    }
+
     /// Starts the process again as it was started (its log goes on, after the last
     /// incarnation's): a new pid, pidfd and event channel.
     pub fn respawn(&mut self, exe: &Path, verbose: u8) -> Result<(), String> {

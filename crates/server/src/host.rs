@@ -46,6 +46,8 @@ pub enum Source {
     Device(usize, DeviceEvent),
     /// A request's deadline may have passed.
     Deadline,
+    /// The manager sent a command on the event channel.
+    Supervisor,
 }
 
 /// A device to serve, whatever its class: a started driver and its environment, and how to
@@ -194,6 +196,18 @@ pub struct DriverHost {
     /// hung when it stops moving.
     heartbeat: Option<outboard_shm::SharedMem>,
     limits: Limits,
+    /// Per device: quiescing (its sessions' new requests wait in their rings), and whether
+    /// that it has drained was reported.
+    quiesce: Vec<Option<Quiesce>>,
+}
+
+/// A device being quiesced.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Quiesce {
+    /// In-flight requests are finishing.
+    Draining,
+    /// Drained, and reported.
+    Quiet,
 }
 
 /// The exit status of a restartable server whose device failed: its supervisor resets the
@@ -258,7 +272,9 @@ impl DriverHost {
             restartable: false,
             heartbeat: None,
             limits: Limits::default(),
+            quiesce: Vec::new(),
         };
+        h.quiesce = vec![None; h.devices.len()];
         for d in 0..h.devices.len() {
             h.with_device(d, |dev, cx| dev.start(cx))?;
         }
@@ -297,8 +313,11 @@ impl DriverHost {
     }
 
     /// Reports events to the manager on `fd` (a SEQPACKET socket).
-    pub fn set_notify(&mut self, fd: OwnedFd) {
+    /// The manager's commands ([`control::Command`]) arrive on the same socket.
+    pub fn set_notify(&mut self, fd: OwnedFd) -> Result<(), HostError> {
+        self.work.add(fd.as_fd(), Source::Supervisor)?;
         self.notify = Some(fd);
+        Ok(())
     }
 
     /// Lets a supervisor restart this server: a device that fails ends the process (exit
@@ -404,6 +423,7 @@ impl DriverHost {
                 .as_ref()
                 .filter(|s| !s.closing())
                 .map(|s| s.device)
+                .filter(|&d| self.quiesce[d].is_none())
             else {
                 continue;
             };
@@ -423,7 +443,78 @@ impl DriverHost {
         }
         self.close_cut_sessions();
         self.release_finished();
+        self.report_quiesced();
         progress
+    }
+
+    /// Starts with device `name` quiesced (a server restarted while it was suspended); false
+    /// if this server does not serve it.
+    pub fn quiesce(&mut self, name: &str) -> bool {
+        match self.devices.iter().position(|x| x.name() == name) {
+            Some(d) => {
+                self.quiesce[d] = Some(Quiesce::Draining);
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// Requests in device `d`, over all its sessions.
+    fn in_flight(&self, d: usize) -> usize {
+        self.sessions
+            .iter()
+            .enumerate()
+            .filter(|(_, s)| s.as_ref().is_some_and(|s| s.device == d))
+            .map(|(i, _)| self.devices[d].outstanding(i))
+            .sum()
+    }
+
+    /// Tells the manager about each quiescing device that has drained.
+    fn report_quiesced(&mut self) {
+        for d in 0..self.devices.len() {
+            if self.quiesce[d] != Some(Quiesce::Draining) || self.in_flight(d) > 0 {
+                continue;
+            }
+            self.quiesce[d] = Some(Quiesce::Quiet);
+            let device = self.devices[d].name().to_string();
+            tracing::info!("{device}: quiesced");
+            if let Some(n) = &self.notify {
+                let _ = control::send(n.as_fd(), &control::Event::Quiesced { device }, &[]);
+            }
+        }
+    }
+
+    /// A command from the manager.
+    fn command(&mut self) {
+        let Some(n) = self.notify.as_ref() else {
+            return;
+        };
+        let cmd = match control::recv::<control::Command>(n.as_fd(), Some(Duration::ZERO)) {
+            Ok((cmd, _)) => cmd,
+            Err(SessionError::Timeout) => return,
+            Err(e) => {
+                // The manager is gone (it takes its children with it) or sent garbage.
+                tracing::warn!("supervisor channel: {e}");
+                let _ = self.work.remove(n.as_fd());
+                return;
+            }
+        };
+        let (device, quiesce) = match &cmd {
+            control::Command::Quiesce { device } => (device, true),
+            control::Command::Resume { device } => (device, false),
+        };
+        let Some(d) = self.devices.iter().position(|x| x.name() == device) else {
+            tracing::warn!("supervisor asked about {device:?}, which this server does not serve");
+            return;
+        };
+        tracing::info!("{cmd:?}");
+        match (quiesce, self.quiesce[d]) {
+            (true, None) => self.quiesce[d] = Some(Quiesce::Draining),
+            // Asked again: report again once drained.
+            (true, Some(_)) => self.quiesce[d] = Some(Quiesce::Draining),
+            (false, _) => self.quiesce[d] = None,
+        }
+        self.report_quiesced();
     }
 
     /// Closes the sessions a dispatcher cut off.
@@ -485,7 +576,7 @@ impl DriverHost {
             .sessions
             .iter()
             .flatten()
-            .any(|s| !s.closing() && s.has_submissions())
+            .any(|s| !s.closing() && self.quiesce[s.device].is_none() && s.has_submissions())
         {
             return false;
         }
@@ -535,6 +626,7 @@ impl DriverHost {
                 self.close_cut_sessions();
             }
             Source::Device(..) => {}
+            Source::Supervisor => self.command(),
         }
         Ok(())
     }

@@ -117,12 +117,35 @@ pub enum Event {
     /// The server is listening and serves every device it was given (sent once, after
     /// start-up): the manager counts a restart as finished from here.
     Serving,
+    /// A device asked to quiesce ([`Command::Quiesce`]) has nothing left in flight.
+    Quiesced {
+        /// Class device name.
+        device: String,
+    },
     /// An export's clients changed: those connected now (their addresses).
     ExportClients {
         /// The export's name.
         export: String,
         /// One entry per connection in transmission.
         clients: Vec<String>,
+    },
+}
+
+/// What the manager asks of a driver server, over the same channel the server reports on.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "command", rename_all = "kebab-case", deny_unknown_fields)]
+pub enum Command {
+    /// Stop taking new requests from the device's sessions (they wait in their rings), finish
+    /// those in flight, then report [`Event::Quiesced`]. The first phase of a suspend, a
+    /// detach, or a planned restart.
+    Quiesce {
+        /// Class device name.
+        device: String,
+    },
+    /// Take requests again.
+    Resume {
+        /// Class device name.
+        device: String,
     },
 }
 

@@ -55,6 +55,15 @@ enum Command {
     /// clients' requests wait, they do not fail) or resume it. Waits until the device is
     /// quiet. Example: outboard power disk0 suspend
     Power(up::PowerArgs),
+    /// Hot-plug a device into the running machine: one its description declares with
+    /// `attached = false` (or detached earlier), by name, or new ones described in a file of
+    /// `[[device]]` tables. The catalog matches its driver, which starts; its class device
+    /// appears in the registry. Examples: outboard attach disk1; outboard attach --file d.toml
+    Attach(up::AttachArgs),
+    /// Hot-unplug a device: its driver takes no new request (those get "device gone"),
+    /// finishes the ones in flight, then the driver server and device model stop and the
+    /// device shows as detached. Waits until it is. Example: outboard detach disk1
+    Detach(up::DetachArgs),
     /// Run an emulated device model standalone, serving vfio-user on a socket.
     #[command(subcommand)]
     Device(device::DeviceCommand),
@@ -168,6 +177,8 @@ fn main() -> ExitCode {
         Command::Blk(c) => blk::run(c, control),
         Command::Fault(a) => fault(a, control),
         Command::Power(a) => up::power(a, control),
+        Command::Attach(a) => up::attach(a, control),
+        Command::Detach(a) => up::detach(a, control),
         Command::Export(c) => export::run(c, control),
         Command::DriverHost(a) => up::driver_host(a),
         Command::Bench(a) => bench(a),

@@ -33,6 +33,26 @@ pub struct LsArgs {
 }
 
 #[derive(Args)]
+pub struct AttachArgs {
+    /// A device the machine description declares (`attached = false`) or that was detached.
+    #[arg(required_unless_present = "file", conflicts_with = "file")]
+    device: Option<String>,
+    /// New devices: a file of `[[device]]` tables, as in a machine description. Each gets a
+    /// driver server of its own.
+    #[arg(long, value_name = "FILE")]
+    file: Option<PathBuf>,
+}
+
+#[derive(Args)]
+pub struct DetachArgs {
+    /// Class device name, e.g. disk1.
+    device: String,
+    /// How long to wait for requests in flight to finish.
+    #[arg(long, default_value = "30s", value_parser = parse_duration)]
+    timeout: std::time::Duration,
+}
+
+#[derive(Args)]
 pub struct PowerArgs {
     /// Class device name, e.g. disk0.
     device: String,
@@ -169,6 +189,40 @@ pub fn ls(a: LsArgs, control: PathBuf) -> Result<ExitCode, String> {
     } else {
         print!("{}", tree.render());
     }
+    Ok(ExitCode::SUCCESS)
+}
+
+pub fn attach(a: AttachArgs, control: PathBuf) -> Result<ExitCode, String> {
+    let text = a
+        .file
+        .as_ref()
+        .map(|f| std::fs::read_to_string(f).map_err(|e| format!("{}: {e}", f.display())))
+        .transpose()?;
+    let node = outboard_client::manager::attach(&control, a.device.as_deref(), text.as_deref())
+        .map_err(|e| e.to_string())?;
+    println!("{}", node.render().trim_end());
+    Ok(ExitCode::SUCCESS)
+}
+
+pub fn detach(a: DetachArgs, control: PathBuf) -> Result<ExitCode, String> {
+    let gone = |r: Result<_, outboard_class::BlockError>| match r {
+        Err(outboard_class::BlockError::DeviceGone) => Ok(true),
+        Err(e) => Err(format!("{}: {e}", a.device)),
+        Ok(_) => Ok(false),
+    };
+    let deadline = std::time::Instant::now() + a.timeout;
+    let mut done = gone(outboard_client::manager::detach(&control, &a.device))?;
+    while !done {
+        if std::time::Instant::now() > deadline {
+            return Err(format!(
+                "{}: still detaching after {:?} (requests in flight have not finished)",
+                a.device, a.timeout
+            ));
+        }
+        std::thread::sleep(std::time::Duration::from_millis(10));
+        done = gone(outboard_client::manager::status(&control, &a.device))?;
+    }
+    println!("{}: detached", a.device);
     Ok(ExitCode::SUCCESS)
 }
 

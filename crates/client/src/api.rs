@@ -42,6 +42,24 @@ pub enum Request {
         /// Suspend (true) or resume (false).
         suspend: bool,
     },
+    /// Attach devices at run time: `name`, one the machine declares detached, or every
+    /// `[[device]]` table in `description` (machine-description syntax). The reply is the
+    /// (last) class device's registry entry, once its driver serves.
+    Attach {
+        /// A declared device.
+        #[serde(default)]
+        name: Option<String>,
+        /// New devices.
+        #[serde(default)]
+        description: Option<String>,
+    },
+    /// Detach a class device: its driver stops taking new requests, finishes those in flight,
+    /// then it and the device are released. The reply is its registry entry at once (state
+    /// `detaching`); once detached, opens and status requests answer `device-gone`.
+    Detach {
+        /// Device name.
+        name: String,
+    },
 }
 
 /// The manager's answer.

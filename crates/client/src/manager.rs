@@ -69,6 +69,33 @@ pub fn power(control_path: &Path, name: &str, suspend: bool) -> Result<Node, Blo
     }
 }
 
+/// Attaches a declared device (`name`) or new ones (`description`, `[[device]]` tables);
+/// returns the class device's registry entry once it serves.
+pub fn attach(
+    control_path: &Path,
+    name: Option<&str>,
+    description: Option<&str>,
+) -> Result<Node, BlockError> {
+    let req = Request::Attach {
+        name: name.map(Into::into),
+        description: description.map(Into::into),
+    };
+    match ask(control_path, &req)? {
+        Reply::Status { node } => Ok(node),
+        Reply::Error { code, message } => Err(reply_error(&code, message)),
+        other => Err(BlockError::Protocol(format!("unexpected reply {other:?}"))),
+    }
+}
+
+/// Starts detaching class device `name`; returns its registry entry (state `detaching`).
+pub fn detach(control_path: &Path, name: &str) -> Result<Node, BlockError> {
+    match ask(control_path, &Request::Detach { name: name.into() })? {
+        Reply::Status { node } => Ok(node),
+        Reply::Error { code, message } => Err(reply_error(&code, message)),
+        other => Err(BlockError::Protocol(format!("unexpected reply {other:?}"))),
+    }
+}
+
 /// The fault socket of class device `name`'s model (it has one when it is emulated).
 pub fn faults_socket(control_path: &Path, name: &str) -> Result<std::path::PathBuf, BlockError> {
     let tree = registry(control_path)?;

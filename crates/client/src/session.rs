@@ -45,6 +45,7 @@ pub fn reply_error(code: &str, message: String) -> BlockError {
         "no-such-device" => BlockError::NoSuchDevice(message),
         "device-failed" => BlockError::DeviceFailed(message),
         "restarting" => BlockError::Restarting,
+        "device-gone" => BlockError::DeviceGone,
         "busy" => BlockError::Busy(message),
         _ => BlockError::Invalid(message),
     }
@@ -390,8 +391,11 @@ fn supervisor_verdict(control: &Path, device: &str) -> Option<BlockError> {
                 .starts_with("gave up")
                 .then(|| BlockError::DeviceFailed(format!("{device}: {state}")))
         }
-        // No manager: nobody will start the server again.
-        Err(BlockError::Unreachable(_)) => Some(BlockError::DeviceGone),
+        // No manager: nobody will start the server again. Detached, or no longer part of
+        // the machine: nothing will serve it.
+        Err(BlockError::Unreachable(_) | BlockError::DeviceGone | BlockError::NoSuchDevice(_)) => {
+            Some(BlockError::DeviceGone)
+        }
         Err(_) => None,
     }
 }

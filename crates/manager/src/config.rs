@@ -17,6 +17,7 @@
 //! restart_window = "60s"  # …within this window; one crash more and it is given up
 //! heartbeat = "1s"        # a driver server whose loop stops this long is hung: restarted
 //! faults = ["drop-irq=2"] # fault injection armed from the start (see `outboard fault`)
+//! attached = true         # false: declared, started later by `outboard attach disk0`
 //!
 //! [[device]]
 //! name = "null0"
@@ -82,6 +83,8 @@ pub struct DeviceConfig {
     pub faults: Vec<String>,
     /// When its driver server and model are restarted after a crash, and when given up.
     pub restart: crate::supervisor::RestartPolicy,
+    /// Started with the machine (false: it waits for `outboard attach`).
+    pub attached: bool,
 }
 
 /// Where an export listens.
@@ -162,6 +165,7 @@ struct RawDevice {
     heartbeat: Option<Spanned<String>>,
     #[serde(default)]
     faults: Vec<Spanned<String>>,
+    attached: Option<bool>,
 }
 
 /// Known device models.
@@ -413,6 +417,7 @@ impl Machine {
                 request_deadline,
                 faults,
                 restart,
+                attached: d.attached.unwrap_or(true),
             });
         }
         let mut exports: Vec<ExportConfig> = Vec::new();
@@ -420,11 +425,20 @@ impl Machine {
             let at = e.span().start;
             let e = e.into_inner();
             let device = e.device.get_ref();
-            if !devices.iter().any(|d| &d.name == device) {
-                return Err(err(
-                    e.device.span().start,
-                    format!("export of {device:?}: the machine has no such device"),
-                ));
+            match devices.iter().find(|d| &d.name == device) {
+                None => {
+                    return Err(err(
+                        e.device.span().start,
+                        format!("export of {device:?}: the machine has no such device"),
+                    ))
+                }
+                Some(d) if !d.attached => {
+                    return Err(err(
+                        e.device.span().start,
+                        format!("export of {device:?}: the device starts detached"),
+                    ))
+                }
+                Some(_) => {}
             }
             if let Some(p) = &e.protocol {
                 if p.get_ref() != "nbd" {
@@ -528,6 +542,20 @@ fn same_file(a: &str, b: &str) -> bool {
 mod tests {
     use super::*;
     use proptest::prelude::*;
+
+    #[test]
+    fn devices_may_start_detached_but_are_not_exported_then() {
+        let base = "name = \"m\"\n[[device]]\nname = \"disk0\"\nmodel = \"virtio-blk\"\nbacking = \"mem:1M\"\n";
+        let m = Machine::parse(&format!("{base}attached = false\n"), "m.toml").unwrap();
+        assert!(!m.devices[0].attached);
+        assert!(Machine::parse(base, "m.toml").unwrap().devices[0].attached);
+        let e = Machine::parse(
+            &format!("{base}attached = false\n[[export]]\ndevice = \"disk0\"\n"),
+            "m.toml",
+        )
+        .unwrap_err();
+        assert!(e.to_string().contains("starts detached"), "{e}");
+    }
 
     #[test]
     fn exports_are_checked_and_located() {

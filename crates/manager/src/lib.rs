@@ -13,6 +13,8 @@ pub mod supervisor;
 
 pub use outboard_client::{api, manager as open, registry};
 
+use crate::config::DeviceConfig;
+
 use std::os::fd::{AsFd, OwnedFd};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -71,6 +73,11 @@ pub struct Manager {
     /// Class devices suspended on request (`outboard power NAME suspend`): a restarted
     /// server is asked to quiesce them again.
     suspended: std::collections::BTreeSet<String>,
+    /// Class devices being detached: quiescing, then released.
+    detaching: std::collections::BTreeSet<String>,
+    /// Children were renumbered (attach, detach): the rest of a batch of ready sources
+    /// names old numbers and is dropped (the work loop is level-triggered: they come again).
+    renumbered: bool,
 }
 
 fn size_text(n: u64) -> String {
@@ -143,6 +150,8 @@ impl Manager {
             created: Vec::new(),
             conns: Vec::new(),
             suspended: Default::default(),
+            detaching: Default::default(),
+            renumbered: false,
         };
         if let Err(e) = m.bring_up() {
             m.shutdown();
@@ -166,9 +175,57 @@ impl Manager {
 
     fn bring_up(&mut self) -> Result<(), ManagerError> {
         self.listener = Some(control::listen(&self.opts.control)?);
+        let (attached, detached): (Vec<DeviceConfig>, Vec<DeviceConfig>) = self
+            .machine
+            .devices
+            .iter()
+            .cloned()
+            .partition(|d| d.attached);
+        self.bring_up_devices(&attached)?;
+        for d in &detached {
+            self.detached_node(d, None);
+        }
+        self.start_exports()
+    }
+
+    /// Adds `bus` to the registry, or its children to the bus already there.
+    fn merge_bus(&mut self, bus: Node) {
+        if bus.children.is_empty() {
+            return;
+        }
+        match self
+            .registry
+            .children
+            .iter_mut()
+            .find(|b| b.kind == "bus" && b.name == bus.name)
+        {
+            Some(b) => b.children.extend(bus.children),
+            None => self.registry.children.push(bus),
+        }
+    }
+
+    /// Shows device `d` as declared but not attached (`why`: the last attach's failure).
+    fn detached_node(&mut self, d: &DeviceConfig, why: Option<&str>) {
+        let (bus, kind, name) = if d.model == "null-blk" {
+            ("virtual", "device", format!("{}@virtual", d.name))
+        } else {
+            ("vfio-user", "pci-function", format!("{}@vfio-user", d.name))
+        };
+        let mut node = Node::new(kind, &name)
+            .with("model", d.model.as_str())
+            .with("backing", d.backing.as_str())
+            .with("state", "detached");
+        if let Some(why) = why {
+            node.set("last-error", why);
+        }
+        self.merge_bus(Node::new("bus", bus).child(node));
+    }
+
+    /// Starts `devices`' models, probes them, matches their drivers and starts their driver
+    /// servers, adding each to the registry.
+    fn bring_up_devices(&mut self, devices: &[DeviceConfig]) -> Result<(), ManagerError> {
         let mut bus = Node::new("bus", "vfio-user");
         let mut virtual_bus = Node::new("bus", "virtual");
-        let devices = self.machine.devices.clone();
         for d in devices.iter().filter(|d| d.model == "null-blk") {
             let Probed { personality, score } =
                 outboard_drivers::probe_driver(&Probe::Virtual(&d.model)).map_err(|why| {
@@ -316,12 +373,8 @@ impl Manager {
                 .child(Node::new("block-device", &d.name));
             bus.children.push(node.child(driver));
         }
-        if !bus.children.is_empty() {
-            self.registry.children.push(bus);
-        }
-        if !virtual_bus.children.is_empty() {
-            self.registry.children.push(virtual_bus);
-        }
+        self.merge_bus(bus);
+        self.merge_bus(virtual_bus);
         // Driver servers: one per server name; devices naming the same server are grouped.
         let mut servers: Vec<(String, Vec<String>)> = Vec::new();
         for d in devices
@@ -411,7 +464,7 @@ impl Manager {
                 }
             }
         }
-        self.start_exports()
+        Ok(())
     }
 
     /// Starts the machine's `[[export]]`s, each an `outboard export nbd` child with an event
@@ -505,7 +558,11 @@ impl Manager {
         while !stop.load(Ordering::Relaxed) {
             ready.clear();
             work.wait(Some(self.next_check()), &mut ready)?;
+            self.renumbered = false;
             for &source in &ready {
+                if self.renumbered {
+                    break;
+                }
                 match source {
                     Source::Listener => self.accept(&mut work),
                     Source::Child(i) => {
@@ -558,7 +615,9 @@ impl Manager {
                 }
             }
             Ok((control::Event::Quiesced { device }, _)) => {
-                if self.suspended.contains(&device) {
+                if self.detaching.contains(&device) {
+                    self.finish_detach(&device, work);
+                } else if self.suspended.contains(&device) {
                     tracing::info!("{device}: suspended (quiesced, nothing in flight)");
                     if let Some(b) = self.registry.find_mut("block-device", &device) {
                         b.set("state", "suspended");
@@ -895,7 +954,7 @@ impl Manager {
         // reports it drained, which needs the command's reply path: ask again.
         let suspended: Vec<String> = devices
             .into_iter()
-            .filter(|n| self.suspended.contains(n))
+            .filter(|n| self.suspended.contains(n) || self.detaching.contains(n))
             .collect();
         for n in suspended {
             self.command(&n, control::Command::Quiesce { device: n.clone() });
@@ -926,6 +985,283 @@ impl Manager {
         true
     }
 
+    /// `outboard attach`: declared devices by name, or new ones from a description.
+    fn attach(
+        &mut self,
+        name: Option<String>,
+        description: Option<String>,
+        work: &mut WorkLoop<Source>,
+    ) -> Reply {
+        let invalid = |message: String| Reply::Error {
+            code: "invalid".into(),
+            message,
+        };
+        let devices: Vec<DeviceConfig> = match (name, description) {
+            (Some(name), None) => match self.machine.devices.iter().find(|d| d.name == name) {
+                None => {
+                    return Reply::Error {
+                        code: "no-such-device".into(),
+                        message: format!(
+                            "no device named {name:?}; describe a new one with --file"
+                        ),
+                    }
+                }
+                Some(d) if d.attached => return invalid(format!("{name} is attached already")),
+                Some(d) => vec![d.clone()],
+            },
+            (None, Some(text)) => {
+                let m = match Machine::parse(&format!("name = \"attach\"\n{text}"), "<attach>") {
+                    Ok(m) => m,
+                    Err(e) => return invalid(e.to_string()),
+                };
+                if !m.exports.is_empty() {
+                    return invalid("attach takes [[device]] tables only".into());
+                }
+                if m.devices.is_empty() {
+                    return invalid("no [[device]] table to attach".into());
+                }
+                for d in &m.devices {
+                    if self.machine.devices.iter().any(|o| o.name == d.name) {
+                        return invalid(format!("a device named {:?} exists already", d.name));
+                    }
+                    if d.placement == Placement::Separate
+                        && self.machine.devices.iter().any(|o| o.server == d.server)
+                    {
+                        return invalid(format!(
+                            "{}: server {:?} runs already; a device attached at run time gets \
+                             a server of its own",
+                            d.name, d.server
+                        ));
+                    }
+                }
+                for d in &m.devices {
+                    self.machine.devices.push(DeviceConfig {
+                        attached: false,
+                        ..d.clone()
+                    });
+                }
+                m.devices
+            }
+            _ => return invalid("attach a declared device by name, or describe new ones".into()),
+        };
+        let mut reply = invalid("nothing attached".into());
+        for d in devices {
+            reply = self.attach_one(&d, work);
+            if matches!(reply, Reply::Error { .. }) {
+                break;
+            }
+        }
+        reply
+    }
+
+    /// Brings device `d` up as at start-up, in the registry's place of its detached node.
+    fn attach_one(&mut self, d: &DeviceConfig, work: &mut WorkLoop<Source>) -> Reply {
+        tracing::info!("{}: attaching", d.name);
+        self.remove_function_node(&d.name);
+        let before = self.procs.len();
+        match self.bring_up_devices(std::slice::from_ref(d)) {
+            Ok(()) => {
+                for i in before..self.procs.len() {
+                    let p = &self.procs[i];
+                    let _ = work.add(p.fd(), Source::Child(i));
+                    if let Some(ev) = &p.events {
+                        let _ = work.add(ev.as_fd(), Source::Events(i));
+                    }
+                }
+                if let Some(m) = self.machine.devices.iter_mut().find(|m| m.name == d.name) {
+                    m.attached = true;
+                }
+                tracing::warn!("{}: attached", d.name);
+                match self.registry.find("block-device", &d.name) {
+                    Some(node) => Reply::Status { node: node.clone() },
+                    None => Reply::Error {
+                        code: "invalid".into(),
+                        message: format!("{}: attached, but no class device appeared", d.name),
+                    },
+                }
+            }
+            Err(e) => {
+                let why = e.to_string();
+                tracing::error!("{}: attach failed: {why}", d.name);
+                let started: Vec<usize> = (before..self.procs.len()).collect();
+                self.retire(&started, work);
+                self.remove_function_node(&d.name);
+                self.detached_node(d, Some(&why));
+                Reply::Error {
+                    code: "attach-failed".into(),
+                    message: format!("{}: {why}", d.name),
+                }
+            }
+        }
+    }
+
+    /// Removes device `name`'s function node (and what hangs below it) from its bus.
+    fn remove_function_node(&mut self, name: &str) {
+        let names = [format!("{name}@vfio-user"), format!("{name}@virtual")];
+        for bus in self
+            .registry
+            .children
+            .iter_mut()
+            .filter(|b| b.kind == "bus")
+        {
+            bus.children.retain(|f| !names.contains(&f.name));
+        }
+        self.registry
+            .children
+            .retain(|b| b.kind != "bus" || !b.children.is_empty());
+    }
+
+    /// Stops children `gone` (driver servers before models) and forgets them; the others
+    /// are renumbered in the work loop.
+    fn retire(&mut self, gone: &[usize], work: &mut WorkLoop<Source>) {
+        self.renumbered = true;
+        for p in &self.procs {
+            let _ = work.remove(p.fd());
+            if let Some(ev) = &p.events {
+                let _ = work.remove(ev.as_fd());
+            }
+        }
+        let mut order = gone.to_vec();
+        order.sort_by_key(|&i| !matches!(self.procs[i].kind, supervisor::Kind::Server { .. }));
+        for &i in &order {
+            self.procs[i].stop(Duration::from_secs(5));
+        }
+        let mut i = 0;
+        self.procs.retain(|_| {
+            i += 1;
+            !gone.contains(&(i - 1))
+        });
+        for (i, p) in self.procs.iter().enumerate() {
+            // One waiting for its restart is added back when it is started again.
+            if p.exited.is_none() {
+                let _ = work.add(p.fd(), Source::Child(i));
+            }
+            if let Some(ev) = &p.events {
+                let _ = work.add(ev.as_fd(), Source::Events(i));
+            }
+        }
+    }
+
+    /// `outboard detach NAME`: phase one (stop taking new requests) and two (drain) run in
+    /// its driver server; [`Manager::finish_detach`] is phase three.
+    fn detach(&mut self, name: &str, work: &mut WorkLoop<Source>) -> Reply {
+        let invalid = |message: String| Reply::Error {
+            code: "invalid".into(),
+            message,
+        };
+        let Some(d) = self.machine.devices.iter().find(|d| d.name == name) else {
+            return Reply::Error {
+                code: "no-such-device".into(),
+                message: format!("no device named {name:?}"),
+            };
+        };
+        if !d.attached {
+            return Reply::Error {
+                code: "device-gone".into(),
+                message: format!("{name} is detached already"),
+            };
+        }
+        if d.placement != Placement::Separate {
+            return invalid(format!(
+                "{name}: its driver is linked into each client (colocated); only a driver \
+                 server's devices can be detached"
+            ));
+        }
+        let server = d.server.clone();
+        let sharing: Vec<&str> = self
+            .machine
+            .devices
+            .iter()
+            .filter(|o| o.attached && o.server == server && o.name != name)
+            .map(|o| o.name.as_str())
+            .collect();
+        if !sharing.is_empty() {
+            return invalid(format!(
+                "{name} shares driver server {server:?} with {}; detaching one device of a \
+                 shared server is not supported",
+                sharing.join(", ")
+            ));
+        }
+        if self.detaching.insert(name.to_string()) {
+            tracing::info!("{name}: detaching");
+            for p in &mut self.procs {
+                if matches!(&p.kind, supervisor::Kind::Server { devices, .. } if devices.iter().any(|d| d == name))
+                {
+                    p.set_arg("--quiesce", name, true);
+                }
+            }
+            if !self.command(
+                name,
+                control::Command::Quiesce {
+                    device: name.into(),
+                },
+            ) {
+                // No server runs (it is restarting): nothing is in flight anywhere.
+                self.finish_detach(name, work);
+                return Reply::Error {
+                    code: "device-gone".into(),
+                    message: format!("{name} is detached"),
+                };
+            }
+        }
+        match self.registry.find_mut("block-device", name) {
+            Some(node) => {
+                node.set("state", "detaching");
+                Reply::Status { node: node.clone() }
+            }
+            None => Reply::Error {
+                code: "device-gone".into(),
+                message: format!("{name} is detached"),
+            },
+        }
+    }
+
+    /// Phase three of a detach: the device has nothing in flight. Its driver server and
+    /// model stop (their sessions hang up; clients see `device gone`), their sockets go, and
+    /// the registry shows the device detached.
+    fn finish_detach(&mut self, name: &str, work: &mut WorkLoop<Source>) {
+        let procs: Vec<usize> = (0..self.procs.len())
+            .filter(|&i| match &self.procs[i].kind {
+                supervisor::Kind::Server { devices, .. } => devices.iter().any(|d| d == name),
+                supervisor::Kind::Model { device } => device == name,
+                supervisor::Kind::Export => false,
+            })
+            .collect();
+        let server = self
+            .machine
+            .devices
+            .iter()
+            .find(|d| d.name == name)
+            .map(|d| d.server.clone())
+            .unwrap_or_default();
+        self.retire(&procs, work);
+        for sock in [
+            self.rt().device_socket(name),
+            self.rt().faults_socket(name),
+            self.rt().server_socket(&server),
+        ] {
+            // Confined children cannot remove their own sockets.
+            let _ = std::fs::remove_file(&sock);
+            self.created.retain(|f| f != &sock);
+        }
+        self.remove_function_node(name);
+        self.detaching.remove(name);
+        self.suspended.remove(name);
+        if let Some(d) = self.machine.devices.iter_mut().find(|d| d.name == name) {
+            d.attached = false;
+        }
+        if let Some(d) = self
+            .machine
+            .devices
+            .iter()
+            .find(|d| d.name == name)
+            .cloned()
+        {
+            self.detached_node(&d, None);
+        }
+        tracing::warn!("{name}: detached (its driver server and model stopped)");
+    }
+
     /// `outboard power NAME suspend|resume`.
     fn power(&mut self, name: &str, suspend: bool) -> Reply {
         let err = |code: &str, message: String| Reply::Error {
@@ -935,6 +1271,9 @@ impl Manager {
         let Some(d) = self.machine.devices.iter().find(|d| d.name == name) else {
             return err("no-such-device", format!("no device named {name:?}"));
         };
+        if !d.attached {
+            return err("device-gone", format!("{name} is detached"));
+        }
         if d.placement != Placement::Separate {
             return err(
                 "invalid",
@@ -1068,7 +1407,7 @@ impl Manager {
             return;
         };
         let reply = match control::recv::<Request>(conn.as_fd(), Some(Duration::ZERO)) {
-            Ok((req, _)) => self.answer(req),
+            Ok((req, _)) => self.answer(req, work),
             Err(outboard_session::SessionError::Timeout) => return,
             Err(outboard_session::SessionError::Invalid(m)) => Reply::Error {
                 code: "invalid".into(),
@@ -1093,15 +1432,21 @@ impl Manager {
         }
     }
 
-    fn answer(&mut self, req: Request) -> Reply {
+    fn answer(&mut self, req: Request, work: &mut WorkLoop<Source>) -> Reply {
         match req {
             Request::Power { name, suspend } => self.power(&name, suspend),
+            Request::Attach { name, description } => self.attach(name, description, work),
+            Request::Detach { name } => self.detach(&name, work),
             Request::List => Reply::Registry {
                 tree: self.registry.clone(),
             },
             Request::Open { name } => self.open(&name),
             Request::Status { name } => match self.registry.find("block-device", &name) {
                 Some(node) => Reply::Status { node: node.clone() },
+                None if self.machine.devices.iter().any(|d| d.name == name) => Reply::Error {
+                    code: "device-gone".into(),
+                    message: format!("{name} is detached"),
+                },
                 None => Reply::Error {
                     code: "no-such-device".into(),
                     message: format!("no device named {name:?}"),
@@ -1144,6 +1489,17 @@ impl Manager {
                 ),
             };
         };
+        if !d.attached || self.detaching.contains(name) {
+            let how = if d.attached {
+                "being detached"
+            } else {
+                "detached"
+            };
+            return Reply::Error {
+                code: "device-gone".into(),
+                message: format!("{name} is {how}"),
+            };
+        }
         if let Some(state) = self.failure(name) {
             return Reply::Error {
                 code: "device-failed".into(),

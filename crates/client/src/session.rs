@@ -413,6 +413,19 @@ fn parse_info(info: serde_json::Value) -> Result<BlockInfo, BlockError> {
     Ok(info)
 }
 
+impl BlockClient {
+    /// The server hung up while the caller waited. Resumed (the replay's answers are in
+    /// `ready`) or ended (so are the errors): either way the next poll hands them over; an
+    /// error here only when the session ended with nothing left to hand over.
+    fn after_hang_up(&mut self) -> Result<(), BlockError> {
+        let _ = self.server_gone();
+        match &self.ended {
+            Some(e) if self.ready.is_empty() => Err(e.clone()),
+            _ => Ok(()),
+        }
+    }
+}
+
 impl BlockDevice for BlockClient {
     fn info(&self) -> &BlockInfo {
         &self.info
@@ -470,16 +483,7 @@ impl BlockDevice for BlockClient {
             }
             match self.channel.wait(deadline) {
                 Ok(()) => {}
-                Err(ChannelError::Gone) => {
-                    // Resumed (its replay's answers are in `ready`) or ended (so are the
-                    // errors): either way the next poll hands them over.
-                    let _ = self.server_gone();
-                    if self.ready.is_empty() {
-                        if let Some(e) = &self.ended {
-                            return Err(e.clone());
-                        }
-                    }
-                }
+                Err(ChannelError::Gone) => self.after_hang_up()?,
                 Err(e) => return Err(channel_err(e)),
             }
         }
@@ -507,14 +511,7 @@ impl BlockDevice for BlockClient {
                 Ok(true) => return Ok(true),
                 Ok(false) => {}
                 Err(ChannelError::Timeout) => return Ok(false),
-                Err(ChannelError::Gone) => {
-                    let _ = self.server_gone();
-                    if self.ready.is_empty() {
-                        if let Some(e) = &self.ended {
-                            return Err(e.clone());
-                        }
-                    }
-                }
+                Err(ChannelError::Gone) => self.after_hang_up()?,
                 Err(e) => return Err(channel_err(e)),
             }
         }

@@ -240,35 +240,31 @@ impl Process {
     /// Starts the process again as it was started (its log goes on, after the last
     /// incarnation's): a new pid, pidfd and event channel.
     pub fn respawn(&mut self, exe: &Path, verbose: u8) -> Result<(), String> {
-        let with_events = self.wants_events;
-        let next = if with_events {
+        // A driver server or an export gets a fresh event channel as fd 3; a model gets its
+        // disk's memory there again.
+        let (events, theirs) = if self.wants_events {
             let (ours, theirs) =
                 outboard_session::control::pair().map_err(|e| format!("{}: {e}", self.role))?;
-            let mut p = Self::spawn_with(
-                exe,
-                &self.role,
-                &self.args,
-                self.log.clone(),
-                verbose,
-                Some(theirs.as_fd()),
-                true,
-            )?;
-            p.events = Some(ours);
-            p
+            (Some(ours), Some(theirs))
         } else {
-            let pass = self.pass.clone();
-            let mut p = Self::spawn_with(
-                exe,
-                &self.role,
-                &self.args,
-                self.log.clone(),
-                verbose,
-                pass.as_ref().map(|f| f.as_fd()),
-                true,
-            )?;
-            p.pass = pass;
-            p
+            (None, None)
         };
+        let pass = self.pass.clone();
+        let fd = theirs
+            .as_ref()
+            .map(|t| t.as_fd())
+            .or(pass.as_ref().map(|f| f.as_fd()));
+        let mut next = Self::spawn_with(
+            exe,
+            &self.role,
+            &self.args,
+            self.log.clone(),
+            verbose,
+            fd,
+            true,
+        )?;
+        next.events = events;
+        next.pass = pass;
         *self = Self {
             wants_events: self.wants_events,
             kind: self.kind.clone(),

@@ -4,7 +4,7 @@
 
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::path::Path;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use io_uring::{opcode, types, IoUring};
 use outboard_class::block::validate;
@@ -128,24 +128,12 @@ impl BlockDevice for UringDisk {
         Ok(out.len() - before)
     }
 
-    fn wait(
-        &mut self,
-        out: &mut Vec<BlockCompletion>,
-        timeout: Duration,
-    ) -> Result<usize, BlockError> {
-        let deadline = Instant::now() + timeout;
-        loop {
-            let n = self.poll(out)?;
-            if n > 0 || self.in_flight == 0 {
-                return Ok(n);
-            }
-            if Instant::now() >= deadline {
-                return Err(BlockError::Timeout);
-            }
-            self.ring
-                .submit_and_wait(1)
-                .map_err(|e| BlockError::Protocol(format!("io_uring: {e}")))?;
-        }
+    fn block_until(&mut self, _deadline: Instant) -> Result<(), BlockError> {
+        // A disk answers: its completion is the bound.
+        self.ring
+            .submit_and_wait(1)
+            .map_err(|e| BlockError::Protocol(format!("io_uring: {e}")))?;
+        Ok(())
     }
 
     fn in_flight(&self) -> usize {

@@ -426,12 +426,28 @@ pub trait BlockDevice {
     fn kick(&mut self) -> Result<(), BlockError>;
     /// Reaps completions without blocking.
     fn poll(&mut self, out: &mut Vec<BlockCompletion>) -> Result<usize, BlockError>;
-    /// Waits up to `timeout` for at least one completion.
+    /// Waits up to `timeout` for at least one completion ([`BlockError::Timeout`] if none
+    /// came); returns at once with 0 when nothing is in flight.
     fn wait(
         &mut self,
         out: &mut Vec<BlockCompletion>,
         timeout: Duration,
-    ) -> Result<usize, BlockError>;
+    ) -> Result<usize, BlockError> {
+        let deadline = std::time::Instant::now() + timeout;
+        loop {
+            let n = self.poll(out)?;
+            if n > 0 || self.in_flight() == 0 {
+                return Ok(n);
+            }
+            if std::time::Instant::now() >= deadline {
+                return Err(BlockError::Timeout);
+            }
+            self.block_until(deadline)?;
+        }
+    }
+    /// Sleeps until something may have completed (a spurious return is fine: [`Self::wait`]
+    /// polls again) or `deadline` passes: on the device's own doorbell, socket or ring.
+    fn block_until(&mut self, deadline: std::time::Instant) -> Result<(), BlockError>;
     /// Requests submitted and not yet completed.
     fn in_flight(&self) -> usize;
 

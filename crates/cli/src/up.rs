@@ -106,6 +106,10 @@ pub struct DriverHostArgs {
     /// to send again, instead of failing them.
     #[arg(long)]
     restartable: bool,
+    /// Grant no new range lock for this many milliseconds after start (a restarted server:
+    /// the previous one's sessions resume and claim their locks back first).
+    #[arg(long, value_name = "MS", default_value_t = 0)]
+    lock_grace_ms: u64,
     /// Start with this device quiesced: requests to it wait until the manager resumes it
     /// (a server restarted while the device was suspended). Repeatable.
     #[arg(long, value_name = "NAME")]
@@ -297,6 +301,7 @@ pub fn driver_host(a: DriverHostArgs) -> Result<ExitCode, String> {
             return Err(format!("--quiesce {n:?}: no --device named so"));
         }
     }
+    server.lock_grace(std::time::Duration::from_millis(a.lock_grace_ms));
     server.set_spin(std::time::Duration::from_micros(a.spin_us));
     server.set_deadline(std::time::Duration::from_millis(a.deadline_ms));
     // A confined server cannot open its device again: a failure ends it, for its supervisor.

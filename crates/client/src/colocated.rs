@@ -6,7 +6,7 @@
 
 use std::collections::HashSet;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use outboard_class::block::validate;
 use outboard_class::{
@@ -142,33 +142,20 @@ impl BlockDevice for Colocated {
         Ok(self.reap(out))
     }
 
-    fn wait(
-        &mut self,
-        out: &mut Vec<BlockCompletion>,
-        timeout: Duration,
-    ) -> Result<usize, BlockError> {
-        let deadline = Instant::now() + timeout;
-        loop {
-            self.poll_driver()?;
-            if !self.ready.is_empty() || !self.scratch.is_empty() || self.driver.in_flight() == 0 {
-                return Ok(self.reap(out));
-            }
-            // Arm, then re-check before sleeping, so a completion between the two is not lost.
-            if self.driver.arm().map_err(failed)? {
-                continue;
-            }
-            let now = Instant::now();
-            if now >= deadline {
-                return Err(BlockError::Timeout);
-            }
-            let driver = &mut self.driver;
-            self.waiter
-                .wait_and_handle(deadline - now, |ev| driver.handle(ev))
-                .map_err(|e| match e {
-                    WaitError::Failed(f) => failed(f),
-                    WaitError::Loop(e) => BlockError::Protocol(e.to_string()),
-                })?;
+    fn block_until(&mut self, deadline: Instant) -> Result<(), BlockError> {
+        // Arm, then re-check before sleeping, so a completion between the two is not lost.
+        if self.driver.arm().map_err(failed)? {
+            return Ok(());
         }
+        let driver = &mut self.driver;
+        self.waiter
+            .wait_and_handle(deadline.saturating_duration_since(Instant::now()), |ev| {
+                driver.handle(ev)
+            })
+            .map_err(|e| match e {
+                WaitError::Failed(f) => failed(f),
+                WaitError::Loop(e) => BlockError::Protocol(e.to_string()),
+            })
     }
 
     fn in_flight(&self) -> usize {

@@ -550,26 +550,14 @@ impl BlockDevice for NbdClient {
         Ok(out.len() - before)
     }
 
-    fn wait(
-        &mut self,
-        out: &mut Vec<BlockCompletion>,
-        timeout: Duration,
-    ) -> Result<usize, BlockError> {
+    fn block_until(&mut self, deadline: Instant) -> Result<(), BlockError> {
+        // A connection that failed answers nothing more: say why rather than time out.
         if let Some(e) = &self.broken {
             return Err(e.clone());
         }
-        let deadline = Instant::now() + timeout;
-        loop {
-            let n = self.poll(out)?;
-            if n > 0 || self.in_flight.is_empty() {
-                return Ok(n);
-            }
-            let now = Instant::now();
-            if now >= deadline {
-                return Err(BlockError::Timeout);
-            }
-            self.sock.ready(deadline - now)?;
-        }
+        self.sock
+            .ready(deadline.saturating_duration_since(Instant::now()))?;
+        Ok(())
     }
 
     fn in_flight(&self) -> usize {

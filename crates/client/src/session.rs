@@ -470,22 +470,12 @@ impl BlockDevice for BlockClient {
         Ok(early + self.reap(out)?)
     }
 
-    fn wait(
-        &mut self,
-        out: &mut Vec<BlockCompletion>,
-        timeout: Duration,
-    ) -> Result<usize, BlockError> {
-        let deadline = Instant::now() + timeout;
-        loop {
-            let n = self.poll(out)?;
-            if n > 0 || self.pending.is_empty() {
-                return Ok(n);
-            }
-            match self.channel.wait(deadline) {
-                Ok(()) => {}
-                Err(ChannelError::Gone) => self.after_hang_up()?,
-                Err(e) => return Err(channel_err(e)),
-            }
+    fn block_until(&mut self, deadline: Instant) -> Result<(), BlockError> {
+        match self.channel.wait(deadline) {
+            // The caller's loop tells a timeout by the clock.
+            Ok(()) | Err(ChannelError::Timeout) => Ok(()),
+            Err(ChannelError::Gone) => self.after_hang_up(),
+            Err(e) => Err(channel_err(e)),
         }
     }
 

@@ -58,6 +58,10 @@ enum Source {
     Events(usize),
 }
 
+/// How long a restarted driver server grants no new range lock: its clients resume within a
+/// few milliseconds of it serving (they poll for it every millisecond), this is ample.
+const LOCK_GRACE: Duration = Duration::from_millis(250);
+
 /// A running machine.
 pub struct Manager {
     machine: Machine,
@@ -868,6 +872,10 @@ impl Manager {
         self.procs[i].restart_at = None;
         let kind = self.procs[i].kind.clone();
         let p = &mut self.procs[i];
+        if matches!(kind, supervisor::Kind::Server { .. }) {
+            // The sessions that held range locks claim them back before anyone gets new ones.
+            p.set_arg("--lock-grace-ms", &LOCK_GRACE.as_millis().to_string(), true);
+        }
         if let Err(e) = p.respawn(&self.opts.exe, self.opts.verbose) {
             tracing::error!("{e}");
             // Counted as another crash: back-off, and in the end giving up, apply.

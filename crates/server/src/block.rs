@@ -583,6 +583,10 @@ impl Dispatcher for BlockDispatcher {
             .map_or(0, |ps| ps.tags.len())
     }
 
+    fn lock_grace(&mut self, grace: std::time::Duration) {
+        self.locks.start_grace(grace);
+    }
+
     fn reclaim(&mut self, slot: usize, locks: &[(u64, u32)]) -> Result<(), Refusal> {
         let ranges: Vec<Range> = locks
             .iter()

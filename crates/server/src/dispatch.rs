@@ -95,6 +95,9 @@ pub trait Dispatcher: Send {
     /// A resumed session at `slot` held these locks (first block, blocks) under the previous
     /// server: grant them back, or refuse all of them.
     fn reclaim(&mut self, slot: usize, locks: &[(u64, u32)]) -> Result<(), Refusal>;
+    /// For `grace` from now, grant no new lock: the sessions of a previous server are still
+    /// claiming theirs back. A class without locks ignores it.
+    fn lock_grace(&mut self, _grace: std::time::Duration) {}
     /// Takes what it may of session `slot`'s submissions; true if it took any.
     fn take(&mut self, slot: usize, cx: &mut Ctx<'_>) -> bool;
     /// Moves the device along: publishes, reaps, releases what waited, recovers a failed

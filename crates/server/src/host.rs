@@ -447,6 +447,14 @@ impl DriverHost {
         progress
     }
 
+    /// Grants no new lock on any device for `grace` from now (a restarted server: its
+    /// predecessor's sessions claim their locks back first).
+    pub fn lock_grace(&mut self, grace: Duration) {
+        for d in &mut self.devices {
+            d.lock_grace(grace);
+        }
+    }
+
     /// Starts with device `name` quiesced (a server restarted while it was suspended); false
     /// if this server does not serve it.
     pub fn quiesce(&mut self, name: &str) -> bool {

@@ -48,9 +48,24 @@ pub struct RangeLocks {
     held: Vec<(usize, Range)>,
     /// Requests waiting, in arrival order: (session, request).
     parked: Vec<(usize, BlockRequest)>,
+    /// Until then no new lock is granted: sessions of a restarted server's predecessor are
+    /// still claiming back the locks they held ([`RangeLocks::reclaim`]).
+    grace_until: Option<std::time::Instant>,
 }
 
 impl RangeLocks {
+    /// Grants no new lock for `grace` from now: locks held under the previous server go to
+    /// their holders first, whatever order the sessions resume in.
+    pub fn start_grace(&mut self, grace: std::time::Duration) {
+        self.grace_until = Some(std::time::Instant::now() + grace);
+    }
+
+    /// Whether the grace period runs.
+    pub fn in_grace(&self) -> bool {
+        self.grace_until
+            .is_some_and(|t| std::time::Instant::now() < t)
+    }
+
     /// Whether anything waits.
     pub fn has_parked(&self) -> bool {
         !self.parked.is_empty()
@@ -89,7 +104,12 @@ impl RangeLocks {
                 && range_of(p).is_some_and(|pr| overlaps(pr, range))
         });
         match r.op {
-            BlockOp::Lock if foreign_lock || waits_behind || write_in_flight(session, range) => {
+            BlockOp::Lock
+                if foreign_lock
+                    || waits_behind
+                    || write_in_flight(session, range)
+                    || self.in_grace() =>
+            {
                 Decision::Parked
             }
             BlockOp::Lock => Decision::Granted,
@@ -207,6 +227,35 @@ impl RangeLocks {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn during_the_grace_period_locks_go_back_to_their_holders_and_no_new_one_is_granted() {
+        let mut l = RangeLocks::default();
+        l.start_grace(std::time::Duration::from_millis(200));
+        let none = |_: usize, _: Range| false;
+        // Session 1 asks first, for what session 0 held before the restart.
+        let r = req(BlockOp::Lock, 0, 8, 1);
+        assert_eq!(l.admit(1, r, &none), Decision::Parked);
+        // Even a lock nobody held waits.
+        assert_eq!(
+            l.admit(2, req(BlockOp::Lock, 100, 8, 2), &none),
+            Decision::Parked
+        );
+        // Session 0 resumes and claims its lock back: it is its own again.
+        l.reclaim(0, &[(0, 8)]).unwrap();
+        let mut out = Vec::new();
+        l.release(4, &none, &mut out);
+        assert!(out.is_empty(), "nothing is granted during the grace period");
+        std::thread::sleep(std::time::Duration::from_millis(250));
+        l.release(4, &none, &mut out);
+        // After it: the lock nobody holds is granted; session 1's waits for session 0's.
+        assert_eq!(out.len(), 1);
+        assert_eq!((out[0].0, out[0].2), (2, Decision::Granted));
+        assert!(l.unlock(0, &req(BlockOp::Unlock, 0, 8, 3)));
+        out.clear();
+        l.release(4, &none, &mut out);
+        assert_eq!((out[0].0, out[0].2), (1, Decision::Granted));
+    }
 
     fn req(op: BlockOp, lba: u64, blocks: u32, tag: u64) -> BlockRequest {
         BlockRequest {

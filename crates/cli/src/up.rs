@@ -78,8 +78,12 @@ fn parse_duration(s: &str) -> Result<std::time::Duration, String> {
 #[derive(Args)]
 pub struct DriverHostArgs {
     /// Control socket (SEQPACKET) to serve sessions on.
-    #[arg(long, value_name = "PATH")]
-    listen: PathBuf,
+    #[arg(long, value_name = "PATH", required_unless_present = "listen_fd")]
+    listen: Option<PathBuf>,
+    /// A listening SEQPACKET socket inherited as this descriptor, instead of --listen (what
+    /// the manager passes: a confined server opens no path).
+    #[arg(long, value_name = "FD", conflicts_with = "listen")]
+    listen_fd: Option<i32>,
     /// A device to drive, as NAME=SPEC (SPEC: vfio-user:PATH, vfio:BDF, or null:SIZE for the
     /// null block device, which completes requests without a device). Repeat to host several
     /// drivers in one server.
@@ -295,7 +299,21 @@ pub fn driver_host(a: DriverHostArgs) -> Result<ExitCode, String> {
         served.push(Served::start(&at, driver, opts).map_err(|e| format!("{name}: {e}"))?);
         names.push(name.to_string());
     }
-    let mut server = DriverHost::bind(&a.listen, served).map_err(|e| e.to_string())?;
+    let (mut server, listening) = match (&a.listen, a.listen_fd) {
+        (Some(path), _) => (
+            DriverHost::bind(path, served).map_err(|e| e.to_string())?,
+            path.display().to_string(),
+        ),
+        (None, Some(fd)) => {
+            let listener = outboard_sys::process::inherited_socket(fd)
+                .map_err(|e| format!("--listen-fd: {e}"))?;
+            (
+                DriverHost::new(listener, served).map_err(|e| e.to_string())?,
+                format!("fd {fd}"),
+            )
+        }
+        (None, None) => return Err("give --listen or --listen-fd".into()),
+    };
     for n in &a.quiesce {
         if !server.quiesce(n) {
             return Err(format!("--quiesce {n:?}: no --device named so"));
@@ -307,9 +325,8 @@ pub fn driver_host(a: DriverHostArgs) -> Result<ExitCode, String> {
     // A confined server cannot open its device again: a failure ends it, for its supervisor.
     server.set_restartable(a.restartable || a.confine.confined());
     eprintln!(
-        "outboard: driver server for {} listening on {}",
-        names.join(", "),
-        a.listen.display()
+        "outboard: driver server for {} listening on {listening}",
+        names.join(", ")
     );
     if let Some(fd) = a.notify_fd {
         server

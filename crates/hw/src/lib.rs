@@ -92,6 +92,9 @@ pub type Result<T> = std::result::Result<T, HwError>;
 pub enum DeviceSpec {
     /// A device model's vfio-user socket.
     VfioUser(PathBuf),
+    /// A connection to a device model's vfio-user socket, inherited as this descriptor (what
+    /// the manager gives a confined driver server). It can be opened once.
+    VfioUserFd(i32),
     /// A PCI function bound to `vfio-pci`, by BDF (`0000:00:04.0`).
     Vfio(String),
 }
@@ -101,7 +104,13 @@ impl std::str::FromStr for DeviceSpec {
 
     /// `vfio-user:PATH`, `vfio:BDF`, or a bare path (a vfio-user socket).
     fn from_str(s: &str) -> std::result::Result<Self, String> {
-        if let Some(p) = s.strip_prefix("vfio-user:") {
+        if let Some(n) = s.strip_prefix("vfio-user-fd:") {
+            n.parse()
+                .ok()
+                .filter(|n| *n > 2)
+                .map(DeviceSpec::VfioUserFd)
+                .ok_or_else(|| format!("{s:?}: vfio-user-fd takes a descriptor number above 2"))
+        } else if let Some(p) = s.strip_prefix("vfio-user:") {
             Ok(DeviceSpec::VfioUser(PathBuf::from(p)))
         } else if let Some(b) = s.strip_prefix("vfio:") {
             Ok(DeviceSpec::Vfio(b.to_string()))
@@ -119,6 +128,7 @@ impl std::fmt::Display for DeviceSpec {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             DeviceSpec::VfioUser(p) => write!(f, "vfio-user:{}", p.display()),
+            DeviceSpec::VfioUserFd(n) => write!(f, "vfio-user-fd:{n}"),
             DeviceSpec::Vfio(bdf) => write!(f, "vfio:{bdf}"),
         }
     }
@@ -204,6 +214,16 @@ impl PciFunction {
                             why: e.to_string(),
                         },
                     })?;
+                Self::with_backend(spec.to_string(), Arc::new(b))
+            }
+            DeviceSpec::VfioUserFd(n) => {
+                let open = |e: String| HwError::Open {
+                    spec: spec.to_string(),
+                    why: e,
+                };
+                let fd = outboard_sys::process::inherited_socket(*n).map_err(open)?;
+                let b = backend::vfio_user::VfioUserBackend::from_fd(fd)
+                    .map_err(|e| open(e.to_string()))?;
                 Self::with_backend(spec.to_string(), Arc::new(b))
             }
             DeviceSpec::Vfio(bdf) => {
@@ -382,5 +402,53 @@ impl PciFunction {
     /// resets the device; VFIO: a function reset).
     pub fn abandon(&self) {
         self.backend.abandon()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn device_specs_parse_and_bad_ones_say_why() {
+        let ok = |s: &str| s.parse::<DeviceSpec>().unwrap();
+        assert_eq!(
+            ok("vfio-user:/tmp/a.sock"),
+            DeviceSpec::VfioUser("/tmp/a.sock".into())
+        );
+        assert_eq!(
+            ok("/tmp/a.sock"),
+            DeviceSpec::VfioUser("/tmp/a.sock".into())
+        );
+        assert_eq!(
+            ok("vfio:0000:00:04.0"),
+            DeviceSpec::Vfio("0000:00:04.0".into())
+        );
+        assert_eq!(ok("vfio-user-fd:5"), DeviceSpec::VfioUserFd(5));
+        assert_eq!(ok("vfio-user-fd:5").to_string(), "vfio-user-fd:5");
+        for bad in ["vfio-user-fd:2", "vfio-user-fd:x", "vfio-user-fd:", "nbd:x"] {
+            assert!(bad.parse::<DeviceSpec>().is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn an_inherited_connection_is_taken_once_and_must_be_a_socket() {
+        use std::os::fd::{AsRawFd, IntoRawFd};
+        // Opened first, so its number is not one the socket had (numbers are taken once).
+        let file = std::fs::File::open("/dev/null").unwrap();
+        let (a, b) = std::os::unix::net::UnixStream::pair().unwrap();
+        drop(b);
+        let n = a.into_raw_fd();
+        // The first open takes the descriptor (and fails: nobody is at the other end).
+        let first = PciFunction::open(&DeviceSpec::VfioUserFd(n)).unwrap_err();
+        assert!(!first.to_string().contains("taken over"), "{first}");
+        let again = PciFunction::open(&DeviceSpec::VfioUserFd(n)).unwrap_err();
+        assert!(again.to_string().contains("taken over already"), "{again}");
+        let f = file.as_raw_fd();
+        let not_socket = PciFunction::open(&DeviceSpec::VfioUserFd(f)).unwrap_err();
+        assert!(
+            not_socket.to_string().contains("not a socket"),
+            "{not_socket}"
+        );
     }
 }

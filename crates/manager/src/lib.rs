@@ -296,7 +296,10 @@ impl Manager {
                         &args,
                         log,
                         self.opts.verbose,
-                        std::sync::Arc::new(memory),
+                        false,
+                        vec![std::sync::Arc::new(memory)],
+                        Vec::new(),
+                        Vec::new(),
                     )
                 }
                 None => Process::spawn(&self.opts.exe, &role, &args, log, self.opts.verbose),
@@ -391,16 +394,29 @@ impl Manager {
             }
         }
         for (server, names) in servers {
-            let sock = self.created(self.rt().server_socket(&server));
+            let sock = self.rt().server_socket(&server);
+            // The manager binds the server's socket and connects it to its devices: the server
+            // opens nothing itself, and the socket outlives each incarnation (clients that
+            // connect during a restart wait in its backlog instead of being refused).
+            let (listener, path) =
+                control::listen(&sock).map_err(|e| ManagerError::Launch(e.to_string()))?;
+            let connect: Vec<PathBuf> = names
+                .iter()
+                .filter_map(|n| devices.iter().find(|d| &d.name == n))
+                .filter(|d| d.model != "null-blk")
+                .map(|d| self.rt().device_socket(&d.name))
+                .collect();
+            let (keep_fds, conn_fds) = supervisor::fd_layout(true, 1, connect.len());
             let mut args = vec![
                 "driver-host".to_string(),
-                "--listen".into(),
-                sock.display().to_string(),
+                "--listen-fd".into(),
+                keep_fds[0].to_string(),
                 "--notify-fd".into(),
                 supervisor::EVENT_FD.to_string(),
                 "--restartable".into(),
                 "--confine".into(),
             ];
+            let mut conn_fds = conn_fds.into_iter();
             let deadline = names
                 .iter()
                 .filter_map(|n| devices.iter().find(|d| &d.name == n))
@@ -413,7 +429,7 @@ impl Manager {
                 let spec = if d.model == "null-blk" {
                     d.backing.clone()
                 } else {
-                    format!("vfio-user:{}", self.rt().device_socket(n).display())
+                    format!("vfio-user-fd:{}", conn_fds.next().expect("one per model"))
                 };
                 args.extend(["--device".into(), format!("{n}={spec}")]);
                 // The catalog's choice, as the registry records it: the server starts exactly it.
@@ -422,15 +438,20 @@ impl Manager {
                 }
             }
             let log = self.created(self.rt().server_log(&server));
-            let mut p = Process::spawn_with_events(
+            let mut p = Process::spawn_passing(
                 &self.opts.exe,
                 &format!("driver server {server}"),
                 &args,
                 log,
                 self.opts.verbose,
+                true,
+                vec![std::sync::Arc::new(listener)],
+                connect,
+                vec![path],
             )
             .map_err(ManagerError::Launch)?;
-            p.wait_for_socket(&sock, Duration::from_secs(30))
+            let heartbeat = p
+                .wait_serving(Duration::from_secs(30))
                 .map_err(ManagerError::Launch)?;
             p.kind = supervisor::Kind::Server {
                 name: server.clone(),
@@ -438,6 +459,7 @@ impl Manager {
             };
             let pid = p.pid();
             self.procs.push(p);
+            self.serving(self.procs.len() - 1, heartbeat);
             for n in &names {
                 let info = outboard_client::BlockClient::status(&sock, n).map_err(|why| {
                     ManagerError::NotServed {
@@ -1556,6 +1578,8 @@ impl Manager {
             p.stop(Duration::from_secs(5));
         }
         self.created.retain(|f| !crash_logs.contains(f));
+        // Their listening sockets, which the manager bound, go with them.
+        self.procs.clear();
         self.conns.clear();
         self.listener = None;
         for f in self.created.drain(..) {

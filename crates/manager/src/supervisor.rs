@@ -28,9 +28,13 @@ pub struct Process {
     pub events: Option<OwnedFd>,
     /// How it was started, to start it again the same way.
     args: Vec<String>,
-    /// A descriptor it finds as fd [`EVENT_FD`] instead of an event channel (a model's
-    /// backing memory, which outlives each incarnation).
-    pass: Option<std::sync::Arc<OwnedFd>>,
+    /// Descriptors each incarnation gets, after its event channel (if any): its listening
+    /// sockets, a model's backing memory. They outlive each incarnation.
+    keep: Vec<std::sync::Arc<OwnedFd>>,
+    /// vfio-user sockets connected afresh for each incarnation, passed after `keep`.
+    connect: Vec<PathBuf>,
+    /// The socket files of `keep`'s listeners: removed when the process is dropped.
+    _paths: std::sync::Arc<Vec<outboard_sys::SocketPath>>,
     /// It reports events (a driver server or an export): each incarnation gets a channel.
     wants_events: bool,
     /// What it is.
@@ -191,6 +195,42 @@ impl Heartbeat {
 /// The fd number a child finds its event channel on.
 pub const EVENT_FD: i32 = 3;
 
+/// Where a child started by [`Process::spawn_passing`] finds what it was given: the numbers
+/// of its `keep` descriptors, then of its device connections.
+pub fn fd_layout(events: bool, keep: usize, connect: usize) -> (Vec<i32>, Vec<i32>) {
+    let first = EVENT_FD + i32::from(events);
+    let keep_fds = (0..keep as i32).map(|i| first + i).collect();
+    let conn_fds = (0..connect as i32)
+        .map(|i| first + keep as i32 + i)
+        .collect();
+    (keep_fds, conn_fds)
+}
+
+/// An incarnation's own descriptors: the manager's and the child's end of a new event
+/// channel (if `events`), and a new connection to each vfio-user socket in `connect`.
+#[allow(clippy::type_complexity)]
+fn descriptors(
+    role: &str,
+    events: bool,
+    connect: &[PathBuf],
+) -> Result<(Option<OwnedFd>, Option<OwnedFd>, Vec<OwnedFd>), String> {
+    let (ours, theirs) = if events {
+        let (o, t) = outboard_session::control::pair().map_err(|e| format!("{role}: {e}"))?;
+        (Some(o), Some(t))
+    } else {
+        (None, None)
+    };
+    let conns = connect
+        .iter()
+        .map(|p| {
+            std::os::unix::net::UnixStream::connect(p)
+                .map(OwnedFd::from)
+                .map_err(|e| format!("{role}: connecting to {}: {e}", p.display()))
+        })
+        .collect::<Result<_, _>>()?;
+    Ok((ours, theirs, conns))
+}
+
 /// Takes ownership of the event channel inherited as fd `n` (see [`EVENT_FD`]).
 pub fn inherited_fd(n: i32) -> Result<OwnedFd, String> {
     outboard_sys::process::inherited_socket(n).map_err(|e| format!("--notify-fd: {e}"))
@@ -205,20 +245,34 @@ impl Process {
         log: PathBuf,
         verbose: u8,
     ) -> Result<Self, String> {
-        Self::spawn_with(exe, role, args, log, verbose, None, false)
+        Self::spawn_with(exe, role, args, log, verbose, &[], false)
     }
 
-    /// Starts `exe args…` with `pass` as its fd [`EVENT_FD`] (a model's backing memory).
+    /// Starts `exe args…` with everything it needs passed as descriptors, from fd 3 on: an
+    /// event channel if `events`, then `keep` (the same every incarnation), then a fresh
+    /// connection to each vfio-user socket in `connect`. See [`fd_layout`] for the numbers.
+    #[allow(clippy::too_many_arguments)]
     pub fn spawn_passing(
         exe: &Path,
         role: &str,
         args: &[String],
         log: PathBuf,
         verbose: u8,
-        pass: std::sync::Arc<OwnedFd>,
+        events: bool,
+        keep: Vec<std::sync::Arc<OwnedFd>>,
+        connect: Vec<PathBuf>,
+        paths: Vec<outboard_sys::SocketPath>,
     ) -> Result<Self, String> {
-        let mut p = Self::spawn_with(exe, role, args, log, verbose, Some(pass.as_fd()), false)?;
-        p.pass = Some(pass);
+        let (ours, theirs, conns) = descriptors(role, events, &connect)?;
+        let mut pass: Vec<std::os::fd::BorrowedFd<'_>> = theirs.iter().map(|f| f.as_fd()).collect();
+        pass.extend(keep.iter().map(|f| f.as_fd()));
+        pass.extend(conns.iter().map(|f| f.as_fd()));
+        let mut p = Self::spawn_with(exe, role, args, log, verbose, &pass, false)?;
+        p.events = ours;
+        p.wants_events = events;
+        p.keep = keep;
+        p.connect = connect;
+        p._paths = std::sync::Arc::new(paths);
         Ok(p)
     }
 
@@ -240,31 +294,24 @@ impl Process {
     /// Starts the process again as it was started (its log goes on, after the last
     /// incarnation's): a new pid, pidfd and event channel.
     pub fn respawn(&mut self, exe: &Path, verbose: u8) -> Result<(), String> {
-        // A driver server or an export gets a fresh event channel as fd 3; a model gets its
-        // disk's memory there again.
-        let (events, theirs) = if self.wants_events {
-            let (ours, theirs) =
-                outboard_session::control::pair().map_err(|e| format!("{}: {e}", self.role))?;
-            (Some(ours), Some(theirs))
-        } else {
-            (None, None)
-        };
-        let pass = self.pass.clone();
-        let fd = theirs
-            .as_ref()
-            .map(|t| t.as_fd())
-            .or(pass.as_ref().map(|f| f.as_fd()));
+        // A fresh event channel and fresh device connections; the same listeners and disk.
+        let (ours, theirs, conns) = descriptors(&self.role, self.wants_events, &self.connect)?;
+        let mut pass: Vec<std::os::fd::BorrowedFd<'_>> = theirs.iter().map(|f| f.as_fd()).collect();
+        pass.extend(self.keep.iter().map(|f| f.as_fd()));
+        pass.extend(conns.iter().map(|f| f.as_fd()));
         let mut next = Self::spawn_with(
             exe,
             &self.role,
             &self.args,
             self.log.clone(),
             verbose,
-            fd,
+            &pass,
             true,
         )?;
-        next.events = events;
-        next.pass = pass;
+        next.events = ours;
+        next.keep = std::mem::take(&mut self.keep);
+        next.connect = std::mem::take(&mut self.connect);
+        next._paths = self._paths.clone();
         *self = Self {
             wants_events: self.wants_events,
             kind: self.kind.clone(),
@@ -284,12 +331,17 @@ impl Process {
         log: PathBuf,
         verbose: u8,
     ) -> Result<Self, String> {
-        let (ours, theirs) =
-            outboard_session::control::pair().map_err(|e| format!("{role}: {e}"))?;
-        let mut p = Self::spawn_with(exe, role, args, log, verbose, Some(theirs.as_fd()), false)?;
-        p.events = Some(ours);
-        p.wants_events = true;
-        Ok(p)
+        Self::spawn_passing(
+            exe,
+            role,
+            args,
+            log,
+            verbose,
+            true,
+            Vec::new(),
+            Vec::new(),
+            Vec::new(),
+        )
     }
 
     fn spawn_with(
@@ -298,7 +350,7 @@ impl Process {
         args: &[String],
         log: PathBuf,
         verbose: u8,
-        pass: Option<std::os::fd::BorrowedFd<'_>>,
+        pass: &[std::os::fd::BorrowedFd<'_>],
         append: bool,
     ) -> Result<Self, String> {
         let out = std::fs::OpenOptions::new()
@@ -319,7 +371,7 @@ impl Process {
         // A manager that dies, even by SIGKILL, takes its children with it: an orphaned device
         // model or driver server would hold its disk and sockets beside the next manager's
         // fresh copies.
-        outboard_sys::process::die_with_parent(&mut cmd, pass.map(|fd| (fd, EVENT_FD)));
+        outboard_sys::process::die_with_parent(&mut cmd, pass)?;
         let child = cmd
             .args(args)
             .stdin(Stdio::null())
@@ -338,7 +390,9 @@ impl Process {
             exited: None,
             events: None,
             args: args.to_vec(),
-            pass: None,
+            keep: Vec::new(),
+            connect: Vec::new(),
+            _paths: std::sync::Arc::default(),
             wants_events: false,
             kind: Kind::Export,
             restarts: Restarts::default(),
@@ -396,6 +450,41 @@ impl Process {
                 ));
             }
             std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+
+    /// Waits for a driver server's `Serving` event (start-up is over); returns the
+    /// descriptors it came with (its heartbeat page). A server that exits first is reported
+    /// with its log.
+    pub fn wait_serving(&mut self, timeout: Duration) -> Result<Vec<OwnedFd>, String> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            let Some(ev) = self.events.as_ref() else {
+                return Err(format!("{} has no event channel", self.role));
+            };
+            match outboard_session::control::recv::<outboard_session::control::Event>(
+                ev.as_fd(),
+                Some(Duration::from_millis(10)),
+            ) {
+                Ok((outboard_session::control::Event::Serving, fds)) => return Ok(fds),
+                Ok(_) | Err(outboard_session::SessionError::Timeout) => {}
+                Err(_) => {
+                    // The channel closed: it is exiting.
+                    let _ = self.child.wait().map(|s| self.exited = Some(s));
+                }
+            }
+            if self.reap() || self.exited.is_some() {
+                let log = std::fs::read_to_string(&self.log).unwrap_or_default();
+                return Err(format!(
+                    "{} exited ({}) before it was ready:\n{}",
+                    self.role,
+                    self.exited.expect("reaped"),
+                    log.trim()
+                ));
+            }
+            if Instant::now() > deadline {
+                return Err(format!("{} did not serve within {timeout:?}", self.role));
+            }
         }
     }
 

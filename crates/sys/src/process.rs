@@ -6,20 +6,33 @@ use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
 use std::os::unix::process::CommandExt;
 use std::process::Command;
 
-use rustix::io::{Errno, FdFlags};
+use rustix::io::Errno;
 use rustix::process::Signal;
 
-/// Makes the child of `cmd` die (SIGKILL) when this process dies, even by SIGKILL, and, if
-/// `pass` is given, find that descriptor as fd `at` (without close-on-exec). No other
-/// descriptor of this process reaches the child beyond its standard three. The caller keeps
-/// `pass` open until the child is spawned.
-pub fn die_with_parent(cmd: &mut Command, pass: Option<(BorrowedFd<'_>, i32)>) {
+/// Most descriptors [`die_with_parent`] passes.
+pub const MAX_PASSED: usize = 8;
+
+/// Makes the child of `cmd` die (SIGKILL) when this process dies, even by SIGKILL, and find
+/// `pass[i]` as fd `3 + i` (without close-on-exec). No other descriptor of this process
+/// reaches the child beyond its standard three. The caller keeps `pass` open until the child
+/// is spawned. At most [`MAX_PASSED`] descriptors.
+pub fn die_with_parent(cmd: &mut Command, pass: &[BorrowedFd<'_>]) -> Result<(), String> {
+    if pass.len() > MAX_PASSED {
+        return Err(format!(
+            "{} descriptors to pass; at most {MAX_PASSED}",
+            pass.len()
+        ));
+    }
     let parent = rustix::process::getpid();
-    let pass = pass.map(|(fd, at)| (fd.as_raw_fd(), at));
+    let mut raw = [-1i32; MAX_PASSED];
+    for (r, fd) in raw.iter_mut().zip(pass) {
+        *r = fd.as_raw_fd();
+    }
+    let n = pass.len();
     // SAFETY: the closure runs in the child between fork and exec, where only async-signal-
-    // safe calls are allowed; it makes raw system calls only (prctl, getppid, dup2 or fcntl on
-    // a descriptor the caller keeps open until after the spawn, close_range) and allocates
-    // nothing.
+    // safe calls are allowed; it makes raw system calls only (prctl, getppid, fcntl, dup2 and
+    // close_range on descriptors the caller keeps open until after the spawn) and allocates
+    // nothing: `raw` is a fixed array copied into the closure.
     unsafe {
         cmd.pre_exec(move || {
             rustix::process::set_parent_process_death_signal(Some(Signal::KILL))?;
@@ -27,25 +40,26 @@ pub fn die_with_parent(cmd: &mut Command, pass: Option<(BorrowedFd<'_>, i32)>) {
             if rustix::process::getppid() != Some(parent) {
                 return Err(Errno::SRCH.into());
             }
-            if let Some((raw, at)) = pass {
-                let fd = BorrowedFd::borrow_raw(raw);
-                if raw == at {
-                    // Already there: only close-on-exec must go.
-                    rustix::io::fcntl_setfd(fd, FdFlags::empty())?;
-                } else {
-                    // A duplicate made by dup2 does not inherit close-on-exec.
-                    if libc::dup2(raw, at) < 0 {
-                        return Err(std::io::Error::last_os_error());
-                    }
+            // Out of the way first: a source may sit where another one goes.
+            let mut staged = [-1i32; MAX_PASSED];
+            for i in 0..n {
+                staged[i] = libc::fcntl(raw[i], libc::F_DUPFD_CLOEXEC, 3 + MAX_PASSED as i32);
+                if staged[i] < 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+            }
+            for (i, &fd) in staged.iter().enumerate().take(n) {
+                // A duplicate made by dup2 does not inherit close-on-exec.
+                if libc::dup2(fd, 3 + i as i32) < 0 {
+                    return Err(std::io::Error::last_os_error());
                 }
             }
             // Everything else this process holds stays here: descriptors inherited from
-            // whoever started the manager, other children's channels, disks. Marked
-            // close-on-exec rather than closed, so the exec-error pipe still works.
-            let first = pass.map_or(3, |(_, at)| at + 1) as libc::c_uint;
+            // whoever started the manager, other children's channels, disks, the staged
+            // copies. Marked close-on-exec rather than closed, so the exec-error pipe works.
             if libc::syscall(
                 libc::SYS_close_range,
-                first,
+                (3 + n) as libc::c_uint,
                 libc::c_uint::MAX,
                 libc::CLOSE_RANGE_CLOEXEC,
             ) < 0
@@ -55,7 +69,11 @@ pub fn die_with_parent(cmd: &mut Command, pass: Option<(BorrowedFd<'_>, i32)>) {
             Ok(())
         });
     }
+    Ok(())
 }
+
+/// Descriptors taken over with [`inherited_socket`] or [`inherited_file`]: each is owned once.
+static TAKEN: std::sync::Mutex<Vec<i32>> = std::sync::Mutex::new(Vec::new());
 
 /// Takes ownership of fd `n` inherited from the parent, after checking that it is an open
 /// socket (what a parent passes for a channel).
@@ -73,6 +91,11 @@ fn inherited(n: i32, kind: rustix::fs::FileType, what: &str) -> Result<OwnedFd, 
     if n <= 2 {
         return Err(format!("fd {n}: not a descriptor a parent passes"));
     }
+    // Held across the checks and the take: two threads cannot both take `n`.
+    let mut taken = TAKEN.lock().unwrap_or_else(|p| p.into_inner());
+    if taken.contains(&n) {
+        return Err(format!("fd {n}: taken over already"));
+    }
     // SAFETY: only borrowed for the checks below; nothing is closed through it.
     let borrowed = unsafe { BorrowedFd::borrow_raw(n) };
     rustix::io::fcntl_getfd(borrowed).map_err(|e| format!("fd {n}: {e}"))?;
@@ -80,8 +103,9 @@ fn inherited(n: i32, kind: rustix::fs::FileType, what: &str) -> Result<OwnedFd, 
     if rustix::fs::FileType::from_raw_mode(st.st_mode) != kind {
         return Err(format!("fd {n}: not {what}"));
     }
+    taken.push(n);
     // SAFETY: the fd is open (checked above) and was inherited across exec to be owned here:
-    // no other owner exists in this process; callers take it once, at start-up.
+    // no other owner exists in this process, since `TAKEN` lets each number be taken once.
     let fd = unsafe { OwnedFd::from_raw_fd(n) };
     // Not handed on to anything this process starts.
     rustix::io::fcntl_setfd(&fd, rustix::io::FdFlags::CLOEXEC)

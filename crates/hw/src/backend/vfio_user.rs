@@ -60,6 +60,15 @@ impl VfioUserBackend {
                 },
                 _ => err(e),
             })?;
+        Self::with_client(client)
+    }
+
+    /// Uses a socket already connected to the device model.
+    pub fn from_fd(fd: std::os::fd::OwnedFd) -> Result<Self> {
+        Self::with_client(Client::from_fd(fd, ClientOptions::default()).map_err(err)?)
+    }
+
+    fn with_client(client: Client) -> Result<Self> {
         let watch = client
             .socket()
             .try_clone_to_owned()

@@ -177,11 +177,11 @@ impl Up {
 
     pub fn interrupt(&mut self) -> Output {
         let child = self.child.take().unwrap();
-        rustix::process::kill_process(
+        // It may have exited (and been reaped by a `try_wait`) already.
+        let _ = rustix::process::kill_process(
             rustix::process::Pid::from_child(&child),
             rustix::process::Signal::INT,
-        )
-        .unwrap();
+        );
         child.wait_with_output().unwrap()
     }
 }

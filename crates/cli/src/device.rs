@@ -3,7 +3,6 @@
 //! Follows the vfio-user backend program conventions: `--socket-path` or `--fd`, no
 //! daemonizing, SIGTERM honoured.
 
-use std::os::fd::{FromRawFd, OwnedFd};
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::atomic::AtomicBool;
@@ -77,6 +76,9 @@ pub struct Listen {
     /// An already listening socket inherited as this fd (instead of --socket).
     #[arg(long, value_name = "FD", conflicts_with = "socket")]
     fd: Option<i32>,
+    /// An inherited SEQPACKET socket to tell the manager on that the model is ready.
+    #[arg(long, value_name = "FD")]
+    notify_fd: Option<i32>,
 }
 
 #[derive(Args)]
@@ -109,6 +111,9 @@ pub struct FaultArgs {
     /// Also accept faults at run time on this SEQPACKET socket (what `outboard fault` uses).
     #[arg(long, value_name = "PATH")]
     faults_socket: Option<PathBuf>,
+    /// The same, on a listening socket inherited as this descriptor (what the manager passes).
+    #[arg(long, value_name = "FD", conflicts_with = "faults_socket")]
+    faults_fd: Option<i32>,
 }
 
 fn parse_fault(s: &str) -> Result<Fault, String> {
@@ -121,9 +126,15 @@ impl FaultArgs {
         for f in self.faults {
             lock(&handle).arm(f);
         }
-        self.faults_socket
-            .map(|p| outboard_devices::faults::socket::serve(&p, handle))
-            .transpose()
+        match (self.faults_socket, self.faults_fd) {
+            (Some(p), _) => outboard_devices::faults::socket::serve(&p, handle).map(Some),
+            (None, Some(fd)) => {
+                let listener = outboard_sys::process::inherited_socket(fd)
+                    .map_err(|e| format!("--faults-fd: {e}"))?;
+                outboard_devices::faults::socket::serve_listener(listener, handle).map(Some)
+            }
+            (None, None) => Ok(None),
+        }
     }
 }
 
@@ -198,9 +209,8 @@ pub fn serve<B: DeviceBackend>(
     let mut server = match (&listen.socket, listen.fd) {
         (Some(path), _) => Server::bind(path, model, opts).map_err(|e| e.to_string())?,
         (None, Some(fd)) => {
-            // SAFETY: the caller passed this fd number on the command line for us to own
-            // (vfio-user backend convention `--fd`); nothing else in this process uses it.
-            let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+            let fd =
+                outboard_sys::process::inherited_socket(fd).map_err(|e| format!("--fd: {e}"))?;
             Server::from_listener(fd, model, opts)
         }
         (None, None) => return Err("give --socket or --fd".into()),
@@ -213,6 +223,22 @@ pub fn serve<B: DeviceBackend>(
     if let Some(code) = confine.apply()? {
         return Ok(code);
     }
+    // Ready: the manager waits for this, not for a socket (it bound the sockets itself).
+    // The channel stays open while the model runs.
+    let _notify = listen
+        .notify_fd
+        .map(|fd| {
+            let notify = outboard_sys::process::inherited_socket(fd)?;
+            outboard_session::control::send(
+                std::os::fd::AsFd::as_fd(&notify),
+                &outboard_session::control::Event::Serving,
+                &[],
+            )
+            .map_err(|e| e.to_string())?;
+            Ok::<_, String>(notify)
+        })
+        .transpose()
+        .map_err(|e| format!("--notify-fd: {e}"))?;
     server.run(&stop).map_err(|e| e.to_string())?;
     eprintln!("outboard: stopped");
     Ok(ExitCode::SUCCESS)

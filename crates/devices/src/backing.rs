@@ -79,11 +79,12 @@ impl Backing {
             let len = rustix::fs::fstat(&fd)
                 .map_err(|e| bad(&e.to_string()))?
                 .st_size as u64;
-            Self {
-                fd,
-                len,
-                kind: Kind::Memory,
-            }
+            // A memfd takes seals; a file on a file system does not, and needs its flushes.
+            let kind = match rustix::fs::fcntl_get_seals(&fd) {
+                Ok(_) => Kind::Memory,
+                Err(_) => Kind::File(PathBuf::from(spec)),
+            };
+            Self { fd, len, kind }
         } else if let Some(size) = spec.strip_prefix("mem:") {
             let len = parse_size(size)
                 .ok_or_else(|| bad("size must be a number with an optional K/M/G/T suffix"))?;
@@ -133,6 +134,11 @@ impl Backing {
             )));
         }
         Ok(b)
+    }
+
+    /// The descriptor, to pass to a model that opens nothing itself (`fd:N`).
+    pub fn into_fd(self) -> OwnedFd {
+        self.fd
     }
 
     /// The fd to read and write.

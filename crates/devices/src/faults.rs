@@ -289,7 +289,7 @@ pub mod socket {
     /// The serving thread and the socket path it owns.
     #[derive(Debug)]
     pub struct FaultSocket {
-        _path: outboard_sys::SocketPath,
+        _path: Option<outboard_sys::SocketPath>,
         _thread: JoinHandle<()>,
     }
 
@@ -297,6 +297,13 @@ pub mod socket {
     pub fn serve(path: &Path, faults: FaultHandle) -> Result<FaultSocket, String> {
         let (listener, guard) = outboard_sys::bind_listener(path, SocketType::SEQPACKET, 8)
             .map_err(|e| e.to_string())?;
+        let mut s = serve_listener(listener, faults)?;
+        s._path = Some(guard);
+        Ok(s)
+    }
+
+    /// Serves a SEQPACKET socket already listening (one the supervisor bound and passed).
+    pub fn serve_listener(listener: OwnedFd, faults: FaultHandle) -> Result<FaultSocket, String> {
         let thread = std::thread::Builder::new()
             .name("fault-socket".into())
             .spawn(move || loop {
@@ -307,7 +314,7 @@ pub mod socket {
             })
             .map_err(|e| e.to_string())?;
         Ok(FaultSocket {
-            _path: guard,
+            _path: None,
             _thread: thread,
         })
     }

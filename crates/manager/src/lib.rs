@@ -251,66 +251,71 @@ impl Manager {
             );
         }
         for d in devices.iter().filter(|d| d.model != "null-blk") {
-            let sock = self.created(self.rt().device_socket(&d.name));
+            let sock = self.rt().device_socket(&d.name);
+            let faults_socket = self.rt().faults_socket(&d.name);
+            // The manager opens the disk and binds the model's sockets, and passes them: the
+            // model opens no path. They outlive each incarnation: a restarted model finds what
+            // its predecessor acknowledged, at the same sockets.
+            let launch = |e: String| ManagerError::Launch(format!("{}: {e}", d.name));
+            let backing = match d.backing.strip_prefix("mem:") {
+                Some(size) => disk_memory(&d.name, size).map_err(ManagerError::Launch)?,
+                None => outboard_devices::backing::Backing::open(&d.backing, d.create)
+                    .map_err(|e| launch(e.to_string()))?
+                    .into_fd(),
+            };
+            let (listener, sock_path) =
+                outboard_sys::bind_listener(&sock, rustix::net::SocketType::STREAM, 8)
+                    .map_err(|e| launch(e.to_string()))?;
+            let (faults, faults_path) =
+                outboard_sys::bind_listener(&faults_socket, rustix::net::SocketType::SEQPACKET, 8)
+                    .map_err(|e| launch(e.to_string()))?;
+            let (fds, _) = supervisor::fd_layout(true, 3, 0);
             let mut args = vec![
                 "device".to_string(),
                 d.model.clone(),
-                "--socket".into(),
-                sock.display().to_string(),
                 "--backing".into(),
-                d.backing.clone(),
+                format!("fd:{}", fds[0]),
+                "--fd".into(),
+                fds[1].to_string(),
+                "--faults-fd".into(),
+                fds[2].to_string(),
+                "--notify-fd".into(),
+                supervisor::EVENT_FD.to_string(),
                 "--queues".into(),
                 d.queues.to_string(),
                 // Once it listens, it opens nothing: no filesystem, no network, no processes.
                 "--confine".into(),
             ];
-            if let Some(c) = d.create {
-                args.extend(["--create".into(), c.to_string()]);
-            }
             if d.read_only {
                 args.push("--read-only".into());
             }
-            let faults_socket = self.created(self.rt().faults_socket(&d.name));
-            args.extend([
-                "--faults-socket".into(),
-                faults_socket.display().to_string(),
-            ]);
             for f in &d.faults {
                 args.extend(["--fault".into(), f.clone()]);
             }
             let log = self.created(self.rt().device_log(&d.name));
             let role = format!("device model for {}", d.name);
-            let mut p = match d.backing.strip_prefix("mem:") {
-                // The manager holds a memory disk, so a restarted model finds what its
-                // predecessor acknowledged: each incarnation gets it as fd 3.
-                Some(size) => {
-                    let memory = disk_memory(&d.name, size).map_err(ManagerError::Launch)?;
-                    let at = args
-                        .iter()
-                        .position(|a| a == "--backing")
-                        .expect("set above");
-                    args[at + 1] = format!("fd:{}", supervisor::EVENT_FD);
-                    Process::spawn_passing(
-                        &self.opts.exe,
-                        &role,
-                        &args,
-                        log,
-                        self.opts.verbose,
-                        false,
-                        vec![std::sync::Arc::new(memory)],
-                        Vec::new(),
-                        Vec::new(),
-                    )
-                }
-                None => Process::spawn(&self.opts.exe, &role, &args, log, self.opts.verbose),
-            }
+            let mut p = Process::spawn_passing(
+                &self.opts.exe,
+                &role,
+                &args,
+                log,
+                self.opts.verbose,
+                true,
+                vec![
+                    std::sync::Arc::new(backing),
+                    std::sync::Arc::new(listener),
+                    std::sync::Arc::new(faults),
+                ],
+                Vec::new(),
+                vec![sock_path, faults_path],
+            )
             .map_err(ManagerError::Launch)?;
+            p.wait_serving(Duration::from_secs(10))
+                .map_err(ManagerError::Launch)?;
             p.kind = supervisor::Kind::Model {
                 device: d.name.clone(),
             };
-            p.wait_for_socket(&sock, Duration::from_secs(10))
-                .map_err(ManagerError::Launch)?;
-            // A model serves once it listens.
+            // A model serves once it said so.
             p.served = true;
             let mut node = Node::new("pci-function", &format!("{}@vfio-user", d.name))
                 .with("model", d.model.as_str())
@@ -632,7 +637,13 @@ impl Manager {
                     drv.set("state", state);
                 }
             }
-            Ok((control::Event::Serving, fds)) => self.serving(i, fds),
+            // A model's readiness is waited for where it is started.
+            Ok((control::Event::Serving, fds))
+                if matches!(self.procs[i].kind, supervisor::Kind::Server { .. }) =>
+            {
+                self.serving(i, fds)
+            }
+            Ok((control::Event::Serving, _)) => {}
             Ok((control::Event::ExportClients { export, clients }, _)) => {
                 if let Some(n) = self.registry.find_mut("export", &format!("nbd:{export}")) {
                     n.set("state", "running");
@@ -923,9 +934,8 @@ impl Manager {
         let total = p.restarts.total;
         if let supervisor::Kind::Model { device } = &kind {
             // The model is quick to start; its server waits for it.
-            let sock = self.rt().device_socket(device);
             let p = &mut self.procs[i];
-            if let Err(e) = p.wait_for_socket(&sock, Duration::from_secs(10)) {
+            if let Err(e) = p.wait_serving(Duration::from_secs(10)) {
                 tracing::error!("{e}");
                 return;
             }

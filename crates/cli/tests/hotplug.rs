@@ -188,11 +188,14 @@ fn attach_then_detach_under_load_fails_only_new_requests_and_leaks_nothing() {
             "process {pid} of the detached device still exists"
         );
     }
-    assert_eq!(
-        manager_resources(&up),
-        before,
-        "(fds, memfd mappings) of the manager"
-    );
+    // (A control connection of an `ls` that just ended may not be closed yet: a leak stays.)
+    let deadline = Instant::now() + Duration::from_secs(3);
+    let mut now = manager_resources(&up);
+    while now != before && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(50));
+        now = manager_resources(&up);
+    }
+    assert_eq!(now, before, "(fds, memfd mappings) of the manager");
     assert_eq!(
         node_state(&up, "pci-function", "disk1@vfio-user").as_deref(),
         Some("detached")
@@ -248,4 +251,74 @@ fn new_devices_are_attached_from_a_description_and_bad_ones_refused() {
         node_state(&up, "block-device", "disk0").as_deref(),
         Some("serving")
     );
+}
+
+const SHARED: &str = r#"
+name = "shared"
+[[device]]
+name = "disk0"
+model = "virtio-blk"
+backing = "mem:4M"
+server = "both"
+[[device]]
+name = "disk1"
+model = "virtio-blk"
+backing = "mem:4M"
+server = "both"
+"#;
+
+/// A device whose driver server also serves another one: detaching it restarts the server
+/// without it, and the other device's clients see only a delay (they resume and replay).
+#[test]
+fn detaching_one_device_of_a_shared_server_leaves_the_other_serving_without_an_error() {
+    let dir = tempfile::tempdir().unwrap();
+    let up = Up::start(dir.path(), Some(SHARED));
+    let stop = Arc::new(AtomicBool::new(false));
+    let spawn = |name: &'static str, id: u64| {
+        let (c, s) = (up.control.clone(), stop.clone());
+        std::thread::spawn(move || client(c, name, id, s))
+    };
+    let stays = spawn("disk0", 1);
+    let goes = spawn("disk1", 2);
+    std::thread::sleep(Duration::from_millis(300));
+    let d = up.run_within(&["detach", "disk1"], Duration::from_secs(20));
+    assert!(d.status.success(), "{}", String::from_utf8_lossy(&d.stderr));
+    // The other device is served again by the restarted server.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while node_state(&up, "block-device", "disk0").as_deref() != Some("serving") {
+        assert!(Instant::now() < deadline, "disk0 is not served again");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    std::thread::sleep(Duration::from_millis(300));
+    stop.store(true, Ordering::Relaxed);
+    let (done, wrong) = stays.join().unwrap();
+    assert_eq!(wrong, 0);
+    let failed: Vec<_> = done.iter().filter(|d| d.result.is_err()).collect();
+    assert!(
+        failed.is_empty(),
+        "disk0's client saw {} errors, e.g. {:?}",
+        failed.len(),
+        failed[0].result
+    );
+    let (done, wrong) = goes.join().unwrap();
+    assert_eq!(wrong, 0);
+    let first_gone = done.iter().position(|d| d.result.is_err()).unwrap();
+    assert!(first_gone > 0);
+    for d in &done[first_gone..] {
+        assert!(
+            matches!(d.result, Err(BlockError::DeviceGone)),
+            "after the detach: {:?}",
+            d.result
+        );
+    }
+    assert_eq!(
+        node_state(&up, "pci-function", "disk1@vfio-user").as_deref(),
+        Some("detached")
+    );
+    // The restarted server serves disk0 alone; disk1 cannot go back into it while it runs.
+    let r = up.run(&["blk", "info", "disk0"]);
+    assert!(r.status.success());
+    let a = up.run(&["attach", "disk1"]);
+    assert!(!a.status.success());
+    assert!(String::from_utf8_lossy(&a.stderr).contains("runs for other devices"));
 }

@@ -253,7 +253,13 @@ impl BlockClient {
                 Ok(opened) => break opened,
                 Err(ChannelError::Connect(_) | ChannelError::Gone | ChannelError::Timeout) => {}
                 Err(ChannelError::Refused { code, .. }) if code == "restarting" => {}
-                Err(e) => return self.end(channel_err(e)).map(|_| Resumed::Yes),
+                Err(e) => {
+                    // Refused by the new server: the manager may know why (the device was
+                    // detached, or given up), which says more than the server can.
+                    let e = supervisor_verdict(&sup.control, &self.device)
+                        .unwrap_or_else(|| channel_err(e));
+                    return self.end(e).map(|_| Resumed::Yes);
+                }
             }
             let now = Instant::now();
             if now >= give_up {

@@ -192,6 +192,54 @@ impl Manager {
         self.start_exports()
     }
 
+    /// How driver server for `names` is started: its arguments, and the models it is
+    /// connected to (see [`supervisor::fd_layout`]).
+    fn server_launch(
+        &mut self,
+        names: &[String],
+        devices: &[DeviceConfig],
+    ) -> (Vec<String>, Vec<PathBuf>) {
+        let served: Vec<&DeviceConfig> = names
+            .iter()
+            .filter_map(|n| devices.iter().find(|d| &d.name == n))
+            .collect();
+        let connect: Vec<PathBuf> = served
+            .iter()
+            .filter(|d| d.model != "null-blk")
+            .map(|d| self.rt().device_socket(&d.name))
+            .collect();
+        let (keep_fds, conn_fds) = supervisor::fd_layout(true, 1, connect.len());
+        let mut args = vec![
+            "driver-host".to_string(),
+            "--listen-fd".into(),
+            keep_fds[0].to_string(),
+            "--notify-fd".into(),
+            supervisor::EVENT_FD.to_string(),
+            "--restartable".into(),
+            "--confine".into(),
+        ];
+        let mut conn_fds = conn_fds.into_iter();
+        let deadline = served
+            .iter()
+            .map(|d| d.request_deadline)
+            .min()
+            .unwrap_or(Duration::from_secs(30));
+        args.extend(["--deadline-ms".into(), deadline.as_millis().to_string()]);
+        for d in &served {
+            let spec = if d.model == "null-blk" {
+                d.backing.clone()
+            } else {
+                format!("vfio-user-fd:{}", conn_fds.next().expect("one per model"))
+            };
+            args.extend(["--device".into(), format!("{}={spec}", d.name)]);
+            // The catalog's choice, as the registry records it: the server starts exactly it.
+            if let Some(driver) = self.driver_of_mut(&d.name).map(|drv| drv.name.clone()) {
+                args.extend(["--driver".into(), format!("{}={driver}", d.name)]);
+            }
+        }
+        (args, connect)
+    }
+
     /// Adds `bus` to the registry, or its children to the bus already there.
     fn merge_bus(&mut self, bus: Node) {
         if bus.children.is_empty() {
@@ -405,43 +453,7 @@ impl Manager {
             // connect during a restart wait in its backlog instead of being refused).
             let (listener, path) =
                 control::listen(&sock).map_err(|e| ManagerError::Launch(e.to_string()))?;
-            let connect: Vec<PathBuf> = names
-                .iter()
-                .filter_map(|n| devices.iter().find(|d| &d.name == n))
-                .filter(|d| d.model != "null-blk")
-                .map(|d| self.rt().device_socket(&d.name))
-                .collect();
-            let (keep_fds, conn_fds) = supervisor::fd_layout(true, 1, connect.len());
-            let mut args = vec![
-                "driver-host".to_string(),
-                "--listen-fd".into(),
-                keep_fds[0].to_string(),
-                "--notify-fd".into(),
-                supervisor::EVENT_FD.to_string(),
-                "--restartable".into(),
-                "--confine".into(),
-            ];
-            let mut conn_fds = conn_fds.into_iter();
-            let deadline = names
-                .iter()
-                .filter_map(|n| devices.iter().find(|d| &d.name == n))
-                .map(|d| d.request_deadline)
-                .min()
-                .unwrap_or(Duration::from_secs(30));
-            args.extend(["--deadline-ms".into(), deadline.as_millis().to_string()]);
-            for n in &names {
-                let d = devices.iter().find(|d| &d.name == n).expect("named above");
-                let spec = if d.model == "null-blk" {
-                    d.backing.clone()
-                } else {
-                    format!("vfio-user-fd:{}", conn_fds.next().expect("one per model"))
-                };
-                args.extend(["--device".into(), format!("{n}={spec}")]);
-                // The catalog's choice, as the registry records it: the server starts exactly it.
-                if let Some(driver) = self.driver_of_mut(n).map(|drv| drv.name.clone()) {
-                    args.extend(["--driver".into(), format!("{n}={driver}")]);
-                }
-            }
+            let (args, connect) = self.server_launch(&names, devices);
             let log = self.created(self.rt().server_log(&server));
             let mut p = Process::spawn_passing(
                 &self.opts.exe,
@@ -1047,6 +1059,20 @@ impl Manager {
                     }
                 }
                 Some(d) if d.attached => return invalid(format!("{name} is attached already")),
+                Some(d)
+                    if d.placement == Placement::Separate
+                        && self
+                            .machine
+                            .devices
+                            .iter()
+                            .any(|o| o.attached && o.server == d.server) =>
+                {
+                    return invalid(format!(
+                        "{name}: its driver server {:?} runs for other devices; attaching a \
+                         device back into a running shared server is not supported yet",
+                        d.server
+                    ))
+                }
                 Some(d) => vec![d.clone()],
             },
             (None, Some(text)) => {
@@ -1207,21 +1233,6 @@ impl Manager {
                  server's devices can be detached"
             ));
         }
-        let server = d.server.clone();
-        let sharing: Vec<&str> = self
-            .machine
-            .devices
-            .iter()
-            .filter(|o| o.attached && o.server == server && o.name != name)
-            .map(|o| o.name.as_str())
-            .collect();
-        if !sharing.is_empty() {
-            return invalid(format!(
-                "{name} shares driver server {server:?} with {}; detaching one device of a \
-                 shared server is not supported",
-                sharing.join(", ")
-            ));
-        }
         if self.detaching.insert(name.to_string()) {
             tracing::info!("{name}: detaching");
             for p in &mut self.procs {
@@ -1260,6 +1271,13 @@ impl Manager {
     /// model stop (their sessions hang up; clients see `device gone`), their sockets go, and
     /// the registry shows the device detached.
     fn finish_detach(&mut self, name: &str, work: &mut WorkLoop<Source>) {
+        let shared_server = self.procs.iter().position(|p| {
+            matches!(&p.kind, supervisor::Kind::Server { devices, .. }
+                if devices.len() > 1 && devices.iter().any(|d| d == name))
+        });
+        if let Some(s) = shared_server {
+            self.shed_device(s, name, work);
+        }
         let procs: Vec<usize> = (0..self.procs.len())
             .filter(|&i| match &self.procs[i].kind {
                 supervisor::Kind::Server { devices, .. } => devices.iter().any(|d| d == name),
@@ -1275,11 +1293,19 @@ impl Manager {
             .map(|d| d.server.clone())
             .unwrap_or_default();
         self.retire(&procs, work);
-        for sock in [
-            self.rt().device_socket(name),
-            self.rt().faults_socket(name),
-            self.rt().server_socket(&server),
-        ] {
+        // A shared server's socket stays: it serves the other devices.
+        let mut sockets = vec![self.rt().device_socket(name), self.rt().faults_socket(name)];
+        if shared_server.is_none() {
+            sockets.push(self.rt().server_socket(&server));
+        }
+        if let Some(s) = shared_server.and_then(|_| {
+            self.procs.iter().position(
+                |p| matches!(&p.kind, supervisor::Kind::Server { name: n, .. } if *n == server),
+            )
+        }) {
+            self.start_again(s, work);
+        }
+        for sock in sockets {
             // Confined children cannot remove their own sockets.
             let _ = std::fs::remove_file(&sock);
             self.created.retain(|f| f != &sock);
@@ -1300,6 +1326,57 @@ impl Manager {
             self.detached_node(&d, None);
         }
         tracing::warn!("{name}: detached (its driver server and model stopped)");
+    }
+
+    /// Stops driver server `s`, which serves `name` and other devices, and sets it up to
+    /// start without `name`; [`Manager::start_again`] starts it once `name`'s model is gone.
+    /// Its other devices' clients see their server go and come back: they resume and replay,
+    /// as after a crash.
+    fn shed_device(&mut self, s: usize, name: &str, work: &mut WorkLoop<Source>) {
+        let supervisor::Kind::Server {
+            name: server,
+            devices,
+        } = self.procs[s].kind.clone()
+        else {
+            return;
+        };
+        let rest: Vec<String> = devices.into_iter().filter(|d| d != name).collect();
+        let machine = self.machine.devices.clone();
+        let (args, connect) = self.server_launch(&rest, &machine);
+        let p = &mut self.procs[s];
+        let _ = work.remove(p.fd());
+        if let Some(ev) = p.events.take() {
+            let _ = work.remove(ev.as_fd());
+        }
+        p.heartbeat = None;
+        p.stop(Duration::from_secs(5));
+        p.set_launch(args, connect);
+        for n in &rest {
+            if self.suspended.contains(n) || self.detaching.contains(n) {
+                self.procs[s].set_arg("--quiesce", n, true);
+            }
+        }
+        self.procs[s].kind = supervisor::Kind::Server {
+            name: server,
+            devices: rest.clone(),
+        };
+        self.procs[s].down_since = Some(std::time::Instant::now());
+        self.set_state(&rest, "restarting (a device was detached)", "restarting");
+    }
+
+    /// Starts stopped driver server `s` again (its `Serving` event completes the restart).
+    fn start_again(&mut self, s: usize, work: &mut WorkLoop<Source>) {
+        let p = &mut self.procs[s];
+        if let Err(e) = p.respawn(&self.opts.exe, self.opts.verbose) {
+            tracing::error!("{e}");
+            p.exited = None;
+            p.restart_at = Some(std::time::Instant::now());
+            return;
+        }
+        let _ = work.add(p.fd(), Source::Child(s));
+        if let Some(ev) = &p.events {
+            let _ = work.add(ev.as_fd(), Source::Events(s));
+        }
     }
 
     /// `outboard power NAME suspend|resume`.

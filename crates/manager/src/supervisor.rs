@@ -276,6 +276,13 @@ impl Process {
         Ok(p)
     }
 
+    /// How the next incarnation starts: new arguments and device connections (a driver
+    /// server that lost a device).
+    pub fn set_launch(&mut self, args: Vec<String>, connect: Vec<PathBuf>) {
+        self.args = args;
+        self.connect = connect;
+    }
+
     /// Adds `flag value` to the arguments the next incarnation starts with, or removes it.
     pub fn set_arg(&mut self, flag: &str, value: &str, on: bool) {
         let at = self

@@ -432,37 +432,9 @@ impl Process {
         }
     }
 
-    /// Waits until a server is bound at `path` (a stale socket left there does not count) while
-    /// the process is still running, up to `timeout`.
-    pub fn wait_for_socket(&mut self, path: &Path, timeout: Duration) -> Result<(), String> {
-        let deadline = Instant::now() + timeout;
-        loop {
-            if outboard_sys::is_live(path) {
-                return Ok(());
-            }
-            if self.reap() {
-                let log = std::fs::read_to_string(&self.log).unwrap_or_default();
-                return Err(format!(
-                    "{} exited ({}) before it was ready:\n{}",
-                    self.role,
-                    self.exited.expect("reaped"),
-                    log.trim()
-                ));
-            }
-            if Instant::now() > deadline {
-                return Err(format!(
-                    "{} did not create {} within {timeout:?}",
-                    self.role,
-                    path.display()
-                ));
-            }
-            std::thread::sleep(Duration::from_millis(10));
-        }
-    }
-
-    /// Waits for a driver server's `Serving` event (start-up is over); returns the
-    /// descriptors it came with (its heartbeat page). A server that exits first is reported
-    /// with its log.
+    /// Waits for a child's `Serving` event (start-up is over); returns the descriptors it
+    /// came with (a driver server's heartbeat page). One that exits first is reported with its
+    /// log.
     pub fn wait_serving(&mut self, timeout: Duration) -> Result<Vec<OwnedFd>, String> {
         let deadline = Instant::now() + timeout;
         loop {

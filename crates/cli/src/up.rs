@@ -213,56 +213,56 @@ pub fn attach(a: AttachArgs, control: PathBuf) -> Result<ExitCode, String> {
 }
 
 pub fn detach(a: DetachArgs, control: PathBuf) -> Result<ExitCode, String> {
-    let gone = |r: Result<_, outboard_class::BlockError>| match r {
-        Err(outboard_class::BlockError::DeviceGone) => Ok(true),
-        Err(e) => Err(format!("{}: {e}", a.device)),
-        Ok(_) => Ok(false),
-    };
-    let deadline = std::time::Instant::now() + a.timeout;
-    let mut done = gone(outboard_client::manager::detach(&control, &a.device))?;
-    while !done {
-        if std::time::Instant::now() > deadline {
-            return Err(format!(
-                "{}: still detaching after {:?} (requests in flight have not finished)",
-                a.device, a.timeout
-            ));
-        }
-        std::thread::sleep(std::time::Duration::from_millis(10));
-        done = gone(outboard_client::manager::status(&control, &a.device))?;
-    }
-    println!("{}: detached", a.device);
-    Ok(ExitCode::SUCCESS)
+    let first = outboard_client::manager::detach(&control, &a.device);
+    settle(&control, &a.device, a.timeout, first, |r| match r {
+        Err(outboard_class::BlockError::DeviceGone) => Ok(Some("detached".into())),
+        Err(e) => Err(e.to_string()),
+        Ok(_) => Ok(None),
+    })
 }
 
 pub fn power(a: PowerArgs, control: PathBuf) -> Result<ExitCode, String> {
     let suspend = matches!(a.state, PowerState::Suspend);
-    let node = outboard_client::manager::power(&control, &a.device, suspend)
-        .map_err(|e| format!("{}: {e}", a.device))?;
-    let state = |n: &outboard_manager::registry::Node| {
-        n.props
-            .get("state")
-            .and_then(|s| s.as_str())
-            .unwrap_or("")
-            .to_string()
-    };
     let want = if suspend { "suspended" } else { "serving" };
-    let deadline = std::time::Instant::now() + a.timeout;
-    let mut now = state(&node);
-    while now != want {
+    let first = outboard_client::manager::power(&control, &a.device, suspend);
+    settle(&control, &a.device, a.timeout, first, |r| match r {
+        Ok(n) if state_of(n) == want => Ok(Some(want.into())),
+        Ok(_) => Ok(None),
+        Err(e) => Err(e.to_string()),
+    })
+}
+
+fn state_of(n: &outboard_manager::registry::Node) -> &str {
+    n.props.get("state").and_then(|s| s.as_str()).unwrap_or("")
+}
+
+/// After a command that changes a device's state: polls its status, from the command's own
+/// answer on, until `settled` says it got there (and what to print), or `timeout` passes.
+fn settle(
+    control: &std::path::Path,
+    device: &str,
+    timeout: std::time::Duration,
+    first: Result<outboard_manager::registry::Node, outboard_class::BlockError>,
+    settled: impl Fn(
+        &Result<outboard_manager::registry::Node, outboard_class::BlockError>,
+    ) -> Result<Option<String>, String>,
+) -> Result<ExitCode, String> {
+    let deadline = std::time::Instant::now() + timeout;
+    let mut now = first;
+    loop {
+        if let Some(done) = settled(&now).map_err(|e| format!("{device}: {e}"))? {
+            println!("{device}: {done}");
+            return Ok(ExitCode::SUCCESS);
+        }
         if std::time::Instant::now() > deadline {
+            let state = now.as_ref().map(state_of).unwrap_or_default();
             return Err(format!(
-                "{}: still {now:?} after {:?} (requests in flight have not finished)",
-                a.device, a.timeout
+                "{device}: still {state:?} after {timeout:?} (requests in flight have not finished)"
             ));
         }
         std::thread::sleep(std::time::Duration::from_millis(10));
-        now = state(
-            &outboard_client::manager::status(&control, &a.device)
-                .map_err(|e| format!("{}: {e}", a.device))?,
-        );
+        now = outboard_client::manager::status(control, device);
     }
-    println!("{}: {now}", a.device);
-    Ok(ExitCode::SUCCESS)
 }
 
 pub fn driver_host(a: DriverHostArgs) -> Result<ExitCode, String> {
@@ -315,7 +315,7 @@ pub fn driver_host(a: DriverHostArgs) -> Result<ExitCode, String> {
         (None, None) => return Err("give --listen or --listen-fd".into()),
     };
     for n in &a.quiesce {
-        if !server.quiesce(n) {
+        if !server.quiesce(n, true) {
             return Err(format!("--quiesce {n:?}: no --device named so"));
         }
     }

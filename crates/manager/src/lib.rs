@@ -348,14 +348,12 @@ impl Manager {
                 &args,
                 log,
                 self.opts.verbose,
-                true,
-                vec![
-                    std::sync::Arc::new(backing),
-                    std::sync::Arc::new(listener),
-                    std::sync::Arc::new(faults),
-                ],
-                Vec::new(),
-                vec![sock_path, faults_path],
+                supervisor::Passing {
+                    events: true,
+                    keep: vec![backing, listener, faults],
+                    connect: Vec::new(),
+                    paths: vec![sock_path, faults_path],
+                },
             )
             .map_err(ManagerError::Launch)?;
             p.wait_serving(Duration::from_secs(10))
@@ -461,10 +459,12 @@ impl Manager {
                 &args,
                 log,
                 self.opts.verbose,
-                true,
-                vec![std::sync::Arc::new(listener)],
-                connect,
-                vec![path],
+                supervisor::Passing {
+                    events: true,
+                    keep: vec![listener],
+                    connect,
+                    paths: vec![path],
+                },
             )
             .map_err(ManagerError::Launch)?;
             let heartbeat = p
@@ -851,9 +851,7 @@ impl Manager {
             // Its driver cannot serve without it: end the server now (it would notice at its
             // next request), so it starts again on the new model and its clients replay.
             for p in &mut self.procs {
-                if matches!(&p.kind, supervisor::Kind::Server { devices, .. } if devices.contains(device))
-                    && p.exited.is_none()
-                {
+                if p.kind.serves(device) && p.exited.is_none() {
                     let _ = rustix::process::kill_process(
                         rustix::process::Pid::from_child(&p.child),
                         rustix::process::Signal::KILL,
@@ -1016,10 +1014,10 @@ impl Manager {
     /// Sends `cmd` to the driver server serving class device `name`, and records the state
     /// it leads to; false if no server of this machine serves it now.
     fn command(&mut self, name: &str, cmd: control::Command) -> bool {
-        let server = self.procs.iter().find(|p| {
-            p.exited.is_none()
-                && matches!(&p.kind, supervisor::Kind::Server { devices, .. } if devices.iter().any(|d| d == name))
-        });
+        let server = self
+            .procs
+            .iter()
+            .find(|p| p.exited.is_none() && p.kind.serves(name));
         let Some(ev) = server.and_then(|p| p.events.as_ref()) else {
             return false;
         };
@@ -1037,6 +1035,25 @@ impl Manager {
         true
     }
 
+    /// Quiesces class device `name` (or puts it back in service): its driver server is told
+    /// now, and an incarnation started later (a restart) starts with it quiesced, so it cannot
+    /// take a request its clients replay before the command reaches it. The one path suspend
+    /// and detach share. False if no server runs now (the restart will apply it).
+    fn quiesce(&mut self, name: &str, on: bool) -> bool {
+        for p in self.procs.iter_mut().filter(|p| p.kind.serves(name)) {
+            p.set_arg("--quiesce", name, on);
+        }
+        let device = name.to_string();
+        self.command(
+            name,
+            if on {
+                control::Command::Quiesce { device }
+            } else {
+                control::Command::Resume { device }
+            },
+        )
+    }
+
     /// `outboard attach`: declared devices by name, or new ones from a description.
     fn attach(
         &mut self,
@@ -1044,19 +1061,14 @@ impl Manager {
         description: Option<String>,
         work: &mut WorkLoop<Source>,
     ) -> Reply {
-        let invalid = |message: String| Reply::Error {
-            code: "invalid".into(),
-            message,
-        };
+        let invalid = |message: String| refuse("invalid", message);
         let devices: Vec<DeviceConfig> = match (name, description) {
             (Some(name), None) => match self.machine.devices.iter().find(|d| d.name == name) {
                 None => {
-                    return Reply::Error {
-                        code: "no-such-device".into(),
-                        message: format!(
-                            "no device named {name:?}; describe a new one with --file"
-                        ),
-                    }
+                    return refuse(
+                        "no-such-device",
+                        format!("no device named {name:?}; describe a new one with --file"),
+                    )
                 }
                 Some(d) if d.attached => return invalid(format!("{name} is attached already")),
                 Some(d)
@@ -1140,10 +1152,10 @@ impl Manager {
                 tracing::warn!("{}: attached", d.name);
                 match self.registry.find("block-device", &d.name) {
                     Some(node) => Reply::Status { node: node.clone() },
-                    None => Reply::Error {
-                        code: "invalid".into(),
-                        message: format!("{}: attached, but no class device appeared", d.name),
-                    },
+                    None => refuse(
+                        "invalid",
+                        format!("{}: attached, but no class device appeared", d.name),
+                    ),
                 }
             }
             Err(e) => {
@@ -1153,10 +1165,7 @@ impl Manager {
                 self.retire(&started, work);
                 self.remove_function_node(&d.name);
                 self.detached_node(d, Some(&why));
-                Reply::Error {
-                    code: "attach-failed".into(),
-                    message: format!("{}: {why}", d.name),
-                }
+                refuse("attach-failed", format!("{}: {why}", d.name))
             }
         }
     }
@@ -1211,21 +1220,12 @@ impl Manager {
     /// `outboard detach NAME`: phase one (stop taking new requests) and two (drain) run in
     /// its driver server; [`Manager::finish_detach`] is phase three.
     fn detach(&mut self, name: &str, work: &mut WorkLoop<Source>) -> Reply {
-        let invalid = |message: String| Reply::Error {
-            code: "invalid".into(),
-            message,
-        };
+        let invalid = |message: String| refuse("invalid", message);
         let Some(d) = self.machine.devices.iter().find(|d| d.name == name) else {
-            return Reply::Error {
-                code: "no-such-device".into(),
-                message: format!("no device named {name:?}"),
-            };
+            return refuse("no-such-device", format!("no device named {name:?}"));
         };
         if !d.attached {
-            return Reply::Error {
-                code: "device-gone".into(),
-                message: format!("{name} is detached already"),
-            };
+            return refuse("device-gone", format!("{name} is detached already"));
         }
         if d.placement != Placement::Separate {
             return invalid(format!(
@@ -1235,24 +1235,10 @@ impl Manager {
         }
         if self.detaching.insert(name.to_string()) {
             tracing::info!("{name}: detaching");
-            for p in &mut self.procs {
-                if matches!(&p.kind, supervisor::Kind::Server { devices, .. } if devices.iter().any(|d| d == name))
-                {
-                    p.set_arg("--quiesce", name, true);
-                }
-            }
-            if !self.command(
-                name,
-                control::Command::Quiesce {
-                    device: name.into(),
-                },
-            ) {
+            if !self.quiesce(name, true) {
                 // No server runs (it is restarting): nothing is in flight anywhere.
                 self.finish_detach(name, work);
-                return Reply::Error {
-                    code: "device-gone".into(),
-                    message: format!("{name} is detached"),
-                };
+                return refuse("device-gone", format!("{name} is detached"));
             }
         }
         match self.registry.find_mut("block-device", name) {
@@ -1260,10 +1246,7 @@ impl Manager {
                 node.set("state", "detaching");
                 Reply::Status { node: node.clone() }
             }
-            None => Reply::Error {
-                code: "device-gone".into(),
-                message: format!("{name} is detached"),
-            },
+            None => refuse("device-gone", format!("{name} is detached")),
         }
     }
 
@@ -1271,58 +1254,37 @@ impl Manager {
     /// model stop (their sessions hang up; clients see `device gone`), their sockets go, and
     /// the registry shows the device detached.
     fn finish_detach(&mut self, name: &str, work: &mut WorkLoop<Source>) {
-        let shared_server = self.procs.iter().position(|p| {
-            matches!(&p.kind, supervisor::Kind::Server { devices, .. }
-                if devices.len() > 1 && devices.iter().any(|d| d == name))
-        });
-        if let Some(s) = shared_server {
+        // A shared server goes on without the device; it keeps its place (and socket).
+        let shared = self
+            .procs
+            .iter()
+            .position(|p| p.kind.serves(name) && Self::devices_of(&p.kind).len() > 1);
+        if let Some(s) = shared {
             self.shed_device(s, name, work);
         }
         let procs: Vec<usize> = (0..self.procs.len())
-            .filter(|&i| match &self.procs[i].kind {
-                supervisor::Kind::Server { devices, .. } => devices.iter().any(|d| d == name),
-                supervisor::Kind::Model { device } => device == name,
-                supervisor::Kind::Export => false,
+            .filter(|&i| {
+                let kind = &self.procs[i].kind;
+                kind.serves(name)
+                    || *kind
+                        == (supervisor::Kind::Model {
+                            device: name.into(),
+                        })
             })
             .collect();
-        let server = self
-            .machine
-            .devices
-            .iter()
-            .find(|d| d.name == name)
-            .map(|d| d.server.clone())
-            .unwrap_or_default();
+        // Dropping them closes the sockets the manager bound for them and removes their files.
         self.retire(&procs, work);
-        // A shared server's socket stays: it serves the other devices.
-        let mut sockets = vec![self.rt().device_socket(name), self.rt().faults_socket(name)];
-        if shared_server.is_none() {
-            sockets.push(self.rt().server_socket(&server));
-        }
-        if let Some(s) = shared_server.and_then(|_| {
-            self.procs.iter().position(
-                |p| matches!(&p.kind, supervisor::Kind::Server { name: n, .. } if *n == server),
-            )
-        }) {
+        if let Some(s) = shared {
+            // `retire` renumbered the children: only those after the server moved.
+            let s = s - procs.iter().filter(|&&i| i < s).count();
             self.start_again(s, work);
-        }
-        for sock in sockets {
-            // Confined children cannot remove their own sockets.
-            let _ = std::fs::remove_file(&sock);
-            self.created.retain(|f| f != &sock);
         }
         self.remove_function_node(name);
         self.detaching.remove(name);
         self.suspended.remove(name);
         if let Some(d) = self.machine.devices.iter_mut().find(|d| d.name == name) {
             d.attached = false;
-        }
-        if let Some(d) = self
-            .machine
-            .devices
-            .iter()
-            .find(|d| d.name == name)
-            .cloned()
-        {
+            let d = d.clone();
             self.detached_node(&d, None);
         }
         tracing::warn!("{name}: detached (its driver server and model stopped)");
@@ -1381,18 +1343,14 @@ impl Manager {
 
     /// `outboard power NAME suspend|resume`.
     fn power(&mut self, name: &str, suspend: bool) -> Reply {
-        let err = |code: &str, message: String| Reply::Error {
-            code: code.into(),
-            message,
-        };
         let Some(d) = self.machine.devices.iter().find(|d| d.name == name) else {
-            return err("no-such-device", format!("no device named {name:?}"));
+            return refuse("no-such-device", format!("no device named {name:?}"));
         };
         if !d.attached {
-            return err("device-gone", format!("{name} is detached"));
+            return refuse("device-gone", format!("{name} is detached"));
         }
         if d.placement != Placement::Separate {
-            return err(
+            return refuse(
                 "invalid",
                 format!(
                     "{name}: its driver is linked into each client (colocated); only a driver \
@@ -1406,34 +1364,17 @@ impl Manager {
         } else {
             self.suspended.remove(name);
         }
-        let cmd = if suspend {
-            control::Command::Quiesce {
-                device: name.into(),
-            }
-        } else {
-            control::Command::Resume {
-                device: name.into(),
-            }
-        };
         tracing::info!(
             "{name}: {}",
             if suspend { "suspending" } else { "resuming" }
         );
-        // A server restarted meanwhile starts with the device quiesced: it must not take a
-        // request its clients replay before the command reaches it.
-        for p in &mut self.procs {
-            if matches!(&p.kind, supervisor::Kind::Server { devices, .. } if devices.iter().any(|d| d == name))
-            {
-                p.set_arg("--quiesce", name, suspend);
-            }
-        }
         // A server that is restarting gets the command when it serves again.
-        if !self.command(name, cmd) && was != suspend {
+        if !self.quiesce(name, suspend) && was != suspend {
             tracing::info!("{name}: its driver server is not running; applied when it serves");
         }
         match self.registry.find("block-device", name) {
             Some(node) => Reply::Status { node: node.clone() },
-            None => err("no-such-device", format!("no device named {name:?}")),
+            None => refuse("no-such-device", format!("no device named {name:?}")),
         }
     }
 
@@ -1526,10 +1467,7 @@ impl Manager {
         let reply = match control::recv::<Request>(conn.as_fd(), Some(Duration::ZERO)) {
             Ok((req, _)) => self.answer(req, work),
             Err(outboard_session::SessionError::Timeout) => return,
-            Err(outboard_session::SessionError::Invalid(m)) => Reply::Error {
-                code: "invalid".into(),
-                message: m,
-            },
+            Err(outboard_session::SessionError::Invalid(m)) => refuse("invalid", m),
             Err(_) => {
                 self.close_conn(work, i);
                 return;
@@ -1560,14 +1498,10 @@ impl Manager {
             Request::Open { name } => self.open(&name),
             Request::Status { name } => match self.registry.find("block-device", &name) {
                 Some(node) => Reply::Status { node: node.clone() },
-                None if self.machine.devices.iter().any(|d| d.name == name) => Reply::Error {
-                    code: "device-gone".into(),
-                    message: format!("{name} is detached"),
-                },
-                None => Reply::Error {
-                    code: "no-such-device".into(),
-                    message: format!("no device named {name:?}"),
-                },
+                None if self.machine.devices.iter().any(|d| d.name == name) => {
+                    refuse("device-gone", format!("{name} is detached"))
+                }
+                None => refuse("no-such-device", format!("no device named {name:?}")),
             },
         }
     }
@@ -1598,13 +1532,13 @@ impl Manager {
                 .iter()
                 .map(|d| d.name.as_str())
                 .collect();
-            return Reply::Error {
-                code: "no-such-device".into(),
-                message: format!(
+            return refuse(
+                "no-such-device",
+                format!(
                     "no device named {name:?} (this machine has: {})",
                     known.join(", ")
                 ),
-            };
+            );
         };
         if !d.attached || self.detaching.contains(name) {
             let how = if d.attached {
@@ -1612,16 +1546,13 @@ impl Manager {
             } else {
                 "detached"
             };
-            return Reply::Error {
-                code: "device-gone".into(),
-                message: format!("{name} is {how}"),
-            };
+            return refuse("device-gone", format!("{name} is {how}"));
         }
         if let Some(state) = self.failure(name) {
-            return Reply::Error {
-                code: "device-failed".into(),
-                message: format!("{name}: its driver is not serving: {state}"),
-            };
+            return refuse(
+                "device-failed",
+                format!("{name}: its driver is not serving: {state}"),
+            );
         }
         let restarting = self
             .registry
@@ -1630,10 +1561,7 @@ impl Manager {
             .and_then(|s| s.as_str())
             == Some("restarting");
         if restarting {
-            return Reply::Error {
-                code: "restarting".into(),
-                message: format!("{name}: its driver is restarting"),
-            };
+            return refuse("restarting", format!("{name}: its driver is restarting"));
         }
         Reply::Open {
             placement: d.placement,
@@ -1692,6 +1620,14 @@ impl Drop for Manager {
 }
 
 /// Zero-filled memory for a `mem:SIZE` disk, held by the manager across model restarts.
+/// An error reply: a machine-readable `code` and what went wrong.
+fn refuse(code: &str, message: impl Into<String>) -> Reply {
+    Reply::Error {
+        code: code.into(),
+        message: message.into(),
+    }
+}
+
 fn disk_memory(name: &str, size: &str) -> Result<OwnedFd, String> {
     let len = outboard_devices::backing::parse_size(size)
         .ok_or_else(|| format!("{name}: backing mem:{size}: not a size"))?;

@@ -4,7 +4,7 @@
 //! the runtime directory. A child's exit is seen at once through its pidfd (an event source in
 //! the manager's work loop), recorded in the registry, and reported — never waited on blindly.
 
-use std::os::fd::{AsFd, OwnedFd};
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -28,15 +28,8 @@ pub struct Process {
     pub events: Option<OwnedFd>,
     /// How it was started, to start it again the same way.
     args: Vec<String>,
-    /// Descriptors each incarnation gets, after its event channel (if any): its listening
-    /// sockets, a model's backing memory. They outlive each incarnation.
-    keep: Vec<std::sync::Arc<OwnedFd>>,
-    /// vfio-user sockets connected afresh for each incarnation, passed after `keep`.
-    connect: Vec<PathBuf>,
-    /// The socket files of `keep`'s listeners: removed when the process is dropped.
-    _paths: std::sync::Arc<Vec<outboard_sys::SocketPath>>,
-    /// It reports events (a driver server or an export): each incarnation gets a channel.
-    wants_events: bool,
+    /// What each incarnation is given besides its arguments.
+    passing: Passing,
     /// What it is.
     pub kind: Kind,
     /// Its crash history.
@@ -74,6 +67,13 @@ pub enum Kind {
     },
     /// An NBD export (a client of the devices: not restarted).
     Export,
+}
+
+impl Kind {
+    /// Whether this is a driver server serving class device `name`.
+    pub fn serves(&self, name: &str) -> bool {
+        matches!(self, Kind::Server { devices, .. } if devices.iter().any(|d| d == name))
+    }
 }
 
 /// When a crashed process is started again, and when the manager stops trying.
@@ -195,7 +195,64 @@ impl Heartbeat {
 /// The fd number a child finds its event channel on.
 pub const EVENT_FD: i32 = 3;
 
-/// Where a child started by [`Process::spawn_passing`] finds what it was given: the numbers
+/// What a child is given besides its arguments, the same way each incarnation: from fd 3 on,
+/// an event channel (new each time), then `keep`, then a new connection to each socket in
+/// `connect`. [`fd_layout`] gives the numbers.
+#[derive(Default)]
+pub struct Passing {
+    /// It reports events (a driver server, a model, an export).
+    pub events: bool,
+    /// Descriptors that outlive each incarnation: listening sockets, a disk.
+    pub keep: Vec<OwnedFd>,
+    /// vfio-user sockets connected afresh for each incarnation.
+    pub connect: Vec<PathBuf>,
+    /// The socket files of `keep`'s listeners: removed when the process is dropped.
+    pub paths: Vec<outboard_sys::SocketPath>,
+}
+
+impl Passing {
+    /// An event channel only.
+    pub fn events() -> Self {
+        Self {
+            events: true,
+            ..Self::default()
+        }
+    }
+
+    /// This incarnation's descriptors, made and spawned with: the manager's end of the event
+    /// channel (if any), and what the child gets, in order.
+    fn incarnation(&self, role: &str) -> Result<(Option<OwnedFd>, Vec<OwnedFd>), String> {
+        let (ours, theirs) = if self.events {
+            let (o, t) = outboard_session::control::pair().map_err(|e| format!("{role}: {e}"))?;
+            (Some(o), Some(t))
+        } else {
+            (None, None)
+        };
+        let conns = self
+            .connect
+            .iter()
+            .map(|p| {
+                std::os::unix::net::UnixStream::connect(p)
+                    .map(OwnedFd::from)
+                    .map_err(|e| format!("{role}: connecting to {}: {e}", p.display()))
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        Ok((ours, theirs.into_iter().chain(conns).collect()))
+    }
+
+    /// What the child gets, as numbered by [`fd_layout`]: channel, `keep`, connections.
+    fn borrowed<'a>(&'a self, fresh: &'a [OwnedFd]) -> Vec<BorrowedFd<'a>> {
+        let (channel, conns) = fresh.split_at(usize::from(self.events));
+        channel
+            .iter()
+            .chain(&self.keep)
+            .chain(conns)
+            .map(|f| f.as_fd())
+            .collect()
+    }
+}
+
+/// Where a child started with a [`Passing`] finds what it was given: the numbers
 /// of its `keep` descriptors, then of its device connections.
 pub fn fd_layout(events: bool, keep: usize, connect: usize) -> (Vec<i32>, Vec<i32>) {
     let first = EVENT_FD + i32::from(events);
@@ -204,31 +261,6 @@ pub fn fd_layout(events: bool, keep: usize, connect: usize) -> (Vec<i32>, Vec<i3
         .map(|i| first + keep as i32 + i)
         .collect();
     (keep_fds, conn_fds)
-}
-
-/// An incarnation's own descriptors: the manager's and the child's end of a new event
-/// channel (if `events`), and a new connection to each vfio-user socket in `connect`.
-#[allow(clippy::type_complexity)]
-fn descriptors(
-    role: &str,
-    events: bool,
-    connect: &[PathBuf],
-) -> Result<(Option<OwnedFd>, Option<OwnedFd>, Vec<OwnedFd>), String> {
-    let (ours, theirs) = if events {
-        let (o, t) = outboard_session::control::pair().map_err(|e| format!("{role}: {e}"))?;
-        (Some(o), Some(t))
-    } else {
-        (None, None)
-    };
-    let conns = connect
-        .iter()
-        .map(|p| {
-            std::os::unix::net::UnixStream::connect(p)
-                .map(OwnedFd::from)
-                .map_err(|e| format!("{role}: connecting to {}: {e}", p.display()))
-        })
-        .collect::<Result<_, _>>()?;
-    Ok((ours, theirs, conns))
 }
 
 /// Takes ownership of the event channel inherited as fd `n` (see [`EVENT_FD`]).
@@ -245,34 +277,20 @@ impl Process {
         log: PathBuf,
         verbose: u8,
     ) -> Result<Self, String> {
-        Self::spawn_with(exe, role, args, log, verbose, &[], false)
+        Self::spawn_passing(exe, role, args, log, verbose, Passing::default())
     }
 
-    /// Starts `exe args…` with everything it needs passed as descriptors, from fd 3 on: an
-    /// event channel if `events`, then `keep` (the same every incarnation), then a fresh
-    /// connection to each vfio-user socket in `connect`. See [`fd_layout`] for the numbers.
-    #[allow(clippy::too_many_arguments)]
+    /// Starts `exe args…` with what `passing` says passed as descriptors (see [`Passing`]).
     pub fn spawn_passing(
         exe: &Path,
         role: &str,
         args: &[String],
         log: PathBuf,
         verbose: u8,
-        events: bool,
-        keep: Vec<std::sync::Arc<OwnedFd>>,
-        connect: Vec<PathBuf>,
-        paths: Vec<outboard_sys::SocketPath>,
+        passing: Passing,
     ) -> Result<Self, String> {
-        let (ours, theirs, conns) = descriptors(role, events, &connect)?;
-        let mut pass: Vec<std::os::fd::BorrowedFd<'_>> = theirs.iter().map(|f| f.as_fd()).collect();
-        pass.extend(keep.iter().map(|f| f.as_fd()));
-        pass.extend(conns.iter().map(|f| f.as_fd()));
-        let mut p = Self::spawn_with(exe, role, args, log, verbose, &pass, false)?;
-        p.events = ours;
-        p.wants_events = events;
-        p.keep = keep;
-        p.connect = connect;
-        p._paths = std::sync::Arc::new(paths);
+        let mut p = Self::spawn_with(exe, role, args, log, verbose, &passing, false)?;
+        p.passing = passing;
         Ok(p)
     }
 
@@ -280,7 +298,7 @@ impl Process {
     /// server that lost a device).
     pub fn set_launch(&mut self, args: Vec<String>, connect: Vec<PathBuf>) {
         self.args = args;
-        self.connect = connect;
+        self.passing.connect = connect;
     }
 
     /// Adds `flag value` to the arguments the next incarnation starts with, or removes it.
@@ -302,25 +320,17 @@ impl Process {
     /// incarnation's): a new pid, pidfd and event channel.
     pub fn respawn(&mut self, exe: &Path, verbose: u8) -> Result<(), String> {
         // A fresh event channel and fresh device connections; the same listeners and disk.
-        let (ours, theirs, conns) = descriptors(&self.role, self.wants_events, &self.connect)?;
-        let mut pass: Vec<std::os::fd::BorrowedFd<'_>> = theirs.iter().map(|f| f.as_fd()).collect();
-        pass.extend(self.keep.iter().map(|f| f.as_fd()));
-        pass.extend(conns.iter().map(|f| f.as_fd()));
         let mut next = Self::spawn_with(
             exe,
             &self.role,
             &self.args,
             self.log.clone(),
             verbose,
-            &pass,
+            &self.passing,
             true,
         )?;
-        next.events = ours;
-        next.keep = std::mem::take(&mut self.keep);
-        next.connect = std::mem::take(&mut self.connect);
-        next._paths = self._paths.clone();
+        next.passing = std::mem::take(&mut self.passing);
         *self = Self {
-            wants_events: self.wants_events,
             kind: self.kind.clone(),
             restarts: std::mem::take(&mut self.restarts),
             down_since: self.down_since,
@@ -338,17 +348,7 @@ impl Process {
         log: PathBuf,
         verbose: u8,
     ) -> Result<Self, String> {
-        Self::spawn_passing(
-            exe,
-            role,
-            args,
-            log,
-            verbose,
-            true,
-            Vec::new(),
-            Vec::new(),
-            Vec::new(),
-        )
+        Self::spawn_passing(exe, role, args, log, verbose, Passing::events())
     }
 
     fn spawn_with(
@@ -357,9 +357,10 @@ impl Process {
         args: &[String],
         log: PathBuf,
         verbose: u8,
-        pass: &[std::os::fd::BorrowedFd<'_>],
+        passing: &Passing,
         append: bool,
     ) -> Result<Self, String> {
+        let (events, fresh) = passing.incarnation(role)?;
         let out = std::fs::OpenOptions::new()
             .create(true)
             .write(true)
@@ -378,7 +379,7 @@ impl Process {
         // A manager that dies, even by SIGKILL, takes its children with it: an orphaned device
         // model or driver server would hold its disk and sockets beside the next manager's
         // fresh copies.
-        outboard_sys::process::die_with_parent(&mut cmd, pass)?;
+        outboard_sys::process::die_with_parent(&mut cmd, &passing.borrowed(&fresh))?;
         let child = cmd
             .args(args)
             .stdin(Stdio::null())
@@ -395,12 +396,9 @@ impl Process {
             pidfd,
             log,
             exited: None,
-            events: None,
+            events,
             args: args.to_vec(),
-            keep: Vec::new(),
-            connect: Vec::new(),
-            _paths: std::sync::Arc::default(),
-            wants_events: false,
+            passing: Passing::default(),
             kind: Kind::Export,
             restarts: Restarts::default(),
             down_since: None,

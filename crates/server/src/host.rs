@@ -455,16 +455,16 @@ impl DriverHost {
         }
     }
 
-    /// Starts with device `name` quiesced (a server restarted while it was suspended); false
-    /// if this server does not serve it.
-    pub fn quiesce(&mut self, name: &str) -> bool {
-        match self.devices.iter().position(|x| x.name() == name) {
-            Some(d) => {
-                self.quiesce[d] = Some(Quiesce::Draining);
-                true
-            }
-            None => false,
-        }
+    /// Quiesces device `name` (`on`: its sessions' new requests wait in their rings until it
+    /// is put back) or puts it back; at start-up for a server restarted while the device was
+    /// suspended, later on the manager's command. False if this server does not serve it.
+    pub fn quiesce(&mut self, name: &str, on: bool) -> bool {
+        let Some(d) = self.devices.iter().position(|x| x.name() == name) else {
+            return false;
+        };
+        // Asked again while quiet: it reports again once drained.
+        self.quiesce[d] = on.then_some(Quiesce::Draining);
+        true
     }
 
     /// Requests in device `d`, over all its sessions.
@@ -511,16 +511,9 @@ impl DriverHost {
             control::Command::Quiesce { device } => (device, true),
             control::Command::Resume { device } => (device, false),
         };
-        let Some(d) = self.devices.iter().position(|x| x.name() == device) else {
-            tracing::warn!("supervisor asked about {device:?}, which this server does not serve");
-            return;
-        };
         tracing::info!("{cmd:?}");
-        match (quiesce, self.quiesce[d]) {
-            (true, None) => self.quiesce[d] = Some(Quiesce::Draining),
-            // Asked again: report again once drained.
-            (true, Some(_)) => self.quiesce[d] = Some(Quiesce::Draining),
-            (false, _) => self.quiesce[d] = None,
+        if !self.quiesce(device, quiesce) {
+            tracing::warn!("supervisor asked about {device:?}, which this server does not serve");
         }
         self.report_quiesced();
     }

@@ -44,29 +44,30 @@ pub fn registry(control_path: &Path) -> Result<Node, BlockError> {
     }
 }
 
-/// A class device's registry entry.
-pub fn status(control_path: &Path, name: &str) -> Result<Node, BlockError> {
-    match ask(control_path, &Request::Status { name: name.into() })? {
+/// A reply that carries a class device's registry entry, or says why not.
+fn node_reply(reply: Reply) -> Result<Node, BlockError> {
+    match reply {
         Reply::Status { node } => Ok(node),
         Reply::Error { code, message } => Err(reply_error(&code, message)),
         other => Err(BlockError::Protocol(format!("unexpected reply {other:?}"))),
     }
 }
 
+/// A class device's registry entry.
+pub fn status(control_path: &Path, name: &str) -> Result<Node, BlockError> {
+    node_reply(ask(control_path, &Request::Status { name: name.into() })?)
+}
+
 /// Asks for class device `name` to be suspended or resumed; returns its registry entry as
 /// the manager answered (the state reads `suspending` until the device has drained).
 pub fn power(control_path: &Path, name: &str, suspend: bool) -> Result<Node, BlockError> {
-    match ask(
+    node_reply(ask(
         control_path,
         &Request::Power {
             name: name.into(),
             suspend,
         },
-    )? {
-        Reply::Status { node } => Ok(node),
-        Reply::Error { code, message } => Err(reply_error(&code, message)),
-        other => Err(BlockError::Protocol(format!("unexpected reply {other:?}"))),
-    }
+    )?)
 }
 
 /// Attaches a declared device (`name`) or new ones (`description`, `[[device]]` tables);
@@ -80,20 +81,12 @@ pub fn attach(
         name: name.map(Into::into),
         description: description.map(Into::into),
     };
-    match ask(control_path, &req)? {
-        Reply::Status { node } => Ok(node),
-        Reply::Error { code, message } => Err(reply_error(&code, message)),
-        other => Err(BlockError::Protocol(format!("unexpected reply {other:?}"))),
-    }
+    node_reply(ask(control_path, &req)?)
 }
 
 /// Starts detaching class device `name`; returns its registry entry (state `detaching`).
 pub fn detach(control_path: &Path, name: &str) -> Result<Node, BlockError> {
-    match ask(control_path, &Request::Detach { name: name.into() })? {
-        Reply::Status { node } => Ok(node),
-        Reply::Error { code, message } => Err(reply_error(&code, message)),
-        other => Err(BlockError::Protocol(format!("unexpected reply {other:?}"))),
-    }
+    node_reply(ask(control_path, &Request::Detach { name: name.into() })?)
 }
 
 /// The fault socket of class device `name`'s model (it has one when it is emulated).

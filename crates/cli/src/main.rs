@@ -163,9 +163,25 @@ fn init_logging(verbose: u8) {
         .init();
 }
 
+impl Command {
+    /// Commands that serve others for a long time: a peer that hangs up must cost them that
+    /// connection (a write gets `EPIPE`), never the process (SIGPIPE's default action).
+    fn serves_others(&self) -> bool {
+        matches!(
+            self,
+            Command::Up(_) | Command::Export(_) | Command::DriverHost(_) | Command::Device(_)
+        )
+    }
+}
+
 fn main() -> ExitCode {
-    outboard_sys::process::restore_sigpipe();
     let cli = Cli::parse();
+    if cli.command.serves_others() {
+        outboard_sys::process::ignore_sigpipe();
+    } else {
+        // A filter (`outboard blk read … | head -c 10`) ends quietly when its reader goes.
+        outboard_sys::process::restore_sigpipe();
+    }
     init_logging(cli.verbose);
     let control = cli
         .control

@@ -4,12 +4,12 @@
 
 mod common;
 
-use std::io::{Read, Write};
-use std::os::unix::net::UnixStream;
+use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
+use common::nbd::Raw;
 use common::{Up, EXE};
 
 /// A 256 MiB disk in a driver server of its own.
@@ -233,96 +233,6 @@ fn fio_nbd_engine_verified_random_writes_with_several_jobs_and_connections() {
             job["write"]["io_bytes"].as_u64().unwrap() >= 16 << 20,
             "{job}"
         );
-    }
-}
-
-/// A raw NBD client, for saying what real clients would not.
-struct Raw(UnixStream);
-
-impl Raw {
-    fn connect(path: &Path) -> Self {
-        let s = UnixStream::connect(path).unwrap();
-        s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
-        Self(s)
-    }
-
-    /// Reads the greeting and answers it with fixed newstyle, no zeroes.
-    fn hello(&mut self) {
-        let mut g = [0u8; 18];
-        self.0.read_exact(&mut g).unwrap();
-        assert_eq!(&g[..8], b"NBDMAGIC");
-        assert_eq!(&g[8..16], b"IHAVEOPT");
-        self.0.write_all(&3u32.to_be_bytes()).unwrap();
-    }
-
-    fn option(&mut self, option: u32, data: &[u8]) {
-        let mut b = b"IHAVEOPT".to_vec();
-        b.extend_from_slice(&option.to_be_bytes());
-        b.extend_from_slice(&(data.len() as u32).to_be_bytes());
-        b.extend_from_slice(data);
-        self.0.write_all(&b).unwrap();
-    }
-
-    /// One option reply: (type, data).
-    fn option_reply(&mut self) -> (u32, Vec<u8>) {
-        let mut h = [0u8; 20];
-        self.0.read_exact(&mut h).unwrap();
-        assert_eq!(
-            u64::from_be_bytes(h[..8].try_into().unwrap()),
-            0x3e889045565a9
-        );
-        let kind = u32::from_be_bytes(h[12..16].try_into().unwrap());
-        let len = u32::from_be_bytes(h[16..20].try_into().unwrap());
-        let mut d = vec![0u8; len as usize];
-        self.0.read_exact(&mut d).unwrap();
-        (kind, d)
-    }
-
-    /// Negotiates export "disk0" with `NBD_OPT_GO` asking for block sizes; simple replies.
-    fn go(path: &Path) -> Self {
-        let mut r = Self::connect(path);
-        r.hello();
-        let mut d = 5u32.to_be_bytes().to_vec();
-        d.extend_from_slice(b"disk0");
-        d.extend_from_slice(&1u16.to_be_bytes());
-        d.extend_from_slice(&3u16.to_be_bytes());
-        r.option(7, &d);
-        loop {
-            let (kind, _) = r.option_reply();
-            if kind == 1 {
-                return r;
-            }
-            assert_eq!(kind, 3, "an info reply or the ack");
-        }
-    }
-
-    fn request(&mut self, command: u16, cookie: u64, offset: u64, length: u32, payload: &[u8]) {
-        let mut b = 0x25609513u32.to_be_bytes().to_vec();
-        b.extend_from_slice(&0u16.to_be_bytes());
-        b.extend_from_slice(&command.to_be_bytes());
-        b.extend_from_slice(&cookie.to_be_bytes());
-        b.extend_from_slice(&offset.to_be_bytes());
-        b.extend_from_slice(&length.to_be_bytes());
-        b.extend_from_slice(payload);
-        self.0.write_all(&b).unwrap();
-    }
-
-    /// A simple reply: (error, cookie), and `data` bytes after it.
-    fn reply(&mut self, data: usize) -> (u32, u64, Vec<u8>) {
-        let mut h = [0u8; 16];
-        self.0.read_exact(&mut h).unwrap();
-        assert_eq!(u32::from_be_bytes(h[..4].try_into().unwrap()), 0x67446698);
-        let error = u32::from_be_bytes(h[4..8].try_into().unwrap());
-        let cookie = u64::from_be_bytes(h[8..].try_into().unwrap());
-        let mut d = vec![0u8; if error == 0 { data } else { 0 }];
-        self.0.read_exact(&mut d).unwrap();
-        (error, cookie, d)
-    }
-
-    /// Whether the server closed the connection.
-    fn closed(&mut self) -> bool {
-        let mut b = [0u8; 1];
-        matches!(self.0.read(&mut b), Ok(0) | Err(_))
     }
 }
 

@@ -548,7 +548,7 @@ impl Manager {
                 }
             };
             let log = self.created(self.rt().dir().join(format!("export-{i}.log")));
-            let p = Process::spawn_with_events(
+            let mut p = Process::spawn_with_events(
                 &self.opts.exe,
                 &format!("export {}", e.name),
                 &args,
@@ -556,6 +556,9 @@ impl Manager {
                 self.opts.verbose,
             )
             .map_err(ManagerError::Launch)?;
+            p.kind = supervisor::Kind::Export {
+                name: e.name.clone(),
+            };
             // Not waited for here: the export opens its device through this manager, which
             // answers only once it runs. It reports itself ready (its first client report),
             // and a crash before that shows in the registry like any other.
@@ -657,6 +660,7 @@ impl Manager {
             }
             Ok((control::Event::Serving, _)) => {}
             Ok((control::Event::ExportClients { export, clients }, _)) => {
+                self.procs[i].served = true;
                 if let Some(n) = self.registry.find_mut("export", &format!("nbd:{export}")) {
                     n.set("state", "running");
                     n.set("clients", clients.len());
@@ -709,7 +713,7 @@ impl Manager {
         let first = match kind {
             supervisor::Kind::Model { device } => Some(device),
             supervisor::Kind::Server { devices, .. } => devices.first(),
-            supervisor::Kind::Export => None,
+            supervisor::Kind::Export { .. } => None,
         };
         first
             .and_then(|n| self.machine.devices.iter().find(|d| &d.name == n))
@@ -722,7 +726,7 @@ impl Manager {
         match kind {
             supervisor::Kind::Model { device } => vec![device.clone()],
             supervisor::Kind::Server { devices, .. } => devices.clone(),
-            supervisor::Kind::Export => Vec::new(),
+            supervisor::Kind::Export { .. } => Vec::new(),
         }
     }
 
@@ -747,8 +751,8 @@ impl Manager {
         }
         self.procs[i].heartbeat = None;
         let kind = self.procs[i].kind.clone();
-        if kind == supervisor::Kind::Export {
-            self.crashed(i);
+        if let supervisor::Kind::Export { name } = &kind {
+            self.export_exited(i, name);
             return;
         }
         let now = std::time::Instant::now();
@@ -959,6 +963,12 @@ impl Manager {
                 f.set("state", "running");
                 f.set("pid", pid);
                 f.set("restarts", total);
+            }
+        } else if let supervisor::Kind::Export { name } = &kind {
+            self.procs[i].served = false;
+            if let Some(n) = self.registry.find_mut("export", &format!("nbd:{name}")) {
+                n.set("pid", pid);
+                n.set("state", "starting");
             }
         } else {
             let devices = Self::devices_of(&kind);
@@ -1408,54 +1418,48 @@ impl Manager {
         }
     }
 
-    /// Records and reports a child that exited while the machine was running.
-    fn crashed(&mut self, i: usize) {
-        let p = &self.procs[i];
+    /// Export `i` (named `name`) exited while the machine runs: the clients it had are gone
+    /// with it, and it is started again like a driver server (at once if it had served,
+    /// with back-off in a crash loop, given up past its policy's limit).
+    fn export_exited(&mut self, i: usize, name: &str) {
+        let now = std::time::Instant::now();
+        let policy = supervisor::RestartPolicy::default();
+        let p = &mut self.procs[i];
         let status = p.exited.map(|s| s.to_string()).unwrap_or_default();
-        tracing::error!(
-            "{} (pid {}) exited: {status}; log: {}",
-            p.role,
-            p.pid(),
-            p.log.display()
-        );
-        eprintln!(
-            "outboard: {} (pid {}) exited: {status}; see {}",
-            p.role,
-            p.pid(),
-            p.log.display()
-        );
+        let (role, pid, log) = (p.role.clone(), p.pid(), p.log.clone());
+        let delay = p.restarts.crashed(now, &policy, p.served);
+        let total = p.restarts.total;
         // The log explains the crash: it outlives the machine.
-        let log = p.log.clone();
         self.created.retain(|f| f != &log);
-        let pid = serde_json::Value::from(p.pid());
-        let why = format!("crashed ({status}); log {}", log.display());
-        // A dead device model takes its driver down with it: nothing it serves can work.
-        let model_of = self
-            .registry
-            .children
-            .iter()
-            .flat_map(|bus| &bus.children)
-            .find(|f| f.kind == "pci-function" && f.props.get("pid") == Some(&pid));
-        let orphaned: Vec<String> = model_of
-            .map(|f| {
-                f.children
-                    .iter()
-                    .flat_map(|d| &d.children)
-                    .map(|c| c.name.clone())
-                    .collect()
-            })
-            .unwrap_or_default();
-        fn mark(n: &mut Node, pid: &serde_json::Value, orphaned: &[String], why: &str) {
-            if n.props.get("pid") == Some(pid) {
-                n.set("state", why);
-            } else if n.kind == "driver" && n.children.iter().any(|c| orphaned.contains(&c.name)) {
-                n.set("state", format!("failed: its device model {why}"));
+        let state = match delay {
+            Some(d) => {
+                tracing::warn!(
+                    "{role} (pid {pid}) exited ({status}); restart {total} in {d:?}; log {}",
+                    log.display()
+                );
+                self.procs[i].restart_at = Some(now + d);
+                format!("restarting ({status})")
             }
-            n.children
-                .iter_mut()
-                .for_each(|c| mark(c, pid, orphaned, why));
+            None => {
+                let why = format!(
+                    "gave up: {role} exited ({status}) more than {} times in {:?}; log {}",
+                    policy.limit,
+                    policy.window,
+                    log.display()
+                );
+                tracing::error!("{why}");
+                eprintln!("outboard: {why}");
+                self.procs[i].gave_up = Some(why.clone());
+                why
+            }
+        };
+        if let Some(n) = self.registry.find_mut("export", &format!("nbd:{name}")) {
+            n.set("state", state);
+            n.set("clients", 0);
+            n.set("peers", "");
+            n.set("restarts", total);
+            n.props.remove("pid");
         }
-        mark(&mut self.registry, &pid, &orphaned, &why);
     }
 
     /// Answers one request on control connection `i` without blocking; a connection that

@@ -65,8 +65,12 @@ pub enum Kind {
         /// The class devices it serves.
         devices: Vec<String>,
     },
-    /// An NBD export (a client of the devices: not restarted).
-    Export,
+    /// NBD export `name` (a client of the devices; restarted like the others, so one bad
+    /// client that kills it does not end the export for everyone).
+    Export {
+        /// Export name (its registry node is `nbd:NAME`).
+        name: String,
+    },
 }
 
 impl Kind {
@@ -399,7 +403,10 @@ impl Process {
             events,
             args: args.to_vec(),
             passing: Passing::default(),
-            kind: Kind::Export,
+            // The caller says what it is.
+            kind: Kind::Export {
+                name: String::new(),
+            },
             restarts: Restarts::default(),
             down_since: None,
             restart_at: None,

@@ -123,3 +123,14 @@ pub fn restore_sigpipe() {
         libc::signal(libc::SIGPIPE, libc::SIG_DFL);
     }
 }
+
+/// Ignores SIGPIPE, so that a write to a socket or pipe whose peer went returns `EPIPE` to the
+/// code that can end just that connection. For processes that serve many peers; children
+/// they start decide for themselves (each `outboard` role calls this or [`restore_sigpipe`]).
+/// Call it first thing in `main`, before any thread exists.
+pub fn ignore_sigpipe() {
+    // SAFETY: SIG_IGN installs no handler code; done before other threads exist.
+    unsafe {
+        libc::signal(libc::SIGPIPE, libc::SIG_IGN);
+    }
+}

@@ -7,6 +7,8 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
+pub mod nbd;
+
 /// A device model process, killed on drop.
 pub struct DeviceProcess {
     pub child: Child,
@@ -292,3 +294,33 @@ pub fn run_bounded(cmd: &mut Command, limit: Duration) -> Output {
 /// Not every test binary that includes this module waits for a state.
 #[allow(unused_imports)]
 pub use outboard_sys::wait::eventually;
+
+/// Sends `sig` to `pid` only while it is a child of `parent` (a process the test started and
+/// holds): checked through a pidfd, which keeps naming that process even if the pid is
+/// recycled, so nothing else is ever signalled. False if it is not (or no longer) such a child.
+pub fn signal_child_of(parent: u32, pid: u32, sig: rustix::process::Signal) -> bool {
+    let Some(p) = rustix::process::Pid::from_raw(pid as i32) else {
+        return false;
+    };
+    let Ok(fd) = rustix::process::pidfd_open(p, rustix::process::PidfdFlags::empty()) else {
+        return false;
+    };
+    // Read after the pidfd pins the process: if the pid was recycled before the open, the
+    // new process's parent is not `parent`.
+    if !children_of(parent).contains(&pid) {
+        return false;
+    }
+    rustix::process::pidfd_send_signal(&fd, sig).is_ok()
+}
+
+/// The children of `parent` whose command line contains `word` (e.g. `export`).
+pub fn children_running(parent: u32, word: &str) -> Vec<u32> {
+    children_of(parent)
+        .into_iter()
+        .filter(|p| {
+            std::fs::read(format!("/proc/{p}/cmdline"))
+                .map(|c| String::from_utf8_lossy(&c).split('\0').any(|a| a == word))
+                .unwrap_or(false)
+        })
+        .collect()
+}

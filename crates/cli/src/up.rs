@@ -23,6 +23,28 @@ pub struct UpArgs {
     /// Print the built-in default machine description and exit.
     #[arg(long)]
     print_default: bool,
+    /// Let members of this group (a name or a number) use the control socket too. Without
+    /// it, only the user running `outboard up` and root are answered (the manager checks each
+    /// client's credentials); the socket is 0600 and the runtime directory 0700.
+    #[arg(long, value_name = "GROUP", value_parser = parse_group)]
+    control_group: Option<u32>,
+}
+
+/// A group by number, or by name from /etc/group.
+fn parse_group(s: &str) -> Result<u32, String> {
+    if let Ok(gid) = s.parse() {
+        return Ok(gid);
+    }
+    let groups = std::fs::read_to_string("/etc/group").map_err(|e| format!("/etc/group: {e}"))?;
+    groups
+        .lines()
+        .filter_map(|l| {
+            let mut f = l.split(':');
+            Some((f.next()?, f.nth(1)?))
+        })
+        .find(|(name, _)| *name == s)
+        .and_then(|(_, gid)| gid.parse().ok())
+        .ok_or_else(|| format!("no group named {s:?} in /etc/group"))
 }
 
 #[derive(Args)]
@@ -154,6 +176,7 @@ pub fn up(a: UpArgs, control: PathBuf, verbose: u8) -> Result<ExitCode, String> 
         control: control.clone(),
         exe: std::env::current_exe().map_err(|e| e.to_string())?,
         verbose,
+        control_group: a.control_group,
     };
     let mut m = Manager::start(machine, opts).map_err(|e| e.to_string())?;
     let first = m

@@ -25,14 +25,32 @@ pub fn ask(control_path: &Path, req: &Request) -> Result<Reply, BlockError> {
              socket)"
         ))
     })?;
-    control::send(std::os::fd::AsFd::as_fd(&sock), req, &[])
+    let fd = std::os::fd::AsFd::as_fd(&sock);
+    manager_is_trusted(fd, control_path)?;
+    control::send(fd, req, &[]).map_err(|e| BlockError::Protocol(e.to_string()))?;
+    let (reply, _) = control::recv(fd, Some(Duration::from_secs(10)))
         .map_err(|e| BlockError::Protocol(e.to_string()))?;
-    let (reply, _) = control::recv(
-        std::os::fd::AsFd::as_fd(&sock),
-        Some(Duration::from_secs(10)),
-    )
-    .map_err(|e| BlockError::Protocol(e.to_string()))?;
     Ok(reply)
+}
+
+/// Whether the process serving `control_path` runs as this user or as root: a socket another
+/// user put where clients look (a runtime directory they made first) is not talked to.
+fn manager_is_trusted(
+    sock: std::os::fd::BorrowedFd<'_>,
+    control_path: &Path,
+) -> Result<(), BlockError> {
+    let cred = rustix::net::sockopt::socket_peercred(sock).map_err(|e| {
+        BlockError::Unreachable(format!("{}: who serves it: {e}", control_path.display()))
+    })?;
+    let (them, me) = (cred.uid.as_raw(), rustix::process::geteuid().as_raw());
+    if them == 0 || them == me {
+        return Ok(());
+    }
+    Err(BlockError::Unreachable(format!(
+        "{} is served by uid {them}, neither you (uid {me}) nor root: refusing to use it \
+         (pick the right manager with --control / OUTBOARD_CONTROL)",
+        control_path.display()
+    )))
 }
 
 /// The manager's registry.

@@ -15,7 +15,7 @@ pub use outboard_client::{api, manager as open, registry};
 
 use crate::config::DeviceConfig;
 
-use std::os::fd::{AsFd, OwnedFd};
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
@@ -41,6 +41,9 @@ pub struct ManagerOptions {
     pub exe: PathBuf,
     /// Verbosity passed to children.
     pub verbose: u8,
+    /// A group whose members may use the control socket too (besides the manager's own user
+    /// and root): the socket becomes 0660 and the runtime directory 0710, in that group.
+    pub control_group: Option<u32>,
 }
 
 pub use outboard_client::manager::{default_control, default_runtime_dir};
@@ -74,6 +77,17 @@ pub struct Manager {
     /// Files the manager's children create; removed at shutdown unless they explain a crash.
     created: Vec<PathBuf>,
     conns: Vec<Option<OwnedFd>>,
+    /// Slots of `conns` in the order they were accepted: the oldest gives way when the
+    /// manager holds as many connections as it may.
+    accepted: std::collections::VecDeque<usize>,
+    /// Connections from peers the manager does not serve, and why: their first request is
+    /// answered with the reason, then they are closed.
+    denied: std::collections::HashMap<usize, String>,
+    /// `accept` ran out of descriptors: not tried again before this instant.
+    accept_paused: Option<std::time::Instant>,
+    /// The last time a refused or failed `accept` was logged (once per interval, whatever
+    /// the flood).
+    accept_logged: Option<std::time::Instant>,
     /// Class devices suspended on request (`outboard power NAME suspend`): a restarted
     /// server is asked to quiesce them again.
     suspended: std::collections::BTreeSet<String>,
@@ -153,6 +167,10 @@ impl Manager {
             procs: Vec::new(),
             created: Vec::new(),
             conns: Vec::new(),
+            accepted: Default::default(),
+            denied: Default::default(),
+            accept_paused: None,
+            accept_logged: None,
             suspended: Default::default(),
             detaching: Default::default(),
             renumbered: false,
@@ -179,6 +197,9 @@ impl Manager {
 
     fn bring_up(&mut self) -> Result<(), ManagerError> {
         self.listener = Some(control::listen(&self.opts.control)?);
+        if let Some(gid) = self.opts.control_group {
+            self.open_to_group(gid).map_err(ManagerError::Runtime)?;
+        }
         let (attached, detached): (Vec<DeviceConfig>, Vec<DeviceConfig>) = self
             .machine
             .devices
@@ -190,6 +211,29 @@ impl Manager {
             self.detached_node(d, None);
         }
         self.start_exports()
+    }
+
+    /// Lets group `gid` reach the control socket: the socket 0660 and, if it lies in the
+    /// runtime directory, the directory 0710 (enter, not list or write), both in `gid`.
+    fn open_to_group(&self, gid: u32) -> Result<(), String> {
+        let gid = rustix::process::Gid::from_raw(gid);
+        let control = &self.opts.control;
+        let set = |p: &Path, mode: u32| -> Result<(), String> {
+            rustix::fs::chownat(
+                rustix::fs::CWD,
+                p,
+                None,
+                Some(gid),
+                rustix::fs::AtFlags::SYMLINK_NOFOLLOW,
+            )
+            .and_then(|()| rustix::fs::chmod(p, rustix::fs::Mode::from_raw_mode(mode)))
+            .map_err(|e| format!("{}: giving group {} access: {e}", p.display(), gid.as_raw()))
+        };
+        set(control, 0o660)?;
+        if control.parent() == Some(self.rt().dir()) {
+            set(self.rt().dir(), 0o710)?;
+        }
+        Ok(())
     }
 
     /// How driver server for `names` is started: its arguments, and the models it is
@@ -622,6 +666,7 @@ impl Manager {
                 }
             }
             self.supervise(&mut work);
+            self.resume_accepts(&mut work);
         }
         Ok(())
     }
@@ -697,6 +742,9 @@ impl Manager {
     fn next_check(&self) -> Duration {
         let now = std::time::Instant::now();
         let mut wait = Duration::from_millis(100);
+        if let Some(t) = self.accept_paused {
+            wait = wait.min(t.saturating_duration_since(now));
+        }
         for p in &self.procs {
             if let Some(at) = p.restart_at {
                 wait = wait.min(at.saturating_duration_since(now));
@@ -1400,12 +1448,33 @@ impl Manager {
     }
 
     fn accept(&mut self, work: &mut WorkLoop<Source>) {
+        let now = std::time::Instant::now();
+        // At the cap, the oldest connection gives way: a flood of idle connections cannot
+        // lock everyone out, and the descriptors beyond the cap stay free for restarts.
+        if self.accepted.len() >= max_control_connections() {
+            if let Some(oldest) = self.accepted.front().copied() {
+                self.close_conn(work, oldest);
+            }
+        }
         let Some((listener, _)) = &self.listener else {
             return;
         };
-        let Ok(conn) = control::accept(listener.as_fd()) else {
-            return;
+        let conn = match control::accept(listener.as_fd()) {
+            Ok(c) => c,
+            Err(e) => {
+                // Out of descriptors (EMFILE/ENFILE) or another failure: the listener stays
+                // readable, so trying again at once would spin. Pause, and say so once per
+                // interval rather than once per attempt.
+                let _ = work.remove(listener.as_fd());
+                self.accept_paused = Some(now + ACCEPT_BACKOFF);
+                self.log_accept(now, &format!("control socket: {e}; pausing accepts"));
+                return;
+            }
         };
+        let denied = control_peer_allowed(conn.as_fd(), self.opts.control_group).err();
+        if let Some(why) = &denied {
+            self.log_accept(now, &format!("control socket: {why}"));
+        }
         let slot = match self.conns.iter().position(Option::is_none) {
             Some(i) => i,
             None => {
@@ -1415,6 +1484,37 @@ impl Manager {
         };
         if work.add(conn.as_fd(), Source::Conn(slot)).is_ok() {
             self.conns[slot] = Some(conn);
+            self.accepted.push_back(slot);
+            match denied {
+                Some(why) => self.denied.insert(slot, why),
+                None => self.denied.remove(&slot),
+            };
+        }
+    }
+
+    /// Listens on the control socket again once a pause after a failed accept is over.
+    fn resume_accepts(&mut self, work: &mut WorkLoop<Source>) {
+        if self
+            .accept_paused
+            .is_some_and(|t| std::time::Instant::now() >= t)
+        {
+            self.accept_paused = None;
+            if let Some((listener, _)) = &self.listener {
+                let _ = work.add(listener.as_fd(), Source::Listener);
+            }
+        }
+    }
+
+    /// Logs `what` unless an accept problem was logged within the last interval.
+    fn log_accept(&mut self, now: std::time::Instant, what: &str) {
+        if self
+            .accept_logged
+            .is_none_or(|t| now.duration_since(t) >= ACCEPT_LOG_INTERVAL)
+        {
+            tracing::warn!(
+                "{what} (further such messages within {ACCEPT_LOG_INTERVAL:?} are not logged)"
+            );
+            self.accept_logged = Some(now);
         }
     }
 
@@ -1469,6 +1569,13 @@ impl Manager {
             return;
         };
         let reply = match control::recv::<Request>(conn.as_fd(), Some(Duration::ZERO)) {
+            // A client the manager does not serve is told why, and nothing else.
+            Ok(_) if self.denied.contains_key(&i) => {
+                let why = self.denied.remove(&i).unwrap_or_default();
+                let _ = control::try_send(conn.as_fd(), &refuse("denied", why), &[]);
+                self.close_conn(work, i);
+                return;
+            }
             Ok((req, _)) => self.answer(req, work),
             Err(outboard_session::SessionError::Timeout) => return,
             Err(outboard_session::SessionError::Invalid(m)) => refuse("invalid", m),
@@ -1489,6 +1596,8 @@ impl Manager {
         if let Some(conn) = self.conns.get_mut(i).and_then(Option::take) {
             let _ = work.remove(conn.as_fd());
         }
+        self.accepted.retain(|&s| s != i);
+        self.denied.remove(&i);
     }
 
     fn answer(&mut self, req: Request, work: &mut WorkLoop<Source>) -> Reply {
@@ -1600,6 +1709,7 @@ impl Manager {
         // Their listening sockets, which the manager bound, go with them.
         self.procs.clear();
         self.conns.clear();
+        self.accepted.clear();
         self.listener = None;
         for f in self.created.drain(..) {
             // Children remove their own sockets; one killed leaves a stale socket behind.
@@ -1625,6 +1735,38 @@ impl Drop for Manager {
 
 /// Zero-filled memory for a `mem:SIZE` disk, held by the manager across model restarts.
 /// An error reply: a machine-readable `code` and what went wrong.
+/// How long accepting pauses after it failed (out of descriptors).
+const ACCEPT_BACKOFF: Duration = Duration::from_millis(100);
+/// At most one log line per interval about refused or failed accepts.
+const ACCEPT_LOG_INTERVAL: Duration = Duration::from_secs(10);
+
+/// Most control connections held at once: a quarter of the descriptor limit (at most 256),
+/// so that a flood leaves the other three quarters to restarts and children.
+fn max_control_connections() -> usize {
+    let limit = rustix::process::getrlimit(rustix::process::Resource::Nofile)
+        .current
+        .unwrap_or(4096);
+    (limit / 4).clamp(4, 256) as usize
+}
+
+/// Who may use the control socket: the manager's own user, root, and members of
+/// `group` if one is configured (checked with `SO_PEERCRED`, which the kernel fills in at
+/// connect time and the peer cannot forge).
+fn control_peer_allowed(conn: BorrowedFd<'_>, group: Option<u32>) -> Result<(), String> {
+    let cred = rustix::net::sockopt::socket_peercred(conn)
+        .map_err(|e| format!("cannot tell who connected: {e}"))?;
+    let (uid, gid) = (cred.uid.as_raw(), cred.gid.as_raw());
+    let me = rustix::process::geteuid().as_raw();
+    if uid == 0 || uid == me || group.is_some_and(|g| g == gid) {
+        return Ok(());
+    }
+    Err(format!(
+        "uid {uid} (pid {}) may not use this manager: only uid {me}, root{} may",
+        cred.pid.as_raw_nonzero(),
+        group.map(|g| format!(" and group {g}")).unwrap_or_default()
+    ))
+}
+
 fn refuse(code: &str, message: impl Into<String>) -> Reply {
     Reply::Error {
         code: code.into(),

@@ -365,13 +365,7 @@ impl Process {
         append: bool,
     ) -> Result<Self, String> {
         let (events, fresh) = passing.incarnation(role)?;
-        let out = std::fs::OpenOptions::new()
-            .create(true)
-            .write(true)
-            .append(append)
-            .truncate(!append)
-            .open(&log)
-            .map_err(|e| format!("{}: {e}", log.display()))?;
+        let out = crate::runtime::open_log(&log, append)?;
         let err = out.try_clone().map_err(|e| e.to_string())?;
         let mut cmd = Command::new(exe);
         if verbose > 0 {

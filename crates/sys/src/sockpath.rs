@@ -129,7 +129,12 @@ pub fn is_live(path: &Path) -> bool {
             .is_some_and(|a| probe(&a).unwrap_or(false))
 }
 
-/// Binds and listens on a UNIX socket of type `kind` at `path`, following the module's rules.
+/// The mode every socket file is created with: its owner only (the manager and its children
+/// run as one user; clients of another user are refused).
+pub const SOCKET_MODE: u32 = 0o600;
+
+/// Binds and listens on a UNIX socket of type `kind` at `path`, following the module's rules;
+/// the socket file has mode [`SOCKET_MODE`] whatever the umask.
 pub fn bind_listener(
     path: &Path,
     kind: SocketType,
@@ -161,6 +166,10 @@ pub fn bind_listener(
         },
     }
     let fd = socket().map_err(|e| os("socket", e))?;
+    // The file bind creates takes its mode from the socket's inode, less the umask: set it
+    // here, so the socket is born owner-only whatever the umask, with no window in which
+    // another user could connect.
+    rustix::fs::fchmod(&fd, Mode::from_raw_mode(SOCKET_MODE)).map_err(|e| os("fchmod", e))?;
     rustix::net::bind(&fd, &addr).map_err(|e| match e {
         // Someone bound it between our check and our bind.
         Errno::ADDRINUSE => SockPathError::InUse { path: shown() },
@@ -188,6 +197,36 @@ mod tests {
 
     fn bind(path: &Path) -> Result<(OwnedFd, SocketPath), SockPathError> {
         bind_listener(path, SocketType::SEQPACKET, 4)
+    }
+
+    #[test]
+    fn a_socket_is_owner_only_whatever_the_umask() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("s.sock");
+        // A child process with umask 0 binds: this process's umask is left alone.
+        let out = std::process::Command::new("/bin/sh")
+            .arg("-c")
+            .arg("umask 000; exec \"$0\" --exact --nocapture sockpath::tests::bind_here_if_asked")
+            .arg(std::env::current_exe().unwrap())
+            .env("OUTBOARD_TEST_BIND", &path)
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{out:?}");
+        let mode = std::fs::symlink_metadata(&path)
+            .unwrap()
+            .permissions()
+            .mode();
+        assert_eq!(mode & 0o7777, 0o600, "{mode:o}");
+    }
+
+    /// Binds at `$OUTBOARD_TEST_BIND` when run by the test above (a no-op otherwise).
+    #[test]
+    fn bind_here_if_asked() {
+        if let Some(p) = std::env::var_os("OUTBOARD_TEST_BIND") {
+            let (_fd, guard) = bind(Path::new(&p)).unwrap();
+            std::mem::forget(guard);
+        }
     }
 
     #[test]

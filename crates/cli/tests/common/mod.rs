@@ -91,8 +91,18 @@ pub struct Up {
 
 impl Up {
     pub fn start(dir: &Path, machine: Option<&str>) -> Self {
+        Self::start_with(dir, machine, |_| {})
+    }
+
+    /// Like [`Up::start`], with `customize` applied to the command first (limits, user).
+    pub fn start_with(
+        dir: &Path,
+        machine: Option<&str>,
+        customize: impl FnOnce(&mut Command),
+    ) -> Self {
         let control = dir.join("rt/control.sock");
         let mut cmd = Command::new(EXE);
+        customize(&mut cmd);
         cmd.arg("up")
             .env("OUTBOARD_CONTROL", &control)
             .stdin(Stdio::null())

@@ -19,6 +19,14 @@ pub struct ConfineArgs {
     /// refused, 1 if any worked.
     #[arg(long, num_args = 3, value_names = ["FILE", "SOCKET", "PID"])]
     check_confinement: Option<Vec<String>>,
+    /// With --confine: run as this user (a name from /etc/passwd, or UID:GID) once started.
+    /// Capabilities are dropped either way.
+    #[arg(long, value_name = "USER")]
+    user: Option<outboard_confine::privileges::User>,
+    /// With --confine: refuse to serve unless every layer holds in full (Landlock enforced
+    /// on every thread, not only partly, as on kernels older than the ruleset).
+    #[arg(long)]
+    require_confinement: bool,
 }
 
 impl ConfineArgs {
@@ -27,9 +35,25 @@ impl ConfineArgs {
         self.confine || self.check_confinement.is_some()
     }
 
-    /// Confines the process if asked to, right before it serves. With `--check-confinement`,
-    /// probes and returns the exit code the process ends with instead of serving.
-    pub fn apply(&self) -> Result<Option<ExitCode>, String> {
+    /// First thing, before the process starts any thread: if it will be confined, become
+    /// `--user` and drop every capability, so that no thread ever holds one. `dma` raises
+    /// `RLIMIT_MEMLOCK` first for a driver that maps DMA through VFIO (what `CAP_IPC_LOCK`
+    /// would have waived).
+    pub fn drop_privileges(&self, dma: bool) -> Result<(), String> {
+        if !self.confined() {
+            return Ok(());
+        }
+        let dropped =
+            outboard_confine::privileges::drop_privileges(self.user, dma.then_some(u64::MAX))
+                .map_err(|e| e.to_string())?;
+        tracing::info!("privileges: {dropped}");
+        Ok(())
+    }
+
+    /// Confines the process as `role` if asked to, right before it serves. With
+    /// `--check-confinement`, probes and returns the exit code the process ends with instead
+    /// of serving.
+    pub fn apply(&self, role: outboard_confine::Role) -> Result<Option<ExitCode>, String> {
         if !self.confined() {
             return Ok(None);
         }
@@ -47,8 +71,21 @@ impl ConfineArgs {
                 })
             })
             .transpose()?;
-        let report = outboard_confine::confine().map_err(|e| e.to_string())?;
+        let report = outboard_confine::confine(role).map_err(|e| e.to_string())?;
         eprintln!("outboard: {report}");
+        if !report.landlock_complete {
+            if self.require_confinement {
+                return Err(format!(
+                    "--require-confinement: landlock {}; refusing to serve",
+                    report.landlock
+                ));
+            }
+            eprintln!(
+                "outboard: warning: Landlock is not complete here (landlock {}); the seccomp \
+                 filter still holds on every thread. --require-confinement refuses to run so",
+                report.landlock
+            );
+        }
         let Some(targets) = targets else {
             return Ok(None);
         };

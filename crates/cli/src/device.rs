@@ -143,9 +143,17 @@ fn parse_size_arg(s: &str) -> Result<u64, String> {
 }
 
 pub fn run(c: DeviceCommand) -> Result<ExitCode, String> {
+    // Before any thread exists (the fault socket's, the twin socket's): none ever holds a
+    // capability.
+    let confine = match &c {
+        DeviceCommand::VirtioBlk(a) => &a.confine,
+        DeviceCommand::NullBlk(a) => &a.confine,
+    };
+    confine.drop_privileges(false)?;
     match c {
         DeviceCommand::VirtioBlk(a) => {
-            let backing = Backing::open(&a.backing, a.create).map_err(|e| e.to_string())?;
+            let backing = Backing::open_with(&a.backing, a.create, a.disk.read_only)
+                .map_err(|e| e.to_string())?;
             disk(
                 "virtio-blk",
                 backing,
@@ -220,7 +228,7 @@ pub fn serve<B: DeviceBackend>(
         |p| p.display().to_string(),
     );
     eprintln!("outboard: {what} serving vfio-user on {where_}");
-    if let Some(code) = confine.apply()? {
+    if let Some(code) = confine.apply(outboard_confine::Role::DeviceModel)? {
         return Ok(code);
     }
     // Ready: the manager waits for this, not for a socket (it bound the sockets itself).

@@ -28,6 +28,21 @@ pub struct UpArgs {
     /// client's credentials); the socket is 0600 and the runtime directory 0700.
     #[arg(long, value_name = "GROUP", value_parser = parse_group)]
     control_group: Option<u32>,
+    /// Run device models and driver servers as this user (a name from /etc/passwd, or
+    /// UID:GID), e.g. nobody. They get their disks and sockets as descriptors, so they need
+    /// no access of their own. Without it they keep this user's id, with no capabilities.
+    #[arg(long, value_name = "USER", value_parser = check_user)]
+    user: Option<String>,
+    /// Children refuse to serve unless every confinement layer holds in full (Landlock on
+    /// every thread); by default a kernel without some of it gets a warning in their logs.
+    #[arg(long)]
+    require_confinement: bool,
+}
+
+/// A user name or UID:GID that resolves here (checked before anything starts).
+fn check_user(s: &str) -> Result<String, String> {
+    s.parse::<outboard_confine::privileges::User>()?;
+    Ok(s.to_string())
 }
 
 /// A group by number, or by name from /etc/group.
@@ -177,6 +192,8 @@ pub fn up(a: UpArgs, control: PathBuf, verbose: u8) -> Result<ExitCode, String> 
         exe: std::env::current_exe().map_err(|e| e.to_string())?,
         verbose,
         control_group: a.control_group,
+        child_user: a.user,
+        require_confinement: a.require_confinement,
     };
     let mut m = Manager::start(machine, opts).map_err(|e| e.to_string())?;
     let first = m
@@ -289,6 +306,12 @@ fn settle(
 }
 
 pub fn driver_host(a: DriverHostArgs) -> Result<ExitCode, String> {
+    let vfio = a.devices.iter().any(|d| {
+        d.split_once('=')
+            .is_some_and(|(_, s)| s.starts_with("vfio:"))
+    });
+    // Before any thread exists: none ever holds a capability.
+    a.confine.drop_privileges(vfio)?;
     let stop = stop_flag()?;
     let mut served: Vec<Served> = Vec::new();
     let mut names = Vec::new();
@@ -357,7 +380,10 @@ pub fn driver_host(a: DriverHostArgs) -> Result<ExitCode, String> {
             .map_err(|e| e.to_string())?;
         server.announce_serving().map_err(|e| e.to_string())?;
     }
-    if let Some(code) = a.confine.apply()? {
+    if let Some(code) = a
+        .confine
+        .apply(outboard_confine::Role::DriverServer { vfio })?
+    {
         return Ok(code);
     }
     server.run(&stop).map_err(|e| e.to_string())?;

@@ -53,6 +53,18 @@ fn the_processes_a_machine_starts_are_confined_and_hold_only_their_own_descripto
         .unwrap();
     for (what, pid) in [("device model", model), ("driver server", server)] {
         assert_eq!(status(pid, "NoNewPrivs"), "1", "{what}");
+        // No capability in any set, on any thread (each thread's status says its own).
+        for task in std::fs::read_dir(format!("/proc/{pid}/task")).unwrap() {
+            let tid = task.unwrap().file_name().to_string_lossy().into_owned();
+            let st = std::fs::read_to_string(format!("/proc/{pid}/task/{tid}/status")).unwrap();
+            for set in ["CapInh", "CapPrm", "CapEff", "CapBnd", "CapAmb"] {
+                let line = st.lines().find(|l| l.starts_with(set)).unwrap();
+                assert!(
+                    line.ends_with("0000000000000000"),
+                    "{what} thread {tid}: {line}"
+                );
+            }
+        }
         assert_eq!(status(pid, "Seccomp"), "2", "{what}: seccomp filter mode");
         let limits = std::fs::read_to_string(format!("/proc/{pid}/limits")).unwrap();
         let core = limits.lines().find(|l| l.starts_with("Max core")).unwrap();
@@ -138,6 +150,15 @@ fn assert_all_refused(what: &str, ok: bool, text: &str) {
         ("start a process", "Operation not permitted"),
         ("execve ", "Operation not permitted"),
         ("map executable memory", "Operation not permitted"),
+        ("stat /", "Operation not permitted"),
+        ("ioctl FIFREEZE", "Operation not permitted"),
+        ("ioctl FS_IOC_SETFLAGS", "Operation not permitted"),
+        ("ioctl SIOCSIFFLAGS", "Operation not permitted"),
+        ("ioctl TIOCSTI", "Operation not permitted"),
+        ("fcntl F_SETOWN", "Operation not permitted"),
+        ("fcntl F_SETSIG", "Operation not permitted"),
+        ("fcntl F_SETLEASE", "Operation not permitted"),
+        ("fcntl F_NOTIFY", "Operation not permitted"),
     ] {
         let line = attempts
             .iter()
@@ -145,8 +166,9 @@ fn assert_all_refused(what: &str, ok: bool, text: &str) {
             .unwrap_or_else(|| panic!("{what}: no {prefix:?} attempt:\n{text}"));
         assert!(line.contains(how), "{what}: {line}");
     }
+    let n = outboard_confine::probe::count();
     assert!(
-        text.contains("11 of 11 attempts refused"),
+        text.contains(&format!("{n} of {n} attempts refused")),
         "{what}:\n{text}"
     );
 }
@@ -188,4 +210,84 @@ fn a_confined_device_model_cannot_escape() {
     );
     assert!(text.contains("confined: seccomp"), "{text}");
     assert_all_refused("device model", ok, &text);
+}
+
+#[test]
+fn children_run_as_the_user_they_are_given_and_still_serve() {
+    let dir = tempfile::tempdir().unwrap();
+    let up = common::Up::start_with(dir.path(), Some(MACHINE), |c| {
+        c.args(["--user", "nobody"]);
+    });
+    let tree = registry(&up);
+    for kind in ["pci-function", "driver"] {
+        let pid = find_node(&tree, kind).unwrap()["props"]["pid"]
+            .as_u64()
+            .unwrap();
+        let uid = status(pid, "Uid");
+        assert!(
+            uid.split_whitespace().all(|u| u == "65534"),
+            "{kind}: Uid {uid}"
+        );
+        assert_eq!(status(pid, "CapBnd"), "0000000000000000", "{kind}");
+    }
+    let data = common::pattern(9, 8192);
+    let w = up.run_with_input(&["blk", "write", "disk0", "--offset", "0"], &data);
+    assert!(w.status.success(), "{}", String::from_utf8_lossy(&w.stderr));
+    let r = up.run(&["blk", "read", "disk0", "--offset", "0", "--length", "8192"]);
+    assert_eq!(r.stdout, data);
+}
+
+/// A read-only file system the test mounts under its own folder (a small tmpfs), unmounted
+/// on drop.
+struct ReadOnlyMount(std::path::PathBuf);
+
+impl ReadOnlyMount {
+    /// Mounts a tmpfs at `at`, lets `fill` write into it, then remounts it read-only.
+    fn new(at: &std::path::Path, fill: impl FnOnce(&std::path::Path)) -> Self {
+        std::fs::create_dir_all(at).unwrap();
+        let run = |args: &[&str]| {
+            let o = std::process::Command::new("mount")
+                .args(args)
+                .arg(at)
+                .output()
+                .unwrap();
+            assert!(o.status.success(), "mount {args:?}: {o:?}");
+        };
+        run(&["-t", "tmpfs", "-o", "size=8m", "outboard-test"]);
+        let m = Self(at.to_owned());
+        fill(at);
+        run(&["-o", "remount,ro"]);
+        m
+    }
+}
+
+impl Drop for ReadOnlyMount {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("umount")
+            .arg("-l")
+            .arg(&self.0)
+            .status();
+    }
+}
+
+#[test]
+fn a_read_only_disk_opens_its_backing_read_only() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = common::pattern(11, 1 << 20);
+    let ro = dir.path().join("ro");
+    let _mount = ReadOnlyMount::new(&ro, |at| {
+        std::fs::write(at.join("golden.img"), &data).unwrap()
+    });
+    let machine = format!(
+        "name = \"ro\"\n[[device]]\nname = \"disk0\"\nmodel = \"virtio-blk\"\nbacking = \"{}\"\nread_only = true\n",
+        ro.join("golden.img").display()
+    );
+    let up = common::Up::start(dir.path(), Some(&machine));
+    let r = up.run(&[
+        "blk", "read", "disk0", "--offset", "4096", "--length", "4096",
+    ]);
+    assert!(r.status.success(), "{}", String::from_utf8_lossy(&r.stderr));
+    assert!(r.stdout == data[4096..8192]);
+    let w = up.run_with_input(&["blk", "write", "disk0", "--offset", "0"], b"x");
+    assert!(!w.status.success(), "a write to a read-only disk succeeded");
 }

@@ -16,6 +16,7 @@
 //! tests and `--check-confinement` use it.
 
 pub mod limits;
+pub mod privileges;
 pub mod probe;
 pub mod sandbox;
 pub mod syscalls;
@@ -42,11 +43,17 @@ pub enum ConfineError {
     Landlock(String),
 }
 
+pub use syscalls::Role;
+
 /// What [`confine`] applied.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Report {
     /// System calls on the allow-list.
     pub syscalls: usize,
+    /// `ioctl` requests allowed.
+    pub ioctls: usize,
+    /// Whether the kernel enforces all of the Landlock ruleset, on every thread.
+    pub landlock_complete: bool,
     /// How much of the Landlock ruleset the kernel enforces.
     pub landlock: String,
     /// The resource limits now in force.
@@ -57,24 +64,33 @@ impl fmt::Display for Report {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(
             f,
-            "confined: seccomp allow-list of {} system calls (others fail with EPERM), \
-             landlock {}, no_new_privs, not dumpable, {}",
-            self.syscalls, self.landlock, self.limits
+            "confined: seccomp allow-list of {} system calls (others fail with EPERM; ioctl: \
+             {} requests, fcntl: {} commands), landlock {}, no capabilities, no_new_privs, \
+             not dumpable, {}",
+            self.syscalls,
+            self.ioctls,
+            syscalls::FCNTLS.len(),
+            self.landlock,
+            self.limits
         )
     }
 }
 
-/// Confines the calling process, all its threads, for good.
+/// Confines the calling process, all its threads, for good, as `role`.
 ///
-/// Order matters: limits and attributes first (they need `prctl` and `setrlimit`, which the
-/// allow-list then forbids), Landlock next (its own system calls are not on the list), the
-/// seccomp filter last.
-pub fn confine() -> Result<Report, ConfineError> {
+/// Order matters: capabilities, limits and attributes first (they need `prctl`, `capset` and
+/// `setrlimit`, which the allow-list then forbids), Landlock next (its own system calls are
+/// not on the list), the seccomp filter last. Capabilities are per thread: a process that
+/// starts threads before this calls [`privileges::drop_privileges`] first thing.
+pub fn confine(role: Role) -> Result<Report, ConfineError> {
+    privileges::drop_capabilities()?;
     let limits = limits::apply()?;
-    let landlock = sandbox::restrict()?;
-    let syscalls = syscalls::install()?;
+    let (landlock, landlock_complete) = sandbox::restrict()?;
+    let syscalls = syscalls::install(role)?;
     Ok(Report {
         syscalls,
+        ioctls: syscalls::ioctls(role).len(),
+        landlock_complete,
         landlock,
         limits,
     })

@@ -47,6 +47,40 @@ fn last_error(ret: libc::c_long) -> Result<(), std::io::Error> {
     }
 }
 
+/// A call aimed at nothing (descriptor -1): the seccomp filter answers `EPERM` before the
+/// kernel looks at the descriptor, so `EPERM` is a refusal; any other answer (`EBADF`) means
+/// the call reached the kernel, which on a real descriptor would have acted.
+fn filtered(ret: libc::c_long) -> Result<(), std::io::Error> {
+    match last_error(ret) {
+        Err(e) if e.raw_os_error() == Some(libc::EPERM) => Err(e),
+        _ => Ok(()),
+    }
+}
+
+/// `ioctl` requests a compromised driver would use on a host object: freeze or flag a file
+/// system, take a network interface down, type into a terminal. Aimed at descriptor -1.
+pub const DANGEROUS_IOCTLS: &[(&str, libc::c_ulong)] = &[
+    ("FIFREEZE", 0xc004_5877),
+    ("FS_IOC_SETFLAGS", 0x4008_6602),
+    ("SIOCSIFFLAGS", 0x8914),
+    ("TIOCSTI", 0x5412),
+];
+
+/// `fcntl` commands that reach beyond the descriptor: signals to another process, leases,
+/// directory notifications. Aimed at descriptor -1.
+pub const DANGEROUS_FCNTLS: &[(&str, libc::c_int)] = &[
+    ("F_SETOWN", libc::F_SETOWN),
+    // Not in the libc crate; 10 on every Linux architecture.
+    ("F_SETSIG", 10),
+    ("F_SETLEASE", libc::F_SETLEASE),
+    ("F_NOTIFY", libc::F_NOTIFY),
+];
+
+/// How many attempts [`attempts`] makes.
+pub fn count() -> usize {
+    12 + DANGEROUS_IOCTLS.len() + DANGEROUS_FCNTLS.len()
+}
+
 /// Makes every attempt, telling `each` the result as it comes (an `execve` that works
 /// replaces the process: what came before it is already told). A confined process gets an
 /// `Err` for each.
@@ -108,6 +142,27 @@ pub fn attempts(t: &Targets, mut each: impl FnMut(&Attempt)) -> Vec<Attempt> {
         )
         .map_err(Into::into),
     );
+    attempt(
+        "stat / (learn what exists by path)".into(),
+        rustix::fs::stat("/").map(drop).map_err(Into::into),
+    );
+    for (name, request) in DANGEROUS_IOCTLS {
+        attempt(
+            format!("ioctl {name} (on fd -1)"),
+            filtered(
+                // SAFETY: descriptor -1 is no object: the call can only be refused (EPERM by
+                // the filter) or fail (EBADF); the null argument is never read.
+                unsafe { libc::ioctl(-1, *request, std::ptr::null_mut::<libc::c_void>()) }.into(),
+            ),
+        );
+    }
+    for (name, cmd) in DANGEROUS_FCNTLS {
+        attempt(
+            format!("fcntl {name} (on fd -1)"),
+            // SAFETY: descriptor -1 is no object; the integer argument is no pointer.
+            filtered(unsafe { libc::fcntl(-1, *cmd, 0) }.into()),
+        );
+    }
     attempt(
         "start a process (/bin/true)".into(),
         std::process::Command::new("/bin/true").status().map(drop),

@@ -14,10 +14,36 @@ use crate::ConfineError;
 /// The newest Landlock ABI this code asks for.
 const ABI_WANTED: ABI = ABI::V8;
 
+/// The Landlock ABI the running kernel offers (0: none).
+fn kernel_abi() -> i64 {
+    // SAFETY: the version query (flag 1, LANDLOCK_CREATE_RULESET_VERSION) takes a null
+    // attribute pointer and size 0; no memory is read or written.
+    let v = unsafe {
+        libc::syscall(
+            libc::SYS_landlock_create_ruleset,
+            std::ptr::null::<u8>(),
+            0usize,
+            1u32,
+        )
+    };
+    v.max(0)
+}
+
 /// Enforces the ruleset on every thread the kernel lets it reach; returns how much of it
-/// holds, in words.
-pub fn restrict() -> Result<String, ConfineError> {
+/// holds, in words, and whether that is all of it on every thread.
+///
+/// The all-threads flag (`LANDLOCK_RESTRICT_SELF_TSYNC`) is asked for only where the kernel
+/// has it (ABI 8, Linux 7.0): asked for on an older kernel, the crate drops it and reports
+/// the whole ruleset as partly enforced although every right in it holds. Without it, the
+/// calling thread and the threads it starts later are restricted, and threads that exist
+/// already are not (the seccomp filter, installed on all threads, still forbids them every
+/// call that reaches a file or the network).
+pub fn restrict() -> Result<(String, bool), ConfineError> {
     let err = |e: landlock::RulesetError| ConfineError::Landlock(e.to_string());
+    let abi = kernel_abi();
+    let tsync = abi >= ABI::V8 as i64;
+    // Counted before restricting: /proc cannot be read afterwards.
+    let threads = std::fs::read_dir("/proc/self/task").map_or(0, |d| d.count());
     let status = Ruleset::default()
         .handle_access(AccessFs::from_all(ABI_WANTED))
         .map_err(err)?
@@ -27,7 +53,7 @@ pub fn restrict() -> Result<String, ConfineError> {
         .map_err(err)?
         .create()
         .map_err(err)?
-        .all_threads(true)
+        .all_threads(tsync)
         .map_err(err)?
         .restrict_self()
         .map_err(err)?;
@@ -36,10 +62,16 @@ pub fn restrict() -> Result<String, ConfineError> {
         RulesetStatus::PartiallyEnforced => "partly enforced (an older kernel)",
         RulesetStatus::NotEnforced => "not enforced (no Landlock in this kernel)",
     };
-    let threads = if status.all_threads {
-        "all threads"
+    let all_threads = status.all_threads || threads <= 1;
+    let on = if all_threads {
+        format!("on all threads (kernel Landlock ABI {abi})")
     } else {
-        "the main thread"
+        format!(
+            "on this thread and those it starts ({} older threads have the seccomp filter \
+             only: kernel Landlock ABI {abi}, all-threads needs ABI 8)",
+            threads - 1
+        )
     };
-    Ok(format!("{how} on {threads}"))
+    let complete = status.ruleset == RulesetStatus::FullyEnforced && all_threads;
+    Ok((format!("{how} {on}"), complete))
 }

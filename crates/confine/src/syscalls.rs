@@ -26,10 +26,76 @@ pub enum Allow {
     NoExec(u8),
     /// Argument 0 must be this process: signals only to itself (`abort`).
     OwnProcess,
+    /// Argument 1 (an `ioctl` request or an `fcntl` command) must be one of these.
+    OneOf(&'static [(&'static str, u32)]),
 }
 
-/// The allow-list, by name, number and condition.
-pub fn allow_list() -> Vec<(&'static str, i64, Allow)> {
+/// Which process is confined: it decides the `ioctl` requests it keeps.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Role {
+    /// A device model: its disk, sockets and memory areas need no `ioctl` at all beyond the
+    /// descriptor-flag ones.
+    DeviceModel,
+    /// A driver server; `vfio` if it drives a PCI function through VFIO (DMA mapping and
+    /// device reset stay ioctls on the container and device it holds).
+    DriverServer {
+        /// Any of its devices is a VFIO device.
+        vfio: bool,
+    },
+}
+
+/// `ioctl` requests every confined process keeps: descriptor flags (std sets non-blocking and
+/// close-on-exec with these) and `TCGETS`, which only reads a terminal's settings (a log that
+/// asks whether it writes to a terminal). Neither reaches beyond the descriptor.
+pub const IOCTLS_COMMON: &[(&str, u32)] = &[
+    ("FIONBIO", 0x5421),
+    ("FIOCLEX", 0x5451),
+    ("FIONCLEX", 0x5450),
+    ("TCGETS", 0x5401),
+];
+
+/// The VFIO requests a confined driver server still makes, on the container and device
+/// descriptors it opened before confinement: map and unmap a session's buffers for DMA, and
+/// reset a device that stalled. Set-up (groups, regions, interrupts) happened before.
+pub const IOCTLS_VFIO: &[(&str, u32)] = &[
+    ("VFIO_IOMMU_MAP_DMA", 0x3b71),
+    ("VFIO_IOMMU_UNMAP_DMA", 0x3b72),
+    ("VFIO_DEVICE_RESET", 0x3b6f),
+];
+
+/// The `fcntl` commands a confined process may use: descriptor and status flags, duplicating
+/// with close-on-exec, and memfd seals. Not `F_SETOWN`/`F_SETOWN_EX`/`F_SETSIG` (signals to
+/// another process), `F_SETLEASE`, `F_NOTIFY`, locks or pipe sizes.
+pub const FCNTLS: &[(&str, u32)] = &[
+    ("F_GETFD", libc::F_GETFD as u32),
+    ("F_SETFD", libc::F_SETFD as u32),
+    ("F_GETFL", libc::F_GETFL as u32),
+    ("F_SETFL", libc::F_SETFL as u32),
+    ("F_DUPFD_CLOEXEC", libc::F_DUPFD_CLOEXEC as u32),
+    ("F_ADD_SEALS", libc::F_ADD_SEALS as u32),
+    ("F_GET_SEALS", libc::F_GET_SEALS as u32),
+];
+
+/// The `ioctl` requests `role` keeps.
+pub fn ioctls(role: Role) -> &'static [(&'static str, u32)] {
+    // One static list per role, so that `Allow` stays `Copy` and borrows nothing.
+    const COMMON_AND_VFIO: &[(&str, u32)] = &[
+        ("FIONBIO", 0x5421),
+        ("FIOCLEX", 0x5451),
+        ("FIONCLEX", 0x5450),
+        ("TCGETS", 0x5401),
+        ("VFIO_IOMMU_MAP_DMA", 0x3b71),
+        ("VFIO_IOMMU_UNMAP_DMA", 0x3b72),
+        ("VFIO_DEVICE_RESET", 0x3b6f),
+    ];
+    match role {
+        Role::DriverServer { vfio: true } => COMMON_AND_VFIO,
+        _ => IOCTLS_COMMON,
+    }
+}
+
+/// The allow-list for `role`, by name, number and condition.
+pub fn allow_list(role: Role) -> Vec<(&'static str, i64, Allow)> {
     use Allow::*;
     macro_rules! allow {
         () => {
@@ -70,15 +136,15 @@ pub fn allow_list() -> Vec<(&'static str, i64, Allow)> {
         SYS_fdatasync,
         SYS_fallocate,
         SYS_ftruncate,
+        // `fstat` of what it holds; no `stat` by path (`newfstatat`, `statx`): nothing it
+        // serves needs to learn what exists where.
         SYS_fstat,
-        SYS_newfstatat,
-        SYS_statx,
         SYS_close,
         SYS_dup,
         SYS_dup3,
-        SYS_fcntl,
-        // VFIO's interface is ioctls on the device, group and container fds it was given.
-        SYS_ioctl,
+        SYS_fcntl: OneOf(FCNTLS),
+        // Only the requests its role needs, each named above.
+        SYS_ioctl: OneOf(ioctls(role)),
         // Sessions: accepting on its own listener, messages with descriptors attached.
         SYS_accept4,
         SYS_recvmsg,
@@ -137,6 +203,21 @@ impl Allow {
     fn rules(self) -> Result<Vec<SeccompRule>, seccompiler::BackendError> {
         let cond = match self {
             Allow::Always => return Ok(Vec::new()),
+            // Compared as 32-bit values: the kernel takes both as `unsigned int`, so the
+            // upper half of the register cannot smuggle a different request past the filter.
+            Allow::OneOf(values) => {
+                return values
+                    .iter()
+                    .map(|&(_, v)| {
+                        SeccompRule::new(vec![SeccompCondition::new(
+                            1,
+                            SeccompCmpArgLen::Dword,
+                            SeccompCmpOp::Eq,
+                            u64::from(v),
+                        )?])
+                    })
+                    .collect()
+            }
             Allow::NoExec(arg) => SeccompCondition::new(
                 arg,
                 SeccompCmpArgLen::Dword,
@@ -154,11 +235,11 @@ impl Allow {
     }
 }
 
-/// Builds the filter for this architecture.
-pub fn program() -> Result<BpfProgram, ConfineError> {
+/// Builds the filter for `role` on this architecture.
+pub fn program(role: Role) -> Result<BpfProgram, ConfineError> {
     let err = |e: &dyn std::fmt::Display| ConfineError::Seccomp(e.to_string());
     let mut rules = BTreeMap::new();
-    for (_, nr, allow) in allow_list() {
+    for (_, nr, allow) in allow_list(role) {
         rules.insert(nr, allow.rules().map_err(|e| err(&e))?);
     }
     let arch = std::env::consts::ARCH
@@ -176,13 +257,14 @@ pub fn program() -> Result<BpfProgram, ConfineError> {
         .map_err(|e: seccompiler::BackendError| err(&e))
 }
 
-/// Loads the filter on every thread of the process; returns how many calls it allows.
+/// Loads the filter on every thread of the process (`SECCOMP_FILTER_FLAG_TSYNC`: threads
+/// started before confinement are filtered too); returns how many calls it allows.
 /// Needs `no_new_privs` (set by [`crate::limits::apply`]).
-pub fn install() -> Result<usize, ConfineError> {
-    let prog = program()?;
+pub fn install(role: Role) -> Result<usize, ConfineError> {
+    let prog = program(role)?;
     seccompiler::apply_filter_all_threads(&prog)
         .map_err(|e| ConfineError::Seccomp(e.to_string()))?;
-    Ok(allow_list().len())
+    Ok(allow_list(role).len())
 }
 
 #[cfg(test)]
@@ -191,7 +273,7 @@ mod tests {
 
     #[test]
     fn the_list_has_no_duplicates_and_none_of_the_dangerous_calls() {
-        let list = allow_list();
+        let list = allow_list(Role::DriverServer { vfio: true });
         let mut names: Vec<_> = list.iter().map(|(n, _, _)| *n).collect();
         names.sort_unstable();
         names.dedup();
@@ -221,6 +303,17 @@ mod tests {
             libc::SYS_unshare,
             libc::SYS_setns,
             libc::SYS_mount,
+            libc::SYS_newfstatat,
+            libc::SYS_statx,
+            libc::SYS_tkill,
+            libc::SYS_rt_sigqueueinfo,
+            libc::SYS_rt_tgsigqueueinfo,
+            libc::SYS_pidfd_send_signal,
+            libc::SYS_capset,
+            libc::SYS_setuid,
+            libc::SYS_setresuid,
+            libc::SYS_iopl,
+            libc::SYS_ioperm,
         ] {
             assert!(
                 list.iter().all(|(_, nr, _)| *nr != bad),
@@ -231,7 +324,43 @@ mod tests {
 
     #[test]
     fn the_filter_compiles_for_this_machine() {
-        let prog = program().unwrap();
-        assert!(prog.len() > allow_list().len());
+        for role in [
+            Role::DeviceModel,
+            Role::DriverServer { vfio: false },
+            Role::DriverServer { vfio: true },
+        ] {
+            let prog = program(role).unwrap();
+            assert!(prog.len() > allow_list(role).len());
+        }
+    }
+
+    #[test]
+    fn dangerous_ioctls_and_fcntls_are_not_on_any_list() {
+        let vfio = ioctls(Role::DriverServer { vfio: true });
+        let model = ioctls(Role::DeviceModel);
+        assert!(model.iter().all(|(n, _)| !n.starts_with("VFIO")));
+        for (name, bad) in [
+            ("FIFREEZE", 0xc004_5877u32),
+            ("FS_IOC_SETFLAGS", 0x4008_6602),
+            ("SIOCSIFFLAGS", 0x8914),
+            ("TIOCSTI", 0x5412),
+            ("VFIO_GROUP_SET_CONTAINER", 0x3b68),
+            ("BLKDISCARD", 0x1277),
+        ] {
+            assert!(vfio.iter().all(|(_, v)| *v != bad), "{name}");
+        }
+        for bad in [
+            libc::F_SETOWN,
+            10, // F_SETSIG
+            libc::F_SETLEASE,
+            libc::F_NOTIFY,
+            libc::F_SETLK,
+            libc::F_SETPIPE_SZ,
+            libc::F_DUPFD,
+        ] {
+            assert!(FCNTLS.iter().all(|(_, v)| *v != bad as u32), "fcntl {bad}");
+        }
+        assert_eq!(&vfio[..IOCTLS_COMMON.len()], IOCTLS_COMMON);
+        assert_eq!(&vfio[IOCTLS_COMMON.len()..], IOCTLS_VFIO);
     }
 }

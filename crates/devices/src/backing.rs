@@ -51,6 +51,17 @@ impl Backing {
     /// Opens `mem:SIZE` (zero-filled memory) or a file path. A file that does not exist is
     /// created sparse with `create_size` bytes if given. The size must be a multiple of 512.
     pub fn open(spec: &str, create_size: Option<u64>) -> Result<Self, BackingError> {
+        Self::open_with(spec, create_size, false)
+    }
+
+    /// [`Backing::open`], read-only if `read_only`: a file is then opened `O_RDONLY`, so a
+    /// read-only disk works on a file that is immutable, read-only or on a read-only mount,
+    /// and nothing can write it through this descriptor. A read-only disk is never created.
+    pub fn open_with(
+        spec: &str,
+        create_size: Option<u64>,
+        read_only: bool,
+    ) -> Result<Self, BackingError> {
         let bad = |why: &str| BackingError::Spec {
             spec: spec.to_string(),
             why: why.to_string(),
@@ -106,9 +117,12 @@ impl Backing {
             if let Some(n) = create_size.filter(|n| *n == 0 || n % 512 != 0) {
                 return Err(bad(&format!("size {n} is not a positive multiple of 512")));
             }
-            let file: File = match OpenOptions::new().read(true).write(true).open(&path) {
+            let file: File = match OpenOptions::new().read(true).write(!read_only).open(&path) {
                 Ok(f) => f,
                 Err(e) if e.kind() == std::io::ErrorKind::NotFound && create_size.is_some() => {
+                    if read_only {
+                        return Err(bad("a read-only disk is not created: make the file first"));
+                    }
                     let f = OpenOptions::new()
                         .read(true)
                         .write(true)

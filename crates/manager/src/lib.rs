@@ -44,6 +44,11 @@ pub struct ManagerOptions {
     /// A group whose members may use the control socket too (besides the manager's own user
     /// and root): the socket becomes 0660 and the runtime directory 0710, in that group.
     pub control_group: Option<u32>,
+    /// The user device models and driver servers run as (`--user` of each child: a name or
+    /// `UID:GID`); `None` keeps the manager's, without capabilities.
+    pub child_user: Option<String>,
+    /// Children refuse to serve unless every confinement layer holds in full.
+    pub require_confinement: bool,
 }
 
 pub use outboard_client::manager::{default_control, default_runtime_dir};
@@ -213,6 +218,19 @@ impl Manager {
         self.start_exports()
     }
 
+    /// How every device model and driver server is confined: `--confine`, and the user and
+    /// strictness this manager was given.
+    fn confine_args(&self) -> Vec<String> {
+        let mut args = vec!["--confine".to_string()];
+        if let Some(u) = &self.opts.child_user {
+            args.extend(["--user".into(), u.clone()]);
+        }
+        if self.opts.require_confinement {
+            args.push("--require-confinement".into());
+        }
+        args
+    }
+
     /// Lets group `gid` reach the control socket: the socket 0660 and, if it lies in the
     /// runtime directory, the directory 0710 (enter, not list or write), both in `gid`.
     fn open_to_group(&self, gid: u32) -> Result<(), String> {
@@ -260,8 +278,8 @@ impl Manager {
             "--notify-fd".into(),
             supervisor::EVENT_FD.to_string(),
             "--restartable".into(),
-            "--confine".into(),
         ];
+        args.extend(self.confine_args());
         let mut conn_fds = conn_fds.into_iter();
         let deadline = served
             .iter()
@@ -351,9 +369,11 @@ impl Manager {
             let launch = |e: String| ManagerError::Launch(format!("{}: {e}", d.name));
             let backing = match d.backing.strip_prefix("mem:") {
                 Some(size) => disk_memory(&d.name, size).map_err(ManagerError::Launch)?,
-                None => outboard_devices::backing::Backing::open(&d.backing, d.create)
-                    .map_err(|e| launch(e.to_string()))?
-                    .into_fd(),
+                None => {
+                    outboard_devices::backing::Backing::open_with(&d.backing, d.create, d.read_only)
+                        .map_err(|e| launch(e.to_string()))?
+                        .into_fd()
+                }
             };
             let (listener, sock_path) =
                 outboard_sys::bind_listener(&sock, rustix::net::SocketType::STREAM, 8)
@@ -375,9 +395,9 @@ impl Manager {
                 supervisor::EVENT_FD.to_string(),
                 "--queues".into(),
                 d.queues.to_string(),
-                // Once it listens, it opens nothing: no filesystem, no network, no processes.
-                "--confine".into(),
             ];
+            // Once it listens, it opens nothing: no filesystem, no network, no processes.
+            args.extend(self.confine_args());
             if d.read_only {
                 args.push("--read-only".into());
             }

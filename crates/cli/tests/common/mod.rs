@@ -94,7 +94,7 @@ impl Up {
         Self::start_with(dir, machine, |_| {})
     }
 
-    /// Like [`Up::start`], with `customize` applied to the command first (limits, user).
+    /// Like [`Up::start`], with `customize` applied to the `up` command (its options, limits).
     pub fn start_with(
         dir: &Path,
         machine: Option<&str>,
@@ -102,9 +102,9 @@ impl Up {
     ) -> Self {
         let control = dir.join("rt/control.sock");
         let mut cmd = Command::new(EXE);
+        cmd.arg("up");
         customize(&mut cmd);
-        cmd.arg("up")
-            .env("OUTBOARD_CONTROL", &control)
+        cmd.env("OUTBOARD_CONTROL", &control)
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped());

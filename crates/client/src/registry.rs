@@ -75,8 +75,8 @@ impl Node {
             .props
             .iter()
             .map(|(k, v)| match v {
-                serde_json::Value::String(s) => format!("{k}={s}"),
-                v => format!("{k}={v}"),
+                serde_json::Value::String(s) => format!("{}={}", printable(k), printable(s)),
+                v => format!("{}={}", printable(k), printable(&v.to_string())),
             })
             .collect();
         let branch = if root {
@@ -86,7 +86,11 @@ impl Node {
         } else {
             "├─ "
         };
-        out.push_str(&format!("{prefix}{branch}{} {}", self.kind, self.name));
+        out.push_str(&format!(
+            "{prefix}{branch}{} {}",
+            printable(&self.kind),
+            printable(&self.name)
+        ));
         if !props.is_empty() {
             out.push_str(&format!("  <{}>", props.join(", ")));
         }
@@ -102,9 +106,41 @@ impl Node {
     }
 }
 
+/// `s` with every control character (C0, DEL, C1) escaped as `\u{..}`: what a child process
+/// reports (a device's failure, an export's peer) cannot move the cursor, clear the screen or
+/// start a fake line in a terminal showing the registry. The JSON view escapes by itself.
+pub fn printable(s: &str) -> std::borrow::Cow<'_, str> {
+    if !s.chars().any(char::is_control) {
+        return s.into();
+    }
+    s.chars()
+        .map(|c| {
+            if c.is_control() {
+                c.escape_unicode().to_string()
+            } else {
+                c.to_string()
+            }
+        })
+        .collect::<String>()
+        .into()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn what_children_report_cannot_draw_on_the_terminal() {
+        let t = Node::new("machine", "m").child(
+            Node::new("driver", "virtio-blk\n└─ driver forged")
+                .with("state", "failed: \x1b[2J\x1b[Hall good\r\nmachine m")
+                .with("peers", "\u{9b}31m"),
+        );
+        let s = t.render();
+        assert_eq!(s.lines().count(), 2, "{s}");
+        assert!(!s.chars().any(|c| c.is_control() && c != '\n'), "{s:?}");
+        assert!(s.contains("\\u{1b}[2J"), "{s}");
+    }
 
     #[test]
     fn renders_a_tree() {

@@ -697,7 +697,18 @@ impl Manager {
         let Some(ev) = self.procs.get(i).and_then(|p| p.events.as_ref()) else {
             return;
         };
-        match control::recv::<control::Event>(ev.as_fd(), Some(Duration::ZERO)) {
+        let received = control::recv::<control::Event>(ev.as_fd(), Some(Duration::ZERO));
+        if let Ok((event, _)) = &received {
+            if !self.procs[i].kind.may_report(event) {
+                tracing::warn!(
+                    "{} (pid {}) reported {event:?}, about something it was not given: ignored",
+                    self.procs[i].role,
+                    self.procs[i].pid()
+                );
+                return;
+            }
+        }
+        match received {
             Ok((
                 control::Event::DeviceFailed {
                     device,

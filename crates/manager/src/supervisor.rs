@@ -74,6 +74,22 @@ pub enum Kind {
 }
 
 impl Kind {
+    /// Whether a process of this kind may report `event`: a driver server only about the
+    /// devices the manager gave it, an export only about itself. A compromised driver
+    /// cannot mark another server's device failed, recovered or quiesced.
+    pub fn may_report(&self, event: &outboard_session::control::Event) -> bool {
+        use outboard_session::control::Event;
+        match event {
+            Event::Serving => true,
+            Event::DeviceFailed { device, .. }
+            | Event::DeviceRecovered { device }
+            | Event::Quiesced { device } => self.serves(device),
+            Event::ExportClients { export, .. } => {
+                matches!(self, Kind::Export { name } if name == export)
+            }
+        }
+    }
+
     /// Whether this is a driver server serving class device `name`.
     pub fn serves(&self, name: &str) -> bool {
         matches!(self, Kind::Server { devices, .. } if devices.iter().any(|d| d == name))
@@ -493,6 +509,46 @@ impl Process {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_child_may_report_only_about_what_it_was_given() {
+        use outboard_session::control::Event;
+        let server = Kind::Server {
+            name: "s".into(),
+            devices: vec!["disk0".into()],
+        };
+        let model = Kind::Model {
+            device: "disk0".into(),
+        };
+        let export = Kind::Export {
+            name: "disk0".into(),
+        };
+        let failed = |d: &str| Event::DeviceFailed {
+            device: d.into(),
+            why: "x".into(),
+            restarting: false,
+        };
+        assert!(server.may_report(&failed("disk0")));
+        assert!(!server.may_report(&failed("disk1")));
+        assert!(!server.may_report(&Event::Quiesced {
+            device: "disk1".into()
+        }));
+        assert!(!server.may_report(&Event::DeviceRecovered {
+            device: "disk1".into()
+        }));
+        assert!(!model.may_report(&failed("disk0")));
+        assert!(!export.may_report(&failed("disk0")));
+        let clients = |e: &str| Event::ExportClients {
+            export: e.into(),
+            clients: vec![],
+        };
+        assert!(export.may_report(&clients("disk0")));
+        assert!(!export.may_report(&clients("golden")));
+        assert!(!server.may_report(&clients("disk0")));
+        for k in [&server, &model, &export] {
+            assert!(k.may_report(&Event::Serving));
+        }
+    }
 
     #[test]
     fn restarts_back_off_and_give_up_past_the_limit_within_the_window() {

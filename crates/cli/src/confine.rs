@@ -14,8 +14,10 @@ pub struct ConfineArgs {
     #[arg(long)]
     confine: bool,
     /// Confine, then try what a compromised driver would (open FILE, connect to SOCKET, create
-    /// sockets, ptrace and signal process PID, start a process, execve, map executable
-    /// memory) and print each result instead of serving. Exits 0 if every attempt was
+    /// sockets, ptrace and signal process PID, stat by path, FIFREEZE/FS_IOC_SETFLAGS/
+    /// SIOCSIFFLAGS/TIOCSTI ioctls and F_SETOWN/F_SETSIG/F_SETLEASE/F_NOTIFY fcntls on fd -1,
+    /// start a process, execve, map executable memory) and print each result instead of
+    /// serving. Exits 0 if every attempt was
     /// refused, 1 if any worked.
     #[arg(long, num_args = 3, value_names = ["FILE", "SOCKET", "PID"])]
     check_confinement: Option<Vec<String>>,

@@ -57,9 +57,27 @@ pub struct NbdArgs {
     /// The private key of --tls-cert (PEM).
     #[arg(long, value_name = "PEM", requires = "tls_cert")]
     tls_key: Option<PathBuf>,
+    /// Serve at most this many connections at once; more are refused during negotiation with
+    /// the reason (NBD_REP_ERR_POLICY).
+    #[arg(long, default_value_t = 64, value_parser = clap::value_parser!(u64).range(1..=4096))]
+    max_connections: u64,
+    /// Close a connection that has not finished negotiating after this long without a message
+    /// (e.g. 10s).
+    #[arg(long, default_value = "10s", value_parser = duration)]
+    handshake_timeout: std::time::Duration,
+    /// Close a connection that sends no request for this long [default: never, as qemu-nbd].
+    #[arg(long, value_parser = duration)]
+    idle_timeout: Option<std::time::Duration>,
+    /// Close a connection whose client takes no reply data for this long.
+    #[arg(long, default_value = "30s", value_parser = duration)]
+    write_timeout: std::time::Duration,
     /// (internal) Report clients to the manager on this inherited descriptor.
     #[arg(long, hide = true, value_name = "FD")]
     notify_fd: Option<i32>,
+}
+
+fn duration(s: &str) -> Result<std::time::Duration, String> {
+    outboard_manager::config::parse_duration(s).ok_or_else(|| format!("{s:?}: e.g. 500ms, 30s"))
 }
 
 /// Runs an export command.
@@ -92,7 +110,14 @@ pub fn run(c: ExportCommand, control: PathBuf) -> Result<ExitCode, String> {
         let (d, placement) = outboard_client::open_block_with(&control, device, opts)?;
         Ok((d, placement == Placement::Separate))
     });
-    let mut server = NbdServer::bind(&listen, &specs, open).map_err(|e| e.to_string())?;
+    let mut server = NbdServer::bind(&listen, &specs, open)
+        .map_err(|e| e.to_string())?
+        .limits(outboard_nbd::server::Limits {
+            max_connections: a.max_connections as usize,
+            handshake: a.handshake_timeout,
+            idle: a.idle_timeout,
+            stuck_writer: a.write_timeout,
+        });
     let tls = match (&a.tls_cert, &a.tls_key) {
         (Some(cert), Some(key)) => {
             let config = outboard_nbd::tls::server_config(cert, key).map_err(|e| e.to_string())?;

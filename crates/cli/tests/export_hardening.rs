@@ -29,17 +29,22 @@ struct Export {
 
 impl Export {
     fn start(up: &Up, extra: &[&str]) -> Self {
+        Self::start_with(up, extra, |_| {})
+    }
+
+    /// Like [`Export::start`], with `customize` applied to the command (limits, stderr).
+    fn start_with(up: &Up, extra: &[&str], customize: impl FnOnce(&mut Command)) -> Self {
         let socket = up.dir.join("disk0.nbd");
-        let child = Command::new(EXE)
-            .args(["export", "nbd", "disk0", "--socket"])
+        let mut cmd = Command::new(EXE);
+        cmd.args(["export", "nbd", "disk0", "--socket"])
             .arg(&socket)
             .args(extra)
             .env("OUTBOARD_CONTROL", &up.control)
             .stdin(Stdio::null())
             .stdout(Stdio::null())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .expect("spawn outboard export");
+            .stderr(Stdio::inherit());
+        customize(&mut cmd);
+        let child = cmd.spawn().expect("spawn outboard export");
         assert!(
             eventually(Duration::from_secs(20), || outboard_sys::is_live(&socket)),
             "the export did not start listening"
@@ -161,4 +166,150 @@ fn an_export_the_manager_started_is_restarted_when_it_dies_and_its_clients_are_c
     );
     drop(held);
     round_trip(&socket, 0, 3);
+}
+
+#[test]
+fn idle_clients_and_one_that_never_reads_leave_room_for_a_well_behaved_client() {
+    let dir = tempfile::tempdir().unwrap();
+    let up = Up::start(dir.path(), Some(MACHINE));
+    let mut ex = Export::start(&up, &[]);
+    // More idle connections, each past the handshake, than a session per connection allowed.
+    let idle: Vec<Raw> = (0..40).map(|_| Raw::go(&ex.socket)).collect();
+    // One that queues 1 MiB reads and never takes a reply.
+    let mut deaf = Raw::go(&ex.socket);
+    deaf.0
+        .set_write_timeout(Some(Duration::from_secs(2)))
+        .unwrap();
+    for i in 0..64 {
+        if deaf.0.write_all(&request_header(0, i, 0, 1 << 20)).is_err() {
+            break;
+        }
+    }
+    for round in 0..8 {
+        round_trip(&ex.socket, round << 20, 100 + round);
+    }
+    ex.alive().unwrap();
+    drop((idle, deaf));
+}
+
+#[test]
+fn connections_past_the_limit_are_refused_with_the_reason() {
+    let dir = tempfile::tempdir().unwrap();
+    let up = Up::start(dir.path(), Some(MACHINE));
+    let ex = Export::start(&up, &["--max-connections", "3"]);
+    let mut held: Vec<Raw> = (0..3).map(|_| Raw::go(&ex.socket)).collect();
+    let mut c = Raw::connect(&ex.socket);
+    c.hello();
+    let mut d = 5u32.to_be_bytes().to_vec();
+    d.extend_from_slice(b"disk0");
+    d.extend_from_slice(&0u16.to_be_bytes());
+    c.option(7, &d);
+    let (kind, msg) = c.option_reply();
+    assert_eq!(kind, (1 << 31) + 2, "NBD_REP_ERR_POLICY");
+    let msg = String::from_utf8_lossy(&msg);
+    assert!(msg.contains("at most 3 connections"), "{msg}");
+    drop(c);
+    // Once one leaves, a new client is served.
+    held.pop();
+    assert!(eventually(Duration::from_secs(10), || {
+        let mut c = Raw::connect(&ex.socket);
+        c.hello();
+        c.option(7, &d);
+        loop {
+            match c.option_reply().0 {
+                1 => return true,
+                3 => continue,
+                _ => return false,
+            }
+        }
+    }));
+}
+
+#[test]
+fn a_client_that_never_finishes_negotiating_is_dropped() {
+    let dir = tempfile::tempdir().unwrap();
+    let up = Up::start(dir.path(), Some(MACHINE));
+    let ex = Export::start(&up, &["--handshake-timeout", "1s"]);
+    let mut c = Raw::connect(&ex.socket);
+    c.hello();
+    let t = std::time::Instant::now();
+    assert!(c.closed(), "still open");
+    let waited = t.elapsed();
+    assert!(
+        waited >= Duration::from_millis(800) && waited < Duration::from_secs(8),
+        "{waited:?}"
+    );
+}
+
+#[test]
+fn a_client_that_stops_taking_replies_is_dropped() {
+    let dir = tempfile::tempdir().unwrap();
+    let up = Up::start(dir.path(), Some(MACHINE));
+    let ex = Export::start(&up, &["--write-timeout", "1s"]);
+    let mut deaf = Raw::go(&ex.socket);
+    deaf.0
+        .set_write_timeout(Some(Duration::from_secs(2)))
+        .unwrap();
+    for i in 0..64 {
+        if deaf.0.write_all(&request_header(0, i, 0, 1 << 20)).is_err() {
+            break;
+        }
+    }
+    std::thread::sleep(Duration::from_secs(3));
+    // What the export managed to send before it gave up, then the end.
+    let mut got = 0u64;
+    let mut buf = vec![0u8; 1 << 20];
+    deaf.0
+        .set_read_timeout(Some(Duration::from_secs(10)))
+        .unwrap();
+    loop {
+        match std::io::Read::read(&mut deaf.0, &mut buf) {
+            Ok(0) | Err(_) => break,
+            Ok(n) => got += n as u64,
+        }
+    }
+    assert!(got < 64 << 20, "every reply arrived ({got} bytes)");
+    round_trip(&ex.socket, 0, 5);
+}
+
+#[test]
+fn an_export_out_of_descriptors_backs_off_and_serves_again() {
+    let dir = tempfile::tempdir().unwrap();
+    let up = Up::start(dir.path(), Some(MACHINE));
+    let log = dir.path().join("export.log");
+    let err = std::fs::File::create(&log).unwrap();
+    let mut ex = Export::start_with(&up, &["--handshake-timeout", "2s"], |cmd| {
+        cmd.stderr(err);
+        // SAFETY: the closure runs between fork and exec and only calls setrlimit, which is
+        // async-signal-safe; the limit is this child's own.
+        unsafe {
+            std::os::unix::process::CommandExt::pre_exec(cmd, || {
+                let l = rustix::process::Rlimit {
+                    current: Some(40),
+                    maximum: Some(40),
+                };
+                rustix::process::setrlimit(rustix::process::Resource::Nofile, l)?;
+                Ok(())
+            });
+        }
+    });
+    let flood: Vec<_> = (0..100)
+        .filter_map(|_| std::os::unix::net::UnixStream::connect(&ex.socket).ok())
+        .collect();
+    std::thread::sleep(Duration::from_secs(2));
+    ex.alive().unwrap();
+    drop(flood);
+    assert!(
+        eventually(Duration::from_secs(15), || std::panic::catch_unwind(|| {
+            round_trip(&ex.socket, 0, 6)
+        })
+        .is_ok()),
+        "the export did not serve again"
+    );
+    let text = std::fs::read_to_string(&log).unwrap();
+    let accept_lines = text.lines().filter(|l| l.contains("accept")).count();
+    assert!(
+        accept_lines <= 2,
+        "{accept_lines} lines about accept:\n{text}"
+    );
 }

@@ -8,6 +8,7 @@
 //! fuzzed.
 #![deny(missing_docs)]
 
+pub mod hub;
 pub mod negotiate;
 /// The wire format (in `spec`, shared with the client of remote disks).
 pub use outboard_spec::nbd as proto;

@@ -112,11 +112,42 @@ impl Drop for ClientEntry {
     }
 }
 
-/// What is exported: each export's description, and the block device behind it (same index).
+/// What is exported: each export's description, the block device behind it, and the session
+/// its connections share (same index; `None` where each connection needs its own).
 struct Exports {
     list: Vec<Export>,
     devices: Vec<String>,
+    hubs: Vec<Option<Arc<crate::hub::Hub>>>,
 }
+
+/// What one connection may take, and how long it may take it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Limits {
+    /// Connections served at once; more are refused during negotiation, with the reason.
+    pub max_connections: usize,
+    /// Longest wait for each piece of a client's negotiation (greeting answer, option).
+    pub handshake: Duration,
+    /// A connection that sends no request for this long is closed (`None`: never).
+    pub idle: Option<Duration>,
+    /// A reply the client does not take for this long closes its connection.
+    pub stuck_writer: Duration,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Self {
+            max_connections: 64,
+            handshake: Duration::from_secs(10),
+            idle: None,
+            stuck_writer: Duration::from_secs(30),
+        }
+    }
+}
+
+/// How long accepting pauses after it failed (out of descriptors), and how often that is
+/// logged at most.
+const ACCEPT_BACKOFF: Duration = Duration::from_millis(100);
+const ACCEPT_LOG_INTERVAL: Duration = Duration::from_secs(10);
 
 /// A bound export server.
 pub struct NbdServer {
@@ -126,6 +157,15 @@ pub struct NbdServer {
     active: Arc<AtomicUsize>,
     clients: Arc<Clients>,
     tls: Option<Arc<rustls::ServerConfig>>,
+    limits: Limits,
+}
+
+impl Drop for NbdServer {
+    fn drop(&mut self) {
+        for h in self.exports.hubs.iter().flatten() {
+            h.stop();
+        }
+    }
 }
 
 impl NbdServer {
@@ -137,15 +177,23 @@ impl NbdServer {
         let mut exports = Exports {
             list: Vec::new(),
             devices: Vec::new(),
+            hubs: Vec::new(),
         };
         for s in specs {
             if exports.list.iter().any(|e| e.name == s.name) {
                 return Err(NbdError::Setup(format!("two exports named {:?}", s.name)));
             }
-            let (dev, multi_conn) =
-                open(&s.device).map_err(|e| NbdError::Setup(format!("{}: {e}", s.device)))?;
-            let info = dev.info();
-            let area = dev.buffers().len() as u64;
+            let setup = |e: BlockError| NbdError::Setup(format!("{}: {e}", s.device));
+            // One session per device, shared by its connections; where the device keeps its
+            // buffers in private memory (a driver in this process), one per connection.
+            let (hub, multi_conn) = crate::hub::Hub::start(&s.device, &open).map_err(setup)?;
+            let (info, area) = match &hub {
+                Some(h) => (h.info().clone(), h.area()),
+                None => {
+                    let (dev, _) = open(&s.device).map_err(setup)?;
+                    (dev.info().clone(), dev.buffers().len() as u64)
+                }
+            };
             let device_max = match info.max_transfer {
                 0 => u32::MAX,
                 m => m,
@@ -154,6 +202,7 @@ impl NbdServer {
                 .min(area / 2 / 4096 * 4096)
                 .min(device_max as u64) as u32;
             exports.devices.push(s.device.clone());
+            exports.hubs.push(hub);
             exports.list.push(Export {
                 name: s.name.clone(),
                 description: format!("Outboard block device {}", s.device),
@@ -186,7 +235,14 @@ impl NbdServer {
                 next: Default::default(),
             }),
             tls: None,
+            limits: Limits::default(),
         })
+    }
+
+    /// Sets how many connections are served and how long each may wait or stall.
+    pub fn limits(mut self, limits: Limits) -> Self {
+        self.limits = limits;
+        self
     }
 
     /// Requires TLS (`NBD_OPT_STARTTLS`) of every client, with `config`.
@@ -230,6 +286,7 @@ impl NbdServer {
 
     /// Accepts and serves connections until `stop` is set.
     pub fn run(&self, stop: &AtomicBool) -> Result<(), NbdError> {
+        let mut logged: Option<std::time::Instant> = None;
         while !stop.load(Ordering::Relaxed) {
             let ready = match &self.listener {
                 Listener::Unix(l, _) => readable(l),
@@ -246,7 +303,17 @@ impl NbdServer {
                 }),
             };
             if let Err(e) = accepted {
-                tracing::warn!("accept: {e}");
+                // Out of descriptors (EMFILE) leaves the listener readable: trying again at
+                // once would spin and flood the log. Pause, and say so once per interval.
+                let now = std::time::Instant::now();
+                if logged.is_none_or(|t| now.duration_since(t) >= ACCEPT_LOG_INTERVAL) {
+                    tracing::warn!(
+                        "accept: {e}; pausing (further accept errors within \
+                         {ACCEPT_LOG_INTERVAL:?} are not logged)"
+                    );
+                    logged = Some(now);
+                }
+                std::thread::sleep(ACCEPT_BACKOFF);
             }
         }
         Ok(())
@@ -258,12 +325,20 @@ impl NbdServer {
         let active = self.active.clone();
         let clients = self.clients.clone();
         let tls = self.tls.clone();
-        active.fetch_add(1, Ordering::Relaxed);
+        let limits = self.limits;
+        // Counted before the thread starts, so a burst cannot overshoot the limit.
+        let over = active.fetch_add(1, Ordering::Relaxed) >= limits.max_connections;
         let spawned = std::thread::Builder::new()
             .name("nbd-conn".into())
             .spawn(move || {
                 let join = |export: &str| clients.join(export, &peer);
-                match connection(s, &exports, &open, &join, tls) {
+                let full = over.then(|| {
+                    format!(
+                        "the export serves at most {} connections at once; try again later",
+                        limits.max_connections
+                    )
+                });
+                match connection(s, &exports, &open, &join, tls, limits, full) {
                     Ok(Some(stats)) => tracing::info!(
                         "{peer}: done ({} ok, {} errors, {} bytes)",
                         stats.ok,
@@ -292,6 +367,21 @@ struct Shared<'a> {
     open: &'a Opener,
     join: &'a dyn Fn(&str) -> ClientEntry,
     tls: Option<Arc<rustls::ServerConfig>>,
+    /// Why every export is refused to this connection (the server is full).
+    full: Option<String>,
+}
+
+/// A connection's session with its export's device: its own, or its part of the shared one.
+enum Session {
+    Own(Box<dyn BlockDevice>),
+    Shared(crate::hub::HubDevice, crate::hub::HubBuffers),
+}
+
+/// Sets `SO_RCVTIMEO` (`None`: wait for ever) and `SO_SNDTIMEO` on a connection's socket.
+fn timeouts(fd: std::os::fd::BorrowedFd<'_>, recv: Option<Duration>, send: Duration) {
+    use rustix::net::sockopt::{set_socket_timeout, Timeout};
+    let _ = set_socket_timeout(fd, Timeout::Recv, recv);
+    let _ = set_socket_timeout(fd, Timeout::Send, Some(send));
 }
 
 /// One connection: negotiation (TLS started inside it if the client asks or the export
@@ -302,12 +392,22 @@ fn connection<S: Transport + AsFd>(
     open: &Opener,
     join: &dyn Fn(&str) -> ClientEntry,
     tls: Option<Arc<rustls::ServerConfig>>,
+    limits: Limits,
+    full: Option<String>,
 ) -> Result<Option<crate::transmit::ConnStats>, NbdError> {
+    // Negotiation is bounded; a client that stops taking replies is dropped. One refused
+    // for want of room gets a second to read why and go: it still counts against the limit.
+    let handshake = match full {
+        Some(_) => limits.handshake.min(Duration::from_secs(1)),
+        None => limits.handshake,
+    };
+    timeouts(s.as_fd(), Some(handshake), limits.stuck_writer);
     let sh = Shared {
         exports,
         open,
         join,
         tls,
+        full,
     };
     let policy = TlsPolicy {
         available: sh.tls.is_some(),
@@ -344,9 +444,13 @@ fn connection<S: Transport + AsFd>(
                 policy,
                 no_zeroes,
             )?;
+            timeouts(tls.sock.as_fd(), limits.idle, limits.stuck_writer);
             transmit(tls, outcome, dev, &sh)
         }
-        outcome => transmit(s, outcome, dev, &sh),
+        outcome => {
+            timeouts(s.as_fd(), limits.idle, limits.stuck_writer);
+            transmit(s, outcome, dev, &sh)
+        }
     }
 }
 
@@ -354,11 +458,23 @@ fn connection<S: Transport + AsFd>(
 /// device is refused during negotiation, with the reason.
 fn chooser<'a>(
     sh: &'a Shared<'_>,
-    dev: &'a mut Option<Box<dyn BlockDevice>>,
+    dev: &'a mut Option<Session>,
 ) -> impl FnMut(usize) -> Result<(), String> + 'a {
     move |i| {
-        let (d, _) = (sh.open)(&sh.exports.devices[i]).map_err(|e| e.to_string())?;
-        *dev = Some(d);
+        if let Some(why) = &sh.full {
+            return Err(why.clone());
+        }
+        *dev = Some(match &sh.exports.hubs[i] {
+            Some(hub) => {
+                let (d, b) = hub.join().map_err(|e| e.to_string())?;
+                Session::Shared(d, b)
+            }
+            None => Session::Own(
+                (sh.open)(&sh.exports.devices[i])
+                    .map_err(|e| e.to_string())?
+                    .0,
+            ),
+        });
         Ok(())
     }
 }
@@ -366,15 +482,20 @@ fn chooser<'a>(
 fn transmit<S: Transport>(
     s: S,
     outcome: Outcome,
-    dev: Option<Box<dyn BlockDevice>>,
+    dev: Option<Session>,
     sh: &Shared<'_>,
 ) -> Result<Option<crate::transmit::ConnStats>, NbdError> {
     let Outcome::Go { export, structured } = outcome else {
         return Ok(None);
     };
-    let mut dev = dev.ok_or_else(|| NbdError::Setup("no session after negotiation".into()))?;
+    let dev = dev.ok_or_else(|| NbdError::Setup("no session after negotiation".into()))?;
     let _client = (sh.join)(&sh.exports.list[export].name);
-    Conn::new(s, dev.as_mut(), &sh.exports.list[export], structured)
-        .run()
-        .map(Some)
+    let e = &sh.exports.list[export];
+    match dev {
+        Session::Own(mut d) => Conn::new(s, d.as_mut(), e, structured).run(),
+        Session::Shared(mut d, b) => {
+            Conn::with_buffers(s, &mut d, e, structured, Box::new(b)).run()
+        }
+    }
+    .map(Some)
 }

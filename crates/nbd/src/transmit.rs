@@ -70,13 +70,32 @@ pub fn errno_of(e: &BlockError, write: bool) -> u32 {
     }
 }
 
+/// Where a connection's request buffers come from: its own session's whole area, or a share
+/// of a session several connections use ([`crate::hub`]).
+pub trait Buffers {
+    /// Takes `len` bytes; `None` if there is no room now (a completion, of this connection
+    /// or another, gives some back).
+    fn alloc(&mut self, len: u64) -> Option<Buffer>;
+    /// Gives a piece back.
+    fn free(&mut self, b: Buffer);
+}
+
+impl Buffers for BufferPool {
+    fn alloc(&mut self, len: u64) -> Option<Buffer> {
+        BufferPool::alloc(self, len)
+    }
+    fn free(&mut self, b: Buffer) {
+        BufferPool::free(self, b);
+    }
+}
+
 /// One connection in transmission.
 pub struct Conn<'a, S> {
     sock: S,
     dev: &'a mut dyn BlockDevice,
     export: &'a Export,
     structured: bool,
-    pool: BufferPool,
+    pool: Box<dyn Buffers + 'a>,
     pending: HashMap<u64, Pending>,
     next_tag: u64,
     depth: usize,
@@ -87,7 +106,8 @@ pub struct Conn<'a, S> {
 }
 
 impl<'a, S: Transport> Conn<'a, S> {
-    /// A connection on `sock` serving `export` from `dev`.
+    /// A connection on `sock` serving `export` from `dev`, a session of its own (its whole
+    /// buffer area is this connection's).
     pub fn new(
         sock: S,
         dev: &'a mut dyn BlockDevice,
@@ -96,13 +116,30 @@ impl<'a, S: Transport> Conn<'a, S> {
     ) -> Self {
         let area = dev.buffers().len() as u64;
         let align = (dev.info().block_size as u64).max(4096);
+        Self::with_buffers(
+            sock,
+            dev,
+            export,
+            structured,
+            Box::new(BufferPool::new(area, align)),
+        )
+    }
+
+    /// A connection whose buffers come from `pool` (a session shared with others).
+    pub fn with_buffers(
+        sock: S,
+        dev: &'a mut dyn BlockDevice,
+        export: &'a Export,
+        structured: bool,
+        pool: Box<dyn Buffers + 'a>,
+    ) -> Self {
         let depth = (dev.info().queue_depth as usize).clamp(1, 64);
         Self {
             sock,
             dev,
             export,
             structured,
-            pool: BufferPool::new(area, align),
+            pool,
             pending: HashMap::new(),
             next_tag: 1,
             depth,

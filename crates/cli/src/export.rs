@@ -25,7 +25,10 @@ pub enum ExportCommand {
     ///   outboard export nbd disk0 --socket /tmp/disk0.nbd
     ///   nbdinfo 'nbd+unix:///disk0?socket=/tmp/disk0.nbd'
     ///   outboard export nbd disk0 disk1 --listen 127.0.0.1:10809
-    ///   outboard export nbd disk0 --listen 0.0.0.0:10809 --tls-cert c.pem --tls-key k.pem
+    ///   outboard export nbd disk0 --listen 127.0.0.1:10809 --tls-cert c.pem --tls-key k.pem \
+    ///       --tls-verify-peer ca.pem
+    ///
+    /// A TCP address other than loopback needs TLS (or --insecure).
     #[command(verbatim_doc_comment)]
     Nbd(NbdArgs),
 }
@@ -40,8 +43,9 @@ pub struct NbdArgs {
     /// Listen on a UNIX socket at PATH [default: nbd.sock in the runtime directory].
     #[arg(long, value_name = "PATH", conflicts_with = "listen")]
     socket: Option<PathBuf>,
-    /// Listen on TCP, e.g. 127.0.0.1:10809 (NBD's port). Without --tls-cert, keep it on
-    /// trusted networks.
+    /// Listen on TCP, e.g. 127.0.0.1:10809 (NBD's port). An address other than loopback is
+    /// refused without --tls-cert (anyone who reaches it could read and write the disk), unless
+    /// --insecure is given.
     #[arg(long, value_name = "ADDR:PORT")]
     listen: Option<SocketAddr>,
     /// The export's name, when exporting one device [default: the device's name].
@@ -57,6 +61,14 @@ pub struct NbdArgs {
     /// The private key of --tls-cert (PEM).
     #[arg(long, value_name = "PEM", requires = "tls_cert")]
     tls_key: Option<PathBuf>,
+    /// Require a client certificate signed by one of these certificate authorities (PEM), as
+    /// qemu-nbd's and nbdkit's verify-peer: only clients holding such a certificate and its
+    /// key get in. Without it, TLS authenticates the server only.
+    #[arg(long, value_name = "CA_PEM", requires = "tls_cert")]
+    tls_verify_peer: Option<PathBuf>,
+    /// Serve a TCP address other than loopback without TLS (a trusted network only).
+    #[arg(long)]
+    insecure: bool,
     /// Serve at most this many connections at once; more are refused during negotiation with
     /// the reason (NBD_REP_ERR_POLICY).
     #[arg(long, default_value_t = 64, value_parser = clap::value_parser!(u64).range(1..=4096))]
@@ -95,6 +107,16 @@ pub fn run(c: ExportCommand, control: PathBuf) -> Result<ExitCode, String> {
             read_only: a.read_only,
         })
         .collect();
+    if let Some(addr) = a.listen {
+        if !addr.ip().is_loopback() && a.tls_cert.is_none() && !a.insecure {
+            return Err(format!(
+                "refusing to serve {addr} without TLS: anyone who can reach it could read and \
+                 write the disk. Add --tls-cert and --tls-key (and --tls-verify-peer CA_PEM to \
+                 admit only clients with a certificate), listen on 127.0.0.1, or give --insecure \
+                 on a network you trust"
+            ));
+        }
+    }
     let listen = match (&a.socket, a.listen) {
         (_, Some(addr)) => Listen::Tcp(addr),
         (Some(p), None) => Listen::Unix(p.clone()),
@@ -120,7 +142,8 @@ pub fn run(c: ExportCommand, control: PathBuf) -> Result<ExitCode, String> {
         });
     let tls = match (&a.tls_cert, &a.tls_key) {
         (Some(cert), Some(key)) => {
-            let config = outboard_nbd::tls::server_config(cert, key).map_err(|e| e.to_string())?;
+            let config = outboard_nbd::tls::server_config(cert, key, a.tls_verify_peer.as_deref())
+                .map_err(|e| e.to_string())?;
             server = server.tls(config);
             true
         }

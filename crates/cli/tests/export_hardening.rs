@@ -313,3 +313,22 @@ fn an_export_out_of_descriptors_backs_off_and_serves_again() {
         "{accept_lines} lines about accept:\n{text}"
     );
 }
+
+#[test]
+fn plain_tcp_beyond_loopback_is_refused_without_insecure() {
+    let dir = tempfile::tempdir().unwrap();
+    let up = Up::start(dir.path(), Some(MACHINE));
+    // An address this host does not have: were it not refused, binding would fail harmlessly.
+    let out = common::run_bounded(
+        Command::new(EXE)
+            .args(["export", "nbd", "disk0", "--listen", "10.213.9.1:10809"])
+            .env("OUTBOARD_CONTROL", &up.control),
+        Duration::from_secs(20),
+    );
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("without TLS") && err.contains("--insecure"),
+        "{err}"
+    );
+}

@@ -475,7 +475,8 @@ fn a_remote_disk_across_network_namespaces_over_tcp() {
     let up = Up::start(dir.path(), Some(MACHINE));
     let net = Netns::new();
     // The export joins namespace A.
-    let mut export = export_in(&net.a, &up, "10.213.7.1:10809", &[]);
+    // Plain TCP beyond loopback, in a namespace of the test's own: only with --insecure.
+    let mut export = export_in(&net.a, &up, "10.213.7.1:10809", &["--insecure".into()]);
     let in_b = |args: &[&str]| {
         Command::new("ip")
             .args(["netns", "exec", &net.b])
@@ -632,9 +633,64 @@ fn certificates(dir: &Path) {
     std::fs::write(dir.join("ca-cert.pem"), ca_cert.pem()).unwrap();
     std::fs::write(dir.join("server-cert.pem"), cert.pem()).unwrap();
     std::fs::write(dir.join("server-key.pem"), key.serialize_pem()).unwrap();
+    // A client certificate each authority signed, where libnbd looks for one.
+    let client = |dir: &Path, ca_cert: &rcgen::Certificate, ca_key: &rcgen::KeyPair| {
+        let mut p = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
+        p.distinguished_name
+            .push(rcgen::DnType::CommonName, "outboard client");
+        let key = rcgen::KeyPair::generate().unwrap();
+        let cert = p.signed_by(&key, ca_cert, ca_key).unwrap();
+        std::fs::write(dir.join("client-cert.pem"), cert.pem()).unwrap();
+        std::fs::write(dir.join("client-key.pem"), key.serialize_pem()).unwrap();
+    };
+    client(dir, &ca_cert, &ca_key);
     let other = dir.join("other");
     std::fs::create_dir_all(&other).unwrap();
-    std::fs::write(other.join("ca-cert.pem"), ca("Someone else").0.pem()).unwrap();
+    let (other_ca, other_key) = ca("Someone else");
+    std::fs::write(other.join("ca-cert.pem"), other_ca.pem()).unwrap();
+    // Trusts the export's authority, but holds a certificate of another.
+    let forged = dir.join("forged");
+    std::fs::create_dir_all(&forged).unwrap();
+    std::fs::write(forged.join("ca-cert.pem"), ca_cert.pem()).unwrap();
+    client(&forged, &other_ca, &other_key);
+    // Trusts the export's authority, holds no certificate.
+    let anonymous = dir.join("anonymous");
+    std::fs::create_dir_all(&anonymous).unwrap();
+    std::fs::write(anonymous.join("ca-cert.pem"), ca_cert.pem()).unwrap();
+}
+
+/// `--tls-verify-peer`: libnbd with a client certificate the authority signed is served; one
+/// without a certificate, or with one another authority signed, is refused at the handshake.
+#[test]
+fn a_tls_export_that_verifies_peers_admits_only_certified_clients() {
+    let dir = tempfile::tempdir().unwrap();
+    let pki = dir.path().join("pki");
+    std::fs::create_dir_all(&pki).unwrap();
+    certificates(&pki);
+    let up = Up::start(dir.path(), Some(MACHINE));
+    let mut args = tls_args(&pki);
+    args.extend([
+        "--tls-verify-peer".into(),
+        pki.join("ca-cert.pem").display().to_string(),
+    ]);
+    let ex = Export::start(&up, &args.iter().map(String::as_str).collect::<Vec<_>>());
+    let uri = |certs: &Path| {
+        format!(
+            "nbds+unix:///disk0?socket={}&tls-certificates={}",
+            ex.socket.display(),
+            certs.display()
+        )
+    };
+    let o = tool("nbdinfo", &["--json", &uri(&pki)]);
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(v["exports"][0]["export-size"], SIZE, "{v}");
+    for who in ["anonymous", "forged"] {
+        let o = common::run_bounded(
+            Command::new("nbdinfo").arg(uri(&pki.join(who))),
+            Duration::from_secs(20),
+        );
+        assert!(!o.status.success(), "{who} was served: {o:?}");
+    }
 }
 
 fn tls_args(pki: &Path) -> Vec<String> {

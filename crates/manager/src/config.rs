@@ -109,6 +109,10 @@ pub struct ExportConfig {
     pub read_only: bool,
     /// TLS required, with this certificate chain and key (PEM).
     pub tls: Option<(std::path::PathBuf, std::path::PathBuf)>,
+    /// Clients must present a certificate signed by one of these authorities (PEM).
+    pub tls_verify_peer: Option<std::path::PathBuf>,
+    /// A TCP address other than loopback is served without TLS.
+    pub insecure: bool,
 }
 
 /// A validated machine.
@@ -144,6 +148,9 @@ struct RawExport {
     read_only: bool,
     tls_cert: Option<Spanned<String>>,
     tls_key: Option<Spanned<String>>,
+    tls_verify_peer: Option<Spanned<String>>,
+    #[serde(default)]
+    insecure: bool,
 }
 
 #[derive(Deserialize)]
@@ -487,12 +494,33 @@ impl Machine {
                     return Err(err(k.span().start, "tls_key needs tls_cert".into()))
                 }
             };
+            if let (Some(v), None) = (&e.tls_verify_peer, &tls) {
+                return Err(err(
+                    v.span().start,
+                    "tls_verify_peer needs tls_cert and tls_key".into(),
+                ));
+            }
+            if let (ExportAddress::Tcp(a), None, false) = (&address, &tls, e.insecure) {
+                if !a.ip().is_loopback() {
+                    let at = e.listen.as_ref().map_or(at, |l| l.span().start);
+                    return Err(err(
+                        at,
+                        format!(
+                            "listen = \"{a}\" without TLS: anyone who can reach it could read \
+                             and write the disk; add tls_cert and tls_key, listen on 127.0.0.1, \
+                             or set insecure = true on a network you trust"
+                        ),
+                    ));
+                }
+            }
             exports.push(ExportConfig {
                 name,
                 device: device.clone(),
                 address,
                 read_only: e.read_only,
                 tls,
+                tls_verify_peer: e.tls_verify_peer.as_ref().map(|v| v.get_ref().into()),
+                insecure: e.insecure,
             });
         }
         Ok(Machine {
@@ -597,6 +625,14 @@ mod tests {
             (
                 "[[export]]\ndevice = \"disk0\"\ntls_cert = \"c.pem\"\n",
                 "needs tls_key",
+            ),
+            (
+                "[[export]]\ndevice = \"disk0\"\nlisten = \"0.0.0.0:10809\"\n",
+                "without TLS",
+            ),
+            (
+                "[[export]]\ndevice = \"disk0\"\ntls_verify_peer = \"ca.pem\"\n",
+                "needs tls_cert",
             ),
         ] {
             let e = Machine::parse(&format!("{base}{bad}"), "m.toml").unwrap_err();

@@ -6,6 +6,8 @@ cd "$(dirname "$0")"
 need_apt=()
 command -v cc >/dev/null || need_apt+=(build-essential)
 command -v pkg-config >/dev/null || need_apt+=(pkg-config)
+# The NBD export's TLS-PSK (OpenSSL; rustls has no external pre-shared keys).
+dpkg -s libssl-dev >/dev/null 2>&1 || need_apt+=(libssl-dev)
 # The evaluation suite's kernel baselines and charts.
 command -v fio >/dev/null || need_apt+=(fio)
 command -v losetup >/dev/null || need_apt+=(mount)

@@ -66,6 +66,11 @@ pub struct NbdArgs {
     /// key get in. Without it, TLS authenticates the server only.
     #[arg(long, value_name = "CA_PEM", requires = "tls_cert")]
     tls_verify_peer: Option<PathBuf>,
+    /// Require TLS with pre-shared keys from FILE instead of certificates: one
+    /// `identity:hexkey` per line, as nbdkit's --tls-psk and GnuTLS's psktool write it.
+    /// Clients use e.g. nbds://alice@host/disk0?tls-psk-file=FILE.
+    #[arg(long, value_name = "FILE", conflicts_with_all = ["tls_cert", "tls_key"])]
+    tls_psk: Option<PathBuf>,
     /// Serve a TCP address other than loopback without TLS (a trusted network only).
     #[arg(long)]
     insecure: bool,
@@ -108,12 +113,12 @@ pub fn run(c: ExportCommand, control: PathBuf) -> Result<ExitCode, String> {
         })
         .collect();
     if let Some(addr) = a.listen {
-        if !addr.ip().is_loopback() && a.tls_cert.is_none() && !a.insecure {
+        if !addr.ip().is_loopback() && a.tls_cert.is_none() && a.tls_psk.is_none() && !a.insecure {
             return Err(format!(
                 "refusing to serve {addr} without TLS: anyone who can reach it could read and \
                  write the disk. Add --tls-cert and --tls-key (and --tls-verify-peer CA_PEM to \
-                 admit only clients with a certificate), listen on 127.0.0.1, or give --insecure \
-                 on a network you trust"
+                 admit only clients with a certificate) or --tls-psk FILE, listen on \
+                 127.0.0.1, or give --insecure on a network you trust"
             ));
         }
     }
@@ -147,7 +152,15 @@ pub fn run(c: ExportCommand, control: PathBuf) -> Result<ExitCode, String> {
             server = server.tls(config);
             true
         }
-        _ => false,
+        _ => match &a.tls_psk {
+            Some(file) => {
+                let keys =
+                    outboard_nbd::tls::PskKeys::from_file(file).map_err(|e| e.to_string())?;
+                server = server.tls_psk(keys);
+                true
+            }
+            None => false,
+        },
     };
     if let Some(fd) = a.notify_fd {
         server = server.notify(outboard_sys::process::inherited_socket(fd)?);

@@ -659,6 +659,51 @@ fn certificates(dir: &Path) {
     std::fs::write(anonymous.join("ca-cert.pem"), ca_cert.pem()).unwrap();
 }
 
+/// `--tls-psk`: libnbd (GnuTLS) with the right identity and key is served; a wrong key or an
+/// unknown identity is refused at the handshake.
+#[test]
+fn a_tls_psk_export_admits_only_clients_with_the_key() {
+    let dir = tempfile::tempdir().unwrap();
+    let keys = dir.path().join("keys.psk");
+    std::fs::write(&keys, "alice:0123456789abcdef0123456789abcdef\n").unwrap();
+    let wrong = dir.path().join("wrong.psk");
+    std::fs::write(&wrong, "alice:ffffffffffffffffffffffffffffffff\n").unwrap();
+    let up = Up::start(dir.path(), Some(MACHINE));
+    let ex = Export::start(&up, &["--tls-psk", keys.to_str().unwrap()]);
+    let uri = |user: &str, file: &Path| {
+        format!(
+            "nbds+unix://{user}@/disk0?socket={}&tls-psk-file={}",
+            ex.socket.display(),
+            file.display()
+        )
+    };
+    // Plaintext is refused.
+    let mut c = Raw::connect(&ex.socket);
+    c.hello();
+    c.option(3, &[]);
+    assert_eq!(c.option_reply().0, (1 << 31) + 5, "NBD_REP_ERR_TLS_REQD");
+    let o = tool("nbdinfo", &["--json", &uri("alice", &keys)]);
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(v["exports"][0]["export-size"], SIZE, "{v}");
+    // Data moves through it: nbdcopy in and out.
+    let data = common::pattern(41, 1 << 20);
+    let file = dir.path().join("data");
+    std::fs::write(&file, &data).unwrap();
+    tool("nbdcopy", &[file.to_str().unwrap(), &uri("alice", &keys)]);
+    let back = dir.path().join("back");
+    tool("nbdcopy", &[&uri("alice", &keys), back.to_str().unwrap()]);
+    assert!(std::fs::read(&back).unwrap()[..data.len()] == data[..]);
+    let bob = dir.path().join("bob.psk");
+    std::fs::write(&bob, "bob:0123456789abcdef0123456789abcdef\n").unwrap();
+    for (who, file) in [("alice", &wrong), ("bob", &bob)] {
+        let o = common::run_bounded(
+            Command::new("nbdinfo").arg(uri(who, file)),
+            Duration::from_secs(20),
+        );
+        assert!(!o.status.success(), "{who} with {file:?} was served: {o:?}");
+    }
+}
+
 /// `--tls-verify-peer`: libnbd with a client certificate the authority signed is served; one
 /// without a certificate, or with one another authority signed, is refused at the handshake.
 #[test]

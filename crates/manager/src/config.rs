@@ -111,6 +111,8 @@ pub struct ExportConfig {
     pub tls: Option<(std::path::PathBuf, std::path::PathBuf)>,
     /// Clients must present a certificate signed by one of these authorities (PEM).
     pub tls_verify_peer: Option<std::path::PathBuf>,
+    /// TLS required, with pre-shared keys from this file (`identity:hexkey` lines).
+    pub tls_psk: Option<std::path::PathBuf>,
     /// A TCP address other than loopback is served without TLS.
     pub insecure: bool,
 }
@@ -149,6 +151,7 @@ struct RawExport {
     tls_cert: Option<Spanned<String>>,
     tls_key: Option<Spanned<String>>,
     tls_verify_peer: Option<Spanned<String>>,
+    tls_psk: Option<Spanned<String>>,
     #[serde(default)]
     insecure: bool,
 }
@@ -500,15 +503,22 @@ impl Machine {
                     "tls_verify_peer needs tls_cert and tls_key".into(),
                 ));
             }
-            if let (ExportAddress::Tcp(a), None, false) = (&address, &tls, e.insecure) {
+            if let (Some(p), Some(_)) = (&e.tls_psk, &tls) {
+                return Err(err(
+                    p.span().start,
+                    "tls_psk or tls_cert and tls_key, not both".into(),
+                ));
+            }
+            let secured = tls.is_some() || e.tls_psk.is_some();
+            if let (ExportAddress::Tcp(a), false, false) = (&address, secured, e.insecure) {
                 if !a.ip().is_loopback() {
                     let at = e.listen.as_ref().map_or(at, |l| l.span().start);
                     return Err(err(
                         at,
                         format!(
                             "listen = \"{a}\" without TLS: anyone who can reach it could read \
-                             and write the disk; add tls_cert and tls_key, listen on 127.0.0.1, \
-                             or set insecure = true on a network you trust"
+                             and write the disk; add tls_cert and tls_key (or tls_psk), listen on \
+                             127.0.0.1, or set insecure = true on a network you trust"
                         ),
                     ));
                 }
@@ -520,6 +530,7 @@ impl Machine {
                 read_only: e.read_only,
                 tls,
                 tls_verify_peer: e.tls_verify_peer.as_ref().map(|v| v.get_ref().into()),
+                tls_psk: e.tls_psk.as_ref().map(|v| v.get_ref().into()),
                 insecure: e.insecure,
             });
         }

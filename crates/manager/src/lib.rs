@@ -596,13 +596,20 @@ impl Manager {
                 args.extend(["--tls-cert".into(), cert.display().to_string()]);
                 args.extend(["--tls-key".into(), key.display().to_string()]);
             }
+            if let Some(psk) = &e.tls_psk {
+                args.extend(["--tls-psk".into(), psk.display().to_string()]);
+            }
             if let Some(ca) = &e.tls_verify_peer {
                 args.extend(["--tls-verify-peer".into(), ca.display().to_string()]);
             }
             if e.insecure {
                 args.push("--insecure".into());
             }
-            let s = if e.tls.is_some() { "s" } else { "" };
+            let s = if e.tls.is_some() || e.tls_psk.is_some() {
+                "s"
+            } else {
+                ""
+            };
             let uri = match &e.address {
                 ExportAddress::Socket(p) => {
                     let p = p

@@ -156,7 +156,7 @@ pub struct NbdServer {
     open: Opener,
     active: Arc<AtomicUsize>,
     clients: Arc<Clients>,
-    tls: Option<Arc<rustls::ServerConfig>>,
+    tls: Option<crate::tls::Tls>,
     limits: Limits,
 }
 
@@ -247,7 +247,13 @@ impl NbdServer {
 
     /// Requires TLS (`NBD_OPT_STARTTLS`) of every client, with `config`.
     pub fn tls(mut self, config: Arc<rustls::ServerConfig>) -> Self {
-        self.tls = Some(config);
+        self.tls = Some(crate::tls::Tls::Certificates(config));
+        self
+    }
+
+    /// Requires TLS of every client, authenticated by a pre-shared key (`--tls-psk`).
+    pub fn tls_psk(mut self, keys: crate::tls::PskKeys) -> Self {
+        self.tls = Some(crate::tls::Tls::Psk(keys));
         self
     }
 
@@ -366,7 +372,7 @@ struct Shared<'a> {
     exports: &'a Exports,
     open: &'a Opener,
     join: &'a dyn Fn(&str) -> ClientEntry,
-    tls: Option<Arc<rustls::ServerConfig>>,
+    tls: Option<crate::tls::Tls>,
     /// Why every export is refused to this connection (the server is full).
     full: Option<String>,
 }
@@ -391,7 +397,7 @@ fn connection<S: Transport + AsFd>(
     exports: &Exports,
     open: &Opener,
     join: &dyn Fn(&str) -> ClientEntry,
-    tls: Option<Arc<rustls::ServerConfig>>,
+    tls: Option<crate::tls::Tls>,
     limits: Limits,
     full: Option<String>,
 ) -> Result<Option<crate::transmit::ConnStats>, NbdError> {
@@ -424,34 +430,53 @@ fn connection<S: Transport + AsFd>(
     )?;
     match first {
         Outcome::StartTls { no_zeroes } => {
-            let config = sh.tls.clone().expect("offered only when configured");
-            let conn = rustls::ServerConnection::new(config)
-                .map_err(|e| NbdError::Setup(format!("TLS: {e}")))?;
-            let mut tls = rustls::StreamOwned::new(conn, s);
-            while tls.conn.is_handshaking() {
-                tls.conn
-                    .complete_io(&mut tls.sock)
-                    .map_err(|e| NbdError::Protocol(format!("TLS handshake: {e}")))?;
-            }
             let policy = TlsPolicy {
                 active: true,
                 ..policy
             };
-            let outcome = negotiate_with(
-                &mut tls,
-                &sh.exports.list,
-                &mut chooser(&sh, &mut dev),
-                policy,
-                no_zeroes,
-            )?;
-            timeouts(tls.sock.as_fd(), limits.idle, limits.stuck_writer);
-            transmit(tls, outcome, dev, &sh)
+            match sh.tls.clone().expect("offered only when configured") {
+                crate::tls::Tls::Certificates(config) => {
+                    let conn = rustls::ServerConnection::new(config)
+                        .map_err(|e| NbdError::Setup(format!("TLS: {e}")))?;
+                    let mut tls = rustls::StreamOwned::new(conn, s);
+                    while tls.conn.is_handshaking() {
+                        tls.conn
+                            .complete_io(&mut tls.sock)
+                            .map_err(|e| NbdError::Protocol(format!("TLS handshake: {e}")))?;
+                    }
+                    secured(tls, &sh, &mut dev, policy, no_zeroes, limits)
+                }
+                crate::tls::Tls::Psk(keys) => {
+                    let tls = keys.accept(s)?;
+                    secured(tls, &sh, &mut dev, policy, no_zeroes, limits)
+                }
+            }
         }
         outcome => {
             timeouts(s.as_fd(), limits.idle, limits.stuck_writer);
             transmit(s, outcome, dev, &sh)
         }
     }
+}
+
+/// The rest of a connection once TLS is up: negotiation again, inside TLS, then transmission.
+fn secured<S: Transport>(
+    mut tls: S,
+    sh: &Shared<'_>,
+    dev: &mut Option<Session>,
+    policy: TlsPolicy,
+    no_zeroes: bool,
+    limits: Limits,
+) -> Result<Option<crate::transmit::ConnStats>, NbdError> {
+    let outcome = negotiate_with(
+        &mut tls,
+        &sh.exports.list,
+        &mut chooser(sh, dev),
+        policy,
+        no_zeroes,
+    )?;
+    timeouts(tls.fd(), limits.idle, limits.stuck_writer);
+    transmit(tls, outcome, dev.take(), sh)
 }
 
 /// Opens the chosen export's device before the client is told yes, so a busy or failed

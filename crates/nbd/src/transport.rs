@@ -86,3 +86,12 @@ impl<S: Read + Write + AsFd> Transport for rustls::StreamOwned<rustls::ServerCon
             .unwrap_or(true)
     }
 }
+
+impl<S: Read + Write + AsFd> Transport for openssl::ssl::SslStream<S> {
+    fn fd(&self) -> BorrowedFd<'_> {
+        self.get_ref().as_fd()
+    }
+    fn buffered(&mut self) -> bool {
+        self.ssl().pending() > 0
+    }
+}

@@ -29,6 +29,13 @@ pub struct ConfineArgs {
     /// on every thread, not only partly, as on kernels older than the ruleset).
     #[arg(long)]
     require_confinement: bool,
+    /// With --confine: most descriptors it may hold (RLIMIT_NOFILE, at most 4096).
+    #[arg(long, value_name = "N", default_value_t = outboard_confine::limits::MAX_FILES)]
+    max_files: u64,
+    /// With --confine: most bytes of address space it may map (RLIMIT_AS), e.g. 4G
+    /// [default: unlimited; `outboard up` gives 16G unless the machine says otherwise].
+    #[arg(long, value_name = "SIZE", value_parser = |s: &str| outboard_devices::backing::parse_size(s).ok_or("a size, e.g. 4G"))]
+    max_memory: Option<u64>,
 }
 
 impl ConfineArgs {
@@ -73,7 +80,11 @@ impl ConfineArgs {
                 })
             })
             .transpose()?;
-        let report = outboard_confine::confine(role).map_err(|e| e.to_string())?;
+        let caps = outboard_confine::limits::Caps {
+            files: self.max_files,
+            memory: self.max_memory,
+        };
+        let report = outboard_confine::confine(role, caps).map_err(|e| e.to_string())?;
         eprintln!("outboard: {report}");
         if !report.landlock_complete {
             if self.require_confinement {

@@ -37,6 +37,10 @@ pub struct UpArgs {
     /// every thread); by default a kernel without some of it gets a warning in their logs.
     #[arg(long)]
     require_confinement: bool,
+    /// Give every emulated device a fault socket, for `outboard fault` (bad hardware on
+    /// demand). Without it only devices with `fault_injection = true` have one.
+    #[arg(long)]
+    faults: bool,
 }
 
 /// A user name or UID:GID that resolves here (checked before anything starts).
@@ -194,6 +198,7 @@ pub fn up(a: UpArgs, control: PathBuf, verbose: u8) -> Result<ExitCode, String> 
         control_group: a.control_group,
         child_user: a.user,
         require_confinement: a.require_confinement,
+        fault_injection: a.faults,
     };
     let mut m = Manager::start(machine, opts).map_err(|e| e.to_string())?;
     let first = m

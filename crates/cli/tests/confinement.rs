@@ -291,3 +291,76 @@ fn a_read_only_disk_opens_its_backing_read_only() {
     let w = up.run_with_input(&["blk", "write", "disk0", "--offset", "0"], b"x");
     assert!(!w.status.success(), "a write to a read-only disk succeeded");
 }
+
+#[test]
+fn children_get_the_memory_and_descriptor_caps_of_their_device() {
+    let dir = tempfile::tempdir().unwrap();
+    let machine = "name = \"caps\"\n[[device]]\nname = \"disk0\"\nmodel = \"virtio-blk\"\n\
+                   backing = \"mem:8M\"\nmax_memory = \"2G\"\nmax_files = 256\n";
+    let up = common::Up::start(dir.path(), Some(machine));
+    let tree = registry(&up);
+    for kind in ["pci-function", "driver"] {
+        let pid = find_node(&tree, kind).unwrap()["props"]["pid"]
+            .as_u64()
+            .unwrap();
+        let limits = std::fs::read_to_string(format!("/proc/{pid}/limits")).unwrap();
+        let soft = |name: &str| {
+            let l = limits.lines().find(|l| l.starts_with(name)).unwrap();
+            l[25..].split_whitespace().next().unwrap().to_string()
+        };
+        assert_eq!(
+            soft("Max address space"),
+            (2u64 << 30).to_string(),
+            "{kind}"
+        );
+        assert_eq!(soft("Max open files"), "256", "{kind}");
+    }
+    // And the default caps the address space too.
+    let dir = tempfile::tempdir().unwrap();
+    let up = common::Up::start(dir.path(), Some(MACHINE));
+    let pid = find_node(&registry(&up), "driver").unwrap()["props"]["pid"]
+        .as_u64()
+        .unwrap();
+    let limits = std::fs::read_to_string(format!("/proc/{pid}/limits")).unwrap();
+    assert!(
+        limits.contains(&(16u64 << 30).to_string()),
+        "no default address-space cap:\n{limits}"
+    );
+    // The data path still works under the caps.
+    let data = common::pattern(3, 65536);
+    let w = up.run_with_input(&["blk", "write", "disk0", "--offset", "0"], &data);
+    assert!(w.status.success(), "{}", String::from_utf8_lossy(&w.stderr));
+}
+
+#[test]
+fn a_fault_socket_exists_only_where_fault_injection_is_asked_for() {
+    let dir = tempfile::tempdir().unwrap();
+    let up = common::Up::start(dir.path(), Some(MACHINE));
+    let names: Vec<String> = std::fs::read_dir(&up.dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    assert!(
+        !names.iter().any(|n| n.contains("faults")),
+        "a fault socket without being asked: {names:?}"
+    );
+    let f = up.run(&["fault", "disk0", "error-next=1"]);
+    assert!(!f.status.success());
+    let err = String::from_utf8_lossy(&f.stderr);
+    assert!(
+        err.contains("fault_injection = true") && err.contains("--faults"),
+        "{err}"
+    );
+    drop(up);
+    let dir = tempfile::tempdir().unwrap();
+    let up = common::Up::start_with(dir.path(), Some(MACHINE), |c| {
+        c.arg("--faults");
+    });
+    let f = up.run(&["fault", "disk0", "error-next=1"]);
+    assert!(f.status.success(), "{}", String::from_utf8_lossy(&f.stderr));
+    let r = up.run(&["blk", "read", "disk0", "--offset", "0", "--length", "512"]);
+    assert!(
+        !r.status.success(),
+        "the armed error did not reach the read"
+    );
+}

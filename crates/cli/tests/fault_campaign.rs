@@ -34,6 +34,7 @@ model = "virtio-blk"
 backing = "mem:4M"
 server = "shared"
 request_deadline = "2s"
+fault_injection = true
 [[device]]
 name = "bystander"
 model = "virtio-blk"

@@ -23,6 +23,7 @@ name = "disk1"
 model = "virtio-blk"
 backing = "mem:4M"
 attached = false
+fault_injection = true
 "#;
 
 fn node_state(up: &Up, kind: &str, name: &str) -> Option<String> {

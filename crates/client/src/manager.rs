@@ -126,7 +126,11 @@ pub fn faults_socket(control_path: &Path, name: &str) -> Result<std::path::PathB
         .and_then(|p| p.as_str())
         .map(std::path::PathBuf::from)
         .ok_or_else(|| {
-            BlockError::NoSuchDevice(format!("{name} has no emulated device model to fault"))
+            BlockError::NoSuchDevice(format!(
+                "{name} has no fault socket: faults are injected only into emulated devices \
+                 whose machine description asks for it (fault_injection = true in its \
+                 [[device]] table, or `outboard up --faults` for all)"
+            ))
         })
 }
 

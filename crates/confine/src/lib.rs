@@ -82,9 +82,9 @@ impl fmt::Display for Report {
 /// `setrlimit`, which the allow-list then forbids), Landlock next (its own system calls are
 /// not on the list), the seccomp filter last. Capabilities are per thread: a process that
 /// starts threads before this calls [`privileges::drop_privileges`] first thing.
-pub fn confine(role: Role) -> Result<Report, ConfineError> {
+pub fn confine(role: Role, caps: limits::Caps) -> Result<Report, ConfineError> {
     privileges::drop_capabilities()?;
-    let limits = limits::apply()?;
+    let limits = limits::apply(caps)?;
     let (landlock, landlock_complete) = sandbox::restrict()?;
     let syscalls = syscalls::install(role)?;
     Ok(Report {

@@ -8,16 +8,40 @@ use crate::ConfineError;
 /// areas fit many times over; a leak stops here instead of at the system's limit.
 pub const MAX_FILES: u64 = 4096;
 
+/// What a confined process may hold, as asked for (each only ever lowered).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Caps {
+    /// Most descriptors (`RLIMIT_NOFILE`), at most [`MAX_FILES`].
+    pub files: u64,
+    /// Most bytes of address space (`RLIMIT_AS`); `None` leaves it as it is.
+    pub memory: Option<u64>,
+}
+
+impl Default for Caps {
+    fn default() -> Self {
+        Self {
+            files: MAX_FILES,
+            memory: None,
+        }
+    }
+}
+
 /// The limits in force after [`apply`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Limits {
     /// `RLIMIT_NOFILE`.
     pub files: u64,
+    /// `RLIMIT_AS`, if limited.
+    pub memory: Option<u64>,
 }
 
 impl fmt::Display for Limits {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "rlimits nofile={} nproc=0 core=0", self.files)
+        write!(f, "rlimits nofile={}", self.files)?;
+        if let Some(m) = self.memory {
+            write!(f, " as={m}")?;
+        }
+        write!(f, " nproc=0 core=0")
     }
 }
 
@@ -33,7 +57,7 @@ fn os(what: &'static str) -> impl FnOnce(rustix::io::Errno) -> ConfineError {
 /// `nproc = 0` stops `fork` for an unprivileged user (the allow-list stops it for root);
 /// `core = 0` and not-dumpable keep a crashed driver's memory (client data) out of core
 /// files and away from `ptrace` by processes of the same user.
-pub fn apply() -> Result<Limits, ConfineError> {
+pub fn apply(caps: Caps) -> Result<Limits, ConfineError> {
     use rustix::process::{getrlimit, setrlimit, Resource, Rlimit};
     let lower = |r: Resource, to: u64, what: &'static str| -> Result<u64, ConfineError> {
         let now = getrlimit(r);
@@ -45,11 +69,15 @@ pub fn apply() -> Result<Limits, ConfineError> {
         setrlimit(r, new).map_err(os(what))?;
         Ok(new.current.unwrap_or(to))
     };
-    let files = lower(Resource::Nofile, MAX_FILES, "RLIMIT_NOFILE")?;
+    let files = lower(Resource::Nofile, caps.files.min(MAX_FILES), "RLIMIT_NOFILE")?;
+    let memory = caps
+        .memory
+        .map(|m| lower(Resource::As, m, "RLIMIT_AS"))
+        .transpose()?;
     lower(Resource::Nproc, 0, "RLIMIT_NPROC")?;
     lower(Resource::Core, 0, "RLIMIT_CORE")?;
     rustix::thread::set_no_new_privs(true).map_err(os("PR_SET_NO_NEW_PRIVS"))?;
     rustix::process::set_dumpable_behavior(rustix::process::DumpableBehavior::NotDumpable)
         .map_err(os("PR_SET_DUMPABLE"))?;
-    Ok(Limits { files })
+    Ok(Limits { files, memory })
 }

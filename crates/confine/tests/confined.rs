@@ -21,9 +21,11 @@ fn probe_child() {
         pid: var("OUTBOARD_PROBE_PID").parse().unwrap(),
     };
     if mode == "confined" {
-        let report =
-            outboard_confine::confine(outboard_confine::Role::DriverServer { vfio: false })
-                .expect("confine");
+        let report = outboard_confine::confine(
+            outboard_confine::Role::DriverServer { vfio: false },
+            Default::default(),
+        )
+        .expect("confine");
         println!("{report}");
     }
     let all = outboard_confine::probe::attempts(&targets, |a| println!("{a}"));

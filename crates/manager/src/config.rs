@@ -85,7 +85,18 @@ pub struct DeviceConfig {
     pub restart: crate::supervisor::RestartPolicy,
     /// Started with the machine (false: it waits for `outboard attach`).
     pub attached: bool,
+    /// Its model listens for `outboard fault` (a socket in the runtime directory).
+    pub fault_injection: bool,
+    /// Most bytes of address space its model and driver server may map (`RLIMIT_AS`).
+    pub max_memory: u64,
+    /// Most descriptors its model and driver server may hold (`RLIMIT_NOFILE`).
+    pub max_files: u64,
 }
+
+/// Address space a device model or driver server may map unless its `[[device]]` says
+/// otherwise: its sessions' buffer areas (at most 1 GiB in all), rings, BARs and code, many
+/// times over, but not the machine's memory.
+pub const DEFAULT_MAX_MEMORY: u64 = 16 << 30;
 
 /// Where an export listens.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -176,6 +187,10 @@ struct RawDevice {
     #[serde(default)]
     faults: Vec<Spanned<String>>,
     attached: Option<bool>,
+    #[serde(default)]
+    fault_injection: bool,
+    max_memory: Option<Spanned<String>>,
+    max_files: Option<Spanned<i64>>,
 }
 
 /// Known device models.
@@ -415,6 +430,42 @@ impl Machine {
                     .map_err(|e| err(f.span().start, format!("faults: {e}")))?;
                 faults.push(f.get_ref().clone());
             }
+            if d.fault_injection && d.model.get_ref() == "null-blk" {
+                return Err(err(
+                    d.model.span().start,
+                    "a null-blk device has no hardware to fault".into(),
+                ));
+            }
+            let max_memory = match &d.max_memory {
+                None => DEFAULT_MAX_MEMORY,
+                Some(m) => outboard_devices::backing::parse_size(m.get_ref())
+                    .filter(|n| *n >= 64 << 20)
+                    .ok_or_else(|| {
+                        err(
+                            m.span().start,
+                            format!(
+                                "max_memory = {:?}: a size of at least 64M, e.g. \"4G\"",
+                                m.get_ref()
+                            ),
+                        )
+                    })?,
+            };
+            let max_files = match &d.max_files {
+                None => outboard_confine::limits::MAX_FILES,
+                Some(n) => u64::try_from(*n.get_ref())
+                    .ok()
+                    .filter(|n| (32..=outboard_confine::limits::MAX_FILES).contains(n))
+                    .ok_or_else(|| {
+                        err(
+                            n.span().start,
+                            format!(
+                                "max_files = {}: from 32 to {}",
+                                n.get_ref(),
+                                outboard_confine::limits::MAX_FILES
+                            ),
+                        )
+                    })?,
+            };
             devices.push(DeviceConfig {
                 name: name.clone(),
                 model: d.model.into_inner(),
@@ -428,6 +479,9 @@ impl Machine {
                 faults,
                 restart,
                 attached: d.attached.unwrap_or(true),
+                fault_injection: d.fault_injection,
+                max_memory,
+                max_files,
             });
         }
         let mut exports: Vec<ExportConfig> = Vec::new();

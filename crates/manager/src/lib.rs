@@ -49,6 +49,9 @@ pub struct ManagerOptions {
     pub child_user: Option<String>,
     /// Children refuse to serve unless every confinement layer holds in full.
     pub require_confinement: bool,
+    /// Every emulated device gets a fault socket (`outboard fault`), whatever its
+    /// `fault_injection` says.
+    pub fault_injection: bool,
 }
 
 pub use outboard_client::manager::{default_control, default_runtime_dir};
@@ -219,9 +222,15 @@ impl Manager {
     }
 
     /// How every device model and driver server is confined: `--confine`, and the user and
-    /// strictness this manager was given.
-    fn confine_args(&self) -> Vec<String> {
+    /// strictness this manager was given, and the smallest of `devices`' resource caps.
+    fn confine_args(&self, devices: &[&DeviceConfig]) -> Vec<String> {
         let mut args = vec!["--confine".to_string()];
+        if let Some(m) = devices.iter().map(|d| d.max_memory).min() {
+            args.extend(["--max-memory".into(), m.to_string()]);
+        }
+        if let Some(n) = devices.iter().map(|d| d.max_files).min() {
+            args.extend(["--max-files".into(), n.to_string()]);
+        }
         if let Some(u) = &self.opts.child_user {
             args.extend(["--user".into(), u.clone()]);
         }
@@ -279,7 +288,7 @@ impl Manager {
             supervisor::EVENT_FD.to_string(),
             "--restartable".into(),
         ];
-        args.extend(self.confine_args());
+        args.extend(self.confine_args(&served));
         let mut conn_fds = conn_fds.into_iter();
         let deadline = served
             .iter()
@@ -378,9 +387,6 @@ impl Manager {
             let (listener, sock_path) =
                 outboard_sys::bind_listener(&sock, rustix::net::SocketType::STREAM, 8)
                     .map_err(|e| launch(e.to_string()))?;
-            let (faults, faults_path) =
-                outboard_sys::bind_listener(&faults_socket, rustix::net::SocketType::SEQPACKET, 8)
-                    .map_err(|e| launch(e.to_string()))?;
             let (fds, _) = supervisor::fd_layout(true, 3, 0);
             let mut args = vec![
                 "device".to_string(),
@@ -389,15 +395,27 @@ impl Manager {
                 format!("fd:{}", fds[0]),
                 "--fd".into(),
                 fds[1].to_string(),
-                "--faults-fd".into(),
-                fds[2].to_string(),
                 "--notify-fd".into(),
                 supervisor::EVENT_FD.to_string(),
                 "--queues".into(),
                 d.queues.to_string(),
             ];
+            let mut keep = vec![backing, listener];
+            let mut paths = vec![sock_path];
+            // The fault socket exists only where the machine asks for fault injection: it
+            // lets whoever reaches it make the device misbehave.
+            let faults_socket =
+                (d.fault_injection || self.opts.fault_injection).then_some(faults_socket);
+            if let Some(path) = &faults_socket {
+                let (faults, faults_path) =
+                    outboard_sys::bind_listener(path, rustix::net::SocketType::SEQPACKET, 8)
+                        .map_err(|e| launch(e.to_string()))?;
+                args.extend(["--faults-fd".into(), fds[2].to_string()]);
+                keep.push(faults);
+                paths.push(faults_path);
+            }
             // Once it listens, it opens nothing: no filesystem, no network, no processes.
-            args.extend(self.confine_args());
+            args.extend(self.confine_args(&[d]));
             if d.read_only {
                 args.push("--read-only".into());
             }
@@ -414,9 +432,9 @@ impl Manager {
                 self.opts.verbose,
                 supervisor::Passing {
                     events: true,
-                    keep: vec![backing, listener, faults],
+                    keep,
                     connect: Vec::new(),
-                    paths: vec![sock_path, faults_path],
+                    paths,
                 },
             )
             .map_err(ManagerError::Launch)?;
@@ -432,8 +450,10 @@ impl Manager {
                 .with("socket", sock.display().to_string())
                 .with("pid", p.pid())
                 .with("backing", d.backing.as_str())
-                .with("faults-socket", faults_socket.display().to_string())
                 .with("state", "running");
+            if let Some(path) = &faults_socket {
+                node.set("faults-socket", path.display().to_string());
+            }
             self.procs.push(p);
             // Identity, BARs and IRQs, read the way a driver would.
             let f = PciFunction::open(&DeviceSpec::VfioUser(sock.clone())).map_err(|e| {

@@ -200,6 +200,13 @@ pub fn up(a: UpArgs, control: PathBuf, verbose: u8) -> Result<ExitCode, String> 
         require_confinement: a.require_confinement,
         fault_injection: a.faults,
     };
+    let (abi, landlock) = outboard_confine::sandbox::kernel_support();
+    if abi < 8 {
+        eprintln!(
+            "outboard: note: this kernel has Landlock ABI {abi}: {landlock}. Each child's log \
+             says what it got; --require-confinement makes children refuse to serve with less"
+        );
+    }
     let mut m = Manager::start(machine, opts).map_err(|e| e.to_string())?;
     let first = m
         .registry()

@@ -364,3 +364,35 @@ fn a_fault_socket_exists_only_where_fault_injection_is_asked_for() {
         "the armed error did not reach the read"
     );
 }
+
+#[test]
+fn require_confinement_refuses_to_serve_with_less_than_all_of_it() {
+    let dir = tempfile::tempdir().unwrap();
+    // The fault socket's thread starts before confinement: without the kernel's all-threads
+    // flag (Landlock ABI 8), it gets the seccomp filter only.
+    let mut child = std::process::Command::new(common::EXE)
+        .args(["device", "virtio-blk", "--backing", "mem:1M", "--socket"])
+        .arg(dir.path().join("blk.sock"))
+        .arg("--faults-socket")
+        .arg(dir.path().join("faults.sock"))
+        .args(["--confine", "--require-confinement"])
+        .stdin(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let abi = outboard_confine::sandbox::kernel_abi();
+    if abi < 8 {
+        let out = common::run_bounded_child(child, std::time::Duration::from_secs(20));
+        assert!(!out.status.success(), "served with less: {out:?}");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains("--require-confinement"), "{err}");
+    } else {
+        // All of it holds here: it serves.
+        let live = common::eventually(std::time::Duration::from_secs(10), || {
+            outboard_sys::is_live(&dir.path().join("blk.sock"))
+        });
+        let _ = child.kill();
+        let _ = child.wait();
+        assert!(live);
+    }
+}

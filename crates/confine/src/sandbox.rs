@@ -14,8 +14,25 @@ use crate::ConfineError;
 /// The newest Landlock ABI this code asks for.
 const ABI_WANTED: ABI = ABI::V8;
 
+/// What Landlock on this kernel can enforce, in words, and whether that is all of it (ABI 8:
+/// every right Outboard asks for, on every thread).
+pub fn kernel_support() -> (i64, &'static str) {
+    let abi = kernel_abi();
+    let what = match abi {
+        0 => "no Landlock: children rely on the seccomp filter alone",
+        1..=3 => "Landlock without network or scope rules: filesystem only",
+        4 | 5 => "Landlock without abstract-socket and signal scopes",
+        6 | 7 => {
+            "Landlock in full, but only on threads a child starts after confining itself \
+                  (older threads get the seccomp filter only)"
+        }
+        _ => "Landlock in full, on every thread",
+    };
+    (abi, what)
+}
+
 /// The Landlock ABI the running kernel offers (0: none).
-fn kernel_abi() -> i64 {
+pub fn kernel_abi() -> i64 {
     // SAFETY: the version query (flag 1, LANDLOCK_CREATE_RULESET_VERSION) takes a null
     // attribute pointer and size 0; no memory is read or written.
     let v = unsafe {

@@ -286,6 +286,11 @@ pub fn run_bounded(cmd: &mut Command, limit: Duration) -> Output {
         .stderr(Stdio::piped())
         .spawn()
         .expect("spawn");
+    run_bounded_child(child, limit)
+}
+
+/// Waits for a child started by the caller, killing it if it takes longer than `limit`.
+pub fn run_bounded_child(child: std::process::Child, limit: Duration) -> Output {
     let pid = child.id();
     let killer = std::thread::spawn(move || {
         if !wait_gone(pid, limit) {
@@ -297,7 +302,7 @@ pub fn run_bounded(cmd: &mut Command, limit: Duration) -> Output {
         false
     });
     let out = child.wait_with_output().expect("wait");
-    assert!(!killer.join().unwrap(), "{cmd:?} hung for {limit:?}");
+    assert!(!killer.join().unwrap(), "pid {pid} hung for {limit:?}");
     out
 }
 

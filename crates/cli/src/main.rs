@@ -55,6 +55,10 @@ enum Command {
     /// clients' requests wait, they do not fail) or resume it. Waits until the device is
     /// quiet. Example: outboard power disk0 suspend
     Power(up::PowerArgs),
+    /// Start a device's driver again: one the manager gave up (a crash loop whose cause is
+    /// gone now), or a running one. Clients carry on: their requests are replayed. A memory
+    /// disk keeps its bytes. Waits until it serves. Example: outboard restart disk0
+    Restart(up::RestartArgs),
     /// Hot-plug a device into the running machine: one its description declares with
     /// `attached = false` (or detached earlier), by name, or new ones described in a file of
     /// `[[device]]` tables. The catalog matches its driver, which starts; its class device
@@ -193,6 +197,7 @@ fn main() -> ExitCode {
         Command::Blk(c) => blk::run(c, control),
         Command::Fault(a) => fault(a, control),
         Command::Power(a) => up::power(a, control),
+        Command::Restart(a) => up::restart(a, control),
         Command::Attach(a) => up::attach(a, control),
         Command::Detach(a) => up::detach(a, control),
         Command::Export(c) => export::run(c, control),

@@ -85,6 +85,15 @@ pub struct AttachArgs {
 }
 
 #[derive(Args)]
+pub struct RestartArgs {
+    /// Class device name, e.g. disk0.
+    device: String,
+    /// How long to wait for it to serve again.
+    #[arg(long, default_value = "30s", value_parser = parse_duration)]
+    timeout: std::time::Duration,
+}
+
+#[derive(Args)]
 pub struct DetachArgs {
     /// Class device name, e.g. disk1.
     device: String,
@@ -284,6 +293,21 @@ pub fn power(a: PowerArgs, control: PathBuf) -> Result<ExitCode, String> {
     })
 }
 
+pub fn restart(a: RestartArgs, control: PathBuf) -> Result<ExitCode, String> {
+    let first = outboard_client::manager::restart(&control, &a.device);
+    // Its own answer says `restarting`: wait until it says more.
+    let first = first.map(|mut n| {
+        n.set("state", "restarting");
+        n
+    });
+    settle(&control, &a.device, a.timeout, first, |r| match r {
+        Ok(n) if state_of(n) == "serving" => Ok(Some("serving".into())),
+        Ok(n) if state_of(n).starts_with("gave up") => Err(state_of(n).to_string()),
+        Ok(_) => Ok(None),
+        Err(e) => Err(e.to_string()),
+    })
+}
+
 fn state_of(n: &outboard_manager::registry::Node) -> &str {
     n.props.get("state").and_then(|s| s.as_str()).unwrap_or("")
 }
@@ -305,6 +329,12 @@ fn settle(
         if let Some(done) = settled(&now).map_err(|e| format!("{device}: {e}"))? {
             println!("{device}: {done}");
             return Ok(ExitCode::SUCCESS);
+        }
+        if let Ok(n) = &now {
+            // Nothing will change by waiting: say so at once.
+            if state_of(n).starts_with("gave up") {
+                return Err(format!("{device}: {}", state_of(n)));
+            }
         }
         if std::time::Instant::now() > deadline {
             let state = now.as_ref().map(state_of).unwrap_or_default();

@@ -60,6 +60,13 @@ pub enum Request {
         /// Device name.
         name: String,
     },
+    /// Start a class device's driver again: one given up (its model too, if that was given
+    /// up), or a running one (its server is ended and started again; clients replay). The
+    /// crash history is forgiven. The reply is its registry entry at once (`restarting`).
+    Restart {
+        /// Device name.
+        name: String,
+    },
 }
 
 /// The manager's answer.

@@ -88,6 +88,12 @@ pub fn power(control_path: &Path, name: &str, suspend: bool) -> Result<Node, Blo
     )?)
 }
 
+/// Starts class device `name`'s driver again (given up or running); returns its registry
+/// entry at once.
+pub fn restart(control_path: &Path, name: &str) -> Result<Node, BlockError> {
+    node_reply(ask(control_path, &Request::Restart { name: name.into() })?)
+}
+
 /// Attaches a declared device (`name`) or new ones (`description`, `[[device]]` tables);
 /// returns the class device's registry entry once it serves.
 pub fn attach(

@@ -13,9 +13,14 @@
 //! placement = "separate"  # "separate": driver in a server; "colocated": driver in the client
 //! server = "blk0"         # devices naming the same server share it ("grouped")
 //! request_deadline = "30s" # a request still in the device after this fails the device
-//! restarts = 10           # a crashed driver server or model is restarted this many times…
-//! restart_window = "60s"  # …within this window; one crash more and it is given up
+//! restarts = 5            # crashes in a row without serving before it is given up (0: never
+//!                         # restart); one that serves between crashes restarts for ever
+//! restart_window = "60s"  # crashes without serving older than this are forgotten
+//! retry_after_give_up = "60s" # a given-up device is tried again after this long
 //! heartbeat = "1s"        # a driver server whose loop stops this long is hung: restarted
+//! fault_injection = false # true: a fault socket for `outboard fault`
+//! max_memory = "16G"      # address space of its model and driver server (RLIMIT_AS)
+//! max_files = 4096        # descriptors of each (RLIMIT_NOFILE)
 //! faults = ["drop-irq=2"] # fault injection armed from the start (see `outboard fault`)
 //! attached = true         # false: declared, started later by `outboard attach disk0`
 //!
@@ -183,6 +188,7 @@ struct RawDevice {
     request_deadline: Option<Spanned<String>>,
     restarts: Option<Spanned<i64>>,
     restart_window: Option<Spanned<String>>,
+    retry_after_give_up: Option<Spanned<String>>,
     heartbeat: Option<Spanned<String>>,
     #[serde(default)]
     faults: Vec<Spanned<String>>,
@@ -406,6 +412,7 @@ impl Machine {
             let mut restart = crate::supervisor::RestartPolicy::default();
             restart.window = duration("restart_window", &d.restart_window, restart.window)?;
             restart.heartbeat = duration("heartbeat", &d.heartbeat, restart.heartbeat)?;
+            restart.retry = duration("retry_after_give_up", &d.retry_after_give_up, restart.retry)?;
             if let Some(n) = &d.restarts {
                 restart.limit = u32::try_from(*n.get_ref()).map_err(|_| {
                     err(

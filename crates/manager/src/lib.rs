@@ -770,6 +770,7 @@ impl Manager {
             Ok((control::Event::Serving, _)) => {}
             Ok((control::Event::ExportClients { export, clients }, _)) => {
                 self.procs[i].served = true;
+                self.procs[i].restarts.served();
                 if let Some(n) = self.registry.find_mut("export", &format!("nbd:{export}")) {
                     n.set("state", "running");
                     n.set("clients", clients.len());
@@ -861,20 +862,59 @@ impl Manager {
         if let Some(ev) = self.procs[i].events.take() {
             let _ = work.remove(ev.as_fd());
         }
+        // Progress, read before the heartbeat page goes: a server whose loop turned after it
+        // said it serves; a model that came into service. A restart an operator asked for
+        // counts as progress too.
+        let p = &self.procs[i];
+        let progressed = p.planned
+            || match &p.kind {
+                supervisor::Kind::Server { .. } => {
+                    p.served && p.heartbeat.as_ref().is_some_and(|h| h.turned())
+                }
+                _ => p.served,
+            };
+        let death = supervisor::Death::of(p.exited, progressed, p.hung);
         self.procs[i].heartbeat = None;
+        self.procs[i].planned = false;
         let kind = self.procs[i].kind.clone();
         if let supervisor::Kind::Export { name } = &kind {
-            self.export_exited(i, name);
+            self.export_exited(i, name, death);
             return;
         }
         let now = std::time::Instant::now();
         let policy = self.policy(&kind);
         let p = &mut self.procs[i];
-        let status = p.exited.map(|s| s.to_string()).unwrap_or_default();
+        let status = match (p.hung, p.exited) {
+            (true, _) => format!("hung: no heartbeat for {:?}, killed", policy.heartbeat),
+            (false, Some(s)) => s.to_string(),
+            (false, None) => String::new(),
+        };
         let (role, pid, log) = (p.role.clone(), p.pid(), p.log.clone());
         p.down_since.get_or_insert(now);
-        let delay = p.restarts.crashed(now, &policy, p.served);
+        let delay = p.restarts.crashed(now, &policy, death);
         let total = p.restarts.total;
+        // What ended it, and no dead pid shown as current.
+        let devices = Self::devices_of(&kind);
+        let last_exit = format!("{role} (pid {pid}) {status}");
+        match &kind {
+            supervisor::Kind::Model { device } => {
+                if let Some(f) = self
+                    .registry
+                    .find_mut("pci-function", &format!("{device}@vfio-user"))
+                {
+                    f.props.remove("pid");
+                    f.set("last-exit", last_exit.clone());
+                }
+            }
+            _ => {
+                for n in &devices {
+                    if let Some(drv) = self.driver_of_mut(n) {
+                        drv.props.remove("pid");
+                        drv.set("last-exit", last_exit.clone());
+                    }
+                }
+            }
+        }
         // A server whose model was given up has nothing to serve.
         let model_gone = Self::devices_of(&kind).iter().find_map(|n| {
             self.procs.iter().find_map(|m| {
@@ -886,7 +926,6 @@ impl Manager {
         let delay = if model_gone.is_some() { None } else { delay };
         // The log explains the crash: it outlives the machine.
         self.created.retain(|f| f != &log);
-        let devices = Self::devices_of(&kind);
         match delay {
             Some(d) => {
                 tracing::warn!(
@@ -901,16 +940,24 @@ impl Manager {
                 );
             }
             None => {
+                let cause = match (&model_gone, policy.limit) {
+                    (Some(_), _) => format!("{role}: its device model was given up"),
+                    (None, 0) => format!("{role} exited ({status}) and restarts = 0"),
+                    (None, n) => format!(
+                        "{role} exited ({status}), {n} times in a row without serving; log {}",
+                        log.display()
+                    ),
+                };
+                let retry = policy.retry;
                 let why = format!(
-                    "gave up: {role} exited ({status}) more than {} times in {:?}; log {}",
-                    policy.limit,
-                    policy.window,
-                    log.display()
+                    "gave up: {cause}; trying again in {retry:?} (or now: outboard restart {})",
+                    devices.first().map(String::as_str).unwrap_or("DEVICE")
                 );
                 tracing::error!("{why}");
                 eprintln!("outboard: {why}");
                 self.procs[i].gave_up = Some(why.clone());
-                self.procs[i].restart_at = None;
+                // Given up is not forever: tried again on a slow schedule.
+                self.procs[i].restart_at = Some(now + retry);
                 self.set_state(&devices, &why, &why);
             }
         }
@@ -918,12 +965,13 @@ impl Manager {
         // is reset the only way an emulated device can be, by starting it again on its
         // backing. It is reaped here, so the server cannot start before it is back.
         // So is one that hung (most often in a call to a model that stopped answering) or
-        // died before it served (it could not bring its device up).
+        // crashed before it served (it could not bring its device up). One killed from
+        // outside before it served says nothing about the device.
         let p = &self.procs[i];
         let device_failed = p.exited.and_then(|s| s.code())
             == Some(outboard_server::host::EXIT_DEVICE_FAILED)
             || p.hung
-            || !p.served;
+            || (!p.served && death == supervisor::Death::Crash);
         let device_failed = device_failed && matches!(kind, supervisor::Kind::Server { .. });
         if device_failed && delay.is_some() {
             // A model started after this server is a new one already: the failure was the
@@ -1053,16 +1101,21 @@ impl Manager {
             let now = std::time::Instant::now();
             let policy = self.policy(&kind);
             let p = &mut self.procs[i];
-            match p.restarts.crashed(now, &policy, false) {
+            match p.restarts.crashed(now, &policy, supervisor::Death::Crash) {
                 Some(d) => p.restart_at = Some(now + d),
                 None => {
-                    p.gave_up = Some(format!("gave up: {e}"));
-                    let why = format!("gave up: {e}");
+                    let why = format!(
+                        "gave up: {e}; trying again in {:?} (or now: outboard restart)",
+                        policy.retry
+                    );
+                    p.gave_up = Some(why.clone());
+                    p.restart_at = Some(now + policy.retry);
                     self.set_state(&Self::devices_of(&kind), &why, &why);
                 }
             }
             return;
         }
+        p.gave_up = None;
         let pid = p.pid();
         let _ = work.add(p.fd(), Source::Child(i));
         if let Some(ev) = &p.events {
@@ -1077,6 +1130,7 @@ impl Manager {
                 return;
             }
             p.served = true;
+            p.restarts.served();
             let down = p.down_since.take().map(|t| t.elapsed()).unwrap_or_default();
             tracing::warn!("device model for {device} restarted (pid {pid}) in {down:?}");
             if let Some(f) = self
@@ -1109,6 +1163,7 @@ impl Manager {
     fn serving(&mut self, i: usize, fds: Vec<OwnedFd>) {
         let p = &mut self.procs[i];
         p.served = true;
+        p.restarts.served();
         match fds.into_iter().next().map(supervisor::Heartbeat::new) {
             Some(Ok(hb)) => p.heartbeat = Some(hb),
             Some(Err(e)) => tracing::warn!("{}: {e}", p.role),
@@ -1607,13 +1662,13 @@ impl Manager {
     /// Export `i` (named `name`) exited while the machine runs: the clients it had are gone
     /// with it, and it is started again like a driver server (at once if it had served,
     /// with back-off in a crash loop, given up past its policy's limit).
-    fn export_exited(&mut self, i: usize, name: &str) {
+    fn export_exited(&mut self, i: usize, name: &str, death: supervisor::Death) {
         let now = std::time::Instant::now();
         let policy = supervisor::RestartPolicy::default();
         let p = &mut self.procs[i];
         let status = p.exited.map(|s| s.to_string()).unwrap_or_default();
         let (role, pid, log) = (p.role.clone(), p.pid(), p.log.clone());
-        let delay = p.restarts.crashed(now, &policy, p.served);
+        let delay = p.restarts.crashed(now, &policy, death);
         let total = p.restarts.total;
         // The log explains the crash: it outlives the machine.
         self.created.retain(|f| f != &log);
@@ -1636,6 +1691,7 @@ impl Manager {
                 tracing::error!("{why}");
                 eprintln!("outboard: {why}");
                 self.procs[i].gave_up = Some(why.clone());
+                self.procs[i].restart_at = Some(now + policy.retry);
                 why
             }
         };
@@ -1691,6 +1747,7 @@ impl Manager {
             Request::Power { name, suspend } => self.power(&name, suspend),
             Request::Attach { name, description } => self.attach(name, description, work),
             Request::Detach { name } => self.detach(&name, work),
+            Request::Restart { name } => self.restart_by_hand(&name),
             Request::List => Reply::Registry {
                 tree: self.registry.clone(),
             },
@@ -1702,6 +1759,50 @@ impl Manager {
                 }
                 None => refuse("no-such-device", format!("no device named {name:?}")),
             },
+        }
+    }
+
+    /// `outboard restart NAME`: a given-up model or server of `name` is started again now, a
+    /// running server is ended and started again (its death counts as progress); either way
+    /// the crash history is forgiven.
+    fn restart_by_hand(&mut self, name: &str) -> Reply {
+        let Some(node) = self.registry.find("block-device", name).cloned() else {
+            return match self.machine.devices.iter().any(|d| d.name == name) {
+                true => refuse(
+                    "device-gone",
+                    format!("{name} is detached: outboard attach {name}"),
+                ),
+                false => refuse("no-such-device", format!("no device named {name:?}")),
+            };
+        };
+        let now = std::time::Instant::now();
+        for p in &mut self.procs {
+            let model = matches!(&p.kind, supervisor::Kind::Model { device } if device == name);
+            let server = p.kind.serves(name);
+            if !(model || server) {
+                continue;
+            }
+            p.restarts.forgive();
+            if p.gave_up.is_some() || p.exited.is_some() {
+                p.gave_up = None;
+                p.restart_at = Some(now);
+            } else if server {
+                p.planned = true;
+                let _ = rustix::process::pidfd_send_signal(&p.pidfd, rustix::process::Signal::KILL);
+            }
+        }
+        tracing::warn!("{name}: restarted by hand");
+        self.set_state(
+            &[name.to_string()],
+            "restarting (outboard restart)",
+            "restarting",
+        );
+        Reply::Status {
+            node: self
+                .registry
+                .find("block-device", name)
+                .cloned()
+                .unwrap_or(node),
         }
     }
 

@@ -46,6 +46,9 @@ pub struct Process {
     pub served: bool,
     /// This incarnation was killed because its heartbeat stopped.
     pub hung: bool,
+    /// This incarnation was ended on an operator's request (`outboard restart`): its death
+    /// counts as progress.
+    pub planned: bool,
     /// When this incarnation started.
     pub started: Instant,
 }
@@ -97,30 +100,68 @@ impl Kind {
 }
 
 /// When a crashed process is started again, and when the manager stops trying.
+///
+/// Progress decides: an incarnation that served (a driver server whose heartbeat moved after
+/// it said it serves; a model or an export that came into service) is a working driver,
+/// however often it dies, and is started again at once. Only deaths without progress count
+/// against `limit`, and only those the process brought on itself (a crash, an exit, a hang):
+/// a kill from outside before it came up says nothing about the driver, though it is slowed
+/// down like the rest.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct RestartPolicy {
-    /// Most restarts within `window`; one more crash and the process is given up.
+    /// Most deaths without progress in a row (within `window` of each other); one more and
+    /// the process is given up. 0: never restart at all.
     pub limit: u32,
-    /// The window restarts are counted in.
+    /// Deaths without progress older than this are forgotten.
     pub window: Duration,
-    /// Delay before restarting an incarnation that died before it served; doubling for each
-    /// such death in a row.
+    /// Delay before the second restart in a row without progress (the first is at once);
+    /// doubling after that.
     pub backoff: Duration,
     /// Longest delay.
     pub max_backoff: Duration,
     /// A driver server whose loop has not turned for this long is hung: it is killed and
     /// restarted.
     pub heartbeat: Duration,
+    /// A device given up is tried again after this long (`outboard restart` tries at once).
+    pub retry: Duration,
 }
 
 impl Default for RestartPolicy {
     fn default() -> Self {
         Self {
-            limit: 10,
+            limit: 5,
             window: Duration::from_secs(60),
             backoff: Duration::from_millis(10),
             max_backoff: Duration::from_secs(2),
             heartbeat: Duration::from_secs(1),
+            retry: Duration::from_secs(60),
+        }
+    }
+}
+
+/// How an incarnation ended, as the restart policy weighs it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Death {
+    /// It had made progress: serving, its loop turning.
+    AfterProgress,
+    /// It crashed, exited or hung before making progress: the driver's own doing.
+    Crash,
+    /// Killed from outside (SIGKILL, SIGTERM, SIGINT, SIGHUP) before making progress.
+    Killed,
+}
+
+impl Death {
+    /// Weighs an exit: `progressed` if it made progress, `hung` if the manager killed it for
+    /// a stopped heartbeat.
+    pub fn of(status: Option<std::process::ExitStatus>, progressed: bool, hung: bool) -> Self {
+        use std::os::unix::process::ExitStatusExt;
+        if progressed {
+            return Death::AfterProgress;
+        }
+        let external = [libc::SIGKILL, libc::SIGTERM, libc::SIGINT, libc::SIGHUP];
+        match status.and_then(|s| s.signal()) {
+            Some(sig) if !hung && external.contains(&sig) => Death::Killed,
+            _ => Death::Crash,
         }
     }
 }
@@ -128,46 +169,68 @@ impl Default for RestartPolicy {
 /// A process's crash history.
 #[derive(Debug, Default, Clone)]
 pub struct Restarts {
-    recent: std::collections::VecDeque<Instant>,
-    /// Incarnations in a row that died before they served: a crash loop, which back-off
-    /// slows down.
-    failing: u32,
+    /// Crashes without progress since the last progress, within the window: the budget.
+    crashes: std::collections::VecDeque<Instant>,
+    /// Deaths in a row since an incarnation last came into service: the back-off.
+    streak: u32,
     /// Restarts since the machine came up.
     pub total: u64,
 }
 
 impl Restarts {
-    /// A crash at `now` of an incarnation that had (`served`) or had not yet come into
-    /// service: how long to wait before starting it again, or `None` to give up (more than
-    /// `limit` restarts within the window).
-    ///
-    /// An incarnation that served is started again at once, however often that happens:
-    /// clients are waiting, and the next one is as likely to serve. Back-off is for crash
-    /// loops, incarnations that die before serving; each such death in a row doubles the
-    /// delay. The give-up limit bounds both.
-    pub fn crashed(&mut self, now: Instant, p: &RestartPolicy, served: bool) -> Option<Duration> {
-        self.recent
-            .retain(|t| now.saturating_duration_since(*t) < p.window);
-        if self.recent.len() as u32 >= p.limit {
+    /// A death at `now`: how long to wait before starting it again, or `None` to give up.
+    pub fn crashed(&mut self, now: Instant, p: &RestartPolicy, death: Death) -> Option<Duration> {
+        if p.limit == 0 {
             return None;
         }
-        self.recent.push_back(now);
-        self.total += 1;
-        if served {
-            self.failing = 0;
-            return Some(Duration::ZERO);
+        match death {
+            Death::AfterProgress => {
+                // A working driver: at once, and the next death is a first again.
+                self.crashes.clear();
+                self.streak = 0;
+                self.total += 1;
+                return Some(Duration::ZERO);
+            }
+            Death::Crash => {
+                self.crashes
+                    .retain(|t| now.saturating_duration_since(*t) < p.window);
+                if self.crashes.len() as u32 >= p.limit {
+                    return None;
+                }
+                self.crashes.push_back(now);
+            }
+            Death::Killed => {}
         }
-        self.failing += 1;
-        Some(
-            p.backoff
-                .saturating_mul(1u32 << (self.failing - 1).min(20))
+        self.streak += 1;
+        self.total += 1;
+        // The first restart in a row is at once. A process killed from outside again and
+        // again before it came up waits `backoff` each time (a floor, not a spin: it is not
+        // the driver's fault); one that crashes waits 10 ms, 20 ms, … up to the maximum.
+        Some(match (self.streak, death) {
+            (0 | 1, _) => Duration::ZERO,
+            (_, Death::Killed) => p.backoff,
+            (n, _) => p
+                .backoff
+                .saturating_mul(1u32 << (n - 2).min(20))
                 .min(p.max_backoff),
-        )
+        })
     }
 
-    /// Restarts within the window that ends at `now`.
-    pub fn recent(&self, now: Instant, p: &RestartPolicy) -> usize {
-        self.recent
+    /// The incarnation came into service: back-off starts afresh (its crashes still count
+    /// against the limit until one also makes progress).
+    pub fn served(&mut self) {
+        self.streak = 0;
+    }
+
+    /// Forgets the deaths in a row (an operator's `outboard restart`: try afresh).
+    pub fn forgive(&mut self) {
+        self.crashes.clear();
+        self.streak = 0;
+    }
+
+    /// Crashes without progress that count against the limit, as of `now`.
+    pub fn failing(&self, now: Instant, p: &RestartPolicy) -> usize {
+        self.crashes
             .iter()
             .filter(|t| now.saturating_duration_since(**t) < p.window)
             .count()
@@ -180,6 +243,8 @@ pub struct Heartbeat {
     page: outboard_shm::SharedMem,
     last: u32,
     moved: Instant,
+    /// The word when the server said it serves.
+    first: Option<u32>,
 }
 
 impl Heartbeat {
@@ -189,11 +254,27 @@ impl Heartbeat {
         let page =
             outboard_shm::SharedMem::map_peer_owned(fd, 0, 4096, outboard_shm::Access::ReadOnly)
                 .map_err(|e| format!("heartbeat page: {e}"))?;
-        Ok(Self {
+        let mut hb = Self {
             page,
             last: 0,
             moved: Instant::now(),
-        })
+            first: None,
+        };
+        hb.first = hb.word();
+        hb.last = hb.first.unwrap_or(0);
+        Ok(hb)
+    }
+
+    fn word(&self) -> Option<u32> {
+        self.page
+            .atomic_u32(0)
+            .ok()
+            .map(|w| w.load(std::sync::atomic::Ordering::Relaxed))
+    }
+
+    /// Whether the loop turned since the server said it serves: progress.
+    pub fn turned(&self) -> bool {
+        self.word() != self.first
     }
 
     /// How long the word has not moved, as of `now`.
@@ -424,6 +505,7 @@ impl Process {
             heartbeat: None,
             served: false,
             hung: false,
+            planned: false,
             started: Instant::now(),
         })
     }
@@ -550,42 +632,94 @@ mod tests {
         }
     }
 
-    #[test]
-    fn restarts_back_off_and_give_up_past_the_limit_within_the_window() {
-        let p = RestartPolicy {
-            limit: 3,
+    fn policy(limit: u32) -> RestartPolicy {
+        RestartPolicy {
+            limit,
             window: Duration::from_secs(10),
             backoff: Duration::from_millis(10),
-            max_backoff: Duration::from_millis(15),
-            heartbeat: Duration::from_secs(1),
-        };
-        let mut r = Restarts::default();
-        let t = Instant::now();
-        // Incarnations that never served: a crash loop, slowed down.
-        assert_eq!(r.crashed(t, &p, false), Some(Duration::from_millis(10)));
-        assert_eq!(r.crashed(t, &p, false), Some(Duration::from_millis(15)));
-        // One that served is started again at once, and ends the loop.
-        assert_eq!(r.crashed(t, &p, true), Some(Duration::ZERO));
-        assert_eq!(r.crashed(t, &p, false), None);
-        assert_eq!(r.total, 3);
-        // Once the window has passed, the count starts again; the loop has not ended.
-        let later = t + Duration::from_secs(11);
-        assert_eq!(r.recent(later, &p), 0);
-        assert_eq!(r.crashed(later, &p, true), Some(Duration::ZERO));
-        assert_eq!(r.crashed(later, &p, false), Some(Duration::from_millis(10)));
+            max_backoff: Duration::from_millis(25),
+            ..RestartPolicy::default()
+        }
     }
 
     #[test]
-    fn a_driver_killed_often_while_serving_is_never_delayed() {
-        let p = RestartPolicy {
-            limit: 1000,
-            ..RestartPolicy::default()
-        };
+    fn only_crashes_without_progress_count_and_back_off_starts_at_zero() {
+        let p = policy(3);
         let mut r = Restarts::default();
         let t = Instant::now();
-        for k in 0..500 {
+        assert_eq!(r.crashed(t, &p, Death::Crash), Some(Duration::ZERO));
+        assert_eq!(
+            r.crashed(t, &p, Death::Crash),
+            Some(Duration::from_millis(10))
+        );
+        assert_eq!(
+            r.crashed(t, &p, Death::Crash),
+            Some(Duration::from_millis(20))
+        );
+        // The limit: a fourth crash in a row without progress gives up.
+        assert_eq!(r.crashed(t, &p, Death::Crash), None);
+        assert_eq!(r.total, 3);
+        // An operator's restart forgives; progress resets too.
+        r.forgive();
+        assert_eq!(r.crashed(t, &p, Death::Crash), Some(Duration::ZERO));
+        assert_eq!(r.crashed(t, &p, Death::AfterProgress), Some(Duration::ZERO));
+        assert_eq!(r.failing(t, &p), 0);
+        assert_eq!(r.crashed(t, &p, Death::Crash), Some(Duration::ZERO));
+        // Old ones are forgotten after the window.
+        let later = t + Duration::from_secs(11);
+        assert_eq!(r.failing(later, &p), 0);
+    }
+
+    #[test]
+    fn kills_from_outside_are_slowed_but_never_give_a_driver_up() {
+        let p = policy(2);
+        let mut r = Restarts::default();
+        let t = Instant::now();
+        for k in 0..100 {
+            let d = r.crashed(t, &p, Death::Killed).expect("never given up");
+            let floor = if k == 0 { Duration::ZERO } else { p.backoff };
+            assert_eq!(d, floor, "kill {k}");
+        }
+        // Progress resets the back-off.
+        assert_eq!(r.crashed(t, &p, Death::AfterProgress), Some(Duration::ZERO));
+        assert_eq!(r.crashed(t, &p, Death::Killed), Some(Duration::ZERO));
+    }
+
+    #[test]
+    fn restarts_zero_means_never() {
+        let mut r = Restarts::default();
+        let t = Instant::now();
+        assert_eq!(r.crashed(t, &policy(0), Death::AfterProgress), None);
+    }
+
+    #[test]
+    fn deaths_are_weighed_by_progress_and_signal() {
+        use std::os::unix::process::ExitStatusExt;
+        let sig = |s: i32| Some(std::process::ExitStatus::from_raw(s));
+        let code = |c: i32| Some(std::process::ExitStatus::from_raw(c << 8));
+        assert_eq!(
+            Death::of(sig(libc::SIGKILL), true, false),
+            Death::AfterProgress
+        );
+        assert_eq!(Death::of(sig(libc::SIGKILL), false, false), Death::Killed);
+        assert_eq!(Death::of(sig(libc::SIGKILL), false, true), Death::Crash);
+        assert_eq!(Death::of(sig(libc::SIGSEGV), false, false), Death::Crash);
+        assert_eq!(Death::of(sig(libc::SIGABRT), false, false), Death::Crash);
+        assert_eq!(Death::of(code(1), false, false), Death::Crash);
+    }
+
+    #[test]
+    fn a_driver_killed_often_while_serving_is_never_delayed_nor_given_up() {
+        let p = RestartPolicy::default();
+        let mut r = Restarts::default();
+        let t = Instant::now();
+        for k in 0..1000 {
             let now = t + Duration::from_millis(10 * k);
-            assert_eq!(r.crashed(now, &p, true), Some(Duration::ZERO), "kill {k}");
+            assert_eq!(
+                r.crashed(now, &p, Death::AfterProgress),
+                Some(Duration::ZERO),
+                "kill {k}"
+            );
         }
     }
 }

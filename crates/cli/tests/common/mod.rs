@@ -87,6 +87,18 @@ pub struct Up {
     pub child: Option<Child>,
     pub control: PathBuf,
     pub dir: PathBuf,
+    /// What it wrote to stdout and stderr, read as it comes: a manager that logs a lot must
+    /// never block on a full pipe.
+    output: Vec<std::thread::JoinHandle<Vec<u8>>>,
+}
+
+/// Reads `r` to its end on a thread of its own.
+fn drain(mut r: impl std::io::Read + Send + 'static) -> std::thread::JoinHandle<Vec<u8>> {
+    std::thread::spawn(move || {
+        let mut all = Vec::new();
+        let _ = r.read_to_end(&mut all);
+        all
+    })
 }
 
 impl Up {
@@ -113,12 +125,17 @@ impl Up {
             std::fs::write(&p, m).unwrap();
             cmd.arg("--machine").arg(p);
         }
-        let child = cmd.spawn().unwrap();
+        let mut child = cmd.spawn().unwrap();
+        let output = vec![
+            drain(child.stdout.take().unwrap()),
+            drain(child.stderr.take().unwrap()),
+        ];
         let deadline = Instant::now() + Duration::from_secs(30);
         let mut up = Self {
             child: Some(child),
             control,
             dir: dir.join("rt"),
+            output,
         };
         loop {
             let ls = up.run(&["ls"]);
@@ -194,7 +211,11 @@ impl Up {
             rustix::process::Pid::from_child(&child),
             rustix::process::Signal::INT,
         );
-        child.wait_with_output().unwrap()
+        let mut out = child.wait_with_output().unwrap();
+        let mut streams = self.output.drain(..).map(|t| t.join().unwrap_or_default());
+        out.stdout = streams.next().unwrap_or_default();
+        out.stderr = streams.next().unwrap_or_default();
+        out
     }
 }
 

@@ -1,0 +1,242 @@
+//! The restart policy: a driver that serves between deaths is never given up, whatever the
+//! kill rate; a device that is given up says why, fails its clients at once, keeps its bytes,
+//! and comes back by hand (`outboard restart`) or on its own after a while.
+
+mod common;
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use common::{eventually, find_node, Up};
+use outboard_bench::verified::{self, Workload};
+use rustix::process::Signal;
+
+/// The default policy: no restart limits in the description.
+const MACHINE: &str = r#"
+name = "policy"
+[[device]]
+name = "disk0"
+model = "virtio-blk"
+backing = "mem:16M"
+"#;
+
+/// Kills the driver servers `up` started, `kills` times, `every` apart; returns the kills
+/// that found a server to kill.
+fn kill_servers(up: &Up, kills: usize, every: Duration) -> usize {
+    let up_pid = up.child.as_ref().unwrap().id();
+    let mut done = 0;
+    for _ in 0..kills {
+        for pid in common::children_running(up_pid, "driver-host") {
+            if common::signal_child_of(up_pid, pid, Signal::KILL) {
+                done += 1;
+            }
+        }
+        std::thread::sleep(every);
+    }
+    done
+}
+
+fn driver(up: &Up) -> serde_json::Value {
+    let ls = up.run(&["ls", "--json"]);
+    let Ok(tree) = serde_json::from_slice::<serde_json::Value>(&ls.stdout) else {
+        let pid = up.child.as_ref().unwrap().id();
+        let mut stacks = String::new();
+        for t in std::fs::read_dir(format!("/proc/{pid}/task"))
+            .unwrap()
+            .flatten()
+        {
+            let p = t.path();
+            stacks += &format!(
+                "{:?}: {}\n{}\n",
+                p.file_name().unwrap(),
+                std::fs::read_to_string(p.join("wchan")).unwrap_or_default(),
+                std::fs::read_to_string(p.join("stack")).unwrap_or_default()
+            );
+        }
+        panic!(
+            "ls --json failed: {}\nmanager threads:\n{stacks}",
+            String::from_utf8_lossy(&ls.stderr),
+        );
+    };
+    find_node(&tree, "driver").cloned().unwrap_or_default()
+}
+
+fn state(n: &serde_json::Value) -> String {
+    n["props"]["state"].as_str().unwrap_or_default().to_string()
+}
+
+#[test]
+fn a_driver_killed_every_10ms_under_verified_load_loses_and_fails_nothing_with_the_default_policy()
+{
+    let dir = tempfile::tempdir().unwrap();
+    let up = Up::start(dir.path(), Some(MACHINE));
+    let stop = Arc::new(AtomicBool::new(false));
+    let w = Workload {
+        depth: 16,
+        blocks: 256,
+        flush_every: 50,
+    };
+    let clients: Vec<_> = (0..3u64)
+        .map(|id| {
+            let mut dev = verified::open(&up.control, "disk0", w.depth).unwrap();
+            let stop = stop.clone();
+            std::thread::spawn(move || verified::run_client(&mut dev, id, w, &stop))
+        })
+        .collect();
+    std::thread::sleep(Duration::from_millis(200));
+    let kills = kill_servers(&up, 300, Duration::from_millis(10));
+    assert!(kills >= 100, "only {kills} kills landed");
+    // It serves again afterwards.
+    assert!(
+        eventually(Duration::from_secs(30), || state(&driver(&up))
+            .starts_with("running")),
+        "{:#}",
+        driver(&up)
+    );
+    std::thread::sleep(Duration::from_millis(300));
+    stop.store(true, Ordering::Relaxed);
+    let mut completed = 0;
+    for c in clients {
+        let r = c.join().unwrap().unwrap();
+        assert!(r.failed.is_empty(), "failed requests: {:?}", r.failed);
+        assert!(
+            r.mismatches.is_empty(),
+            "inconsistent reads: {:?}",
+            r.mismatches
+        );
+        assert_eq!(r.duplicates, 0);
+        completed += r.completed;
+    }
+    assert!(completed > 500, "only {completed} requests completed");
+    let d = driver(&up);
+    assert!(!state(&d).contains("gave up"), "{d:#}");
+    assert!(d["props"]["restarts"].as_u64().unwrap() >= 100, "{d:#}");
+}
+
+#[test]
+fn a_given_up_device_says_why_fails_clients_at_once_keeps_its_bytes_and_comes_back_by_hand() {
+    let dir = tempfile::tempdir().unwrap();
+    // restarts = 0: the first death gives it up (and no slow retry within the test).
+    let up = Up::start(
+        dir.path(),
+        Some(&format!(
+            "{MACHINE}restarts = 0\nretry_after_give_up = \"10m\"\n"
+        )),
+    );
+    let data = common::pattern(21, 65536);
+    let w = up.run_with_input(&["blk", "write", "disk0", "--offset", "1M"], &data);
+    assert!(w.status.success(), "{w:?}");
+    let old = driver(&up)["props"]["pid"].as_u64().unwrap();
+    assert_eq!(kill_servers(&up, 1, Duration::ZERO), 1);
+    assert!(
+        eventually(Duration::from_secs(10), || state(&driver(&up))
+            .starts_with("gave up")),
+        "{:#}",
+        driver(&up)
+    );
+    let d = driver(&up);
+    // The reason, the last exit, and no dead pid shown as current.
+    assert!(
+        state(&d).contains("restarts = 0") && state(&d).contains("outboard restart"),
+        "{d:#}"
+    );
+    assert!(
+        d["props"]["last-exit"]
+            .as_str()
+            .unwrap()
+            .contains(&old.to_string()),
+        "{d:#}"
+    );
+    assert!(d["props"].get("pid").is_none(), "{d:#}");
+    // A client fails at once, with the reason.
+    let t = Instant::now();
+    let r = up.run(&["blk", "read", "disk0", "--length", "512"]);
+    assert!(!r.status.success());
+    let e = String::from_utf8_lossy(&r.stderr);
+    assert!(e.contains("gave up"), "{e}");
+    assert!(t.elapsed() < Duration::from_secs(3), "{:?}", t.elapsed());
+    // power does not wait 30 s to blame requests in flight.
+    let t = Instant::now();
+    let p = up.run(&["power", "disk0", "resume"]);
+    assert!(!p.status.success());
+    assert!(
+        String::from_utf8_lossy(&p.stderr).contains("gave up"),
+        "{p:?}"
+    );
+    assert!(t.elapsed() < Duration::from_secs(3), "{:?}", t.elapsed());
+    // Back by hand, with the bytes.
+    let r = up.run_within(&["restart", "disk0"], Duration::from_secs(40));
+    assert!(r.status.success(), "{r:?}");
+    let r = up.run(&[
+        "blk", "read", "disk0", "--offset", "1M", "--length", "65536",
+    ]);
+    assert!(r.status.success() && r.stdout == data, "{r:?}");
+    let d = driver(&up);
+    assert!(
+        d["props"]["pid"].as_u64().is_some_and(|p| p != old),
+        "{d:#}"
+    );
+}
+
+#[test]
+fn a_given_up_device_is_tried_again_on_its_own() {
+    let dir = tempfile::tempdir().unwrap();
+    let up = Up::start(
+        dir.path(),
+        Some(&format!(
+            "{MACHINE}restarts = 0\nretry_after_give_up = \"1s\"\n"
+        )),
+    );
+    assert_eq!(kill_servers(&up, 1, Duration::ZERO), 1);
+    assert!(eventually(Duration::from_secs(10), || state(&driver(&up))
+        .starts_with("gave up")));
+    assert!(
+        state(&driver(&up)).contains("trying again in 1s"),
+        "{:#}",
+        driver(&up)
+    );
+    assert!(
+        eventually(Duration::from_secs(15), || state(&driver(&up))
+            .starts_with("running")),
+        "{:#}",
+        driver(&up)
+    );
+    let r = up.run(&["blk", "read", "disk0", "--length", "512"]);
+    assert!(r.status.success(), "{r:?}");
+}
+
+#[test]
+fn a_running_device_restarts_by_hand_and_its_clients_carry_on() {
+    let dir = tempfile::tempdir().unwrap();
+    let up = Up::start(dir.path(), Some(MACHINE));
+    let stop = Arc::new(AtomicBool::new(false));
+    let w = Workload {
+        depth: 16,
+        blocks: 128,
+        flush_every: 50,
+    };
+    let mut dev = verified::open(&up.control, "disk0", w.depth).unwrap();
+    let client = {
+        let stop = stop.clone();
+        std::thread::spawn(move || verified::run_client(&mut dev, 1, w, &stop))
+    };
+    std::thread::sleep(Duration::from_millis(200));
+    let old = driver(&up)["props"]["pid"].as_u64().unwrap();
+    for _ in 0..3 {
+        let r = up.run_within(&["restart", "disk0"], Duration::from_secs(40));
+        assert!(r.status.success(), "{r:?}");
+    }
+    stop.store(true, Ordering::Relaxed);
+    let r = client.join().unwrap().unwrap();
+    assert!(
+        r.failed.is_empty() && r.mismatches.is_empty(),
+        "{:?}",
+        r.failed
+    );
+    let d = driver(&up);
+    assert!(
+        d["props"]["pid"].as_u64().is_some_and(|p| p != old),
+        "{d:#}"
+    );
+}

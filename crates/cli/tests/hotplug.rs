@@ -110,7 +110,17 @@ fn attach_then_detach_under_load_fails_only_new_requests_and_leaks_nothing() {
         "{}",
         String::from_utf8_lossy(&r.stderr)
     );
-    let before = manager_resources(&up);
+    // Once the `blk info` connection above is closed on the manager's side too.
+    let mut before = manager_resources(&up);
+    let settle = Instant::now() + Duration::from_secs(3);
+    while Instant::now() < settle {
+        std::thread::sleep(Duration::from_millis(100));
+        let again = manager_resources(&up);
+        if again == before {
+            break;
+        }
+        before = again;
+    }
 
     // Attach: the catalog matches, the driver starts, the class device appears.
     let a = up.run(&["attach", "disk1"]);

@@ -36,6 +36,7 @@ extern "C" {
 #define OB_EFAILED       -14   /* the device or its driver failed and was given up */
 #define OB_EBUSY         -15   /* the device is in use by another client */
 #define OB_EUNREACHABLE  -16   /* the manager or server is not running */
+#define OB_EQUARANTINED  -17   /* this request crashed the driver repeatedly: not sent again */
 
 /* Operations for ob_block_submit. */
 #define OB_OP_READ         1

@@ -134,7 +134,15 @@ pub enum BlockError {
     /// The manager (or server) that would answer is not running.
     #[error("not reachable: {0}")]
     Unreachable(String),
+    /// This request crashed its driver (or device model) every time it was sent, as often as
+    /// the restart policy allows (3): it is failed, alone, and not sent again.
+    #[error("this request crashed the driver {QUARANTINE_AFTER} times; it is not sent again")]
+    Quarantined,
 }
+
+/// Crashes of a driver with the same request in its device after which that request is
+/// failed instead of sent again ([`BlockError::Quarantined`]).
+pub const QUARANTINE_AFTER: u32 = 3;
 
 impl BlockError {
     /// Wire status code (negative; 0 is success).
@@ -156,6 +164,7 @@ impl BlockError {
             BlockError::DeviceFailed(_) => -14,
             BlockError::Busy(_) => -15,
             BlockError::Unreachable(_) => -16,
+            BlockError::Quarantined => -17,
         }
     }
     /// Error from a wire status code.
@@ -176,6 +185,7 @@ impl BlockError {
             -14 => BlockError::DeviceFailed("the driver gave the device up".into()),
             -15 => BlockError::Busy("in use".into()),
             -16 => BlockError::Unreachable("the server".into()),
+            -17 => BlockError::Quarantined,
             -1 => BlockError::Invalid("rejected by the driver".into()),
             c => BlockError::Protocol(format!("unknown status {c}")),
         }

@@ -164,6 +164,15 @@ pub struct DriverHostArgs {
     /// the previous one's sessions resume and claim their locks back first).
     #[arg(long, value_name = "MS", default_value_t = 0)]
     lock_grace_ms: u64,
+    /// For this many milliseconds after start, let one request at a time into each device and
+    /// name it in the heartbeat page first (the manager passes it after a crash: another
+    /// crash then names the request that caused it).
+    #[arg(long, value_name = "MS", default_value_t = 0)]
+    isolate_ms: u64,
+    /// Fail this request once, alone, instead of sending it to its device: it crashed the
+    /// driver too often (KEY:OP:LBA:BLOCKS, as the manager names it). Repeatable.
+    #[arg(long, value_name = "REQUEST")]
+    quarantine: Vec<outboard_server::blame::Suspect>,
     /// Start with this device quiesced: requests to it wait until the manager resumes it
     /// (a server restarted while the device was suspended). Repeatable.
     #[arg(long, value_name = "NAME")]
@@ -421,6 +430,12 @@ pub fn driver_host(a: DriverHostArgs) -> Result<ExitCode, String> {
             .set_notify(outboard_manager::supervisor::inherited_fd(fd)?)
             .map_err(|e| e.to_string())?;
         server.announce_serving().map_err(|e| e.to_string())?;
+        if a.isolate_ms > 0 {
+            server.isolate(std::time::Duration::from_millis(a.isolate_ms));
+        }
+    }
+    for q in &a.quarantine {
+        server.quarantine(*q);
     }
     if let Some(code) = a
         .confine

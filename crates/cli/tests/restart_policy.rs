@@ -240,3 +240,48 @@ fn a_running_device_restarts_by_hand_and_its_clients_carry_on() {
         "{d:#}"
     );
 }
+
+#[test]
+fn a_request_that_crashes_the_device_every_time_fails_alone_after_three_crashes() {
+    let dir = tempfile::tempdir().unwrap();
+    // The model aborts whenever a request touches sector 8192 (byte 4 MiB).
+    let up = Up::start(
+        dir.path(),
+        Some(&format!("{MACHINE}faults = [\"abort-on=8192\"]\n")),
+    );
+    let stop = Arc::new(AtomicBool::new(false));
+    let w = Workload {
+        depth: 16,
+        blocks: 64,
+        flush_every: 50,
+    };
+    let mut dev = verified::open(&up.control, "disk0", w.depth).unwrap();
+    let bystander = {
+        let stop = stop.clone();
+        std::thread::spawn(move || verified::run_client(&mut dev, 1, w, &stop))
+    };
+    std::thread::sleep(Duration::from_millis(200));
+    let t = Instant::now();
+    let r = up.run_within(
+        &["blk", "read", "disk0", "--offset", "4M", "--length", "4096"],
+        Duration::from_secs(60),
+    );
+    let took = t.elapsed();
+    assert!(!r.status.success(), "the poisoned read succeeded");
+    let e = String::from_utf8_lossy(&r.stderr);
+    assert!(e.contains("crashed the driver 3 times"), "{e}");
+    // Everyone else carried on, and the device still serves.
+    std::thread::sleep(Duration::from_millis(300));
+    stop.store(true, Ordering::Relaxed);
+    let b = bystander.join().unwrap().unwrap();
+    assert!(
+        b.failed.is_empty(),
+        "the bystander saw errors: {:?}",
+        b.failed
+    );
+    assert!(b.mismatches.is_empty() && b.duplicates == 0);
+    let ok = up.run(&["blk", "read", "disk0", "--offset", "8M", "--length", "4096"]);
+    assert!(ok.status.success(), "{ok:?}");
+    assert!(!state(&driver(&up)).contains("gave up"));
+    println!("the poisoned request failed after {took:?}");
+}

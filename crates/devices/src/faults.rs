@@ -39,6 +39,9 @@ pub enum Fault {
     NeedsReset,
     /// The device model process aborts at its next notification (`crash`).
     Crash,
+    /// The device model process aborts whenever a request touches this sector, every time:
+    /// a request that kills its device (`abort-on=SECTOR`).
+    AbortOn(u64),
     /// Disarms every fault (`clear`).
     Clear,
 }
@@ -54,6 +57,7 @@ pub const KINDS: &[&str] = &[
     "stall=DURATION",
     "needs-reset",
     "crash",
+    "abort-on=SECTOR",
     "clear",
 ];
 
@@ -120,6 +124,10 @@ impl FromStr for Fault {
                 .ok_or_else(|| "stall=DURATION, e.g. stall=500ms or stall=2s (at most 1 h)".into()),
             "needs-reset" => none(Fault::NeedsReset),
             "crash" => none(Fault::Crash),
+            "abort-on" => value
+                .and_then(|v| v.parse().ok())
+                .map(Fault::AbortOn)
+                .ok_or_else(|| "abort-on=SECTOR: which sector?".into()),
             "clear" => none(Fault::Clear),
             other => Err(format!(
                 "unknown fault {other:?} (known: {})",
@@ -142,6 +150,7 @@ impl fmt::Display for Fault {
             Fault::Stall(d) => write!(f, "stall={}ms", d.as_millis()),
             Fault::NeedsReset => f.write_str("needs-reset"),
             Fault::Crash => f.write_str("crash"),
+            Fault::AbortOn(s) => write!(f, "abort-on={s}"),
             Fault::Clear => f.write_str("clear"),
         }
     }
@@ -177,6 +186,8 @@ pub struct Faults {
     pub needs_reset: bool,
     /// Abort the process at the next notification.
     pub crash: bool,
+    /// Abort the process whenever a request touches this sector.
+    pub abort_on: Option<u64>,
 }
 
 impl Faults {
@@ -193,6 +204,7 @@ impl Faults {
             Fault::Stall(d) => self.stall = Some(d),
             Fault::NeedsReset => self.needs_reset = true,
             Fault::Crash => self.crash = true,
+            Fault::AbortOn(s) => self.abort_on = Some(s),
             Fault::Clear => *self = Faults::default(),
         }
     }
@@ -233,6 +245,7 @@ mod tests {
             "stall=1500ms",
             "needs-reset",
             "crash",
+            "abort-on=2048",
             "clear",
         ] {
             let f: Fault = s.parse().unwrap();

@@ -128,6 +128,14 @@ impl VirtioBlk {
             return Err(status::IOERR);
         }
         let mut faults = crate::faults::lock(&self.faults);
+        if faults
+            .abort_on
+            .is_some_and(|s| sector <= s && s < end.max(sector + 1))
+        {
+            // The fault injected: this request kills the device, every time it comes.
+            eprintln!("outboard: injected fault: a request touched sector {sector}..{end}: abort");
+            std::process::abort();
+        }
         if let Some(f) = &faults.fail_sectors {
             if sector < f.end && f.start < end.max(sector + 1) {
                 return Err(status::IOERR);

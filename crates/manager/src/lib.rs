@@ -874,6 +874,11 @@ impl Manager {
                 _ => p.served,
             };
         let death = supervisor::Death::of(p.exited, progressed, p.hung);
+        if matches!(p.kind, supervisor::Kind::Server { .. }) {
+            let fault = supervisor::is_fault(p.exited, p.hung) || p.model_crashed;
+            let blame = p.heartbeat.as_ref().and_then(supervisor::Heartbeat::blame);
+            self.weigh_for_quarantine(i, fault, blame, death);
+        }
         self.procs[i].heartbeat = None;
         self.procs[i].planned = false;
         let kind = self.procs[i].kind.clone();
@@ -1014,8 +1019,10 @@ impl Manager {
             }
             // Its driver cannot serve without it: end the server now (it would notice at its
             // next request), so it starts again on the new model and its clients replay.
+            let model_fault = supervisor::is_fault(self.procs[i].exited, false);
             for p in &mut self.procs {
                 if p.kind.serves(device) && p.exited.is_none() {
+                    p.model_crashed |= model_fault;
                     let _ = rustix::process::kill_process(
                         rustix::process::Pid::from_child(&p.child),
                         rustix::process::Signal::KILL,
@@ -1023,6 +1030,51 @@ impl Manager {
                 }
             }
         }
+    }
+
+    /// Weighs the death of driver server `i` for quarantine. A crash of its own (or of its
+    /// model) starts the next incarnation isolated, so that another crash names the request
+    /// in the device; a request named at `QUARANTINE_AFTER` crashes in a row is failed by the
+    /// next incarnation instead of sent again. A death that was no fault ends isolation.
+    fn weigh_for_quarantine(
+        &mut self,
+        i: usize,
+        fault: bool,
+        blame: Option<outboard_server::blame::Suspect>,
+        death: supervisor::Death,
+    ) {
+        const ISOLATE: Duration = Duration::from_secs(2);
+        let p = &mut self.procs[i];
+        if !fault {
+            if death == supervisor::Death::AfterProgress {
+                p.clear_arg("--isolate-ms");
+                p.clear_arg("--quarantine");
+                p.suspect = None;
+            }
+            return;
+        }
+        if let Some(b) = blame {
+            // The first crash of a series had it among everything in flight, unnamed.
+            let strikes = match p.suspect {
+                Some((s, n)) if s == b => n + 1,
+                _ => 2,
+            };
+            if strikes >= outboard_class::block::QUARANTINE_AFTER {
+                tracing::error!(
+                    "{}: request {b} crashed the driver {strikes} times: the next server fails it",
+                    p.role
+                );
+                p.set_arg("--quarantine", &b.to_string(), true);
+                p.suspect = None;
+            } else {
+                tracing::warn!(
+                    "{}: request {b} was in the device at this crash ({strikes})",
+                    p.role
+                );
+                p.suspect = Some((b, strikes));
+            }
+        }
+        p.set_arg("--isolate-ms", &ISOLATE.as_millis().to_string(), true);
     }
 
     /// Starts what is due to restart, and kills driver servers whose heartbeat stopped.

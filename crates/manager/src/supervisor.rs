@@ -49,6 +49,11 @@ pub struct Process {
     /// This incarnation was ended on an operator's request (`outboard restart`): its death
     /// counts as progress.
     pub planned: bool,
+    /// This incarnation was ended because its device model crashed under it.
+    pub model_crashed: bool,
+    /// The request an isolated incarnation had in its device when it crashed, and at how
+    /// many crashes in a row it was there (see `outboard_server::blame`).
+    pub suspect: Option<(outboard_server::blame::Suspect, u32)>,
     /// When this incarnation started.
     pub started: Instant,
 }
@@ -148,6 +153,20 @@ pub enum Death {
     Crash,
     /// Killed from outside (SIGKILL, SIGTERM, SIGINT, SIGHUP) before making progress.
     Killed,
+}
+
+/// Whether an exit was the process's own failure (a crash signal, an exit code other than 0,
+/// a hang the manager killed it for), not a kill from outside: what quarantine counts.
+pub fn is_fault(status: Option<std::process::ExitStatus>, hung: bool) -> bool {
+    use std::os::unix::process::ExitStatusExt;
+    let external = [libc::SIGKILL, libc::SIGTERM, libc::SIGINT, libc::SIGHUP];
+    hung || match status {
+        Some(s) => match s.signal() {
+            Some(sig) => !external.contains(&sig),
+            None => s.code() != Some(0),
+        },
+        None => false,
+    }
 }
 
 impl Death {
@@ -270,6 +289,11 @@ impl Heartbeat {
             .atomic_u32(0)
             .ok()
             .map(|w| w.load(std::sync::atomic::Ordering::Relaxed))
+    }
+
+    /// The request the server named as in its device (an isolated server, at its death).
+    pub fn blame(&self) -> Option<outboard_server::blame::Suspect> {
+        outboard_server::blame::Suspect::read(&self.page)
     }
 
     /// Whether the loop turned since the server said it serves: progress.
@@ -417,6 +441,14 @@ impl Process {
         }
     }
 
+    /// Removes every `flag VALUE` pair from the arguments the next incarnation starts with.
+    pub fn clear_arg(&mut self, flag: &str) {
+        while let Some(i) = self.args.iter().position(|a| a == flag) {
+            let end = (i + 2).min(self.args.len());
+            self.args.drain(i..end);
+        }
+    }
+
     /// Starts the process again as it was started (its log goes on, after the last
     /// incarnation's): a new pid, pidfd and event channel.
     pub fn respawn(&mut self, exe: &Path, verbose: u8) -> Result<(), String> {
@@ -435,6 +467,7 @@ impl Process {
             kind: self.kind.clone(),
             restarts: std::mem::take(&mut self.restarts),
             down_since: self.down_since,
+            suspect: self.suspect.take(),
             ..next
         };
         Ok(())
@@ -506,6 +539,8 @@ impl Process {
             served: false,
             hung: false,
             planned: false,
+            model_crashed: false,
+            suspect: None,
             started: Instant::now(),
         })
     }

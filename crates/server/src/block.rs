@@ -81,6 +81,12 @@ pub struct BlockDispatcher {
     recovery: Option<Recovery<Device>>,
     sessions: Vec<Option<PerSession>>,
     scratch: Vec<(u64, Result<u32, BlockError>)>,
+    /// Until then, one request at a time goes into the device, named in `blame` first (a
+    /// server started after a crash: see [`crate::blame`]).
+    isolated_until: Option<Instant>,
+    blame: Option<Arc<SharedMem>>,
+    /// Requests that crashed the driver too often: completed with an error, not sent.
+    quarantine: Vec<crate::blame::Suspect>,
 }
 
 /// Whether a session other than `si` has a write to `range` in the device.
@@ -121,6 +127,42 @@ impl BlockDispatcher {
             recovery: None,
             sessions: Vec::new(),
             scratch: Vec::new(),
+            isolated_until: None,
+            blame: None,
+            quarantine: Vec::new(),
+        }
+    }
+
+    /// Whether requests go into the device one at a time now.
+    #[inline]
+    fn isolated(&self) -> bool {
+        self.isolated_until.is_some_and(|t| Instant::now() < t)
+    }
+
+    /// Whether the device may take another request: room in the driver, and nothing in it
+    /// while isolated.
+    #[inline]
+    fn room(&self) -> bool {
+        self.driver.has_room() && !(self.driver.in_flight() > 0 && self.isolated())
+    }
+
+    /// Whether `r` of session `s` is quarantined (and takes it off the list: one failure).
+    fn quarantined(&mut self, s: &Session, r: &BlockRequest) -> bool {
+        if self.quarantine.is_empty() {
+            return false;
+        }
+        let key = crate::blame::session_key(s);
+        match self.quarantine.iter().position(|q| q.matches(key, r)) {
+            Some(i) => {
+                let q = self.quarantine.remove(i);
+                tracing::error!(
+                    "session {}: request {q} crashed the driver {} times: failed, not sent again",
+                    s.id,
+                    outboard_class::block::QUARANTINE_AFTER
+                );
+                true
+            }
+            None => false,
         }
     }
 
@@ -140,6 +182,9 @@ impl BlockDispatcher {
         r: &BlockRequest,
         stats: &mut crate::HostStats,
     ) -> Option<String> {
+        if let (Some(page), true) = (&self.blame, self.isolated()) {
+            crate::blame::Suspect::of(crate::blame::session_key(s), r).write(page);
+        }
         let ps = self.sessions.get_mut(si).and_then(Option::as_mut)?;
         let slot = self.free_tags.pop().unwrap_or_else(|| {
             self.tags.push(None);
@@ -179,7 +224,7 @@ impl BlockDispatcher {
                 break;
             }
             out.clear();
-            let room = usize::from(self.driver.has_room());
+            let room = usize::from(self.room());
             let tags = &self.tags;
             self.locks.release(
                 room,
@@ -242,6 +287,11 @@ impl BlockDispatcher {
             }
         }
         self.scratch = done;
+        if n > 0 && self.driver.in_flight() == 0 {
+            if let Some(page) = &self.blame {
+                crate::blame::Suspect::clear(page);
+            }
+        }
         n > 0
     }
 
@@ -437,7 +487,7 @@ impl Dispatcher for BlockDispatcher {
         };
         let mut lost = None;
         while taken < BUDGET.min(room) {
-            if self.failed.is_none() && !self.driver.has_room() {
+            if self.failed.is_none() && !self.room() {
                 break;
             }
             let mut e = [0u8; SQE_SIZE as usize];
@@ -466,6 +516,10 @@ impl Dispatcher for BlockDispatcher {
                 }
                 Ok(r)
             });
+            let result = match result {
+                Ok(r) if self.quarantined(s, &r) => Err(crate::blame::quarantined()),
+                other => other,
+            };
             match result {
                 Ok(r) if r.op == BlockOp::Null => complete(s, cx.stats, tag, Ok(0)),
                 Ok(r) if r.op == BlockOp::Unlock => {
@@ -581,6 +635,15 @@ impl Dispatcher for BlockDispatcher {
             .get(slot)
             .and_then(Option::as_ref)
             .map_or(0, |ps| ps.tags.len())
+    }
+
+    fn isolate(&mut self, blame: Arc<SharedMem>, until: Instant) {
+        self.blame = Some(blame);
+        self.isolated_until = Some(until);
+    }
+
+    fn quarantine(&mut self, suspect: crate::blame::Suspect) {
+        self.quarantine.push(suspect);
     }
 
     fn lock_grace(&mut self, grace: std::time::Duration) {

@@ -98,6 +98,16 @@ pub trait Dispatcher: Send {
     /// For `grace` from now, grant no new lock: the sessions of a previous server are still
     /// claiming theirs back. A class without locks ignores it.
     fn lock_grace(&mut self, _grace: std::time::Duration) {}
+    /// Until `until`, let one request at a time into the device and name it in `blame`
+    /// first (see [`crate::blame`]). A class that cannot ignores it.
+    fn isolate(
+        &mut self,
+        _blame: std::sync::Arc<outboard_shm::SharedMem>,
+        _until: std::time::Instant,
+    ) {
+    }
+    /// Fail `suspect` once, alone, instead of sending it to the device.
+    fn quarantine(&mut self, _suspect: crate::blame::Suspect) {}
     /// Takes what it may of session `slot`'s submissions; true if it took any.
     fn take(&mut self, slot: usize, cx: &mut Ctx<'_>) -> bool;
     /// Moves the device along: publishes, reaps, releases what waited, recovers a failed

@@ -194,7 +194,7 @@ pub struct DriverHost {
     restartable: bool,
     /// The word the loop bumps each turn, shared with the manager, which declares the server
     /// hung when it stops moving.
-    heartbeat: Option<outboard_shm::SharedMem>,
+    heartbeat: Option<Arc<outboard_shm::SharedMem>>,
     limits: Limits,
     /// Per device: quiescing (its sessions' new requests wait in their rings), and whether
     /// that it has drained was reported.
@@ -339,8 +339,28 @@ impl DriverHost {
             .map_err(|e| HostError::Listen(SessionError::Os(e.to_string())))?;
         let fd = beat.fd().expect("a memfd");
         control::send(notify.as_fd(), &control::Event::Serving, &[fd])?;
-        self.heartbeat = Some(beat);
+        self.heartbeat = Some(Arc::new(beat));
         Ok(())
+    }
+
+    /// For `period` from now, lets one request at a time into each device and names it in
+    /// the heartbeat page first: a server started after a crash, so that another crash names
+    /// the request that caused it. Needs the heartbeat page (after [`Self::announce_serving`]).
+    pub fn isolate(&mut self, period: Duration) {
+        let Some(page) = self.heartbeat.clone() else {
+            return;
+        };
+        let until = std::time::Instant::now() + period;
+        for d in &mut self.devices {
+            d.isolate(page.clone(), until);
+        }
+    }
+
+    /// Fails `suspect` once, alone, instead of sending it to its device.
+    pub fn quarantine(&mut self, suspect: crate::blame::Suspect) {
+        for d in &mut self.devices {
+            d.quarantine(suspect);
+        }
     }
 
     /// One turn of the loop, for the manager's hung-server check.

@@ -3,6 +3,7 @@
 //! the client, is in `outboard-client`.)
 #![deny(missing_docs)]
 
+pub mod blame;
 pub mod block;
 pub mod dispatch;
 pub mod host;

@@ -80,9 +80,9 @@ fn round_trip(socket: &std::path::Path, offset: u64, seed: u64) {
     assert!(got == data, "read back differs");
 }
 
-/// Queues `n` reads of 1 MiB and hangs up without reading a reply: the export's writes then
-/// meet a closed socket.
-fn hang_up_on_queued_reads(socket: &std::path::Path, n: u64) {
+/// A client that queues `n` reads of 1 MiB (as many as the socket takes within 2 s) and reads
+/// no reply.
+fn queue_reads(socket: &std::path::Path, n: u64) -> Raw {
     let mut c = Raw::go(socket);
     c.0.set_write_timeout(Some(Duration::from_secs(2))).unwrap();
     for i in 0..n {
@@ -90,6 +90,13 @@ fn hang_up_on_queued_reads(socket: &std::path::Path, n: u64) {
             break;
         }
     }
+    c
+}
+
+/// Queues `n` reads of 1 MiB and hangs up without reading a reply: the export's writes then
+/// meet a closed socket.
+fn hang_up_on_queued_reads(socket: &std::path::Path, n: u64) {
+    let c = queue_reads(socket, n);
     // Let the export start answering into the full socket, then go.
     std::thread::sleep(Duration::from_millis(300));
     drop(c);
@@ -176,15 +183,7 @@ fn idle_clients_and_one_that_never_reads_leave_room_for_a_well_behaved_client() 
     // More idle connections, each past the handshake, than a session per connection allowed.
     let idle: Vec<Raw> = (0..40).map(|_| Raw::go(&ex.socket)).collect();
     // One that queues 1 MiB reads and never takes a reply.
-    let mut deaf = Raw::go(&ex.socket);
-    deaf.0
-        .set_write_timeout(Some(Duration::from_secs(2)))
-        .unwrap();
-    for i in 0..64 {
-        if deaf.0.write_all(&request_header(0, i, 0, 1 << 20)).is_err() {
-            break;
-        }
-    }
+    let deaf = queue_reads(&ex.socket, 64);
     for round in 0..8 {
         round_trip(&ex.socket, round << 20, 100 + round);
     }
@@ -246,15 +245,7 @@ fn a_client_that_stops_taking_replies_is_dropped() {
     let dir = tempfile::tempdir().unwrap();
     let up = Up::start(dir.path(), Some(MACHINE));
     let ex = Export::start(&up, &["--write-timeout", "1s"]);
-    let mut deaf = Raw::go(&ex.socket);
-    deaf.0
-        .set_write_timeout(Some(Duration::from_secs(2)))
-        .unwrap();
-    for i in 0..64 {
-        if deaf.0.write_all(&request_header(0, i, 0, 1 << 20)).is_err() {
-            break;
-        }
-    }
+    let mut deaf = queue_reads(&ex.socket, 64);
     std::thread::sleep(Duration::from_secs(3));
     // What the export managed to send before it gave up, then the end.
     let mut got = 0u64;

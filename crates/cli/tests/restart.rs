@@ -57,13 +57,7 @@ fn kill_repeatedly(target: &str, kills: usize) {
         blocks: 256,
         flush_every: 50,
     };
-    let clients: Vec<_> = (0..3u64)
-        .map(|id| {
-            let mut dev = verified::open(&up.control, "disk0", w.depth).unwrap();
-            let stop = stop.clone();
-            std::thread::spawn(move || verified::run_client(&mut dev, id, w, &stop))
-        })
-        .collect();
+    let clients = common::verified_clients(&up, "disk0", 0..3, w, &stop);
     let mut rng = 0x1234_5678_9abc_def1u64;
     for _ in 0..kills {
         rng ^= rng << 13;
@@ -79,15 +73,7 @@ fn kill_repeatedly(target: &str, kills: usize) {
     stop.store(true, Ordering::Relaxed);
     let mut completed = 0;
     let mut resumes = 0;
-    for c in clients {
-        let r = c.join().unwrap().unwrap();
-        assert!(r.failed.is_empty(), "failed requests: {:?}", r.failed);
-        assert!(
-            r.mismatches.is_empty(),
-            "inconsistent reads: {:?}",
-            r.mismatches
-        );
-        assert_eq!(r.duplicates, 0);
+    for r in common::verified_clean(clients) {
         completed += r.completed;
         resumes += r.resumes.len();
     }

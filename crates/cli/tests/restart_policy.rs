@@ -77,13 +77,7 @@ fn a_driver_killed_every_10ms_under_verified_load_loses_and_fails_nothing_with_t
         blocks: 256,
         flush_every: 50,
     };
-    let clients: Vec<_> = (0..3u64)
-        .map(|id| {
-            let mut dev = verified::open(&up.control, "disk0", w.depth).unwrap();
-            let stop = stop.clone();
-            std::thread::spawn(move || verified::run_client(&mut dev, id, w, &stop))
-        })
-        .collect();
+    let clients = common::verified_clients(&up, "disk0", 0..3, w, &stop);
     std::thread::sleep(Duration::from_millis(200));
     let kills = kill_servers(&up, 300, Duration::from_millis(10));
     assert!(kills >= 100, "only {kills} kills landed");
@@ -96,18 +90,10 @@ fn a_driver_killed_every_10ms_under_verified_load_loses_and_fails_nothing_with_t
     );
     std::thread::sleep(Duration::from_millis(300));
     stop.store(true, Ordering::Relaxed);
-    let mut completed = 0;
-    for c in clients {
-        let r = c.join().unwrap().unwrap();
-        assert!(r.failed.is_empty(), "failed requests: {:?}", r.failed);
-        assert!(
-            r.mismatches.is_empty(),
-            "inconsistent reads: {:?}",
-            r.mismatches
-        );
-        assert_eq!(r.duplicates, 0);
-        completed += r.completed;
-    }
+    let completed: u64 = common::verified_clean(clients)
+        .iter()
+        .map(|r| r.completed)
+        .sum();
     assert!(completed > 500, "only {completed} requests completed");
     let d = driver(&up);
     assert!(!state(&d).contains("gave up"), "{d:#}");

@@ -1135,15 +1135,7 @@ impl Manager {
             // The sessions that held range locks claim them back before anyone gets new ones.
             p.set_arg("--lock-grace-ms", &LOCK_GRACE.as_millis().to_string(), true);
         }
-        // A restart needs descriptors (an event channel, a pidfd, a log, connections to its
-        // models). A manager short of them waits, without counting it against the device:
-        // being flooded must never give a device up.
-        if free_descriptors() < RESTART_RESERVE {
-            tracing::warn!(
-                "{}: fewer than {RESTART_RESERVE} descriptors free; restart postponed",
-                p.role
-            );
-            p.restart_at = Some(std::time::Instant::now() + ACCEPT_BACKOFF);
+        if p.postponed_for_descriptors(ACCEPT_BACKOFF) {
             return;
         }
         if let Err(e) = p.respawn(&self.opts.exe, self.opts.verbose) {
@@ -1569,15 +1561,7 @@ impl Manager {
     /// Starts stopped driver server `s` again (its `Serving` event completes the restart).
     fn start_again(&mut self, s: usize, work: &mut WorkLoop<Source>) {
         let p = &mut self.procs[s];
-        // A restart needs descriptors (an event channel, a pidfd, a log, connections to its
-        // models). A manager short of them waits, without counting it against the device:
-        // being flooded must never give a device up.
-        if free_descriptors() < RESTART_RESERVE {
-            tracing::warn!(
-                "{}: fewer than {RESTART_RESERVE} descriptors free; restart postponed",
-                p.role
-            );
-            p.restart_at = Some(std::time::Instant::now() + ACCEPT_BACKOFF);
+        if p.postponed_for_descriptors(ACCEPT_BACKOFF) {
             return;
         }
         if let Err(e) = p.respawn(&self.opts.exe, self.opts.verbose) {
@@ -1974,21 +1958,6 @@ impl Drop for Manager {
 
 /// Zero-filled memory for a `mem:SIZE` disk, held by the manager across model restarts.
 /// An error reply: a machine-readable `code` and what went wrong.
-/// Descriptors a restart waits for: an event channel pair, a pidfd, a log, its model
-/// connections, and what `exec` briefly needs.
-const RESTART_RESERVE: u64 = 16;
-
-/// Descriptors this process may still open (0 if it cannot even look).
-fn free_descriptors() -> u64 {
-    let limit = rustix::process::getrlimit(rustix::process::Resource::Nofile)
-        .current
-        .unwrap_or(u64::MAX);
-    match std::fs::read_dir("/proc/self/fd") {
-        Ok(d) => limit.saturating_sub(d.count() as u64),
-        Err(_) => 0,
-    }
-}
-
 /// How long accepting pauses after it failed (out of descriptors).
 const ACCEPT_BACKOFF: Duration = Duration::from_millis(100);
 /// At most one log line per interval about refused or failed accepts.

@@ -317,6 +317,21 @@ impl Heartbeat {
     }
 }
 
+/// Descriptors a restart waits for: an event channel pair, a pidfd, a log, its model
+/// connections, and what `exec` briefly needs.
+const RESTART_RESERVE: u64 = 16;
+
+/// Descriptors this process may still open (0 if it cannot even look).
+fn free_descriptors() -> u64 {
+    let limit = rustix::process::getrlimit(rustix::process::Resource::Nofile)
+        .current
+        .unwrap_or(u64::MAX);
+    match std::fs::read_dir("/proc/self/fd") {
+        Ok(d) => limit.saturating_sub(d.count() as u64),
+        Err(_) => 0,
+    }
+}
+
 /// The fd number a child finds its event channel on.
 pub const EVENT_FD: i32 = 3;
 
@@ -439,6 +454,21 @@ impl Process {
             }
             _ => {}
         }
+    }
+
+    /// A restart needs descriptors (an event channel, a pidfd, a log, connections to its
+    /// models). A manager short of them postpones it by `wait`, without counting it against
+    /// the device: being flooded must never give a device up. True if postponed.
+    pub fn postponed_for_descriptors(&mut self, wait: Duration) -> bool {
+        if free_descriptors() >= RESTART_RESERVE {
+            return false;
+        }
+        tracing::warn!(
+            "{}: fewer than {RESTART_RESERVE} descriptors free; restart postponed",
+            self.role
+        );
+        self.restart_at = Some(Instant::now() + wait);
+        true
     }
 
     /// Removes every `flag VALUE` pair from the arguments the next incarnation starts with.

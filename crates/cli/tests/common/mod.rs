@@ -360,3 +360,41 @@ pub fn children_running(parent: u32, word: &str) -> Vec<u32> {
         })
         .collect()
 }
+
+/// Verified clients of `device` on `up`, one thread each, numbered `ids` (each owns its own
+/// blocks), running until `stop`.
+pub fn verified_clients(
+    up: &Up,
+    device: &str,
+    ids: std::ops::Range<u64>,
+    w: outboard_bench::verified::Workload,
+    stop: &std::sync::Arc<std::sync::atomic::AtomicBool>,
+) -> Vec<std::thread::JoinHandle<Result<outboard_bench::verified::ClientReport, String>>> {
+    ids.map(|id| {
+        let mut dev = outboard_bench::verified::open(&up.control, device, w.depth).unwrap();
+        let stop = stop.clone();
+        std::thread::spawn(move || outboard_bench::verified::run_client(&mut dev, id, w, &stop))
+    })
+    .collect()
+}
+
+/// Joins verified clients and checks that none failed a request, read inconsistent data or
+/// saw a duplicate; returns their reports.
+pub fn verified_clean(
+    clients: Vec<std::thread::JoinHandle<Result<outboard_bench::verified::ClientReport, String>>>,
+) -> Vec<outboard_bench::verified::ClientReport> {
+    clients
+        .into_iter()
+        .map(|c| {
+            let r = c.join().unwrap().unwrap();
+            assert!(r.failed.is_empty(), "failed requests: {:?}", r.failed);
+            assert!(
+                r.mismatches.is_empty(),
+                "inconsistent reads: {:?}",
+                r.mismatches
+            );
+            assert_eq!(r.duplicates, 0, "duplicated requests");
+            r
+        })
+        .collect()
+}

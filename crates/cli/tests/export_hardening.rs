@@ -117,17 +117,6 @@ fn a_client_that_hangs_up_on_queued_reads_does_not_take_the_export_down() {
     round_trip(&ex.socket, 1 << 20, 2);
 }
 
-/// The `export` node named `name`.
-fn export_node(up: &Up, name: &str) -> serde_json::Value {
-    fn find(n: &serde_json::Value, name: &str) -> Option<serde_json::Value> {
-        if n["kind"] == "export" && n["name"] == format!("nbd:{name}") {
-            return Some(n.clone());
-        }
-        n["children"].as_array()?.iter().find_map(|c| find(c, name))
-    }
-    find(&common::registry(up), name).unwrap_or(serde_json::Value::Null)
-}
-
 #[test]
 fn an_export_the_manager_started_is_restarted_when_it_dies_and_its_clients_are_corrected() {
     let dir = tempfile::tempdir().unwrap();
@@ -136,9 +125,9 @@ fn an_export_the_manager_started_is_restarted_when_it_dies_and_its_clients_are_c
         Some(&format!("{MACHINE}\n[[export]]\ndevice = \"disk0\"\n")),
     );
     let up_pid = up.child.as_ref().unwrap().id();
-    let running = || export_node(&up, "disk0")["props"]["state"] == "running";
+    let running = || common::nbd::export_node(&up, "disk0")["props"]["state"] == "running";
     assert!(eventually(Duration::from_secs(20), running));
-    let node = export_node(&up, "disk0");
+    let node = common::nbd::export_node(&up, "disk0");
     let socket = PathBuf::from(
         node["props"]["uri"]
             .as_str()
@@ -149,7 +138,7 @@ fn an_export_the_manager_started_is_restarted_when_it_dies_and_its_clients_are_c
     );
     let held = Raw::go(&socket);
     assert!(eventually(Duration::from_secs(10), || {
-        export_node(&up, "disk0")["props"]["clients"] == 1
+        common::nbd::export_node(&up, "disk0")["props"]["clients"] == 1
     }));
     let exports = common::children_running(up_pid, "export");
     assert_eq!(exports.len(), 1, "one export child");
@@ -160,7 +149,7 @@ fn an_export_the_manager_started_is_restarted_when_it_dies_and_its_clients_are_c
     ));
     // Restarted: a new process, no client counted that died with the old one.
     let back = || {
-        let n = export_node(&up, "disk0");
+        let n = common::nbd::export_node(&up, "disk0");
         n["props"]["state"] == "running"
             && n["props"]["clients"] == 0
             && n["props"]["pid"] != serde_json::json!(exports[0])
@@ -169,7 +158,7 @@ fn an_export_the_manager_started_is_restarted_when_it_dies_and_its_clients_are_c
     assert!(
         eventually(Duration::from_secs(20), back),
         "{:#}",
-        export_node(&up, "disk0")
+        common::nbd::export_node(&up, "disk0")
     );
     drop(held);
     round_trip(&socket, 0, 3);

@@ -543,17 +543,6 @@ fn a_remote_disk_across_network_namespaces_over_tcp() {
     let _ = export.wait();
 }
 
-/// The export node of `name` in the registry.
-fn export_node(up: &Up, name: &str) -> serde_json::Value {
-    fn find(n: &serde_json::Value, name: &str) -> Option<serde_json::Value> {
-        if n["kind"] == "export" && n["name"] == format!("nbd:{name}") {
-            return Some(n.clone());
-        }
-        n["children"].as_array()?.iter().find_map(|c| find(c, name))
-    }
-    find(&common::registry(up), name).unwrap_or(serde_json::Value::Null)
-}
-
 /// `[[export]]` tables: `outboard up` starts the exports, and `outboard ls` shows each with its
 /// address and the clients connected to it.
 #[test]
@@ -563,21 +552,21 @@ fn machine_description_exports_start_with_the_machine_and_show_their_clients() {
         "{MACHINE}\n[[export]]\ndevice = \"disk0\"\n\n[[export]]\ndevice = \"disk0\"\nname = \"golden\"\nread_only = true\n"
     );
     let up = Up::start(dir.path(), Some(&machine));
-    let running = |name: &str| export_node(&up, name)["props"]["state"] == "running";
+    let running = |name: &str| common::nbd::export_node(&up, name)["props"]["state"] == "running";
     assert!(
         common::eventually(Duration::from_secs(20), || running("disk0")
             && running("golden")),
         "{}",
         common::registry(&up)
     );
-    let node = export_node(&up, "disk0");
+    let node = common::nbd::export_node(&up, "disk0");
     let uri = node["props"]["uri"].as_str().unwrap().to_string();
     let socket = PathBuf::from(uri.split_once("socket=").unwrap().1);
     assert_eq!(node["props"]["clients"], 0);
     // A client holding a connection shows; when it leaves, it no longer does.
     let held = Raw::go(&socket);
     assert!(common::eventually(Duration::from_secs(10), || {
-        export_node(&up, "disk0")["props"]["clients"] == 1
+        common::nbd::export_node(&up, "disk0")["props"]["clients"] == 1
     }));
     let ls = String::from_utf8_lossy(&up.run(&["ls"]).stdout).to_string();
     assert!(
@@ -586,10 +575,10 @@ fn machine_description_exports_start_with_the_machine_and_show_their_clients() {
     );
     drop(held);
     assert!(common::eventually(Duration::from_secs(10), || {
-        export_node(&up, "disk0")["props"]["clients"] == 0
+        common::nbd::export_node(&up, "disk0")["props"]["clients"] == 0
     }));
     // The read-only export refuses writes with EPERM.
-    let golden = export_node(&up, "golden");
+    let golden = common::nbd::export_node(&up, "golden");
     let gsock = PathBuf::from(
         golden["props"]["uri"]
             .as_str()

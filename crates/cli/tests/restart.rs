@@ -10,7 +10,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use common::{find_node, registry, Up};
-use outboard_bench::verified::{self, Workload};
+use outboard_bench::verified::Workload;
 use rustix::process::{Pid, Signal};
 
 const MACHINE: &str = r#"
@@ -112,11 +112,7 @@ fn a_hung_driver_server_is_restarted_within_its_heartbeat() {
         blocks: 64,
         flush_every: 20,
     };
-    let mut dev = verified::open(&up.control, "disk0", w.depth).unwrap();
-    let client = {
-        let stop = stop.clone();
-        std::thread::spawn(move || verified::run_client(&mut dev, 0, w, &stop))
-    };
+    let client = common::verified_clients(&up, "disk0", 0..1, w, &stop);
     std::thread::sleep(Duration::from_millis(200));
     let (server, _) = pid_of(&up, "driver").unwrap();
     let hung = Instant::now();
@@ -136,8 +132,6 @@ fn a_hung_driver_server_is_restarted_within_its_heartbeat() {
     assert!(driver["props"]["last-hang"].is_string(), "{reg:#}");
     std::thread::sleep(Duration::from_millis(200));
     stop.store(true, Ordering::Relaxed);
-    let r = client.join().unwrap().unwrap();
-    assert!(r.failed.is_empty(), "{:?}", r.failed);
-    assert!(r.mismatches.is_empty(), "{:?}", r.mismatches);
-    assert_eq!(r.resumes.len(), 1);
+    let r = common::verified_clean(client);
+    assert_eq!(r[0].resumes.len(), 1);
 }

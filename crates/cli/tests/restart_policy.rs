@@ -9,7 +9,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use common::{eventually, find_node, Up};
-use outboard_bench::verified::{self, Workload};
+use outboard_bench::verified::Workload;
 use rustix::process::Signal;
 
 /// The default policy: no restart limits in the description.
@@ -202,11 +202,7 @@ fn a_running_device_restarts_by_hand_and_its_clients_carry_on() {
         blocks: 128,
         flush_every: 50,
     };
-    let mut dev = verified::open(&up.control, "disk0", w.depth).unwrap();
-    let client = {
-        let stop = stop.clone();
-        std::thread::spawn(move || verified::run_client(&mut dev, 1, w, &stop))
-    };
+    let client = common::verified_clients(&up, "disk0", 1..2, w, &stop);
     std::thread::sleep(Duration::from_millis(200));
     let old = driver(&up)["props"]["pid"].as_u64().unwrap();
     for _ in 0..3 {
@@ -214,12 +210,7 @@ fn a_running_device_restarts_by_hand_and_its_clients_carry_on() {
         assert!(r.status.success(), "{r:?}");
     }
     stop.store(true, Ordering::Relaxed);
-    let r = client.join().unwrap().unwrap();
-    assert!(
-        r.failed.is_empty() && r.mismatches.is_empty(),
-        "{:?}",
-        r.failed
-    );
+    common::verified_clean(client);
     let d = driver(&up);
     assert!(
         d["props"]["pid"].as_u64().is_some_and(|p| p != old),
@@ -241,11 +232,7 @@ fn a_request_that_crashes_the_device_every_time_fails_alone_after_three_crashes(
         blocks: 64,
         flush_every: 50,
     };
-    let mut dev = verified::open(&up.control, "disk0", w.depth).unwrap();
-    let bystander = {
-        let stop = stop.clone();
-        std::thread::spawn(move || verified::run_client(&mut dev, 1, w, &stop))
-    };
+    let bystander = common::verified_clients(&up, "disk0", 1..2, w, &stop);
     std::thread::sleep(Duration::from_millis(200));
     let t = Instant::now();
     let r = up.run_within(
@@ -259,13 +246,8 @@ fn a_request_that_crashes_the_device_every_time_fails_alone_after_three_crashes(
     // Everyone else carried on, and the device still serves.
     std::thread::sleep(Duration::from_millis(300));
     stop.store(true, Ordering::Relaxed);
-    let b = bystander.join().unwrap().unwrap();
-    assert!(
-        b.failed.is_empty(),
-        "the bystander saw errors: {:?}",
-        b.failed
-    );
-    assert!(b.mismatches.is_empty() && b.duplicates == 0);
+    // The bystander saw no error.
+    common::verified_clean(bystander);
     let ok = up.run(&["blk", "read", "disk0", "--offset", "8M", "--length", "4096"]);
     assert!(ok.status.success(), "{ok:?}");
     assert!(!state(&driver(&up)).contains("gave up"));

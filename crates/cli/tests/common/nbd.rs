@@ -100,3 +100,14 @@ pub fn request_header(command: u16, cookie: u64, offset: u64, length: u32) -> Ve
     b.extend_from_slice(&length.to_be_bytes());
     b
 }
+
+/// The `export` node named `nbd:NAME` in `up`'s registry (null if there is none).
+pub fn export_node(up: &super::Up, name: &str) -> serde_json::Value {
+    fn find(n: &serde_json::Value, name: &str) -> Option<serde_json::Value> {
+        if n["kind"] == "export" && n["name"] == format!("nbd:{name}") {
+            return Some(n.clone());
+        }
+        n["children"].as_array()?.iter().find_map(|c| find(c, name))
+    }
+    find(&super::registry(up), name).unwrap_or(serde_json::Value::Null)
+}

@@ -386,7 +386,10 @@ pub fn verified_clean(
     clients
         .into_iter()
         .map(|c| {
-            let r = c.join().unwrap().unwrap();
+            let r = c
+                .join()
+                .unwrap()
+                .unwrap_or_else(|e| panic!("a verified client stopped: {e}"));
             assert!(r.failed.is_empty(), "failed requests: {:?}", r.failed);
             assert!(
                 r.mismatches.is_empty(),

@@ -1,4 +1,4 @@
-//! Device-independent class interfaces (Mach's device interface, DESIGN.md §2.5).
+//! Device-independent class interfaces (Mach's device interface; docs/contract.md).
 //!
 //! Clients open devices by name and use the interface of their class. The [`block`] class is
 //! the first: its contract with clients (requests, completions, status, errors, the

@@ -1,4 +1,4 @@
-//! Restart with replay (DESIGN.md §2.6): the driver server, or the device model under it, is
+//! Restart with replay (docs/restart.md): the driver server, or the device model under it, is
 //! killed at random instants while several clients write, read and flush at queue depth 16;
 //! afterwards no request failed, every read was consistent with what had been acknowledged,
 //! every acknowledged write is on the disk, and the registry counts the restarts.

@@ -1,5 +1,5 @@
 //! What a session client remembers of each request until it completes, so that a request can
-//! be sent again to a restarted server (DESIGN.md §2.6, "sessions survive a restart").
+//! be sent again to a restarted server (docs/restart.md).
 //!
 //! A request travels under the slot it occupies here (its wire tag); the caller's own tag is
 //! given back at completion. For each write still in flight the table also records the blocks

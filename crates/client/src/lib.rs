@@ -1,4 +1,4 @@
-//! What a client links (DESIGN.md §2, `client`): opening class devices by name through the
+//! What a client links (docs/contract.md, `client`): opening class devices by name through the
 //! manager ([`manager`]), the two placements — a session with a driver server ([`session`])
 //! and the driver linked in ([`colocated`]) — behind one [`BlockDevice`] API, and the manager's
 //! control API types ([`api`], [`registry`]).

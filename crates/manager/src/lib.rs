@@ -1,10 +1,10 @@
-//! The device manager (DESIGN.md §2.6), version 1.
+//! The device manager (docs/manager.md).
 //!
 //! Reads a machine description ([`config`]), starts each device model and driver server as a
-//! process ([`supervisor`]), builds the registry ([`registry`]), answers the control API
-//! ([`api`]) on a SEQPACKET socket, reports a crashed process instead of hanging, and shuts
-//! everything down cleanly. Matching uses the drivers' personalities; restart, hot-plug and
-//! confinement come later.
+//! confined process ([`supervisor`]), builds the registry ([`registry`]), answers the control
+//! API ([`api`]) on a SEQPACKET socket for its own user only, supervises and restarts what dies
+//! (docs/restart.md), attaches and detaches devices at run time, and shuts everything down
+//! cleanly. Matching uses the drivers' personalities.
 #![deny(missing_docs)]
 
 pub mod config;

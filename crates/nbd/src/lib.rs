@@ -1,4 +1,4 @@
-//! The NBD export (DESIGN.md §2.7): block devices served to any NBD client — QEMU, libnbd's
+//! The NBD export (docs/nbd.md): block devices served to any NBD client — QEMU, libnbd's
 //! tools, fio's `nbd` engine, the Linux kernel — over a UNIX socket or TCP.
 //!
 //! The export is an ordinary client of the block class: each NBD connection opens its own

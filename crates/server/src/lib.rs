@@ -1,4 +1,4 @@
-//! The driver host (DESIGN.md §1, §3): runs drivers in the environment's loop, publishes their
+//! The driver host (docs/contract.md): runs drivers in the environment's loop, publishes their
 //! class devices, serves sessions. (The `colocated` placement, which links the same drivers into
 //! the client, is in `outboard-client`.)
 #![deny(missing_docs)]

@@ -1,4 +1,4 @@
-//! Client ↔ driver IPC (DESIGN.md §2.4).
+//! Client ↔ driver IPC (docs/session.md).
 //!
 //! A session is long-lived: opening one costs a control round trip ([`control`]); using it costs
 //! no system call when both sides are busy. Its shared [`region`] holds the rings its class

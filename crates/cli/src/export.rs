@@ -19,7 +19,8 @@ pub enum ExportCommand {
     ///
     /// Fixed newstyle negotiation with NBD_OPT_GO/INFO/LIST/ABORT/EXPORT_NAME, structured
     /// replies, the device's block size in NBD_INFO_BLOCK_SIZE; read, write, flush, FUA, trim,
-    /// write-zeroes, cache. Each connection gets its own session with the device.
+    /// write-zeroes, cache. Connections share one session per device; buffers are taken per
+    /// request in flight, so idle connections cost nothing.
     ///
     /// Examples:
     ///   outboard export nbd disk0 --socket /tmp/disk0.nbd

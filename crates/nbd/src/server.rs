@@ -1,6 +1,7 @@
-//! The export server: listens on a UNIX socket or TCP, and gives every connection a thread
-//! and a session of its own with the device it chooses — so several connections and exports
-//! are served at once, and a slow or hostile client holds up only its own thread.
+//! The export server: listens on a UNIX socket or TCP, and gives every connection a thread of
+//! its own and its part of the session the export holds with each device ([`crate::hub`]) — so
+//! several connections and exports are served at once, and a slow or hostile client holds up
+//! only its own thread and its own share of buffers.
 
 use std::net::{SocketAddr, TcpListener};
 use std::os::fd::AsFd;

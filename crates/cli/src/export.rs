@@ -19,8 +19,9 @@ pub enum ExportCommand {
     ///
     /// Fixed newstyle negotiation with NBD_OPT_GO/INFO/LIST/ABORT/EXPORT_NAME, structured
     /// replies, the device's block size in NBD_INFO_BLOCK_SIZE; read, write, flush, FUA, trim,
-    /// write-zeroes, cache. Connections share one session per device; buffers are taken per
-    /// request in flight, so idle connections cost nothing.
+    /// write-zeroes, cache. Each connection gets a session of its own with the device;
+    /// once the driver server has no room for more, connections share one the export
+    /// reserved, taking buffers per request in flight.
     ///
     /// Examples:
     ///   outboard export nbd disk0 --socket /tmp/disk0.nbd

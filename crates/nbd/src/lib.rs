@@ -1,8 +1,9 @@
 //! The NBD export (docs/nbd.md): block devices served to any NBD client — QEMU, libnbd's
 //! tools, fio's `nbd` engine, the Linux kernel — over a UNIX socket or TCP.
 //!
-//! The export is an ordinary client of the block class: it holds one session with each
-//! exported device, shared by its connections ([`hub`], [`server`]); a connection negotiates fixed newstyle ([`negotiate`]), and then
+//! The export is an ordinary client of the block class: a connection gets a session of its own
+//! with its device, or shares the one the export reserved once the driver server has no room
+//! ([`hub`], [`server`]); it negotiates fixed newstyle ([`negotiate`]), and then
 //! moves requests between the socket and the session ([`transmit`]), data going straight
 //! between the socket and the session's buffer area. The wire format is in [`proto`], pure and
 //! fuzzed.

@@ -1,7 +1,8 @@
 //! The export server: listens on a UNIX socket or TCP, and gives every connection a thread of
-//! its own and its part of the session the export holds with each device ([`crate::hub`]) — so
-//! several connections and exports are served at once, and a slow or hostile client holds up
-//! only its own thread and its own share of buffers.
+//! its own and a session of its own with the device it chooses, or, once the driver server
+//! has no room for more sessions, a part of the session the export reserved ([`crate::hub`]) —
+//! so several connections and exports are served at once, and a slow, idle or hostile client
+//! holds up only its own thread and its own share of buffers.
 
 use std::net::{SocketAddr, TcpListener};
 use std::os::fd::AsFd;
@@ -490,16 +491,20 @@ fn chooser<'a>(
         if let Some(why) = &sh.full {
             return Err(why.clone());
         }
-        *dev = Some(match &sh.exports.hubs[i] {
-            Some(hub) => {
-                let (d, b) = hub.join().map_err(|e| e.to_string())?;
-                Session::Shared(d, b)
-            }
-            None => Session::Own(
-                (sh.open)(&sh.exports.devices[i])
-                    .map_err(|e| e.to_string())?
-                    .0,
-            ),
+        *dev = Some(match (sh.open)(&sh.exports.devices[i]) {
+            // A session of its own: the fastest path, while the driver server has room.
+            Ok((d, _)) => Session::Own(d),
+            // The driver server's session budget is spent (idle clients may hold it): this
+            // connection shares the session the export reserved, taking buffers per request.
+            Err(BlockError::Busy(why)) => match &sh.exports.hubs[i] {
+                Some(hub) => {
+                    tracing::debug!("{why}: sharing the export's session");
+                    let (d, b) = hub.join().map_err(|e| e.to_string())?;
+                    Session::Shared(d, b)
+                }
+                None => return Err(BlockError::Busy(why).to_string()),
+            },
+            Err(e) => return Err(e.to_string()),
         });
         Ok(())
     }

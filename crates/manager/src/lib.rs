@@ -945,13 +945,9 @@ impl Manager {
                 );
             }
             None => {
-                let cause = match (&model_gone, policy.limit) {
-                    (Some(_), _) => format!("{role}: its device model was given up"),
-                    (None, 0) => format!("{role} exited ({status}) and restarts = 0"),
-                    (None, n) => format!(
-                        "{role} exited ({status}), {n} times in a row without serving; log {}",
-                        log.display()
-                    ),
+                let cause = match &model_gone {
+                    Some(_) => format!("{role}: its device model was given up"),
+                    None => crash_loop(&role, &status, policy.limit, &log),
                 };
                 let retry = policy.retry;
                 let why = format!(
@@ -1719,10 +1715,9 @@ impl Manager {
             }
             None => {
                 let why = format!(
-                    "gave up: {role} exited ({status}) more than {} times in {:?}; log {}",
-                    policy.limit,
-                    policy.window,
-                    log.display()
+                    "gave up: {}; trying again in {:?}",
+                    crash_loop(&role, &status, policy.limit, &log),
+                    policy.retry
                 );
                 tracing::error!("{why}");
                 eprintln!("outboard: {why}");
@@ -1958,6 +1953,18 @@ impl Drop for Manager {
 
 /// Zero-filled memory for a `mem:SIZE` disk, held by the manager across model restarts.
 /// An error reply: a machine-readable `code` and what went wrong.
+/// Why a process is given up: the death that went past `limit` crashes in a row without
+/// progress (or the only one, with `restarts = 0`), and where its log is.
+fn crash_loop(role: &str, status: &str, limit: u32, log: &Path) -> String {
+    match limit {
+        0 => format!("{role} exited ({status}) and restarts = 0"),
+        n => format!(
+            "{role} exited ({status}), {n} times in a row without serving; log {}",
+            log.display()
+        ),
+    }
+}
+
 /// How long accepting pauses after it failed (out of descriptors).
 const ACCEPT_BACKOFF: Duration = Duration::from_millis(100);
 /// At most one log line per interval about refused or failed accepts.

@@ -155,14 +155,17 @@ pub enum Death {
     Killed,
 }
 
+/// The signals that end a process from outside (an operator, the OOM killer, a supervisor):
+/// a death by one of them says nothing about the driver.
+const KILLED_FROM_OUTSIDE: [i32; 4] = [libc::SIGKILL, libc::SIGTERM, libc::SIGINT, libc::SIGHUP];
+
 /// Whether an exit was the process's own failure (a crash signal, an exit code other than 0,
 /// a hang the manager killed it for), not a kill from outside: what quarantine counts.
 pub fn is_fault(status: Option<std::process::ExitStatus>, hung: bool) -> bool {
     use std::os::unix::process::ExitStatusExt;
-    let external = [libc::SIGKILL, libc::SIGTERM, libc::SIGINT, libc::SIGHUP];
     hung || match status {
         Some(s) => match s.signal() {
-            Some(sig) => !external.contains(&sig),
+            Some(sig) => !KILLED_FROM_OUTSIDE.contains(&sig),
             None => s.code() != Some(0),
         },
         None => false,
@@ -177,9 +180,8 @@ impl Death {
         if progressed {
             return Death::AfterProgress;
         }
-        let external = [libc::SIGKILL, libc::SIGTERM, libc::SIGINT, libc::SIGHUP];
         match status.and_then(|s| s.signal()) {
-            Some(sig) if !hung && external.contains(&sig) => Death::Killed,
+            Some(sig) if !hung && KILLED_FROM_OUTSIDE.contains(&sig) => Death::Killed,
             _ => Death::Crash,
         }
     }

@@ -298,17 +298,21 @@ impl Hub {
                 in_device.remove(&c.tag);
             }
             self.route(&done);
-            if self.lock().failed.is_some() {
-                // Nothing more reaches the device; answer what is queued, at a calm pace.
-                let queued: Vec<_> = std::mem::take(&mut self.lock().queue);
-                let e = self.failed().expect("failed");
-                let answers: Vec<_> = queued
-                    .iter()
-                    .map(|r| BlockCompletion {
-                        tag: r.tag,
-                        result: Err(e.clone()),
-                    })
-                    .collect();
+            let answers: Option<Vec<_>> = {
+                let mut st = self.lock();
+                // Nothing more reaches a failed device: what was queued before it failed is
+                // answered with the reason, at a calm pace.
+                st.failed.clone().map(|e| {
+                    st.queue
+                        .drain(..)
+                        .map(|r| BlockCompletion {
+                            tag: r.tag,
+                            result: Err(e.clone()),
+                        })
+                        .collect()
+                })
+            };
+            if let Some(answers) = answers {
                 self.route(&answers);
                 let _ = wait_any(
                     &[self.pump_wake.as_fd()],

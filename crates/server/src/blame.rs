@@ -6,7 +6,8 @@
 //! writes what it is into the heartbeat page it shares with the manager. If the server (or
 //! its device model) dies then, the page names the request that was in the device. A request
 //! named so at [`outboard_class::block::QUARANTINE_AFTER`] crashes in a row is passed to the
-//! next server as quarantined: it completes alone with [`BlockError::Quarantined`], and every
+//! next server as quarantined: it completes alone with
+//! [`outboard_class::BlockError::Quarantined`], and every
 //! other request goes on.
 //!
 //! A request is named by its session's identity across restarts (the inode of the session's
@@ -15,7 +16,7 @@
 
 use std::fmt;
 
-use outboard_class::{BlockError, BlockRequest};
+use outboard_class::BlockRequest;
 use outboard_shm::SharedMem;
 
 use crate::session::Session;
@@ -114,11 +115,6 @@ pub fn session_key(s: &Session) -> u64 {
         .fd()
         .and_then(|fd| rustix::fs::fstat(fd).ok())
         .map_or(0, |st| st.st_ino)
-}
-
-/// What a quarantined request completes with.
-pub fn quarantined() -> BlockError {
-    BlockError::Quarantined
 }
 
 #[cfg(test)]

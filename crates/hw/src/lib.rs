@@ -51,6 +51,10 @@ pub enum HwError {
     /// The backend (vfio-user server, VFIO ioctl) failed.
     #[error("{0}")]
     Backend(String),
+    /// The device is gone: its vfio-user server closed the connection (a model that died).
+    /// Nothing done with it can succeed until the device is brought back.
+    #[error("the device is gone: {0}")]
+    Gone(String),
     /// A region access outside the region.
     #[error("access of {len} bytes at {offset:#x} is outside BAR{bar} ({size:#x} bytes)")]
     OutOfBounds {

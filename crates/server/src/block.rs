@@ -456,10 +456,14 @@ impl Dispatcher for BlockDispatcher {
 
     fn open(&mut self, slot: usize, buffers: Arc<SharedMem>) -> Result<(), Refusal> {
         // Zero copy: the device reaches the client's buffers directly.
-        let dma = self
-            .env
-            .map(buffers)
-            .map_err(|e| ("resources", e.to_string()))?;
+        let dma = self.env.map(buffers).map_err(|e| match e {
+            // The device died under this server, which ends for its supervisor to bring it
+            // back: the client waits for the next server, as for any restart.
+            outboard_env::EnvError::Dma(outboard_hw::HwError::Gone(_)) => {
+                ("restarting", e.to_string())
+            }
+            e => ("resources", e.to_string()),
+        })?;
         if self.sessions.len() <= slot {
             self.sessions.resize_with(slot + 1, || None);
         }
@@ -517,7 +521,7 @@ impl Dispatcher for BlockDispatcher {
                 Ok(r)
             });
             let result = match result {
-                Ok(r) if self.quarantined(s, &r) => Err(crate::blame::quarantined()),
+                Ok(r) if self.quarantined(s, &r) => Err(BlockError::Quarantined),
                 other => other,
             };
             match result {

@@ -24,7 +24,13 @@ struct VfioUserTrap {
 }
 
 fn err(e: ClientError) -> HwError {
-    HwError::Backend(e.to_string())
+    match e {
+        ClientError::Channel {
+            source: outboard_vfio_user::channel::ChannelError::Closed,
+            ..
+        } => HwError::Gone(e.to_string()),
+        e => HwError::Backend(e.to_string()),
+    }
 }
 
 fn lock(c: &Mutex<Client>) -> MutexGuard<'_, Client> {

@@ -11,7 +11,7 @@
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use outboard_class::{BlockCompletion, BlockDevice, BlockError, BlockOp, BlockRequest};
+use outboard_block::{BlockCompletion, BlockDevice, BlockError, BlockOp, BlockRequest};
 use outboard_client::BufferPool;
 
 /// One I/O of the trace.

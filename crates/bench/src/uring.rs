@@ -7,8 +7,8 @@ use std::path::Path;
 use std::time::Instant;
 
 use io_uring::{opcode, types, IoUring};
-use outboard_class::block::validate;
-use outboard_class::{BlockCompletion, BlockDevice, BlockError, BlockInfo, BlockOp, BlockRequest};
+use outboard_block::validate;
+use outboard_block::{BlockCompletion, BlockDevice, BlockError, BlockInfo, BlockOp, BlockRequest};
 use outboard_shm::SharedMem;
 use rustix::fs::{Mode, OFlags};
 

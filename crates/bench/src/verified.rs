@@ -13,7 +13,7 @@ use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use outboard_class::{BlockCompletion, BlockDevice, BlockOp, BlockRequest};
+use outboard_block::{BlockCompletion, BlockDevice, BlockOp, BlockRequest};
 use outboard_client::api::{Reply, Request};
 use outboard_client::{BlockClient, SessionOptions, Supervisor};
 

@@ -5,7 +5,7 @@ use std::path::Path;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use outboard_class::{BlockDevice, BlockError, BlockOp, BlockRequest};
+use outboard_block::{BlockDevice, BlockError, BlockOp, BlockRequest};
 use rustix::fs::{Mode, OFlags};
 
 fn e(x: BlockError) -> String {

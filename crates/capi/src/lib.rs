@@ -1,6 +1,6 @@
 //! The C interface to Outboard's class devices: `include/outboard/block.h`.
 //!
-//! Thin wrappers over [`outboard_class::BlockDevice`]. Every pointer from C is checked for
+//! Thin wrappers over [`outboard_block::BlockDevice`]. Every pointer from C is checked for
 //! null; lengths are taken as given (C's contract) and turned into slices only inside an
 //! `unsafe` block that says why that is sound. Errors are the block class's wire codes.
 //! A panic cannot unwind into C: `extern "C"` functions abort on panic.
@@ -10,14 +10,14 @@ use std::ffi::{c_char, c_int, c_void, CStr};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use outboard_class::{BlockDevice, BlockError, BlockOp, BlockRequest};
+use outboard_block::{BlockDevice, BlockError, BlockOp, BlockRequest};
 use outboard_client::{BlockClient, SessionOptions};
 
 /// An open block device (opaque to C).
 pub struct ObBlock {
     dev: Box<dyn BlockDevice>,
     /// Completions reaped but not yet handed to C (more than its `max`).
-    pending: std::collections::VecDeque<outboard_class::BlockCompletion>,
+    pending: std::collections::VecDeque<outboard_block::BlockCompletion>,
 }
 
 /// `ob_block_info`.

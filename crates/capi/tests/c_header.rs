@@ -80,7 +80,15 @@ fn the_c_program_passes_against_a_driver_server() {
         VirtioBlk::new(f, BlkDriverOptions::default()).unwrap(),
     );
     let sock = dir.path().join("host.sock");
-    let (stop, t) = DriverHost::bind(&sock, vec![host.into()]).unwrap().spawn();
+    let (stop, t) = DriverHost::bind(
+        &sock,
+        vec![{
+            let env = host.env();
+            outboard_block_server::BlockDispatcher::served(host, env)
+        }],
+    )
+    .unwrap()
+    .spawn();
 
     let run = Command::new(&bin).arg(&sock).output().unwrap();
     let text = format!(

@@ -14,9 +14,15 @@ const OB_EGONE: i32 = -6;
 fn every_call_after_the_server_died_says_the_device_is_gone() {
     let dir = tempfile::tempdir().unwrap();
     let sock = dir.path().join("host.sock");
-    let (stop, t) = DriverHost::bind(&sock, vec![NullBlock::new("null0", 1 << 20).into()])
-        .unwrap()
-        .spawn();
+    let (stop, t) = DriverHost::bind(
+        &sock,
+        vec![outboard_block_server::BlockDispatcher::served(
+            NullBlock::new("null0", 1 << 20),
+            outboard_env::DeviceEnv::virtual_device(),
+        )],
+    )
+    .unwrap()
+    .spawn();
     let server = CString::new(sock.to_str().unwrap()).unwrap();
     let name = CString::new("null0").unwrap();
     let mut b: *mut ObBlock = std::ptr::null_mut();

@@ -5,7 +5,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::{Args, Subcommand};
-use outboard_class::{BlockDevice, BlockError};
+use outboard_block::{BlockDevice, BlockError};
 use outboard_devices::backing::parse_size;
 
 #[derive(Subcommand)]
@@ -184,7 +184,7 @@ pub fn write_range(d: &mut dyn BlockDevice, offset: u64, data: &[u8]) -> Result<
     // A remote disk has no range locks: its read-modify-write is then unguarded.
     let locked = match d.lock_blocks(first, count) {
         Ok(()) => true,
-        Err(outboard_class::BlockError::Unsupported) => false,
+        Err(outboard_block::BlockError::Unsupported) => false,
         Err(x) => return Err(e(x)),
     };
     let merged = (|| {

@@ -10,7 +10,7 @@ use clap::Args;
 use outboard_bench::fixture::Fixture;
 use outboard_bench::stats::median;
 use outboard_bench::workloads::{null_latencies, rand_read, sustained};
-use outboard_class::{BlockDevice, BlockError, BlockOp, BlockRequest};
+use outboard_block::{BlockDevice, BlockError, BlockOp, BlockRequest};
 use outboard_client::{BlockClient, Colocated, SessionOptions, WaitMode};
 use outboard_devices::backing::parse_size;
 use outboard_drivers::Attachment;

@@ -2,6 +2,7 @@
 
 mod blk;
 mod blkbench;
+mod classes;
 mod confine;
 mod device;
 mod export;

@@ -170,7 +170,7 @@ pub struct DriverHostArgs {
     #[arg(long, value_name = "MS", default_value_t = 0)]
     isolate_ms: u64,
     /// Fail this request once, alone, instead of sending it to its device: it crashed the
-    /// driver too often (KEY:OP:LBA:BLOCKS, as the manager names it). Repeatable.
+    /// driver too often (KEY:W0:W1: the session key and the class's fingerprint of the request, as the manager names it). Repeatable.
     #[arg(long, value_name = "REQUEST")]
     quarantine: Vec<outboard_server::blame::Suspect>,
     /// Start with this device quiesced: requests to it wait until the manager resumes it
@@ -285,7 +285,7 @@ pub fn attach(a: AttachArgs, control: PathBuf) -> Result<ExitCode, String> {
 pub fn detach(a: DetachArgs, control: PathBuf) -> Result<ExitCode, String> {
     let first = outboard_client::manager::detach(&control, &a.device);
     settle(&control, &a.device, a.timeout, first, |r| match r {
-        Err(outboard_class::BlockError::DeviceGone) => Ok(Some("detached".into())),
+        Err(outboard_block::BlockError::DeviceGone) => Ok(Some("detached".into())),
         Err(e) => Err(e.to_string()),
         Ok(_) => Ok(None),
     })
@@ -327,9 +327,9 @@ fn settle(
     control: &std::path::Path,
     device: &str,
     timeout: std::time::Duration,
-    first: Result<outboard_manager::registry::Node, outboard_class::BlockError>,
+    first: Result<outboard_manager::registry::Node, outboard_block::BlockError>,
     settled: impl Fn(
-        &Result<outboard_manager::registry::Node, outboard_class::BlockError>,
+        &Result<outboard_manager::registry::Node, outboard_block::BlockError>,
     ) -> Result<Option<String>, String>,
 ) -> Result<ExitCode, String> {
     let deadline = std::time::Instant::now() + timeout;
@@ -393,7 +393,7 @@ pub fn driver_host(a: DriverHostArgs) -> Result<ExitCode, String> {
             name: name.to_string(),
             queues: MAX_QUEUES,
         };
-        served.push(Served::start(&at, driver, opts).map_err(|e| format!("{name}: {e}"))?);
+        served.push(crate::classes::serve(&at, driver, opts).map_err(|e| format!("{name}: {e}"))?);
         names.push(name.to_string());
     }
     let (mut server, listening) = match (&a.listen, a.listen_fd) {
@@ -416,7 +416,7 @@ pub fn driver_host(a: DriverHostArgs) -> Result<ExitCode, String> {
             return Err(format!("--quiesce {n:?}: no --device named so"));
         }
     }
-    server.lock_grace(std::time::Duration::from_millis(a.lock_grace_ms));
+    server.resume_grace(std::time::Duration::from_millis(a.lock_grace_ms));
     server.set_spin(std::time::Duration::from_micros(a.spin_us));
     server.set_deadline(std::time::Duration::from_millis(a.deadline_ms));
     // A confined server cannot open its device again: a failure ends it, for its supervisor.

@@ -17,7 +17,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use common::{Up, EXE};
-use outboard_class::BlockError;
+use outboard_block::BlockError;
 
 /// The device's request deadline in this campaign.
 const DEADLINE: Duration = Duration::from_secs(2);

@@ -10,7 +10,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use common::{registry, stdout, Up};
-use outboard_class::BlockError;
+use outboard_block::BlockError;
 
 const MACHINE: &str = r#"
 name = "hotplug"

@@ -104,7 +104,8 @@ impl Channel {
     }
 
     /// Resumes a session with a restarted server at `server`: a new session around the
-    /// buffer area this client kept (so buffers in use stay valid), claiming back `locks`.
+    /// buffer area this client kept (so buffers in use stay valid), claiming back `kept`, the
+    /// class's own state (opaque here; block: the ranges it held locked).
     #[allow(clippy::too_many_arguments)]
     pub fn resume(
         server: &Path,
@@ -112,7 +113,7 @@ impl Channel {
         class: &str,
         geometry: Geometry,
         buffers: Arc<SharedMem>,
-        locks: &[(u64, u32)],
+        kept: serde_json::Value,
         mode: WaitMode,
         timeout: Duration,
     ) -> Result<(Self, serde_json::Value), ChannelError> {
@@ -120,7 +121,7 @@ impl Channel {
             device: device.into(),
             class: class.into(),
             geometry: geometry.clone(),
-            locks: locks.to_vec(),
+            kept,
         };
         Self::establish(server, &req, geometry, Some(buffers), mode, timeout)
     }

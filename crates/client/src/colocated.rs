@@ -8,9 +8,9 @@ use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::Instant;
 
-use outboard_class::block::validate;
-use outboard_class::{
-    BlockCompletion, BlockDevice, BlockDriver, BlockError, BlockInfo, BlockRequest, ClassDriver,
+use outboard_block::validate;
+use outboard_block::{
+    BlockCompletion, BlockDevice, BlockDriver, BlockError, BlockInfo, BlockRequest,
 };
 use outboard_drivers::{Attachment, StartError, StartOptions, Started};
 use outboard_env::{DeviceEnv, Failure, Mapping, WaitError, Waiter};
@@ -52,9 +52,8 @@ impl Colocated {
         };
         let Started { driver, env, .. } =
             outboard_drivers::start(at, None, &opts).map_err(start_error)?;
-        match driver {
-            ClassDriver::Block(d) => Self::with_driver(d, &env, buffer_size),
-        }
+        let d = outboard_block::unbind(driver).map_err(BlockError::Protocol)?;
+        Self::with_driver(d, &env, buffer_size)
     }
 
     /// Wraps a driver already started.

@@ -12,7 +12,7 @@
 //! Locks the session holds are remembered too: a resumed session claims them back before it
 //! replays anything.
 
-use outboard_class::{BlockCompletion, BlockError, BlockOp, BlockRequest};
+use outboard_block::{BlockCompletion, BlockError, BlockOp, BlockRequest};
 
 /// `[start, end)` in blocks.
 type Range = (u64, u64);

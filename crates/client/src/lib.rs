@@ -7,7 +7,7 @@
 //! Outboard's devices carries only the class contracts, the session protocol and, for the
 //! colocated placement, the drivers.
 //!
-//! [`BlockDevice`]: outboard_class::BlockDevice
+//! [`BlockDevice`]: outboard_block::BlockDevice
 #![deny(missing_docs)]
 
 pub mod api;

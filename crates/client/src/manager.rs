@@ -3,7 +3,7 @@
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use outboard_class::{BlockDevice, BlockError};
+use outboard_block::{BlockDevice, BlockError};
 use outboard_drivers::Attachment;
 use outboard_hw::DeviceSpec;
 use outboard_session::control;

@@ -16,8 +16,8 @@ use std::os::fd::{AsFd, BorrowedFd};
 use std::os::unix::net::UnixStream;
 use std::time::{Duration, Instant};
 
-use outboard_class::block::{readable, validate};
-use outboard_class::{BlockCompletion, BlockDevice, BlockError, BlockInfo, BlockOp, BlockRequest};
+use outboard_block::{readable, validate};
+use outboard_block::{BlockCompletion, BlockDevice, BlockError, BlockInfo, BlockOp, BlockRequest};
 use outboard_shm::SharedMem;
 use outboard_spec::nbd::{self as proto, cmd, rep, ExportInfo, OptionReply};
 

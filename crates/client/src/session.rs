@@ -5,7 +5,7 @@ use std::collections::VecDeque;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use outboard_class::block::{
+use outboard_block::{
     validate, BlockCompletion, BlockDevice, BlockError, BlockInfo, BlockRequest, Cqe, Sqe,
     CQE_SIZE, RINGS,
 };
@@ -243,10 +243,13 @@ impl BlockClient {
             match Channel::resume(
                 &self.server,
                 &self.device,
-                "block",
+                outboard_block::CLASS,
                 geometry.clone(),
                 self.channel.shared_buffers(),
-                self.pending.locks(),
+                serde_json::to_value(outboard_block::Kept {
+                    locks: self.pending.locks().to_vec(),
+                })
+                .expect("serialisable"),
                 self.channel.mode(),
                 self.timeout,
             ) {
@@ -299,7 +302,7 @@ impl BlockClient {
         let (parts, covered) = self.pending.replay();
         for slot in covered {
             let bytes = self.pending.request(slot).map_or(0, |r| {
-                if r.op == outboard_class::BlockOp::Write {
+                if r.op == outboard_block::BlockOp::Write {
                     r.blocks * self.info.block_size
                 } else {
                     0
@@ -354,7 +357,7 @@ impl BlockClient {
                     let full = self.pending.request(slot).map_or(0, |r| {
                         if matches!(
                             r.op,
-                            outboard_class::BlockOp::Read | outboard_class::BlockOp::Write
+                            outboard_block::BlockOp::Read | outboard_block::BlockOp::Write
                         ) {
                             r.blocks * self.info.block_size
                         } else {
@@ -501,7 +504,7 @@ impl BlockDevice for BlockClient {
                 return Ok(false);
             }
             if self.pending.is_empty() {
-                return outboard_class::block::readable(also, timeout);
+                return outboard_block::readable(also, timeout);
             }
             match self.channel.wait_or(deadline, Some(also)) {
                 Ok(true) => return Ok(true),

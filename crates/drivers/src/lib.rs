@@ -6,7 +6,7 @@
 //! vfio-user, a model in-process, or a real function through VFIO.
 //!
 //! Each driver implements the environment's contract (`outboard_env::Driver`) and one trait
-//! per class it serves (`outboard_class::BlockDriver`). [`personalities`] is the driver side of matching (I/O Kit): what each driver can drive and
+//! per class it serves (`outboard_block::BlockDriver`). [`personalities`] is the driver side of matching (I/O Kit): what each driver can drive and
 //! how well; the device manager's catalog is built from it.
 #![deny(missing_docs)]
 
@@ -17,6 +17,6 @@ pub mod virtio_blk;
 pub mod virtio_block;
 
 pub use personality::{
-    by_name, candidates, personalities, probe_driver, start, Attachment, Identity, Personality,
-    Probe, Probed, StartError, StartOptions, Started,
+    by_name, candidates, personalities, probe_driver, restarter, start, Attachment, Identity,
+    Personality, Probe, Probed, StartError, StartOptions, Started,
 };

@@ -6,7 +6,7 @@
 use std::collections::VecDeque;
 use std::os::fd::BorrowedFd;
 
-use outboard_class::{BlockDriver, BlockError, BlockInfo, BlockOp, BlockRequest};
+use outboard_block::{BlockDriver, BlockError, BlockInfo, BlockOp, BlockRequest};
 use outboard_env::{DeviceEvent, Driver, Failure};
 
 /// The null disk.

@@ -4,8 +4,7 @@
 
 use std::str::FromStr;
 
-use outboard_class::ClassDriver;
-use outboard_env::DeviceEnv;
+use outboard_env::{AnyDriver, DeviceEnv};
 use outboard_hw::{DeviceSpec, HwError, PciFunction, PciIdentity};
 
 use crate::null_blk::NullBlock;
@@ -129,6 +128,9 @@ pub enum StartError {
     Refused(String),
 }
 
+/// Brings a driver up on a device: the driver behind its class's binding.
+pub type StartFn = fn(Provider, &StartOptions) -> Result<Box<dyn AnyDriver>, StartError>;
+
 /// What a driver can drive, and how strongly it claims it.
 #[derive(Debug, Clone, Copy)]
 pub struct Personality {
@@ -143,14 +145,14 @@ pub struct Personality {
     /// Active probe of a passively matched device: its score, or why the driver declines it.
     pub probe: fn(&Probe<'_>, u32) -> Result<u32, String>,
     /// Brings the driver up on the device.
-    pub start: fn(Provider, &StartOptions) -> Result<ClassDriver, StartError>,
+    pub start: StartFn,
 }
 
 /// A started driver and its environment.
 #[derive(Debug)]
 pub struct Started {
-    /// The driver, by class.
-    pub driver: ClassDriver,
+    /// The driver, behind its class's binding (the class's own code takes it out).
+    pub driver: Box<dyn AnyDriver>,
     /// Its device's environment (DMA mappings for memory others own).
     pub env: DeviceEnv,
     /// The personality that was started.
@@ -170,7 +172,7 @@ fn virtio_blk_probe(dev: &Probe<'_>, initial: u32) -> Result<u32, String> {
     crate::virtio_blk::probe_score(&f.identity(), &caps, &bars, initial)
 }
 
-fn virtio_blk_start(p: Provider, o: &StartOptions) -> Result<ClassDriver, StartError> {
+fn virtio_blk_start(p: Provider, o: &StartOptions) -> Result<Box<dyn AnyDriver>, StartError> {
     let Provider::Pci(f) = p else {
         return Err(StartError::NoMatch(
             "virtio-blk drives PCI functions".into(),
@@ -181,9 +183,7 @@ fn virtio_blk_start(p: Provider, o: &StartOptions) -> Result<ClassDriver, StartE
         ..Default::default()
     };
     let chip = VirtioBlk::new(f, opts).map_err(|e| StartError::Refused(e.to_string()))?;
-    Ok(ClassDriver::Block(Box::new(VirtioBlock::new(
-        &o.name, chip,
-    ))))
+    Ok(outboard_block::bind(VirtioBlock::new(&o.name, chip)))
 }
 
 fn null_blk_matches(id: &Identity<'_>) -> bool {
@@ -195,11 +195,9 @@ fn null_blk_probe(_: &Probe<'_>, initial: u32) -> Result<u32, String> {
     Ok(initial)
 }
 
-fn null_blk_start(p: Provider, o: &StartOptions) -> Result<ClassDriver, StartError> {
+fn null_blk_start(p: Provider, o: &StartOptions) -> Result<Box<dyn AnyDriver>, StartError> {
     match p {
-        Provider::Null { bytes } => {
-            Ok(ClassDriver::Block(Box::new(NullBlock::new(&o.name, bytes))))
-        }
+        Provider::Null { bytes } => Ok(outboard_block::bind(NullBlock::new(&o.name, bytes))),
         Provider::Pci(_) => Err(StartError::NoMatch("null-blk drives no hardware".into())),
     }
 }
@@ -207,7 +205,7 @@ fn null_blk_start(p: Provider, o: &StartOptions) -> Result<ClassDriver, StartErr
 static PERSONALITIES: &[Personality] = &[
     Personality {
         driver: "virtio-blk",
-        class: "block",
+        class: outboard_block::CLASS,
         score: 1000,
         matches: virtio_blk_matches,
         probe: virtio_blk_probe,
@@ -215,7 +213,7 @@ static PERSONALITIES: &[Personality] = &[
     },
     Personality {
         driver: "null-blk",
-        class: "block",
+        class: outboard_block::CLASS,
         score: 1000,
         matches: null_blk_matches,
         probe: null_blk_probe,
@@ -268,6 +266,27 @@ fn open_function(spec: &DeviceSpec) -> Result<PciFunction, StartError> {
         HwError::Busy { spec } => StartError::Busy(spec.to_string()),
         e @ HwError::Open { .. } => StartError::Unreachable(e.to_string()),
         e => StartError::Refused(format!("{spec}: {e}")),
+    })
+}
+
+/// Starts a driver again from scratch: the driver and its environment, or why not.
+pub type Restarter =
+    std::sync::Arc<dyn Fn() -> Result<(Box<dyn AnyDriver>, DeviceEnv), String> + Send + Sync>;
+
+/// How to start the personality `driver` on the device at `at` again, from scratch, after a
+/// failure (a driver server's recovery runs it on a helper thread).
+#[allow(clippy::type_complexity)]
+pub fn restarter(
+    at: &Attachment,
+    driver: &'static str,
+    opts: &StartOptions,
+) -> std::sync::Arc<dyn Fn() -> Result<(Box<dyn AnyDriver>, DeviceEnv), String> + Send + Sync> {
+    let at = at.clone();
+    let opts = opts.clone();
+    std::sync::Arc::new(move || {
+        start(&at, Some(driver), &opts)
+            .map(|s| (s.driver, s.env))
+            .map_err(|e| e.to_string())
     })
 }
 

@@ -4,7 +4,7 @@
 
 use std::os::fd::BorrowedFd;
 
-use outboard_class::{BlockDriver, BlockError, BlockInfo, BlockOp, BlockRequest};
+use outboard_block::{BlockDriver, BlockError, BlockInfo, BlockOp, BlockRequest};
 use outboard_env::{DeviceEvent, Driver, Failure};
 
 use crate::virtio_blk::{BlkCompletion, BlkError, BlkOp, BlkRequestRef, VirtioBlk, MAX_SEGMENTS};

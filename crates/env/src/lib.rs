@@ -8,10 +8,12 @@
 //! `osenv` legacy model (Fluke) is a later addition; it will share these services.
 #![deny(missing_docs)]
 
+pub mod bound;
 pub mod driver;
 pub mod timer;
 pub mod workloop;
 
+pub use bound::{downcast, AnyDriver};
 pub use driver::{DeviceEnv, DeviceEvent, Driver, EnvError, Failure, Mapping, WaitError, Waiter};
 pub use timer::Timer;
 pub use workloop::{LoopError, WorkLoop};

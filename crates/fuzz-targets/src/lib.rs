@@ -151,12 +151,12 @@ pub fn vfio_user_client(data: &[u8]) {
 ///
 /// Input: a sequence of operations, each one byte of opcode and its operands.
 pub fn session_ring(data: &[u8]) {
-    let mut g = Geometry::of_class(&outboard_class::block::RINGS, 8, 64 << 10);
+    let mut g = Geometry::of_class(&outboard_block::RINGS, 8, 64 << 10);
     g.rings[1].entries = 16;
     let Ok(region) = Region::create(g.clone()) else {
         return;
     };
-    let info = outboard_class::BlockInfo {
+    let info = outboard_block::BlockInfo {
         name: "fuzz".into(),
         capacity: 128,
         block_size: 512,
@@ -183,8 +183,8 @@ pub fn session_ring(data: &[u8]) {
             1 => {
                 let mut e = [0u8; 32];
                 if let Ok(true) = sq.pop(&mut e) {
-                    if let Ok(r) = outboard_class::block::Sqe(e).decode() {
-                        let _ = outboard_class::block::validate(&r, &info, g.buffer_size);
+                    if let Ok(r) = outboard_block::Sqe(e).decode() {
+                        let _ = outboard_block::validate(&r, &info, g.buffer_size);
                     }
                 }
             }

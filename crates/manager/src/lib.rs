@@ -153,7 +153,7 @@ pub enum ManagerError {
         /// Device name.
         device: String,
         /// What its server answered.
-        why: outboard_class::BlockError,
+        why: outboard_block::BlockError,
     },
     /// `run` was called on a manager that is not started.
     #[error("the manager is not started")]
@@ -1055,7 +1055,7 @@ impl Manager {
                 Some((s, n)) if s == b => n + 1,
                 _ => 2,
             };
-            if strikes >= outboard_class::block::QUARANTINE_AFTER {
+            if strikes >= outboard_block::QUARANTINE_AFTER {
                 tracing::error!(
                     "{}: request {b} crashed the driver {strikes} times: the next server fails it",
                     p.role

@@ -19,7 +19,7 @@ use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
-use outboard_class::{BlockCompletion, BlockDevice, BlockError, BlockInfo, BlockRequest};
+use outboard_block::{BlockCompletion, BlockDevice, BlockError, BlockInfo, BlockRequest};
 use outboard_client::{Buffer, BufferPool};
 use outboard_shm::SharedMem;
 

@@ -32,7 +32,7 @@ pub enum NbdError {
     Io(String),
     /// The device failed in a way that ends the connection (gone, failed, stuck).
     #[error("device: {0}")]
-    Device(outboard_class::BlockError),
+    Device(outboard_block::BlockError),
     /// The export could not be set up (listen, open the device).
     #[error("{0}")]
     Setup(String),

@@ -12,7 +12,7 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use outboard_class::{BlockDevice, BlockError};
+use outboard_block::{BlockDevice, BlockError};
 
 use crate::negotiate::{negotiate_with, Export, Outcome, TlsPolicy};
 use crate::transmit::Conn;
@@ -366,7 +366,7 @@ impl NbdServer {
 }
 
 fn readable(fd: &impl AsFd) -> bool {
-    outboard_class::block::readable(fd.as_fd(), Duration::from_millis(200)).unwrap_or(false)
+    outboard_block::readable(fd.as_fd(), Duration::from_millis(200)).unwrap_or(false)
 }
 
 /// What a connection needs from the server.

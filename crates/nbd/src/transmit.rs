@@ -15,7 +15,7 @@
 use std::collections::HashMap;
 use std::time::Duration;
 
-use outboard_class::{BlockCompletion, BlockDevice, BlockError, BlockOp, BlockRequest};
+use outboard_block::{BlockCompletion, BlockDevice, BlockError, BlockOp, BlockRequest};
 use outboard_client::{Buffer, BufferPool};
 
 use crate::negotiate::Export;

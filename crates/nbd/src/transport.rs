@@ -22,8 +22,7 @@ pub trait Transport: Read + Write {
 
     /// Whether a read would not block now.
     fn ready(&mut self) -> bool {
-        self.buffered()
-            || outboard_class::block::readable(self.fd(), Duration::ZERO).unwrap_or(true)
+        self.buffered() || outboard_block::readable(self.fd(), Duration::ZERO).unwrap_or(true)
     }
 
     /// Reads up to `len` bytes into `mem` at `offset`; 0 at end of stream.

@@ -5,18 +5,19 @@
 //! request at a time into the device, across every session, and before it submits one it
 //! writes what it is into the heartbeat page it shares with the manager. If the server (or
 //! its device model) dies then, the page names the request that was in the device. A request
-//! named so at [`outboard_class::block::QUARANTINE_AFTER`] crashes in a row is passed to the
-//! next server as quarantined: it completes alone with
-//! [`outboard_class::BlockError::Quarantined`], and every
-//! other request goes on.
+//! named so at three crashes in a row is passed to the next server as quarantined: it
+//! completes alone with its class's "quarantined" error, and every other request goes on.
 //!
 //! A request is named by its session's identity across restarts (the inode of the session's
-//! buffer area, which a resuming client passes back) and its operation and blocks (what a
-//! replay sends again).
+//! buffer area, which a resuming client passes back) and a fingerprint its class computes from
+//! what a replay sends again (block: operation, first block, blocks). This module knows no
+//! class: the fingerprint is two opaque words.
 
 use std::fmt;
 
-use outboard_class::BlockRequest;
+use std::sync::Arc;
+use std::time::Instant;
+
 use outboard_shm::SharedMem;
 
 use crate::session::Session;
@@ -29,36 +30,16 @@ const AT: u64 = 64;
 pub struct Suspect {
     /// The session's identity across restarts ([`session_key`]).
     pub key: u64,
-    /// Operation code.
-    pub op: u8,
-    /// First block.
-    pub lba: u64,
-    /// Blocks.
-    pub blocks: u32,
+    /// The class's fingerprint of the request.
+    pub request: [u64; 2],
 }
 
 impl Suspect {
-    /// `r` of the session with identity `key`.
-    pub fn of(key: u64, r: &BlockRequest) -> Self {
-        Self {
-            key,
-            op: r.op.code(),
-            lba: r.lba,
-            blocks: r.blocks,
-        }
-    }
-
-    /// Whether `r` of session `key` is this request.
-    pub fn matches(&self, key: u64, r: &BlockRequest) -> bool {
-        *self == Self::of(key, r)
-    }
-
     /// Records it in `page` as the request in the device.
     pub fn write(&self, page: &SharedMem) {
         let _ = page.write_u64(AT + 8, self.key);
-        let _ = page.write_u64(AT + 16, self.lba);
-        let _ = page.write_u32(AT + 24, self.blocks);
-        let _ = page.write_u32(AT + 28, u32::from(self.op));
+        let _ = page.write_u64(AT + 16, self.request[0]);
+        let _ = page.write_u64(AT + 24, self.request[1]);
         // Valid last: a record is whole once this says so (read only after the writer died).
         let _ = page.write_u64(AT, 1);
     }
@@ -75,34 +56,36 @@ impl Suspect {
         }
         Some(Self {
             key: page.read_u64(AT + 8).ok()?,
-            lba: page.read_u64(AT + 16).ok()?,
-            blocks: page.read_u32(AT + 24).ok()?,
-            op: u8::try_from(page.read_u32(AT + 28).ok()?).ok()?,
+            request: [page.read_u64(AT + 16).ok()?, page.read_u64(AT + 24).ok()?],
         })
     }
 }
 
 impl fmt::Display for Suspect {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}:{}:{}:{}", self.key, self.op, self.lba, self.blocks)
+        write!(
+            f,
+            "{}:{:x}:{:x}",
+            self.key, self.request[0], self.request[1]
+        )
     }
 }
 
 impl std::str::FromStr for Suspect {
     type Err = String;
 
-    /// `KEY:OP:LBA:BLOCKS`, as [`fmt::Display`] writes it.
+    /// `KEY:W0:W1` (the key in decimal, the fingerprint's words in hex), as
+    /// [`fmt::Display`] writes it.
     fn from_str(s: &str) -> Result<Self, String> {
         let f: Vec<&str> = s.split(':').collect();
-        let bad = || format!("{s:?}: expected KEY:OP:LBA:BLOCKS");
-        if f.len() != 4 {
+        let bad = || format!("{s:?}: expected KEY:W0:W1 (a session key and two hex words)");
+        if f.len() != 3 {
             return Err(bad());
         }
+        let word = |w: &str| u64::from_str_radix(w, 16).map_err(|_| bad());
         Ok(Self {
             key: f[0].parse().map_err(|_| bad())?,
-            op: f[1].parse().map_err(|_| bad())?,
-            lba: f[2].parse().map_err(|_| bad())?,
-            blocks: f[3].parse().map_err(|_| bad())?,
+            request: [word(f[1])?, word(f[2])?],
         })
     }
 }
@@ -117,6 +100,64 @@ pub fn session_key(s: &Session) -> u64 {
         .map_or(0, |st| st.st_ino)
 }
 
+/// What a device's core keeps for blame: the page to name requests in while isolated, until
+/// when, and the requests to fail instead of sending.
+#[derive(Default)]
+pub(crate) struct Watch {
+    page: Option<Arc<SharedMem>>,
+    until: Option<Instant>,
+    quarantine: Vec<Suspect>,
+}
+
+impl Watch {
+    pub(crate) fn isolate(&mut self, page: Arc<SharedMem>, until: Instant) {
+        self.page = Some(page);
+        self.until = Some(until);
+    }
+
+    pub(crate) fn quarantine(&mut self, suspect: Suspect) {
+        self.quarantine.push(suspect);
+    }
+
+    #[inline]
+    pub(crate) fn isolated(&self) -> bool {
+        self.until.is_some_and(|t| Instant::now() < t)
+    }
+
+    pub(crate) fn entering(&self, s: &Session, request: [u64; 2]) {
+        if let (Some(page), true) = (&self.page, self.isolated()) {
+            Suspect {
+                key: session_key(s),
+                request,
+            }
+            .write(page);
+        }
+    }
+
+    pub(crate) fn emptied(&self) {
+        if let Some(page) = &self.page {
+            Suspect::clear(page);
+        }
+    }
+
+    pub(crate) fn take_quarantined(&mut self, key: u64, request: [u64; 2]) -> bool {
+        if self.quarantine.is_empty() {
+            return false;
+        }
+        let wanted = Suspect { key, request };
+        match self.quarantine.iter().position(|q| *q == wanted) {
+            Some(i) => {
+                tracing::error!(
+                    "request {wanted} crashed the driver too often: failed, not sent again"
+                );
+                self.quarantine.remove(i);
+                true
+            }
+            None => false,
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -127,15 +168,14 @@ mod tests {
         assert_eq!(Suspect::read(&page), None);
         let s = Suspect {
             key: 77,
-            op: 1,
-            lba: 2048,
-            blocks: 8,
+            request: [1 << 32 | 8, 2048],
         };
         s.write(&page);
         assert_eq!(Suspect::read(&page), Some(s));
         assert_eq!(s.to_string().parse::<Suspect>(), Ok(s));
         Suspect::clear(&page);
         assert_eq!(Suspect::read(&page), None);
-        assert!("1:2:3".parse::<Suspect>().is_err());
+        assert!("1:2".parse::<Suspect>().is_err());
+        assert!("1:2:zz".parse::<Suspect>().is_err());
     }
 }

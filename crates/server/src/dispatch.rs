@@ -1,77 +1,97 @@
-//! What the multiplexer needs from a class: one dispatcher per served device, taking the
+//! What the server core needs from a class: one dispatcher per served device, taking the
 //! class's requests out of its sessions and posting completions back.
 //!
-//! The multiplexer ([`crate::host`]) owns sessions, control connections, doorbells, sleeping
-//! and waking, limits and the deadline timer; it knows no class. A dispatcher owns one device's
-//! driver and everything class-specific: entry formats, validation, tags, ordering rules, what
-//! a failure does to the requests in flight. A new class adds a dispatcher and touches nothing
-//! here or in the multiplexer.
+//! The core ([`crate::host`] and [`crate::device`]) owns sessions, control connections,
+//! doorbells, sleeping and waking, limits, each session's buffer mapping in the device, the
+//! device's event sources, deadlines, failure, recovery and out-of-service answers; it names no
+//! class. A dispatcher owns one device's typed driver and everything class-specific: entry
+//! formats, validation, tags, ordering rules, which requests have a deadline, and what each
+//! outcome of a failure means to its clients. A new class adds a dispatcher in its own folder
+//! and touches nothing here.
 
-use std::os::fd::{AsFd, BorrowedFd};
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use outboard_env::{DeviceEvent, Driver, LoopError, WorkLoop};
-use outboard_session::{control, RingShape};
-use outboard_shm::SharedMem;
+use outboard_env::{AnyDriver, Driver, Failure, Mapping};
+use outboard_session::RingShape;
 
-use crate::host::{HostStats, Source};
+use crate::blame::session_key;
+use crate::host::HostStats;
 use crate::session::Session;
 
 /// An error reply to a control request: a machine-readable code and a message.
 pub type Refusal = (&'static str, String);
 
+/// Why a device is out of service, which decides what new requests and opens get.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Outage {
+    /// It is being opened again: retry later.
+    Restarting,
+    /// It was given up for good, for this reason.
+    Failed(String),
+}
+
+/// What the requests a device held at its failure get.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Fate {
+    /// They waited past their deadline.
+    TimedOut,
+    /// The device went out of service under them.
+    Out(Outage),
+}
+
 /// What a dispatcher may reach while it works: the sessions (it touches only its own), the
-/// counters, its device's event sources, and the manager's event channel.
+/// counters, each session's buffer area in the device, and what the core decided about the
+/// device (out of service, isolated, quarantined requests).
 pub struct Ctx<'a> {
     /// Every session slot.
     pub sessions: &'a mut [Option<Session>],
     /// Counters.
     pub stats: &'a mut HostStats,
-    /// This device's index.
-    pub device: usize,
-    pub(crate) work: &'a mut WorkLoop<Source>,
-    pub(crate) notify: Option<BorrowedFd<'a>>,
-    /// A supervisor restarts the server: a failed device ends the process.
-    pub(crate) restartable: bool,
+    pub(crate) maps: &'a [Option<Mapping>],
+    pub(crate) outage: Option<&'a Outage>,
+    pub(crate) watch: &'a mut crate::blame::Watch,
 }
 
 impl Ctx<'_> {
-    /// Registers a driver's event sources for this device.
-    pub fn watch(&mut self, driver: &dyn Driver) -> Result<(), LoopError> {
-        for (ev, fd) in driver.sources() {
-            self.work.add(fd, Source::Device(self.device, ev))?;
+    /// The device address of session `slot`'s buffer area.
+    #[inline]
+    pub fn iova(&self, slot: usize) -> Option<u64> {
+        self.maps.get(slot)?.as_ref().map(Mapping::iova)
+    }
+
+    /// Why the device is out of service, if it is: every request taken now gets this answer
+    /// at once, without reaching the driver.
+    #[inline]
+    pub fn outage(&self) -> Option<&Outage> {
+        self.outage
+    }
+
+    /// Whether requests go into the device one at a time now (a server started after a crash,
+    /// finding out which request crashed it: [`crate::blame`]).
+    #[inline]
+    pub fn isolated(&self) -> bool {
+        self.watch.isolated()
+    }
+
+    /// Names the request (`fingerprint`, the class's) of session `slot` that is about to
+    /// enter the device, while isolated.
+    pub fn entering(&self, slot: usize, fingerprint: [u64; 2]) {
+        if let Some(s) = self.sessions.get(slot).and_then(Option::as_ref) {
+            self.watch.entering(s, fingerprint);
         }
-        Ok(())
     }
 
-    /// Removes a driver's event sources (before it is given up or dropped).
-    pub fn unwatch(&mut self, driver: &dyn Driver) {
-        for (_, fd) in driver.sources() {
-            let _ = self.work.remove(fd);
-        }
+    /// Nothing is in the device any more.
+    pub fn emptied(&self) {
+        self.watch.emptied();
     }
 
-    /// A device failed in a restartable server: tell the manager why, and end the process with
-    /// the requests unanswered. The supervisor resets the device (closing our handle to it
-    /// does) and starts a new server, on which the clients resume and send those requests
-    /// again; failing them here would turn a restart into errors.
-    pub fn end_for_restart(&self, device: &str, why: &str) -> ! {
-        self.notify(&control::Event::DeviceFailed {
-            device: device.into(),
-            why: why.into(),
-            restarting: true,
-        });
-        tracing::error!("device {device}: {why}; ending this server for its supervisor to restart");
-        std::process::exit(crate::host::EXIT_DEVICE_FAILED)
-    }
-
-    /// Tells the manager (if one started this server) what happened to a device.
-    pub fn notify(&self, event: &control::Event) {
-        if let Some(n) = self.notify {
-            if let Err(e) = control::try_send(n.as_fd(), event, &[]) {
-                tracing::warn!("cannot tell the manager: {e}");
-            }
+    /// Whether the request `fingerprint` of session `slot` crashed the driver too often to be
+    /// sent again; true once, and it is then off the list.
+    pub fn quarantined(&mut self, slot: usize, fingerprint: [u64; 2]) -> bool {
+        match self.sessions.get(slot).and_then(Option::as_ref) {
+            Some(s) => self.watch.take_quarantined(session_key(s), fingerprint),
+            None => false,
         }
     }
 }
@@ -86,45 +106,37 @@ pub trait Dispatcher: Send {
     fn rings(&self) -> &'static [RingShape];
     /// The class status a client gets on `Status` and `Open`.
     fn status(&self) -> serde_json::Value;
-    /// Why new sessions are refused now (the device is restarting or failed), if they are.
-    fn refuses(&self) -> Option<Refusal>;
-    /// Registers the device's event sources when serving starts.
-    fn start(&mut self, cx: &mut Ctx<'_>) -> Result<(), LoopError>;
-    /// A session opens at `slot`: map its buffer area for the device.
-    fn open(&mut self, slot: usize, buffers: Arc<SharedMem>) -> Result<(), Refusal>;
-    /// A resumed session at `slot` held these locks (first block, blocks) under the previous
-    /// server: grant them back, or refuse all of them.
-    fn reclaim(&mut self, slot: usize, locks: &[(u64, u32)]) -> Result<(), Refusal>;
-    /// For `grace` from now, grant no new lock: the sessions of a previous server are still
-    /// claiming theirs back. A class without locks ignores it.
-    fn lock_grace(&mut self, _grace: std::time::Duration) {}
-    /// Until `until`, let one request at a time into the device and name it in `blame`
-    /// first (see [`crate::blame`]). A class that cannot ignores it.
-    fn isolate(
-        &mut self,
-        _blame: std::sync::Arc<outboard_shm::SharedMem>,
-        _until: std::time::Instant,
-    ) {
-    }
-    /// Fail `suspect` once, alone, instead of sending it to the device.
-    fn quarantine(&mut self, _suspect: crate::blame::Suspect) {}
-    /// Takes what it may of session `slot`'s submissions; true if it took any.
-    fn take(&mut self, slot: usize, cx: &mut Ctx<'_>) -> bool;
-    /// Moves the device along: publishes, reaps, releases what waited, recovers a failed
-    /// device. True if anything happened.
-    fn progress(&mut self, cx: &mut Ctx<'_>) -> bool;
+    /// The driver's environment side (event sources, events, abandon).
+    fn driver(&self) -> &dyn Driver;
+    /// The same, to call.
+    fn driver_mut(&mut self) -> &mut dyn Driver;
+    /// Swaps in the driver of the device opened again after a failure (the class takes its
+    /// typed driver out of `driver`); an error if it is not of this class.
+    fn replace(&mut self, driver: Box<dyn AnyDriver>) -> Result<(), String>;
+    /// A session opens at `slot`. `resumed` is the class's own state the client kept from a
+    /// previous server (block: the range locks it held), to be granted back or refused.
+    fn open(&mut self, slot: usize, resumed: Option<&serde_json::Value>) -> Result<(), Refusal>;
+    /// For `grace` from now, sessions of a previous server are still resuming: grant nothing
+    /// that could conflict with what they claim back (block: no new lock).
+    fn resume_grace(&mut self, _grace: Duration) {}
+    /// Takes what it may of session `slot`'s submissions; true if it took any. An error: the
+    /// device failed (what was taken counts as in the device).
+    fn take(&mut self, slot: usize, cx: &mut Ctx<'_>) -> Result<bool, Failure>;
+    /// Moves the device along: publishes, reaps, releases what waited. True if anything
+    /// happened.
+    fn progress(&mut self, cx: &mut Ctx<'_>) -> Result<bool, Failure>;
     /// Before the loop sleeps: arm the device's interrupts. False if work turned up.
-    fn prepare_sleep(&mut self, cx: &mut Ctx<'_>) -> bool;
-    /// One of the device's event sources fired.
-    fn event(&mut self, ev: DeviceEvent, cx: &mut Ctx<'_>);
-    /// When the oldest request in the device entered it.
-    fn oldest(&self) -> Option<Instant>;
-    /// Fails the device if its oldest request is older than `deadline`.
-    fn check_deadline(&mut self, now: Instant, deadline: Duration, cx: &mut Ctx<'_>);
+    fn prepare_sleep(&mut self, cx: &mut Ctx<'_>) -> Result<bool, Failure>;
+    /// When the oldest request that has a deadline entered the device (the class says which
+    /// do: a block request does, a posted receive buffer does not).
+    fn oldest_due(&self) -> Option<Instant>;
+    /// The device failed and was abandoned: answer every request it held or had waiting
+    /// with `fate`, and forget them.
+    fn fail_all(&mut self, fate: &Fate, cx: &mut Ctx<'_>);
     /// Requests of session `slot` taken and not yet answered.
     fn outstanding(&self, slot: usize) -> usize;
     /// The client of session `slot` left: what it had waiting never starts.
     fn close(&mut self, slot: usize);
-    /// Session `slot` drained: drop its buffer mapping.
+    /// Session `slot` drained: forget it.
     fn release(&mut self, slot: usize);
 }

@@ -20,16 +20,14 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use outboard_class::ClassDriver;
-use outboard_drivers::{Attachment, StartOptions, Started};
-use outboard_env::{DeviceEnv, DeviceEvent, Timer, WorkLoop};
+use outboard_env::{AnyDriver, DeviceEnv, DeviceEvent, Timer, WorkLoop};
 use outboard_session::control::{self, Reply, Request};
 use outboard_session::doorbell::{announce_sleep, cancel_sleep};
 use outboard_session::{Direction, Doorbell, Geometry, Region, SessionError};
 use outboard_sys::SocketPath;
 
-use crate::block::BlockDispatcher;
-use crate::dispatch::{Ctx, Dispatcher, Refusal};
+use crate::device::{Core, Device};
+use crate::dispatch::{Dispatcher, Refusal};
 use crate::recovery::Reopen;
 use crate::session::Session;
 
@@ -50,71 +48,31 @@ pub enum Source {
     Supervisor,
 }
 
-/// A device to serve, whatever its class: a started driver and its environment, and how to
-/// start it again after a failure.
+/// A device to serve, whatever its class: the dispatcher its class made for its driver, its
+/// environment, and how to open it again after a failure.
 pub struct Served {
-    /// The driver, by class.
-    pub driver: ClassDriver,
+    /// The class's dispatcher, holding the driver.
+    pub dispatcher: Box<dyn Dispatcher>,
     /// Its environment.
     pub env: DeviceEnv,
-    /// How to start it again, if it can be.
-    pub reopen: Option<Reopen<(ClassDriver, DeviceEnv)>>,
+    /// How to open it again, if it can be.
+    pub reopen: Option<Reopen<(Box<dyn AnyDriver>, DeviceEnv)>>,
 }
 
 impl Served {
-    /// Serves a driver that cannot be re-opened (tests, in-process devices).
-    pub fn new(driver: ClassDriver, env: DeviceEnv) -> Self {
+    /// Serves a device that cannot be re-opened (tests, in-process devices).
+    pub fn new(dispatcher: Box<dyn Dispatcher>, env: DeviceEnv) -> Self {
         Self {
-            driver,
+            dispatcher,
             env,
             reopen: None,
         }
     }
 
-    /// Starts the personality `driver` (or the best match) on the device at `at`, and
-    /// remembers how, so that a failed device is started again the same way.
-    pub fn start(
-        at: &Attachment,
-        driver: Option<&str>,
-        opts: StartOptions,
-    ) -> Result<Self, outboard_drivers::StartError> {
-        let Started {
-            driver,
-            env,
-            personality,
-        } = outboard_drivers::start(at, driver, &opts)?;
-        let at = at.clone();
-        let name = personality.driver;
-        let reopen: Reopen<(ClassDriver, DeviceEnv)> = Arc::new(move || {
-            outboard_drivers::start(&at, Some(name), &opts)
-                .map(|s| (s.driver, s.env))
-                .map_err(|e| e.to_string())
-        });
-        Ok(Self {
-            driver,
-            env,
-            reopen: Some(reopen),
-        })
-    }
-
-    /// The dispatcher of this device's class: the one place a class's dispatcher is chosen.
-    pub fn into_dispatcher(self) -> Box<dyn Dispatcher> {
-        match self.driver {
-            ClassDriver::Block(d) => Box::new(BlockDispatcher::new(d, self.env, self.reopen)),
-        }
-    }
-}
-
-impl From<outboard_drivers::virtio_block::VirtioBlock> for Served {
-    fn from(d: outboard_drivers::virtio_block::VirtioBlock) -> Self {
-        let env = d.env();
-        Self::new(ClassDriver::Block(Box::new(d)), env)
-    }
-}
-
-impl From<outboard_drivers::null_blk::NullBlock> for Served {
-    fn from(d: outboard_drivers::null_blk::NullBlock) -> Self {
-        Self::new(ClassDriver::Block(Box::new(d)), DeviceEnv::virtual_device())
+    /// Opens the device again with `reopen` after a failure.
+    pub fn reopened_by(mut self, reopen: Reopen<(Box<dyn AnyDriver>, DeviceEnv)>) -> Self {
+        self.reopen = Some(reopen);
+        self
     }
 }
 
@@ -172,7 +130,7 @@ pub struct HostStats {
 pub struct DriverHost {
     listener: OwnedFd,
     path: Option<SocketPath>,
-    devices: Vec<Box<dyn Dispatcher>>,
+    devices: Vec<Device>,
     conns: Vec<Option<(OwnedFd, Option<usize>)>>,
     sessions: Vec<Option<Session>>,
     work: WorkLoop<Source>,
@@ -225,13 +183,12 @@ pub enum HostError {
     Loop(#[from] outboard_env::LoopError),
 }
 
-/// A dispatcher's view of the host for device `d`.
-macro_rules! ctx {
-    ($self:ident, $d:expr) => {
-        Ctx {
+/// What device `d` needs from the host (disjoint from the device itself).
+macro_rules! core {
+    ($self:ident) => {
+        Core {
             sessions: &mut $self.sessions,
             stats: &mut $self.stats,
-            device: $d,
             work: &mut $self.work,
             notify: $self.notify.as_ref().map(|n| n.as_fd()),
             restartable: $self.restartable,
@@ -257,7 +214,11 @@ impl DriverHost {
         let mut h = Self {
             listener,
             path: None,
-            devices: devices.into_iter().map(Served::into_dispatcher).collect(),
+            devices: devices
+                .into_iter()
+                .enumerate()
+                .map(|(i, s)| Device::new(i, s.dispatcher, s.env, s.reopen))
+                .collect(),
             conns: Vec::new(),
             sessions: Vec::new(),
             work,
@@ -281,14 +242,9 @@ impl DriverHost {
         Ok(h)
     }
 
-    /// Runs `f` on device `d`'s dispatcher with its context (the dispatcher and the context
-    /// are disjoint fields of the host).
-    fn with_device<R>(
-        &mut self,
-        d: usize,
-        f: impl FnOnce(&mut dyn Dispatcher, &mut Ctx<'_>) -> R,
-    ) -> R {
-        f(self.devices[d].as_mut(), &mut ctx!(self, d))
+    /// Runs `f` on device `d` with what it needs from the host (disjoint fields of the host).
+    fn with_device<R>(&mut self, d: usize, f: impl FnOnce(&mut Device, &mut Core<'_>) -> R) -> R {
+        f(&mut self.devices[d], &mut core!(self))
     }
 
     /// Counters.
@@ -358,6 +314,7 @@ impl DriverHost {
 
     /// Fails `suspect` once, alone, instead of sending it to its device.
     pub fn quarantine(&mut self, suspect: crate::blame::Suspect) {
+        // A fingerprint is its class's; a device of another class never matches it.
         for d in &mut self.devices {
             d.quarantine(suspect);
         }
@@ -467,11 +424,12 @@ impl DriverHost {
         progress
     }
 
-    /// Grants no new lock on any device for `grace` from now (a restarted server: its
-    /// predecessor's sessions claim their locks back first).
-    pub fn lock_grace(&mut self, grace: Duration) {
+    /// For `grace` from now, the sessions of this server's predecessor are still resuming:
+    /// each class grants nothing that could conflict with what they claim back (block: no new
+    /// lock).
+    pub fn resume_grace(&mut self, grace: Duration) {
         for d in &mut self.devices {
-            d.lock_grace(grace);
+            d.class.resume_grace(grace);
         }
     }
 
@@ -702,7 +660,7 @@ impl DriverHost {
                 let d = self.find(&device)?;
                 Ok((
                     Reply::Status {
-                        info: self.devices[d].status(),
+                        info: self.devices[d].class.status(),
                     },
                     vec![],
                 ))
@@ -716,7 +674,7 @@ impl DriverHost {
                 device,
                 class,
                 geometry,
-                locks,
+                kept,
             } => {
                 let [buffers]: [OwnedFd; 1] = fds.try_into().map_err(|v: Vec<OwnedFd>| {
                     (
@@ -724,7 +682,7 @@ impl DriverHost {
                         format!("resume carries the buffer area: 1 fd, not {}", v.len()),
                     )
                 })?;
-                self.open_session(conn, &device, &class, geometry, Some((buffers, locks)))
+                self.open_session(conn, &device, &class, geometry, Some((buffers, kept)))
             }
         }
     }
@@ -738,10 +696,10 @@ impl DriverHost {
         device: &str,
         class: &str,
         geometry: Geometry,
-        resumed: Option<(OwnedFd, Vec<(u64, u32)>)>,
+        resumed: Option<(OwnedFd, serde_json::Value)>,
     ) -> Result<(Reply, Vec<OwnedFd>), Refusal> {
         let d = self.find(device)?;
-        let dev = &self.devices[d];
+        let dev = &self.devices[d].class;
         if class != dev.class() {
             return Err((
                 "wrong-class",
@@ -761,7 +719,7 @@ impl DriverHost {
                 ),
             ));
         }
-        if let Some(refusal) = dev.refuses() {
+        if let Some(refusal) = self.devices[d].refuses() {
             return Err(refusal);
         }
         if self.conns[conn].as_ref().is_some_and(|c| c.1.is_some()) {
@@ -771,17 +729,17 @@ impl DriverHost {
         self.admit(geometry.buffer_size)?;
         let resources = |e: &dyn std::fmt::Display| ("resources", e.to_string());
         let resuming = resumed.is_some();
-        let (region, locks) = match resumed {
+        let (region, kept) = match resumed {
             None => (
                 Region::create(geometry.clone()).map_err(|e| resources(&e))?,
-                Vec::new(),
+                None,
             ),
-            Some((buffers, locks)) => (
+            Some((buffers, kept)) => (
                 Region::resume(geometry.clone(), buffers).map_err(|e| match e {
                     SessionError::Invalid(m) => ("invalid", m),
                     e => resources(&e),
                 })?,
-                locks,
+                Some(kept),
             ),
         };
         let server_bell = Doorbell::new().map_err(|e| resources(&e))?;
@@ -805,11 +763,7 @@ impl DriverHost {
                 self.sessions.push(None);
                 self.sessions.len() - 1
             });
-        self.devices[d].open(slot, region.buffers.clone())?;
-        if let Err(e) = self.devices[d].reclaim(slot, &locks) {
-            self.devices[d].release(slot);
-            return Err(e);
-        }
+        self.devices[d].open(slot, region.buffers.clone(), kept.as_ref())?;
         if let Err(e) = self.work.add(server_bell.fd(), Source::Bell(slot)) {
             self.devices[d].close(slot);
             self.devices[d].release(slot);
@@ -825,16 +779,13 @@ impl DriverHost {
         if !resuming {
             tracing::info!("session {id} opened on {device}");
         } else {
-            tracing::info!(
-                "session {id} resumed on {device} with {} lock(s)",
-                locks.len()
-            );
+            tracing::info!("session {id} resumed on {device}");
         }
         Ok((
             Reply::Opened {
                 session: id,
                 geometry,
-                info: self.devices[d].status(),
+                info: self.devices[d].class.status(),
             },
             fds,
         ))

@@ -1,16 +1,17 @@
-//! The driver host (docs/contract.md): runs drivers in the environment's loop, publishes their
-//! class devices, serves sessions. (The `colocated` placement, which links the same drivers into
-//! the client, is in `outboard-client`.)
+//! The driver server's core (docs/contract.md): runs drivers in the environment's loop,
+//! serves sessions, and keeps each device's life — deadlines, failure, recovery — the same for
+//! every class. It names no class: each class brings its [`Dispatcher`] from its own folder
+//! (`crates/classes/<class>`). (The `colocated` placement, which links the same drivers into
+//! the client, is in each class's client.)
 #![deny(missing_docs)]
 
 pub mod blame;
-pub mod block;
+mod device;
 pub mod dispatch;
 pub mod host;
-pub mod ranges;
 pub mod recovery;
 pub mod session;
 
-pub use block::BlockDispatcher;
-pub use dispatch::Dispatcher;
+pub use dispatch::{Ctx, Dispatcher, Fate, Outage, Refusal};
 pub use host::{DriverHost, HostError, HostStats, Limits, Served};
+pub use recovery::Reopen;

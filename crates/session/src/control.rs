@@ -47,8 +47,9 @@ pub enum Request {
     /// Re-open a session after its server was restarted: as `Open`, but the client passes
     /// the buffer area it already has (one fd: the memfd the previous server created, sealed
     /// against resizing), so the buffers its in-flight requests point at stay where they are.
-    /// `locks` are the ranges the session held (`Lock` acknowledged, no `Unlock` yet); the new
-    /// server grants them back before it serves anything.
+    /// `kept` is the class's own state that must survive the restart, opaque to the session
+    /// protocol (block: the ranges the session held locked); the new server's class grants it
+    /// back, or refuses the resume, before it serves anything.
     Resume {
         /// Device name.
         device: String,
@@ -56,9 +57,9 @@ pub enum Request {
         class: String,
         /// The geometry of the session being resumed; its buffer size must be the memfd's.
         geometry: Geometry,
-        /// Lock ranges held: (first block, blocks).
+        /// The class's kept state (`null` if it keeps none).
         #[serde(default)]
-        locks: Vec<(u64, u32)>,
+        kept: serde_json::Value,
     },
     /// Status of a device.
     Status {

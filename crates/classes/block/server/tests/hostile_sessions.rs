@@ -7,7 +7,7 @@ mod common;
 use std::os::fd::AsFd;
 use std::time::Duration;
 
-use outboard_class::BlockError;
+use outboard_block::BlockError;
 use outboard_session::control::{self, Reply, Request};
 use outboard_session::region::off;
 

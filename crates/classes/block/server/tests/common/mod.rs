@@ -8,8 +8,8 @@ use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::Duration;
 
-use outboard_class::block::{Cqe, Sqe};
-use outboard_class::{BlockDevice, BlockError, BlockOp, BlockRequest};
+use outboard_block::{BlockDevice, BlockError, BlockOp, BlockRequest};
+use outboard_block::{Cqe, Sqe};
 use outboard_client::{BlockClient, SessionOptions};
 use outboard_devices::backing::Backing;
 use outboard_drivers::virtio_blk::{BlkDriverOptions, VirtioBlk};
@@ -64,7 +64,15 @@ impl Served {
     pub fn start(dir: &Path, size: &str) -> Self {
         let (host, backend) = disk(size);
         let sock = dir.join("host.sock");
-        let (stop, thread) = DriverHost::bind(&sock, vec![host.into()]).unwrap().spawn();
+        let (stop, thread) = DriverHost::bind(
+            &sock,
+            vec![{
+                let env = host.env();
+                outboard_block_server::BlockDispatcher::served(host, env)
+            }],
+        )
+        .unwrap()
+        .spawn();
         Self {
             sock,
             backend,
@@ -95,7 +103,7 @@ pub struct Raw {
 
 /// The geometry a raw client opens: the block class's rings, 16 entries each, 64 KiB of buffers.
 pub fn g() -> Geometry {
-    Geometry::of_class(&outboard_class::block::RINGS, 16, 65536)
+    Geometry::of_class(&outboard_block::RINGS, 16, 65536)
 }
 
 impl Raw {

@@ -6,7 +6,7 @@ mod common;
 use std::sync::{Arc, Barrier};
 use std::time::Duration;
 
-use outboard_class::{BlockDevice, BlockDriver, BlockError, BlockOp, BlockRequest};
+use outboard_block::{BlockDevice, BlockDriver, BlockError, BlockOp, BlockRequest};
 use outboard_client::Colocated;
 use outboard_client::{BlockClient, SessionOptions, WaitMode};
 use outboard_drivers::virtio_block::VirtioBlock;
@@ -368,9 +368,15 @@ fn a_driver_server_spreads_sessions_over_a_devices_queues() {
     let dir = tempfile::tempdir().unwrap();
     let (host, _backend) = common::disk_with_queues(SIZE, 4);
     let sock = dir.path().join("mq.sock");
-    let (stop, t) = outboard_server::DriverHost::bind(&sock, vec![host.into()])
-        .unwrap()
-        .spawn();
+    let (stop, t) = outboard_server::DriverHost::bind(
+        &sock,
+        vec![{
+            let env = host.env();
+            outboard_block_server::BlockDispatcher::served(host, env)
+        }],
+    )
+    .unwrap()
+    .spawn();
     let mut clients: Vec<_> = (0..3)
         .map(|_| BlockClient::open(&sock, "disk0", SessionOptions::default()).unwrap())
         .collect();
@@ -420,11 +426,11 @@ fn a_request_longer_than_the_devices_largest_segment_is_cut_into_segments() {
     let mut too_long = req(BlockOp::Read, 3);
     too_long.blocks = (max as u64 / bs) as u32 + 1;
     assert!(matches!(
-        outboard_class::block::validate(&too_long, &info, u64::MAX),
+        outboard_block::validate(&too_long, &info, u64::MAX),
         Err(BlockError::Invalid(_))
     ));
     too_long.blocks -= 1;
-    assert!(outboard_class::block::validate(&too_long, &info, u64::MAX).is_ok());
+    assert!(outboard_block::validate(&too_long, &info, u64::MAX).is_ok());
     drop(d);
     srv.stop();
 }

@@ -12,6 +12,18 @@ use zerocopy::{FromBytes, Immutable, IntoBytes, KnownLayout};
 
 use serde::{Deserialize, Serialize};
 
+/// The class's name, as sessions and personalities name it.
+pub const CLASS: &str = "block";
+
+/// What a block session keeps across a restart of its server: the ranges it held locked
+/// (`Lock` acknowledged, no `Unlock` yet), as (first block, blocks).
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Kept {
+    /// Locked ranges.
+    pub locks: Vec<(u64, u32)>,
+}
+
 /// Block operations.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]

@@ -7,10 +7,10 @@ use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use outboard_class::{BlockDevice, BlockDriver, BlockError, BlockInfo, BlockRequest, ClassDriver};
+use outboard_block::{BlockDevice, BlockDriver, BlockError, BlockInfo, BlockRequest};
 use outboard_client::{BlockClient, SessionOptions};
 use outboard_env::{DeviceEnv, DeviceEvent, Driver, Failure};
-use outboard_server::{DriverHost, Served};
+use outboard_server::DriverHost;
 
 /// A driver whose device is broken in a chosen way: its submissions reveal a dead device, or
 /// it takes requests and never answers them.
@@ -88,10 +88,8 @@ fn serve(
     deadline: Duration,
 ) -> (std::path::PathBuf, Arc<AtomicU32>, Arc<AtomicBool>) {
     let attempts = Arc::new(AtomicU32::new(0));
-    let mut served = Served::new(
-        ClassDriver::Block(Box::new(driver)),
-        DeviceEnv::virtual_device(),
-    );
+    let mut served =
+        outboard_block_server::BlockDispatcher::served(driver, DeviceEnv::virtual_device());
     if reopen {
         let a = attempts.clone();
         served.reopen = Some(Arc::new(move || {

@@ -1,9 +1,10 @@
-//! The driver side of the classes: the one small trait a driver implements per class it
-//! serves, on top of the environment's [`Driver`] contract.
+//! The block class's contract with drivers: the one small trait a block driver implements on
+//! top of the environment's [`Driver`] contract, and the binding that carries it through
+//! class-free code ([`AnyDriver`]).
 
-use outboard_env::{Driver, Failure};
+use outboard_env::{AnyDriver, Driver, Failure};
 
-use crate::block::{BlockError, BlockInfo, BlockRequest};
+use crate::contract::{BlockError, BlockInfo, BlockRequest, CLASS};
 
 /// A block driver: what the block dispatcher (in a driver server) and the colocated placement
 /// call. Requests reach it validated against [`BlockDriver::info`]; their buffers are given as
@@ -29,30 +30,29 @@ pub trait BlockDriver: Driver {
     fn arm(&mut self) -> Result<bool, Failure>;
 }
 
-/// A started driver, by the class it serves. A new class adds a variant here, its trait above
-/// and its dispatcher in the server.
-pub enum ClassDriver {
-    /// A block device.
-    Block(Box<dyn BlockDriver>),
-}
+/// A started block driver as class-free code carries it.
+pub struct BlockBinding(pub Box<dyn BlockDriver>);
 
-impl std::fmt::Debug for ClassDriver {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            ClassDriver::Block(d) => f
-                .debug_tuple("Block")
-                .field(&d.driver_name())
-                .field(d.info())
-                .finish(),
-        }
+impl AnyDriver for BlockBinding {
+    fn class(&self) -> &'static str {
+        CLASS
+    }
+
+    fn driver(&self) -> &dyn Driver {
+        self.0.as_ref()
+    }
+
+    fn into_any(self: Box<Self>) -> Box<dyn std::any::Any + Send> {
+        self
     }
 }
 
-impl ClassDriver {
-    /// The class's name, as `Open` names it.
-    pub fn class(&self) -> &'static str {
-        match self {
-            ClassDriver::Block(_) => "block",
-        }
-    }
+/// Wraps a block driver for class-free code (a personality's `start`).
+pub fn bind(d: impl BlockDriver + 'static) -> Box<dyn AnyDriver> {
+    Box::new(BlockBinding(Box::new(d)))
+}
+
+/// Takes the block driver back out of a started driver; an error names the class it serves.
+pub fn unbind(d: Box<dyn AnyDriver>) -> Result<Box<dyn BlockDriver>, String> {
+    outboard_env::downcast::<BlockBinding>(d, CLASS).map(|b| b.0)
 }

@@ -15,7 +15,7 @@
 //!
 //! Only the host's single thread touches this: no atomics, no locks of its own.
 
-use outboard_class::{BlockOp, BlockRequest};
+use outboard_block::{BlockOp, BlockRequest};
 
 /// `[start, end)` in blocks.
 pub type Range = (u64, u64);

@@ -17,11 +17,11 @@ use std::time::Duration;
 use std::os::fd::BorrowedFd;
 
 use outboard_env::{DeviceEvent, Failure, Waiter};
-use outboard_hw::{DmaBuf, Irq, IrqKind, PciFunction, PciIdentity};
-use outboard_spec::virtio::{self, feature as vfeature, DeviceStatus, NO_VECTOR};
+use outboard_hw::{DmaBuf, PciFunction, PciIdentity};
+use outboard_spec::virtio::{self, feature as vfeature};
 use outboard_spec::virtio_blk::{config, feature, req, status, SECTOR_SIZE};
 
-use crate::virtio::{Buf, Transport, VirtQueue, VirtioError};
+use crate::virtio::{Buf, Negotiation, VirtQueue, VirtioDevice, VirtioError};
 
 /// Largest queue the driver sets up.
 pub const MAX_QUEUE_SIZE: u16 = 256;
@@ -275,17 +275,14 @@ impl Default for BlkDriverOptions {
 
 /// The driver instance for one virtio-blk function.
 pub struct VirtioBlk {
-    func: PciFunction,
-    transport: Transport,
+    device: VirtioDevice,
     queues: Vec<Queue>,
-    irqs: Vec<Irq>,
     /// The environment's loop for synchronous use (`wait`), on this device's sources.
     waiter: Waiter,
     info: BlkInfo,
     size_max: u32,
     seg_max: u32,
     timeout: Duration,
-    stopped: bool,
 }
 
 impl std::fmt::Debug for VirtioBlk {
@@ -294,70 +291,6 @@ impl std::fmt::Debug for VirtioBlk {
             .field("info", &self.info)
             .finish()
     }
-}
-
-/// Whether the device set DEVICE_NEEDS_RESET.
-fn needs_reset(t: &Transport) -> Result<bool, VirtioError> {
-    Ok(t.status()?
-        .contains(outboard_spec::virtio::DeviceStatus::DEVICE_NEEDS_RESET))
-}
-
-/// The contract's `handle` for a device reached through `t`, whose vectors are `irqs`:
-/// acknowledges an interrupt, and reports a device that needs a reset or is gone.
-fn device_event(t: &Transport, irqs: &[Irq], msix: bool, ev: DeviceEvent) -> Result<(), Failure> {
-    let check_reset = || match needs_reset(t) {
-        Ok(false) => Ok(()),
-        Ok(true) => Err(Failure::NeedsReset),
-        Err(e) => Err(Failure::Driver(format!("its status cannot be read: {e}"))),
-    };
-    match ev {
-        DeviceEvent::Lost => Err(Failure::Lost),
-        DeviceEvent::ConfigChange => {
-            if let Some(irq) = irqs.first() {
-                irq.ack();
-            }
-            check_reset()
-        }
-        DeviceEvent::Interrupt(v) => {
-            if let Some(irq) = irqs.get(v as usize) {
-                irq.ack();
-            }
-            if !msix {
-                // INTx: reading the ISR acknowledges the interrupt (§4.1.4.5); bit 1 says the
-                // configuration changed.
-                let isr = t.read_isr().map_err(|e| Failure::Driver(e.to_string()))?;
-                if isr & 2 != 0 {
-                    return check_reset();
-                }
-            }
-            Ok(())
-        }
-    }
-}
-
-/// Which event each of a function's fds stands for. With MSI-X, vector 0 is configuration
-/// changes and vector `q + 1` is queue `q`; with INTx one vector carries everything.
-fn event_sources<'a>(
-    func: &'a PciFunction,
-    irqs: &'a [Irq],
-    msix: bool,
-) -> Vec<(DeviceEvent, BorrowedFd<'a>)> {
-    let mut v: Vec<(DeviceEvent, BorrowedFd<'a>)> = irqs
-        .iter()
-        .enumerate()
-        .map(|(i, irq)| {
-            let ev = if msix && i == 0 {
-                DeviceEvent::ConfigChange
-            } else {
-                DeviceEvent::Interrupt(i as u16)
-            };
-            (ev, irq.fd())
-        })
-        .collect();
-    if let Some(fd) = func.loss_fd() {
-        v.push((DeviceEvent::Lost, fd));
-    }
-    v
 }
 
 impl VirtioBlk {
@@ -370,42 +303,10 @@ impl VirtioBlk {
                 func.identity().device
             )));
         }
-        func.enable_command(
-            outboard_spec::pci::COMMAND_MEMORY | outboard_spec::pci::COMMAND_BUS_MASTER,
-        )
-        .map_err(|e| BlkError::Device(e.to_string()))?;
-        let t = Transport::new(&func)?;
-        // 1-3: reset, ACKNOWLEDGE, DRIVER.
-        t.reset()?;
-        t.add_status(DeviceStatus::ACKNOWLEDGE)?;
-        t.add_status(DeviceStatus::DRIVER)?;
-        // 4-6: features.
-        let offered = t.device_features()?;
-        if offered & vfeature::VERSION_1 == 0 {
-            t.add_status(DeviceStatus::FAILED)?;
-            return Err(BlkError::Device(
-                "legacy (pre-1.0) virtio devices are not supported".into(),
-            ));
-        }
-        // Behind an IOMMU the driver hands out IOVAs. A device without ACCESS_PLATFORM
-        // (§6.1) takes them for physical addresses and DMAs around the IOMMU: refuse it here,
-        // not one timed-out request at a time later.
-        if func.behind_iommu() && offered & vfeature::ACCESS_PLATFORM == 0 {
-            t.add_status(DeviceStatus::FAILED)?;
-            return Err(BlkError::Device(
-                "the device does not offer VIRTIO_F_ACCESS_PLATFORM: it would DMA to physical \
-                 addresses, bypassing the IOMMU (for QEMU: iommu_platform=on)"
-                    .into(),
-            ));
-        }
-        let features = match t.negotiate(SUPPORTED_FEATURES) {
-            Ok(f) => f,
-            Err(e) => {
-                let _ = t.add_status(DeviceStatus::FAILED);
-                return Err(e.into());
-            }
-        };
-        tracing::debug!("virtio-blk: offered {offered:#x}, accepted {features:#x}");
+        // 1-6: reset, ACKNOWLEDGE, DRIVER, features.
+        let n = Negotiation::begin(func, "virtio-blk", SUPPORTED_FEATURES)?;
+        let features = n.features();
+        let t = n.transport();
         // 7: device-specific set-up.
         let cfg_u32 = |off: u64| -> Result<u32, VirtioError> {
             let mut b = [0u8; 4];
@@ -421,6 +322,7 @@ impl VirtioBlk {
             512
         };
         if block_size < 512 || !block_size.is_power_of_two() {
+            n.fail();
             return Err(BlkError::Device(format!(
                 "device reports block size {block_size}"
             )));
@@ -446,50 +348,23 @@ impl VirtioBlk {
             .queues
             .clamp(1, device_queues.min(t.num_queues()?.max(1)));
 
-        // Interrupts: MSI-X vector 0 for configuration, 1+q for queue q; otherwise INTx.
-        let msix = func
-            .irq_count(IrqKind::MsiX)
-            .map_err(|e| BlkError::Device(e.to_string()))?
-            > nq as u32;
-        let irqs = if msix {
-            func.enable_irqs(IrqKind::MsiX, nq as u32 + 1)
-        } else {
-            func.enable_irqs(IrqKind::Intx, 1)
-        }
-        .map_err(|e| BlkError::Device(e.to_string()))?;
-        if msix {
-            t.set_config_vector(0)?;
-        }
+        // 7 (queues and vectors) and 8: DRIVER_OK.
+        let (device, vqs) = n.finish(nq, MAX_QUEUE_SIZE)?;
         let mut queues = Vec::new();
-        for q in 0..nq {
-            let max = t.queue_max_size(q)?;
-            if max == 0 {
-                return Err(BlkError::Device(format!("queue {q} is not available")));
-            }
-            let size = max.min(MAX_QUEUE_SIZE);
-            let size = if size.is_power_of_two() {
-                size
-            } else {
-                size.next_power_of_two() / 2
-            };
-            let mut vq = VirtQueue::new(func.dma(), q, size, features)?;
-            let (d, a, u) = vq.addresses();
-            let vector = if msix { q + 1 } else { NO_VECTOR };
-            vq.set_doorbell(t.setup_queue(q, size, d, a, u, vector)?);
-            let slots = func
+        for vq in vqs {
+            let slots = device
+                .function()
                 .dma()
-                .alloc(size as usize * SLOT as usize)
+                .alloc(vq.size() as usize * SLOT as usize)
                 .map_err(|e| BlkError::Device(e.to_string()))?;
             queues.push(Queue {
+                in_flight: (0..vq.size()).map(|_| None).collect(),
                 vq,
                 slots,
-                in_flight: (0..size).map(|_| None).collect(),
             });
         }
-        // 8: DRIVER_OK.
-        t.add_status(DeviceStatus::DRIVER_OK)?;
-        let waiter = Waiter::new(event_sources(&func, &irqs, msix))
-            .map_err(|e| BlkError::Device(e.to_string()))?;
+        let msix = device.msix();
+        let waiter = Waiter::new(device.sources()).map_err(|e| BlkError::Device(e.to_string()))?;
         let info = BlkInfo {
             capacity,
             block_size,
@@ -502,16 +377,13 @@ impl VirtioBlk {
             segments: seg_max.min(MAX_SEGMENTS as u32),
         };
         Ok(Self {
-            func,
-            transport: t,
+            device,
             queues,
-            irqs,
             waiter,
             info,
             size_max,
             seg_max,
             timeout: opts.timeout,
-            stopped: false,
         })
     }
 
@@ -522,14 +394,14 @@ impl VirtioBlk {
 
     /// The PCI function (for its DMA space).
     pub fn function(&self) -> &PciFunction {
-        &self.func
+        self.device.function()
     }
 
     /// Whether the device set DEVICE_NEEDS_RESET (virtio 1.2 §2.1.2): it has stopped, and
     /// what it holds will not complete. A trapped register read: call it on the configuration
     /// interrupt, never per request.
     pub fn needs_reset(&self) -> Result<bool, BlkError> {
-        Ok(needs_reset(&self.transport)?)
+        Ok(self.device.needs_reset()?)
     }
 
     /// Device addresses of queue `q`'s descriptor table, available ring and used ring.
@@ -845,9 +717,9 @@ impl VirtioBlk {
             }
             // A device that stopped says so here, and nothing it holds will complete: waiting
             // out the deadline would only hide why.
-            let (transport, irqs, msix) = (&self.transport, &self.irqs, self.info.msix);
+            let device = &self.device;
             self.waiter
-                .wait_and_handle(deadline - now, |ev| device_event(transport, irqs, msix, ev))
+                .wait_and_handle(deadline - now, |ev| device.handle(ev))
                 .map_err(|e| BlkError::Device(e.to_string()))?;
         }
     }
@@ -855,13 +727,13 @@ impl VirtioBlk {
     /// The device's event sources for the environment's loop: each interrupt vector, the
     /// configuration-change vector and the device's loss.
     pub fn sources(&self) -> Vec<(DeviceEvent, BorrowedFd<'_>)> {
-        event_sources(&self.func, &self.irqs, self.info.msix)
+        self.device.sources()
     }
 
     /// Handles one of the device's events (the contract's `handle`): acknowledges an
     /// interrupt, and reports a device that needs a reset or is gone.
     pub fn handle_event(&mut self, ev: DeviceEvent) -> Result<(), Failure> {
-        device_event(&self.transport, &self.irqs, self.info.msix, ev)
+        self.device.handle(ev)
     }
 
     /// Submits one request on queue 0 and waits for it.
@@ -966,7 +838,8 @@ impl VirtioBlk {
     /// Reads the device ID string.
     pub fn device_id(&mut self) -> Result<String, BlkError> {
         let buf = self
-            .func
+            .device
+            .function()
             .dma()
             .alloc(4096)
             .map_err(|e| BlkError::Device(e.to_string()))?;
@@ -989,12 +862,7 @@ impl VirtioBlk {
     }
 
     fn stop_device(&mut self) -> Result<(), BlkError> {
-        if self.stopped {
-            return Ok(());
-        }
-        self.stopped = true;
-        self.transport.reset()?;
-        Ok(())
+        Ok(self.device.stop()?)
     }
 }
 

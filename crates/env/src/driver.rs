@@ -28,6 +28,9 @@ pub enum DeviceEvent {
     ConfigChange,
     /// The device is gone: its model exited or stopped answering.
     Lost,
+    /// The driver's own timer `n` expired (a timerfd it listed among its sources: a clock
+    /// driver's tick, a watchdog, a retry). The environment waits on it like any source.
+    Timer(u16),
 }
 
 /// Why a device can no longer serve. Requests it held fail with this, and the environment

@@ -1,9 +1,12 @@
 //! Generic virtio code, shared by every virtio driver (Mach's split between class code and
-//! chip code): the PCI transport and the split virtqueue.
+//! chip code): the PCI transport, the split virtqueue, and a device's bring-up, interrupts and
+//! failure events ([`device`]). A virtio driver adds only its device part.
 
+pub mod device;
 pub mod queue;
 pub mod transport;
 
+pub use device::{Negotiation, VirtioDevice};
 pub use queue::{Buf, VirtQueue};
 pub use transport::{virtio_caps, Doorbell, Transport, VirtioCap};
 

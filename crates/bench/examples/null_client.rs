@@ -5,7 +5,7 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
-use outboard_client::{BlockClient, SessionOptions, WaitMode};
+use outboard_block_client::{BlockClient, SessionOptions, WaitMode};
 
 fn main() {
     let a: Vec<String> = std::env::args().collect();

@@ -4,8 +4,8 @@ use std::sync::{Arc, Barrier};
 use std::time::Duration;
 
 use indicatif::ProgressBar;
-use outboard_client::Colocated;
-use outboard_client::{BlockClient, SessionOptions, WaitMode};
+use outboard_block_client::Colocated;
+use outboard_block_client::{BlockClient, SessionOptions, WaitMode};
 use outboard_drivers::Attachment;
 use outboard_hw::DeviceSpec;
 

@@ -382,7 +382,7 @@ fn trace_path() -> std::path::PathBuf {
 /// Test 6: replays the trace in each configuration.
 pub fn trace_test(ctx: &crate::Context) -> Result<crate::model::TestResult, String> {
     use crate::model::{Figure, Machine, Point, Series, Target, TestResult, Unavailable};
-    use outboard_client::{BlockClient, Colocated, NbdClient, SessionOptions};
+    use outboard_block_client::{BlockClient, Colocated, NbdClient, SessionOptions};
     use outboard_drivers::Attachment;
     use outboard_hw::DeviceSpec;
 

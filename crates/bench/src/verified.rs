@@ -14,8 +14,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use outboard_block::{BlockCompletion, BlockDevice, BlockOp, BlockRequest};
+use outboard_block_client::{BlockClient, SessionOptions, Supervisor};
 use outboard_client::api::{Reply, Request};
-use outboard_client::{BlockClient, SessionOptions, Supervisor};
 
 /// Bytes per stamped block.
 pub const BLOCK: u64 = 4096;

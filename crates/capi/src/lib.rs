@@ -11,7 +11,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use outboard_block::{BlockDevice, BlockError, BlockOp, BlockRequest};
-use outboard_client::{BlockClient, SessionOptions};
+use outboard_block_client::{BlockClient, SessionOptions};
 
 /// An open block device (opaque to C).
 pub struct ObBlock {
@@ -122,7 +122,7 @@ pub unsafe extern "C" fn ob_block_open(
         .map(PathBuf::from)
         .unwrap_or_else(outboard_client::manager::default_control);
     // SAFETY: `out` is writable per the contract.
-    unsafe { give(out, outboard_client::open_block(&control, name)) }
+    unsafe { give(out, outboard_block_client::open_block(&control, name)) }
 }
 
 /// `ob_block_open_server`.

@@ -67,16 +67,16 @@ pub fn run(c: BlkCommand, control: PathBuf) -> Result<ExitCode, String> {
         BlkCommand::Bench(a) => return crate::blkbench::run(a),
         BlkCommand::Info { device } => {
             // A remote disk (an NBD URI) has no registry entry here.
-            let node = if outboard_client::remote::is_uri(&device) {
+            let node = if outboard_block_client::remote::is_uri(&device) {
                 None
             } else {
-                Some(outboard_manager::open::status(&control, &device).map_err(e)?)
+                Some(outboard_manager::open::status(&control, &device).map_err(|r| r.to_string())?)
             };
-            let d = outboard_manager::open::open_block(&control, &device).map_err(e)?;
+            let d = outboard_block_client::open_block(&control, &device).map_err(e)?;
             let i = d.info();
             println!("{}", i.name);
-            if let Some(p) = node.as_ref().and_then(|n| n.props.get("capacity")) {
-                println!("  registry     capacity {}", p.as_str().unwrap_or_default());
+            if let Some(state) = node.as_ref().and_then(|n| n.props.get("state")) {
+                println!("  state        {}", state.as_str().unwrap_or_default());
             }
             println!("  capacity     {} bytes ({} blocks)", i.bytes(), i.capacity);
             println!("  block size   {} bytes", i.block_size);
@@ -84,7 +84,7 @@ pub fn run(c: BlkCommand, control: PathBuf) -> Result<ExitCode, String> {
             println!("  queue depth  {}", i.queue_depth);
         }
         BlkCommand::Read(a) => {
-            let mut d = outboard_manager::open::open_block(&control, &a.device).map_err(e)?;
+            let mut d = outboard_block_client::open_block(&control, &a.device).map_err(e)?;
             let total = d.info().bytes();
             if a.offset > total {
                 return Err(format!(
@@ -125,7 +125,7 @@ pub fn run(c: BlkCommand, control: PathBuf) -> Result<ExitCode, String> {
                     .read_to_end(&mut data)
                     .map_err(|x| x.to_string())?,
             };
-            let mut d = outboard_manager::open::open_block(&control, &a.device).map_err(e)?;
+            let mut d = outboard_block_client::open_block(&control, &a.device).map_err(e)?;
             let total = d.info().bytes();
             if a.offset
                 .checked_add(data.len() as u64)

@@ -11,7 +11,7 @@ use outboard_bench::fixture::Fixture;
 use outboard_bench::stats::median;
 use outboard_bench::workloads::{null_latencies, rand_read, sustained};
 use outboard_block::{BlockDevice, BlockError, BlockOp, BlockRequest};
-use outboard_client::{BlockClient, Colocated, SessionOptions, WaitMode};
+use outboard_block_client::{BlockClient, Colocated, SessionOptions, WaitMode};
 use outboard_devices::backing::parse_size;
 use outboard_drivers::Attachment;
 use outboard_hw::DeviceSpec;

@@ -7,8 +7,8 @@ use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 
 use clap::Subcommand;
+use outboard_block_client::SessionOptions;
 use outboard_client::api::Placement;
-use outboard_client::SessionOptions;
 use outboard_nbd::{ExportSpec, Listen, NbdServer, Opener};
 
 /// `outboard export …`.
@@ -136,7 +136,7 @@ pub fn run(c: ExportCommand, control: PathBuf) -> Result<ExitCode, String> {
             buffer_size: outboard_nbd::server::SESSION_BUFFERS,
             ..Default::default()
         };
-        let (d, placement) = outboard_client::open_block_with(&control, device, opts)?;
+        let (d, placement) = outboard_block_client::open_block_with(&control, device, opts)?;
         Ok((d, placement == Placement::Separate))
     });
     let mut server = NbdServer::bind(&listen, &specs, open)

@@ -285,7 +285,7 @@ pub fn attach(a: AttachArgs, control: PathBuf) -> Result<ExitCode, String> {
 pub fn detach(a: DetachArgs, control: PathBuf) -> Result<ExitCode, String> {
     let first = outboard_client::manager::detach(&control, &a.device);
     settle(&control, &a.device, a.timeout, first, |r| match r {
-        Err(outboard_block::BlockError::DeviceGone) => Ok(Some("detached".into())),
+        Err(r) if r.code == outboard_session::Code::DeviceGone => Ok(Some("detached".into())),
         Err(e) => Err(e.to_string()),
         Ok(_) => Ok(None),
     })
@@ -327,9 +327,9 @@ fn settle(
     control: &std::path::Path,
     device: &str,
     timeout: std::time::Duration,
-    first: Result<outboard_manager::registry::Node, outboard_block::BlockError>,
+    first: Result<outboard_manager::registry::Node, outboard_session::Refusal>,
     settled: impl Fn(
-        &Result<outboard_manager::registry::Node, outboard_block::BlockError>,
+        &Result<outboard_manager::registry::Node, outboard_session::Refusal>,
     ) -> Result<Option<String>, String>,
 ) -> Result<ExitCode, String> {
     let deadline = std::time::Instant::now() + timeout;

@@ -79,7 +79,7 @@ fn pattern(seed: u64) -> Vec<u8> {
 /// (unknown after a failed write), every read compared with it.
 fn client(control: PathBuf, name: &str, stop: Arc<AtomicBool>, seed: u64) -> Outcome {
     let mut out = Outcome::default();
-    let mut dev = outboard_manager::open::open_block(&control, name).expect("open");
+    let mut dev = outboard_block_client::open_block(&control, name).expect("open");
     let mut known: Vec<Option<u64>> = vec![None; UNITS as usize];
     let mut x = seed | 1;
     let mut next = || {

@@ -47,7 +47,7 @@ struct Done {
 }
 
 fn client(control: PathBuf, name: &str, id: u64, stop: Arc<AtomicBool>) -> (Vec<Done>, u64) {
-    let mut dev = outboard_manager::open::open_block(&control, name).expect("open");
+    let mut dev = outboard_block_client::open_block(&control, name).expect("open");
     let mut done = Vec::new();
     let mut wrong = 0;
     let lba = id * 64;

@@ -80,6 +80,9 @@ pub enum Reply {
     },
     /// Where the device is served.
     Open {
+        /// The device's class (its driver's), for the client to check it speaks it.
+        #[serde(default)]
+        class: Option<String>,
         /// Placement.
         placement: Placement,
         /// The driver server's socket (separate).
@@ -95,7 +98,7 @@ pub enum Reply {
     /// The request failed.
     Error {
         /// Machine-readable code.
-        code: String,
+        code: outboard_session::Code,
         /// What went wrong.
         message: String,
     },

@@ -10,7 +10,9 @@ use std::time::{Duration, Instant};
 use outboard_session::control::{self, Reply, Request};
 use outboard_session::doorbell::{announce_sleep, cancel_sleep, peer_sleeping};
 use outboard_session::region::ShmRing;
-use outboard_session::{Consumer, Direction, Doorbell, Geometry, Producer, Region, SessionError};
+use outboard_session::{
+    Code, Consumer, Direction, Doorbell, Geometry, Producer, Refusal, Region, SessionError,
+};
 use outboard_shm::SharedMem;
 use rustix::event::{PollFd, PollFlags};
 
@@ -35,17 +37,29 @@ pub enum ChannelError {
     /// Nothing arrived in time.
     #[error("timed out")]
     Timeout,
-    /// The server refused, with its code and message.
-    #[error("{code}: {message}")]
-    Refused {
-        /// Machine-readable code (`no-such-device`, `busy`, `device-failed`, …).
-        code: String,
-        /// Why.
-        message: String,
-    },
+    /// The server refused, with its code and reason.
+    #[error("{}: {}", .0.code, .0.reason)]
+    Refused(Refusal),
     /// The server broke the protocol.
     #[error("protocol error: {0}")]
     Protocol(String),
+}
+
+impl From<ChannelError> for Refusal {
+    /// What a session's failure means to a caller who does not speak its class.
+    fn from(e: ChannelError) -> Self {
+        match e {
+            ChannelError::Gone => {
+                Refusal::new(Code::DeviceGone, "the session was closed by the server")
+            }
+            ChannelError::Timeout => {
+                Refusal::new(Code::Timeout, "the server did not answer in time")
+            }
+            ChannelError::Connect(m) => Refusal::new(Code::Unreachable, m),
+            ChannelError::Refused(r) => r,
+            ChannelError::Protocol(m) => Refusal::new(Code::Protocol, m),
+        }
+    }
 }
 
 impl From<SessionError> for ChannelError {
@@ -146,7 +160,9 @@ impl Channel {
                 geometry,
                 info,
             } => (session, geometry, info),
-            Reply::Error { code, message } => return Err(ChannelError::Refused { code, message }),
+            Reply::Error { code, message } => {
+                return Err(ChannelError::Refused(Refusal::new(code, message)))
+            }
             other => {
                 return Err(ChannelError::Protocol(format!(
                     "unexpected reply {other:?}"
@@ -194,7 +210,9 @@ impl Channel {
         };
         match control::call(sock.as_fd(), &req, timeout)?.0 {
             Reply::Status { info } => Ok(info),
-            Reply::Error { code, message } => Err(ChannelError::Refused { code, message }),
+            Reply::Error { code, message } => {
+                Err(ChannelError::Refused(Refusal::new(code, message)))
+            }
             other => Err(ChannelError::Protocol(format!(
                 "unexpected reply {other:?}"
             ))),

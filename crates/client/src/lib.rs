@@ -1,28 +1,22 @@
-//! What a client links (docs/contract.md, `client`): opening class devices by name through the
-//! manager ([`manager`]), the two placements — a session with a driver server ([`session`])
-//! and the driver linked in ([`colocated`]) — behind one [`BlockDevice`] API, and the manager's
-//! control API types ([`api`], [`registry`]).
+//! What every client links, whatever the class (docs/contract.md, `client`): the session
+//! [`Channel`] (open, rings, doorbells, waiting), resuming a session on a restarted server
+//! ([`resume`]), opening a class device by name through the manager ([`open`]), the manager's
+//! control API ([`manager`], [`api`], [`registry`]), and handing out pieces of a buffer area
+//! ([`buffers`]). It names no class: each class's client (block's is
+//! `crates/classes/block/client`) builds on it.
 //!
-//! It never links the manager, the driver server or the device models: a program using
-//! Outboard's devices carries only the class contracts, the session protocol and, for the
-//! colocated placement, the drivers.
-//!
-//! [`BlockDevice`]: outboard_block::BlockDevice
+//! It never links the manager, the driver server or the device models.
 #![deny(missing_docs)]
 
 pub mod api;
 pub mod buffers;
 pub mod channel;
-pub mod colocated;
-pub mod inflight;
 pub mod manager;
+pub mod open;
 pub mod registry;
-pub mod remote;
-pub mod session;
+pub mod resume;
 
 pub use buffers::{Buffer, BufferPool};
-pub use channel::{Channel, ChannelError};
-pub use colocated::Colocated;
-pub use manager::{open_block, open_block_with};
-pub use remote::NbdClient;
-pub use session::{reply_error, BlockClient, ResumeStats, SessionOptions, Supervisor, WaitMode};
+pub use channel::{Channel, ChannelError, WaitMode};
+pub use open::{open, ClassClient, RESTART_PATIENCE};
+pub use resume::{Policy, Supervisor};

@@ -1,35 +1,31 @@
-//! Opening class devices by name through the manager: the client's side of placement.
+//! The manager's control API from a client: the registry, a device's entry, power, restart,
+//! attach and detach. Every call answers with the manager's reply or a [`Refusal`] (its code
+//! and reason), whatever the device's class.
 
 use std::path::{Path, PathBuf};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use outboard_block::{BlockDevice, BlockError};
-use outboard_drivers::Attachment;
-use outboard_hw::DeviceSpec;
-use outboard_session::control;
+use outboard_session::{control, Code, Refusal};
 
-use crate::api::{Placement, Reply, Request};
-use crate::colocated::Colocated;
+use crate::api::{Reply, Request};
 use crate::registry::Node;
-use crate::session::{reply_error, BlockClient, SessionOptions, Supervisor};
-
-/// Longest a client waits for a restarting driver before it fails its requests with "device
-/// failed" (the manager normally gives up, and says so, much sooner).
-pub const RESTART_PATIENCE: Duration = Duration::from_secs(120);
 
 /// Sends one request to the manager.
-pub fn ask(control_path: &Path, req: &Request) -> Result<Reply, BlockError> {
+pub fn ask(control_path: &Path, req: &Request) -> Result<Reply, Refusal> {
     let sock = control::connect(control_path).map_err(|e| {
-        BlockError::Unreachable(format!(
+        Refusal::new(
+            Code::Unreachable,
+            format!(
             "the manager: {e} (is `outboard up` running? --control / OUTBOARD_CONTROL pick its \
              socket)"
-        ))
+        ),
+        )
     })?;
     let fd = std::os::fd::AsFd::as_fd(&sock);
     manager_is_trusted(fd, control_path)?;
-    control::send(fd, req, &[]).map_err(|e| BlockError::Protocol(e.to_string()))?;
+    control::send(fd, req, &[]).map_err(|e| Refusal::new(Code::Protocol, e.to_string()))?;
     let (reply, _) = control::recv(fd, Some(Duration::from_secs(10)))
-        .map_err(|e| BlockError::Protocol(e.to_string()))?;
+        .map_err(|e| Refusal::new(Code::Protocol, e.to_string()))?;
     Ok(reply)
 }
 
@@ -38,47 +34,53 @@ pub fn ask(control_path: &Path, req: &Request) -> Result<Reply, BlockError> {
 fn manager_is_trusted(
     sock: std::os::fd::BorrowedFd<'_>,
     control_path: &Path,
-) -> Result<(), BlockError> {
+) -> Result<(), Refusal> {
     let cred = rustix::net::sockopt::socket_peercred(sock).map_err(|e| {
-        BlockError::Unreachable(format!("{}: who serves it: {e}", control_path.display()))
+        Refusal::new(
+            Code::Unreachable,
+            format!("{}: who serves it: {e}", control_path.display()),
+        )
     })?;
     let (them, me) = (cred.uid.as_raw(), rustix::process::geteuid().as_raw());
     if them == 0 || them == me {
         return Ok(());
     }
-    Err(BlockError::Unreachable(format!(
-        "{} is served by uid {them}, neither you (uid {me}) nor root: refusing to use it \
-         (pick the right manager with --control / OUTBOARD_CONTROL)",
-        control_path.display()
-    )))
+    Err(Refusal::new(
+        Code::Unreachable,
+        format!(
+            "{} is served by uid {them}, neither you (uid {me}) nor root: refusing to use it \
+             (pick the right manager with --control / OUTBOARD_CONTROL)",
+            control_path.display()
+        ),
+    ))
 }
 
 /// The manager's registry.
-pub fn registry(control_path: &Path) -> Result<Node, BlockError> {
+pub fn registry(control_path: &Path) -> Result<Node, Refusal> {
     match ask(control_path, &Request::List)? {
         Reply::Registry { tree } => Ok(tree),
-        Reply::Error { code, message } => Err(reply_error(&code, message)),
-        other => Err(BlockError::Protocol(format!("unexpected reply {other:?}"))),
+        Reply::Error { code, message } => Err(Refusal::new(code, message)),
+        other => Err(unexpected(&other)),
     }
 }
 
 /// A reply that carries a class device's registry entry, or says why not.
-fn node_reply(reply: Reply) -> Result<Node, BlockError> {
+fn node_reply(reply: Reply) -> Result<Node, Refusal> {
     match reply {
         Reply::Status { node } => Ok(node),
-        Reply::Error { code, message } => Err(reply_error(&code, message)),
-        other => Err(BlockError::Protocol(format!("unexpected reply {other:?}"))),
+        Reply::Error { code, message } => Err(Refusal::new(code, message)),
+        other => Err(unexpected(&other)),
     }
 }
 
 /// A class device's registry entry.
-pub fn status(control_path: &Path, name: &str) -> Result<Node, BlockError> {
+pub fn status(control_path: &Path, name: &str) -> Result<Node, Refusal> {
     node_reply(ask(control_path, &Request::Status { name: name.into() })?)
 }
 
 /// Asks for class device `name` to be suspended or resumed; returns its registry entry as
 /// the manager answered (the state reads `suspending` until the device has drained).
-pub fn power(control_path: &Path, name: &str, suspend: bool) -> Result<Node, BlockError> {
+pub fn power(control_path: &Path, name: &str, suspend: bool) -> Result<Node, Refusal> {
     node_reply(ask(
         control_path,
         &Request::Power {
@@ -90,7 +92,7 @@ pub fn power(control_path: &Path, name: &str, suspend: bool) -> Result<Node, Blo
 
 /// Starts class device `name`'s driver again (given up or running); returns its registry
 /// entry at once.
-pub fn restart(control_path: &Path, name: &str) -> Result<Node, BlockError> {
+pub fn restart(control_path: &Path, name: &str) -> Result<Node, Refusal> {
     node_reply(ask(control_path, &Request::Restart { name: name.into() })?)
 }
 
@@ -100,7 +102,7 @@ pub fn attach(
     control_path: &Path,
     name: Option<&str>,
     description: Option<&str>,
-) -> Result<Node, BlockError> {
+) -> Result<Node, Refusal> {
     let req = Request::Attach {
         name: name.map(Into::into),
         description: description.map(Into::into),
@@ -109,12 +111,12 @@ pub fn attach(
 }
 
 /// Starts detaching class device `name`; returns its registry entry (state `detaching`).
-pub fn detach(control_path: &Path, name: &str) -> Result<Node, BlockError> {
+pub fn detach(control_path: &Path, name: &str) -> Result<Node, Refusal> {
     node_reply(ask(control_path, &Request::Detach { name: name.into() })?)
 }
 
 /// The fault socket of class device `name`'s model (it has one when it is emulated).
-pub fn faults_socket(control_path: &Path, name: &str) -> Result<std::path::PathBuf, BlockError> {
+pub fn faults_socket(control_path: &Path, name: &str) -> Result<std::path::PathBuf, Refusal> {
     let tree = registry(control_path)?;
     fn find<'a>(n: &'a Node, name: &str) -> Option<&'a Node> {
         let serves = |f: &Node| {
@@ -132,84 +134,15 @@ pub fn faults_socket(control_path: &Path, name: &str) -> Result<std::path::PathB
         .and_then(|p| p.as_str())
         .map(std::path::PathBuf::from)
         .ok_or_else(|| {
-            BlockError::NoSuchDevice(format!(
-                "{name} has no fault socket: faults are injected only into emulated devices \
+            Refusal::new(
+                Code::NoSuchDevice,
+                format!(
+                    "{name} has no fault socket: faults are injected only into emulated devices \
                  whose machine description asks for it (fault_injection = true in its \
                  [[device]] table, or `outboard up --faults` for all)"
-            ))
+                ),
+            )
         })
-}
-
-/// Opens block device `name` wherever the machine places its driver: a session with its
-/// driver server, or the driver linked into this process. A URI (`nbd://HOST[:PORT]/EXPORT`,
-/// `nbd+unix:///EXPORT?socket=PATH`) opens a remote disk over NBD instead.
-pub fn open_block(control_path: &Path, name: &str) -> Result<Box<dyn BlockDevice>, BlockError> {
-    open_block_with(control_path, name, SessionOptions::default()).map(|(d, _)| d)
-}
-
-/// As [`open_block`], with the session's depth and buffer area chosen; also says where the
-/// driver runs (a colocated driver serves one client at a time).
-pub fn open_block_with(
-    control_path: &Path,
-    name: &str,
-    opts: SessionOptions,
-) -> Result<(Box<dyn BlockDevice>, Placement), BlockError> {
-    // A remote disk's URI needs no manager: the same API reaches it over NBD.
-    if crate::remote::is_uri(name) {
-        let d = crate::remote::NbdClient::open(name, opts.buffer_size as usize)?;
-        return Ok((Box::new(d), Placement::Separate));
-    }
-    // A device whose driver is restarting is opened once it is back; so is one whose server
-    // died between the manager's answer and the open (the manager then says "restarting").
-    let patience = Instant::now() + RESTART_PATIENCE;
-    let reply = loop {
-        let reply = ask(control_path, &Request::Open { name: name.into() })?;
-        let server = match &reply {
-            Reply::Error { code, .. } if code == "restarting" && Instant::now() < patience => {
-                std::thread::sleep(Duration::from_millis(5));
-                continue;
-            }
-            Reply::Open {
-                placement: Placement::Separate,
-                server: Some(server),
-                ..
-            } => server,
-            _ => break reply,
-        };
-        match BlockClient::open(server, name, opts) {
-            Ok(client) => {
-                let client = client.supervised(Supervisor {
-                    control: control_path.to_owned(),
-                    patience: RESTART_PATIENCE,
-                });
-                return Ok((Box::new(client), Placement::Separate));
-            }
-            Err(BlockError::DeviceGone | BlockError::NoSuchDevice(_) | BlockError::Timeout)
-                if Instant::now() < patience =>
-            {
-                // The server is not there (or died while opening): the manager knows whether
-                // it comes back.
-                std::thread::sleep(Duration::from_millis(5));
-            }
-            Err(e) => return Err(e),
-        }
-    };
-    match reply {
-        Reply::Open {
-            placement: Placement::Colocated,
-            device: Some(device),
-            ..
-        } => Ok((
-            Box::new(Colocated::open(
-                name,
-                &Attachment::Pci(DeviceSpec::VfioUser(device)),
-                opts.buffer_size as usize,
-            )?),
-            Placement::Colocated,
-        )),
-        Reply::Error { code, message } => Err(reply_error(&code, message)),
-        other => Err(BlockError::Protocol(format!("unexpected reply {other:?}"))),
-    }
 }
 
 /// The default control socket: `$OUTBOARD_CONTROL`, else `$XDG_RUNTIME_DIR/outboard/control.sock`,
@@ -230,4 +163,9 @@ pub fn default_runtime_dir() -> PathBuf {
             rustix::process::getuid().as_raw()
         )),
     }
+}
+
+/// A reply the manager should not have given to the request.
+pub(crate) fn unexpected(reply: &Reply) -> Refusal {
+    Refusal::new(Code::Protocol, format!("unexpected reply {reply:?}"))
 }

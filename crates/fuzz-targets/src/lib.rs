@@ -265,7 +265,7 @@ pub fn nbd_stream(data: &[u8]) {
             let driver = outboard_drivers::null_blk::NullBlock::new("fuzz", 1 << 20);
             let env = outboard_env::DeviceEnv::virtual_device();
             if let Ok(mut dev) =
-                outboard_client::Colocated::with_driver(Box::new(driver), &env, 256 << 10)
+                outboard_block_client::Colocated::with_driver(Box::new(driver), &env, 256 << 10)
             {
                 let _ =
                     outboard_nbd::transmit::Conn::new(s, &mut dev, &exports[export], structured)

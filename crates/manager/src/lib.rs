@@ -23,7 +23,7 @@ use std::time::Duration;
 use outboard_drivers::{Probe, Probed};
 use outboard_env::WorkLoop;
 use outboard_hw::{DeviceSpec, IrqKind, PciFunction};
-use outboard_session::control;
+use outboard_session::{control, Code};
 
 use crate::api::{Reply, Request};
 use crate::config::{ExportAddress, Machine, Placement};
@@ -153,7 +153,7 @@ pub enum ManagerError {
         /// Device name.
         device: String,
         /// What its server answered.
-        why: outboard_block::BlockError,
+        why: outboard_session::Refusal,
     },
     /// `run` was called on a manager that is not started.
     #[error("the manager is not started")]
@@ -562,12 +562,12 @@ impl Manager {
             self.procs.push(p);
             self.serving(self.procs.len() - 1, heartbeat);
             for n in &names {
-                let info = outboard_client::BlockClient::status(&sock, n).map_err(|why| {
-                    ManagerError::NotServed {
+                // Serving means answering for the device: its class's own status record.
+                let status = outboard_client::Channel::status(&sock, n, Duration::from_secs(10))
+                    .map_err(|e| ManagerError::NotServed {
                         device: n.clone(),
-                        why,
-                    }
-                })?;
+                        why: e.into(),
+                    })?;
                 let node = match self
                     .registry
                     .find_mut("pci-function", &format!("{n}@vfio-user"))
@@ -583,10 +583,7 @@ impl Manager {
                     drv.set("restarts", 0);
                     if let Some(b) = drv.children.first_mut() {
                         b.set("state", "serving");
-                        b.set("capacity", size_text(info.bytes()));
-                        b.set("block-size", info.block_size);
-                        b.set("read-only", info.read_only);
-                        b.set("queue-depth", info.queue_depth);
+                        status_props(b, &status);
                     }
                 }
             }
@@ -1055,7 +1052,7 @@ impl Manager {
                 Some((s, n)) if s == b => n + 1,
                 _ => 2,
             };
-            if strikes >= outboard_block::QUARANTINE_AFTER {
+            if strikes >= control::QUARANTINE_AFTER {
                 tracing::error!(
                     "{}: request {b} crashed the driver {strikes} times: the next server fails it",
                     p.role
@@ -1289,12 +1286,12 @@ impl Manager {
         description: Option<String>,
         work: &mut WorkLoop<Source>,
     ) -> Reply {
-        let invalid = |message: String| refuse("invalid", message);
+        let invalid = |message: String| refuse(Code::Invalid, message);
         let devices: Vec<DeviceConfig> = match (name, description) {
             (Some(name), None) => match self.machine.devices.iter().find(|d| d.name == name) {
                 None => {
                     return refuse(
-                        "no-such-device",
+                        Code::NoSuchDevice,
                         format!("no device named {name:?}; describe a new one with --file"),
                     )
                 }
@@ -1381,7 +1378,7 @@ impl Manager {
                 match self.registry.find("block-device", &d.name) {
                     Some(node) => Reply::Status { node: node.clone() },
                     None => refuse(
-                        "invalid",
+                        Code::Invalid,
                         format!("{}: attached, but no class device appeared", d.name),
                     ),
                 }
@@ -1393,7 +1390,7 @@ impl Manager {
                 self.retire(&started, work);
                 self.remove_function_node(&d.name);
                 self.detached_node(d, Some(&why));
-                refuse("attach-failed", format!("{}: {why}", d.name))
+                refuse(Code::AttachFailed, format!("{}: {why}", d.name))
             }
         }
     }
@@ -1448,12 +1445,12 @@ impl Manager {
     /// `outboard detach NAME`: phase one (stop taking new requests) and two (drain) run in
     /// its driver server; [`Manager::finish_detach`] is phase three.
     fn detach(&mut self, name: &str, work: &mut WorkLoop<Source>) -> Reply {
-        let invalid = |message: String| refuse("invalid", message);
+        let invalid = |message: String| refuse(Code::Invalid, message);
         let Some(d) = self.machine.devices.iter().find(|d| d.name == name) else {
-            return refuse("no-such-device", format!("no device named {name:?}"));
+            return refuse(Code::NoSuchDevice, format!("no device named {name:?}"));
         };
         if !d.attached {
-            return refuse("device-gone", format!("{name} is detached already"));
+            return refuse(Code::DeviceGone, format!("{name} is detached already"));
         }
         if d.placement != Placement::Separate {
             return invalid(format!(
@@ -1466,7 +1463,7 @@ impl Manager {
             if !self.quiesce(name, true) {
                 // No server runs (it is restarting): nothing is in flight anywhere.
                 self.finish_detach(name, work);
-                return refuse("device-gone", format!("{name} is detached"));
+                return detached(name);
             }
         }
         match self.registry.find_mut("block-device", name) {
@@ -1474,7 +1471,7 @@ impl Manager {
                 node.set("state", "detaching");
                 Reply::Status { node: node.clone() }
             }
-            None => refuse("device-gone", format!("{name} is detached")),
+            None => detached(name),
         }
     }
 
@@ -1575,14 +1572,14 @@ impl Manager {
     /// `outboard power NAME suspend|resume`.
     fn power(&mut self, name: &str, suspend: bool) -> Reply {
         let Some(d) = self.machine.devices.iter().find(|d| d.name == name) else {
-            return refuse("no-such-device", format!("no device named {name:?}"));
+            return refuse(Code::NoSuchDevice, format!("no device named {name:?}"));
         };
         if !d.attached {
-            return refuse("device-gone", format!("{name} is detached"));
+            return detached(name);
         }
         if d.placement != Placement::Separate {
             return refuse(
-                "invalid",
+                Code::Invalid,
                 format!(
                     "{name}: its driver is linked into each client (colocated); only a driver \
                      server's devices can be suspended"
@@ -1605,11 +1602,22 @@ impl Manager {
         }
         match self.registry.find("block-device", name) {
             Some(node) => Reply::Status { node: node.clone() },
-            None => refuse("no-such-device", format!("no device named {name:?}")),
+            None => refuse(Code::NoSuchDevice, format!("no device named {name:?}")),
         }
     }
 
     /// The driver node serving class device `name`.
+    /// The driver node serving class device `name`.
+    fn driver_of(&self, name: &str) -> Option<&Node> {
+        fn find<'a>(n: &'a Node, name: &str) -> Option<&'a Node> {
+            if n.kind == "driver" && n.children.iter().any(|c| c.name == name) {
+                return Some(n);
+            }
+            n.children.iter().find_map(|c| find(c, name))
+        }
+        find(&self.registry, name)
+    }
+
     fn driver_of_mut(&mut self, name: &str) -> Option<&mut Node> {
         fn find<'a>(n: &'a mut Node, name: &str) -> Option<&'a mut Node> {
             if n.kind == "driver" && n.children.iter().any(|c| c.name == name) {
@@ -1745,13 +1753,13 @@ impl Manager {
             // A client the manager does not serve is told why, and nothing else.
             Ok(_) if self.denied.contains_key(&i) => {
                 let why = self.denied.remove(&i).unwrap_or_default();
-                let _ = control::try_send(conn.as_fd(), &refuse("denied", why), &[]);
+                let _ = control::try_send(conn.as_fd(), &refuse(Code::Denied, why), &[]);
                 self.close_conn(work, i);
                 return;
             }
             Ok((req, _)) => self.answer(req, work),
             Err(outboard_session::SessionError::Timeout) => return,
-            Err(outboard_session::SessionError::Invalid(m)) => refuse("invalid", m),
+            Err(outboard_session::SessionError::Invalid(m)) => refuse(Code::Invalid, m),
             Err(_) => {
                 self.close_conn(work, i);
                 return;
@@ -1785,10 +1793,8 @@ impl Manager {
             Request::Open { name } => self.open(&name),
             Request::Status { name } => match self.registry.find("block-device", &name) {
                 Some(node) => Reply::Status { node: node.clone() },
-                None if self.machine.devices.iter().any(|d| d.name == name) => {
-                    refuse("device-gone", format!("{name} is detached"))
-                }
-                None => refuse("no-such-device", format!("no device named {name:?}")),
+                None if self.machine.devices.iter().any(|d| d.name == name) => detached(&name),
+                None => refuse(Code::NoSuchDevice, format!("no device named {name:?}")),
             },
         }
     }
@@ -1800,10 +1806,10 @@ impl Manager {
         let Some(node) = self.registry.find("block-device", name).cloned() else {
             return match self.machine.devices.iter().any(|d| d.name == name) {
                 true => refuse(
-                    "device-gone",
+                    Code::DeviceGone,
                     format!("{name} is detached: outboard attach {name}"),
                 ),
-                false => refuse("no-such-device", format!("no device named {name:?}")),
+                false => refuse(Code::NoSuchDevice, format!("no device named {name:?}")),
             };
         };
         let now = std::time::Instant::now();
@@ -1864,7 +1870,7 @@ impl Manager {
                 .map(|d| d.name.as_str())
                 .collect();
             return refuse(
-                "no-such-device",
+                Code::NoSuchDevice,
                 format!(
                     "no device named {name:?} (this machine has: {})",
                     known.join(", ")
@@ -1877,11 +1883,14 @@ impl Manager {
             } else {
                 "detached"
             };
-            return refuse("device-gone", format!("{name} is {how}"));
+            return refuse(
+                Code::DeviceGone,
+                format!("{name} is {how}: the device is gone until it is attached again"),
+            );
         }
         if let Some(state) = self.failure(name) {
             return refuse(
-                "device-failed",
+                Code::DeviceFailed,
                 format!("{name}: its driver is not serving: {state}"),
             );
         }
@@ -1892,9 +1901,17 @@ impl Manager {
             .and_then(|s| s.as_str())
             == Some("restarting");
         if restarting {
-            return refuse("restarting", format!("{name}: its driver is restarting"));
+            return refuse(
+                Code::Restarting,
+                format!("{name}: its driver is restarting"),
+            );
         }
+        let class = self
+            .driver_of(name)
+            .and_then(|drv| outboard_drivers::by_name(&drv.name))
+            .map(|p| p.class.to_string());
         Reply::Open {
+            class,
             placement: d.placement,
             server: (d.placement == Placement::Separate)
                 .then(|| self.rt().server_socket(&d.server)),
@@ -1997,9 +2014,31 @@ fn control_peer_allowed(conn: BorrowedFd<'_>, group: Option<u32>) -> Result<(), 
     ))
 }
 
-fn refuse(code: &str, message: impl Into<String>) -> Reply {
+/// A class's status record (whatever its class) as registry properties: each scalar field,
+/// named in kebab-case; the device's name is the node's own.
+fn status_props(node: &mut Node, status: &serde_json::Value) {
+    let Some(fields) = status.as_object() else {
+        return;
+    };
+    for (key, value) in fields {
+        if key == "name" || value.is_object() || value.is_array() || value.is_null() {
+            continue;
+        }
+        node.set(&key.replace('_', "-"), value.clone());
+    }
+}
+
+/// The answer about a device that is detached.
+fn detached(name: &str) -> Reply {
+    refuse(
+        Code::DeviceGone,
+        format!("{name} is detached: the device is gone until it is attached again"),
+    )
+}
+
+fn refuse(code: Code, message: impl Into<String>) -> Reply {
     Reply::Error {
-        code: code.into(),
+        code,
         message: message.into(),
     }
 }

@@ -29,7 +29,7 @@ use outboard_session::control;
 use outboard_shm::SharedMem;
 
 use crate::blame::{Suspect, Watch};
-use crate::dispatch::{Ctx, Dispatcher, Fate, Outage, Refusal};
+use crate::dispatch::{Code, Ctx, Dispatcher, Fate, Outage, Refusal};
 use crate::host::{HostStats, Source};
 use crate::recovery::{Progress, Recovery, Reopen};
 use crate::session::Session;
@@ -147,12 +147,12 @@ impl Device {
     /// Why new sessions are refused now (the device is restarting or failed), if they are.
     pub(crate) fn refuses(&self) -> Option<Refusal> {
         Some(match self.outage.as_ref()? {
-            Outage::Restarting => (
-                "restarting",
+            Outage::Restarting => Refusal::new(
+                Code::Restarting,
                 format!("{} is being re-opened; try again", self.name()),
             ),
-            Outage::Failed(why) => (
-                "device-failed",
+            Outage::Failed(why) => Refusal::new(
+                Code::DeviceFailed,
                 format!("{}: device failed: {why}", self.name()),
             ),
         })
@@ -170,9 +170,9 @@ impl Device {
             // The device died under this server, which ends for its supervisor to bring it
             // back: the client waits for the next server, as for any restart.
             outboard_env::EnvError::Dma(outboard_hw::HwError::Gone(_)) => {
-                ("restarting", e.to_string())
+                Refusal::new(Code::Restarting, e.to_string())
             }
-            e => ("resources", e.to_string()),
+            e => Refusal::new(Code::Resources, e.to_string()),
         })?;
         if self.maps.len() <= slot {
             self.maps.resize_with(slot + 1, || None);

@@ -18,8 +18,7 @@ use crate::blame::session_key;
 use crate::host::HostStats;
 use crate::session::Session;
 
-/// An error reply to a control request: a machine-readable code and a message.
-pub type Refusal = (&'static str, String);
+pub use outboard_session::{Code, Refusal};
 
 /// Why a device is out of service, which decides what new requests and opens get.
 #[derive(Debug, Clone, PartialEq, Eq)]

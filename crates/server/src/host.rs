@@ -27,7 +27,7 @@ use outboard_session::{Direction, Doorbell, Geometry, Region, SessionError};
 use outboard_sys::SocketPath;
 
 use crate::device::{Core, Device};
-use crate::dispatch::{Dispatcher, Refusal};
+use crate::dispatch::{Code, Dispatcher, Refusal};
 use crate::recovery::Reopen;
 use crate::session::Session;
 
@@ -623,7 +623,7 @@ impl DriverHost {
                 self.drop_conn(conn, session);
                 return;
             }
-            Err(e) => Err(("invalid", e.to_string())),
+            Err(e) => Err(Refusal::new(Code::Invalid, e.to_string())),
         };
         let Some(Some((sock, _))) = self.conns.get(conn) else {
             return;
@@ -633,11 +633,11 @@ impl DriverHost {
                 let borrowed: Vec<_> = fds.iter().map(|f| f.as_fd()).collect();
                 control::try_send(sock.as_fd(), &reply, &borrowed)
             }
-            Err((code, message)) => control::try_send(
+            Err(Refusal { code, reason }) => control::try_send(
                 sock.as_fd(),
                 &Reply::Error {
-                    code: code.into(),
-                    message,
+                    code,
+                    message: reason,
                 },
                 &[],
             ),
@@ -677,8 +677,8 @@ impl DriverHost {
                 kept,
             } => {
                 let [buffers]: [OwnedFd; 1] = fds.try_into().map_err(|v: Vec<OwnedFd>| {
-                    (
-                        "invalid",
+                    Refusal::new(
+                        Code::Invalid,
                         format!("resume carries the buffer area: 1 fd, not {}", v.len()),
                     )
                 })?;
@@ -701,8 +701,8 @@ impl DriverHost {
         let d = self.find(device)?;
         let dev = &self.devices[d].class;
         if class != dev.class() {
-            return Err((
-                "wrong-class",
+            return Err(Refusal::new(
+                Code::WrongClass,
                 format!(
                     "{device} is a {} device, not a {class:?} device",
                     dev.class()
@@ -710,8 +710,8 @@ impl DriverHost {
             ));
         }
         if !geometry.has_shapes(dev.rings()) {
-            return Err((
-                "invalid",
+            return Err(Refusal::new(
+                Code::Invalid,
                 format!(
                     "the {class} class's rings are {}, not {}",
                     describe(dev.rings().iter().map(|r| (r.direction, r.entry_size))),
@@ -723,11 +723,16 @@ impl DriverHost {
             return Err(refusal);
         }
         if self.conns[conn].as_ref().is_some_and(|c| c.1.is_some()) {
-            return Err(("busy", "this connection already has a session".into()));
+            return Err(Refusal::new(
+                Code::Busy,
+                "this connection already has a session",
+            ));
         }
-        geometry.check().map_err(|e| ("invalid", e.to_string()))?;
+        geometry
+            .check()
+            .map_err(|e| Refusal::new(Code::Invalid, e.to_string()))?;
         self.admit(geometry.buffer_size)?;
-        let resources = |e: &dyn std::fmt::Display| ("resources", e.to_string());
+        let resources = |e: &dyn std::fmt::Display| Refusal::new(Code::Resources, e.to_string());
         let resuming = resumed.is_some();
         let (region, kept) = match resumed {
             None => (
@@ -736,7 +741,7 @@ impl DriverHost {
             ),
             Some((buffers, kept)) => (
                 Region::resume(geometry.clone(), buffers).map_err(|e| match e {
-                    SessionError::Invalid(m) => ("invalid", m),
+                    SessionError::Invalid(m) => Refusal::new(Code::Invalid, m),
                     e => resources(&e),
                 })?,
                 Some(kept),
@@ -795,8 +800,8 @@ impl DriverHost {
     fn admit(&self, buffer_size: u64) -> Result<(), Refusal> {
         let l = self.limits;
         if buffer_size > l.session_buffer {
-            return Err((
-                "invalid",
+            return Err(Refusal::new(
+                Code::Invalid,
                 format!(
                     "a buffer area of {buffer_size} bytes is more than this server gives one \
                      session ({} bytes)",
@@ -807,8 +812,8 @@ impl DriverHost {
         let live = self.sessions.iter().flatten();
         let in_use: u64 = live.clone().map(|s| s.buffer_size()).sum();
         if live.count() >= l.sessions || in_use + buffer_size > l.total_buffer {
-            return Err((
-                "busy",
+            return Err(Refusal::new(
+                Code::Busy,
                 format!(
                     "this server is at its limit ({} sessions, {} of {} buffer bytes in use)",
                     self.live_sessions(),
@@ -824,7 +829,10 @@ impl DriverHost {
         self.devices
             .iter()
             .position(|d| d.name() == name)
-            .ok_or(("no-such-device", format!("no device named {name:?} here")))
+            .ok_or(Refusal::new(
+                Code::NoSuchDevice,
+                format!("no device named {name:?} here"),
+            ))
     }
 
     fn drop_conn(&mut self, conn: usize, session: Option<usize>) {

@@ -12,6 +12,6 @@ pub mod host;
 pub mod recovery;
 pub mod session;
 
-pub use dispatch::{Ctx, Dispatcher, Fate, Outage, Refusal};
+pub use dispatch::{Code, Ctx, Dispatcher, Fate, Outage, Refusal};
 pub use host::{DriverHost, HostError, HostStats, Limits, Served};
 pub use recovery::Reopen;

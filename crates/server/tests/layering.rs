@@ -4,7 +4,10 @@
 //! A class is a package under `crates/classes/`. The rules:
 //! - the server core (`outboard-server`) depends on no class and names none;
 //! - the session protocol (`outboard-session`) depends on no class and names none;
-//! - the client's session channel (`crates/client/src/channel.rs`) names no class.
+//! - the client core (`outboard-client`: the session channel, resume, open-by-name, the
+//!   manager's API) depends on no class and names none — so open-by-name returns whatever
+//!   handle the class asked for builds, never a class's client of its own choosing;
+//! - the manager depends on no class and names none of a class's types.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -133,15 +136,13 @@ fn the_session_protocol_knows_no_class() {
 }
 
 #[test]
-fn the_client_channel_knows_no_class() {
-    let classes = classes(&packages());
-    let channel = workspace().join("crates/client/src/channel.rs");
-    let named = mentions(&channel, &classes);
-    assert!(
-        named.is_empty(),
-        "the channel names a class:\n{}",
-        named.join("\n")
-    );
+fn the_client_core_channel_and_open_by_name_know_no_class() {
+    assert_class_free("outboard-client", &workspace().join("crates/client/src"));
+}
+
+#[test]
+fn the_manager_knows_no_class() {
+    assert_class_free("outboard-manager", &workspace().join("crates/manager/src"));
 }
 
 #[test]

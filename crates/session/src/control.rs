@@ -88,8 +88,8 @@ pub enum Reply {
     },
     /// The request failed.
     Error {
-        /// Machine-readable code (`no-such-device`, `invalid`, `busy`, …).
-        code: String,
+        /// Machine-readable code.
+        code: crate::Code,
         /// What went wrong.
         message: String,
     },
@@ -149,6 +149,11 @@ pub enum Command {
         device: String,
     },
 }
+
+/// Crashes of a driver server with the same request in its device (named by the server's
+/// blame record) after which the supervisor hands that request to the next server as
+/// quarantined: it is failed alone, with its class's error, instead of sent again.
+pub const QUARANTINE_AFTER: u32 = 3;
 
 /// A connected pair of SEQPACKET sockets (close-on-exec), e.g. for a child's event channel.
 pub fn pair() -> Result<(OwnedFd, OwnedFd), SessionError> {

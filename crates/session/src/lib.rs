@@ -15,12 +15,14 @@
 #[cfg(not(loom))]
 pub mod control;
 pub mod doorbell;
+pub mod refusal;
 #[cfg(not(loom))]
 pub mod region;
 pub mod ring;
 pub mod sync;
 
 pub use doorbell::Doorbell;
+pub use refusal::{Code, Refusal};
 #[cfg(not(loom))]
 pub use region::{Direction, Geometry, Region, RingShape, RingSpec};
 pub use ring::{Consumer, Producer, RingError, RingStorage};

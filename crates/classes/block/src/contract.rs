@@ -152,9 +152,30 @@ pub enum BlockError {
     Quarantined,
 }
 
+impl From<outboard_session::Refusal> for BlockError {
+    /// A refusal from a driver server or the manager, as a block client sees it; the reason
+    /// travels with the codes that carry one.
+    fn from(r: outboard_session::Refusal) -> Self {
+        use outboard_session::Code;
+        match r.code {
+            Code::NoSuchDevice => BlockError::NoSuchDevice(r.reason),
+            Code::DeviceFailed | Code::AttachFailed => BlockError::DeviceFailed(r.reason),
+            Code::Restarting => BlockError::Restarting,
+            Code::DeviceGone => BlockError::DeviceGone,
+            Code::Busy | Code::Resources => BlockError::Busy(r.reason),
+            Code::Unreachable => BlockError::Unreachable(r.reason),
+            Code::Timeout => BlockError::Timeout,
+            Code::Protocol => BlockError::Protocol(r.reason),
+            Code::WrongClass | Code::Invalid | Code::Denied | Code::Unknown => {
+                BlockError::Invalid(r.reason)
+            }
+        }
+    }
+}
+
 /// Crashes of a driver with the same request in its device after which that request is
-/// failed instead of sent again ([`BlockError::Quarantined`]).
-pub const QUARANTINE_AFTER: u32 = 3;
+/// failed instead of sent again ([`BlockError::Quarantined`]); the restart protocol's.
+pub use outboard_session::control::QUARANTINE_AFTER;
 
 impl BlockError {
     /// Wire status code (negative; 0 is success).

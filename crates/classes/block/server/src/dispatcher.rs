@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 
 use outboard_env::{AnyDriver, Driver, Failure};
 use outboard_server::session::Session;
-use outboard_server::{Ctx, Dispatcher, Fate, HostStats, Outage, Refusal};
+use outboard_server::{Code, Ctx, Dispatcher, Fate, HostStats, Outage, Refusal};
 use outboard_session::RingShape;
 
 use crate::ranges::{range_of, Decision, Range, RangeLocks};
@@ -292,7 +292,12 @@ impl Dispatcher for BlockDispatcher {
             None | Some(serde_json::Value::Null) => Vec::new(),
             Some(kept) => {
                 serde_json::from_value::<Kept>(kept.clone())
-                    .map_err(|e| ("invalid", format!("the block session's kept state: {e}")))?
+                    .map_err(|e| {
+                        Refusal::new(
+                            Code::Invalid,
+                            format!("the block session's kept state: {e}"),
+                        )
+                    })?
                     .locks
             }
         };
@@ -302,14 +307,14 @@ impl Dispatcher for BlockDispatcher {
             .collect();
         let capacity = self.driver.info().capacity;
         if let Some(r) = ranges.iter().find(|r| r.1 > capacity) {
-            return Err((
-                "invalid",
+            return Err(Refusal::new(
+                Code::Invalid,
                 format!("lock on blocks {}..{} beyond the disk", r.0, r.1),
             ));
         }
         self.locks
             .reclaim(slot, &ranges)
-            .map_err(|e| ("invalid", e))?;
+            .map_err(|e| Refusal::new(Code::Invalid, e))?;
         if self.sessions.len() <= slot {
             self.sessions.resize_with(slot + 1, || None);
         }

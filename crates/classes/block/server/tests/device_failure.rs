@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use outboard_block::{BlockDevice, BlockDriver, BlockError, BlockInfo, BlockRequest};
-use outboard_client::{BlockClient, SessionOptions};
+use outboard_block_client::{BlockClient, SessionOptions};
 use outboard_env::{DeviceEnv, DeviceEvent, Driver, Failure};
 use outboard_server::DriverHost;
 

@@ -127,7 +127,7 @@ fn an_open_for_another_class_or_other_rings_is_refused() {
         }
     };
     let (code, message) = refused(&open("net", common::g()));
-    assert_eq!(code, "wrong-class");
+    assert_eq!(code, outboard_session::Code::WrongClass);
     assert!(message.contains("block device"), "{message}");
     let mut wide = common::g();
     wide.rings[0].entry_size = 64;
@@ -139,7 +139,7 @@ fn an_open_for_another_class_or_other_rings_is_refused() {
     none.rings.clear();
     for geometry in [wide, extra, reversed, none] {
         let (code, message) = refused(&open("block", geometry.clone()));
-        assert_eq!(code, "invalid", "{geometry:?}");
+        assert_eq!(code, outboard_session::Code::Invalid, "{geometry:?}");
         assert!(
             message.contains("32-byte entries to the server, 16-byte entries to the client"),
             "{message}"
@@ -152,12 +152,12 @@ fn an_open_for_another_class_or_other_rings_is_refused() {
 fn open_with(
     sock: &std::path::Path,
     buffer_size: u64,
-) -> Result<outboard_client::BlockClient, BlockError> {
-    let opts = outboard_client::SessionOptions {
+) -> Result<outboard_block_client::BlockClient, BlockError> {
+    let opts = outboard_block_client::SessionOptions {
         buffer_size,
         ..Default::default()
     };
-    outboard_client::BlockClient::open(sock, "disk0", opts)
+    outboard_block_client::BlockClient::open(sock, "disk0", opts)
 }
 
 /// Reliability defect 11: one session could claim a 1 GiB buffer area, and clients coming and

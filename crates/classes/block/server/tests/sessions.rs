@@ -7,8 +7,8 @@ use std::sync::{Arc, Barrier};
 use std::time::Duration;
 
 use outboard_block::{BlockDevice, BlockDriver, BlockError, BlockOp, BlockRequest};
-use outboard_client::Colocated;
-use outboard_client::{BlockClient, SessionOptions, WaitMode};
+use outboard_block_client::Colocated;
+use outboard_block_client::{BlockClient, SessionOptions, WaitMode};
 use outboard_drivers::virtio_block::VirtioBlock;
 use outboard_hw::backend::in_process::InProcess;
 

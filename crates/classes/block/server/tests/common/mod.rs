@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use outboard_block::{BlockDevice, BlockError, BlockOp, BlockRequest};
 use outboard_block::{Cqe, Sqe};
-use outboard_client::{BlockClient, SessionOptions};
+use outboard_block_client::{BlockClient, SessionOptions};
 use outboard_devices::backing::Backing;
 use outboard_drivers::virtio_blk::{BlkDriverOptions, VirtioBlk};
 use outboard_drivers::virtio_block::VirtioBlock;

@@ -1,5 +1,8 @@
 //! The block class's client over a session (the `separate` placement): block requests in and
-//! out of a [`Channel`], which holds the class-independent session logic.
+//! out of a [`Channel`], which holds the class-independent session logic. When the server
+//! restarts, the core resumes the session (`outboard_client::resume`); the block class's
+//! policy is [`Policy::Replay`](outboard_client::Policy): every unanswered request is sent
+//! again before anything new, writes minus the blocks a later-acknowledged write covered.
 
 use std::collections::VecDeque;
 use std::path::{Path, PathBuf};
@@ -11,8 +14,9 @@ use outboard_block::{
 };
 use outboard_session::Geometry;
 
-pub use crate::channel::WaitMode;
-use crate::channel::{Channel, ChannelError};
+use outboard_client::resume::{reconnect, Resume};
+use outboard_client::{Channel, ChannelError, Supervisor, WaitMode};
+
 use crate::inflight::InFlight;
 
 /// Options for a new session.
@@ -39,41 +43,19 @@ impl Default for SessionOptions {
     }
 }
 
-/// The class error for a server's (or the manager's) error reply.
-pub fn reply_error(code: &str, message: String) -> BlockError {
-    match code {
-        "no-such-device" => BlockError::NoSuchDevice(message),
-        "device-failed" => BlockError::DeviceFailed(message),
-        "restarting" => BlockError::Restarting,
-        "device-gone" => BlockError::DeviceGone,
-        "busy" => BlockError::Busy(message),
-        _ => BlockError::Invalid(message),
-    }
-}
-
 /// The block class's meaning of a session failure.
 fn channel_err(e: ChannelError) -> BlockError {
     match e {
         ChannelError::Gone => BlockError::DeviceGone,
         ChannelError::Timeout => BlockError::Timeout,
         ChannelError::Connect(m) => BlockError::NoSuchDevice(m),
-        ChannelError::Refused { code, message } => reply_error(&code, message),
+        ChannelError::Refused(r) => r.into(),
         ChannelError::Protocol(m) => BlockError::Protocol(m),
     }
 }
 
 /// Where the completion ring is among [`RINGS`].
 const COMPLETIONS: usize = 1;
-
-/// Who restarts the server, so that a session outlives it (see [`BlockClient::supervised`]).
-#[derive(Debug, Clone)]
-pub struct Supervisor {
-    /// The manager's control socket: asked whether the driver is coming back.
-    pub control: PathBuf,
-    /// Longest the client waits for the server to come back before it fails the requests
-    /// with [`BlockError::DeviceFailed`] (the manager normally says sooner that it gave up).
-    pub patience: Duration,
-}
 
 /// How a session fared across server restarts.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
@@ -122,9 +104,15 @@ impl BlockClient {
     /// Opens `device` on the driver server listening at `server`.
     pub fn open(server: &Path, device: &str, opts: SessionOptions) -> Result<Self, BlockError> {
         let geometry = Geometry::of_class(&RINGS, opts.depth, opts.buffer_size);
-        let (channel, info) =
-            Channel::open(server, device, "block", geometry, opts.mode, opts.timeout)
-                .map_err(channel_err)?;
+        let (channel, info) = Channel::open(
+            server,
+            device,
+            outboard_block::CLASS,
+            geometry,
+            opts.mode,
+            opts.timeout,
+        )
+        .map_err(channel_err)?;
         let info = parse_info(info)?;
         let g = channel.geometry();
         let (depth, buffer_size) = (g.rings[COMPLETIONS].entries as usize, g.buffer_size);
@@ -237,50 +225,22 @@ impl BlockClient {
 
     /// Waits for the supervisor's new server, opens the session on it and replays.
     fn resume(&mut self, sup: &Supervisor, give_up: Instant) -> Result<Resumed, BlockError> {
-        let geometry = self.channel.geometry().clone();
-        let mut next_question = Instant::now();
-        let (channel, info) = loop {
-            match Channel::resume(
-                &self.server,
-                &self.device,
-                outboard_block::CLASS,
-                geometry.clone(),
-                self.channel.shared_buffers(),
-                serde_json::to_value(outboard_block::Kept {
-                    locks: self.pending.locks().to_vec(),
-                })
-                .expect("serialisable"),
-                self.channel.mode(),
-                self.timeout,
-            ) {
-                Ok(opened) => break opened,
-                Err(ChannelError::Connect(_) | ChannelError::Gone | ChannelError::Timeout) => {}
-                Err(ChannelError::Refused { code, .. }) if code == "restarting" => {}
-                Err(e) => {
-                    // Refused by the new server: the manager may know why (the device was
-                    // detached, or given up), which says more than the server can.
-                    let e = supervisor_verdict(&sup.control, &self.device)
-                        .unwrap_or_else(|| channel_err(e));
-                    return self.end(e).map(|_| Resumed::Yes);
-                }
-            }
-            let now = Instant::now();
-            if now >= give_up {
-                let why = format!(
-                    "its driver server did not come back within {:?}",
-                    sup.patience
-                );
-                return self
-                    .end(BlockError::DeviceFailed(why))
-                    .map(|_| Resumed::Yes);
-            }
-            if now >= next_question {
-                if let Some(e) = supervisor_verdict(&sup.control, &self.device) {
-                    return self.end(e).map(|_| Resumed::Yes);
-                }
-                next_question = now + Duration::from_millis(100);
-            }
-            std::thread::sleep(Duration::from_millis(1));
+        let kept = outboard_block::Kept {
+            locks: self.pending.locks().to_vec(),
+        };
+        let how = Resume {
+            server: &self.server,
+            device: &self.device,
+            class: outboard_block::CLASS,
+            geometry: self.channel.geometry().clone(),
+            buffers: self.channel.shared_buffers(),
+            kept: serde_json::to_value(kept).expect("serialisable"),
+            mode: self.channel.mode(),
+            timeout: self.timeout,
+        };
+        let (channel, info) = match reconnect(sup, &how, give_up) {
+            Ok(opened) => opened,
+            Err(e) => return self.end(e.into()).map(|_| Resumed::Yes),
         };
         let info = parse_info(info)?;
         if info.capacity != self.info.capacity || info.block_size != self.info.block_size {
@@ -388,25 +348,6 @@ enum Resumed {
     Yes,
     /// The new server died during the replay.
     GoneAgain,
-}
-
-/// What the manager says about `device` while its server is down: an error if the driver is
-/// not coming back, `None` while it is (or the manager cannot say yet).
-fn supervisor_verdict(control: &Path, device: &str) -> Option<BlockError> {
-    match crate::manager::status(control, device) {
-        Ok(node) => {
-            let state = node.props.get("state")?.as_str()?;
-            state
-                .starts_with("gave up")
-                .then(|| BlockError::DeviceFailed(format!("{device}: {state}")))
-        }
-        // No manager: nobody will start the server again. Detached, or no longer part of
-        // the machine: nothing will serve it.
-        Err(BlockError::Unreachable(_) | BlockError::DeviceGone | BlockError::NoSuchDevice(_)) => {
-            Some(BlockError::DeviceGone)
-        }
-        Err(_) => None,
-    }
 }
 
 /// A block device's status from a server, checked before anything relies on it.

@@ -1,0 +1,122 @@
+//! Why a request between Outboard's processes was refused: one code from a closed list and a
+//! reason for people, the same type in the driver server's replies, the manager's replies and
+//! what the client library returns. The code is what programs branch on; the reason travels
+//! unchanged from whoever refused to whoever asked.
+
+use serde::{Deserialize, Serialize};
+
+/// What kind of refusal it is. On the wire a kebab-case string; a code this build does not
+/// know reads as [`Code::Unknown`] (a newer peer), never as an error of its own.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Code {
+    /// No device of that name here.
+    NoSuchDevice,
+    /// The device is of another class than the one asked for.
+    WrongClass,
+    /// The request is malformed or not allowed as asked.
+    Invalid,
+    /// Someone else holds it, or a limit is reached: try again later or elsewhere.
+    Busy,
+    /// The server could not get memory, descriptors or mappings for it.
+    Resources,
+    /// The device is being brought back: try again shortly.
+    Restarting,
+    /// The device failed and was given up; the reason says why.
+    DeviceFailed,
+    /// The device is no longer part of the machine (detached), or its server is gone.
+    DeviceGone,
+    /// Attaching the device failed; the reason says why.
+    AttachFailed,
+    /// The caller may not ask this (the control socket's peer check).
+    Denied,
+    /// Whoever should answer is not there (no manager, no server at that socket).
+    Unreachable,
+    /// No answer in time.
+    Timeout,
+    /// The peer broke the protocol.
+    Protocol,
+    /// A code this build does not know.
+    #[serde(other)]
+    Unknown,
+}
+
+impl Code {
+    /// The code as it is written on the wire (`no-such-device`).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Code::NoSuchDevice => "no-such-device",
+            Code::WrongClass => "wrong-class",
+            Code::Invalid => "invalid",
+            Code::Busy => "busy",
+            Code::Resources => "resources",
+            Code::Restarting => "restarting",
+            Code::DeviceFailed => "device-failed",
+            Code::DeviceGone => "device-gone",
+            Code::AttachFailed => "attach-failed",
+            Code::Denied => "denied",
+            Code::Unreachable => "unreachable",
+            Code::Timeout => "timeout",
+            Code::Protocol => "protocol",
+            Code::Unknown => "unknown",
+        }
+    }
+}
+
+impl std::fmt::Display for Code {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// A refusal: its code and the reason.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{reason}")]
+pub struct Refusal {
+    /// What kind.
+    pub code: Code,
+    /// Why, for people.
+    pub reason: String,
+}
+
+impl Refusal {
+    /// A refusal with `code` because of `reason`.
+    pub fn new(code: Code, reason: impl Into<String>) -> Self {
+        Self {
+            code,
+            reason: reason.into(),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn codes_are_written_as_their_wire_names_and_unknown_ones_still_read() {
+        for c in [
+            Code::NoSuchDevice,
+            Code::WrongClass,
+            Code::Invalid,
+            Code::Busy,
+            Code::Resources,
+            Code::Restarting,
+            Code::DeviceFailed,
+            Code::DeviceGone,
+            Code::AttachFailed,
+            Code::Denied,
+            Code::Unreachable,
+            Code::Timeout,
+            Code::Protocol,
+        ] {
+            let wire = serde_json::to_string(&c).unwrap();
+            assert_eq!(wire, format!("\"{}\"", c.as_str()));
+            assert_eq!(serde_json::from_str::<Code>(&wire).unwrap(), c);
+        }
+        assert_eq!(
+            serde_json::from_str::<Code>("\"from-the-future\"").unwrap(),
+            Code::Unknown
+        );
+    }
+}

@@ -1,6 +1,6 @@
-//! The classes this build serves: a driver server turns a started driver into its class's
-//! dispatcher here. This is the one list in the driver server that names classes; a new class
-//! adds its line.
+//! The classes this build knows: a driver server turns a started driver into its class's
+//! dispatcher here, and `up` shows each class's commands. This is the one list in the command
+//! line that names classes; a new class adds its lines.
 
 use outboard_drivers::{Attachment, StartOptions};
 use outboard_env::AnyDriver;
@@ -30,4 +30,16 @@ pub fn serve(at: &Attachment, driver: Option<&str>, opts: StartOptions) -> Resul
     let started = outboard_drivers::start(at, driver, &opts).map_err(|e| e.to_string())?;
     let again = outboard_drivers::restarter(at, started.personality.driver, &opts);
     Ok(Served::new(dispatcher(started.driver)?, started.env).reopened_by(again))
+}
+
+/// Commands to try on class device `name`, as `up` suggests them.
+pub fn try_lines(class: &str, name: &str) -> Vec<String> {
+    match class {
+        outboard_block::CLASS => vec![
+            format!("outboard blk info {name}"),
+            format!("echo hello | outboard blk write {name} --offset 4096"),
+            format!("outboard blk read {name} --offset 4096 --length 6"),
+        ],
+        _ => Vec::new(),
+    }
 }

@@ -226,11 +226,8 @@ pub fn up(a: UpArgs, control: PathBuf, verbose: u8) -> Result<ExitCode, String> 
         );
     }
     let mut m = Manager::start(machine, opts).map_err(|e| e.to_string())?;
-    let first = m
-        .registry()
-        .find("machine", &m.registry().name)
-        .and_then(|_| first_block(m.registry()))
-        .unwrap_or_else(|| "disk0".into());
+    let mut devices = Vec::new();
+    class_devices(m.registry(), &mut devices);
     println!("{}", m.registry().render());
     let env = if control == outboard_manager::default_control() {
         String::new()
@@ -240,9 +237,16 @@ pub fn up(a: UpArgs, control: PathBuf, verbose: u8) -> Result<ExitCode, String> 
     println!("outboard is up; control socket {}", control.display());
     println!("Try, in another terminal:");
     println!("  {env}outboard ls");
-    println!("  {env}outboard blk info {first}");
-    println!("  echo hello | {env}outboard blk write {first} --offset 4096");
-    println!("  {env}outboard blk read {first} --offset 4096 --length 6");
+    // One device of each class, with what its class's commands look like.
+    let mut shown = Vec::new();
+    for (class, name) in &devices {
+        if !shown.contains(class) {
+            shown.push(class.clone());
+            for line in crate::classes::try_lines(class, name) {
+                println!("  {env}{line}");
+            }
+        }
+    }
     println!("Ctrl-C stops every device and driver.");
     m.run(&stop).map_err(|e| e.to_string())?;
     m.shutdown();
@@ -250,11 +254,14 @@ pub fn up(a: UpArgs, control: PathBuf, verbose: u8) -> Result<ExitCode, String> 
     Ok(ExitCode::SUCCESS)
 }
 
-fn first_block(n: &outboard_manager::registry::Node) -> Option<String> {
-    if n.kind == "block-device" {
-        return Some(n.name.clone());
+/// Every class device in the registry, as (class, name), in registry order.
+fn class_devices(n: &outboard_manager::registry::Node, out: &mut Vec<(String, String)>) {
+    if let Some(class) = n.kind.strip_suffix("-device") {
+        out.push((class.to_string(), n.name.clone()));
     }
-    n.children.iter().find_map(first_block)
+    for c in &n.children {
+        class_devices(c, out);
+    }
 }
 
 pub fn ls(a: LsArgs, control: PathBuf) -> Result<ExitCode, String> {

@@ -69,28 +69,16 @@ pub fn probe_score(
     initial: u32,
 ) -> Result<u32, String> {
     use outboard_spec::virtio::cap;
-    for t in [
-        cap::COMMON_CFG,
-        cap::NOTIFY_CFG,
-        cap::ISR_CFG,
-        cap::DEVICE_CFG,
-    ] {
-        let usable = caps.iter().any(|c| {
-            c.cfg_type == t
-                && bar_sizes.get(c.bar as usize).is_some_and(|&size| {
-                    (c.offset as u64)
-                        .checked_add(c.length as u64)
-                        .is_some_and(|end| c.length > 0 && end <= size)
-                })
-        });
-        if !usable {
-            return Err(format!(
-                "no usable virtio {} structure: the device lacks the modern virtio-pci \
-                 interface (virtio 1.x §4.1.4), or places it outside its BARs",
-                cap::name(t)
-            ));
-        }
-    }
+    crate::virtio::device::modern_structures(
+        caps,
+        bar_sizes,
+        &[
+            cap::COMMON_CFG,
+            cap::NOTIFY_CFG,
+            cap::ISR_CFG,
+            cap::DEVICE_CFG,
+        ],
+    )?;
     Ok(if id.device == 0x1001 {
         initial.saturating_sub(100)
     } else {

@@ -30,11 +30,14 @@
 //! size = "1G"
 //! ```
 //!
+//! `backing`, `create`, `read_only` and `queues` are virtio-blk's own keys and `size` is
+//! null-blk's: each model declares its keys (`crate::models`), and a key of another model is
+//! an error that lists the model's own. The rest are every device's.
+//!
 //! Every error names the file, the line and the problem.
 
 use std::path::Path;
 
-use outboard_devices::backing::parse_size;
 use serde::Deserialize;
 use toml::Spanned;
 
@@ -68,16 +71,12 @@ pub use outboard_client::api::Placement;
 pub struct DeviceConfig {
     /// Class device name.
     pub name: String,
-    /// Device model.
+    /// Device model ([`crate::models`]).
     pub model: String,
-    /// Backing spec (`mem:SIZE` or a path); for `null-blk`, `null:SIZE`.
+    /// What backs it, for people, as its model says (`mem:64M`, a path, `null:SIZE`).
     pub backing: String,
-    /// Size to create a missing backing file with.
-    pub create: Option<u64>,
-    /// Read-only.
-    pub read_only: bool,
-    /// Request queues.
-    pub queues: u16,
+    /// The model's own settings, checked by the model, by key.
+    pub settings: std::collections::BTreeMap<String, String>,
     /// Placement.
     pub placement: Placement,
     /// Driver server name (separate placement).
@@ -177,11 +176,11 @@ struct RawExport {
 struct RawDevice {
     name: Spanned<String>,
     model: Spanned<String>,
+    // The models' own keys (each model says which are its: `crate::models`).
     backing: Option<Spanned<String>>,
     size: Option<Spanned<String>>,
     create: Option<Spanned<String>>,
-    #[serde(default)]
-    read_only: bool,
+    read_only: Option<Spanned<bool>>,
     queues: Option<Spanned<i64>>,
     placement: Option<Spanned<String>>,
     server: Option<Spanned<String>>,
@@ -199,8 +198,48 @@ struct RawDevice {
     max_files: Option<Spanned<i64>>,
 }
 
-/// Known device models.
-pub const MODELS: &[&str] = &["virtio-blk", "null-blk"];
+impl RawDevice {
+    /// The models' keys this table gives, as text, located.
+    fn model_keys(&self) -> crate::models::Keys {
+        let mut k = crate::models::Keys::new();
+        let mut put = |key: &'static str, value: String, at: usize| {
+            k.insert(key, crate::models::Given { value, at });
+        };
+        if let Some(v) = &self.backing {
+            put("backing", v.get_ref().clone(), v.span().start);
+        }
+        if let Some(v) = &self.size {
+            put("size", v.get_ref().clone(), v.span().start);
+        }
+        if let Some(v) = &self.create {
+            put("create", v.get_ref().clone(), v.span().start);
+        }
+        if let Some(v) = &self.read_only {
+            put("read_only", v.get_ref().to_string(), v.span().start);
+        }
+        if let Some(v) = &self.queues {
+            put("queues", v.get_ref().to_string(), v.span().start);
+        }
+        k
+    }
+}
+
+impl DeviceConfig {
+    /// A model setting, or `default`.
+    pub fn setting<'a>(&'a self, key: &str, default: &'a str) -> &'a str {
+        self.settings.get(key).map_or(default, String::as_str)
+    }
+
+    /// A model setting that is a flag (absent: false).
+    pub fn flag(&self, key: &str) -> bool {
+        self.settings.get(key).is_some_and(|v| v == "true")
+    }
+
+    /// Its model.
+    pub fn model(&self) -> &'static crate::models::Model {
+        crate::models::model(&self.model).expect("validated when the description was read")
+    }
+}
 
 impl Machine {
     /// The embedded default machine.
@@ -249,90 +288,29 @@ impl Machine {
                     format!("device name {name:?} is used twice"),
                 ));
             }
-            if !MODELS.contains(&d.model.get_ref().as_str()) {
+            let Some(model) = crate::models::model(d.model.get_ref()) else {
                 return Err(err(
                     d.model.span().start,
                     format!(
                         "unknown model {:?} (known: {})",
                         d.model.get_ref(),
-                        MODELS.join(", ")
+                        crate::models::names()
+                    ),
+                ));
+            };
+            let dev_at = d.name.span().start;
+            let keys = d.model_keys();
+            if let Some((key, given)) = keys.iter().find(|(k, _)| !model.keys.contains(k)) {
+                return Err(err(
+                    given.at,
+                    format!(
+                        "{key} is not a key of a {} device (its keys: {})",
+                        model.name,
+                        model.keys.join(", ")
                     ),
                 ));
             }
-            let dev_at = d.name.span().start;
-            let backing = if d.model.get_ref() == "null-blk" {
-                if let Some(b) = &d.backing {
-                    return Err(err(
-                        b.span().start,
-                        "a null-blk device has no backing; give its size".into(),
-                    ));
-                }
-                let size = d
-                    .size
-                    .as_ref()
-                    .ok_or_else(|| err(dev_at, "a null-blk device needs size = \"SIZE\"".into()))?;
-                match parse_size(size.get_ref()) {
-                    Some(n) if n > 0 && n % 512 == 0 => format!("null:{n}"),
-                    _ => {
-                        return Err(err(
-                            size.span().start,
-                            format!(
-                                "size = {:?}: not a size that is a multiple of 512",
-                                size.get_ref()
-                            ),
-                        ))
-                    }
-                }
-            } else {
-                if let Some(s) = &d.size {
-                    return Err(err(
-                        s.span().start,
-                        "size is for null-blk; a virtio-blk disk takes its size from its backing"
-                            .into(),
-                    ));
-                }
-                let b = d.backing.as_ref().ok_or_else(|| {
-                    err(
-                        dev_at,
-                        "a virtio-blk device needs backing = \"FILE\" or \"mem:SIZE\"".into(),
-                    )
-                })?;
-                let backing = b.get_ref();
-                if let Some(size) = backing.strip_prefix("mem:") {
-                    match parse_size(size) {
-                        Some(n) if n > 0 && n % 512 == 0 => {}
-                        _ => return Err(err(b.span().start, format!("backing {backing:?}: mem:SIZE needs a size that is a positive multiple of 512 (e.g. mem:64M)"))),
-                    }
-                } else if backing.is_empty() {
-                    return Err(err(b.span().start, "backing is empty".into()));
-                }
-                backing.clone()
-            };
-            let create = match &d.create {
-                None => None,
-                Some(c) => match parse_size(c.get_ref()) {
-                    Some(n) if n > 0 && n % 512 == 0 => Some(n),
-                    _ => {
-                        return Err(err(
-                            c.span().start,
-                            format!(
-                                "create = {:?}: not a size that is a multiple of 512",
-                                c.get_ref()
-                            ),
-                        ))
-                    }
-                },
-            };
-            let queues = match &d.queues {
-                None => 1,
-                Some(q) if (1..=16).contains(q.get_ref()) => *q.get_ref() as u16,
-                Some(q) => {
-                    return Err(err(
-                        q.span().start,
-                        format!("queues = {}: must be 1 to 16", q.get_ref()),
-                    ))
-                }
-            };
+            let settled = (model.settle)(&keys, dev_at, &devices).map_err(|(at, m)| err(at, m))?;
             let placement = match d
                 .placement
                 .as_ref()
@@ -347,10 +325,14 @@ impl Machine {
                     ))
                 }
             };
-            if d.model.get_ref() == "null-blk" && placement == Placement::Colocated {
+            if !model.colocated && placement == Placement::Colocated {
                 return Err(err(
                     d.placement.as_ref().map_or(dev_at, |p| p.span().start),
-                    "a null-blk device measures the session path: it runs only \"separate\"".into(),
+                    format!(
+                        "a {} device has no hardware for a client to drive: it runs only \
+                         \"separate\"",
+                        model.name
+                    ),
                 ));
             }
             let server =
@@ -374,22 +356,6 @@ impl Machine {
                     }
                     (Some(s), Placement::Separate) => s.get_ref().clone(),
                 };
-            if backing.starts_with('/') || !backing.contains(':') {
-                let same = |o: &DeviceConfig| same_file(&o.backing, &backing);
-                if let Some(o) = devices
-                    .iter()
-                    .find(|o| same(o) && (!o.read_only || !d.read_only))
-                {
-                    return Err(err(
-                        d.backing.as_ref().map_or(dev_at, |b| b.span().start),
-                        format!(
-                            "backing {backing:?} is also {}'s: two devices may share a file only \
-                             when both are read_only",
-                            o.name
-                        ),
-                    ));
-                }
-            }
             let duration =
                 |key: &str, v: &Option<Spanned<String>>, default: std::time::Duration| match v {
                     None => Ok(default),
@@ -425,11 +391,12 @@ impl Machine {
                 })?;
             }
             let mut faults = Vec::new();
+            let virtual_device = model.kind == crate::models::Kind::Virtual;
             for f in &d.faults {
-                if d.model.get_ref() == "null-blk" {
+                if virtual_device {
                     return Err(err(
                         f.span().start,
-                        "a null-blk device has no hardware to fault".into(),
+                        format!("a {} device has no hardware to fault", model.name),
                     ));
                 }
                 f.get_ref()
@@ -437,10 +404,10 @@ impl Machine {
                     .map_err(|e| err(f.span().start, format!("faults: {e}")))?;
                 faults.push(f.get_ref().clone());
             }
-            if d.fault_injection && d.model.get_ref() == "null-blk" {
+            if d.fault_injection && virtual_device {
                 return Err(err(
                     d.model.span().start,
-                    "a null-blk device has no hardware to fault".into(),
+                    format!("a {} device has no hardware to fault", model.name),
                 ));
             }
             let max_memory = match &d.max_memory {
@@ -476,10 +443,8 @@ impl Machine {
             devices.push(DeviceConfig {
                 name: name.clone(),
                 model: d.model.into_inner(),
-                backing,
-                create,
-                read_only: d.read_only,
-                queues,
+                backing: settled.backing,
+                settings: settled.settings,
                 placement,
                 server,
                 request_deadline,
@@ -625,23 +590,30 @@ fn valid_name(name: &str) -> bool {
             .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_')
 }
 
-/// Whether two backing paths name the same file (the same inode if both exist, else the same
-/// absolute path).
-fn same_file(a: &str, b: &str) -> bool {
-    let abs = |p: &str| std::path::absolute(p).unwrap_or_else(|_| p.into());
-    match (std::fs::metadata(a), std::fs::metadata(b)) {
-        (Ok(x), Ok(y)) => {
-            use std::os::unix::fs::MetadataExt;
-            x.dev() == y.dev() && x.ino() == y.ino()
-        }
-        _ => abs(a) == abs(b),
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
     use proptest::prelude::*;
+
+    #[test]
+    fn a_key_of_another_model_is_refused_with_the_models_own_keys() {
+        let text = "[[device]]\nname = \"n\"\nmodel = \"null-blk\"\nsize = \"1M\"\nqueues = 2\n";
+        let e = Machine::parse(text, "m.toml").unwrap_err();
+        assert_eq!(e.line, 5, "{e}");
+        assert!(
+            e.message
+                .contains("queues is not a key of a null-blk device"),
+            "{e}"
+        );
+        assert!(e.message.contains("its keys: size"), "{e}");
+        let m = Machine::parse(
+            "[[device]]\nname = \"d\"\nmodel = \"virtio-blk\"\nbacking = \"mem:1M\"\nqueues = 2\nread_only = true\n",
+            "m.toml",
+        )
+        .unwrap();
+        assert_eq!(m.devices[0].setting("queues", "1"), "2");
+        assert!(m.devices[0].flag("read_only"));
+    }
 
     #[test]
     fn devices_may_start_detached_but_are_not_exported_then() {

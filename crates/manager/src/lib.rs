@@ -8,6 +8,7 @@
 #![deny(missing_docs)]
 
 pub mod config;
+pub mod models;
 pub mod runtime;
 pub mod supervisor;
 
@@ -276,7 +277,7 @@ impl Manager {
             .collect();
         let connect: Vec<PathBuf> = served
             .iter()
-            .filter(|d| d.model != "null-blk")
+            .filter(|d| d.model().kind == models::Kind::Emulated)
             .map(|d| self.rt().device_socket(&d.name))
             .collect();
         let (keep_fds, conn_fds) = supervisor::fd_layout(true, 1, connect.len());
@@ -297,8 +298,8 @@ impl Manager {
             .unwrap_or(Duration::from_secs(30));
         args.extend(["--deadline-ms".into(), deadline.as_millis().to_string()]);
         for d in &served {
-            let spec = if d.model == "null-blk" {
-                d.backing.clone()
+            let spec = if d.model().kind == models::Kind::Virtual {
+                (d.model().spec)(d)
             } else {
                 format!("vfio-user-fd:{}", conn_fds.next().expect("one per model"))
             };
@@ -329,7 +330,7 @@ impl Manager {
 
     /// Shows device `d` as declared but not attached (`why`: the last attach's failure).
     fn detached_node(&mut self, d: &DeviceConfig, why: Option<&str>) {
-        let (bus, kind, name) = if d.model == "null-blk" {
+        let (bus, kind, name) = if d.model().kind == models::Kind::Virtual {
             ("virtual", "device", format!("{}@virtual", d.name))
         } else {
             ("vfio-user", "pci-function", format!("{}@vfio-user", d.name))
@@ -349,7 +350,10 @@ impl Manager {
     fn bring_up_devices(&mut self, devices: &[DeviceConfig]) -> Result<(), ManagerError> {
         let mut bus = Node::new("bus", "vfio-user");
         let mut virtual_bus = Node::new("bus", "virtual");
-        for d in devices.iter().filter(|d| d.model == "null-blk") {
+        for d in devices
+            .iter()
+            .filter(|d| d.model().kind == models::Kind::Virtual)
+        {
             let Probed { personality, score } =
                 outboard_drivers::probe_driver(&Probe::Virtual(&d.model)).map_err(|why| {
                     ManagerError::NoDriver {
@@ -359,48 +363,31 @@ impl Manager {
                 })?;
             virtual_bus.children.push(
                 Node::new("device", &format!("{}@virtual", d.name))
-                    .with("model", "null-blk")
+                    .with("model", d.model.as_str())
                     .child(
                         Node::new("driver", personality.driver)
                             .with("probe-score", score)
                             .with("placement", "separate")
                             .with("state", "starting")
-                            .child(Node::new("block-device", &d.name)),
+                            .child(class_device(personality.class, &d.name)),
                     ),
             );
         }
-        for d in devices.iter().filter(|d| d.model != "null-blk") {
+        for d in devices
+            .iter()
+            .filter(|d| d.model().kind == models::Kind::Emulated)
+        {
             let sock = self.rt().device_socket(&d.name);
             let faults_socket = self.rt().faults_socket(&d.name);
             // The manager opens the disk and binds the model's sockets, and passes them: the
             // model opens no path. They outlive each incarnation: a restarted model finds what
             // its predecessor acknowledged, at the same sockets.
             let launch = |e: String| ManagerError::Launch(format!("{}: {e}", d.name));
-            let backing = match d.backing.strip_prefix("mem:") {
-                Some(size) => disk_memory(&d.name, size).map_err(ManagerError::Launch)?,
-                None => {
-                    outboard_devices::backing::Backing::open_with(&d.backing, d.create, d.read_only)
-                        .map_err(|e| launch(e.to_string()))?
-                        .into_fd()
-                }
-            };
+            let launched = (d.model().launch)(d).map_err(launch)?;
             let (listener, sock_path) =
                 outboard_sys::bind_listener(&sock, rustix::net::SocketType::STREAM, 8)
                     .map_err(|e| launch(e.to_string()))?;
-            let (fds, _) = supervisor::fd_layout(true, 3, 0);
-            let mut args = vec![
-                "device".to_string(),
-                d.model.clone(),
-                "--backing".into(),
-                format!("fd:{}", fds[0]),
-                "--fd".into(),
-                fds[1].to_string(),
-                "--notify-fd".into(),
-                supervisor::EVENT_FD.to_string(),
-                "--queues".into(),
-                d.queues.to_string(),
-            ];
-            let mut keep = vec![backing, listener];
+            let mut keep = vec![listener];
             let mut paths = vec![sock_path];
             // The fault socket exists only where the machine asks for fault injection: it
             // lets whoever reaches it make the device misbehave.
@@ -410,15 +397,30 @@ impl Manager {
                 let (faults, faults_path) =
                     outboard_sys::bind_listener(path, rustix::net::SocketType::SEQPACKET, 8)
                         .map_err(|e| launch(e.to_string()))?;
-                args.extend(["--faults-fd".into(), fds[2].to_string()]);
                 keep.push(faults);
                 paths.push(faults_path);
             }
+            // The descriptors are passed in `keep`'s order: the listener, the fault socket if
+            // any, then the model's own.
+            let (fds, _) = supervisor::fd_layout(true, keep.len() + launched.fds.len(), 0);
+            let mut args = vec![
+                "device".to_string(),
+                d.model.clone(),
+                "--fd".into(),
+                fds[0].to_string(),
+                "--notify-fd".into(),
+                supervisor::EVENT_FD.to_string(),
+            ];
+            if faults_socket.is_some() {
+                args.extend(["--faults-fd".into(), fds[1].to_string()]);
+            }
+            args.extend(launched.args);
+            for (flag, fd) in launched.fds {
+                args.extend([flag.to_string(), format!("fd:{}", fds[keep.len()])]);
+                keep.push(fd);
+            }
             // Once it listens, it opens nothing: no filesystem, no network, no processes.
             args.extend(self.confine_args(&[d]));
-            if d.read_only {
-                args.push("--read-only".into());
-            }
             for f in &d.faults {
                 args.extend(["--fault".into(), f.clone()]);
             }
@@ -512,7 +514,7 @@ impl Manager {
                         Placement::Colocated => "linked into each client",
                     },
                 )
-                .child(Node::new("block-device", &d.name));
+                .child(class_device(personality.class, &d.name));
             bus.children.push(node.child(driver));
         }
         self.merge_bus(bus);
@@ -658,7 +660,7 @@ impl Manager {
             // and a crash before that shows in the registry like any other.
             let pid = p.pid();
             self.procs.push(p);
-            if let Some(b) = self.registry.find_mut("block-device", &e.device) {
+            if let Some(b) = self.class_device_mut(&e.device) {
                 b.children.push(
                     Node::new("export", &format!("nbd:{}", e.name))
                         .with("uri", uri)
@@ -779,7 +781,7 @@ impl Manager {
                     self.finish_detach(&device, work);
                 } else if self.suspended.contains(&device) {
                     tracing::info!("{device}: suspended (quiesced, nothing in flight)");
-                    if let Some(b) = self.registry.find_mut("block-device", &device) {
+                    if let Some(b) = self.class_device_mut(&device) {
                         b.set("state", "suspended");
                     }
                 }
@@ -846,7 +848,7 @@ impl Manager {
             if let Some(drv) = self.driver_of_mut(n) {
                 drv.set("state", driver);
             }
-            if let Some(b) = self.registry.find_mut("block-device", n) {
+            if let Some(b) = self.class_device_mut(n) {
                 b.set("state", device);
             }
         }
@@ -1254,7 +1256,7 @@ impl Manager {
             control::Command::Quiesce { .. } => "suspending",
             control::Command::Resume { .. } => "serving",
         };
-        if let Some(b) = self.registry.find_mut("block-device", name) {
+        if let Some(b) = self.class_device_mut(name) {
             b.set("state", state);
         }
         true
@@ -1375,7 +1377,7 @@ impl Manager {
                     m.attached = true;
                 }
                 tracing::warn!("{}: attached", d.name);
-                match self.registry.find("block-device", &d.name) {
+                match self.class_device(&d.name) {
                     Some(node) => Reply::Status { node: node.clone() },
                     None => refuse(
                         Code::Invalid,
@@ -1466,7 +1468,7 @@ impl Manager {
                 return detached(name);
             }
         }
-        match self.registry.find_mut("block-device", name) {
+        match self.class_device_mut(name) {
             Some(node) => {
                 node.set("state", "detaching");
                 Reply::Status { node: node.clone() }
@@ -1600,10 +1602,32 @@ impl Manager {
         if !self.quiesce(name, suspend) && was != suspend {
             tracing::info!("{name}: its driver server is not running; applied when it serves");
         }
-        match self.registry.find("block-device", name) {
+        match self.class_device(name) {
             Some(node) => Reply::Status { node: node.clone() },
             None => refuse(Code::NoSuchDevice, format!("no device named {name:?}")),
         }
+    }
+
+    /// Class device `name`'s registry node, whatever its class.
+    fn class_device(&self, name: &str) -> Option<&Node> {
+        fn find<'a>(n: &'a Node, name: &str) -> Option<&'a Node> {
+            if n.kind.ends_with("-device") && n.name == name {
+                return Some(n);
+            }
+            n.children.iter().find_map(|c| find(c, name))
+        }
+        find(&self.registry, name)
+    }
+
+    /// The same, to change.
+    fn class_device_mut(&mut self, name: &str) -> Option<&mut Node> {
+        fn find<'a>(n: &'a mut Node, name: &str) -> Option<&'a mut Node> {
+            if n.kind.ends_with("-device") && n.name == name {
+                return Some(n);
+            }
+            n.children.iter_mut().find_map(|c| find(c, name))
+        }
+        find(&mut self.registry, name)
     }
 
     /// The driver node serving class device `name`.
@@ -1791,7 +1815,7 @@ impl Manager {
                 tree: self.registry.clone(),
             },
             Request::Open { name } => self.open(&name),
-            Request::Status { name } => match self.registry.find("block-device", &name) {
+            Request::Status { name } => match self.class_device(&name) {
                 Some(node) => Reply::Status { node: node.clone() },
                 None if self.machine.devices.iter().any(|d| d.name == name) => detached(&name),
                 None => refuse(Code::NoSuchDevice, format!("no device named {name:?}")),
@@ -1803,7 +1827,7 @@ impl Manager {
     /// running server is ended and started again (its death counts as progress); either way
     /// the crash history is forgiven.
     fn restart_by_hand(&mut self, name: &str) -> Reply {
-        let Some(node) = self.registry.find("block-device", name).cloned() else {
+        let Some(node) = self.class_device(name).cloned() else {
             return match self.machine.devices.iter().any(|d| d.name == name) {
                 true => refuse(
                     Code::DeviceGone,
@@ -1835,11 +1859,7 @@ impl Manager {
             "restarting",
         );
         Reply::Status {
-            node: self
-                .registry
-                .find("block-device", name)
-                .cloned()
-                .unwrap_or(node),
+            node: self.class_device(name).cloned().unwrap_or(node),
         }
     }
 
@@ -1895,8 +1915,7 @@ impl Manager {
             );
         }
         let restarting = self
-            .registry
-            .find("block-device", name)
+            .class_device(name)
             .and_then(|b| b.props.get("state"))
             .and_then(|s| s.as_str())
             == Some("restarting");
@@ -2028,6 +2047,12 @@ fn status_props(node: &mut Node, status: &serde_json::Value) {
     }
 }
 
+/// A class device's registry node: its kind names its class (`block-device`,
+/// `entropy-device`).
+fn class_device(class: &str, name: &str) -> Node {
+    Node::new(&format!("{class}-device"), name).with("class", class)
+}
+
 /// The answer about a device that is detached.
 fn detached(name: &str) -> Reply {
     refuse(
@@ -2041,16 +2066,4 @@ fn refuse(code: Code, message: impl Into<String>) -> Reply {
         code,
         message: message.into(),
     }
-}
-
-fn disk_memory(name: &str, size: &str) -> Result<OwnedFd, String> {
-    let len = outboard_devices::backing::parse_size(size)
-        .ok_or_else(|| format!("{name}: backing mem:{size}: not a size"))?;
-    let fd = rustix::fs::memfd_create(
-        format!("outboard-disk-{name}").as_str(),
-        rustix::fs::MemfdFlags::CLOEXEC,
-    )
-    .map_err(|e| format!("{name}: memfd: {e}"))?;
-    rustix::fs::ftruncate(&fd, len).map_err(|e| format!("{name}: {e}"))?;
-    Ok(fd)
 }

@@ -18,6 +18,34 @@ use outboard_spec::virtio::{feature as vfeature, DeviceStatus, NO_VECTOR};
 
 use crate::virtio::{Transport, VirtQueue, VirtioError};
 
+/// The active probe's check every modern virtio-pci driver makes, from configuration space
+/// and BAR sizes only: each structure in `needed` (`cap::COMMON_CFG`, …) is there, inside a
+/// BAR the function has. The error says which is missing.
+pub fn modern_structures(
+    caps: &[crate::virtio::VirtioCap],
+    bar_sizes: &[u64; 6],
+    needed: &[u8],
+) -> Result<(), String> {
+    for &t in needed {
+        let usable = caps.iter().any(|c| {
+            c.cfg_type == t
+                && bar_sizes.get(c.bar as usize).is_some_and(|&size| {
+                    (c.offset as u64)
+                        .checked_add(c.length as u64)
+                        .is_some_and(|end| c.length > 0 && end <= size)
+                })
+        });
+        if !usable {
+            return Err(format!(
+                "no usable virtio {} structure: the device lacks the modern virtio-pci \
+                 interface (virtio 1.x §4.1.4), or places it outside its BARs",
+                outboard_spec::virtio::cap::name(t)
+            ));
+        }
+    }
+    Ok(())
+}
+
 /// A device between feature negotiation and DRIVER_OK.
 pub struct Negotiation {
     func: PciFunction,

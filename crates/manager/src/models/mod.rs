@@ -1,0 +1,118 @@
+//! The device models a machine description may name, each with its own keys: what the manager
+//! knows about a model is here and nowhere else. The rest of the manager sees a model's name,
+//! whether it is emulated (a device model process reached over vfio-user, whose PCI function
+//! the catalog matches) or virtual (no device: its driver server answers for it), what backs
+//! it (one line for people), and the settings the model checked.
+//!
+//! A model declares its keys; a key of another model in its `[[device]]` table is an error that
+//! names the model's own keys. Adding a model adds its entry to [`MODELS`] (and its key, if new,
+//! to the description's table layout in `config.rs`).
+
+mod disk;
+
+use std::collections::BTreeMap;
+use std::os::fd::OwnedFd;
+
+use crate::config::DeviceConfig;
+
+/// How a model exists.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    /// A device model process the manager starts, reached over vfio-user.
+    Emulated,
+    /// No device: the driver server answers for it (measures the session path alone).
+    Virtual,
+}
+
+/// A model's key as the description gave it: its value as text, and where it is.
+#[derive(Debug, Clone)]
+pub struct Given {
+    /// The value (a string as written; a number or boolean in its TOML form).
+    pub value: String,
+    /// Byte offset in the description, for errors.
+    pub at: usize,
+}
+
+/// A model's keys in one `[[device]]` table.
+pub type Keys = BTreeMap<&'static str, Given>;
+
+/// What a model made of its keys.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct Settled {
+    /// What backs the device, for people (`mem:64M`, `null:1073741824`, `getrandom`).
+    pub backing: String,
+    /// The checked settings, by key, as text.
+    pub settings: BTreeMap<String, String>,
+}
+
+/// A model's error in its keys: where, and what is wrong.
+pub type KeyError = (usize, String);
+
+/// How the manager starts an emulated model: `outboard device MODEL` with these arguments,
+/// and these descriptors handed over, each named on the command line by its flag as
+/// `fd:N` (the manager opens files, the confined model opens nothing).
+#[derive(Debug, Default)]
+pub struct Launch {
+    /// Extra arguments.
+    pub args: Vec<String>,
+    /// Descriptors to pass, each with its flag.
+    pub fds: Vec<(&'static str, OwnedFd)>,
+}
+
+/// A device model.
+pub struct Model {
+    /// Its name in a `[[device]]` table.
+    pub name: &'static str,
+    /// Emulated or virtual.
+    pub kind: Kind,
+    /// Its own keys.
+    pub keys: &'static [&'static str],
+    /// Whether its driver may run in the client (colocated).
+    pub colocated: bool,
+    /// Checks its keys (`others`: the devices declared before it).
+    pub settle: fn(&Keys, dev_at: usize, others: &[DeviceConfig]) -> Result<Settled, KeyError>,
+    /// Emulated: how to start it. Virtual: unused.
+    pub launch: fn(&DeviceConfig) -> Result<Launch, String>,
+    /// Virtual: the driver server's `--device NAME=SPEC` spec. Emulated: unused.
+    pub spec: fn(&DeviceConfig) -> String,
+}
+
+/// Every model this build knows.
+pub static MODELS: &[Model] = &[
+    Model {
+        name: "virtio-blk",
+        kind: Kind::Emulated,
+        keys: &["backing", "create", "read_only", "queues"],
+        colocated: true,
+        settle: disk::settle,
+        launch: disk::launch,
+        spec: no_spec,
+    },
+    Model {
+        name: "null-blk",
+        kind: Kind::Virtual,
+        keys: &["size"],
+        colocated: false,
+        settle: disk::null_settle,
+        launch: no_launch,
+        spec: disk::null_spec,
+    },
+];
+
+/// The model named `name`.
+pub fn model(name: &str) -> Option<&'static Model> {
+    MODELS.iter().find(|m| m.name == name)
+}
+
+/// The known models' names, for errors.
+pub fn names() -> String {
+    MODELS.iter().map(|m| m.name).collect::<Vec<_>>().join(", ")
+}
+
+pub(crate) fn no_launch(d: &DeviceConfig) -> Result<Launch, String> {
+    Err(format!("{} is not a device model process", d.model))
+}
+
+pub(crate) fn no_spec(d: &DeviceConfig) -> String {
+    format!("{} has a device model", d.model)
+}

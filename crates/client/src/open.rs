@@ -62,7 +62,7 @@ pub fn open<C: ClassClient>(
             Reply::Open { class: Some(c), .. } if c != C::CLASS => {
                 return Err(Refusal::new(
                     Code::WrongClass,
-                    format!("{name} is a {c} device, not a {} device", C::CLASS),
+                    format!("{name} is of the {c} class, not the {} class", C::CLASS),
                 )
                 .into())
             }

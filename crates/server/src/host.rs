@@ -704,7 +704,7 @@ impl DriverHost {
             return Err(Refusal::new(
                 Code::WrongClass,
                 format!(
-                    "{device} is a {} device, not a {class:?} device",
+                    "{device} is of the {} class, not the {class:?} class",
                     dev.class()
                 ),
             ));

@@ -128,7 +128,7 @@ fn an_open_for_another_class_or_other_rings_is_refused() {
     };
     let (code, message) = refused(&open("net", common::g()));
     assert_eq!(code, outboard_session::Code::WrongClass);
-    assert!(message.contains("block device"), "{message}");
+    assert!(message.contains("the block class"), "{message}");
     let mut wide = common::g();
     wide.rings[0].entry_size = 64;
     let mut extra = common::g();

@@ -9,10 +9,16 @@ use outboard_server::{Dispatcher, Served};
 /// Makes a class's dispatcher for a started driver of that class.
 type Serve = fn(Box<dyn AnyDriver>) -> Result<Box<dyn Dispatcher>, String>;
 
-const CLASSES: &[(&str, Serve)] = &[(
-    outboard_block::CLASS,
-    outboard_block_server::BlockDispatcher::serve,
-)];
+const CLASSES: &[(&str, Serve)] = &[
+    (
+        outboard_block::CLASS,
+        outboard_block_server::BlockDispatcher::serve,
+    ),
+    (
+        outboard_rng::CLASS,
+        outboard_rng_server::EntropyDispatcher::serve,
+    ),
+];
 
 /// The dispatcher of `driver`'s class.
 pub fn dispatcher(driver: Box<dyn AnyDriver>) -> Result<Box<dyn Dispatcher>, String> {
@@ -40,6 +46,7 @@ pub fn try_lines(class: &str, name: &str) -> Vec<String> {
             format!("echo hello | outboard blk write {name} --offset 4096"),
             format!("outboard blk read {name} --offset 4096 --length 6"),
         ],
+        outboard_rng::CLASS => vec![format!("outboard rng read {name} --length 16 --hex")],
         _ => Vec::new(),
     }
 }

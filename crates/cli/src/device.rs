@@ -31,6 +31,10 @@ pub enum DeviceCommand {
     ///
     /// Example: outboard device null-blk --socket /tmp/null.sock --backing null:1G
     NullBlk(NullBlkArgs),
+    /// A virtio-rng entropy source (virtio 1.x over PCI, vendor 0x1af4 device 0x1044).
+    ///
+    /// Example: outboard device virtio-rng --socket /tmp/rng.sock
+    VirtioRng(crate::rng::VirtioRngArgs),
 }
 
 /// Options every disk model takes.
@@ -122,7 +126,7 @@ fn parse_fault(s: &str) -> Result<Fault, String> {
 
 impl FaultArgs {
     /// Arms the initial faults and starts the fault socket, if asked for.
-    fn start(self, handle: FaultHandle) -> Result<Option<FaultSocket>, String> {
+    pub(crate) fn start(self, handle: FaultHandle) -> Result<Option<FaultSocket>, String> {
         for f in self.faults {
             lock(&handle).arm(f);
         }
@@ -138,7 +142,7 @@ impl FaultArgs {
     }
 }
 
-fn parse_size_arg(s: &str) -> Result<u64, String> {
+pub(crate) fn parse_size_arg(s: &str) -> Result<u64, String> {
     parse_size(s).ok_or_else(|| format!("{s:?} is not a size (e.g. 4096, 64M, 2G)"))
 }
 
@@ -148,6 +152,7 @@ pub fn run(c: DeviceCommand) -> Result<ExitCode, String> {
     let confine = match &c {
         DeviceCommand::VirtioBlk(a) => &a.confine,
         DeviceCommand::NullBlk(a) => &a.confine,
+        DeviceCommand::VirtioRng(a) => &a.confine,
     };
     confine.drop_privileges(false)?;
     match c {
@@ -173,6 +178,7 @@ pub fn run(c: DeviceCommand) -> Result<ExitCode, String> {
             let backing = Backing::open(&a.backing, None).map_err(|e| e.to_string())?;
             disk("null-blk", backing, a.disk, a.faults, &a.listen, &a.confine)
         }
+        DeviceCommand::VirtioRng(a) => crate::rng::serve_model(a),
     }
 }
 

@@ -8,6 +8,7 @@ mod device;
 mod export;
 mod hw;
 mod latency;
+mod rng;
 mod up;
 
 use std::process::ExitCode;
@@ -42,6 +43,9 @@ enum Command {
     /// Use a block device by name: info, read, write.
     #[command(subcommand)]
     Blk(blk::BlkCommand),
+    /// Entropy devices (class `entropy`): read random bytes, whatever the placement.
+    #[command(subcommand)]
+    Rng(rng::RngCommand),
     /// Serve a machine's block devices to ordinary tools (NBD).
     #[command(subcommand)]
     Export(export::ExportCommand),
@@ -196,6 +200,7 @@ fn main() -> ExitCode {
         Command::Up(a) => up::up(a, control, cli.verbose),
         Command::Ls(a) => up::ls(a, control),
         Command::Blk(c) => blk::run(c, control),
+        Command::Rng(c) => rng::run(c, control),
         Command::Fault(a) => fault(a, control),
         Command::Power(a) => up::power(a, control),
         Command::Restart(a) => up::restart(a, control),

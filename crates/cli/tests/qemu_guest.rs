@@ -2,6 +2,7 @@
 //! guest (TCG, q35, emulated Intel IOMMU, Debian's kernel booted through its PVH entry).
 //!
 //! The guest runs `outboard hw probe` on QEMU's virtio-blk-pci, nvme, virtio-net-pci and e1000,
+//! reads random bytes from QEMU's virtio-rng-pci through a driver server and a session,
 //! `outboard hw selftest --write` on virtio-blk-pci (512-byte and 4 KiB logical blocks), checks
 //! that a virtio-blk-pci without ACCESS_PLATFORM is refused at bring-up, that a driver server
 //! on a VFIO device, once confined, is refused every escape, and checks the IOMMU: no DMAR fault in a
@@ -45,6 +46,13 @@ echo "GUEST noplat-t0 $(cut -d' ' -f1 /proc/uptime)"
 /outboard hw selftest --vfio 0000:00:06.0 2>&1; echo "GUEST noplat-rc $?"
 echo "GUEST noplat-t1 $(cut -d' ' -f1 /proc/uptime)"
 /outboard hw selftest --write --vfio 0000:00:07.0 2>&1; echo "GUEST blk4k-rc $?"
+RNG=$(bind 0x1af4:0x1044); echo "GUEST rng-device $RNG"
+/outboard driver-host --listen /rng.sock --device rng=vfio:$RNG > /rng.log 2>&1 &
+i=0; while [ ! -S /rng.sock ] && [ $i -lt 100 ]; do sleep 0.1; i=$((i+1)); done
+echo "GUEST rng-a $(/outboard rng read rng --server /rng.sock --length 64 --hex 2>&1)"
+echo "GUEST rng-b $(/outboard rng read rng --server /rng.sock --length 64 --hex 2>&1)"
+echo "GUEST rng-big $(/outboard rng read rng --server /rng.sock --length 200000 | wc -c)"
+cat /rng.log
 echo "GUEST faults-normal $(faults)"
 /outboard hw dma-fault --vfio $BLK 2>&1
 sleep 1
@@ -216,6 +224,13 @@ fn outboard_drives_qemus_devices_through_vfio_in_a_guest() {
             "-device",
             "e1000,netdev=n1",
         ])
+        // QEMU's entropy device, backed by the host's /dev/urandom.
+        .args([
+            "-object",
+            "rng-random,id=rng0,filename=/dev/urandom",
+            "-device",
+            "virtio-rng-pci,rng=rng0,disable-legacy=on,iommu_platform=on",
+        ])
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
@@ -294,6 +309,16 @@ fn outboard_drives_qemus_devices_through_vfio_in_a_guest() {
     // A disk with 4 KiB logical blocks passes the write self-test.
     assert_eq!(field("blk4k-rc"), "0", "{log}");
     assert!(log.contains("block size 4096"), "{log}");
+    // The entropy class end to end on QEMU's virtio-rng-pci: the unchanged virtio-rng driver
+    // in a driver server through VFIO, a client session, the bytes DMAed into its buffers.
+    let (a, b) = (field("rng-a"), field("rng-b"));
+    for r in [&a, &b] {
+        assert_eq!(r.len(), 128, "64 bytes as hex: {r:?}\n{log}");
+        assert!(r.chars().all(|c| c.is_ascii_hexdigit()), "{r:?}\n{log}");
+    }
+    assert_ne!(a, b, "two reads gave the same bytes:\n{log}");
+    assert_ne!(a, "0".repeat(128), "{log}");
+    assert_eq!(field("rng-big"), "200000", "{log}");
     // The IOMMU: silent in a normal run, a DMAR fault for an unmapped IOVA.
     assert_eq!(field("faults-normal"), "0", "{log}");
     let bad: u32 = field("faults-bad").parse().unwrap();

@@ -8,6 +8,7 @@
 //! | device | specification | module |
 //! |---|---|---|
 //! | virtio-blk | virtio 1.2 §5.2 over PCI §4.1 | [`virtio_blk`] over [`virtio_pci`] |
+//! | virtio-rng | virtio 1.2 §5.4 over PCI §4.1 | [`virtio_rng`] over [`virtio_pci`] |
 #![deny(missing_docs)]
 
 pub mod backing;
@@ -15,6 +16,7 @@ pub mod faults;
 pub mod pci_config;
 pub mod virtio_blk;
 pub mod virtio_pci;
+pub mod virtio_rng;
 pub mod virtqueue;
 
 use backing::Backing;

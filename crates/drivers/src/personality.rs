@@ -219,6 +219,7 @@ static PERSONALITIES: &[Personality] = &[
         probe: null_blk_probe,
         start: null_blk_start,
     },
+    crate::virtio_rng::PERSONALITY,
 ];
 
 /// Every built-in driver's personality.

@@ -164,6 +164,11 @@ pub fn session_ring(data: &[u8]) {
         queue_depth: 8,
         max_transfer: 0,
     };
+    let rng_info = outboard_rng::EntropyInfo {
+        name: "fuzz".into(),
+        max_read: 4096,
+        queue_depth: 8,
+    };
     let mut sq = region.consumers(Direction::ToServer).remove(0);
     let mut cq = region.producers(Direction::ToClient).remove(0);
     let size = g.control_size();
@@ -186,6 +191,10 @@ pub fn session_ring(data: &[u8]) {
                     if let Ok(r) = outboard_block::Sqe(e).decode() {
                         let _ = outboard_block::validate(&r, &info, g.buffer_size);
                     }
+                    // The same bytes as the entropy class's entry, validated as its
+                    // dispatcher does.
+                    let rng = outboard_rng::Sqe(e[..16].try_into().expect("16 bytes")).decode();
+                    let _ = outboard_rng::validate(&rng, &rng_info, g.buffer_size);
                 }
             }
             // The server completes a request.

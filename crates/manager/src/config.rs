@@ -182,6 +182,7 @@ struct RawDevice {
     create: Option<Spanned<String>>,
     read_only: Option<Spanned<bool>>,
     queues: Option<Spanned<i64>>,
+    seed: Option<Spanned<i64>>,
     placement: Option<Spanned<String>>,
     server: Option<Spanned<String>>,
     request_deadline: Option<Spanned<String>>,
@@ -219,6 +220,9 @@ impl RawDevice {
         }
         if let Some(v) = &self.queues {
             put("queues", v.get_ref().to_string(), v.span().start);
+        }
+        if let Some(v) = &self.seed {
+            put("seed", v.get_ref().to_string(), v.span().start);
         }
         k
     }

@@ -10,6 +10,8 @@ pub const PCI_DEVICE_ID_BASE: u16 = 0x1040;
 pub const DEVICE_ID_BLOCK: u16 = 2;
 /// Virtio device ID of a network device (§5.1).
 pub const DEVICE_ID_NET: u16 = 1;
+/// Virtio device ID of an entropy source (§5.4).
+pub const DEVICE_ID_ENTROPY: u16 = 4;
 
 /// Virtio PCI capability `cfg_type` values (§4.1.4).
 pub mod cap {

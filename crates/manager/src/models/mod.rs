@@ -9,6 +9,7 @@
 //! to the description's table layout in `config.rs`).
 
 mod disk;
+mod virtio_rng;
 
 use std::collections::BTreeMap;
 use std::os::fd::OwnedFd;
@@ -96,6 +97,15 @@ pub static MODELS: &[Model] = &[
         settle: disk::null_settle,
         launch: no_launch,
         spec: disk::null_spec,
+    },
+    Model {
+        name: "virtio-rng",
+        kind: Kind::Emulated,
+        keys: &["seed"],
+        colocated: true,
+        settle: virtio_rng::settle,
+        launch: virtio_rng::launch,
+        spec: no_spec,
     },
 ];
 

@@ -1,6 +1,7 @@
 //! `outboard blk …`: use a block device by name, through whatever placement the machine gives it.
 
-use std::io::{Read, Write};
+use std::io::Read;
+use std::os::fd::AsFd;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
@@ -99,20 +100,18 @@ pub fn run(c: BlkCommand, control: PathBuf) -> Result<ExitCode, String> {
                     length, a.offset, a.device
                 ));
             }
-            let mut out: Box<dyn Write> = match &a.output {
-                Some(p) => {
-                    Box::new(std::fs::File::create(p).map_err(|x| format!("{}: {x}", p.display()))?)
-                }
-                None => Box::new(std::io::stdout().lock()),
+            // Straight from the buffer area the device wrote into to the output: no copy here.
+            let file = a
+                .output
+                .as_ref()
+                .map(|p| std::fs::File::create(p).map_err(|x| format!("{}: {x}", p.display())))
+                .transpose()?;
+            let stdout = std::io::stdout();
+            let fd = match &file {
+                Some(f) => f.as_fd(),
+                None => stdout.as_fd(),
             };
-            let mut at = a.offset;
-            while at < a.offset + length {
-                let n = CHUNK.min(a.offset + length - at);
-                out.write_all(&read_range(d.as_mut(), at, n)?)
-                    .map_err(|x| x.to_string())?;
-                at += n;
-            }
-            out.flush().map_err(|x| x.to_string())?;
+            d.read_out(a.offset, length, fd).map_err(e)?;
         }
         BlkCommand::Write(a) => {
             let mut data = Vec::new();
@@ -151,17 +150,6 @@ pub fn run(c: BlkCommand, control: PathBuf) -> Result<ExitCode, String> {
         }
     }
     Ok(ExitCode::SUCCESS)
-}
-
-/// Reads `len` bytes at byte `offset`, whatever their alignment.
-pub fn read_range(d: &mut dyn BlockDevice, offset: u64, len: u64) -> Result<Vec<u8>, String> {
-    let bs = d.info().block_size as u64;
-    let first = offset / bs;
-    let end = (offset + len).div_ceil(bs);
-    let mut blocks = vec![0u8; ((end - first) * bs) as usize];
-    d.read_blocks(first, &mut blocks).map_err(e)?;
-    let skip = (offset - first * bs) as usize;
-    Ok(blocks[skip..skip + len as usize].to_vec())
 }
 
 /// Writes `data` at byte `offset`; partial first and last blocks are read, merged and

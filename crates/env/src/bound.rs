@@ -39,3 +39,40 @@ pub fn downcast<B: Any>(d: Box<dyn AnyDriver>, wanted: &str) -> Result<B, String
         .map(|b| *b)
         .map_err(|_| format!("the driver serves the {class} class, not {wanted}"))
 }
+
+/// Declares a class's binding: the struct that carries a driver of the class through
+/// class-free code, its [`AnyDriver`] implementation, and `bind`/`unbind` for the class's
+/// personalities and its own code. A class's `driver.rs` has one line of it:
+/// `outboard_env::class_binding!(BlockBinding, BlockDriver, CLASS);`
+#[macro_export]
+macro_rules! class_binding {
+    ($binding:ident, $driver:path, $class:expr) => {
+        /// A started driver of this class as class-free code carries it.
+        pub struct $binding(pub Box<dyn $driver>);
+
+        impl $crate::AnyDriver for $binding {
+            fn class(&self) -> &'static str {
+                $class
+            }
+
+            fn driver(&self) -> &dyn $crate::Driver {
+                self.0.as_ref()
+            }
+
+            fn into_any(self: Box<Self>) -> Box<dyn ::std::any::Any + Send> {
+                self
+            }
+        }
+
+        /// Wraps a driver of this class for class-free code (a personality's `start`).
+        pub fn bind(d: impl $driver + 'static) -> Box<dyn $crate::AnyDriver> {
+            Box::new($binding(Box::new(d)))
+        }
+
+        /// Takes this class's driver back out of a started driver; an error names the class
+        /// it serves instead.
+        pub fn unbind(d: Box<dyn $crate::AnyDriver>) -> Result<Box<dyn $driver>, String> {
+            $crate::downcast::<$binding>(d, $class).map(|b| b.0)
+        }
+    };
+}

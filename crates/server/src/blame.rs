@@ -119,6 +119,12 @@ impl Watch {
         self.quarantine.push(suspect);
     }
 
+    /// Whether any request waits to be failed instead of sent.
+    #[inline]
+    pub(crate) fn quarantining(&self) -> bool {
+        !self.quarantine.is_empty()
+    }
+
     #[inline]
     pub(crate) fn isolated(&self) -> bool {
         self.until.is_some_and(|t| Instant::now() < t)

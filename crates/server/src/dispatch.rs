@@ -87,7 +87,12 @@ impl Ctx<'_> {
 
     /// Whether the request `fingerprint` of session `slot` crashed the driver too often to be
     /// sent again; true once, and it is then off the list.
+    #[inline]
     pub fn quarantined(&mut self, slot: usize, fingerprint: [u64; 2]) -> bool {
+        // Nearly always empty: the session's key (an fstat) is read only when it is not.
+        if !self.watch.quarantining() {
+            return false;
+        }
         match self.sessions.get(slot).and_then(Option::as_ref) {
             Some(s) => self.watch.take_quarantined(session_key(s), fingerprint),
             None => false,

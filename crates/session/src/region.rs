@@ -127,6 +127,23 @@ pub struct RingShape {
     pub entry_size: u32,
 }
 
+impl RingShape {
+    /// The shape most classes have: one ring of requests to the server (`request`-byte
+    /// entries) and one of completions to the client (`completion`-byte entries).
+    pub const fn request_reply(request: u32, completion: u32) -> [RingShape; 2] {
+        [
+            RingShape {
+                direction: Direction::ToServer,
+                entry_size: request,
+            },
+            RingShape {
+                direction: Direction::ToClient,
+                entry_size: completion,
+            },
+        ]
+    }
+}
+
 /// A ring as a session has it: the class's shape and the session's entry count.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 #[serde(deny_unknown_fields)]

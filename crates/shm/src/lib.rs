@@ -13,7 +13,7 @@
 
 mod guard;
 
-use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
 use std::ptr::NonNull;
 use std::sync::atomic::{AtomicU16, AtomicU32};
 
@@ -346,6 +346,38 @@ impl SharedMem {
         unsafe {
             std::ptr::copy_nonoverlapping(self.ptr.as_ptr().add(start), buf.as_mut_ptr(), buf.len())
         };
+        self.intact()
+    }
+
+    /// Writes `len` bytes of the mapping from `offset` to the file `fd` (a pipe, a file,
+    /// standard output) straight from the mapping: the kernel copies them, this process does
+    /// not. Short writes are continued; a failed write is returned as [`ShmError::Os`].
+    pub fn write_out(&self, offset: u64, len: usize, fd: BorrowedFd<'_>) -> Result<()> {
+        let start = self.check(offset, len)?;
+        let mut done = 0;
+        while done < len {
+            // SAFETY: `[start + done, start + len)` lies inside the live mapping (checked
+            // above). The kernel reads it as plain bytes; no Rust reference into the mapping is
+            // formed, so a peer writing the same bytes meanwhile changes only what is written.
+            let n = unsafe {
+                libc::write(
+                    fd.as_raw_fd(),
+                    self.ptr.as_ptr().add(start + done).cast(),
+                    len - done,
+                )
+            };
+            if n <= 0 {
+                let errno = match std::io::Error::last_os_error().raw_os_error() {
+                    Some(e) if n < 0 => rustix::io::Errno::from_raw_os_error(e),
+                    _ => rustix::io::Errno::NOSPC,
+                };
+                if errno == rustix::io::Errno::INTR {
+                    continue;
+                }
+                return Err(ShmError::Os { op: "write", errno });
+            }
+            done += n as usize;
+        }
         self.intact()
     }
 

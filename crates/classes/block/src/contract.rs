@@ -5,7 +5,7 @@
 //! area. On the wire (a session's rings) requests are 32-byte [`Sqe`]s and completions 16-byte
 //! [`Cqe`]s, little-endian, layouts pinned by the tests below.
 
-use outboard_session::{Direction, RingShape};
+use outboard_session::RingShape;
 use std::time::Duration;
 use zerocopy::little_endian::{I32, U32, U64};
 use zerocopy::{FromBytes, Immutable, IntoBytes, KnownLayout};
@@ -336,16 +336,7 @@ pub const CQE_SIZE: u32 = 16;
 
 /// The block class's rings: ring 0 carries submissions to the server, ring 1 completions to
 /// the client. A block session has exactly these; the server refuses any other shape.
-pub const RINGS: [RingShape; 2] = [
-    RingShape {
-        direction: Direction::ToServer,
-        entry_size: SQE_SIZE,
-    },
-    RingShape {
-        direction: Direction::ToClient,
-        entry_size: CQE_SIZE,
-    },
-];
+pub const RINGS: [RingShape; 2] = RingShape::request_reply(SQE_SIZE, CQE_SIZE);
 
 /// A submission entry's layout in the ring (little-endian, pinned by a test).
 #[derive(Debug, Clone, Copy, FromBytes, IntoBytes, KnownLayout, Immutable)]
@@ -571,6 +562,39 @@ pub trait BlockDevice {
             self.buffers()
                 .read(0, part)
                 .map_err(|e| BlockError::Protocol(e.to_string()))?;
+        }
+        Ok(())
+    }
+
+    /// Reads `len` bytes from byte `offset` of the disk and writes them to `fd` straight from
+    /// the buffer area (the device put them there; this process copies nothing): what a tool
+    /// that prints a disk's bytes wants. The range is read in whole blocks, as large as the
+    /// buffer area and the device allow.
+    fn read_out(
+        &mut self,
+        offset: u64,
+        len: u64,
+        fd: std::os::fd::BorrowedFd<'_>,
+    ) -> Result<(), BlockError> {
+        let info = self.info().clone();
+        let bs = u64::from(info.block_size);
+        let end = offset
+            .checked_add(len)
+            .filter(|&e| e <= info.bytes())
+            .ok_or(BlockError::OutOfRange)?;
+        let (_, chunk) = chunking(&info, self.buffers(), 0)?;
+        let chunk = chunk as u64;
+        let mut at = offset;
+        while at < end {
+            let first = at / bs;
+            let skip = at - first * bs;
+            let blocks = ((end - first * bs).min(chunk)).div_ceil(bs);
+            self.execute(&staged(BlockOp::Read, first, blocks as usize))?;
+            let n = (blocks * bs - skip).min(end - at);
+            self.buffers()
+                .write_out(skip, n as usize, fd)
+                .map_err(|e| BlockError::Protocol(e.to_string()))?;
+            at += n;
         }
         Ok(())
     }

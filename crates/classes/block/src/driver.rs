@@ -2,7 +2,7 @@
 //! top of the environment's [`Driver`] contract, and the binding that carries it through
 //! class-free code ([`AnyDriver`]).
 
-use outboard_env::{AnyDriver, Driver, Failure};
+use outboard_env::{Driver, Failure};
 
 use crate::contract::{BlockError, BlockInfo, BlockRequest, CLASS};
 
@@ -30,29 +30,4 @@ pub trait BlockDriver: Driver {
     fn arm(&mut self) -> Result<bool, Failure>;
 }
 
-/// A started block driver as class-free code carries it.
-pub struct BlockBinding(pub Box<dyn BlockDriver>);
-
-impl AnyDriver for BlockBinding {
-    fn class(&self) -> &'static str {
-        CLASS
-    }
-
-    fn driver(&self) -> &dyn Driver {
-        self.0.as_ref()
-    }
-
-    fn into_any(self: Box<Self>) -> Box<dyn std::any::Any + Send> {
-        self
-    }
-}
-
-/// Wraps a block driver for class-free code (a personality's `start`).
-pub fn bind(d: impl BlockDriver + 'static) -> Box<dyn AnyDriver> {
-    Box::new(BlockBinding(Box::new(d)))
-}
-
-/// Takes the block driver back out of a started driver; an error names the class it serves.
-pub fn unbind(d: Box<dyn AnyDriver>) -> Result<Box<dyn BlockDriver>, String> {
-    outboard_env::downcast::<BlockBinding>(d, CLASS).map(|b| b.0)
-}
+outboard_env::class_binding!(BlockBinding, BlockDriver, CLASS);

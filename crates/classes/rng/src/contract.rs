@@ -2,7 +2,7 @@
 //! placement. On the wire (a session's rings) requests and completions are 16-byte entries,
 //! little-endian, layouts pinned by the tests below.
 
-use outboard_session::{Direction, RingShape};
+use outboard_session::RingShape;
 use serde::{Deserialize, Serialize};
 use zerocopy::little_endian::{I32, U32, U64};
 use zerocopy::{FromBytes, Immutable, IntoBytes, KnownLayout};
@@ -182,16 +182,7 @@ pub const SQE_SIZE: u32 = 16;
 pub const CQE_SIZE: u32 = 16;
 
 /// The class's rings: requests to the server, completions to the client.
-pub const RINGS: [RingShape; 2] = [
-    RingShape {
-        direction: Direction::ToServer,
-        entry_size: SQE_SIZE,
-    },
-    RingShape {
-        direction: Direction::ToClient,
-        entry_size: CQE_SIZE,
-    },
-];
+pub const RINGS: [RingShape; 2] = RingShape::request_reply(SQE_SIZE, CQE_SIZE);
 
 /// A request entry as it sits in the ring.
 #[derive(Debug, Clone, Copy, FromBytes, IntoBytes, KnownLayout, Immutable)]

@@ -1,7 +1,7 @@
 //! The entropy class's contract with drivers: the trait an entropy driver implements on top
 //! of the environment's [`Driver`], and the binding that carries it through class-free code.
 
-use outboard_env::{AnyDriver, Driver, Failure};
+use outboard_env::{Driver, Failure};
 
 use crate::contract::{EntropyError, EntropyInfo, CLASS};
 
@@ -27,29 +27,4 @@ pub trait EntropyDriver: Driver {
     fn arm(&mut self) -> Result<bool, Failure>;
 }
 
-/// A started entropy driver as class-free code carries it.
-pub struct EntropyBinding(pub Box<dyn EntropyDriver>);
-
-impl AnyDriver for EntropyBinding {
-    fn class(&self) -> &'static str {
-        CLASS
-    }
-
-    fn driver(&self) -> &dyn Driver {
-        self.0.as_ref()
-    }
-
-    fn into_any(self: Box<Self>) -> Box<dyn std::any::Any + Send> {
-        self
-    }
-}
-
-/// Wraps an entropy driver for class-free code (a personality's `start`).
-pub fn bind(d: impl EntropyDriver + 'static) -> Box<dyn AnyDriver> {
-    Box::new(EntropyBinding(Box::new(d)))
-}
-
-/// Takes the entropy driver back out of a started driver; an error names its class.
-pub fn unbind(d: Box<dyn AnyDriver>) -> Result<Box<dyn EntropyDriver>, String> {
-    outboard_env::downcast::<EntropyBinding>(d, CLASS).map(|b| b.0)
-}
+outboard_env::class_binding!(EntropyBinding, EntropyDriver, CLASS);

@@ -434,3 +434,49 @@ fn a_request_longer_than_the_devices_largest_segment_is_cut_into_segments() {
     drop(d);
     srv.stop();
 }
+
+/// `read_out` writes any byte range of the disk to a file straight from the buffer area:
+/// unaligned starts and ends, ranges longer than the buffer area, the last byte; and refuses
+/// a range past the end.
+#[test]
+fn read_out_writes_any_byte_range_to_a_file() {
+    use std::io::{Read, Seek};
+    use std::os::fd::AsFd;
+    let dir = tempfile::tempdir().unwrap();
+    let srv = common::Served::start(dir.path(), SIZE);
+    let opts = SessionOptions {
+        buffer_size: 64 << 10,
+        ..SessionOptions::default()
+    };
+    let mut d = BlockClient::open(&srv.sock, "disk0", opts).unwrap();
+    let disk = pattern(42, 1 << 20);
+    d.write_blocks(0, &disk).unwrap();
+    let total = d.info().bytes();
+    for (offset, len) in [
+        (0u64, 1u64),
+        (1, 511),
+        (511, 2),
+        (4095, 70_000),
+        (100, 300_001),
+        ((1 << 20) - 1, 1),
+        (0, 1 << 20),
+    ] {
+        let mut f = tempfile::tempfile().unwrap();
+        d.read_out(offset, len, f.as_fd()).unwrap();
+        f.rewind().unwrap();
+        let mut got = Vec::new();
+        f.read_to_end(&mut got).unwrap();
+        assert_eq!(got.len() as u64, len, "{offset}+{len}");
+        assert!(
+            got == disk[offset as usize..(offset + len) as usize],
+            "{offset}+{len}: the bytes differ"
+        );
+    }
+    let f = tempfile::tempfile().unwrap();
+    assert_eq!(
+        d.read_out(total - 1, 2, f.as_fd()),
+        Err(outboard_block::BlockError::OutOfRange)
+    );
+    drop(d);
+    srv.stop();
+}

@@ -1,0 +1,296 @@
+//! The control API: accepting connections (who may ask, how many), answering requests
+//! (`open`, `status`, `power`, `restart`, …) without blocking on any client.
+
+use super::*;
+
+impl Manager {
+    pub(crate) fn accept(&mut self, work: &mut WorkLoop<Source>) {
+        let now = std::time::Instant::now();
+        // At the cap, the oldest connection gives way: a flood of idle connections cannot
+        // lock everyone out, and the descriptors beyond the cap stay free for restarts.
+        if self.accepted.len() >= max_control_connections() {
+            if let Some(oldest) = self.accepted.front().copied() {
+                self.close_conn(work, oldest);
+            }
+        }
+        let Some((listener, _)) = &self.listener else {
+            return;
+        };
+        let conn = match control::accept(listener.as_fd()) {
+            Ok(c) => c,
+            Err(e) => {
+                // Out of descriptors (EMFILE/ENFILE) or another failure: the listener stays
+                // readable, so trying again at once would spin. Pause, and say so once per
+                // interval rather than once per attempt.
+                let _ = work.remove(listener.as_fd());
+                self.accept_paused = Some(now + ACCEPT_BACKOFF);
+                self.log_accept(now, &format!("control socket: {e}; pausing accepts"));
+                return;
+            }
+        };
+        let denied = control_peer_allowed(conn.as_fd(), self.opts.control_group).err();
+        if let Some(why) = &denied {
+            self.log_accept(now, &format!("control socket: {why}"));
+        }
+        let slot = match self.conns.iter().position(Option::is_none) {
+            Some(i) => i,
+            None => {
+                self.conns.push(None);
+                self.conns.len() - 1
+            }
+        };
+        if work.add(conn.as_fd(), Source::Conn(slot)).is_ok() {
+            self.conns[slot] = Some(conn);
+            self.accepted.push_back(slot);
+            match denied {
+                Some(why) => self.denied.insert(slot, why),
+                None => self.denied.remove(&slot),
+            };
+        }
+    }
+
+    /// Listens on the control socket again once a pause after a failed accept is over.
+    pub(crate) fn resume_accepts(&mut self, work: &mut WorkLoop<Source>) {
+        if self
+            .accept_paused
+            .is_some_and(|t| std::time::Instant::now() >= t)
+        {
+            self.accept_paused = None;
+            if let Some((listener, _)) = &self.listener {
+                let _ = work.add(listener.as_fd(), Source::Listener);
+            }
+        }
+    }
+
+    /// Logs `what` unless an accept problem was logged within the last interval.
+    pub(crate) fn log_accept(&mut self, now: std::time::Instant, what: &str) {
+        if self
+            .accept_logged
+            .is_none_or(|t| now.duration_since(t) >= ACCEPT_LOG_INTERVAL)
+        {
+            tracing::warn!(
+                "{what} (further such messages within {ACCEPT_LOG_INTERVAL:?} are not logged)"
+            );
+            self.accept_logged = Some(now);
+        }
+    }
+
+    /// Answers one request on control connection `i` without blocking; a connection that
+    /// hung up, sent garbage or does not read its replies is closed.
+    pub(crate) fn serve(&mut self, work: &mut WorkLoop<Source>, i: usize) {
+        let Some(Some(conn)) = self.conns.get(i) else {
+            return;
+        };
+        let reply = match control::recv::<Request>(conn.as_fd(), Some(Duration::ZERO)) {
+            // A client the manager does not serve is told why, and nothing else.
+            Ok(_) if self.denied.contains_key(&i) => {
+                let why = self.denied.remove(&i).unwrap_or_default();
+                let _ = control::try_send(conn.as_fd(), &refuse(Code::Denied, why), &[]);
+                self.close_conn(work, i);
+                return;
+            }
+            Ok((req, _)) => self.answer(req, work),
+            Err(outboard_session::SessionError::Timeout) => return,
+            Err(outboard_session::SessionError::Invalid(m)) => refuse(Code::Invalid, m),
+            Err(_) => {
+                self.close_conn(work, i);
+                return;
+            }
+        };
+        let Some(Some(conn)) = self.conns.get(i) else {
+            return;
+        };
+        if control::try_send(conn.as_fd(), &reply, &[]).is_err() {
+            self.close_conn(work, i);
+        }
+    }
+
+    pub(crate) fn close_conn(&mut self, work: &mut WorkLoop<Source>, i: usize) {
+        if let Some(conn) = self.conns.get_mut(i).and_then(Option::take) {
+            let _ = work.remove(conn.as_fd());
+        }
+        self.accepted.retain(|&s| s != i);
+        self.denied.remove(&i);
+    }
+
+    pub(crate) fn answer(&mut self, req: Request, work: &mut WorkLoop<Source>) -> Reply {
+        match req {
+            Request::Power { name, suspend } => self.power(&name, suspend),
+            Request::Attach { name, description } => self.attach(name, description, work),
+            Request::Detach { name } => self.detach(&name, work),
+            Request::Restart { name } => self.restart_by_hand(&name),
+            Request::List => Reply::Registry {
+                tree: self.registry.clone(),
+            },
+            Request::Open { name } => self.open(&name),
+            Request::Status { name } => match self.class_device(&name) {
+                Some(node) => Reply::Status { node: node.clone() },
+                None if self.machine.devices.iter().any(|d| d.name == name) => detached(&name),
+                None => refuse(Code::NoSuchDevice, format!("no device named {name:?}")),
+            },
+        }
+    }
+
+    /// `outboard restart NAME`: a given-up model or server of `name` is started again now, a
+    /// running server is ended and started again (its death counts as progress); either way
+    /// the crash history is forgiven.
+    pub(crate) fn restart_by_hand(&mut self, name: &str) -> Reply {
+        let Some(node) = self.class_device(name).cloned() else {
+            return match self.machine.devices.iter().any(|d| d.name == name) {
+                true => refuse(
+                    Code::DeviceGone,
+                    format!("{name} is detached: outboard attach {name}"),
+                ),
+                false => refuse(Code::NoSuchDevice, format!("no device named {name:?}")),
+            };
+        };
+        let now = std::time::Instant::now();
+        for p in &mut self.procs {
+            let model = matches!(&p.kind, supervisor::Kind::Model { device } if device == name);
+            let server = p.kind.serves(name);
+            if !(model || server) {
+                continue;
+            }
+            p.restarts.forgive();
+            if p.gave_up.is_some() || p.exited.is_some() {
+                p.gave_up = None;
+                p.restart_at = Some(now);
+            } else if server {
+                p.planned = true;
+                let _ = rustix::process::pidfd_send_signal(&p.pidfd, rustix::process::Signal::KILL);
+            }
+        }
+        tracing::warn!("{name}: restarted by hand");
+        self.set_state(
+            &[name.to_string()],
+            "restarting (outboard restart)",
+            "restarting",
+        );
+        Reply::Status {
+            node: self.class_device(name).cloned().unwrap_or(node),
+        }
+    }
+
+    /// The state of the driver serving `name`, if it is not serving.
+    pub(crate) fn failure(&self, name: &str) -> Option<String> {
+        fn driver_of<'a>(n: &'a Node, name: &str) -> Option<&'a Node> {
+            if n.kind == "driver" && n.children.iter().any(|c| c.name == name) {
+                return Some(n);
+            }
+            n.children.iter().find_map(|c| driver_of(c, name))
+        }
+        let state = driver_of(&self.registry, name)?
+            .props
+            .get("state")?
+            .as_str()?;
+        (state.starts_with("crashed")
+            || state.starts_with("failed")
+            || state.starts_with("gave up"))
+        .then(|| state.to_string())
+    }
+
+    pub(crate) fn open(&self, name: &str) -> Reply {
+        let Some(d) = self.machine.devices.iter().find(|d| d.name == name) else {
+            let known: Vec<&str> = self
+                .machine
+                .devices
+                .iter()
+                .map(|d| d.name.as_str())
+                .collect();
+            return refuse(
+                Code::NoSuchDevice,
+                format!(
+                    "no device named {name:?} (this machine has: {})",
+                    known.join(", ")
+                ),
+            );
+        };
+        if !d.attached || self.detaching.contains(name) {
+            let how = if d.attached {
+                "being detached"
+            } else {
+                "detached"
+            };
+            return refuse(
+                Code::DeviceGone,
+                format!("{name} is {how}: the device is gone until it is attached again"),
+            );
+        }
+        if let Some(state) = self.failure(name) {
+            return refuse(
+                Code::DeviceFailed,
+                format!("{name}: its driver is not serving: {state}"),
+            );
+        }
+        let restarting = self
+            .class_device(name)
+            .and_then(|b| b.props.get("state"))
+            .and_then(|s| s.as_str())
+            == Some("restarting");
+        if restarting {
+            return refuse(
+                Code::Restarting,
+                format!("{name}: its driver is restarting"),
+            );
+        }
+        let class = self
+            .driver_of(name)
+            .and_then(|drv| outboard_drivers::by_name(&drv.name))
+            .map(|p| p.class.to_string());
+        Reply::Open {
+            class,
+            placement: d.placement,
+            server: (d.placement == Placement::Separate)
+                .then(|| self.rt().server_socket(&d.server)),
+            device: (d.placement == Placement::Colocated).then(|| self.rt().device_socket(&d.name)),
+        }
+    }
+}
+
+/// How long accepting pauses after it failed (out of descriptors).
+pub(crate) const ACCEPT_BACKOFF: Duration = Duration::from_millis(100);
+
+/// At most one log line per interval about refused or failed accepts.
+pub(crate) const ACCEPT_LOG_INTERVAL: Duration = Duration::from_secs(10);
+
+/// Most control connections held at once: a quarter of the descriptor limit (at most 256),
+/// so that a flood leaves the other three quarters to restarts and children.
+pub(crate) fn max_control_connections() -> usize {
+    let limit = rustix::process::getrlimit(rustix::process::Resource::Nofile)
+        .current
+        .unwrap_or(4096);
+    (limit / 4).clamp(4, 256) as usize
+}
+
+/// Who may use the control socket: the manager's own user, root, and members of
+/// `group` if one is configured (checked with `SO_PEERCRED`, which the kernel fills in at
+/// connect time and the peer cannot forge).
+pub(crate) fn control_peer_allowed(conn: BorrowedFd<'_>, group: Option<u32>) -> Result<(), String> {
+    let cred = rustix::net::sockopt::socket_peercred(conn)
+        .map_err(|e| format!("cannot tell who connected: {e}"))?;
+    let (uid, gid) = (cred.uid.as_raw(), cred.gid.as_raw());
+    let me = rustix::process::geteuid().as_raw();
+    if uid == 0 || uid == me || group.is_some_and(|g| g == gid) {
+        return Ok(());
+    }
+    Err(format!(
+        "uid {uid} (pid {}) may not use this manager: only uid {me}, root{} may",
+        cred.pid.as_raw_nonzero(),
+        group.map(|g| format!(" and group {g}")).unwrap_or_default()
+    ))
+}
+
+/// The answer about a device that is detached.
+pub(crate) fn detached(name: &str) -> Reply {
+    refuse(
+        Code::DeviceGone,
+        format!("{name} is detached: the device is gone until it is attached again"),
+    )
+}
+
+pub(crate) fn refuse(code: Code, message: impl Into<String>) -> Reply {
+    Reply::Error {
+        code,
+        message: message.into(),
+    }
+}

@@ -1,0 +1,479 @@
+//! Bringing the machine up: device models launched as their models say, probed, matched to
+//! drivers, driver servers started for them (grouped by server name), and the exports.
+
+use super::*;
+
+impl Manager {
+    pub(crate) fn bring_up(&mut self) -> Result<(), ManagerError> {
+        self.listener = Some(control::listen(&self.opts.control)?);
+        if let Some(gid) = self.opts.control_group {
+            self.open_to_group(gid).map_err(ManagerError::Runtime)?;
+        }
+        let (attached, detached): (Vec<DeviceConfig>, Vec<DeviceConfig>) = self
+            .machine
+            .devices
+            .iter()
+            .cloned()
+            .partition(|d| d.attached);
+        self.bring_up_devices(&attached)?;
+        for d in &detached {
+            self.detached_node(d, None);
+        }
+        self.start_exports()
+    }
+
+    /// How every device model and driver server is confined: `--confine`, and the user and
+    /// strictness this manager was given, and the smallest of `devices`' resource caps.
+    pub(crate) fn confine_args(&self, devices: &[&DeviceConfig]) -> Vec<String> {
+        let mut args = vec!["--confine".to_string()];
+        if let Some(m) = devices.iter().map(|d| d.max_memory).min() {
+            args.extend(["--max-memory".into(), m.to_string()]);
+        }
+        if let Some(n) = devices.iter().map(|d| d.max_files).min() {
+            args.extend(["--max-files".into(), n.to_string()]);
+        }
+        if let Some(u) = &self.opts.child_user {
+            args.extend(["--user".into(), u.clone()]);
+        }
+        if self.opts.require_confinement {
+            args.push("--require-confinement".into());
+        }
+        args
+    }
+
+    /// Lets group `gid` reach the control socket: the socket 0660 and, if it lies in the
+    /// runtime directory, the directory 0710 (enter, not list or write), both in `gid`.
+    pub(crate) fn open_to_group(&self, gid: u32) -> Result<(), String> {
+        let gid = rustix::process::Gid::from_raw(gid);
+        let control = &self.opts.control;
+        let set = |p: &Path, mode: u32| -> Result<(), String> {
+            rustix::fs::chownat(
+                rustix::fs::CWD,
+                p,
+                None,
+                Some(gid),
+                rustix::fs::AtFlags::SYMLINK_NOFOLLOW,
+            )
+            .and_then(|()| rustix::fs::chmod(p, rustix::fs::Mode::from_raw_mode(mode)))
+            .map_err(|e| format!("{}: giving group {} access: {e}", p.display(), gid.as_raw()))
+        };
+        set(control, 0o660)?;
+        if control.parent() == Some(self.rt().dir()) {
+            set(self.rt().dir(), 0o710)?;
+        }
+        Ok(())
+    }
+
+    /// How driver server for `names` is started: its arguments, and the models it is
+    /// connected to (see [`supervisor::fd_layout`]).
+    pub(crate) fn server_launch(
+        &mut self,
+        names: &[String],
+        devices: &[DeviceConfig],
+    ) -> (Vec<String>, Vec<PathBuf>) {
+        let served: Vec<&DeviceConfig> = names
+            .iter()
+            .filter_map(|n| devices.iter().find(|d| &d.name == n))
+            .collect();
+        let connect: Vec<PathBuf> = served
+            .iter()
+            .filter(|d| d.model().kind == models::Kind::Emulated)
+            .map(|d| self.rt().device_socket(&d.name))
+            .collect();
+        let (keep_fds, conn_fds) = supervisor::fd_layout(true, 1, connect.len());
+        let mut args = vec![
+            "driver-host".to_string(),
+            "--listen-fd".into(),
+            keep_fds[0].to_string(),
+            "--notify-fd".into(),
+            supervisor::EVENT_FD.to_string(),
+            "--restartable".into(),
+        ];
+        args.extend(self.confine_args(&served));
+        let mut conn_fds = conn_fds.into_iter();
+        let deadline = served
+            .iter()
+            .map(|d| d.request_deadline)
+            .min()
+            .unwrap_or(Duration::from_secs(30));
+        args.extend(["--deadline-ms".into(), deadline.as_millis().to_string()]);
+        for d in &served {
+            let spec = if d.model().kind == models::Kind::Virtual {
+                (d.model().spec)(d)
+            } else {
+                format!("vfio-user-fd:{}", conn_fds.next().expect("one per model"))
+            };
+            args.extend(["--device".into(), format!("{}={spec}", d.name)]);
+            // The catalog's choice, as the registry records it: the server starts exactly it.
+            if let Some(driver) = self.driver_of_mut(&d.name).map(|drv| drv.name.clone()) {
+                args.extend(["--driver".into(), format!("{}={driver}", d.name)]);
+            }
+        }
+        (args, connect)
+    }
+
+    /// Adds `bus` to the registry, or its children to the bus already there.
+    pub(crate) fn merge_bus(&mut self, bus: Node) {
+        if bus.children.is_empty() {
+            return;
+        }
+        match self
+            .registry
+            .children
+            .iter_mut()
+            .find(|b| b.kind == "bus" && b.name == bus.name)
+        {
+            Some(b) => b.children.extend(bus.children),
+            None => self.registry.children.push(bus),
+        }
+    }
+
+    /// Shows device `d` as declared but not attached (`why`: the last attach's failure).
+    pub(crate) fn detached_node(&mut self, d: &DeviceConfig, why: Option<&str>) {
+        let (bus, kind, name) = if d.model().kind == models::Kind::Virtual {
+            ("virtual", "device", format!("{}@virtual", d.name))
+        } else {
+            ("vfio-user", "pci-function", format!("{}@vfio-user", d.name))
+        };
+        let mut node = Node::new(kind, &name)
+            .with("model", d.model.as_str())
+            .with("backing", d.backing.as_str())
+            .with("state", "detached");
+        if let Some(why) = why {
+            node.set("last-error", why);
+        }
+        self.merge_bus(Node::new("bus", bus).child(node));
+    }
+
+    /// Starts `devices`' models, probes them, matches their drivers and starts their driver
+    /// servers, adding each to the registry.
+    pub(crate) fn bring_up_devices(
+        &mut self,
+        devices: &[DeviceConfig],
+    ) -> Result<(), ManagerError> {
+        let mut bus = Node::new("bus", "vfio-user");
+        let mut virtual_bus = Node::new("bus", "virtual");
+        for d in devices
+            .iter()
+            .filter(|d| d.model().kind == models::Kind::Virtual)
+        {
+            let Probed { personality, score } =
+                outboard_drivers::probe_driver(&Probe::Virtual(&d.model)).map_err(|why| {
+                    ManagerError::NoDriver {
+                        device: d.name.clone(),
+                        what: format!("model {}: {why}", d.model),
+                    }
+                })?;
+            virtual_bus.children.push(
+                Node::new("device", &format!("{}@virtual", d.name))
+                    .with("model", d.model.as_str())
+                    .child(
+                        Node::new("driver", personality.driver)
+                            .with("probe-score", score)
+                            .with("placement", "separate")
+                            .with("state", "starting")
+                            .child(class_device(personality.class, &d.name)),
+                    ),
+            );
+        }
+        for d in devices
+            .iter()
+            .filter(|d| d.model().kind == models::Kind::Emulated)
+        {
+            let sock = self.rt().device_socket(&d.name);
+            let faults_socket = self.rt().faults_socket(&d.name);
+            // The manager opens the disk and binds the model's sockets, and passes them: the
+            // model opens no path. They outlive each incarnation: a restarted model finds what
+            // its predecessor acknowledged, at the same sockets.
+            let launch = |e: String| ManagerError::Launch(format!("{}: {e}", d.name));
+            let launched = (d.model().launch)(d).map_err(launch)?;
+            let (listener, sock_path) =
+                outboard_sys::bind_listener(&sock, rustix::net::SocketType::STREAM, 8)
+                    .map_err(|e| launch(e.to_string()))?;
+            let mut keep = vec![listener];
+            let mut paths = vec![sock_path];
+            // The fault socket exists only where the machine asks for fault injection: it
+            // lets whoever reaches it make the device misbehave.
+            let faults_socket =
+                (d.fault_injection || self.opts.fault_injection).then_some(faults_socket);
+            if let Some(path) = &faults_socket {
+                let (faults, faults_path) =
+                    outboard_sys::bind_listener(path, rustix::net::SocketType::SEQPACKET, 8)
+                        .map_err(|e| launch(e.to_string()))?;
+                keep.push(faults);
+                paths.push(faults_path);
+            }
+            // The descriptors are passed in `keep`'s order: the listener, the fault socket if
+            // any, then the model's own.
+            let (fds, _) = supervisor::fd_layout(true, keep.len() + launched.fds.len(), 0);
+            let mut args = vec![
+                "device".to_string(),
+                d.model.clone(),
+                "--fd".into(),
+                fds[0].to_string(),
+                "--notify-fd".into(),
+                supervisor::EVENT_FD.to_string(),
+            ];
+            if faults_socket.is_some() {
+                args.extend(["--faults-fd".into(), fds[1].to_string()]);
+            }
+            args.extend(launched.args);
+            for (flag, fd) in launched.fds {
+                args.extend([flag.to_string(), format!("fd:{}", fds[keep.len()])]);
+                keep.push(fd);
+            }
+            // Once it listens, it opens nothing: no filesystem, no network, no processes.
+            args.extend(self.confine_args(&[d]));
+            for f in &d.faults {
+                args.extend(["--fault".into(), f.clone()]);
+            }
+            let log = self.created(self.rt().device_log(&d.name));
+            let role = format!("device model for {}", d.name);
+            let mut p = Process::spawn_passing(
+                &self.opts.exe,
+                &role,
+                &args,
+                log,
+                self.opts.verbose,
+                supervisor::Passing {
+                    events: true,
+                    keep,
+                    connect: Vec::new(),
+                    paths,
+                },
+            )
+            .map_err(ManagerError::Launch)?;
+            p.wait_serving(Duration::from_secs(10))
+                .map_err(ManagerError::Launch)?;
+            p.kind = supervisor::Kind::Model {
+                device: d.name.clone(),
+            };
+            // A model serves once it said so.
+            p.served = true;
+            let mut node = Node::new("pci-function", &format!("{}@vfio-user", d.name))
+                .with("model", d.model.as_str())
+                .with("socket", sock.display().to_string())
+                .with("pid", p.pid())
+                .with("backing", d.backing.as_str())
+                .with("state", "running");
+            if let Some(path) = &faults_socket {
+                node.set("faults-socket", path.display().to_string());
+            }
+            self.procs.push(p);
+            // Identity, BARs and IRQs, read the way a driver would.
+            let f = PciFunction::open(&DeviceSpec::VfioUser(sock.clone())).map_err(|e| {
+                ManagerError::Probe {
+                    device: d.name.clone(),
+                    why: e.to_string(),
+                }
+            })?;
+            let id = f.identity();
+            node.set("ids", format!("{:04x}:{:04x}", id.vendor, id.device));
+            node.set(
+                "class",
+                format!("{:02x}{:02x}{:02x}", id.class, id.subclass, id.prog_if),
+            );
+            let bars: Vec<String> = f
+                .bar_sizes()
+                .map_err(|e| ManagerError::Probe {
+                    device: d.name.clone(),
+                    why: e.to_string(),
+                })?
+                .iter()
+                .enumerate()
+                .filter(|(_, s)| **s > 0)
+                .map(|(i, s)| format!("BAR{i} {}", size_text(*s)))
+                .collect();
+            node.set("bars", bars.join(", "));
+            let irqs: Vec<String> = IrqKind::ALL
+                .iter()
+                .filter_map(|k| {
+                    f.irq_count(*k)
+                        .ok()
+                        .filter(|n| *n > 0)
+                        .map(|n| format!("{k} {n}"))
+                })
+                .collect();
+            node.set("irqs", irqs.join(", "));
+            let Probed { personality, score } = outboard_drivers::probe_driver(&Probe::Pci(&f))
+                .map_err(|why| ManagerError::NoDriver {
+                    device: d.name.clone(),
+                    what: format!("{:04x}:{:04x}: {why}", id.vendor, id.device),
+                })?;
+            drop(f);
+            let driver = Node::new("driver", personality.driver)
+                .with("probe-score", score)
+                .with(
+                    "placement",
+                    match d.placement {
+                        Placement::Separate => "separate",
+                        Placement::Colocated => "colocated",
+                    },
+                )
+                .with(
+                    "state",
+                    match d.placement {
+                        Placement::Separate => "starting",
+                        Placement::Colocated => "linked into each client",
+                    },
+                )
+                .child(class_device(personality.class, &d.name));
+            bus.children.push(node.child(driver));
+        }
+        self.merge_bus(bus);
+        self.merge_bus(virtual_bus);
+        // Driver servers: one per server name; devices naming the same server are grouped.
+        let mut servers: Vec<(String, Vec<String>)> = Vec::new();
+        for d in devices
+            .iter()
+            .filter(|d| d.placement == Placement::Separate)
+        {
+            match servers.iter_mut().find(|s| s.0 == d.server) {
+                Some(s) => s.1.push(d.name.clone()),
+                None => servers.push((d.server.clone(), vec![d.name.clone()])),
+            }
+        }
+        for (server, names) in servers {
+            let sock = self.rt().server_socket(&server);
+            // The manager binds the server's socket and connects it to its devices: the server
+            // opens nothing itself, and the socket outlives each incarnation (clients that
+            // connect during a restart wait in its backlog instead of being refused).
+            let (listener, path) =
+                control::listen(&sock).map_err(|e| ManagerError::Launch(e.to_string()))?;
+            let (args, connect) = self.server_launch(&names, devices);
+            let log = self.created(self.rt().server_log(&server));
+            let mut p = Process::spawn_passing(
+                &self.opts.exe,
+                &format!("driver server {server}"),
+                &args,
+                log,
+                self.opts.verbose,
+                supervisor::Passing {
+                    events: true,
+                    keep: vec![listener],
+                    connect,
+                    paths: vec![path],
+                },
+            )
+            .map_err(ManagerError::Launch)?;
+            let heartbeat = p
+                .wait_serving(Duration::from_secs(30))
+                .map_err(ManagerError::Launch)?;
+            p.kind = supervisor::Kind::Server {
+                name: server.clone(),
+                devices: names.clone(),
+            };
+            let pid = p.pid();
+            self.procs.push(p);
+            self.serving(self.procs.len() - 1, heartbeat);
+            for n in &names {
+                // Serving means answering for the device: its class's own status record.
+                let status = outboard_client::Channel::status(&sock, n, Duration::from_secs(10))
+                    .map_err(|e| ManagerError::NotServed {
+                        device: n.clone(),
+                        why: e.into(),
+                    })?;
+                let node = match self
+                    .registry
+                    .find_mut("pci-function", &format!("{n}@vfio-user"))
+                {
+                    Some(f) => Some(f),
+                    None => self.registry.find_mut("device", &format!("{n}@virtual")),
+                };
+                if let Some(drv) = node.and_then(|f| f.children.first_mut()) {
+                    drv.set("server", server.as_str());
+                    drv.set("server-socket", sock.display().to_string());
+                    drv.set("pid", pid);
+                    drv.set("state", "running");
+                    drv.set("restarts", 0);
+                    if let Some(b) = drv.children.first_mut() {
+                        b.set("state", "serving");
+                        status_props(b, &status);
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Starts the machine's `[[export]]`s, each an `outboard export nbd` child with an event
+    /// channel (it reports its clients), under the block device it serves in the registry.
+    pub(crate) fn start_exports(&mut self) -> Result<(), ManagerError> {
+        for (i, e) in self.machine.exports.clone().iter().enumerate() {
+            let mut args = vec![
+                "--control".to_string(),
+                self.opts.control.display().to_string(),
+                "export".into(),
+                "nbd".into(),
+                e.device.clone(),
+                "--name".into(),
+                e.name.clone(),
+                "--notify-fd".into(),
+                supervisor::EVENT_FD.to_string(),
+            ];
+            if e.read_only {
+                args.push("--read-only".into());
+            }
+            if let Some((cert, key)) = &e.tls {
+                args.extend(["--tls-cert".into(), cert.display().to_string()]);
+                args.extend(["--tls-key".into(), key.display().to_string()]);
+            }
+            if let Some(psk) = &e.tls_psk {
+                args.extend(["--tls-psk".into(), psk.display().to_string()]);
+            }
+            if let Some(ca) = &e.tls_verify_peer {
+                args.extend(["--tls-verify-peer".into(), ca.display().to_string()]);
+            }
+            if e.insecure {
+                args.push("--insecure".into());
+            }
+            let s = if e.tls.is_some() || e.tls_psk.is_some() {
+                "s"
+            } else {
+                ""
+            };
+            let uri = match &e.address {
+                ExportAddress::Socket(p) => {
+                    let p = p
+                        .clone()
+                        .unwrap_or_else(|| self.rt().dir().join(format!("export-{i}.nbd")));
+                    let p = self.created(p);
+                    args.extend(["--socket".into(), p.display().to_string()]);
+                    format!("nbd{s}+unix:///{}?socket={}", e.name, p.display())
+                }
+                ExportAddress::Tcp(a) => {
+                    args.extend(["--listen".into(), a.to_string()]);
+                    format!("nbd{s}://{a}/{}", e.name)
+                }
+            };
+            let log = self.created(self.rt().dir().join(format!("export-{i}.log")));
+            let mut p = Process::spawn_with_events(
+                &self.opts.exe,
+                &format!("export {}", e.name),
+                &args,
+                log,
+                self.opts.verbose,
+            )
+            .map_err(ManagerError::Launch)?;
+            p.kind = supervisor::Kind::Export {
+                name: e.name.clone(),
+            };
+            // Not waited for here: the export opens its device through this manager, which
+            // answers only once it runs. It reports itself ready (its first client report),
+            // and a crash before that shows in the registry like any other.
+            let pid = p.pid();
+            self.procs.push(p);
+            if let Some(b) = self.class_device_mut(&e.device) {
+                b.children.push(
+                    Node::new("export", &format!("nbd:{}", e.name))
+                        .with("uri", uri)
+                        .with("read-only", e.read_only)
+                        .with("pid", pid)
+                        .with("clients", 0)
+                        .with("state", "starting"),
+                );
+            }
+        }
+        Ok(())
+    }
+}

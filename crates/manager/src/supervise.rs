@@ -1,0 +1,621 @@
+//! Supervision: the loop, children that exit or hang, the restart policy, quarantine, and
+//! what a restarted server is told.
+
+use super::*;
+
+impl Manager {
+    /// Serves the control API and supervises children until `stop` is set.
+    ///
+    /// Nothing here blocks: a control connection is an event source of its own, read only when
+    /// it is readable and answered without waiting, so an idle or stuck client cannot delay a
+    /// crash report or another client.
+    pub fn run(&mut self, stop: &AtomicBool) -> Result<(), ManagerError> {
+        let mut work: WorkLoop<Source> = WorkLoop::new()?;
+        let (listener, _) = self.listener.as_ref().ok_or(ManagerError::NotStarted)?;
+        work.add(listener.as_fd(), Source::Listener)?;
+        for (i, p) in self.procs.iter().enumerate() {
+            if p.exited.is_none() {
+                work.add(p.fd(), Source::Child(i))?;
+            }
+            if let Some(ev) = &p.events {
+                work.add(ev.as_fd(), Source::Events(i))?;
+            }
+        }
+        let mut ready = Vec::new();
+        while !stop.load(Ordering::Relaxed) {
+            ready.clear();
+            work.wait(Some(self.next_check()), &mut ready)?;
+            self.renumbered = false;
+            for &source in &ready {
+                if self.renumbered {
+                    break;
+                }
+                match source {
+                    Source::Listener => self.accept(&mut work),
+                    Source::Child(i) => {
+                        if self.procs.get_mut(i).is_some_and(Process::reap) {
+                            let _ = work.remove(self.procs[i].fd());
+                            self.exited(i, &mut work);
+                        }
+                    }
+                    Source::Conn(i) => self.serve(&mut work, i),
+                    Source::Events(i) => self.child_event(&mut work, i),
+                }
+            }
+            self.supervise(&mut work);
+            self.resume_accepts(&mut work);
+        }
+        Ok(())
+    }
+
+    /// Takes one event a driver server reported; a channel that closed or sent garbage is
+    /// dropped (the pidfd reports the exit itself).
+    pub(crate) fn child_event(&mut self, work: &mut WorkLoop<Source>, i: usize) {
+        let Some(ev) = self.procs.get(i).and_then(|p| p.events.as_ref()) else {
+            return;
+        };
+        let received = control::recv::<control::Event>(ev.as_fd(), Some(Duration::ZERO));
+        if let Ok((event, _)) = &received {
+            if !self.procs[i].kind.may_report(event) {
+                tracing::warn!(
+                    "{} (pid {}) reported {event:?}, about something it was not given: ignored",
+                    self.procs[i].role,
+                    self.procs[i].pid()
+                );
+                return;
+            }
+        }
+        match received {
+            Ok((
+                control::Event::DeviceFailed {
+                    device,
+                    why,
+                    restarting,
+                },
+                _,
+            )) => {
+                let state = if restarting {
+                    tracing::error!("{device}: failed, its driver is re-opening it: {why}");
+                    format!("failed, restarting: {why}")
+                } else {
+                    tracing::error!("{device}: its driver gave the device up: {why}");
+                    format!("failed: {why}")
+                };
+                if let Some(drv) = self.driver_of_mut(&device) {
+                    drv.set("state", state);
+                }
+            }
+            // A model's readiness is waited for where it is started.
+            Ok((control::Event::Serving, fds))
+                if matches!(self.procs[i].kind, supervisor::Kind::Server { .. }) =>
+            {
+                self.serving(i, fds)
+            }
+            Ok((control::Event::Serving, _)) => {}
+            Ok((control::Event::ExportClients { export, clients }, _)) => {
+                self.procs[i].served = true;
+                self.procs[i].restarts.served();
+                if let Some(n) = self.registry.find_mut("export", &format!("nbd:{export}")) {
+                    n.set("state", "running");
+                    n.set("clients", clients.len());
+                    n.set("peers", clients.join(", "));
+                }
+            }
+            Ok((control::Event::Quiesced { device }, _)) => {
+                if self.detaching.contains(&device) {
+                    self.finish_detach(&device, work);
+                } else if self.suspended.contains(&device) {
+                    tracing::info!("{device}: suspended (quiesced, nothing in flight)");
+                    if let Some(b) = self.class_device_mut(&device) {
+                        b.set("state", "suspended");
+                    }
+                }
+            }
+            Ok((control::Event::DeviceRecovered { device }, _)) => {
+                tracing::warn!("{device}: its driver brought the device back");
+                if let Some(drv) = self.driver_of_mut(&device) {
+                    drv.set("state", "running (recovered)");
+                }
+            }
+            Err(outboard_session::SessionError::Timeout) => {}
+            Err(_) => {
+                if let Some(ev) = self.procs[i].events.take() {
+                    let _ = work.remove(ev.as_fd());
+                }
+            }
+        }
+    }
+
+    /// How long the loop may sleep: until the next restart is due, and no longer than the
+    /// heartbeat check allows.
+    pub(crate) fn next_check(&self) -> Duration {
+        let now = std::time::Instant::now();
+        let mut wait = Duration::from_millis(100);
+        if let Some(t) = self.accept_paused {
+            wait = wait.min(t.saturating_duration_since(now));
+        }
+        for p in &self.procs {
+            if let Some(at) = p.restart_at {
+                wait = wait.min(at.saturating_duration_since(now));
+            }
+            if p.heartbeat.is_some() {
+                wait = wait.min(Duration::from_millis(50));
+            }
+        }
+        wait
+    }
+
+    /// The restart policy of the devices a process serves or models.
+    pub(crate) fn policy(&self, kind: &supervisor::Kind) -> supervisor::RestartPolicy {
+        let first = match kind {
+            supervisor::Kind::Model { device } => Some(device),
+            supervisor::Kind::Server { devices, .. } => devices.first(),
+            supervisor::Kind::Export { .. } => None,
+        };
+        first
+            .and_then(|n| self.machine.devices.iter().find(|d| &d.name == n))
+            .map(|d| d.restart)
+            .unwrap_or_default()
+    }
+
+    /// The class devices a process serves (a server) or models (a model).
+    pub(crate) fn devices_of(kind: &supervisor::Kind) -> Vec<String> {
+        match kind {
+            supervisor::Kind::Model { device } => vec![device.clone()],
+            supervisor::Kind::Server { devices, .. } => devices.clone(),
+            supervisor::Kind::Export { .. } => Vec::new(),
+        }
+    }
+
+    /// Records a state on the driver and the class device node of each of `devices`.
+    pub(crate) fn set_state(&mut self, devices: &[String], driver: &str, device: &str) {
+        for n in devices {
+            if let Some(drv) = self.driver_of_mut(n) {
+                drv.set("state", driver);
+            }
+            if let Some(b) = self.class_device_mut(n) {
+                b.set("state", device);
+            }
+        }
+    }
+
+    /// Child `i` exited while the machine runs: a driver server or a model is started again
+    /// (at once the first time, with back-off after that) until it crashes more often than
+    /// its policy allows; then it is given up and its clients are told so.
+    pub(crate) fn exited(&mut self, i: usize, work: &mut WorkLoop<Source>) {
+        if let Some(ev) = self.procs[i].events.take() {
+            let _ = work.remove(ev.as_fd());
+        }
+        // Progress, read before the heartbeat page goes: a server whose loop turned after it
+        // said it serves; a model that came into service. A restart an operator asked for
+        // counts as progress too.
+        let p = &self.procs[i];
+        let progressed = p.planned
+            || match &p.kind {
+                supervisor::Kind::Server { .. } => {
+                    p.served && p.heartbeat.as_ref().is_some_and(|h| h.turned())
+                }
+                _ => p.served,
+            };
+        let death = supervisor::Death::of(p.exited, progressed, p.hung);
+        if matches!(p.kind, supervisor::Kind::Server { .. }) {
+            let fault = supervisor::is_fault(p.exited, p.hung) || p.model_crashed;
+            let blame = p.heartbeat.as_ref().and_then(supervisor::Heartbeat::blame);
+            self.weigh_for_quarantine(i, fault, blame, death);
+        }
+        self.procs[i].heartbeat = None;
+        self.procs[i].planned = false;
+        let kind = self.procs[i].kind.clone();
+        if let supervisor::Kind::Export { name } = &kind {
+            self.export_exited(i, name, death);
+            return;
+        }
+        let now = std::time::Instant::now();
+        let policy = self.policy(&kind);
+        let p = &mut self.procs[i];
+        let status = match (p.hung, p.exited) {
+            (true, _) => format!("hung: no heartbeat for {:?}, killed", policy.heartbeat),
+            (false, Some(s)) => s.to_string(),
+            (false, None) => String::new(),
+        };
+        let (role, pid, log) = (p.role.clone(), p.pid(), p.log.clone());
+        p.down_since.get_or_insert(now);
+        let delay = p.restarts.crashed(now, &policy, death);
+        let total = p.restarts.total;
+        // What ended it, and no dead pid shown as current.
+        let devices = Self::devices_of(&kind);
+        let last_exit = format!("{role} (pid {pid}) {status}");
+        match &kind {
+            supervisor::Kind::Model { device } => {
+                if let Some(f) = self
+                    .registry
+                    .find_mut("pci-function", &format!("{device}@vfio-user"))
+                {
+                    f.props.remove("pid");
+                    f.set("last-exit", last_exit.clone());
+                }
+            }
+            _ => {
+                for n in &devices {
+                    if let Some(drv) = self.driver_of_mut(n) {
+                        drv.props.remove("pid");
+                        drv.set("last-exit", last_exit.clone());
+                    }
+                }
+            }
+        }
+        // A server whose model was given up has nothing to serve.
+        let model_gone = Self::devices_of(&kind).iter().find_map(|n| {
+            self.procs.iter().find_map(|m| {
+                (m.kind == (supervisor::Kind::Model { device: n.clone() }))
+                    .then(|| m.gave_up.clone())
+                    .flatten()
+            })
+        });
+        let delay = if model_gone.is_some() { None } else { delay };
+        // The log explains the crash: it outlives the machine.
+        self.created.retain(|f| f != &log);
+        match delay {
+            Some(d) => {
+                tracing::warn!(
+                    "{role} (pid {pid}) exited ({status}); restart {total} in {d:?}; log {}",
+                    log.display()
+                );
+                self.procs[i].restart_at = Some(now + d);
+                self.set_state(
+                    &devices,
+                    &format!("restarting ({role} exited: {status})"),
+                    "restarting",
+                );
+            }
+            None => {
+                let cause = match &model_gone {
+                    Some(_) => format!("{role}: its device model was given up"),
+                    None => crash_loop(&role, &status, policy.limit, &log),
+                };
+                let retry = policy.retry;
+                let why = format!(
+                    "gave up: {cause}; trying again in {retry:?} (or now: outboard restart {})",
+                    devices.first().map(String::as_str).unwrap_or("DEVICE")
+                );
+                tracing::error!("{why}");
+                eprintln!("outboard: {why}");
+                self.procs[i].gave_up = Some(why.clone());
+                // Given up is not forever: tried again on a slow schedule.
+                self.procs[i].restart_at = Some(now + retry);
+                self.set_state(&devices, &why, &why);
+            }
+        }
+        // A server that ended because its device failed (a hung or lying model): the model
+        // is reset the only way an emulated device can be, by starting it again on its
+        // backing. It is reaped here, so the server cannot start before it is back.
+        // So is one that hung (most often in a call to a model that stopped answering) or
+        // crashed before it served (it could not bring its device up). One killed from
+        // outside before it served says nothing about the device.
+        let p = &self.procs[i];
+        let device_failed = p.exited.and_then(|s| s.code())
+            == Some(outboard_server::host::EXIT_DEVICE_FAILED)
+            || p.hung
+            || (!p.served && death == supervisor::Death::Crash);
+        let device_failed = device_failed && matches!(kind, supervisor::Kind::Server { .. });
+        if device_failed && delay.is_some() {
+            // A model started after this server is a new one already: the failure was the
+            // old one's.
+            let server_started = self.procs[i].started;
+            let models: Vec<usize> = (0..self.procs.len())
+                .filter(|&j| {
+                    let m = &self.procs[j];
+                    m.exited.is_none()
+                        && m.started <= server_started
+                        && matches!(&m.kind, supervisor::Kind::Model { device } if devices.contains(device))
+                })
+                .collect();
+            for j in models {
+                let m = &mut self.procs[j];
+                tracing::warn!(
+                    "{}: its driver found the device failed; restarting it",
+                    m.role
+                );
+                let _ = m.child.kill();
+                m.exited = m.child.wait().ok();
+                let _ = work.remove(m.fd());
+                self.exited(j, work);
+            }
+        }
+        if let supervisor::Kind::Model { device } = &kind {
+            if let Some(f) = self
+                .registry
+                .find_mut("pci-function", &format!("{device}@vfio-user"))
+            {
+                f.set(
+                    "state",
+                    if delay.is_some() {
+                        "restarting"
+                    } else {
+                        "gave up"
+                    },
+                );
+                f.set("restarts", total);
+            }
+            // Its driver cannot serve without it: end the server now (it would notice at its
+            // next request), so it starts again on the new model and its clients replay.
+            let model_fault = supervisor::is_fault(self.procs[i].exited, false);
+            for p in &mut self.procs {
+                if p.kind.serves(device) && p.exited.is_none() {
+                    p.model_crashed |= model_fault;
+                    let _ = rustix::process::kill_process(
+                        rustix::process::Pid::from_child(&p.child),
+                        rustix::process::Signal::KILL,
+                    );
+                }
+            }
+        }
+    }
+
+    /// Weighs the death of driver server `i` for quarantine. A crash of its own (or of its
+    /// model) starts the next incarnation isolated, so that another crash names the request
+    /// in the device; a request named at `QUARANTINE_AFTER` crashes in a row is failed by the
+    /// next incarnation instead of sent again. A death that was no fault ends isolation.
+    pub(crate) fn weigh_for_quarantine(
+        &mut self,
+        i: usize,
+        fault: bool,
+        blame: Option<outboard_server::blame::Suspect>,
+        death: supervisor::Death,
+    ) {
+        const ISOLATE: Duration = Duration::from_secs(2);
+        let p = &mut self.procs[i];
+        if !fault {
+            if death == supervisor::Death::AfterProgress {
+                p.clear_arg("--isolate-ms");
+                p.clear_arg("--quarantine");
+                p.suspect = None;
+            }
+            return;
+        }
+        if let Some(b) = blame {
+            // The first crash of a series had it among everything in flight, unnamed.
+            let strikes = match p.suspect {
+                Some((s, n)) if s == b => n + 1,
+                _ => 2,
+            };
+            if strikes >= control::QUARANTINE_AFTER {
+                tracing::error!(
+                    "{}: request {b} crashed the driver {strikes} times: the next server fails it",
+                    p.role
+                );
+                p.set_arg("--quarantine", &b.to_string(), true);
+                p.suspect = None;
+            } else {
+                tracing::warn!(
+                    "{}: request {b} was in the device at this crash ({strikes})",
+                    p.role
+                );
+                p.suspect = Some((b, strikes));
+            }
+        }
+        p.set_arg("--isolate-ms", &ISOLATE.as_millis().to_string(), true);
+    }
+
+    /// Starts what is due to restart, and kills driver servers whose heartbeat stopped.
+    pub(crate) fn supervise(&mut self, work: &mut WorkLoop<Source>) {
+        let now = std::time::Instant::now();
+        for i in 0..self.procs.len() {
+            let kind = self.procs[i].kind.clone();
+            if let Some(hb) = self.procs[i].heartbeat.as_mut() {
+                let still = hb.still_for(now);
+                let limit = self.policy(&kind).heartbeat;
+                if still > limit && self.procs[i].exited.is_none() {
+                    let p = &mut self.procs[i];
+                    tracing::error!(
+                        "{} (pid {}) is hung: its loop has not turned for {still:?}; killing it",
+                        p.role,
+                        p.pid()
+                    );
+                    p.heartbeat = None;
+                    p.hung = true;
+                    let _ = rustix::process::kill_process(
+                        rustix::process::Pid::from_child(&p.child),
+                        rustix::process::Signal::KILL,
+                    );
+                    let devices = Self::devices_of(&kind);
+                    for n in &devices {
+                        if let Some(drv) = self.driver_of_mut(n) {
+                            drv.set(
+                                "last-hang",
+                                format!("no heartbeat for {} ms", still.as_millis()),
+                            );
+                        }
+                    }
+                }
+            }
+            if self.procs[i].restart_at.is_none_or(|at| at > now) {
+                continue;
+            }
+            // A server starts only once its models run again.
+            let models_down = Self::devices_of(&kind).iter().any(|n| {
+                self.procs.iter().any(|m| {
+                    m.kind == (supervisor::Kind::Model { device: n.clone() })
+                        && (m.restart_at.is_some() || m.exited.is_some())
+                })
+            });
+            if matches!(kind, supervisor::Kind::Server { .. }) && models_down {
+                continue;
+            }
+            self.restart(i, work);
+        }
+    }
+
+    /// Starts child `i` again.
+    pub(crate) fn restart(&mut self, i: usize, work: &mut WorkLoop<Source>) {
+        self.procs[i].restart_at = None;
+        let kind = self.procs[i].kind.clone();
+        let p = &mut self.procs[i];
+        if matches!(kind, supervisor::Kind::Server { .. }) {
+            // The sessions that held range locks claim them back before anyone gets new ones.
+            p.set_arg("--lock-grace-ms", &LOCK_GRACE.as_millis().to_string(), true);
+        }
+        if p.postponed_for_descriptors(ACCEPT_BACKOFF) {
+            return;
+        }
+        if let Err(e) = p.respawn(&self.opts.exe, self.opts.verbose) {
+            tracing::error!("{e}");
+            // Counted as another crash: back-off, and in the end giving up, apply.
+            p.exited = None;
+            let now = std::time::Instant::now();
+            let policy = self.policy(&kind);
+            let p = &mut self.procs[i];
+            match p.restarts.crashed(now, &policy, supervisor::Death::Crash) {
+                Some(d) => p.restart_at = Some(now + d),
+                None => {
+                    let why = format!(
+                        "gave up: {e}; trying again in {:?} (or now: outboard restart)",
+                        policy.retry
+                    );
+                    p.gave_up = Some(why.clone());
+                    p.restart_at = Some(now + policy.retry);
+                    self.set_state(&Self::devices_of(&kind), &why, &why);
+                }
+            }
+            return;
+        }
+        p.gave_up = None;
+        let pid = p.pid();
+        let _ = work.add(p.fd(), Source::Child(i));
+        if let Some(ev) = &p.events {
+            let _ = work.add(ev.as_fd(), Source::Events(i));
+        }
+        let total = p.restarts.total;
+        if let supervisor::Kind::Model { device } = &kind {
+            // The model is quick to start; its server waits for it.
+            let p = &mut self.procs[i];
+            if let Err(e) = p.wait_serving(Duration::from_secs(10)) {
+                tracing::error!("{e}");
+                return;
+            }
+            p.served = true;
+            p.restarts.served();
+            let down = p.down_since.take().map(|t| t.elapsed()).unwrap_or_default();
+            tracing::warn!("device model for {device} restarted (pid {pid}) in {down:?}");
+            if let Some(f) = self
+                .registry
+                .find_mut("pci-function", &format!("{device}@vfio-user"))
+            {
+                f.set("state", "running");
+                f.set("pid", pid);
+                f.set("restarts", total);
+            }
+        } else if let supervisor::Kind::Export { name } = &kind {
+            self.procs[i].served = false;
+            if let Some(n) = self.registry.find_mut("export", &format!("nbd:{name}")) {
+                n.set("pid", pid);
+                n.set("state", "starting");
+            }
+        } else {
+            let devices = Self::devices_of(&kind);
+            for n in &devices {
+                if let Some(drv) = self.driver_of_mut(n) {
+                    drv.set("pid", pid);
+                    drv.set("restarts", total);
+                }
+            }
+            self.set_state(&devices, "starting", "restarting");
+        }
+    }
+
+    /// Driver server `i` serves (first start or a restart): its heartbeat starts counting.
+    pub(crate) fn serving(&mut self, i: usize, fds: Vec<OwnedFd>) {
+        let p = &mut self.procs[i];
+        p.served = true;
+        p.restarts.served();
+        match fds.into_iter().next().map(supervisor::Heartbeat::new) {
+            Some(Ok(hb)) => p.heartbeat = Some(hb),
+            Some(Err(e)) => tracing::warn!("{}: {e}", p.role),
+            None => tracing::warn!("{}: no heartbeat page", p.role),
+        }
+        let (role, pid, total) = (p.role.clone(), p.pid(), p.restarts.total);
+        let down = p.down_since.take().map(|t| t.elapsed());
+        let devices = Self::devices_of(&p.kind.clone());
+        if let Some(down) = down {
+            tracing::warn!("{role} (pid {pid}) serves again, {down:?} after it went down");
+            for n in &devices {
+                if let Some(drv) = self.driver_of_mut(n) {
+                    drv.set("last-restart-ms", down.as_secs_f64() * 1e3);
+                    drv.set("restarts", total);
+                }
+            }
+            self.set_state(
+                &devices,
+                &format!("running (restarted {total} times)"),
+                "serving",
+            );
+        } else {
+            self.set_state(&devices, "running", "serving");
+        }
+        // A new incarnation started with what was suspended quiesced (`--quiesce`); it
+        // reports it drained, which needs the command's reply path: ask again.
+        let suspended: Vec<String> = devices
+            .into_iter()
+            .filter(|n| self.suspended.contains(n) || self.detaching.contains(n))
+            .collect();
+        for n in suspended {
+            self.command(&n, control::Command::Quiesce { device: n.clone() });
+        }
+    }
+
+    /// Export `i` (named `name`) exited while the machine runs: the clients it had are gone
+    /// with it, and it is started again like a driver server (at once if it had served,
+    /// with back-off in a crash loop, given up past its policy's limit).
+    pub(crate) fn export_exited(&mut self, i: usize, name: &str, death: supervisor::Death) {
+        let now = std::time::Instant::now();
+        let policy = supervisor::RestartPolicy::default();
+        let p = &mut self.procs[i];
+        let status = p.exited.map(|s| s.to_string()).unwrap_or_default();
+        let (role, pid, log) = (p.role.clone(), p.pid(), p.log.clone());
+        let delay = p.restarts.crashed(now, &policy, death);
+        let total = p.restarts.total;
+        // The log explains the crash: it outlives the machine.
+        self.created.retain(|f| f != &log);
+        let state = match delay {
+            Some(d) => {
+                tracing::warn!(
+                    "{role} (pid {pid}) exited ({status}); restart {total} in {d:?}; log {}",
+                    log.display()
+                );
+                self.procs[i].restart_at = Some(now + d);
+                format!("restarting ({status})")
+            }
+            None => {
+                let why = format!(
+                    "gave up: {}; trying again in {:?}",
+                    crash_loop(&role, &status, policy.limit, &log),
+                    policy.retry
+                );
+                tracing::error!("{why}");
+                eprintln!("outboard: {why}");
+                self.procs[i].gave_up = Some(why.clone());
+                self.procs[i].restart_at = Some(now + policy.retry);
+                why
+            }
+        };
+        if let Some(n) = self.registry.find_mut("export", &format!("nbd:{name}")) {
+            n.set("state", state);
+            n.set("clients", 0);
+            n.set("peers", "");
+            n.set("restarts", total);
+            n.props.remove("pid");
+        }
+    }
+}
+
+/// Why a process is given up: the death that went past `limit` crashes in a row without
+/// progress (or the only one, with `restarts = 0`), and where its log is.
+pub(crate) fn crash_loop(role: &str, status: &str, limit: u32, log: &Path) -> String {
+    match limit {
+        0 => format!("{role} exited ({status}) and restarts = 0"),
+        n => format!(
+            "{role} exited ({status}), {n} times in a row without serving; log {}",
+            log.display()
+        ),
+    }
+}

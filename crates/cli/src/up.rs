@@ -125,61 +125,7 @@ fn parse_duration(s: &str) -> Result<std::time::Duration, String> {
     outboard_manager::config::parse_duration(s).ok_or_else(|| format!("{s:?}: e.g. 500ms, 30s"))
 }
 
-#[derive(Args)]
-pub struct DriverHostArgs {
-    /// Control socket (SEQPACKET) to serve sessions on.
-    #[arg(long, value_name = "PATH", required_unless_present = "listen_fd")]
-    listen: Option<PathBuf>,
-    /// A listening SEQPACKET socket inherited as this descriptor, instead of --listen (what
-    /// the manager passes: a confined server opens no path).
-    #[arg(long, value_name = "FD", conflicts_with = "listen")]
-    listen_fd: Option<i32>,
-    /// A device to drive, as NAME=SPEC (SPEC: vfio-user:PATH, vfio:BDF, or null:SIZE for the
-    /// null block device, which completes requests without a device). Repeat to host several
-    /// drivers in one server.
-    #[arg(long = "device", value_name = "NAME=SPEC", required = true)]
-    devices: Vec<String>,
-    /// The driver (personality) to start for a device, as NAME=DRIVER (`virtio-blk`,
-    /// `null-blk`). The manager passes the driver its catalog matched; without it, the best
-    /// match for the device is started.
-    #[arg(long = "driver", value_name = "NAME=DRIVER")]
-    drivers: Vec<String>,
-    /// Poll for new requests this many microseconds after the last one before sleeping
-    /// (0: sleep at once). Saves a wake-up per request for busy clients; idle cost is nil.
-    #[arg(long, default_value_t = 20)]
-    spin_us: u64,
-    /// An inherited SEQPACKET socket to report events (device failures) to the manager on.
-    #[arg(long, value_name = "FD")]
-    notify_fd: Option<i32>,
-    /// Milliseconds a request may stay in a device before the device counts as stalled and
-    /// is given up (its requests fail with "device failed").
-    #[arg(long, default_value_t = 30_000, value_parser = clap::value_parser!(u64).range(1..))]
-    deadline_ms: u64,
-    /// A supervisor restarts this server and its clients resume their sessions: a device that
-    /// fails ends the server (exit status 75) with its requests unanswered, for the clients
-    /// to send again, instead of failing them.
-    #[arg(long)]
-    restartable: bool,
-    /// Grant no new range lock for this many milliseconds after start (a restarted server:
-    /// the previous one's sessions resume and claim their locks back first).
-    #[arg(long, value_name = "MS", default_value_t = 0)]
-    lock_grace_ms: u64,
-    /// For this many milliseconds after start, let one request at a time into each device and
-    /// name it in the heartbeat page first (the manager passes it after a crash: another
-    /// crash then names the request that caused it).
-    #[arg(long, value_name = "MS", default_value_t = 0)]
-    isolate_ms: u64,
-    /// Fail this request once, alone, instead of sending it to its device: it crashed the
-    /// driver too often (KEY:W0:W1: the session key and the class's fingerprint of the request, as the manager names it). Repeatable.
-    #[arg(long, value_name = "REQUEST")]
-    quarantine: Vec<outboard_server::blame::Suspect>,
-    /// Start with this device quiesced: requests to it wait until the manager resumes it
-    /// (a server restarted while the device was suspended). Repeatable.
-    #[arg(long, value_name = "NAME")]
-    quiesce: Vec<String>,
-    #[command(flatten)]
-    confine: crate::confine::ConfineArgs,
-}
+pub use outboard_manager::children::DriverHostArgs;
 
 /// The most device queues a driver server drives per device: requests are spread over them.
 const MAX_QUEUES: u16 = 16;

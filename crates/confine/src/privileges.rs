@@ -29,6 +29,13 @@ pub struct User {
     pub gid: u32,
 }
 
+impl std::fmt::Display for User {
+    /// `UID:GID`, which [`std::str::FromStr`] reads back.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}:{}", self.uid, self.gid)
+    }
+}
+
 impl std::str::FromStr for User {
     type Err = String;
 

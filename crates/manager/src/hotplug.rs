@@ -34,7 +34,9 @@ impl Manager {
     /// and detach share. False if no server runs now (the restart will apply it).
     pub(crate) fn quiesce(&mut self, name: &str, on: bool) -> bool {
         for p in self.procs.iter_mut().filter(|p| p.kind.serves(name)) {
-            p.set_arg("--quiesce", name, on);
+            if let Some(s) = p.server.as_mut() {
+                s.set_quiesced(name, on);
+            }
         }
         let device = name.to_string();
         self.command(
@@ -305,10 +307,12 @@ impl Manager {
         }
         p.heartbeat = None;
         p.stop(Duration::from_secs(5));
-        p.set_launch(args, connect);
+        p.set_server(args, connect);
         for n in &rest {
             if self.suspended.contains(n) || self.detaching.contains(n) {
-                self.procs[s].set_arg("--quiesce", n, true);
+                if let Some(a) = self.procs[s].server.as_mut() {
+                    a.set_quiesced(n, true);
+                }
             }
         }
         self.procs[s].kind = supervisor::Kind::Server {

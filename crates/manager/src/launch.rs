@@ -24,21 +24,19 @@ impl Manager {
 
     /// How every device model and driver server is confined: `--confine`, and the user and
     /// strictness this manager was given, and the smallest of `devices`' resource caps.
-    pub(crate) fn confine_args(&self, devices: &[&DeviceConfig]) -> Vec<String> {
-        let mut args = vec!["--confine".to_string()];
-        if let Some(m) = devices.iter().map(|d| d.max_memory).min() {
-            args.extend(["--max-memory".into(), m.to_string()]);
+    pub(crate) fn confinement(&self, devices: &[&DeviceConfig]) -> ConfineArgs {
+        ConfineArgs {
+            confine: true,
+            check_confinement: None,
+            user: self.opts.child_user.as_ref().and_then(|u| u.parse().ok()),
+            require_confinement: self.opts.require_confinement,
+            max_files: devices
+                .iter()
+                .map(|d| d.max_files)
+                .min()
+                .unwrap_or(outboard_confine::limits::MAX_FILES),
+            max_memory: devices.iter().map(|d| d.max_memory).min(),
         }
-        if let Some(n) = devices.iter().map(|d| d.max_files).min() {
-            args.extend(["--max-files".into(), n.to_string()]);
-        }
-        if let Some(u) = &self.opts.child_user {
-            args.extend(["--user".into(), u.clone()]);
-        }
-        if self.opts.require_confinement {
-            args.push("--require-confinement".into());
-        }
-        args
     }
 
     /// Lets group `gid` reach the control socket: the socket 0660 and, if it lies in the
@@ -70,7 +68,7 @@ impl Manager {
         &mut self,
         names: &[String],
         devices: &[DeviceConfig],
-    ) -> (Vec<String>, Vec<PathBuf>) {
+    ) -> (DriverHostArgs, Vec<PathBuf>) {
         let served: Vec<&DeviceConfig> = names
             .iter()
             .filter_map(|n| devices.iter().find(|d| &d.name == n))
@@ -81,32 +79,26 @@ impl Manager {
             .map(|d| self.rt().device_socket(&d.name))
             .collect();
         let (keep_fds, conn_fds) = supervisor::fd_layout(true, 1, connect.len());
-        let mut args = vec![
-            "driver-host".to_string(),
-            "--listen-fd".into(),
-            keep_fds[0].to_string(),
-            "--notify-fd".into(),
-            supervisor::EVENT_FD.to_string(),
-            "--restartable".into(),
-        ];
-        args.extend(self.confine_args(&served));
+        let mut args = DriverHostArgs::on_fd(keep_fds[0], self.confinement(&served));
+        args.notify_fd = Some(supervisor::EVENT_FD);
+        args.restartable = true;
         let mut conn_fds = conn_fds.into_iter();
         let deadline = served
             .iter()
             .map(|d| d.request_deadline)
             .min()
             .unwrap_or(Duration::from_secs(30));
-        args.extend(["--deadline-ms".into(), deadline.as_millis().to_string()]);
+        args.deadline_ms = deadline.as_millis() as u64;
         for d in &served {
             let spec = if d.model().kind == models::Kind::Virtual {
                 (d.model().spec)(d)
             } else {
                 format!("vfio-user-fd:{}", conn_fds.next().expect("one per model"))
             };
-            args.extend(["--device".into(), format!("{}={spec}", d.name)]);
+            args.devices.push(format!("{}={spec}", d.name));
             // The catalog's choice, as the registry records it: the server starts exactly it.
-            if let Some(driver) = self.driver_of_mut(&d.name).map(|drv| drv.name.clone()) {
-                args.extend(["--driver".into(), format!("{}={driver}", d.name)]);
+            if let Some(driver) = self.driver_of(&d.name).map(|drv| drv.name.clone()) {
+                args.drivers.push(format!("{}={driver}", d.name));
             }
         }
         (args, connect)
@@ -223,7 +215,7 @@ impl Manager {
                 keep.push(fd);
             }
             // Once it listens, it opens nothing: no filesystem, no network, no processes.
-            args.extend(self.confine_args(&[d]));
+            args.extend(self.confinement(&[d]).to_args());
             for f in &d.faults {
                 args.extend(["--fault".into(), f.clone()]);
             }
@@ -342,10 +334,10 @@ impl Manager {
                 control::listen(&sock).map_err(|e| ManagerError::Launch(e.to_string()))?;
             let (args, connect) = self.server_launch(&names, devices);
             let log = self.created(self.rt().server_log(&server));
-            let mut p = Process::spawn_passing(
+            let mut p = Process::spawn_server(
                 &self.opts.exe,
                 &format!("driver server {server}"),
-                &args,
+                args,
                 log,
                 self.opts.verbose,
                 supervisor::Passing {

@@ -13,6 +13,7 @@
 #![deny(missing_docs)]
 
 mod answer;
+pub mod children;
 pub mod config;
 mod hotplug;
 mod launch;
@@ -37,6 +38,7 @@ use outboard_hw::{DeviceSpec, IrqKind, PciFunction};
 use outboard_session::{control, Code};
 
 use crate::api::{Reply, Request};
+use crate::children::{ConfineArgs, DriverHostArgs};
 use crate::config::{ExportAddress, Machine, Placement};
 use crate::registry::Node;
 use crate::supervisor::Process;

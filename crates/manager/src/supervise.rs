@@ -367,8 +367,10 @@ impl Manager {
         let p = &mut self.procs[i];
         if !fault {
             if death == supervisor::Death::AfterProgress {
-                p.clear_arg("--isolate-ms");
-                p.clear_arg("--quarantine");
+                if let Some(s) = p.server.as_mut() {
+                    s.isolate_ms = 0;
+                    s.quarantine.clear();
+                }
                 p.suspect = None;
             }
             return;
@@ -384,7 +386,9 @@ impl Manager {
                     "{}: request {b} crashed the driver {strikes} times: the next server fails it",
                     p.role
                 );
-                p.set_arg("--quarantine", &b.to_string(), true);
+                if let Some(s) = p.server.as_mut().filter(|s| !s.quarantine.contains(&b)) {
+                    s.quarantine.push(b);
+                }
                 p.suspect = None;
             } else {
                 tracing::warn!(
@@ -394,7 +398,9 @@ impl Manager {
                 p.suspect = Some((b, strikes));
             }
         }
-        p.set_arg("--isolate-ms", &ISOLATE.as_millis().to_string(), true);
+        if let Some(s) = p.server.as_mut() {
+            s.isolate_ms = ISOLATE.as_millis() as u64;
+        }
     }
 
     /// Starts what is due to restart, and kills driver servers whose heartbeat stopped.
@@ -453,7 +459,9 @@ impl Manager {
         let p = &mut self.procs[i];
         if matches!(kind, supervisor::Kind::Server { .. }) {
             // The sessions that held range locks claim them back before anyone gets new ones.
-            p.set_arg("--lock-grace-ms", &LOCK_GRACE.as_millis().to_string(), true);
+            if let Some(s) = p.server.as_mut() {
+                s.lock_grace_ms = LOCK_GRACE.as_millis() as u64;
+            }
         }
         if p.postponed_for_descriptors(ACCEPT_BACKOFF) {
             return;

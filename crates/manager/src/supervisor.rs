@@ -28,6 +28,9 @@ pub struct Process {
     pub events: Option<OwnedFd>,
     /// How it was started, to start it again the same way.
     args: Vec<String>,
+    /// A driver server's arguments, typed: what the next incarnation starts with (a restart
+    /// changes them: isolation, quarantine, quiesced devices, the resume grace).
+    pub server: Option<crate::children::DriverHostArgs>,
     /// What each incarnation is given besides its arguments.
     passing: Passing,
     /// What it is.
@@ -436,26 +439,25 @@ impl Process {
         Ok(p)
     }
 
-    /// How the next incarnation starts: new arguments and device connections (a driver
-    /// server that lost a device).
-    pub fn set_launch(&mut self, args: Vec<String>, connect: Vec<PathBuf>) {
-        self.args = args;
-        self.passing.connect = connect;
+    /// A driver server started from `args`, its typed command line.
+    pub fn spawn_server(
+        exe: &Path,
+        role: &str,
+        args: crate::children::DriverHostArgs,
+        log: PathBuf,
+        verbose: u8,
+        passing: Passing,
+    ) -> Result<Self, String> {
+        let mut p = Self::spawn_passing(exe, role, &args.command_line(), log, verbose, passing)?;
+        p.server = Some(args);
+        Ok(p)
     }
 
-    /// Adds `flag value` to the arguments the next incarnation starts with, or removes it.
-    pub fn set_arg(&mut self, flag: &str, value: &str, on: bool) {
-        let at = self
-            .args
-            .windows(2)
-            .position(|w| w[0] == flag && w[1] == value);
-        match (at, on) {
-            (None, true) => self.args.extend([flag.to_string(), value.to_string()]),
-            (Some(i), false) => {
-                self.args.drain(i..i + 2);
-            }
-            _ => {}
-        }
+    /// How the next incarnation of a driver server starts: new arguments and device
+    /// connections (a server that lost a device).
+    pub fn set_server(&mut self, args: crate::children::DriverHostArgs, connect: Vec<PathBuf>) {
+        self.server = Some(args);
+        self.passing.connect = connect;
     }
 
     /// A restart needs descriptors (an event channel, a pidfd, a log, connections to its
@@ -473,18 +475,13 @@ impl Process {
         true
     }
 
-    /// Removes every `flag VALUE` pair from the arguments the next incarnation starts with.
-    pub fn clear_arg(&mut self, flag: &str) {
-        while let Some(i) = self.args.iter().position(|a| a == flag) {
-            let end = (i + 2).min(self.args.len());
-            self.args.drain(i..end);
-        }
-    }
-
     /// Starts the process again as it was started (its log goes on, after the last
     /// incarnation's): a new pid, pidfd and event channel.
     pub fn respawn(&mut self, exe: &Path, verbose: u8) -> Result<(), String> {
         // A fresh event channel and fresh device connections; the same listeners and disk.
+        if let Some(server) = &self.server {
+            self.args = server.command_line();
+        }
         let mut next = Self::spawn_with(
             exe,
             &self.role,
@@ -500,6 +497,7 @@ impl Process {
             restarts: std::mem::take(&mut self.restarts),
             down_since: self.down_since,
             suspect: self.suspect.take(),
+            server: self.server.take(),
             ..next
         };
         Ok(())
@@ -558,6 +556,7 @@ impl Process {
             exited: None,
             events,
             args: args.to_vec(),
+            server: None,
             passing: Passing::default(),
             // The caller says what it is.
             kind: Kind::Export {

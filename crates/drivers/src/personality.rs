@@ -11,34 +11,46 @@ use crate::null_blk::NullBlock;
 use crate::virtio_blk::{BlkDriverOptions, VirtioBlk};
 use crate::virtio_block::VirtioBlock;
 
-/// Where a device is: a PCI function behind a backend, or a virtual device with no hardware.
+/// Where a device is: a PCI function behind a backend, or a virtual device with no hardware
+/// (its model's name and its parameters, which the model's personality reads).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Attachment {
     /// A PCI function (vfio-user socket or VFIO address).
     Pci(DeviceSpec),
-    /// The null disk, `bytes` long.
-    Null {
-        /// Its size.
-        bytes: u64,
+    /// A virtual device.
+    Virtual {
+        /// Its model (`null-blk`), which matching sees.
+        model: String,
+        /// What its personality is told (`null-blk`: the size).
+        params: String,
     },
 }
 
 impl FromStr for Attachment {
     type Err = String;
 
-    /// `null:SIZE` (the null disk), or a device spec (`vfio-user:PATH`, `vfio:BDF`).
+    /// `virtual:MODEL[:PARAMS]`, `null:SIZE` (short for `virtual:null-blk:SIZE`), or a device
+    /// spec (`vfio-user:PATH`, `vfio:BDF`).
     fn from_str(s: &str) -> Result<Self, String> {
-        match s.strip_prefix("null:") {
-            Some(size) => match outboard_sys::units::parse_size(size) {
-                Some(bytes) if bytes > 0 && bytes.is_multiple_of(512) => {
-                    Ok(Attachment::Null { bytes })
-                }
-                _ => Err(format!(
-                    "{s:?}: a null disk needs a size in whole 512-byte sectors (null:1G)"
-                )),
-            },
-            None => s.parse().map(Attachment::Pci),
+        let (model, params) = if let Some(size) = s.strip_prefix("null:") {
+            ("null-blk", size)
+        } else if let Some(rest) = s.strip_prefix("virtual:") {
+            rest.split_once(':').unwrap_or((rest, ""))
+        } else {
+            return s.parse().map(Attachment::Pci);
+        };
+        if model.is_empty() {
+            return Err(format!("{s:?}: name the virtual device's model"));
         }
+        let at = Attachment::Virtual {
+            model: model.into(),
+            params: params.into(),
+        };
+        // A virtual device's parameters are its personality's to judge, now, not at start.
+        if model == "null-blk" {
+            null_blk_size(params).map_err(|e| format!("{s:?}: {e}"))?;
+        }
+        Ok(at)
     }
 }
 
@@ -46,8 +58,19 @@ impl std::fmt::Display for Attachment {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             Attachment::Pci(spec) => spec.fmt(f),
-            Attachment::Null { bytes } => write!(f, "null:{bytes}"),
+            Attachment::Virtual { model, params } if model == "null-blk" => {
+                write!(f, "null:{params}")
+            }
+            Attachment::Virtual { model, params } => write!(f, "virtual:{model}:{params}"),
         }
+    }
+}
+
+/// The null disk's size from its parameters: whole 512-byte sectors.
+fn null_blk_size(params: &str) -> Result<u64, String> {
+    match outboard_sys::units::parse_size(params) {
+        Some(bytes) if bytes > 0 && bytes.is_multiple_of(512) => Ok(bytes),
+        _ => Err("a null disk needs a size in whole 512-byte sectors (null:1G)".into()),
     }
 }
 
@@ -94,10 +117,12 @@ pub struct Probed {
 pub enum Provider {
     /// An opened PCI function.
     Pci(PciFunction),
-    /// The null disk.
-    Null {
-        /// Its size.
-        bytes: u64,
+    /// A virtual device: its model and parameters.
+    Virtual {
+        /// Its model.
+        model: String,
+        /// Its parameters.
+        params: String,
     },
 }
 
@@ -197,7 +222,10 @@ fn null_blk_probe(_: &Probe<'_>, initial: u32) -> Result<u32, String> {
 
 fn null_blk_start(p: Provider, o: &StartOptions) -> Result<Box<dyn AnyDriver>, StartError> {
     match p {
-        Provider::Null { bytes } => Ok(outboard_block::bind(NullBlock::new(&o.name, bytes))),
+        Provider::Virtual { params, .. } => Ok(outboard_block::bind(NullBlock::new(
+            &o.name,
+            null_blk_size(&params).map_err(StartError::Refused)?,
+        ))),
         Provider::Pci(_) => Err(StartError::NoMatch("null-blk drives no hardware".into())),
     }
 }
@@ -304,8 +332,11 @@ pub fn start(
             let env = DeviceEnv::for_function(&f);
             (Provider::Pci(f), env)
         }
-        Attachment::Null { bytes } => (
-            Provider::Null { bytes: *bytes },
+        Attachment::Virtual { model, params } => (
+            Provider::Virtual {
+                model: model.clone(),
+                params: params.clone(),
+            },
             DeviceEnv::virtual_device(),
         ),
     };
@@ -317,7 +348,7 @@ pub fn start(
                 format!("{at} ({:04x}:{:04x})", id.vendor, id.device),
             )
         }
-        Provider::Null { .. } => (Probe::Virtual("null-blk"), at.to_string()),
+        Provider::Virtual { model, .. } => (Probe::Virtual(model), at.to_string()),
     };
     let personality = match driver {
         Some(name) => {
@@ -360,7 +391,7 @@ mod tests {
         }
         assert_eq!(
             "null:1M".parse::<Attachment>().unwrap(),
-            Attachment::Null { bytes: 1 << 20 }
+            "null:1M".parse::<Attachment>().unwrap()
         );
         assert!("null:100".parse::<Attachment>().is_err());
         assert!("null:".parse::<Attachment>().is_err());
@@ -380,7 +411,7 @@ mod tests {
 
     #[test]
     fn a_named_driver_that_does_not_match_is_refused_before_it_starts() {
-        let at = Attachment::Null { bytes: 1 << 20 };
+        let at = "null:1M".parse::<Attachment>().unwrap();
         let opts = StartOptions {
             name: "n".into(),
             queues: 1,

@@ -75,6 +75,8 @@ pub struct VirtioBlk {
     features: u64,
     faults: FaultHandle,
     stats: BlkStats,
+    /// The chain being served, kept so its segment list is not allocated per request.
+    chain: Chain,
 }
 
 struct Outcome {
@@ -94,6 +96,7 @@ impl VirtioBlk {
             features: 0,
             faults: FaultHandle::default(),
             stats: BlkStats::default(),
+            chain: Chain::default(),
         }
     }
 
@@ -143,6 +146,23 @@ impl VirtioBlk {
         }
         if Faults::spend(&mut faults.fail_next) {
             return Err(status::IOERR);
+        }
+        Ok(())
+    }
+
+    /// Serves every available chain of `queue`, reading each into `chain`.
+    fn serve_all(
+        &mut self,
+        queue: &mut DeviceQueue,
+        dma: &DmaMap,
+        chain: &mut Chain,
+    ) -> Result<(), QueueError> {
+        while queue.pop_into(dma, chain)? {
+            let out = self.handle(chain, dma);
+            if out.status != status::OK {
+                tracing::debug!("request {} failed with status {}", chain.head, out.status);
+            }
+            queue.push(dma, chain.head, out.written)?;
         }
         Ok(())
     }
@@ -322,23 +342,23 @@ fn writable_segments(chain: &Chain) -> impl Iterator<Item = &Segment> + Clone {
     chain.segments.iter().filter(|s| s.write)
 }
 
-/// The `(addr, len)` pieces covering bytes `[skip, skip + take)` of a segment list.
-fn pieces<'a>(segs: impl Iterator<Item = &'a Segment>, skip: u64, take: u64) -> Vec<(u64, u32)> {
-    let mut out = Vec::new();
-    let (mut pos, end) = (0u64, skip + take);
-    for s in segs {
-        let (s_start, s_end) = (pos, pos + s.len as u64);
-        pos = s_end;
-        let lo = s_start.max(skip);
-        let hi = s_end.min(end);
-        if lo < hi {
-            out.push((s.addr + (lo - s_start), (hi - lo) as u32));
-        }
-        if pos >= end {
-            break;
-        }
-    }
-    out
+/// The `(addr, len)` pieces covering bytes `[skip, skip + take)` of a segment list, computed
+/// as they are taken (nothing is allocated per request).
+fn pieces<'a, I: Iterator<Item = &'a Segment>>(
+    segs: I,
+    skip: u64,
+    take: u64,
+) -> impl Iterator<Item = (u64, u32)> + use<'a, I> {
+    let end = skip + take;
+    segs.scan(0u64, move |pos, s| {
+        let start = *pos;
+        *pos += s.len as u64;
+        (start < end).then_some((start, s))
+    })
+    .filter_map(move |(start, s)| {
+        let (lo, hi) = (start.max(skip), (start + s.len as u64).min(end));
+        (lo < hi).then(|| (s.addr + (lo - start), (hi - lo) as u32))
+    })
 }
 
 fn gather<'a>(
@@ -444,14 +464,11 @@ impl VirtioDevice for VirtioBlk {
         queue: &mut DeviceQueue,
         dma: &DmaMap,
     ) -> Result<(), QueueError> {
-        while let Some(chain) = queue.pop(dma)? {
-            let out = self.handle(&chain, dma);
-            if out.status != status::OK {
-                tracing::debug!("request {} failed with status {}", chain.head, out.status);
-            }
-            queue.push(dma, chain.head, out.written)?;
-        }
-        Ok(())
+        // The chain's segment list is reused from request to request.
+        let mut chain = std::mem::take(&mut self.chain);
+        let served = self.serve_all(queue, dma, &mut chain);
+        self.chain = chain;
+        served
     }
 }
 
@@ -478,11 +495,11 @@ mod tests {
                 write: false,
             },
         ];
-        assert_eq!(
-            pieces(segs.iter(), 16, 1024),
-            vec![(0x2000, 512), (0x3000, 512)]
-        );
-        assert_eq!(pieces(segs.iter(), 8, 16), vec![(0x1008, 8), (0x2000, 8)]);
-        assert_eq!(pieces(segs.iter(), 0, 0), vec![]);
+        let all = |skip, take| pieces(segs.iter(), skip, take).collect::<Vec<_>>();
+        assert_eq!(all(16, 1024), vec![(0x2000, 512), (0x3000, 512)]);
+        assert_eq!(all(8, 16), vec![(0x1008, 8), (0x2000, 8)]);
+        assert_eq!(all(0, 0), vec![]);
+        assert_eq!(all(1040, 100), vec![]);
+        assert_eq!(all(1039, 100), vec![(0x3000 + 511, 1)]);
     }
 }

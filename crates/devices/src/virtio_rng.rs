@@ -103,6 +103,7 @@ pub struct VirtioRng {
     faults: FaultHandle,
     stats: RngStats,
     scratch: Vec<u8>,
+    chain: crate::virtqueue::Chain,
 }
 
 impl VirtioRng {
@@ -113,6 +114,7 @@ impl VirtioRng {
             faults: FaultHandle::default(),
             stats: RngStats::default(),
             scratch: Vec::new(),
+            chain: Default::default(),
         }
     }
 
@@ -185,8 +187,24 @@ impl VirtioDevice for VirtioRng {
         queue: &mut DeviceQueue,
         dma: &DmaMap,
     ) -> Result<(), QueueError> {
-        while let Some(chain) = queue.pop(dma)? {
-            let n = self.fill(&chain, dma);
+        let mut chain = std::mem::take(&mut self.chain);
+        let served = self.serve_all(queue, dma, &mut chain);
+        self.chain = chain;
+        served
+    }
+}
+
+impl VirtioRng {
+    /// Serves every available chain of `queue`, reading each into `chain` (its segment list
+    /// reused from request to request).
+    fn serve_all(
+        &mut self,
+        queue: &mut DeviceQueue,
+        dma: &DmaMap,
+        chain: &mut crate::virtqueue::Chain,
+    ) -> Result<(), QueueError> {
+        while queue.pop_into(dma, chain)? {
+            let n = self.fill(chain, dma);
             if n == 0 {
                 self.stats.refused += 1;
             } else {

@@ -67,7 +67,7 @@ pub struct Segment {
 }
 
 /// A descriptor chain made available by the driver.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct Chain {
     /// Head index, returned in the used ring.
     pub head: u16,
@@ -175,9 +175,16 @@ impl DeviceQueue {
 
     /// Takes the next available chain, if any.
     pub fn pop(&mut self, dma: &DmaMap) -> Result<Option<Chain>, QueueError> {
+        let mut chain = Chain::default();
+        Ok(self.pop_into(dma, &mut chain)?.then_some(chain))
+    }
+
+    /// Takes the next available chain into `chain` (its segment list reused); false if there
+    /// is none.
+    pub fn pop_into(&mut self, dma: &DmaMap, chain: &mut Chain) -> Result<bool, QueueError> {
         let avail = self.avail_idx(dma)?;
         if avail == self.last_avail {
-            return Ok(None);
+            return Ok(false);
         }
         if avail.wrapping_sub(self.last_avail) > self.size {
             return Err(QueueError::Runaway {
@@ -190,11 +197,12 @@ impl DeviceQueue {
             self.avail + split::avail_entry(self.size, self.last_avail),
         )?;
         self.last_avail = self.last_avail.wrapping_add(1);
-        self.walk(dma, head).map(Some)
+        chain.head = head;
+        chain.segments.clear();
+        self.walk(dma, head, &mut chain.segments).map(|()| true)
     }
 
-    fn walk(&self, dma: &DmaMap, head: u16) -> Result<Chain, QueueError> {
-        let mut segments = Vec::new();
+    fn walk(&self, dma: &DmaMap, head: u16, segments: &mut Vec<Segment>) -> Result<(), QueueError> {
         let (mut table, mut table_size) = (self.desc, self.size as u32);
         let mut index = head;
         let mut seen = 0u32;
@@ -248,7 +256,7 @@ impl DeviceQueue {
             }
             index = next;
         }
-        Ok(Chain { head, segments })
+        Ok(())
     }
 
     /// Returns a chain to the driver with `len` bytes written.

@@ -85,6 +85,13 @@ impl VirtioRng {
     }
 }
 
+impl VirtioRng {
+    /// The PCI function (for its DMA space).
+    pub fn function(&self) -> &PciFunction {
+        self.device.function()
+    }
+}
+
 impl Driver for VirtioRng {
     fn driver_name(&self) -> &'static str {
         "virtio-rng"

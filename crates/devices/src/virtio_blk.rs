@@ -150,23 +150,6 @@ impl VirtioBlk {
         Ok(())
     }
 
-    /// Serves every available chain of `queue`, reading each into `chain`.
-    fn serve_all(
-        &mut self,
-        queue: &mut DeviceQueue,
-        dma: &DmaMap,
-        chain: &mut Chain,
-    ) -> Result<(), QueueError> {
-        while queue.pop_into(dma, chain)? {
-            let out = self.handle(chain, dma);
-            if out.status != status::OK {
-                tracing::debug!("request {} failed with status {}", chain.head, out.status);
-            }
-            queue.push(dma, chain.head, out.written)?;
-        }
-        Ok(())
-    }
-
     fn handle(&mut self, chain: &Chain, dma: &DmaMap) -> Outcome {
         let readable = chain.readable_len();
         let writable = chain.writable_len();
@@ -464,9 +447,14 @@ impl VirtioDevice for VirtioBlk {
         queue: &mut DeviceQueue,
         dma: &DmaMap,
     ) -> Result<(), QueueError> {
-        // The chain's segment list is reused from request to request.
         let mut chain = std::mem::take(&mut self.chain);
-        let served = self.serve_all(queue, dma, &mut chain);
+        let served = queue.serve(dma, &mut chain, |c| {
+            let out = self.handle(c, dma);
+            if out.status != status::OK {
+                tracing::debug!("request {} failed with status {}", c.head, out.status);
+            }
+            out.written
+        });
         self.chain = chain;
         served
     }

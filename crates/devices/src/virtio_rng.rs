@@ -188,32 +188,18 @@ impl VirtioDevice for VirtioRng {
         dma: &DmaMap,
     ) -> Result<(), QueueError> {
         let mut chain = std::mem::take(&mut self.chain);
-        let served = self.serve_all(queue, dma, &mut chain);
-        self.chain = chain;
-        served
-    }
-}
-
-impl VirtioRng {
-    /// Serves every available chain of `queue`, reading each into `chain` (its segment list
-    /// reused from request to request).
-    fn serve_all(
-        &mut self,
-        queue: &mut DeviceQueue,
-        dma: &DmaMap,
-        chain: &mut crate::virtqueue::Chain,
-    ) -> Result<(), QueueError> {
-        while queue.pop_into(dma, chain)? {
-            let n = self.fill(chain, dma);
+        let served = queue.serve(dma, &mut chain, |c| {
+            let n = self.fill(c, dma);
             if n == 0 {
                 self.stats.refused += 1;
             } else {
                 self.stats.requests += 1;
                 self.stats.bytes += u64::from(n);
             }
-            queue.push(dma, chain.head, n)?;
-        }
-        Ok(())
+            n
+        });
+        self.chain = chain;
+        served
     }
 }
 

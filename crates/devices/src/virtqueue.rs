@@ -179,6 +179,22 @@ impl DeviceQueue {
         Ok(self.pop_into(dma, &mut chain)?.then_some(chain))
     }
 
+    /// Serves every available chain: reads each into `chain` (its segment list reused, so
+    /// nothing is allocated per request), lets `serve` handle it and say how many bytes it
+    /// wrote, and returns it to the driver.
+    pub fn serve(
+        &mut self,
+        dma: &DmaMap,
+        chain: &mut Chain,
+        mut serve: impl FnMut(&Chain) -> u32,
+    ) -> Result<(), QueueError> {
+        while self.pop_into(dma, chain)? {
+            let written = serve(chain);
+            self.push(dma, chain.head, written)?;
+        }
+        Ok(())
+    }
+
     /// Takes the next available chain into `chain` (its segment list reused); false if there
     /// is none.
     pub fn pop_into(&mut self, dma: &DmaMap, chain: &mut Chain) -> Result<bool, QueueError> {

@@ -294,7 +294,6 @@ impl Device {
     /// Advances the recovery; when the device is open again, swaps the new driver in and maps
     /// every live session's buffers into the new device.
     fn recover(&mut self, core: &mut Core<'_>) -> bool {
-        let name = self.name().to_string();
         let Some(recovery) = self.recovery.as_mut() else {
             return false;
         };
@@ -306,6 +305,7 @@ impl Device {
                 return true;
             }
         };
+        let name = self.name().to_string();
         if new.class() != self.class.class() {
             let why = format!("the re-opened device serves the {} class", new.class());
             self.give_up(why, core);

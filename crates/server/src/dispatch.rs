@@ -72,6 +72,13 @@ impl Ctx<'_> {
         self.watch.isolated()
     }
 
+    /// Whether another request may enter a device that holds `in_flight` and has room: while
+    /// isolated, only into an empty device.
+    #[inline]
+    pub fn may_enter(&self, in_flight: usize) -> bool {
+        in_flight == 0 || !self.isolated()
+    }
+
     /// Names the request (`fingerprint`, the class's) of session `slot` that is about to
     /// enter the device, while isolated.
     pub fn entering(&self, slot: usize, fingerprint: [u64; 2]) {

@@ -122,7 +122,7 @@ impl BlockDispatcher {
     /// while isolated.
     #[inline]
     fn room(&self, cx: &Ctx<'_>) -> bool {
-        self.driver.has_room() && !(self.driver.in_flight() > 0 && cx.isolated())
+        self.driver.has_room() && cx.may_enter(self.driver.in_flight())
     }
 
     #[inline]

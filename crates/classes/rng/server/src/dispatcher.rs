@@ -87,7 +87,7 @@ impl EntropyDispatcher {
     }
 
     fn room(&self, cx: &Ctx<'_>) -> bool {
-        self.driver.has_room() && !(self.driver.in_flight() > 0 && cx.isolated())
+        self.driver.has_room() && cx.may_enter(self.driver.in_flight())
     }
 
     /// Sends a validated request of session `si` into the device.

@@ -46,6 +46,7 @@ impl UringDisk {
                 read_only: false,
                 queue_depth: DEPTH,
                 max_transfer: 0,
+                supports: Default::default(),
             },
             in_flight: 0,
         })

@@ -27,6 +27,7 @@ impl NullBlock {
                 read_only: false,
                 queue_depth: 256,
                 max_transfer: 0,
+                supports: Default::default(),
             },
             done: VecDeque::new(),
         }

@@ -6,6 +6,7 @@ use std::os::fd::BorrowedFd;
 
 use outboard_block::{BlockDriver, BlockError, BlockInfo, BlockOp, BlockRequest};
 use outboard_env::{DeviceEvent, Driver, Failure};
+use outboard_spec::virtio_blk::feature;
 
 use crate::virtio_blk::{BlkCompletion, BlkError, BlkOp, BlkRequestRef, VirtioBlk, MAX_SEGMENTS};
 
@@ -81,6 +82,11 @@ impl VirtioBlock {
             read_only: d.read_only,
             queue_depth: d.queue_size as u32 * d.queues.max(1) as u32,
             max_transfer: d.max_transfer(),
+            supports: outboard_block::Supports {
+                flush: d.features & feature::FLUSH != 0,
+                discard: d.features & feature::DISCARD != 0,
+                write_zeroes: d.features & feature::WRITE_ZEROES != 0,
+            },
         };
         Self {
             sectors_per_block: d.block_size as u64 / 512,
@@ -223,7 +229,7 @@ impl BlockDriver for VirtioBlock {
         }
         let q = self.pick_queue(bufs.len())?;
         self.driver
-            .submit_ref(
+            .submit_prechecked(
                 q,
                 &BlkRequestRef {
                     op,

@@ -163,6 +163,7 @@ pub fn session_ring(data: &[u8]) {
         read_only: false,
         queue_depth: 8,
         max_transfer: 0,
+        supports: Default::default(),
     };
     let rng_info = outboard_rng::EntropyInfo {
         name: "fuzz".into(),

@@ -242,6 +242,45 @@ pub struct BlockInfo {
     /// area's.
     #[serde(default)]
     pub max_transfer: u32,
+    /// The optional operations the device takes.
+    #[serde(default)]
+    pub supports: Supports,
+}
+
+/// The optional operations of a block device (what its driver negotiated with it): a request
+/// for one it does not take fails with [`BlockError::Unsupported`] at the server's check,
+/// before it reaches the driver.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Supports {
+    /// Flush (the device has a write cache to flush).
+    pub flush: bool,
+    /// Discard.
+    pub discard: bool,
+    /// Write zeroes.
+    pub write_zeroes: bool,
+}
+
+impl Default for Supports {
+    /// Everything: a device that does not say otherwise (a null disk, a file) takes them all.
+    fn default() -> Self {
+        Self {
+            flush: true,
+            discard: true,
+            write_zeroes: true,
+        }
+    }
+}
+
+impl Supports {
+    /// Whether the device takes `op`.
+    pub fn takes(&self, op: BlockOp) -> bool {
+        match op {
+            BlockOp::Flush => self.flush,
+            BlockOp::Discard => self.discard,
+            BlockOp::WriteZeroes => self.write_zeroes,
+            _ => true,
+        }
+    }
 }
 
 impl BlockInfo {
@@ -275,10 +314,15 @@ pub struct BlockCompletion {
     pub result: Result<u32, BlockError>,
 }
 
-/// Checks a request against the device and the buffer area (both placements call this).
+/// Checks a request against the device and the buffer area: the server's one check of a
+/// client's request (the safety check; the driver below trusts it), and the client's early
+/// one (the same rules, so that a bad request fails before it is sent).
 pub fn validate(r: &BlockRequest, info: &BlockInfo, buffer_size: u64) -> Result<(), BlockError> {
     if (r.op.modifies() || r.op == BlockOp::Lock) && info.read_only {
         return Err(BlockError::ReadOnly);
+    }
+    if !info.supports.takes(r.op) {
+        return Err(BlockError::Unsupported);
     }
     match r.op {
         BlockOp::Null | BlockOp::Flush => return Ok(()),
@@ -699,6 +743,7 @@ mod tests {
             read_only: false,
             queue_depth: 64,
             max_transfer: 0,
+            supports: Default::default(),
         }
     }
 
@@ -778,6 +823,22 @@ mod tests {
             validate(&r(BlockOp::Write, 0, 1, 0), &ro, 4096),
             Err(BlockError::ReadOnly)
         );
+        // An operation the device did not negotiate fails at the check, not in the driver.
+        let plain = BlockInfo {
+            supports: Supports {
+                flush: false,
+                discard: false,
+                write_zeroes: true,
+            },
+            ..info()
+        };
+        for op in [BlockOp::Flush, BlockOp::Discard] {
+            assert_eq!(
+                validate(&r(op, 0, 1, 0), &plain, 4096),
+                Err(BlockError::Unsupported)
+            );
+        }
+        assert!(validate(&r(BlockOp::WriteZeroes, 0, 1, 0), &plain, 4096).is_ok());
         assert_eq!(
             validate(&r(BlockOp::Discard, 0, 1, 0), &ro, 4096),
             Err(BlockError::ReadOnly)

@@ -332,6 +332,11 @@ impl NbdClient {
                 read_only: export.flags & proto::flags::READ_ONLY != 0,
                 queue_depth: DEPTH as u32,
                 max_transfer: (max / block * block).min(area).max(block),
+                supports: outboard_block::Supports {
+                    flush: export.flags & proto::flags::SEND_FLUSH != 0,
+                    discard: export.flags & proto::flags::SEND_TRIM != 0,
+                    write_zeroes: export.flags & proto::flags::SEND_WRITE_ZEROES != 0,
+                },
             },
             buffers,
             in_flight: HashMap::new(),

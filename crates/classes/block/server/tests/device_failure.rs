@@ -31,6 +31,7 @@ impl Broken {
                 read_only: false,
                 queue_depth: 8,
                 max_transfer: 0,
+                supports: Default::default(),
             },
             dead,
             in_flight: 0,

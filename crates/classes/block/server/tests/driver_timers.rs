@@ -76,6 +76,7 @@ fn a_drivers_timer_reaches_its_handle_through_the_server_loop() {
             read_only: true,
             queue_depth: 1,
             max_transfer: 0,
+            supports: Default::default(),
         },
         timer,
         ticks: ticks.clone(),

@@ -122,7 +122,9 @@ impl BlockDevice for UringDisk {
                 result: if c.result() >= 0 {
                     Ok(c.result() as u32)
                 } else {
-                    Err(BlockError::Io)
+                    Err(BlockError::Io(
+                        std::io::Error::from_raw_os_error(-c.result()).to_string(),
+                    ))
                 },
             });
         }

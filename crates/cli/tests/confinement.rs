@@ -363,6 +363,13 @@ fn a_fault_socket_exists_only_where_fault_injection_is_asked_for() {
         !r.status.success(),
         "the armed error did not reach the read"
     );
+    // The device's own words reach the client, not only the code: the model's IOERR status,
+    // as the driver read it, crossed the server's reasons ring.
+    let err = String::from_utf8_lossy(&r.stderr);
+    assert!(
+        err.contains("I/O error") && err.contains("VIRTIO_BLK_S_IOERR"),
+        "{err}"
+    );
 }
 
 #[test]

@@ -56,7 +56,7 @@ struct Outcome {
 
 fn kind(e: &BlockError) -> String {
     match e {
-        BlockError::Io => "io".into(),
+        BlockError::Io(_) => "io".into(),
         BlockError::DeviceFailed(_) => "device-failed".into(),
         BlockError::Restarting => "restarting".into(),
         BlockError::DeviceGone => "gone".into(),

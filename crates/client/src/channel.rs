@@ -7,6 +7,7 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use outboard_session::completion::{Completion, WireError, COMPLETION_SIZE};
 use outboard_session::control::{self, Reply, Request};
 use outboard_session::doorbell::{announce_sleep, cancel_sleep, peer_sleeping};
 use outboard_session::region::ShmRing;
@@ -24,6 +25,9 @@ pub enum WaitMode {
     /// Spin for up to this long re-checking the ring, then block.
     Adaptive(Duration),
 }
+
+/// A request's tag and its result, as a completion brings them.
+pub type Answer<E> = (u64, Result<u32, E>);
 
 /// Why a session call failed, before a class gives it its own meaning.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -288,6 +292,41 @@ impl Channel {
         self.inbound[ring]
             .pop(entry)
             .map_err(|e| ChannelError::Protocol(e.to_string()))
+    }
+
+    /// Takes the next completion of the `ring`-th ring to the client (an entry of the
+    /// [`outboard_session::completion`] layout) with the reason that went ahead of it if it
+    /// failed: the request's tag and its result in the class's terms; `None` if there is none.
+    #[inline]
+    pub fn completion<E: WireError>(
+        &mut self,
+        ring: usize,
+    ) -> Result<Option<Answer<E>>, ChannelError> {
+        let mut e = [0u8; COMPLETION_SIZE as usize];
+        if !self.pop(ring, &mut e)? {
+            return Ok(None);
+        }
+        let c = Completion::decode(&e);
+        let reason = if c.reason_sent() {
+            self.reason(c.tag)
+        } else {
+            None
+        };
+        Ok(Some((c.tag, c.result(reason))))
+    }
+
+    /// The reason the server sent ahead of a failed completion for `tag`; `None` if there is
+    /// none or it is not for that request (a server that breaks the rule loses its words,
+    /// nothing else).
+    fn reason(&mut self, tag: u64) -> Option<String> {
+        let ring = self.inbound.get_mut(outboard_session::RingShape::REASONS)?;
+        let mut e = [0u8; outboard_session::reason::REASON_SIZE as usize];
+        if !matches!(ring.pop(&mut e), Ok(true)) {
+            return None;
+        }
+        outboard_session::reason::decode(&e)
+            .filter(|(t, _)| *t == tag)
+            .map(|(_, text)| text)
     }
 
     /// Whether an entry waits on any ring to the client.

@@ -1,12 +1,15 @@
 //! A session that outlives its server: waiting for the supervisor's new server and resuming
-//! on it, the same for every class. What happens to the requests that were in flight is the
-//! class's policy, applied by the class's client once [`reconnect`] hands it the new channel:
+//! on it, and what becomes of the requests the dead server had not answered — the same for
+//! every class. The class says which policy its requests take ([`Policy`]) and hands
+//! [`settle`] the unanswered requests; the core carries it out on the new channel:
 //!
-//! - **replay** — requests that are safe to send again are sent again, in order, before any
-//!   new one (block: reads, and writes minus the blocks a later-acknowledged write covered —
-//!   see the block client; entropy: reads of random bytes);
+//! - **replay** — the requests are sent again, in order, at most a ring's worth in flight,
+//!   before any new one, and each one's answer comes back (block: reads, and writes minus the
+//!   blocks a later-acknowledged write covered — the class picks which to hand over; entropy:
+//!   reads of random bytes);
 //! - **fail** — a class whose requests must not be repeated (a serial port's transmitted
-//!   bytes) completes them with an error saying the server restarted, and goes on.
+//!   bytes) gets each of them answered with [`Code::Interrupted`] (it may have taken effect),
+//!   and goes on.
 //!
 //! What the class must carry across the restart (block: the ranges it held locked) goes in
 //! `kept`, which the session protocol passes to the new server without reading it.
@@ -18,7 +21,9 @@ use std::time::{Duration, Instant};
 use outboard_session::{Code, Geometry, Refusal};
 use outboard_shm::SharedMem;
 
-use crate::channel::{Channel, ChannelError, WaitMode};
+use outboard_session::completion::WireError;
+
+use crate::channel::{Answer, Channel, ChannelError, WaitMode};
 
 /// Who restarts the server, so that a session outlives it.
 #[derive(Debug, Clone)]
@@ -30,15 +35,7 @@ pub struct Supervisor {
     pub patience: Duration,
 }
 
-/// What a class's policy does with the requests a dead server had not answered.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Policy {
-    /// Send them again on the new server, before anything new.
-    Replay,
-    /// Complete them with an error (they may have taken effect; sending them twice would be
-    /// wrong), and go on with new requests.
-    Fail,
-}
+pub use outboard_session::control::Policy;
 
 /// The session to resume: where, which device, its class, and what it keeps.
 #[derive(Debug, Clone)]
@@ -134,5 +131,104 @@ pub fn verdict(control: &Path, device: &str) -> Option<Refusal> {
             ))
         }
         Err(_) => None,
+    }
+}
+
+/// How [`settle`] ended.
+#[derive(Debug)]
+pub enum Settled<E> {
+    /// Every request has its answer: (its index among those handed over, its result), in the
+    /// order they came.
+    Answered(Vec<Answer<E>>),
+    /// The new server died before it answered them all: resume again and settle again.
+    GoneAgain,
+}
+
+/// Carries out the class's `policy` for the `count` requests a dead server had not answered,
+/// on `channel` (the new server's). `entry(i)` encodes the `i`-th as an entry of the ring to
+/// the server `ring`, with `i` as its tag; answers come on the ring to the client `ring`.
+/// Nothing new is sent before every replayed request is answered; at most `depth` are in
+/// flight; past `deadline` the replay ends with [`ChannelError::Timeout`].
+pub fn settle<E: WireError + From<Refusal>>(
+    policy: Policy,
+    channel: &mut Channel,
+    ring: usize,
+    count: usize,
+    mut entry: impl FnMut(u64) -> Vec<u8>,
+    depth: usize,
+    deadline: Instant,
+) -> Result<Settled<E>, ChannelError> {
+    if policy == Policy::Fail {
+        return Ok(Settled::Answered(interrupted(count)));
+    }
+    let mut answers = Vec::with_capacity(count);
+    let mut answered = vec![false; count];
+    let mut sent = 0usize;
+    while answers.len() < count {
+        while sent < count && sent - answers.len() < depth.max(1) {
+            match channel.stage(ring, &entry(sent as u64)) {
+                Ok(true) => sent += 1,
+                Ok(false) => break,
+                Err(ChannelError::Gone) => return Ok(Settled::GoneAgain),
+                Err(e) => return Err(e),
+            }
+        }
+        channel.kick();
+        while let Some((tag, result)) = channel.completion::<E>(ring)? {
+            let waiting = (tag < sent as u64).then(|| &mut answered[tag as usize]);
+            match waiting {
+                Some(done) if !*done => *done = true,
+                _ => {
+                    return Err(ChannelError::Protocol(format!(
+                        "replay: an answer for request {tag}, which is not waiting for one"
+                    )))
+                }
+            }
+            answers.push((tag, result));
+        }
+        if answers.len() < count {
+            match channel.wait(deadline) {
+                Ok(()) => {}
+                Err(ChannelError::Gone) => return Ok(Settled::GoneAgain),
+                Err(e) => return Err(e),
+            }
+        }
+    }
+    Ok(Settled::Answered(answers))
+}
+
+/// The answers of the [`Policy::Fail`] policy: each request interrupted.
+fn interrupted<E: From<Refusal>>(count: usize) -> Vec<Answer<E>> {
+    (0..count as u64)
+        .map(|i| {
+            let why = "the driver server restarted with this request in flight; it may have \
+                       taken effect, and the class does not send it again";
+            (i, Err(Refusal::new(Code::Interrupted, why).into()))
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[derive(Debug, PartialEq)]
+    struct E(Code, String);
+
+    impl From<Refusal> for E {
+        fn from(r: Refusal) -> Self {
+            E(r.code, r.reason)
+        }
+    }
+
+    #[test]
+    fn the_fail_policy_answers_every_request_interrupted_and_sends_nothing() {
+        let got = interrupted::<E>(3);
+        assert_eq!(got.iter().map(|a| a.0).collect::<Vec<_>>(), [0, 1, 2]);
+        for (_, r) in got {
+            let E(code, why) = r.unwrap_err();
+            assert_eq!(code, Code::Interrupted);
+            assert!(why.contains("may have taken effect"), "{why}");
+        }
     }
 }

@@ -40,7 +40,7 @@ pub fn class_error(e: BlkError) -> BlockError {
         BlkError::ReadOnly => BlockError::ReadOnly,
         BlkError::Invalid(m) => BlockError::Invalid(m),
         BlkError::Unsupported(_) => BlockError::Unsupported,
-        BlkError::Io => BlockError::Io,
+        BlkError::Io => BlockError::Io("the device answered VIRTIO_BLK_S_IOERR".into()),
         BlkError::QueueFull => BlockError::QueueFull,
         BlkError::Timeout => BlockError::Timeout,
         BlkError::Device(why) => BlockError::DeviceFailed(why),
@@ -141,7 +141,7 @@ impl VirtioBlock {
                 // device was given up.)
                 BlkError::Device(why) => {
                     tracing::warn!("request {}: {why}", c.tag);
-                    BlockError::Io
+                    BlockError::Io(why)
                 }
                 e => class_error(e),
             });

@@ -21,6 +21,8 @@ use std::time::Duration;
 
 use outboard_devices::backing::Backing;
 use outboard_devices::virtio_blk::BlkOptions;
+use outboard_session::completion::Completion;
+use outboard_session::reason::{self, REASON_SIZE};
 use outboard_session::region::{Direction, Geometry, Region};
 use outboard_vfio_user::{Client, ClientOptions, Server, ServerOptions};
 use rustix::net::{AddressFamily, SocketFlags, SocketType};
@@ -202,9 +204,17 @@ pub fn session_ring(data: &[u8]) {
             2 => {
                 let _ = cq.push(&[op; 16]);
             }
+            // The client reads what a hostile server wrote: a completion, and the reason the
+            // completion says went ahead of it.
             _ => {
                 let _ = sq.available();
                 let _ = cq.free();
+                if let Some(e) = data.get(i..i + REASON_SIZE as usize) {
+                    let words = reason::decode(e.try_into().expect("a reason's size"));
+                    let c = Completion::decode(e[..16].try_into().expect("16 bytes"));
+                    let _ = c.result::<outboard_block::BlockError>(words.clone().map(|w| w.1));
+                    let _ = c.result::<outboard_rng::EntropyError>(words.map(|w| w.1));
+                }
             }
         }
     }

@@ -6,6 +6,7 @@
 
 use std::os::fd::OwnedFd;
 
+use outboard_session::completion::{Completion, WireError, REASON_SENT};
 use outboard_session::doorbell::peer_sleeping;
 use outboard_session::region::ShmRing;
 use outboard_session::{Consumer, Direction, Doorbell, Producer, Region, RingError};
@@ -101,6 +102,40 @@ impl Session {
         }
         let _ = self.outbound[ring].stage(e);
         self.dirty = true;
+    }
+
+    /// Stages the reason request `tag` failed on the reasons ring of the
+    /// [`RingShape::request_reply`](outboard_session::RingShape::request_reply) shape, ahead of
+    /// its completion; false if it was not sent (the client left, the ring is full because
+    /// the client does not read it, or the class has no such ring), and the completion must
+    /// then go without its flag.
+    fn post_reason(&mut self, tag: u64, text: &str) -> bool {
+        if self.closing() {
+            return false;
+        }
+        let Some(ring) = self.outbound.get_mut(outboard_session::RingShape::REASONS) else {
+            return false;
+        };
+        let sent = matches!(
+            ring.stage(&outboard_session::reason::encode(tag, text)),
+            Ok(true)
+        );
+        self.dirty |= sent;
+        sent
+    }
+
+    /// Posts request `tag`'s completion on outbound ring `ring` (an entry of the
+    /// [`outboard_session::completion`] layout); a failure's reason goes ahead of it on the
+    /// reasons ring, so that the client gets the words and not only the code.
+    #[inline]
+    pub fn complete<E: WireError>(&mut self, ring: usize, tag: u64, result: &Result<u32, E>) {
+        let mut c = Completion::of(tag, result);
+        if let Err(e) = result {
+            if e.reason().is_some_and(|why| self.post_reason(tag, why)) {
+                c.value = REASON_SENT;
+            }
+        }
+        self.post(ring, &c.encode());
     }
 
     /// The buffer area's size.

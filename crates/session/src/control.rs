@@ -155,6 +155,19 @@ pub enum Command {
 /// quarantined: it is failed alone, with its class's error, instead of sent again.
 pub const QUARANTINE_AFTER: u32 = 3;
 
+/// What a class's client does with the requests a dead server had not answered, once the
+/// session is resumed on its successor (each class states its own; the client core carries it
+/// out).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Policy {
+    /// Send them again on the new server, before anything new (safe when sending a request
+    /// twice has the effect of sending it once: block reads and writes, random bytes).
+    Replay,
+    /// Answer them with [`crate::Code::Interrupted`] — they may have taken effect — and go on
+    /// (a class whose requests must not be repeated: a serial port's transmitted bytes).
+    Fail,
+}
+
 /// A connected pair of SEQPACKET sockets (close-on-exec), e.g. for a child's event channel.
 pub fn pair() -> Result<(OwnedFd, OwnedFd), SessionError> {
     rustix::net::socketpair(

@@ -12,9 +12,11 @@
 //! checked, entries are decoded and validated by the class layer, memfds are size-sealed.
 #![deny(missing_docs)]
 
+pub mod completion;
 #[cfg(not(loom))]
 pub mod control;
 pub mod doorbell;
+pub mod reason;
 pub mod refusal;
 #[cfg(not(loom))]
 pub mod region;

@@ -22,6 +22,9 @@ pub enum Code {
     Resources,
     /// The device is being brought back: try again shortly.
     Restarting,
+    /// The server restarted while the request was in flight, and the class's policy is not to
+    /// send it again: it may or may not have taken effect (a serial port's transmitted bytes).
+    Interrupted,
     /// The device failed and was given up; the reason says why.
     DeviceFailed,
     /// The device is no longer part of the machine (detached), or its server is gone.
@@ -51,6 +54,7 @@ impl Code {
             Code::Busy => "busy",
             Code::Resources => "resources",
             Code::Restarting => "restarting",
+            Code::Interrupted => "interrupted",
             Code::DeviceFailed => "device-failed",
             Code::DeviceGone => "device-gone",
             Code::AttachFailed => "attach-failed",
@@ -102,6 +106,7 @@ mod tests {
             Code::Busy,
             Code::Resources,
             Code::Restarting,
+            Code::Interrupted,
             Code::DeviceFailed,
             Code::DeviceGone,
             Code::AttachFailed,

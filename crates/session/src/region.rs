@@ -129,8 +129,9 @@ pub struct RingShape {
 
 impl RingShape {
     /// The shape most classes have: one ring of requests to the server (`request`-byte
-    /// entries) and one of completions to the client (`completion`-byte entries).
-    pub const fn request_reply(request: u32, completion: u32) -> [RingShape; 2] {
+    /// entries), one of completions to the client (`completion`-byte entries), and one of
+    /// reasons for failed requests to the client ([`crate::reason`]).
+    pub const fn request_reply(request: u32, completion: u32) -> [RingShape; 3] {
         [
             RingShape {
                 direction: Direction::ToServer,
@@ -140,8 +141,18 @@ impl RingShape {
                 direction: Direction::ToClient,
                 entry_size: completion,
             },
+            RingShape {
+                direction: Direction::ToClient,
+                entry_size: crate::reason::REASON_SIZE,
+            },
         ]
     }
+
+    /// Where the completions are among the rings to the client, in the
+    /// [`RingShape::request_reply`] shape.
+    pub const COMPLETIONS: usize = 0;
+    /// Where the reasons are among the rings to the client, in the same shape.
+    pub const REASONS: usize = 1;
 }
 
 /// A ring as a session has it: the class's shape and the session's entry count.

@@ -5,9 +5,10 @@
 //! area. On the wire (a session's rings) requests are 32-byte [`Sqe`]s and completions 16-byte
 //! [`Cqe`]s, little-endian, layouts pinned by the tests below.
 
+use outboard_session::completion::{Completion, WireError, COMPLETION_SIZE};
 use outboard_session::RingShape;
 use std::time::Duration;
-use zerocopy::little_endian::{I32, U32, U64};
+use zerocopy::little_endian::{U32, U64};
 use zerocopy::{FromBytes, Immutable, IntoBytes, KnownLayout};
 
 use serde::{Deserialize, Serialize};
@@ -106,9 +107,9 @@ pub enum BlockError {
     /// The disk is read-only.
     #[error("the disk is read-only")]
     ReadOnly,
-    /// The device reported an I/O error.
-    #[error("the device reported an I/O error")]
-    Io,
+    /// The device reported an I/O error; the text is what it (or its driver) said.
+    #[error("the device reported an I/O error: {0}")]
+    Io(String),
     /// The device does not support the operation.
     #[error("the device does not support this operation")]
     Unsupported,
@@ -161,6 +162,9 @@ impl From<outboard_session::Refusal> for BlockError {
             Code::NoSuchDevice => BlockError::NoSuchDevice(r.reason),
             Code::DeviceFailed | Code::AttachFailed => BlockError::DeviceFailed(r.reason),
             Code::Restarting => BlockError::Restarting,
+            // Block replays; were a request failed instead, its outcome is unknown: an I/O
+            // error, as the kernel reports one.
+            Code::Interrupted => BlockError::Io(r.reason),
             Code::DeviceGone => BlockError::DeviceGone,
             Code::Busy | Code::Resources => BlockError::Busy(r.reason),
             Code::Unreachable => BlockError::Unreachable(r.reason),
@@ -173,6 +177,11 @@ impl From<outboard_session::Refusal> for BlockError {
     }
 }
 
+/// What becomes of the requests a dead server had not answered: sent again (reads, and
+/// writes minus the blocks a later-acknowledged write covered: writing the same data twice
+/// leaves the disk as writing it once).
+pub const POLICY: outboard_session::control::Policy = outboard_session::control::Policy::Replay;
+
 /// Crashes of a driver with the same request in its device after which that request is
 /// failed instead of sent again ([`BlockError::Quarantined`]); the restart protocol's.
 pub use outboard_session::control::QUARANTINE_AFTER;
@@ -184,7 +193,7 @@ impl BlockError {
             BlockError::Invalid(_) => -1,
             BlockError::OutOfRange => -2,
             BlockError::ReadOnly => -3,
-            BlockError::Io => -4,
+            BlockError::Io(_) => -4,
             BlockError::Unsupported => -5,
             BlockError::DeviceGone => -6,
             BlockError::Restarting => -7,
@@ -200,12 +209,42 @@ impl BlockError {
             BlockError::Quarantined => -17,
         }
     }
-    /// Error from a wire status code.
+    /// The words a code alone does not carry: what is sent beside a failed completion.
+    pub fn reason(&self) -> Option<&str> {
+        match self {
+            BlockError::Invalid(s)
+            | BlockError::Io(s)
+            | BlockError::Protocol(s)
+            | BlockError::NoSuchDevice(s)
+            | BlockError::DeviceFailed(s)
+            | BlockError::Busy(s)
+            | BlockError::Unreachable(s) => Some(s),
+            _ => None,
+        }
+    }
+
+    /// Error from a wire status code alone (the generic words where the reason did not come).
     pub fn from_code(c: i32) -> Self {
+        Self::from_wire(c, None)
+    }
+}
+
+impl WireError for BlockError {
+    fn code(&self) -> i32 {
+        BlockError::code(self)
+    }
+
+    fn reason(&self) -> Option<&str> {
+        BlockError::reason(self)
+    }
+
+    fn from_wire(c: i32, reason: Option<String>) -> Self {
+        let words = |generic: &str| reason.clone().unwrap_or_else(|| generic.to_string());
         match c {
+            -1 => BlockError::Invalid(words("rejected by the server")),
             -2 => BlockError::OutOfRange,
             -3 => BlockError::ReadOnly,
-            -4 => BlockError::Io,
+            -4 => BlockError::Io(words("no reason given")),
             -5 => BlockError::Unsupported,
             -6 => BlockError::DeviceGone,
             -7 => BlockError::Restarting,
@@ -213,13 +252,12 @@ impl BlockError {
             -9 => BlockError::BadBuffer,
             -10 => BlockError::QueueFull,
             -11 => BlockError::Timeout,
-            // A completion carries a code, not the text: the reason is in the driver server's
-            // log and in the error a new open gets.
-            -14 => BlockError::DeviceFailed("the driver gave the device up".into()),
-            -15 => BlockError::Busy("in use".into()),
-            -16 => BlockError::Unreachable("the server".into()),
+            -12 => BlockError::Protocol(words("the server broke the protocol")),
+            -13 => BlockError::NoSuchDevice(words("no such device")),
+            -14 => BlockError::DeviceFailed(words("the driver gave the device up")),
+            -15 => BlockError::Busy(words("in use")),
+            -16 => BlockError::Unreachable(words("the server")),
             -17 => BlockError::Quarantined,
-            -1 => BlockError::Invalid("rejected by the driver".into()),
             c => BlockError::Protocol(format!("unknown status {c}")),
         }
     }
@@ -376,11 +414,11 @@ pub fn readable(fd: std::os::fd::BorrowedFd<'_>, timeout: Duration) -> Result<bo
 /// Bytes per submission entry.
 pub const SQE_SIZE: u32 = 32;
 /// Bytes per completion entry.
-pub const CQE_SIZE: u32 = 16;
+pub const CQE_SIZE: u32 = COMPLETION_SIZE;
 
 /// The block class's rings: ring 0 carries submissions to the server, ring 1 completions to
 /// the client. A block session has exactly these; the server refuses any other shape.
-pub const RINGS: [RingShape; 2] = RingShape::request_reply(SQE_SIZE, CQE_SIZE);
+pub const RINGS: [RingShape; 3] = RingShape::request_reply(SQE_SIZE, CQE_SIZE);
 
 /// A submission entry's layout in the ring (little-endian, pinned by a test).
 #[derive(Debug, Clone, Copy, FromBytes, IntoBytes, KnownLayout, Immutable)]
@@ -398,18 +436,6 @@ pub struct SqeLayout {
     pub blocks: U32,
     /// Offset of the data in the buffer area.
     pub buf_offset: U32,
-}
-
-/// A completion entry's layout in the ring.
-#[derive(Debug, Clone, Copy, FromBytes, IntoBytes, KnownLayout, Immutable)]
-#[repr(C)]
-pub struct CqeLayout {
-    /// The request's tag.
-    pub tag: U64,
-    /// 0, or a negative [`BlockError::code`].
-    pub status: I32,
-    /// Bytes transferred.
-    pub bytes: U32,
 }
 
 /// A submission entry as it sits in the ring.
@@ -457,35 +483,23 @@ impl Sqe {
     }
 }
 
-/// A completion entry as it sits in the ring.
+/// A completion entry as it sits in the ring: the layout every request/reply class shares
+/// ([`outboard_session::completion`]), the value being the bytes transferred.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Cqe(pub [u8; CQE_SIZE as usize]);
 
 impl Cqe {
     /// Encodes a completion.
     pub fn encode(c: &BlockCompletion) -> Self {
-        let (status, bytes) = match &c.result {
-            Ok(n) => (0, *n),
-            Err(e) => (e.code(), 0),
-        };
-        let e = CqeLayout {
-            tag: c.tag.into(),
-            status: status.into(),
-            bytes: bytes.into(),
-        };
-        Cqe(zerocopy::transmute!(e))
+        Cqe(Completion::of(c.tag, &c.result).encode())
     }
-    /// Decodes.
+
+    /// Decodes (without the reason, which the client's channel adds when it takes the entry).
     pub fn decode(&self) -> BlockCompletion {
-        let e: CqeLayout = zerocopy::transmute!(self.0);
-        let status = e.status.get();
+        let c = Completion::decode(&self.0);
         BlockCompletion {
-            tag: e.tag.get(),
-            result: if status == 0 {
-                Ok(e.bytes.get())
-            } else {
-                Err(BlockError::from_code(status))
-            },
+            tag: c.tag,
+            result: c.result(None),
         }
     }
 }
@@ -776,9 +790,6 @@ mod tests {
         assert_eq!(offset_of!(SqeLayout, lba), 16);
         assert_eq!(offset_of!(SqeLayout, blocks), 24);
         assert_eq!(offset_of!(SqeLayout, buf_offset), 28);
-        assert_eq!(size_of::<CqeLayout>(), CQE_SIZE as usize);
-        assert_eq!(offset_of!(CqeLayout, status), 8);
-        assert_eq!(offset_of!(CqeLayout, bytes), 12);
         assert_eq!(&e.0[16..24], &0x1122_3344_5566u64.to_le_bytes());
         assert_eq!(&e.0[28..32], &0x4000u32.to_le_bytes());
         assert_eq!(&Cqe::encode(&c).0[8..12], &(-2i32).to_le_bytes());

@@ -2,9 +2,10 @@
 //! placement. On the wire (a session's rings) requests and completions are 16-byte entries,
 //! little-endian, layouts pinned by the tests below.
 
+use outboard_session::completion::{Completion, WireError, COMPLETION_SIZE};
 use outboard_session::RingShape;
 use serde::{Deserialize, Serialize};
-use zerocopy::little_endian::{I32, U32, U64};
+use zerocopy::little_endian::{U32, U64};
 use zerocopy::{FromBytes, Immutable, IntoBytes, KnownLayout};
 
 /// The class's name, as sessions and personalities name it.
@@ -81,26 +82,59 @@ impl EntropyError {
         }
     }
 
-    /// The error a completion's code stands for (an unknown code reads as a protocol error).
+    /// The words a code alone does not carry: what is sent beside a failed completion.
+    pub fn reason(&self) -> Option<&str> {
+        match self {
+            EntropyError::Invalid(s)
+            | EntropyError::DeviceFailed(s)
+            | EntropyError::NoSuchDevice(s)
+            | EntropyError::Busy(s)
+            | EntropyError::Unreachable(s)
+            | EntropyError::Protocol(s) => Some(s),
+            _ => None,
+        }
+    }
+
+    /// The error a completion's code stands for, with the generic words.
     pub fn from_code(c: i32) -> Self {
+        Self::from_wire(c, None)
+    }
+}
+
+impl WireError for EntropyError {
+    fn code(&self) -> i32 {
+        EntropyError::code(self)
+    }
+
+    fn reason(&self) -> Option<&str> {
+        EntropyError::reason(self)
+    }
+
+    fn from_wire(c: i32, reason: Option<String>) -> Self {
+        let words = |generic: &str| reason.clone().unwrap_or_else(|| generic.to_string());
         match c {
-            -1 => EntropyError::Invalid("refused by the server".into()),
+            -1 => EntropyError::Invalid(words("refused by the server")),
             -2 => EntropyError::BadBuffer,
             -3 => EntropyError::DuplicateTag,
             -4 => EntropyError::QueueFull,
             -5 => EntropyError::Io,
             -6 => EntropyError::Timeout,
             -7 => EntropyError::Restarting,
-            -8 => EntropyError::DeviceFailed("the driver gave the device up".into()),
+            -8 => EntropyError::DeviceFailed(words("the driver gave the device up")),
             -9 => EntropyError::DeviceGone,
             -10 => EntropyError::Quarantined,
-            -11 => EntropyError::NoSuchDevice("no such device".into()),
-            -12 => EntropyError::Busy("busy".into()),
-            -13 => EntropyError::Unreachable("unreachable".into()),
+            -11 => EntropyError::NoSuchDevice(words("no such device")),
+            -12 => EntropyError::Busy(words("busy")),
+            -13 => EntropyError::Unreachable(words("unreachable")),
+            -14 => EntropyError::Protocol(words("the server broke the protocol")),
             c => EntropyError::Protocol(format!("unknown completion code {c}")),
         }
     }
 }
+
+/// What becomes of a request a dead server had not answered: sent again (random bytes asked
+/// twice are random bytes).
+pub const POLICY: outboard_session::control::Policy = outboard_session::control::Policy::Replay;
 
 impl From<outboard_session::Refusal> for EntropyError {
     /// A refusal from a driver server or the manager, as an entropy client sees it.
@@ -110,6 +144,7 @@ impl From<outboard_session::Refusal> for EntropyError {
             Code::NoSuchDevice => EntropyError::NoSuchDevice(r.reason),
             Code::DeviceFailed | Code::AttachFailed => EntropyError::DeviceFailed(r.reason),
             Code::Restarting => EntropyError::Restarting,
+            Code::Interrupted => EntropyError::Io,
             Code::DeviceGone => EntropyError::DeviceGone,
             Code::Busy | Code::Resources => EntropyError::Busy(r.reason),
             Code::Unreachable => EntropyError::Unreachable(r.reason),
@@ -179,10 +214,10 @@ pub fn validate(
 /// Bytes of a request entry.
 pub const SQE_SIZE: u32 = 16;
 /// Bytes of a completion entry.
-pub const CQE_SIZE: u32 = 16;
+pub const CQE_SIZE: u32 = COMPLETION_SIZE;
 
 /// The class's rings: requests to the server, completions to the client.
-pub const RINGS: [RingShape; 2] = RingShape::request_reply(SQE_SIZE, CQE_SIZE);
+pub const RINGS: [RingShape; 3] = RingShape::request_reply(SQE_SIZE, CQE_SIZE);
 
 /// A request entry as it sits in the ring.
 #[derive(Debug, Clone, Copy, FromBytes, IntoBytes, KnownLayout, Immutable)]
@@ -194,18 +229,6 @@ pub struct SqeLayout {
     pub buf_offset: U32,
     /// Bytes asked for.
     pub length: U32,
-}
-
-/// A completion entry as it sits in the ring.
-#[derive(Debug, Clone, Copy, FromBytes, IntoBytes, KnownLayout, Immutable)]
-#[repr(C)]
-pub struct CqeLayout {
-    /// Tag.
-    pub tag: U64,
-    /// 0, or an [`EntropyError::code`].
-    pub status: I32,
-    /// Bytes written.
-    pub bytes: U32,
 }
 
 /// A request entry's bytes.
@@ -241,34 +264,27 @@ impl Sqe {
 pub struct Cqe(pub [u8; CQE_SIZE as usize]);
 
 impl Cqe {
-    /// Encodes a completion.
+    /// Encodes a completion (the layout every request/reply class shares,
+    /// [`outboard_session::completion`]; the value is the bytes written).
     pub fn encode(c: &EntropyCompletion) -> Self {
-        let (status, bytes) = match &c.result {
-            Ok(n) => (0, *n),
-            Err(e) => (e.code(), 0),
-        };
-        let l = CqeLayout {
-            tag: c.tag.into(),
-            status: status.into(),
-            bytes: bytes.into(),
-        };
-        let mut e = [0u8; CQE_SIZE as usize];
-        e.copy_from_slice(l.as_bytes());
-        Self(e)
+        Self(Completion::of(c.tag, &c.result).encode())
     }
 
-    /// Decodes a completion; a success of 0 bytes is the device's error, not a success.
+    /// Decodes a completion (without the reason, which the client's channel adds).
     pub fn decode(&self) -> EntropyCompletion {
-        let l = CqeLayout::read_from_bytes(&self.0).expect("16 bytes");
-        let result = match (l.status.get(), l.bytes.get()) {
-            (0, 0) => Err(EntropyError::Io),
-            (0, n) => Ok(n),
-            (c, _) => Err(EntropyError::from_code(c)),
-        };
+        let c = Completion::decode(&self.0);
         EntropyCompletion {
-            tag: l.tag.get(),
-            result,
+            tag: c.tag,
+            result: no_bytes_is_an_error(c.result(None)),
         }
+    }
+}
+
+/// A success of 0 bytes is the device's error, not a success.
+pub fn no_bytes_is_an_error(r: Result<u32, EntropyError>) -> Result<u32, EntropyError> {
+    match r {
+        Ok(0) => Err(EntropyError::Io),
+        r => r,
     }
 }
 

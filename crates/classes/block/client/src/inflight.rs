@@ -315,7 +315,8 @@ mod tests {
         let mut t = InFlight::new(512);
         t.insert(&req(BlockOp::Write, 0, 4, 1));
         let failed = t.insert(&req(BlockOp::Write, 0, 4, 2));
-        t.complete(failed.tag, Err(BlockError::Io)).unwrap();
+        t.complete(failed.tag, Err(BlockError::Io("bad sector".into())))
+            .unwrap();
         assert_eq!(t.replay().0[0].req.blocks, 4);
     }
 
@@ -356,7 +357,11 @@ mod tests {
             let mut written = std::collections::BTreeSet::new();
             for (i, (lba, n, ok)) in later.iter().enumerate() {
                 let w = t.insert(&req(BlockOp::Write, *lba, *n, i as u64 + 1));
-                let result = if *ok { Ok(0) } else { Err(BlockError::Io) };
+                let result = if *ok {
+                    Ok(0)
+                } else {
+                    Err(BlockError::Io("bad sector".into()))
+                };
                 t.complete(w.tag, result).unwrap();
                 if *ok {
                     written.extend(*lba..*lba + *n as u64);

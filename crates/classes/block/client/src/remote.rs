@@ -369,7 +369,18 @@ impl NbdClient {
             proto::errno::EINVAL => Err(BlockError::Invalid("the NBD server refused it".into())),
             proto::errno::ENOSPC => Err(BlockError::OutOfRange),
             proto::errno::ENOTSUP => Err(BlockError::Unsupported),
-            _ => Err(BlockError::Io),
+            e => Err(BlockError::Io(format!(
+                "the NBD server answered {}",
+                match e {
+                    proto::errno::EIO => "EIO".to_string(),
+                    proto::errno::ENOMEM => "ENOMEM".to_string(),
+                    proto::errno::EINVAL => "EINVAL".to_string(),
+                    proto::errno::ENOSPC => "ENOSPC".to_string(),
+                    proto::errno::EOVERFLOW => "EOVERFLOW".to_string(),
+                    proto::errno::ESHUTDOWN => "ESHUTDOWN".to_string(),
+                    e => format!("error {e}"),
+                }
+            ))),
         };
         out.push(BlockCompletion { tag: r.tag, result });
         Ok(())

@@ -9,12 +9,11 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use outboard_block::{
-    validate, BlockCompletion, BlockDevice, BlockError, BlockInfo, BlockRequest, Cqe, Sqe,
-    CQE_SIZE, RINGS,
+    validate, BlockCompletion, BlockDevice, BlockError, BlockInfo, BlockRequest, Sqe, RINGS,
 };
 use outboard_session::Geometry;
 
-use outboard_client::resume::{reconnect, Resume};
+use outboard_client::resume::{reconnect, settle, Resume, Settled};
 use outboard_client::{Channel, ChannelError, Supervisor, WaitMode};
 
 use crate::inflight::InFlight;
@@ -172,10 +171,8 @@ impl BlockClient {
     /// Takes what the server posted into `out`.
     fn reap(&mut self, out: &mut Vec<BlockCompletion>) -> Result<usize, BlockError> {
         let mut n = 0;
-        let mut e = [0u8; CQE_SIZE as usize];
-        while self.channel.pop(0, &mut e).map_err(channel_err)? {
-            let c = Cqe(e).decode();
-            out.push(self.pending.complete(c.tag, c.result)?);
+        while let Some((tag, result)) = self.channel.completion(0).map_err(channel_err)? {
+            out.push(self.pending.complete(tag, result)?);
             n += 1;
         }
         Ok(n)
@@ -277,65 +274,53 @@ impl BlockClient {
         for p in &parts {
             left.entry(p.slot).or_insert((0, None)).0 += 1;
         }
-        let slot_of: Vec<u32> = parts.iter().map(|p| p.slot).collect();
-        let mut queued = parts.into_iter().enumerate();
-        let mut sent = 0usize;
-        let mut answered = 0usize;
-        let total = left.values().map(|v| v.0).sum::<usize>();
-        let mut e = [0u8; CQE_SIZE as usize];
         let deadline = Instant::now() + self.timeout.max(Duration::from_secs(60));
-        while answered < total {
-            // Parts go out under their index among the parts, never more than the ring holds.
-            while sent - answered < self.depth {
-                let Some((i, p)) = queued.next() else { break };
-                let wire = BlockRequest {
-                    tag: i as u64,
-                    ..p.req
-                };
-                match self.channel.stage(0, &Sqe::encode(&wire).0) {
-                    Ok(true) => sent += 1,
-                    Ok(false) => return Err(BlockError::Protocol("replay: ring full".into())),
-                    Err(ChannelError::Gone) => return Ok(Resumed::GoneAgain),
-                    Err(e) => return Err(channel_err(e)),
-                }
-                self.resumes.replayed += 1;
+        // Each part goes out under its index among the parts (the core's replay).
+        let answers = match settle::<BlockError>(
+            outboard_block::POLICY,
+            &mut self.channel,
+            0,
+            parts.len(),
+            |i| {
+                Sqe::encode(&BlockRequest {
+                    tag: i,
+                    ..parts[i as usize].req
+                })
+                .0
+                .to_vec()
+            },
+            self.depth,
+            deadline,
+        )
+        .map_err(channel_err)?
+        {
+            Settled::Answered(answers) => answers,
+            Settled::GoneAgain => return Ok(Resumed::GoneAgain),
+        };
+        self.resumes.replayed += parts.len() as u64;
+        for (i, result) in answers {
+            let slot = parts[i as usize].slot;
+            let entry = left.get_mut(&slot).expect("every part's slot is counted");
+            entry.0 -= 1;
+            if let Err(err) = result {
+                entry.1.get_or_insert(err);
             }
-            self.channel.kick();
-            while self.channel.pop(0, &mut e).map_err(channel_err)? {
-                let c = Cqe(e).decode();
-                answered += 1;
-                let slot = *slot_of.get(c.tag as usize).ok_or_else(|| {
-                    BlockError::Protocol(format!("replay: a completion for unknown tag {}", c.tag))
-                })?;
-                let entry = left.get_mut(&slot).expect("every part's slot is counted");
-                entry.0 -= 1;
-                if let Err(err) = c.result {
-                    entry.1.get_or_insert(err);
-                }
-                if entry.0 == 0 {
-                    let (_, err) = left.remove(&slot).expect("present");
-                    let full = self.pending.request(slot).map_or(0, |r| {
-                        if matches!(
-                            r.op,
-                            outboard_block::BlockOp::Read | outboard_block::BlockOp::Write
-                        ) {
-                            r.blocks * self.info.block_size
-                        } else {
-                            0
-                        }
-                    });
-                    let c = self
-                        .pending
-                        .complete(slot as u64, err.map_or(Ok(full), Err))?;
-                    self.ready.push_back(c);
-                }
-            }
-            if answered < total {
-                match self.channel.wait(deadline) {
-                    Ok(()) => {}
-                    Err(ChannelError::Gone) => return Ok(Resumed::GoneAgain),
-                    Err(e) => return Err(channel_err(e)),
-                }
+            if entry.0 == 0 {
+                let (_, err) = left.remove(&slot).expect("present");
+                let full = self.pending.request(slot).map_or(0, |r| {
+                    if matches!(
+                        r.op,
+                        outboard_block::BlockOp::Read | outboard_block::BlockOp::Write
+                    ) {
+                        r.blocks * self.info.block_size
+                    } else {
+                        0
+                    }
+                });
+                let c = self
+                    .pending
+                    .complete(slot as u64, err.map_or(Ok(full), Err))?;
+                self.ready.push_back(c);
             }
         }
         Ok(Resumed::Yes)

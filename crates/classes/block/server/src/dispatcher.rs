@@ -20,8 +20,8 @@ use outboard_session::RingShape;
 
 use crate::ranges::{range_of, Decision, Range, RangeLocks};
 use outboard_block::BlockDriver;
-use outboard_block::{validate, Cqe, Kept, Sqe, CLASS, RINGS, SQE_SIZE};
-use outboard_block::{BlockCompletion, BlockError, BlockOp, BlockRequest};
+use outboard_block::{validate, Kept, Sqe, CLASS, RINGS, SQE_SIZE};
+use outboard_block::{BlockError, BlockOp, BlockRequest};
 
 /// The block session's inbound ring of submissions (the first of [`RINGS`] to the server).
 const SUBMISSIONS: usize = 0;
@@ -84,10 +84,7 @@ fn writes_elsewhere(tags: &[Option<InFlight>], si: usize, range: Range) -> bool 
 
 fn complete(s: &mut Session, stats: &mut HostStats, tag: u64, result: Result<u32, BlockError>) {
     stats.completed += 1;
-    s.post(
-        COMPLETIONS,
-        &Cqe::encode(&BlockCompletion { tag, result }).0,
-    );
+    s.complete(COMPLETIONS, tag, &result);
 }
 
 impl BlockDispatcher {

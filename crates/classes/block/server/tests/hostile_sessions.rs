@@ -45,6 +45,34 @@ fn bad_entries_get_specific_errors_and_others_keep_working() {
 }
 
 #[test]
+fn a_failure_sends_its_reason_ahead_and_a_client_that_never_reads_them_loses_nothing_else() {
+    let dir = tempfile::tempdir().unwrap();
+    let srv = common::Served::start(dir.path(), SIZE);
+    let mut raw = Raw::open(&srv.sock);
+    // Three ring-fulls of bad requests, the reasons never read: the reasons ring fills after
+    // the first, and the server goes on without them — every completion still comes.
+    for round in 0..3u64 {
+        let batch: Vec<[u8; 32]> = (0..16)
+            .map(|i| entry(99, round * 16 + i, 0, 1, 0))
+            .collect();
+        raw.send(&batch);
+        let got = raw.completions(16);
+        assert!(got
+            .iter()
+            .all(|(_, r)| matches!(r, Err(BlockError::Invalid(_)))));
+    }
+    // The first ring-full's reasons wait, in order, each naming its request and saying why.
+    for tag in 0..16 {
+        let (t, why) = raw.reason().expect("a reason for each of the first 16");
+        assert_eq!(t, tag);
+        assert_eq!(why, "unknown opcode 99");
+    }
+    assert_eq!(raw.reason(), None, "the later ones were not sent");
+    good_client_works(&srv.sock);
+    srv.stop();
+}
+
+#[test]
 fn reused_tags_are_refused() {
     let dir = tempfile::tempdir().unwrap();
     let srv = common::Served::start(dir.path(), SIZE);

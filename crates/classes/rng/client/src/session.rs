@@ -6,11 +6,11 @@
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use outboard_client::resume::{reconnect, Resume};
+use outboard_client::resume::{reconnect, settle, Resume, Settled};
 use outboard_client::{Channel, ChannelError, Supervisor, WaitMode};
 use outboard_rng::{
-    validate, Cqe, EntropyDevice, EntropyError, EntropyInfo, EntropyRequest, Sqe, CLASS, CQE_SIZE,
-    RINGS,
+    no_bytes_is_an_error, validate, EntropyDevice, EntropyError, EntropyInfo, EntropyRequest, Sqe,
+    CLASS, POLICY, RINGS,
 };
 use outboard_session::Geometry;
 
@@ -104,7 +104,8 @@ impl RngClient {
     }
 
     /// Asks for `length` bytes at the start of the buffer area and waits for the answer; a
-    /// server that dies meanwhile is resumed and asked again (the class's replay).
+    /// server that dies meanwhile is resumed and the request settled by the class's policy
+    /// ([`POLICY`]: asked again).
     fn one(&mut self, length: u32) -> Result<u32, EntropyError> {
         let deadline = Instant::now() + PATIENCE;
         loop {
@@ -115,18 +116,20 @@ impl RngClient {
             };
             self.next_tag = self.next_tag.wrapping_add(1);
             validate(&r, &self.info, self.channel.geometry().buffer_size)?;
-            match self.channel.stage(0, &Sqe::encode(&r).0) {
-                Ok(true) => {}
-                Ok(false) => return Err(EntropyError::QueueFull),
-                Err(ChannelError::Gone) => {
-                    self.resume()?;
-                    continue;
+            let result = match self.channel.stage(0, &Sqe::encode(&r).0) {
+                Ok(true) => {
+                    self.channel.kick();
+                    self.answer(r.tag, deadline)
                 }
+                Ok(false) => return Err(EntropyError::QueueFull),
+                Err(ChannelError::Gone) => Err(EntropyError::DeviceGone),
                 Err(e) => return Err(channel_err(e)),
-            }
-            self.channel.kick();
-            match self.answer(r.tag, deadline) {
-                Err(EntropyError::DeviceGone) => self.resume()?,
+            };
+            let result = match result {
+                Err(EntropyError::DeviceGone) => self.resume_with(r, deadline)?,
+                other => other,
+            };
+            match result {
                 Err(EntropyError::Restarting) if Instant::now() < deadline => {
                     std::thread::sleep(Duration::from_millis(5));
                 }
@@ -135,14 +138,38 @@ impl RngClient {
         }
     }
 
+    /// The server died with `r` unanswered: resumes on its successor and settles `r` there
+    /// (the client core's replay), as often as the new server dies too.
+    fn resume_with(
+        &mut self,
+        r: EntropyRequest,
+        deadline: Instant,
+    ) -> Result<Result<u32, EntropyError>, EntropyError> {
+        loop {
+            self.resume()?;
+            let settled = settle::<EntropyError>(
+                POLICY,
+                &mut self.channel,
+                0,
+                1,
+                |tag| Sqe::encode(&EntropyRequest { tag, ..r }).0.to_vec(),
+                1,
+                deadline,
+            )
+            .map_err(channel_err)?;
+            if let Settled::Answered(mut answers) = settled {
+                let (_, result) = answers.pop().expect("one request settled");
+                return Ok(no_bytes_is_an_error(result));
+            }
+        }
+    }
+
     /// Waits for the completion of `tag`.
     fn answer(&mut self, tag: u64, deadline: Instant) -> Result<u32, EntropyError> {
-        let mut e = [0u8; CQE_SIZE as usize];
         loop {
-            while self.channel.pop(0, &mut e).map_err(channel_err)? {
-                let c = Cqe(e).decode();
-                if c.tag == tag {
-                    return c.result;
+            while let Some((t, result)) = self.channel.completion(0).map_err(channel_err)? {
+                if t == tag {
+                    return no_bytes_is_an_error(result);
                 }
             }
             match self.channel.wait(deadline) {

@@ -9,9 +9,7 @@ use std::collections::HashSet;
 use std::time::Instant;
 
 use outboard_env::{AnyDriver, Driver, Failure};
-use outboard_rng::{
-    validate, Cqe, EntropyCompletion, EntropyDriver, EntropyError, Sqe, CLASS, RINGS, SQE_SIZE,
-};
+use outboard_rng::{validate, EntropyDriver, EntropyError, Sqe, CLASS, RINGS, SQE_SIZE};
 use outboard_server::session::Session;
 use outboard_server::{Code, Ctx, Dispatcher, Fate, HostStats, Outage, Refusal};
 use outboard_session::RingShape;
@@ -42,10 +40,7 @@ pub struct EntropyDispatcher {
 
 fn complete(s: &mut Session, stats: &mut HostStats, tag: u64, result: Result<u32, EntropyError>) {
     stats.completed += 1;
-    s.post(
-        COMPLETIONS,
-        &Cqe::encode(&EntropyCompletion { tag, result }).0,
-    );
+    s.complete(COMPLETIONS, tag, &result);
 }
 
 fn outage_error(o: &Outage) -> EntropyError {

@@ -98,6 +98,7 @@ pub struct Raw {
     pub region: Region,
     sq: Producer<ShmRing>,
     cq: Consumer<ShmRing>,
+    reasons: Consumer<ShmRing>,
     pub bell: Doorbell,
 }
 
@@ -118,9 +119,11 @@ impl Raw {
         assert!(matches!(reply, Reply::Opened { .. }));
         let [c, b, sb, _cb]: [OwnedFd; 4] = fds.try_into().unwrap();
         let region = Region::attach(c, b, g()).unwrap();
+        let mut to_client = region.consumers(Direction::ToClient);
         Self {
             sq: region.producers(Direction::ToServer).remove(0),
-            cq: region.consumers(Direction::ToClient).remove(0),
+            reasons: to_client.remove(1),
+            cq: to_client.remove(0),
             region,
             sock,
             bell: Doorbell::from_fd(sb),
@@ -148,6 +151,15 @@ impl Raw {
         }
         out
     }
+    /// The next entry of the reasons ring, decoded, if there is one.
+    pub fn reason(&mut self) -> Option<(u64, String)> {
+        let mut e = [0u8; outboard_session::reason::REASON_SIZE as usize];
+        self.reasons
+            .pop(&mut e)
+            .unwrap()
+            .then(|| outboard_session::reason::decode(&e).expect("a well-formed reason"))
+    }
+
     /// Whether the server hung up on us.
     pub fn cut_off(&self) -> bool {
         control::recv::<Reply>(self.sock.as_fd(), Some(Duration::from_secs(2))).is_err()

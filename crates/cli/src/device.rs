@@ -3,7 +3,6 @@
 //! Follows the vfio-user backend program conventions: `--socket-path` or `--fd`, no
 //! daemonizing, SIGTERM honoured.
 
-use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
@@ -11,11 +10,12 @@ use std::sync::Arc;
 use clap::{Args, Subcommand};
 use outboard_devices::backing::{parse_size, Backing};
 use outboard_devices::faults::socket::FaultSocket;
-use outboard_devices::faults::{lock, Fault, FaultHandle};
+use outboard_devices::faults::{lock, FaultHandle};
 use outboard_devices::virtio_blk::BlkOptions;
 use outboard_vfio_user::{DeviceBackend, Server, ServerOptions};
 
 use crate::confine::ConfineArgs;
+use outboard_manager::children::{ModelFaults, ModelListen};
 
 #[derive(Subcommand)]
 pub enum DeviceCommand {
@@ -54,41 +54,22 @@ pub struct DiskOptions {
 #[derive(Args)]
 pub struct NullBlkArgs {
     #[command(flatten)]
-    listen: Listen,
+    listen: ModelListen,
     /// The disk's size, as null:SIZE (SIZE with an optional K/M/G/T suffix).
     #[arg(long, value_name = "null:SIZE", default_value = "null:1G")]
     backing: String,
     #[command(flatten)]
     disk: DiskOptions,
     #[command(flatten)]
-    faults: FaultArgs,
+    faults: ModelFaults,
     #[command(flatten)]
     confine: ConfineArgs,
-}
-
-/// Where the device model listens.
-#[derive(Args)]
-pub struct Listen {
-    /// Path of the vfio-user socket to create.
-    #[arg(
-        long,
-        visible_alias = "socket-path",
-        value_name = "PATH",
-        required_unless_present = "fd"
-    )]
-    socket: Option<PathBuf>,
-    /// An already listening socket inherited as this fd (instead of --socket).
-    #[arg(long, value_name = "FD", conflicts_with = "socket")]
-    fd: Option<i32>,
-    /// An inherited SEQPACKET socket to tell the manager on that the model is ready.
-    #[arg(long, value_name = "FD")]
-    notify_fd: Option<i32>,
 }
 
 #[derive(Args)]
 pub struct VirtioBlkArgs {
     #[command(flatten)]
-    listen: Listen,
+    listen: ModelListen,
     /// What holds the disk's bytes: a file path, or mem:SIZE for zero-filled memory
     /// (SIZE with an optional K/M/G/T suffix).
     #[arg(long, value_name = "FILE|mem:SIZE")]
@@ -99,46 +80,27 @@ pub struct VirtioBlkArgs {
     #[command(flatten)]
     disk: DiskOptions,
     #[command(flatten)]
-    faults: FaultArgs,
+    faults: ModelFaults,
     #[command(flatten)]
     confine: ConfineArgs,
 }
 
-/// Fault injection: bad hardware on demand.
-#[derive(Args)]
-pub struct FaultArgs {
-    /// Arm a fault from the start (repeatable): error=START-END, error-next=N, drop-irq=N,
-    /// duplicate-irq=N, spurious-irq=N, corrupt-used=id|len, stall=DURATION, needs-reset,
-    /// crash.
-    #[arg(long = "fault", value_name = "FAULT", value_parser = parse_fault)]
-    faults: Vec<Fault>,
-    /// Also accept faults at run time on this SEQPACKET socket (what `outboard fault` uses).
-    #[arg(long, value_name = "PATH")]
-    faults_socket: Option<PathBuf>,
-    /// The same, on a listening socket inherited as this descriptor (what the manager passes).
-    #[arg(long, value_name = "FD", conflicts_with = "faults_socket")]
-    faults_fd: Option<i32>,
-}
-
-fn parse_fault(s: &str) -> Result<Fault, String> {
-    s.parse()
-}
-
-impl FaultArgs {
-    /// Arms the initial faults and starts the fault socket, if asked for.
-    pub(crate) fn start(self, handle: FaultHandle) -> Result<Option<FaultSocket>, String> {
-        for f in self.faults {
-            lock(&handle).arm(f);
+/// Arms the initial faults and starts the fault socket, if asked for.
+pub(crate) fn start_faults(
+    a: ModelFaults,
+    handle: FaultHandle,
+) -> Result<Option<FaultSocket>, String> {
+    for f in a.faults {
+        lock(&handle).arm(f);
+    }
+    match (a.faults_socket, a.faults_fd) {
+        (Some(p), _) => outboard_devices::faults::socket::serve(&p, handle).map(Some),
+        (None, Some(fd)) => {
+            let listener = outboard_sys::process::inherited_socket(fd)
+                .map_err(|e| format!("--faults-fd: {e}"))?;
+            outboard_devices::faults::socket::serve_listener(listener, handle).map(Some)
         }
-        match (self.faults_socket, self.faults_fd) {
-            (Some(p), _) => outboard_devices::faults::socket::serve(&p, handle).map(Some),
-            (None, Some(fd)) => {
-                let listener = outboard_sys::process::inherited_socket(fd)
-                    .map_err(|e| format!("--faults-fd: {e}"))?;
-                outboard_devices::faults::socket::serve_listener(listener, handle).map(Some)
-            }
-            (None, None) => Ok(None),
-        }
+        (None, None) => Ok(None),
     }
 }
 
@@ -187,8 +149,8 @@ fn disk(
     name: &str,
     backing: Backing,
     o: DiskOptions,
-    faults: FaultArgs,
-    listen: &Listen,
+    faults: ModelFaults,
+    listen: &ModelListen,
     confine: &ConfineArgs,
 ) -> Result<ExitCode, String> {
     if o.serial.len() > 20 {
@@ -204,14 +166,14 @@ fn disk(
         },
     )
     .map_err(|e| e.to_string())?;
-    let _faults = faults.start(model.device().faults())?;
+    let _faults = start_faults(faults, model.device().faults())?;
     serve(model, listen, confine, &format!("{name} ({what})"))
 }
 
 /// Serves `model` until SIGINT or SIGTERM.
 pub fn serve<B: DeviceBackend>(
     model: B,
-    listen: &Listen,
+    listen: &ModelListen,
     confine: &ConfineArgs,
     what: &str,
 ) -> Result<ExitCode, String> {

@@ -1,6 +1,5 @@
 //! `outboard export`: a machine's block devices for ordinary tools, over NBD.
 
-use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::atomic::AtomicBool;
@@ -9,6 +8,7 @@ use std::sync::Arc;
 use clap::Subcommand;
 use outboard_block_client::SessionOptions;
 use outboard_client::api::Placement;
+use outboard_manager::children::ExportNbdArgs;
 use outboard_nbd::{ExportSpec, Listen, NbdServer, Opener};
 
 /// `outboard export …`.
@@ -32,71 +32,7 @@ pub enum ExportCommand {
     ///
     /// A TCP address other than loopback needs TLS (or --insecure).
     #[command(verbatim_doc_comment)]
-    Nbd(NbdArgs),
-}
-
-/// `outboard export nbd`.
-#[derive(clap::Args)]
-pub struct NbdArgs {
-    /// Block devices to export, each under its own name (the first is also the default
-    /// export, "").
-    #[arg(required = true, value_name = "DEVICE")]
-    devices: Vec<String>,
-    /// Listen on a UNIX socket at PATH [default: nbd.sock in the runtime directory].
-    #[arg(long, value_name = "PATH", conflicts_with = "listen")]
-    socket: Option<PathBuf>,
-    /// Listen on TCP, e.g. 127.0.0.1:10809 (NBD's port). An address other than loopback is
-    /// refused without --tls-cert (anyone who reaches it could read and write the disk), unless
-    /// --insecure is given.
-    #[arg(long, value_name = "ADDR:PORT")]
-    listen: Option<SocketAddr>,
-    /// The export's name, when exporting one device [default: the device's name].
-    #[arg(long)]
-    name: Option<String>,
-    /// Refuse writes (and trims, write-zeroes) from clients.
-    #[arg(long)]
-    read_only: bool,
-    /// Require TLS (NBD_OPT_STARTTLS) with this certificate chain (PEM, leaf first); clients
-    /// then use nbds:// URIs.
-    #[arg(long, value_name = "PEM", requires = "tls_key")]
-    tls_cert: Option<PathBuf>,
-    /// The private key of --tls-cert (PEM).
-    #[arg(long, value_name = "PEM", requires = "tls_cert")]
-    tls_key: Option<PathBuf>,
-    /// Require a client certificate signed by one of these certificate authorities (PEM), as
-    /// qemu-nbd's and nbdkit's verify-peer: only clients holding such a certificate and its
-    /// key get in. Without it, TLS authenticates the server only.
-    #[arg(long, value_name = "CA_PEM", requires = "tls_cert")]
-    tls_verify_peer: Option<PathBuf>,
-    /// Require TLS with pre-shared keys from FILE instead of certificates: one
-    /// `identity:hexkey` per line, as nbdkit's --tls-psk and GnuTLS's psktool write it.
-    /// Clients use e.g. nbds://alice@host/disk0?tls-psk-file=FILE.
-    #[arg(long, value_name = "FILE", conflicts_with_all = ["tls_cert", "tls_key"])]
-    tls_psk: Option<PathBuf>,
-    /// Serve a TCP address other than loopback without TLS (a trusted network only).
-    #[arg(long)]
-    insecure: bool,
-    /// Serve at most this many connections at once; more are refused during negotiation with
-    /// the reason (NBD_REP_ERR_POLICY).
-    #[arg(long, default_value_t = 64, value_parser = clap::value_parser!(u64).range(1..=4096))]
-    max_connections: u64,
-    /// Close a connection that has not finished negotiating after this long without a message
-    /// (e.g. 10s).
-    #[arg(long, default_value = "10s", value_parser = duration)]
-    handshake_timeout: std::time::Duration,
-    /// Close a connection that sends no request for this long [default: never, as qemu-nbd].
-    #[arg(long, value_parser = duration)]
-    idle_timeout: Option<std::time::Duration>,
-    /// Close a connection whose client takes no reply data for this long.
-    #[arg(long, default_value = "30s", value_parser = duration)]
-    write_timeout: std::time::Duration,
-    /// (internal) Report clients to the manager on this inherited descriptor.
-    #[arg(long, hide = true, value_name = "FD")]
-    notify_fd: Option<i32>,
-}
-
-fn duration(s: &str) -> Result<std::time::Duration, String> {
-    outboard_manager::config::parse_duration(s).ok_or_else(|| format!("{s:?}: e.g. 500ms, 30s"))
+    Nbd(ExportNbdArgs),
 }
 
 /// Runs an export command.

@@ -11,7 +11,6 @@ use outboard_devices::virtio_rng::{Entropy, Seeded, VirtioRng};
 use outboard_rng::EntropyDevice;
 
 use crate::confine::ConfineArgs;
-use crate::device::{FaultArgs, Listen};
 
 #[derive(Subcommand)]
 pub enum RngCommand {
@@ -102,13 +101,13 @@ pub fn run(c: RngCommand, control: PathBuf) -> Result<ExitCode, String> {
 #[derive(Args)]
 pub struct VirtioRngArgs {
     #[command(flatten)]
-    listen: Listen,
+    listen: outboard_manager::children::ModelListen,
     /// Give the bytes of a seeded generator (SplitMix64) instead of the operating system's:
     /// the same seed gives the same bytes (for tests), never use it for keys.
     #[arg(long, value_name = "SEED")]
     seed: Option<u64>,
     #[command(flatten)]
-    faults: FaultArgs,
+    faults: outboard_manager::children::ModelFaults,
     #[command(flatten)]
     pub confine: ConfineArgs,
 }
@@ -121,7 +120,7 @@ pub fn serve_model(a: VirtioRngArgs) -> Result<ExitCode, String> {
     };
     let model = outboard_devices::virtio_pci::VirtioPci::new(VirtioRng::new(entropy))
         .map_err(|e| e.to_string())?;
-    let _faults = a.faults.start(model.device().faults())?;
+    let _faults = crate::device::start_faults(a.faults, model.device().faults())?;
     crate::device::serve(
         model,
         &a.listen,

@@ -2,13 +2,16 @@
 //! the command line's parser: the manager fills a struct and writes it out ([`ConfineArgs::to_args`],
 //! [`DriverHostArgs::command_line`]); the child, the same `outboard` binary, parses it back into
 //! the same struct with clap. A test holds that what is written parses back to the same value,
-//! so the two sides cannot drift apart. (A device model's own arguments come from its entry in
-//! [`crate::models`]; its common ones are still written by hand.)
+//! so the two sides cannot drift apart: a driver server ([`DriverHostArgs`]), a device model
+//! ([`ModelArgs`]: its common part typed, its own keys from its entry in [`crate::models`])
+//! and an NBD export ([`ExportNbdArgs`]).
 
+use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::Args;
+use outboard_devices::faults::Fault;
 
 // `--confine` and `--check-confinement` for the roles that touch devices (driver servers and
 // device models); a plain comment, as clap would show a doc comment as the role's help.
@@ -272,6 +275,224 @@ impl DriverHostArgs {
     }
 }
 
+// `outboard export nbd`: what an export is started with (a plain comment: clap shows doc
+// comments as help).
+#[allow(missing_docs)]
+#[derive(Args, Debug, Clone, PartialEq)]
+pub struct ExportNbdArgs {
+    /// Block devices to export, each under its own name (the first is also the default
+    /// export, "").
+    #[arg(required = true, value_name = "DEVICE")]
+    pub devices: Vec<String>,
+    /// Listen on a UNIX socket at PATH [default: nbd.sock in the runtime directory].
+    #[arg(long, value_name = "PATH", conflicts_with = "listen")]
+    pub socket: Option<PathBuf>,
+    /// Listen on TCP, e.g. 127.0.0.1:10809 (NBD's port). An address other than loopback is
+    /// refused without --tls-cert (anyone who reaches it could read and write the disk), unless
+    /// --insecure is given.
+    #[arg(long, value_name = "ADDR:PORT")]
+    pub listen: Option<SocketAddr>,
+    /// The export's name, when exporting one device [default: the device's name].
+    #[arg(long)]
+    pub name: Option<String>,
+    /// Refuse writes (and trims, write-zeroes) from clients.
+    #[arg(long)]
+    pub read_only: bool,
+    /// Require TLS (NBD_OPT_STARTTLS) with this certificate chain (PEM, leaf first); clients
+    /// then use nbds:// URIs.
+    #[arg(long, value_name = "PEM", requires = "tls_key")]
+    pub tls_cert: Option<PathBuf>,
+    /// The private key of --tls-cert (PEM).
+    #[arg(long, value_name = "PEM", requires = "tls_cert")]
+    pub tls_key: Option<PathBuf>,
+    /// Require a client certificate signed by one of these certificate authorities (PEM), as
+    /// qemu-nbd's and nbdkit's verify-peer: only clients holding such a certificate and its
+    /// key get in. Without it, TLS authenticates the server only.
+    #[arg(long, value_name = "CA_PEM", requires = "tls_cert")]
+    pub tls_verify_peer: Option<PathBuf>,
+    /// Require TLS with pre-shared keys from FILE instead of certificates: one
+    /// `identity:hexkey` per line, as nbdkit's --tls-psk and GnuTLS's psktool write it.
+    /// Clients use e.g. nbds://alice@host/disk0?tls-psk-file=FILE.
+    #[arg(long, value_name = "FILE", conflicts_with_all = ["tls_cert", "tls_key"])]
+    pub tls_psk: Option<PathBuf>,
+    /// Serve a TCP address other than loopback without TLS (a trusted network only).
+    #[arg(long)]
+    pub insecure: bool,
+    /// Serve at most this many connections at once; more are refused during negotiation with
+    /// the reason (NBD_REP_ERR_POLICY).
+    #[arg(long, default_value_t = 64, value_parser = clap::value_parser!(u64).range(1..=4096))]
+    pub max_connections: u64,
+    /// Close a connection that has not finished negotiating after this long without a message
+    /// (e.g. 10s).
+    #[arg(long, default_value = "10s", value_parser = duration)]
+    pub handshake_timeout: std::time::Duration,
+    /// Close a connection that sends no request for this long [default: never, as qemu-nbd].
+    #[arg(long, value_parser = duration)]
+    pub idle_timeout: Option<std::time::Duration>,
+    /// Close a connection whose client takes no reply data for this long.
+    #[arg(long, default_value = "30s", value_parser = duration)]
+    pub write_timeout: std::time::Duration,
+    /// (internal) Report clients to the manager on this inherited descriptor.
+    #[arg(long, hide = true, value_name = "FD")]
+    pub notify_fd: Option<i32>,
+}
+
+fn duration(s: &str) -> Result<std::time::Duration, String> {
+    crate::config::parse_duration(s).ok_or_else(|| format!("{s:?}: e.g. 500ms, 30s"))
+}
+
+impl ExportNbdArgs {
+    /// An export of `devices` with the defaults the command line has.
+    pub fn of(devices: Vec<String>) -> Self {
+        Self {
+            devices,
+            socket: None,
+            listen: None,
+            name: None,
+            read_only: false,
+            tls_cert: None,
+            tls_key: None,
+            tls_verify_peer: None,
+            tls_psk: None,
+            insecure: false,
+            max_connections: 64,
+            handshake_timeout: std::time::Duration::from_secs(10),
+            idle_timeout: None,
+            write_timeout: std::time::Duration::from_secs(30),
+            notify_fd: None,
+        }
+    }
+
+    /// The command line after the program's name and its global flags: `export nbd` and its
+    /// arguments.
+    pub fn command_line(&self) -> Vec<String> {
+        let ms = |d: std::time::Duration| format!("{}ms", d.as_millis());
+        let path = |p: &PathBuf| p.display().to_string();
+        let mut a = vec!["export".to_string(), "nbd".into()];
+        a.extend(self.devices.iter().cloned());
+        let mut opt = |flag: &str, v: Option<String>| {
+            if let Some(v) = v {
+                a.extend([flag.to_string(), v]);
+            }
+        };
+        opt("--socket", self.socket.as_ref().map(path));
+        opt("--listen", self.listen.map(|l| l.to_string()));
+        opt("--name", self.name.clone());
+        opt("--tls-cert", self.tls_cert.as_ref().map(path));
+        opt("--tls-key", self.tls_key.as_ref().map(path));
+        opt("--tls-verify-peer", self.tls_verify_peer.as_ref().map(path));
+        opt("--tls-psk", self.tls_psk.as_ref().map(path));
+        opt("--max-connections", Some(self.max_connections.to_string()));
+        opt("--handshake-timeout", Some(ms(self.handshake_timeout)));
+        opt("--idle-timeout", self.idle_timeout.map(ms));
+        opt("--write-timeout", Some(ms(self.write_timeout)));
+        opt("--notify-fd", self.notify_fd.map(|fd| fd.to_string()));
+        if self.read_only {
+            a.push("--read-only".into());
+        }
+        if self.insecure {
+            a.push("--insecure".into());
+        }
+        a
+    }
+}
+
+// Where a device model listens (`outboard device MODEL`).
+#[allow(missing_docs)]
+#[derive(Args, Debug, Clone, PartialEq)]
+pub struct ModelListen {
+    /// Path of the vfio-user socket to create.
+    #[arg(
+        long,
+        visible_alias = "socket-path",
+        value_name = "PATH",
+        required_unless_present = "fd"
+    )]
+    pub socket: Option<PathBuf>,
+    /// An already listening socket inherited as this fd (instead of --socket).
+    #[arg(long, value_name = "FD", conflicts_with = "socket")]
+    pub fd: Option<i32>,
+    /// An inherited SEQPACKET socket to tell the manager on that the model is ready.
+    #[arg(long, value_name = "FD")]
+    pub notify_fd: Option<i32>,
+}
+
+// Fault injection in a device model: bad hardware on demand.
+#[allow(missing_docs)]
+#[derive(Args, Debug, Clone, PartialEq)]
+pub struct ModelFaults {
+    /// Arm a fault from the start (repeatable): error=START-END, error-next=N, drop-irq=N,
+    /// duplicate-irq=N, spurious-irq=N, corrupt-used=id|len, stall=DURATION, needs-reset,
+    /// crash.
+    #[arg(long = "fault", value_name = "FAULT", value_parser = parse_fault)]
+    pub faults: Vec<Fault>,
+    /// Also accept faults at run time on this SEQPACKET socket (what `outboard fault` uses).
+    #[arg(long, value_name = "PATH")]
+    pub faults_socket: Option<PathBuf>,
+    /// The same, on a listening socket inherited as this descriptor (what the manager passes).
+    #[arg(long, value_name = "FD", conflicts_with = "faults_socket")]
+    pub faults_fd: Option<i32>,
+}
+
+fn parse_fault(s: &str) -> Result<Fault, String> {
+    s.parse()
+}
+
+/// A device model as the manager starts it: `outboard device MODEL`, where it listens, its
+/// faults, the model's own arguments (from its entry in [`crate::models`], each model's to
+/// write and its parser's to read) and its confinement.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ModelArgs {
+    /// The model (`virtio-blk`).
+    pub model: String,
+    /// Where it listens and reports.
+    pub listen: ModelListen,
+    /// Its faults.
+    pub faults: ModelFaults,
+    /// The model's own arguments.
+    pub own: Vec<String>,
+    /// Its confinement.
+    pub confine: ConfineArgs,
+}
+
+impl ModelArgs {
+    /// The command line after the program's name: `device MODEL` and its arguments.
+    pub fn command_line(&self) -> Vec<String> {
+        let mut a = vec!["device".to_string(), self.model.clone()];
+        let mut opt = |flag: &str, v: Option<String>| {
+            if let Some(v) = v {
+                a.extend([flag.to_string(), v]);
+            }
+        };
+        opt(
+            "--socket",
+            self.listen.socket.as_ref().map(|p| p.display().to_string()),
+        );
+        opt("--fd", self.listen.fd.map(|fd| fd.to_string()));
+        opt(
+            "--notify-fd",
+            self.listen.notify_fd.map(|fd| fd.to_string()),
+        );
+        opt(
+            "--faults-socket",
+            self.faults
+                .faults_socket
+                .as_ref()
+                .map(|p| p.display().to_string()),
+        );
+        opt(
+            "--faults-fd",
+            self.faults.faults_fd.map(|fd| fd.to_string()),
+        );
+        for f in &self.faults.faults {
+            a.extend(["--fault".to_string(), f.to_string()]);
+        }
+        a.extend(self.own.iter().cloned());
+        a.extend(self.confine.to_args());
+        a
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -286,6 +507,121 @@ mod tests {
     #[derive(clap::Subcommand)]
     enum Command {
         DriverHost(DriverHostArgs),
+        #[command(subcommand)]
+        Export(Export),
+    }
+
+    #[derive(clap::Subcommand)]
+    enum Export {
+        Nbd(ExportNbdArgs),
+    }
+
+    /// A model as a device command parses it: the shared parts, and one key of its own.
+    #[derive(clap::Args, Debug, PartialEq)]
+    struct TestModel {
+        #[command(flatten)]
+        listen: ModelListen,
+        #[arg(long)]
+        seed: Option<u64>,
+        #[command(flatten)]
+        faults: ModelFaults,
+        #[command(flatten)]
+        confine: ConfineArgs,
+    }
+
+    #[derive(clap::Subcommand)]
+    enum Device {
+        VirtioRng(TestModel),
+    }
+
+    #[derive(Parser)]
+    struct DeviceCli {
+        #[command(subcommand)]
+        command: DeviceCommand,
+    }
+
+    #[derive(clap::Subcommand)]
+    enum DeviceCommand {
+        #[command(subcommand)]
+        Device(Device),
+    }
+
+    #[test]
+    fn a_model_the_manager_describes_parses_back_the_same() {
+        let m = ModelArgs {
+            model: "virtio-rng".into(),
+            listen: ModelListen {
+                socket: None,
+                fd: Some(4),
+                notify_fd: Some(3),
+            },
+            faults: ModelFaults {
+                faults: vec!["error-next=2".parse().unwrap(), "stall=2s".parse().unwrap()],
+                faults_socket: None,
+                faults_fd: Some(5),
+            },
+            own: vec!["--seed".into(), "7".into()],
+            confine: ConfineArgs {
+                confine: true,
+                check_confinement: None,
+                user: Some("65534:65534".parse().unwrap()),
+                require_confinement: false,
+                max_files: 256,
+                max_memory: None,
+            },
+        };
+        let line: Vec<String> = std::iter::once("outboard".to_string())
+            .chain(m.command_line())
+            .collect();
+        let DeviceCommand::Device(Device::VirtioRng(back)) = DeviceCli::try_parse_from(&line)
+            .unwrap_or_else(|e| panic!("{line:?}: {e}"))
+            .command;
+        assert_eq!(back.listen, m.listen);
+        assert_eq!(back.faults, m.faults);
+        assert_eq!(back.confine, m.confine);
+        assert_eq!(back.seed, Some(7));
+    }
+
+    fn parse(line: Vec<String>) -> Command {
+        let line: Vec<String> = std::iter::once("outboard".to_string())
+            .chain(line)
+            .collect();
+        Cli::try_parse_from(&line)
+            .unwrap_or_else(|e| panic!("{line:?}: {e}"))
+            .command
+    }
+
+    #[test]
+    fn an_export_the_manager_describes_parses_back_the_same() {
+        let plain = ExportNbdArgs::of(vec!["disk0".into()]);
+        let Command::Export(Export::Nbd(back)) = parse(plain.command_line()) else {
+            panic!("not an export")
+        };
+        assert_eq!(back, plain);
+        let mut full = ExportNbdArgs::of(vec!["disk0".into()]);
+        full.listen = Some("127.0.0.1:10809".parse().unwrap());
+        full.name = Some("boot".into());
+        full.read_only = true;
+        full.tls_cert = Some("/etc/c.pem".into());
+        full.tls_key = Some("/etc/k.pem".into());
+        full.tls_verify_peer = Some("/etc/ca.pem".into());
+        full.max_connections = 7;
+        full.handshake_timeout = std::time::Duration::from_millis(2500);
+        full.idle_timeout = Some(std::time::Duration::from_secs(60));
+        full.write_timeout = std::time::Duration::from_secs(5);
+        full.notify_fd = Some(3);
+        let Command::Export(Export::Nbd(back)) = parse(full.command_line()) else {
+            panic!("not an export")
+        };
+        assert_eq!(back, full);
+        let mut psk = ExportNbdArgs::of(vec!["disk0".into(), "disk1".into()]);
+        psk.socket = Some("/run/x.nbd".into());
+        psk.tls_psk = Some("/etc/keys.psk".into());
+        psk.insecure = true;
+        let Command::Export(Export::Nbd(back)) = parse(psk.command_line()) else {
+            panic!("not an export")
+        };
+        assert_eq!(back, psk);
     }
 
     #[test]
@@ -313,7 +649,9 @@ mod tests {
         let line: Vec<String> = std::iter::once("outboard".to_string())
             .chain(a.command_line())
             .collect();
-        let Command::DriverHost(back) = Cli::try_parse_from(&line).unwrap().command;
+        let Command::DriverHost(back) = Cli::try_parse_from(&line).unwrap().command else {
+            panic!("not a driver server")
+        };
         assert_eq!(back, a, "{line:?}");
         // And the defaults: a server as plain as the command line makes it.
         let plain = DriverHostArgs::on_fd(
@@ -334,7 +672,9 @@ mod tests {
             "4".into(),
         ];
         minimal.extend(["--device".into(), "x=null:4096".into()]);
-        let Command::DriverHost(parsed) = Cli::try_parse_from(&minimal).unwrap().command;
+        let Command::DriverHost(parsed) = Cli::try_parse_from(&minimal).unwrap().command else {
+            panic!("not a driver server")
+        };
         let mut expected = plain;
         expected.devices = vec!["x=null:4096".into()];
         assert_eq!(parsed, expected);

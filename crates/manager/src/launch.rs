@@ -198,27 +198,40 @@ impl Manager {
             // The descriptors are passed in `keep`'s order: the listener, the fault socket if
             // any, then the model's own.
             let (fds, _) = supervisor::fd_layout(true, keep.len() + launched.fds.len(), 0);
-            let mut args = vec![
-                "device".to_string(),
-                d.model.clone(),
-                "--fd".into(),
-                fds[0].to_string(),
-                "--notify-fd".into(),
-                supervisor::EVENT_FD.to_string(),
-            ];
-            if faults_socket.is_some() {
-                args.extend(["--faults-fd".into(), fds[1].to_string()]);
-            }
-            args.extend(launched.args);
+            let mut own = launched.args;
             for (flag, fd) in launched.fds {
-                args.extend([flag.to_string(), format!("fd:{}", fds[keep.len()])]);
+                own.extend([flag.to_string(), format!("fd:{}", fds[keep.len()])]);
                 keep.push(fd);
             }
-            // Once it listens, it opens nothing: no filesystem, no network, no processes.
-            args.extend(self.confinement(&[d]).to_args());
-            for f in &d.faults {
-                args.extend(["--fault".into(), f.clone()]);
-            }
+            let faults = d
+                .faults
+                .iter()
+                .map(|f| {
+                    f.parse()
+                        .map_err(|e: String| launch(format!("fault {f:?}: {e}")))
+                })
+                .collect::<Result<Vec<_>, _>>()?;
+            let model = ModelArgs {
+                model: d.model.clone(),
+                listen: ModelListen {
+                    socket: None,
+                    fd: Some(fds[0]),
+                    notify_fd: Some(supervisor::EVENT_FD),
+                },
+                faults: ModelFaults {
+                    faults,
+                    faults_socket: None,
+                    faults_fd: if faults_socket.is_some() {
+                        Some(fds[1])
+                    } else {
+                        None
+                    },
+                },
+                own,
+                // Once it listens, it opens nothing: no filesystem, no network, no processes.
+                confine: self.confinement(&[d]),
+            };
+            let args = model.command_line();
             let log = self.created(self.rt().device_log(&d.name));
             let role = format!("device model for {}", d.name);
             let mut p = Process::spawn_passing(
@@ -392,33 +405,17 @@ impl Manager {
     /// channel (it reports its clients), under the block device it serves in the registry.
     pub(crate) fn start_exports(&mut self) -> Result<(), ManagerError> {
         for (i, e) in self.machine.exports.clone().iter().enumerate() {
-            let mut args = vec![
-                "--control".to_string(),
-                self.opts.control.display().to_string(),
-                "export".into(),
-                "nbd".into(),
-                e.device.clone(),
-                "--name".into(),
-                e.name.clone(),
-                "--notify-fd".into(),
-                supervisor::EVENT_FD.to_string(),
-            ];
-            if e.read_only {
-                args.push("--read-only".into());
-            }
+            let mut export = ExportNbdArgs::of(vec![e.device.clone()]);
+            export.name = Some(e.name.clone());
+            export.notify_fd = Some(supervisor::EVENT_FD);
+            export.read_only = e.read_only;
             if let Some((cert, key)) = &e.tls {
-                args.extend(["--tls-cert".into(), cert.display().to_string()]);
-                args.extend(["--tls-key".into(), key.display().to_string()]);
+                export.tls_cert = Some(cert.clone());
+                export.tls_key = Some(key.clone());
             }
-            if let Some(psk) = &e.tls_psk {
-                args.extend(["--tls-psk".into(), psk.display().to_string()]);
-            }
-            if let Some(ca) = &e.tls_verify_peer {
-                args.extend(["--tls-verify-peer".into(), ca.display().to_string()]);
-            }
-            if e.insecure {
-                args.push("--insecure".into());
-            }
+            export.tls_psk = e.tls_psk.clone();
+            export.tls_verify_peer = e.tls_verify_peer.clone();
+            export.insecure = e.insecure;
             let s = if e.tls.is_some() || e.tls_psk.is_some() {
                 "s"
             } else {
@@ -430,14 +427,20 @@ impl Manager {
                         .clone()
                         .unwrap_or_else(|| self.rt().dir().join(format!("export-{i}.nbd")));
                     let p = self.created(p);
-                    args.extend(["--socket".into(), p.display().to_string()]);
-                    format!("nbd{s}+unix:///{}?socket={}", e.name, p.display())
+                    let uri = format!("nbd{s}+unix:///{}?socket={}", e.name, p.display());
+                    export.socket = Some(p);
+                    uri
                 }
                 ExportAddress::Tcp(a) => {
-                    args.extend(["--listen".into(), a.to_string()]);
+                    export.listen = Some(*a);
                     format!("nbd{s}://{a}/{}", e.name)
                 }
             };
+            let mut args = vec![
+                "--control".to_string(),
+                self.opts.control.display().to_string(),
+            ];
+            args.extend(export.command_line());
             let log = self.created(self.rt().dir().join(format!("export-{i}.log")));
             let mut p = Process::spawn_with_events(
                 &self.opts.exe,

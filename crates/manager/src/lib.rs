@@ -38,7 +38,9 @@ use outboard_hw::{DeviceSpec, IrqKind, PciFunction};
 use outboard_session::{control, Code};
 
 use crate::api::{Reply, Request};
-use crate::children::{ConfineArgs, DriverHostArgs};
+use crate::children::{
+    ConfineArgs, DriverHostArgs, ExportNbdArgs, ModelArgs, ModelFaults, ModelListen,
+};
 use crate::config::{ExportAddress, Machine, Placement};
 use crate::registry::Node;
 use crate::supervisor::Process;

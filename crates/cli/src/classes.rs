@@ -7,7 +7,7 @@ use outboard_env::AnyDriver;
 use outboard_server::{Dispatcher, Served};
 
 /// Makes a class's dispatcher for a started driver of that class.
-type Serve = fn(Box<dyn AnyDriver>) -> Result<Box<dyn Dispatcher>, String>;
+type Serve = fn(Box<dyn AnyDriver>) -> Result<Box<dyn Dispatcher>, outboard_env::WrongClass>;
 
 const CLASSES: &[(&str, Serve)] = &[
     (
@@ -27,7 +27,7 @@ pub fn dispatcher(driver: Box<dyn AnyDriver>) -> Result<Box<dyn Dispatcher>, Str
         .iter()
         .find(|(c, _)| *c == class)
         .ok_or_else(|| format!("this build serves no {class} class"))?;
-    serve(driver)
+    serve(driver).map_err(|e| e.to_string())
 }
 
 /// Starts the personality `driver` (or the best match) on the device at `at`, to be served by

@@ -380,7 +380,7 @@ pub fn driver_host(a: DriverHostArgs) -> Result<ExitCode, String> {
     );
     if let Some(fd) = a.notify_fd {
         server
-            .set_notify(outboard_manager::supervisor::inherited_fd(fd)?)
+            .set_notify(outboard_manager::supervisor::inherited_fd(fd).map_err(|e| e.to_string())?)
             .map_err(|e| e.to_string())?;
         server.announce_serving().map_err(|e| e.to_string())?;
         if a.isolate_ms > 0 {

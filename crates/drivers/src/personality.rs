@@ -309,13 +309,17 @@ pub fn restarter(
     at: &Attachment,
     driver: &'static str,
     opts: &StartOptions,
-) -> std::sync::Arc<dyn Fn() -> Result<(Box<dyn AnyDriver>, DeviceEnv), String> + Send + Sync> {
+) -> std::sync::Arc<
+    dyn Fn() -> Result<(Box<dyn AnyDriver>, DeviceEnv), Box<dyn std::error::Error + Send + Sync>>
+        + Send
+        + Sync,
+> {
     let at = at.clone();
     let opts = opts.clone();
     std::sync::Arc::new(move || {
         start(&at, Some(driver), &opts)
             .map(|s| (s.driver, s.env))
-            .map_err(|e| e.to_string())
+            .map_err(|e| Box::new(e) as Box<dyn std::error::Error + Send + Sync>)
     })
 }
 

@@ -31,13 +31,26 @@ impl std::fmt::Debug for dyn AnyDriver {
     }
 }
 
+/// A started driver handed to code for another class.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("the driver serves the {serves} class, not {wanted}")]
+pub struct WrongClass {
+    /// The class the driver serves.
+    pub serves: String,
+    /// The class the code is for.
+    pub wanted: String,
+}
+
 /// Takes a class's typed binding `B` out of `d`, or says which class `d` serves instead.
-pub fn downcast<B: Any>(d: Box<dyn AnyDriver>, wanted: &str) -> Result<B, String> {
-    let class = d.class();
+pub fn downcast<B: Any>(d: Box<dyn AnyDriver>, wanted: &str) -> Result<B, WrongClass> {
+    let serves = d.class();
     d.into_any()
         .downcast::<B>()
         .map(|b| *b)
-        .map_err(|_| format!("the driver serves the {class} class, not {wanted}"))
+        .map_err(|_| WrongClass {
+            serves: serves.to_string(),
+            wanted: wanted.to_string(),
+        })
 }
 
 /// Declares a class's binding: the struct that carries a driver of the class through
@@ -71,7 +84,9 @@ macro_rules! class_binding {
 
         /// Takes this class's driver back out of a started driver; an error names the class
         /// it serves instead.
-        pub fn unbind(d: Box<dyn $crate::AnyDriver>) -> Result<Box<dyn $driver>, String> {
+        pub fn unbind(
+            d: Box<dyn $crate::AnyDriver>,
+        ) -> Result<Box<dyn $driver>, $crate::WrongClass> {
             $crate::downcast::<$binding>(d, $class).map(|b| b.0)
         }
     };

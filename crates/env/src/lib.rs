@@ -13,7 +13,7 @@ pub mod driver;
 pub mod timer;
 pub mod workloop;
 
-pub use bound::{downcast, AnyDriver};
+pub use bound::{downcast, AnyDriver, WrongClass};
 pub use driver::{DeviceEnv, DeviceEvent, Driver, EnvError, Failure, Mapping, WaitError, Waiter};
 pub use timer::Timer;
 pub use workloop::{LoopError, WorkLoop};

@@ -41,10 +41,10 @@ impl Manager {
 
     /// Lets group `gid` reach the control socket: the socket 0660 and, if it lies in the
     /// runtime directory, the directory 0710 (enter, not list or write), both in `gid`.
-    pub(crate) fn open_to_group(&self, gid: u32) -> Result<(), String> {
+    pub(crate) fn open_to_group(&self, gid: u32) -> Result<(), runtime::RuntimeError> {
         let gid = rustix::process::Gid::from_raw(gid);
         let control = &self.opts.control;
-        let set = |p: &Path, mode: u32| -> Result<(), String> {
+        let set = |p: &Path, mode: u32| -> Result<(), runtime::RuntimeError> {
             rustix::fs::chownat(
                 rustix::fs::CWD,
                 p,
@@ -53,7 +53,11 @@ impl Manager {
                 rustix::fs::AtFlags::SYMLINK_NOFOLLOW,
             )
             .and_then(|()| rustix::fs::chmod(p, rustix::fs::Mode::from_raw_mode(mode)))
-            .map_err(|e| format!("{}: giving group {} access: {e}", p.display(), gid.as_raw()))
+            .map_err(|e| runtime::RuntimeError::Group {
+                path: p.to_owned(),
+                gid: gid.as_raw(),
+                err: e.into(),
+            })
         };
         set(control, 0o660)?;
         if control.parent() == Some(self.rt().dir()) {
@@ -177,11 +181,17 @@ impl Manager {
             // The manager opens the disk and binds the model's sockets, and passes them: the
             // model opens no path. They outlive each incarnation: a restarted model finds what
             // its predecessor acknowledged, at the same sockets.
-            let launch = |e: String| ManagerError::Launch(format!("{}: {e}", d.name));
-            let launched = (d.model().launch)(d).map_err(launch)?;
+            let socket = |why: String| ManagerError::Socket {
+                device: d.name.clone(),
+                why,
+            };
+            let launched = (d.model().launch)(d).map_err(|why| ManagerError::Model {
+                device: d.name.clone(),
+                why,
+            })?;
             let (listener, sock_path) =
                 outboard_sys::bind_listener(&sock, rustix::net::SocketType::STREAM, 8)
-                    .map_err(|e| launch(e.to_string()))?;
+                    .map_err(|e| socket(e.to_string()))?;
             let mut keep = vec![listener];
             let mut paths = vec![sock_path];
             // The fault socket exists only where the machine asks for fault injection: it
@@ -191,7 +201,7 @@ impl Manager {
             if let Some(path) = &faults_socket {
                 let (faults, faults_path) =
                     outboard_sys::bind_listener(path, rustix::net::SocketType::SEQPACKET, 8)
-                        .map_err(|e| launch(e.to_string()))?;
+                        .map_err(|e| socket(e.to_string()))?;
                 keep.push(faults);
                 paths.push(faults_path);
             }
@@ -207,8 +217,13 @@ impl Manager {
                 .faults
                 .iter()
                 .map(|f| {
-                    f.parse()
-                        .map_err(|e: String| launch(format!("fault {f:?}: {e}")))
+                    f.parse().map_err(|why| ManagerError::Model {
+                        device: d.name.clone(),
+                        why: models::ModelError::Fault {
+                            fault: f.clone(),
+                            why,
+                        },
+                    })
                 })
                 .collect::<Result<Vec<_>, _>>()?;
             let model = ModelArgs {
@@ -246,10 +261,8 @@ impl Manager {
                     connect: Vec::new(),
                     paths,
                 },
-            )
-            .map_err(ManagerError::Launch)?;
-            p.wait_serving(Duration::from_secs(10))
-                .map_err(ManagerError::Launch)?;
+            )?;
+            p.wait_serving(Duration::from_secs(10))?;
             p.kind = supervisor::Kind::Model {
                 device: d.name.clone(),
             };
@@ -343,8 +356,10 @@ impl Manager {
             // The manager binds the server's socket and connects it to its devices: the server
             // opens nothing itself, and the socket outlives each incarnation (clients that
             // connect during a restart wait in its backlog instead of being refused).
-            let (listener, path) =
-                control::listen(&sock).map_err(|e| ManagerError::Launch(e.to_string()))?;
+            let (listener, path) = control::listen(&sock).map_err(|e| ManagerError::Socket {
+                device: server.clone(),
+                why: e.to_string(),
+            })?;
             let (args, connect) = self.server_launch(&names, devices);
             let log = self.created(self.rt().server_log(&server));
             let mut p = Process::spawn_server(
@@ -359,11 +374,8 @@ impl Manager {
                     connect,
                     paths: vec![path],
                 },
-            )
-            .map_err(ManagerError::Launch)?;
-            let heartbeat = p
-                .wait_serving(Duration::from_secs(30))
-                .map_err(ManagerError::Launch)?;
+            )?;
+            let heartbeat = p.wait_serving(Duration::from_secs(30))?;
             p.kind = supervisor::Kind::Server {
                 name: server.clone(),
                 devices: names.clone(),
@@ -448,8 +460,7 @@ impl Manager {
                 &args,
                 log,
                 self.opts.verbose,
-            )
-            .map_err(ManagerError::Launch)?;
+            )?;
             p.kind = supervisor::Kind::Export {
                 name: e.name.clone(),
             };

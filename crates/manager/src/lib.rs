@@ -138,17 +138,34 @@ fn size_text(n: u64) -> String {
 pub enum ManagerError {
     /// The runtime directory could not be claimed (another manager holds it, or it is not
     /// usable).
-    #[error("{0}")]
-    Runtime(String),
+    #[error(transparent)]
+    Runtime(#[from] runtime::RuntimeError),
     /// The control socket could not be set up.
     #[error("the control socket: {0}")]
     Control(#[from] outboard_session::SessionError),
     /// The work loop failed.
     #[error(transparent)]
     Loop(#[from] outboard_env::LoopError),
-    /// A child process (device model, driver server) could not be started or did not come up.
-    #[error("{0}")]
-    Launch(String),
+    /// A child process (device model, driver server, export) could not be started or did not
+    /// come up.
+    #[error(transparent)]
+    Spawn(#[from] supervisor::SpawnError),
+    /// A device's model could not be prepared (its backing).
+    #[error("{device}: {why}")]
+    Model {
+        /// Device name.
+        device: String,
+        /// Why.
+        why: models::ModelError,
+    },
+    /// A socket the manager binds for a child could not be made.
+    #[error("{device}: {why}")]
+    Socket {
+        /// Whose socket (a device or a server).
+        device: String,
+        /// Why.
+        why: String,
+    },
     /// A device could not be probed.
     #[error("probing {device}: {why}")]
     Probe {

@@ -20,6 +20,92 @@ use rustix::io::Errno;
 /// The lock file's name.
 pub const LOCK: &str = "manager.lock";
 
+/// Why the runtime directory (or a file in it) could not be used.
+#[derive(Debug, thiserror::Error)]
+pub enum RuntimeError {
+    /// A system call on `path` failed (`what`: which, when it is not obvious).
+    #[error("{}: {what}{err}", path.display())]
+    Os {
+        /// The path.
+        path: PathBuf,
+        /// The call, with its separator (`"chmod 0700: "`), or empty.
+        what: &'static str,
+        /// What the system said.
+        err: std::io::Error,
+    },
+    /// The directory's name is a symbolic link.
+    #[error("{}: is a symbolic link; refusing to use it as the runtime directory", .0.display())]
+    Symlink(PathBuf),
+    /// Someone other than this user could replace what is in it.
+    #[error(
+        "{}: {why}; refusing to use it as the runtime directory (anyone who can write there \
+         can replace its sockets). Remove it, or give --runtime-dir a directory of your own \
+         that only you can write",
+        path.display()
+    )]
+    NotPrivate {
+        /// The directory.
+        path: PathBuf,
+        /// Who else could write it.
+        why: NotPrivate,
+    },
+    /// Its control socket (or the directory) could not be opened to a group.
+    #[error("{}: giving group {gid} access: {err}", path.display())]
+    Group {
+        /// What was to be opened.
+        path: PathBuf,
+        /// The group.
+        gid: u32,
+        /// What the system said.
+        err: std::io::Error,
+    },
+    /// Another manager holds it.
+    #[error(
+        "{} is in use by another `outboard up` (pid {pid}); stop it, or give this one its own \
+         --runtime-dir",
+        path.display()
+    )]
+    InUse {
+        /// The directory.
+        path: PathBuf,
+        /// The holder's pid, as its lock file says.
+        pid: String,
+    },
+}
+
+/// Why a directory is not private to this user.
+#[derive(Debug, thiserror::Error)]
+pub enum NotPrivate {
+    /// Another user owns it.
+    #[error("it is owned by uid {owner}, not by you (uid {me})")]
+    Owner {
+        /// Its owner.
+        owner: u32,
+        /// This process's effective uid.
+        me: u32,
+    },
+    /// Group or others may write it.
+    #[error("it is writable by {who} (mode {mode:o})")]
+    Writable {
+        /// `its group`, `others`, or both.
+        who: &'static str,
+        /// Its permission bits.
+        mode: u32,
+    },
+    /// It could not be looked at.
+    #[error("{0}")]
+    Stat(std::io::Error),
+}
+
+/// A failed call on `path`, as a [`RuntimeError`].
+fn os<'a>(path: &'a Path, what: &'static str) -> impl FnOnce(Errno) -> RuntimeError + 'a {
+    move |e| RuntimeError::Os {
+        path: path.to_owned(),
+        what,
+        err: e.into(),
+    }
+}
+
 /// A runtime directory this process holds the lock of.
 #[derive(Debug)]
 pub struct RuntimeDir {
@@ -34,22 +120,25 @@ impl RuntimeDir {
     /// may write, is refused before anything is written in it. Whoever made it first could
     /// otherwise plant a socket where clients look for the control socket, or a symlink where
     /// a log is created (truncating any file the manager, often root, can write).
-    pub fn claim(dir: &Path) -> Result<Self, String> {
-        let shown = dir.display();
+    pub fn claim(dir: &Path) -> Result<Self, RuntimeError> {
         let created = match rustix::fs::mkdir(dir, Mode::from_raw_mode(0o700)) {
             Ok(()) => true,
             Err(Errno::EXIST) => false,
             Err(Errno::NOENT) => {
                 if let Some(parent) = dir.parent() {
-                    std::fs::create_dir_all(parent).map_err(|e| format!("{shown}: {e}"))?;
+                    std::fs::create_dir_all(parent).map_err(|err| RuntimeError::Os {
+                        path: dir.to_owned(),
+                        what: "",
+                        err,
+                    })?;
                 }
                 match rustix::fs::mkdir(dir, Mode::from_raw_mode(0o700)) {
                     Ok(()) => true,
                     Err(Errno::EXIST) => false,
-                    Err(e) => return Err(format!("{shown}: {e}")),
+                    Err(e) => return Err(os(dir, "")(e)),
                 }
             }
-            Err(e) => return Err(format!("{shown}: {e}")),
+            Err(e) => return Err(os(dir, "")(e)),
         };
         // The directory itself, not whatever a symlink at its name points to.
         let dfd = rustix::fs::open(
@@ -63,22 +152,20 @@ impl RuntimeDir {
                     rustix::fs::FileType::from_raw_mode(st.st_mode) == rustix::fs::FileType::Symlink
                 }) =>
             {
-                format!("{shown}: is a symbolic link; refusing to use it as the runtime directory")
+                RuntimeError::Symlink(dir.to_owned())
             }
-            e => format!("{shown}: {e}"),
+            e => os(dir, "")(e),
         })?;
         if created {
             // mkdir's mode went through the umask: set it exactly.
             rustix::fs::fchmod(&dfd, Mode::from_raw_mode(0o700))
-                .map_err(|e| format!("{shown}: chmod 0700: {e}"))?;
+                .map_err(os(dir, "chmod 0700: "))?;
         }
-        check_private(&dfd).map_err(|why| {
-            format!(
-                "{shown}: {why}; refusing to use it as the runtime directory (anyone who can \
-                 write there can replace its sockets). Remove it, or give --runtime-dir a \
-                 directory of your own that only you can write"
-            )
+        check_private(&dfd).map_err(|why| RuntimeError::NotPrivate {
+            path: dir.to_owned(),
+            why,
         })?;
+        let lock_path = dir.join(LOCK);
         loop {
             let fd = rustix::fs::openat(
                 &dfd,
@@ -86,32 +173,35 @@ impl RuntimeDir {
                 OFlags::RDWR | OFlags::CREATE | OFlags::CLOEXEC | OFlags::NOFOLLOW,
                 Mode::from_raw_mode(0o600),
             )
-            .map_err(|e| format!("{}: {e}", dir.join(LOCK).display()))?;
+            .map_err(os(&lock_path, ""))?;
             let mut lock = File::from(fd);
             match rustix::fs::flock(&lock, FlockOperation::NonBlockingLockExclusive) {
                 Ok(()) => {}
                 Err(Errno::WOULDBLOCK) => {
                     let mut pid = String::new();
                     let _ = lock.read_to_string(&mut pid);
-                    return Err(format!(
-                        "{} is in use by another `outboard up` (pid {}); stop it, or give this \
-                         one its own --runtime-dir",
-                        dir.display(),
-                        pid.trim()
-                    ));
+                    return Err(RuntimeError::InUse {
+                        path: dir.to_owned(),
+                        pid: pid.trim().to_string(),
+                    });
                 }
-                Err(e) => return Err(format!("{}: flock: {e}", dir.join(LOCK).display())),
+                Err(e) => return Err(os(&lock_path, "flock: ")(e)),
             }
             // The previous holder may have removed the file between our open and our lock:
             // then we hold a lock nobody else can see. Lock the file that is there instead.
-            let ours = rustix::fs::fstat(lock.as_fd()).map_err(|e| e.to_string())?;
+            let ours = rustix::fs::fstat(lock.as_fd()).map_err(os(&lock_path, "fstat: "))?;
             match rustix::fs::statat(&dfd, LOCK, rustix::fs::AtFlags::SYMLINK_NOFOLLOW) {
                 Ok(st) if st.st_dev == ours.st_dev && st.st_ino == ours.st_ino => {}
                 _ => continue,
             }
-            lock.set_len(0).map_err(|e| e.to_string())?;
-            lock.rewind().map_err(|e| e.to_string())?;
-            write!(lock, "{}", std::process::id()).map_err(|e| e.to_string())?;
+            let io = |err| RuntimeError::Os {
+                path: lock_path.clone(),
+                what: "writing the pid: ",
+                err,
+            };
+            lock.set_len(0).map_err(io)?;
+            lock.rewind().map_err(io)?;
+            write!(lock, "{}", std::process::id()).map_err(io)?;
             return Ok(Self {
                 dir: dir.to_owned(),
                 lock,
@@ -152,14 +242,14 @@ impl RuntimeDir {
 
 /// Why the directory open as `dfd` is not private to this user: another owner, or write
 /// access for group or others.
-fn check_private(dfd: &impl AsFd) -> Result<(), String> {
-    let st = rustix::fs::fstat(dfd).map_err(|e| e.to_string())?;
+fn check_private(dfd: &impl AsFd) -> Result<(), NotPrivate> {
+    let st = rustix::fs::fstat(dfd).map_err(|e| NotPrivate::Stat(e.into()))?;
     let me = rustix::process::geteuid().as_raw();
     if st.st_uid != me {
-        return Err(format!(
-            "it is owned by uid {}, not by you (uid {me})",
-            st.st_uid
-        ));
+        return Err(NotPrivate::Owner {
+            owner: st.st_uid,
+            me,
+        });
     }
     let writable = st.st_mode & 0o022;
     if writable != 0 {
@@ -168,10 +258,10 @@ fn check_private(dfd: &impl AsFd) -> Result<(), String> {
             (true, false) => "its group",
             _ => "others",
         };
-        return Err(format!(
-            "it is writable by {who} (mode {:o})",
-            st.st_mode & 0o7777
-        ));
+        return Err(NotPrivate::Writable {
+            who,
+            mode: st.st_mode & 0o7777,
+        });
     }
     Ok(())
 }
@@ -180,8 +270,7 @@ fn check_private(dfd: &impl AsFd) -> Result<(), String> {
 /// name is removed first) or the existing log of an earlier incarnation (`append`). The last
 /// component is never followed if it is a symlink, and a new log is created with `O_EXCL` and
 /// mode 0600: nothing planted at the name is truncated or written through.
-pub fn open_log(path: &Path, append: bool) -> Result<File, String> {
-    let shown = || path.display().to_string();
+pub fn open_log(path: &Path, append: bool) -> Result<File, RuntimeError> {
     let exclusive = |path: &Path| {
         rustix::fs::open(
             path,
@@ -189,15 +278,19 @@ pub fn open_log(path: &Path, append: bool) -> Result<File, String> {
             Mode::from_raw_mode(0o600),
         )
     };
-    let fresh = |path: &Path| -> Result<File, String> {
+    let fresh = |path: &Path| -> Result<File, RuntimeError> {
         match std::fs::remove_file(path) {
             Ok(()) => {}
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-            Err(e) => return Err(format!("{}: {e}", shown())),
+            Err(err) => {
+                return Err(RuntimeError::Os {
+                    path: path.to_owned(),
+                    what: "",
+                    err,
+                })
+            }
         }
-        exclusive(path)
-            .map(File::from)
-            .map_err(|e| format!("{}: {e}", shown()))
+        exclusive(path).map(File::from).map_err(os(path, ""))
     };
     if !append {
         return fresh(path);
@@ -208,7 +301,7 @@ pub fn open_log(path: &Path, append: bool) -> Result<File, String> {
         Mode::empty(),
     ) {
         Ok(fd) => {
-            let st = rustix::fs::fstat(&fd).map_err(|e| format!("{}: {e}", shown()))?;
+            let st = rustix::fs::fstat(&fd).map_err(os(path, ""))?;
             if rustix::fs::FileType::from_raw_mode(st.st_mode) == rustix::fs::FileType::RegularFile
             {
                 Ok(File::from(fd))
@@ -218,7 +311,7 @@ pub fn open_log(path: &Path, append: bool) -> Result<File, String> {
         }
         // Gone, or a symlink planted in its place (ELOOP): start a new one.
         Err(Errno::NOENT | Errno::LOOP) => fresh(path),
-        Err(e) => Err(format!("{}: {e}", shown())),
+        Err(e) => Err(os(path, "")(e)),
     }
 }
 
@@ -240,7 +333,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let rt = dir.path().join("rt");
         let first = RuntimeDir::claim(&rt).unwrap();
-        let e = RuntimeDir::claim(&rt).unwrap_err();
+        let e = RuntimeDir::claim(&rt).unwrap_err().to_string();
         assert!(e.contains("in use by another"), "{e}");
         assert!(e.contains(&std::process::id().to_string()), "{e}");
         drop(first);
@@ -264,7 +357,7 @@ mod tests {
         std::fs::set_permissions(&rt, std::fs::Permissions::from_mode(0o700)).unwrap();
         // `nobody` stands in for the local attacker who made the directory first.
         std::os::unix::fs::chown(&rt, Some(65534), Some(65534)).unwrap();
-        let e = RuntimeDir::claim(&rt).unwrap_err();
+        let e = RuntimeDir::claim(&rt).unwrap_err().to_string();
         assert!(e.contains("owned by uid 65534"), "{e}");
         assert!(entries(&rt).is_empty(), "{:?}", entries(&rt));
     }
@@ -277,7 +370,7 @@ mod tests {
             let rt = dir.path().join("rt");
             std::fs::create_dir(&rt).unwrap();
             std::fs::set_permissions(&rt, std::fs::Permissions::from_mode(mode)).unwrap();
-            let e = RuntimeDir::claim(&rt).unwrap_err();
+            let e = RuntimeDir::claim(&rt).unwrap_err().to_string();
             assert!(e.contains("writable by"), "{mode:o}: {e}");
             assert!(entries(&rt).is_empty(), "{mode:o}: {:?}", entries(&rt));
         }
@@ -290,7 +383,7 @@ mod tests {
         std::fs::create_dir(&target).unwrap();
         let rt = dir.path().join("rt");
         std::os::unix::fs::symlink(&target, &rt).unwrap();
-        let e = RuntimeDir::claim(&rt).unwrap_err();
+        let e = RuntimeDir::claim(&rt).unwrap_err().to_string();
         assert!(e.contains("symbolic link"), "{e}");
         assert!(entries(&target).is_empty());
     }

@@ -271,13 +271,61 @@ pub struct Heartbeat {
     first: Option<u32>,
 }
 
+/// Why a child could not be started, or did not come up.
+#[derive(Debug, thiserror::Error)]
+pub enum SpawnError {
+    /// Its log could not be opened.
+    #[error(transparent)]
+    Log(#[from] crate::runtime::RuntimeError),
+    /// A descriptor it is to be given could not be made (`what` says which).
+    #[error("{role}: {what}: {err}")]
+    Descriptor {
+        /// The child's role (`driver server disk0`).
+        role: String,
+        /// Which descriptor.
+        what: String,
+        /// What the system said.
+        err: std::io::Error,
+    },
+    /// The program could not be started.
+    #[error("starting {role} ({}): {err}", exe.display())]
+    Exec {
+        /// The child's role.
+        role: String,
+        /// The program.
+        exe: PathBuf,
+        /// What the system said.
+        err: std::io::Error,
+    },
+    /// It exited before it said it serves.
+    #[error("{role} exited ({status}) before it was ready:\n{log}")]
+    ExitedEarly {
+        /// The child's role.
+        role: String,
+        /// How it ended.
+        status: std::process::ExitStatus,
+        /// Its log.
+        log: String,
+    },
+    /// It did not say it serves in time.
+    #[error("{role} did not serve within {timeout:?}")]
+    NotServing {
+        /// The child's role.
+        role: String,
+        /// How long it was given.
+        timeout: Duration,
+    },
+    /// It was started without an event channel to say so on.
+    #[error("{0} has no event channel")]
+    NoEvents(String),
+}
+
 impl Heartbeat {
     /// Maps the page the server sent (sealed, or guarded if it is not: a server cannot fault
     /// the manager by shrinking it).
-    pub fn new(fd: OwnedFd) -> Result<Self, String> {
+    pub fn new(fd: OwnedFd) -> Result<Self, outboard_shm::ShmError> {
         let page =
-            outboard_shm::SharedMem::map_peer_owned(fd, 0, 4096, outboard_shm::Access::ReadOnly)
-                .map_err(|e| format!("heartbeat page: {e}"))?;
+            outboard_shm::SharedMem::map_peer_owned(fd, 0, 4096, outboard_shm::Access::ReadOnly)?;
         let mut hb = Self {
             page,
             last: 0,
@@ -366,9 +414,13 @@ impl Passing {
 
     /// This incarnation's descriptors, made and spawned with: the manager's end of the event
     /// channel (if any), and what the child gets, in order.
-    fn incarnation(&self, role: &str) -> Result<(Option<OwnedFd>, Vec<OwnedFd>), String> {
+    fn incarnation(&self, role: &str) -> Result<(Option<OwnedFd>, Vec<OwnedFd>), SpawnError> {
         let (ours, theirs) = if self.events {
-            let (o, t) = outboard_session::control::pair().map_err(|e| format!("{role}: {e}"))?;
+            let (o, t) = outboard_session::control::pair().map_err(|e| SpawnError::Descriptor {
+                role: role.into(),
+                what: "its event channel".into(),
+                err: std::io::Error::other(e.to_string()),
+            })?;
             (Some(o), Some(t))
         } else {
             (None, None)
@@ -379,7 +431,11 @@ impl Passing {
             .map(|p| {
                 std::os::unix::net::UnixStream::connect(p)
                     .map(OwnedFd::from)
-                    .map_err(|e| format!("{role}: connecting to {}: {e}", p.display()))
+                    .map_err(|err| SpawnError::Descriptor {
+                        role: role.into(),
+                        what: format!("connecting to {}", p.display()),
+                        err,
+                    })
             })
             .collect::<Result<Vec<_>, _>>()?;
         Ok((ours, theirs.into_iter().chain(conns).collect()))
@@ -409,8 +465,9 @@ pub fn fd_layout(events: bool, keep: usize, connect: usize) -> (Vec<i32>, Vec<i3
 }
 
 /// Takes ownership of the event channel inherited as fd `n` (see [`EVENT_FD`]).
-pub fn inherited_fd(n: i32) -> Result<OwnedFd, String> {
-    outboard_sys::process::inherited_socket(n).map_err(|e| format!("--notify-fd: {e}"))
+pub fn inherited_fd(n: i32) -> Result<OwnedFd, std::io::Error> {
+    outboard_sys::process::inherited_socket(n)
+        .map_err(|e| std::io::Error::other(format!("--notify-fd: {e}")))
 }
 
 impl Process {
@@ -421,7 +478,7 @@ impl Process {
         args: &[String],
         log: PathBuf,
         verbose: u8,
-    ) -> Result<Self, String> {
+    ) -> Result<Self, SpawnError> {
         Self::spawn_passing(exe, role, args, log, verbose, Passing::default())
     }
 
@@ -433,7 +490,7 @@ impl Process {
         log: PathBuf,
         verbose: u8,
         passing: Passing,
-    ) -> Result<Self, String> {
+    ) -> Result<Self, SpawnError> {
         let mut p = Self::spawn_with(exe, role, args, log, verbose, &passing, false)?;
         p.passing = passing;
         Ok(p)
@@ -447,7 +504,7 @@ impl Process {
         log: PathBuf,
         verbose: u8,
         passing: Passing,
-    ) -> Result<Self, String> {
+    ) -> Result<Self, SpawnError> {
         let mut p = Self::spawn_passing(exe, role, &args.command_line(), log, verbose, passing)?;
         p.server = Some(args);
         Ok(p)
@@ -477,7 +534,7 @@ impl Process {
 
     /// Starts the process again as it was started (its log goes on, after the last
     /// incarnation's): a new pid, pidfd and event channel.
-    pub fn respawn(&mut self, exe: &Path, verbose: u8) -> Result<(), String> {
+    pub fn respawn(&mut self, exe: &Path, verbose: u8) -> Result<(), SpawnError> {
         // A fresh event channel and fresh device connections; the same listeners and disk.
         if let Some(server) = &self.server {
             self.args = server.command_line();
@@ -511,7 +568,7 @@ impl Process {
         args: &[String],
         log: PathBuf,
         verbose: u8,
-    ) -> Result<Self, String> {
+    ) -> Result<Self, SpawnError> {
         Self::spawn_passing(exe, role, args, log, verbose, Passing::events())
     }
 
@@ -523,10 +580,14 @@ impl Process {
         verbose: u8,
         passing: &Passing,
         append: bool,
-    ) -> Result<Self, String> {
+    ) -> Result<Self, SpawnError> {
         let (events, fresh) = passing.incarnation(role)?;
         let out = crate::runtime::open_log(&log, append)?;
-        let err = out.try_clone().map_err(|e| e.to_string())?;
+        let err = out.try_clone().map_err(|err| SpawnError::Descriptor {
+            role: role.into(),
+            what: "its log".into(),
+            err,
+        })?;
         let mut cmd = Command::new(exe);
         if verbose > 0 {
             cmd.arg(format!("-{}", "v".repeat(verbose as usize)));
@@ -537,17 +598,32 @@ impl Process {
         // A manager that dies, even by SIGKILL, takes its children with it: an orphaned device
         // model or driver server would hold its disk and sockets beside the next manager's
         // fresh copies.
-        outboard_sys::process::die_with_parent(&mut cmd, &passing.borrowed(&fresh))?;
+        outboard_sys::process::die_with_parent(&mut cmd, &passing.borrowed(&fresh)).map_err(
+            |e| SpawnError::Descriptor {
+                role: role.into(),
+                what: "its descriptors".into(),
+                err: std::io::Error::other(e),
+            },
+        )?;
         let child = cmd
             .args(args)
             .stdin(Stdio::null())
             .stdout(out)
             .stderr(err)
             .spawn()
-            .map_err(|e| format!("starting {role} ({}): {e}", exe.display()))?;
+            .map_err(|err| SpawnError::Exec {
+                role: role.into(),
+                exe: exe.to_owned(),
+                err,
+            })?;
         let pid = Pid::from_child(&child);
-        let pidfd = rustix::process::pidfd_open(pid, PidfdFlags::empty())
-            .map_err(|e| format!("pidfd for {role}: {e}"))?;
+        let pidfd = rustix::process::pidfd_open(pid, PidfdFlags::empty()).map_err(|e| {
+            SpawnError::Descriptor {
+                role: role.into(),
+                what: "its pidfd".into(),
+                err: e.into(),
+            }
+        })?;
         Ok(Self {
             role: role.into(),
             child,
@@ -598,11 +674,11 @@ impl Process {
     /// Waits for a child's `Serving` event (start-up is over); returns the descriptors it
     /// came with (a driver server's heartbeat page). One that exits first is reported with its
     /// log.
-    pub fn wait_serving(&mut self, timeout: Duration) -> Result<Vec<OwnedFd>, String> {
+    pub fn wait_serving(&mut self, timeout: Duration) -> Result<Vec<OwnedFd>, SpawnError> {
         let deadline = Instant::now() + timeout;
         loop {
             let Some(ev) = self.events.as_ref() else {
-                return Err(format!("{} has no event channel", self.role));
+                return Err(SpawnError::NoEvents(self.role.clone()));
             };
             match outboard_session::control::recv::<outboard_session::control::Event>(
                 ev.as_fd(),
@@ -617,15 +693,17 @@ impl Process {
             }
             if self.reap() || self.exited.is_some() {
                 let log = std::fs::read_to_string(&self.log).unwrap_or_default();
-                return Err(format!(
-                    "{} exited ({}) before it was ready:\n{}",
-                    self.role,
-                    self.exited.expect("reaped"),
-                    log.trim()
-                ));
+                return Err(SpawnError::ExitedEarly {
+                    role: self.role.clone(),
+                    status: self.exited.expect("reaped"),
+                    log: log.trim().to_string(),
+                });
             }
             if Instant::now() > deadline {
-                return Err(format!("{} did not serve within {timeout:?}", self.role));
+                return Err(SpawnError::NotServing {
+                    role: self.role.clone(),
+                    timeout,
+                });
             }
         }
     }

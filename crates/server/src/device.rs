@@ -317,7 +317,7 @@ impl Device {
             return false;
         }
         if let Err(why) = self.class.replace(new) {
-            self.give_up(why, core);
+            self.give_up(why.to_string(), core);
             return true;
         }
         self.env = env;

@@ -123,7 +123,7 @@ pub trait Dispatcher: Send {
     fn driver_mut(&mut self) -> &mut dyn Driver;
     /// Swaps in the driver of the device opened again after a failure (the class takes its
     /// typed driver out of `driver`); an error if it is not of this class.
-    fn replace(&mut self, driver: Box<dyn AnyDriver>) -> Result<(), String>;
+    fn replace(&mut self, driver: Box<dyn AnyDriver>) -> Result<(), outboard_env::WrongClass>;
     /// A session opens at `slot`. `resumed` is the class's own state the client kept from a
     /// previous server (block: the range locks it held), to be granted back or refused.
     fn open(&mut self, slot: usize, resumed: Option<&serde_json::Value>) -> Result<(), Refusal>;

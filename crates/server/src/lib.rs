@@ -14,4 +14,4 @@ pub mod session;
 
 pub use dispatch::{Code, Ctx, Dispatcher, Fate, Outage, Refusal};
 pub use host::{DriverHost, HostError, HostStats, Limits, Served};
-pub use recovery::Reopen;
+pub use recovery::{Reopen, ReopenError};

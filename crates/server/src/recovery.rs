@@ -19,8 +19,12 @@ use std::time::{Duration, Instant};
 
 use std::sync::Arc;
 
+/// Why an attempt to re-open failed: the opener's own error (the driver layer's `StartError`),
+/// kept whole.
+pub type ReopenError = Box<dyn std::error::Error + Send + Sync>;
+
 /// Opens a device again from scratch; runs on a helper thread.
-pub type Reopen<T> = Arc<dyn Fn() -> Result<T, String> + Send + Sync>;
+pub type Reopen<T> = Arc<dyn Fn() -> Result<T, ReopenError> + Send + Sync>;
 
 const FIRST_BACKOFF: Duration = Duration::from_millis(100);
 const MAX_BACKOFF: Duration = Duration::from_secs(5);
@@ -43,7 +47,7 @@ pub struct Recovery<T> {
     reopen: Reopen<T>,
     next_attempt: Instant,
     backoff: Duration,
-    pending: Option<Receiver<Result<T, String>>>,
+    pending: Option<Receiver<Result<T, ReopenError>>>,
     /// Attempts made so far.
     pub attempts: u32,
     /// Why the last attempt failed.
@@ -80,7 +84,7 @@ impl<T: Send + 'static> Recovery<T> {
                     self.pending = None;
                     return Progress::Back(host);
                 }
-                Ok(Err(e)) => self.retry_later(e),
+                Ok(Err(e)) => self.retry_later(e.to_string()),
                 Err(TryRecvError::Disconnected) => {
                     self.retry_later("the attempt ended without an answer".into())
                 }
@@ -144,7 +148,7 @@ mod tests {
         let t = tries.clone();
         let mut r = Recovery::new(Arc::new(move || {
             if t.fetch_add(1, Ordering::SeqCst) < 2 {
-                Err("not yet".to_string())
+                Err("not yet".into())
             } else {
                 Ok(7)
             }
@@ -156,7 +160,7 @@ mod tests {
     #[test]
     fn a_device_that_never_comes_back_is_given_up_with_the_last_reason() {
         let mut r: Recovery<u32> =
-            Recovery::with_limit(Arc::new(|| Err("model is gone".to_string())), 3);
+            Recovery::with_limit(Arc::new(|| Err("model is gone".into())), 3);
         match run(&mut r) {
             Progress::GaveUp(why) => {
                 assert!(why.contains("3 attempts"), "{why}");

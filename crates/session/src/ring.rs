@@ -62,6 +62,10 @@ pub struct Producer<S> {
     storage: S,
     capacity: u32,
     tail: u32,
+    /// The tail last stored: a publish with nothing new stores nothing, so the line the
+    /// consumer reads is not taken from it for no entry (a ring that is rarely used — a
+    /// session's reasons — costs its consumer nothing).
+    published: u32,
 }
 
 impl<S: RingStorage> Producer<S> {
@@ -78,6 +82,7 @@ impl<S: RingStorage> Producer<S> {
             storage,
             capacity,
             tail,
+            published: tail,
         }
     }
 
@@ -100,9 +105,13 @@ impl<S: RingStorage> Producer<S> {
     }
 
     /// Publishes every staged entry (PRODUCER).
-    pub fn publish(&self) {
+    pub fn publish(&mut self) {
+        if self.published == self.tail {
+            return;
+        }
         // Release: the entries written in `stage` are visible before the new tail.
         self.storage.tail().store(self.tail, Ordering::Release);
+        self.published = self.tail;
     }
 
     /// Stages and publishes one entry.

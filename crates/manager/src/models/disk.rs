@@ -6,7 +6,7 @@ use std::os::fd::OwnedFd;
 
 use outboard_devices::backing::parse_size;
 
-use super::{KeyError, Keys, Launch, Settled};
+use super::{KeyError, Keys, Launch, ModelError, Settled};
 use crate::config::DeviceConfig;
 
 /// A size that is a positive multiple of 512.
@@ -90,13 +90,12 @@ pub(super) fn settle(
     Ok(Settled { backing, settings })
 }
 
-pub(super) fn launch(d: &DeviceConfig) -> Result<Launch, String> {
+pub(super) fn launch(d: &DeviceConfig) -> Result<Launch, ModelError> {
     let backing = match d.backing.strip_prefix("mem:") {
         Some(size) => disk_memory(&d.name, size)?,
         None => {
             let create = d.settings.get("create").and_then(|c| c.parse().ok());
-            outboard_devices::backing::Backing::open_with(&d.backing, create, d.flag("read_only"))
-                .map_err(|e| e.to_string())?
+            outboard_devices::backing::Backing::open_with(&d.backing, create, d.flag("read_only"))?
                 .into_fd()
         }
     };
@@ -112,14 +111,20 @@ pub(super) fn launch(d: &DeviceConfig) -> Result<Launch, String> {
 
 /// A memory disk's backing: a memfd of `size`, which outlives the model's restarts because
 /// the manager holds it.
-fn disk_memory(name: &str, size: &str) -> Result<OwnedFd, String> {
-    let len = parse_size(size).ok_or_else(|| format!("{name}: backing mem:{size}: not a size"))?;
+fn disk_memory(name: &str, size: &str) -> Result<OwnedFd, ModelError> {
+    let len = parse_size(size).ok_or_else(|| ModelError::Size(size.to_string()))?;
+    let os = |what| {
+        move |e: rustix::io::Errno| ModelError::Os {
+            what,
+            err: e.into(),
+        }
+    };
     let fd = rustix::fs::memfd_create(
         format!("outboard-disk-{name}").as_str(),
         rustix::fs::MemfdFlags::CLOEXEC,
     )
-    .map_err(|e| format!("{name}: memfd: {e}"))?;
-    rustix::fs::ftruncate(&fd, len).map_err(|e| format!("{name}: {e}"))?;
+    .map_err(os("memfd_create"))?;
+    rustix::fs::ftruncate(&fd, len).map_err(os("ftruncate"))?;
     Ok(fd)
 }
 

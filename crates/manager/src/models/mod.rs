@@ -49,6 +49,36 @@ pub struct Settled {
 /// A model's error in its keys: where, and what is wrong.
 pub type KeyError = (usize, String);
 
+/// Why a model's process could not be prepared.
+#[derive(Debug, thiserror::Error)]
+pub enum ModelError {
+    /// Its backing could not be opened or created.
+    #[error(transparent)]
+    Backing(#[from] outboard_devices::backing::BackingError),
+    /// A memory disk's size does not parse (the description's check should have caught it).
+    #[error("backing mem:{0}: not a size")]
+    Size(String),
+    /// A system call failed (`what`: which).
+    #[error("{what}: {err}")]
+    Os {
+        /// The call.
+        what: &'static str,
+        /// What the system said.
+        err: std::io::Error,
+    },
+    /// A fault in its `faults` list does not parse.
+    #[error("fault {fault:?}: {why}")]
+    Fault {
+        /// As written.
+        fault: String,
+        /// Why it does not parse.
+        why: String,
+    },
+    /// The model has no process (a virtual device): nothing to start.
+    #[error("{0} is not a device model process")]
+    NoProcess(String),
+}
+
 /// How the manager starts an emulated model: `outboard device MODEL` with these arguments,
 /// and these descriptors handed over, each named on the command line by its flag as
 /// `fd:N` (the manager opens files, the confined model opens nothing).
@@ -73,7 +103,7 @@ pub struct Model {
     /// Checks its keys (`others`: the devices declared before it).
     pub settle: fn(&Keys, dev_at: usize, others: &[DeviceConfig]) -> Result<Settled, KeyError>,
     /// Emulated: how to start it. Virtual: unused.
-    pub launch: fn(&DeviceConfig) -> Result<Launch, String>,
+    pub launch: fn(&DeviceConfig) -> Result<Launch, ModelError>,
     /// Virtual: the driver server's `--device NAME=SPEC` spec. Emulated: unused.
     pub spec: fn(&DeviceConfig) -> String,
 }
@@ -119,8 +149,8 @@ pub fn names() -> String {
     MODELS.iter().map(|m| m.name).collect::<Vec<_>>().join(", ")
 }
 
-pub(crate) fn no_launch(d: &DeviceConfig) -> Result<Launch, String> {
-    Err(format!("{} is not a device model process", d.model))
+pub(crate) fn no_launch(d: &DeviceConfig) -> Result<Launch, ModelError> {
+    Err(ModelError::NoProcess(d.model.clone()))
 }
 
 pub(crate) fn no_spec(d: &DeviceConfig) -> String {

@@ -4,7 +4,7 @@
 
 use std::collections::BTreeMap;
 
-use super::{KeyError, Keys, Launch, Settled};
+use super::{KeyError, Keys, Launch, ModelError, Settled};
 use crate::config::DeviceConfig;
 
 pub(super) fn settle(keys: &Keys, _: usize, _: &[DeviceConfig]) -> Result<Settled, KeyError> {
@@ -23,7 +23,7 @@ pub(super) fn settle(keys: &Keys, _: usize, _: &[DeviceConfig]) -> Result<Settle
     Ok(Settled { backing, settings })
 }
 
-pub(super) fn launch(d: &DeviceConfig) -> Result<Launch, String> {
+pub(super) fn launch(d: &DeviceConfig) -> Result<Launch, ModelError> {
     let mut args = Vec::new();
     if let Some(seed) = d.settings.get("seed") {
         args.extend(["--seed".to_string(), seed.clone()]);

@@ -52,7 +52,7 @@ impl Colocated {
         };
         let Started { driver, env, .. } =
             outboard_drivers::start(at, None, &opts).map_err(start_error)?;
-        let d = outboard_block::unbind(driver).map_err(BlockError::Protocol)?;
+        let d = outboard_block::unbind(driver).map_err(|e| BlockError::Protocol(e.to_string()))?;
         Self::with_driver(d, &env, buffer_size)
     }
 

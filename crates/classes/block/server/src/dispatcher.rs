@@ -102,7 +102,9 @@ impl BlockDispatcher {
 
     /// Serves a started driver of any class: the block class's entry in a server's
     /// registration of classes.
-    pub fn serve(driver: Box<dyn AnyDriver>) -> Result<Box<dyn Dispatcher>, String> {
+    pub fn serve(
+        driver: Box<dyn AnyDriver>,
+    ) -> Result<Box<dyn Dispatcher>, outboard_env::WrongClass> {
         Ok(Box::new(Self::new(outboard_block::unbind(driver)?)))
     }
 
@@ -279,7 +281,7 @@ impl Dispatcher for BlockDispatcher {
         self.driver.as_mut()
     }
 
-    fn replace(&mut self, driver: Box<dyn AnyDriver>) -> Result<(), String> {
+    fn replace(&mut self, driver: Box<dyn AnyDriver>) -> Result<(), outboard_env::WrongClass> {
         self.driver = outboard_block::unbind(driver)?;
         Ok(())
     }

@@ -95,7 +95,7 @@ fn serve(
         let a = attempts.clone();
         served.reopen = Some(Arc::new(move || {
             a.fetch_add(1, Ordering::SeqCst);
-            Err("the device is still broken".to_string())
+            Err("the device is still broken".into())
         }));
     }
     let sock = dir.join("host.sock");

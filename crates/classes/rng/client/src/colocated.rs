@@ -28,7 +28,8 @@ impl Colocated {
         };
         let started = outboard_drivers::start(&Attachment::Pci(device), None, &opts)
             .map_err(|e| EntropyError::DeviceFailed(e.to_string()))?;
-        let driver = outboard_rng::unbind(started.driver).map_err(EntropyError::Protocol)?;
+        let driver = outboard_rng::unbind(started.driver)
+            .map_err(|e| EntropyError::Protocol(e.to_string()))?;
         let buffers = Arc::new(
             SharedMem::create("outboard-rng-colocated", super::BUFFER as usize)
                 .map_err(|e| EntropyError::Protocol(e.to_string()))?,

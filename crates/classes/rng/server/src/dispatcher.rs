@@ -69,7 +69,9 @@ impl EntropyDispatcher {
 
     /// Serves a started driver of any class: the entropy class's entry in a server's
     /// registration of classes.
-    pub fn serve(driver: Box<dyn AnyDriver>) -> Result<Box<dyn Dispatcher>, String> {
+    pub fn serve(
+        driver: Box<dyn AnyDriver>,
+    ) -> Result<Box<dyn Dispatcher>, outboard_env::WrongClass> {
         Ok(Box::new(Self::new(outboard_rng::unbind(driver)?)))
     }
 
@@ -161,7 +163,7 @@ impl Dispatcher for EntropyDispatcher {
         self.driver.as_mut()
     }
 
-    fn replace(&mut self, driver: Box<dyn AnyDriver>) -> Result<(), String> {
+    fn replace(&mut self, driver: Box<dyn AnyDriver>) -> Result<(), outboard_env::WrongClass> {
         self.driver = outboard_rng::unbind(driver)?;
         Ok(())
     }

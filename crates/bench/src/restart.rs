@@ -52,6 +52,8 @@ struct Outcome {
     mismatches: usize,
     duplicates: u64,
     replayed: u64,
+    /// Per kill with a recovery: each phase of the restart, in ms, in order.
+    phases: Vec<Vec<(String, f64)>>,
 }
 
 fn first_of<'a>(
@@ -76,6 +78,50 @@ fn pid_and_serving(control: &Path, kind: &str) -> Option<(i32, bool)> {
     Some((pid, serving))
 }
 
+/// The manager's stamps of the last restart of the first driver (`last-restart-stamps`:
+/// each step and when it ended, `CLOCK_MONOTONIC` ns).
+fn restart_stamps(control: &Path) -> Option<Vec<(String, u64)>> {
+    let tree = outboard_client::manager::registry(control).ok()?;
+    let v = first_of(&tree, "driver")?
+        .props
+        .get("last-restart-stamps")?;
+    serde_json::from_value(v.clone()).ok()
+}
+
+/// A restart split into its phases, in ms: from the kill to the death noticed, the manager's
+/// steps, the new server's start-up steps, and from serving to the first completion a client
+/// got (its reconnect and replay).
+fn phases(kill_ns: u64, stamps: &[(String, u64)], first_completion_ns: u64) -> Vec<(String, f64)> {
+    let ms = |a: u64, b: u64| b.saturating_sub(a) as f64 / 1e6;
+    let mut out = Vec::new();
+    let mut prev = kill_ns;
+    for (step, at) in stamps {
+        // Every driver of a grouped server is one step: its device opened and driver started.
+        let name = match step.as_str() {
+            "down" => "death noticed",
+            "respawn" => "restart delay",
+            "spawned" => "fork and exec",
+            "exec" => "process start-up",
+            "privileges" => "privileges dropped",
+            s if s.starts_with("driver ") => "device open, driver start",
+            "listening" => "listening",
+            "heartbeat" => "heartbeat page",
+            "serving" => "manager told",
+            other => other,
+        };
+        match out.last_mut() {
+            Some((last, v)) if last == name => *v += ms(prev, *at),
+            _ => out.push((name.to_string(), ms(prev, *at))),
+        }
+        prev = *at;
+    }
+    out.push((
+        "client reconnect and replay".into(),
+        ms(prev, first_completion_ns),
+    ));
+    out
+}
+
 /// Runs the workload for `secs`, killing `victim` every `every` (none: a baseline).
 fn run(
     control: &Path,
@@ -98,6 +144,8 @@ fn run(
     let started = Instant::now();
     let until = started + Duration::from_secs_f64(secs);
     let mut kills = Vec::new();
+    // Per kill: its CLOCK_MONOTONIC time and the manager's stamps of the restart it caused.
+    let mut stamped = Vec::new();
     while Instant::now() < until {
         let Some((victim, every)) = kill else {
             std::thread::sleep(until - Instant::now());
@@ -108,6 +156,7 @@ fn run(
         let (server, _) = pid_and_serving(control, "driver").ok_or("no driver server")?;
         // Before the signal: a client can notice the death before kill(2) returns here.
         kills.push(Instant::now());
+        let kill_ns = outboard_session::control::monotonic_ns();
         rustix::process::kill_process(
             rustix::process::Pid::from_raw(pid).ok_or("bad pid")?,
             rustix::process::Signal::KILL,
@@ -116,7 +165,10 @@ fn run(
         let back = Instant::now() + Duration::from_secs(30);
         loop {
             match pid_and_serving(control, "driver") {
-                Some((p, true)) if p != server => break,
+                Some((p, true)) if p != server => {
+                    stamped.push((kill_ns, restart_stamps(control)));
+                    break;
+                }
                 _ if Instant::now() > back => return Err("the driver did not come back".into()),
                 _ => std::thread::sleep(Duration::from_millis(1)),
             }
@@ -132,6 +184,7 @@ fn run(
         duplicates: 0,
         replayed: 0,
         kills: kills.clone(),
+        phases: Vec::new(),
     };
     let mut resumes = Vec::new();
     for c in clients {
@@ -152,6 +205,14 @@ fn run(
             .min_by(f64::total_cmp);
         if let Some(ms) = first {
             o.recoveries.push(ms);
+            // A driver server's restart, stamped by the manager (a model's kill restarts the
+            // model first: its stamps are the server's, from later).
+            if let Some((kill_ns, Some(stamps))) = stamped.get(i) {
+                if stamps.first().is_some_and(|(_, down)| down >= kill_ns) {
+                    let done = kill_ns + (ms * 1e6) as u64;
+                    o.phases.push(phases(*kill_ns, stamps, done));
+                }
+            }
         }
     }
     Ok(o)
@@ -174,6 +235,65 @@ fn percentile(v: &[f64], p: f64) -> f64 {
         return f64::NAN;
     }
     v[((v.len() - 1) as f64 * p).round() as usize]
+}
+
+/// Where a driver server's restart goes: the median and p99 of each phase over every kill,
+/// as a bar figure and as rows (phase, median, p99, share of the summed medians).
+fn phase_figure(all: &[Vec<(String, f64)>]) -> (Figure, Vec<serde_json::Value>) {
+    let mut names: Vec<String> = Vec::new();
+    for p in all {
+        for (n, _) in p {
+            if !names.contains(n) {
+                names.push(n.clone());
+            }
+        }
+    }
+    let of = |name: &str| -> Vec<f64> {
+        all.iter()
+            .filter_map(|p| p.iter().find(|(n, _)| n == name).map(|(_, v)| *v))
+            .collect()
+    };
+    let medians: Vec<f64> = names.iter().map(|n| percentile(&of(n), 0.5)).collect();
+    let total: f64 = medians.iter().filter(|m| m.is_finite()).sum();
+    let rows = names
+        .iter()
+        .zip(&medians)
+        .map(|(n, m)| {
+            serde_json::json!({
+                "phase": n,
+                "median_ms": m,
+                "p99_ms": percentile(&of(n), 0.99),
+                "share": if total > 0.0 { m / total } else { 0.0 },
+                "restarts": of(n).len(),
+            })
+        })
+        .collect();
+    let figure = Figure {
+        id: "phases".into(),
+        title: "Where a driver server's restart goes (median ms per phase)".into(),
+        x_label: String::new(),
+        y_label: "ms".into(),
+        log_x: false,
+        log_y: false,
+        kind: "bar".into(),
+        series: names
+            .iter()
+            .zip(&medians)
+            .map(|(n, &m)| Series {
+                label: n.clone(),
+                points: vec![Point {
+                    x: 0.0,
+                    y: Summary {
+                        median: m,
+                        min: m,
+                        max: m,
+                        samples: vec![m],
+                    },
+                }],
+            })
+            .collect(),
+    };
+    (figure, rows)
 }
 
 /// Runs the test.
@@ -209,6 +329,8 @@ pub fn restart_test(ctx: &Context) -> Result<TestResult, String> {
     let mut targets = Vec::new();
     let mut all_medians = Vec::new();
     let (mut failed, mut mismatched, mut dups) = (0, 0, 0);
+    // Each driver-server restart's phases, over every interval.
+    let mut driver_phases: Vec<Vec<(String, f64)>> = Vec::new();
     for victim in [Victim::Driver, Victim::Model] {
         let dir = std::env::temp_dir().join(format!(
             "outboard-bench-restart-{}-{:?}",
@@ -261,6 +383,9 @@ pub fn restart_test(ctx: &Context) -> Result<TestResult, String> {
                 x: n as f64,
                 y: s(o.iops),
             });
+            if matches!(victim, Victim::Driver) {
+                driver_phases.extend(o.phases.iter().cloned());
+            }
             failed += o.failed;
             mismatched += o.mismatches;
             dups += o.duplicates;
@@ -316,6 +441,7 @@ pub fn restart_test(ctx: &Context) -> Result<TestResult, String> {
                 .collect(),
         });
     }
+    let (by_phase, phase_rows) = phase_figure(&driver_phases);
     let worst = all_medians.iter().copied().fold(0.0, f64::max);
     targets.push(Target {
         target: "restart: kill-to-first-completion median ≤ 50 ms (worst interval)".into(),
@@ -340,8 +466,9 @@ pub fn restart_test(ctx: &Context) -> Result<TestResult, String> {
             "block_bytes": verified::BLOCK,
             "seconds_per_interval": secs,
             "rows": table,
+            "driver_restart_phases": phase_rows,
         }),
-        figures: vec![latency, tput],
+        figures: vec![latency, tput, by_phase],
         unavailable: Vec::new(),
         targets,
         machine: Machine::here(),

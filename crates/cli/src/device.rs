@@ -207,7 +207,9 @@ pub fn serve<B: DeviceBackend>(
             let notify = outboard_sys::process::inherited_socket(fd)?;
             outboard_session::control::send(
                 std::os::fd::AsFd::as_fd(&notify),
-                &outboard_session::control::Event::Serving,
+                &outboard_session::control::Event::Serving {
+                    startup: Vec::new(),
+                },
                 &[],
             )
             .map_err(|e| e.to_string())?;

@@ -310,12 +310,20 @@ fn settle(
 }
 
 pub fn driver_host(a: DriverHostArgs) -> Result<ExitCode, String> {
+    // When each step of the start-up ended, for the manager's account of a restart.
+    let mut startup = vec![(
+        "exec".to_string(),
+        outboard_session::control::monotonic_ns(),
+    )];
+    let mut step =
+        |name: &str| startup.push((name.into(), outboard_session::control::monotonic_ns()));
     let vfio = a.devices.iter().any(|d| {
         d.split_once('=')
             .is_some_and(|(_, s)| s.starts_with("vfio:"))
     });
     // Before any thread exists: none ever holds a capability.
     a.confine.drop_privileges(vfio)?;
+    step("privileges");
     let stop = stop_flag()?;
     let mut served: Vec<Served> = Vec::new();
     let mut names = Vec::new();
@@ -348,6 +356,7 @@ pub fn driver_host(a: DriverHostArgs) -> Result<ExitCode, String> {
         };
         served.push(crate::classes::serve(&at, driver, opts).map_err(|e| format!("{name}: {e}"))?);
         names.push(name.to_string());
+        step(&format!("driver {name}"));
     }
     let (mut server, listening) = match (&a.listen, a.listen_fd) {
         (Some(path), _) => (
@@ -382,7 +391,10 @@ pub fn driver_host(a: DriverHostArgs) -> Result<ExitCode, String> {
         server
             .set_notify(outboard_manager::supervisor::inherited_fd(fd).map_err(|e| e.to_string())?)
             .map_err(|e| e.to_string())?;
-        server.announce_serving().map_err(|e| e.to_string())?;
+        step("listening");
+        server
+            .announce_serving(startup)
+            .map_err(|e| e.to_string())?;
         if a.isolate_ms > 0 {
             server.isolate(std::time::Duration::from_millis(a.isolate_ms));
         }

@@ -86,6 +86,24 @@ fn kill_repeatedly(target: &str, kills: usize) {
         find_node(&reg, "pci-function").unwrap()["props"]["restarts"].as_u64()
     };
     assert_eq!(restarts, Some(kills as u64), "{reg:#}");
+    // The last restart, step by step, as the manager and the new server stamped it: in order,
+    // on one clock, from the death noticed to serving again.
+    let stamps: Vec<(String, u64)> = serde_json::from_value(
+        find_node(&reg, "driver").unwrap()["props"]["last-restart-stamps"].clone(),
+    )
+    .unwrap_or_else(|e| panic!("no restart stamps ({e}): {reg:#}"));
+    let steps: Vec<&str> = stamps.iter().map(|(s, _)| s.as_str()).collect();
+    assert_eq!(steps.first(), Some(&"down"), "{steps:?}");
+    assert_eq!(steps.last(), Some(&"serving"), "{steps:?}");
+    if target == "driver" {
+        for step in ["respawn", "spawned", "exec", "driver disk0", "listening"] {
+            assert!(steps.contains(&step), "{step} missing: {steps:?}");
+        }
+    }
+    assert!(
+        stamps.windows(2).all(|w| w[0].1 <= w[1].1),
+        "stamps out of order: {stamps:?}"
+    );
 }
 
 #[test]

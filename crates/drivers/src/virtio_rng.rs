@@ -164,7 +164,9 @@ impl EntropyDriver for VirtioRng {
             // §5.4.6.1: at least one byte. More than the buffer holds is the device lying
             // about what it wrote: the request fails rather than hand back what is not its.
             let result = match len {
-                0 => Err(EntropyError::Io),
+                0 => Err(EntropyError::Io(
+                    "the device wrote 0 bytes (virtio 1.2 §5.4.6.1 asks for at least one)".into(),
+                )),
                 n if n > f.length => Err(EntropyError::Protocol(format!(
                     "the device reports {n} bytes written into a buffer of {}",
                     f.length

@@ -382,7 +382,7 @@ impl Manager {
             };
             let pid = p.pid();
             self.procs.push(p);
-            self.serving(self.procs.len() - 1, heartbeat);
+            self.serving(self.procs.len() - 1, heartbeat, Vec::new());
             for n in &names {
                 // Serving means answering for the device: its class's own status record.
                 let status = outboard_client::Channel::status(&sock, n, Duration::from_secs(10))

@@ -86,12 +86,12 @@ impl Manager {
                 }
             }
             // A model's readiness is waited for where it is started.
-            Ok((control::Event::Serving, fds))
+            Ok((control::Event::Serving { startup }, fds))
                 if matches!(self.procs[i].kind, supervisor::Kind::Server { .. }) =>
             {
-                self.serving(i, fds)
+                self.serving(i, fds, startup)
             }
-            Ok((control::Event::Serving, _)) => {}
+            Ok((control::Event::Serving { .. }, _)) => {}
             Ok((control::Event::ExportClients { export, clients }, _)) => {
                 self.procs[i].served = true;
                 self.procs[i].restarts.served();
@@ -220,6 +220,9 @@ impl Manager {
         };
         let (role, pid, log) = (p.role.clone(), p.pid(), p.log.clone());
         p.down_since.get_or_insert(now);
+        if p.timeline.is_empty() {
+            p.timeline.push(("down".into(), control::monotonic_ns()));
+        }
         let delay = p.restarts.crashed(now, &policy, death);
         let total = p.restarts.total;
         // What ended it, and no dead pid shown as current.
@@ -466,7 +469,10 @@ impl Manager {
         if p.postponed_for_descriptors(ACCEPT_BACKOFF) {
             return;
         }
-        if let Err(e) = p.respawn(&self.opts.exe, self.opts.verbose) {
+        p.timeline.push(("respawn".into(), control::monotonic_ns()));
+        let respawned = p.respawn(&self.opts.exe, self.opts.verbose);
+        p.timeline.push(("spawned".into(), control::monotonic_ns()));
+        if let Err(e) = respawned {
             tracing::error!("{e}");
             // Counted as another crash: back-off, and in the end giving up, apply.
             p.exited = None;
@@ -532,8 +538,13 @@ impl Manager {
     }
 
     /// Driver server `i` serves (first start or a restart): its heartbeat starts counting.
-    pub(crate) fn serving(&mut self, i: usize, fds: Vec<OwnedFd>) {
+    pub(crate) fn serving(&mut self, i: usize, fds: Vec<OwnedFd>, startup: Vec<(String, u64)>) {
         let p = &mut self.procs[i];
+        let mut timeline = std::mem::take(&mut p.timeline);
+        if !timeline.is_empty() {
+            timeline.extend(startup);
+            timeline.push(("serving".into(), control::monotonic_ns()));
+        }
         p.served = true;
         p.restarts.served();
         match fds.into_iter().next().map(supervisor::Heartbeat::new) {
@@ -550,6 +561,18 @@ impl Manager {
                 if let Some(drv) = self.driver_of_mut(n) {
                     drv.set("last-restart-ms", down.as_secs_f64() * 1e3);
                     drv.set("restarts", total);
+                    if let Some(&(_, t0)) = timeline.first() {
+                        // For people: each step, in ms after the death was noticed; for
+                        // programs (`bench restart`), the stamps themselves.
+                        let steps: Vec<String> = timeline
+                            .iter()
+                            .map(|(step, t)| {
+                                format!("{step} +{:.2}", t.saturating_sub(t0) as f64 / 1e6)
+                            })
+                            .collect();
+                        drv.set("last-restart-steps-ms", steps.join(", "));
+                        drv.set("last-restart-stamps", serde_json::json!(timeline));
+                    }
                 }
             }
             self.set_state(

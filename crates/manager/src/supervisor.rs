@@ -39,6 +39,10 @@ pub struct Process {
     pub restarts: Restarts,
     /// When it died, until it serves again.
     pub down_since: Option<Instant>,
+    /// The steps of the restart under way, each with when it ended (`CLOCK_MONOTONIC` ns):
+    /// `down` (its death noticed), `respawn` (its restart began), `spawned` (the new process
+    /// exists); the new process's own start-up steps and `serving` follow when it serves.
+    pub timeline: Vec<(String, u64)>,
     /// When to start it again.
     pub restart_at: Option<Instant>,
     /// Why it is not started again.
@@ -91,7 +95,7 @@ impl Kind {
     pub fn may_report(&self, event: &outboard_session::control::Event) -> bool {
         use outboard_session::control::Event;
         match event {
-            Event::Serving => true,
+            Event::Serving { .. } => true,
             Event::DeviceFailed { device, .. }
             | Event::DeviceRecovered { device }
             | Event::Quiesced { device } => self.serves(device),
@@ -553,6 +557,7 @@ impl Process {
             kind: self.kind.clone(),
             restarts: std::mem::take(&mut self.restarts),
             down_since: self.down_since,
+            timeline: std::mem::take(&mut self.timeline),
             suspect: self.suspect.take(),
             server: self.server.take(),
             ..next
@@ -640,6 +645,7 @@ impl Process {
             },
             restarts: Restarts::default(),
             down_since: None,
+            timeline: Vec::new(),
             restart_at: None,
             gave_up: None,
             heartbeat: None,
@@ -684,7 +690,7 @@ impl Process {
                 ev.as_fd(),
                 Some(Duration::from_millis(10)),
             ) {
-                Ok((outboard_session::control::Event::Serving, fds)) => return Ok(fds),
+                Ok((outboard_session::control::Event::Serving { .. }, fds)) => return Ok(fds),
                 Ok(_) | Err(outboard_session::SessionError::Timeout) => {}
                 Err(_) => {
                     // The channel closed: it is exiting.
@@ -772,7 +778,9 @@ mod tests {
         assert!(!export.may_report(&clients("golden")));
         assert!(!server.may_report(&clients("disk0")));
         for k in [&server, &model, &export] {
-            assert!(k.may_report(&Event::Serving));
+            assert!(k.may_report(&Event::Serving {
+                startup: Vec::new()
+            }));
         }
     }
 

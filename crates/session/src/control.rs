@@ -116,8 +116,14 @@ pub enum Event {
         device: String,
     },
     /// The server is listening and serves every device it was given (sent once, after
-    /// start-up): the manager counts a restart as finished from here.
-    Serving,
+    /// start-up): the manager counts a restart as finished from here. `startup` says when
+    /// each step of its start-up ended (`CLOCK_MONOTONIC` nanoseconds, [`monotonic_ns`]), in
+    /// order, so that a restart's cost can be split into its phases.
+    Serving {
+        /// (step, when it ended).
+        #[serde(default)]
+        startup: Vec<(String, u64)>,
+    },
     /// A device asked to quiesce ([`Command::Quiesce`]) has nothing left in flight.
     Quiesced {
         /// Class device name.
@@ -154,6 +160,13 @@ pub enum Command {
 /// blame record) after which the supervisor hands that request to the next server as
 /// quarantined: it is failed alone, with its class's error, instead of sent again.
 pub const QUARANTINE_AFTER: u32 = 3;
+
+/// Now on `CLOCK_MONOTONIC`, in nanoseconds: one clock for every process on the machine, so
+/// that stamps taken in the manager, a driver server and a client can be compared.
+pub fn monotonic_ns() -> u64 {
+    let t = rustix::time::clock_gettime(rustix::time::ClockId::Monotonic);
+    t.tv_sec as u64 * 1_000_000_000 + t.tv_nsec as u64
+}
 
 /// What a class's client does with the requests a dead server had not answered, once the
 /// session is resumed on its successor (each class states its own; the client core carries it

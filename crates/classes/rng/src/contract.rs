@@ -26,9 +26,10 @@ pub enum EntropyError {
     /// No room for another request now.
     #[error("the queue is full")]
     QueueFull,
-    /// The device returned no bytes, or broke the protocol for this request.
-    #[error("the device returned no random bytes")]
-    Io,
+    /// The device returned no bytes, or its driver could not complete the request; the text
+    /// says which.
+    #[error("the device returned no random bytes: {0}")]
+    Io(String),
     /// The request got no answer in time (the device stalled).
     #[error("timed out")]
     Timeout,
@@ -69,7 +70,7 @@ impl EntropyError {
             EntropyError::BadBuffer => -2,
             EntropyError::DuplicateTag => -3,
             EntropyError::QueueFull => -4,
-            EntropyError::Io => -5,
+            EntropyError::Io(_) => -5,
             EntropyError::Timeout => -6,
             EntropyError::Restarting => -7,
             EntropyError::DeviceFailed(_) => -8,
@@ -86,6 +87,7 @@ impl EntropyError {
     pub fn reason(&self) -> Option<&str> {
         match self {
             EntropyError::Invalid(s)
+            | EntropyError::Io(s)
             | EntropyError::DeviceFailed(s)
             | EntropyError::NoSuchDevice(s)
             | EntropyError::Busy(s)
@@ -117,7 +119,7 @@ impl WireError for EntropyError {
             -2 => EntropyError::BadBuffer,
             -3 => EntropyError::DuplicateTag,
             -4 => EntropyError::QueueFull,
-            -5 => EntropyError::Io,
+            -5 => EntropyError::Io(words("no reason given")),
             -6 => EntropyError::Timeout,
             -7 => EntropyError::Restarting,
             -8 => EntropyError::DeviceFailed(words("the driver gave the device up")),
@@ -144,7 +146,7 @@ impl From<outboard_session::Refusal> for EntropyError {
             Code::NoSuchDevice => EntropyError::NoSuchDevice(r.reason),
             Code::DeviceFailed | Code::AttachFailed => EntropyError::DeviceFailed(r.reason),
             Code::Restarting => EntropyError::Restarting,
-            Code::Interrupted => EntropyError::Io,
+            Code::Interrupted => EntropyError::Io(r.reason),
             Code::DeviceGone => EntropyError::DeviceGone,
             Code::Busy | Code::Resources => EntropyError::Busy(r.reason),
             Code::Unreachable => EntropyError::Unreachable(r.reason),
@@ -283,7 +285,7 @@ impl Cqe {
 /// A success of 0 bytes is the device's error, not a success.
 pub fn no_bytes_is_an_error(r: Result<u32, EntropyError>) -> Result<u32, EntropyError> {
     match r {
-        Ok(0) => Err(EntropyError::Io),
+        Ok(0) => Err(EntropyError::Io("the device wrote 0 bytes".into())),
         r => r,
     }
 }

@@ -6,7 +6,8 @@ use super::*;
 impl DriverHost {
     /// Tells the manager the server is serving, and hands it the heartbeat: a sealed page
     /// whose first word this loop bumps each turn (and at least every 100 ms when idle).
-    pub fn announce_serving(&mut self) -> Result<(), HostError> {
+    /// `startup`: when each step of the start-up ended ([`control::Event::Serving`]).
+    pub fn announce_serving(&mut self, startup: Vec<(String, u64)>) -> Result<(), HostError> {
         let Some(notify) = self.notify.as_ref() else {
             return Ok(());
         };
@@ -15,7 +16,9 @@ impl DriverHost {
         beat.seal_size()
             .map_err(|e| HostError::Listen(SessionError::Os(e.to_string())))?;
         let fd = beat.fd().expect("a memfd");
-        control::send(notify.as_fd(), &control::Event::Serving, &[fd])?;
+        let mut startup = startup;
+        startup.push(("heartbeat".into(), control::monotonic_ns()));
+        control::send(notify.as_fd(), &control::Event::Serving { startup }, &[fd])?;
         self.heartbeat = Some(Arc::new(beat));
         Ok(())
     }

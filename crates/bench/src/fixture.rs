@@ -32,7 +32,25 @@ impl Drop for Proc {
     }
 }
 
-/// Runs `exe args…` and waits for `ready` to exist.
+/// Whether a socket bound at `path` listens (`/proc/net/unix` flags it `__SO_ACCEPTCON`). A
+/// socket file exists from `bind`, before `listen`: a client that connects in between is
+/// refused, so the file alone does not say the server is ready. Looked up without connecting,
+/// which a device model would take for its client.
+fn listening(path: &Path) -> bool {
+    const ACCEPTCON: u32 = 0x0001_0000;
+    let Ok(table) = std::fs::read_to_string("/proc/net/unix") else {
+        return true;
+    };
+    let want = path.to_string_lossy();
+    table.lines().skip(1).any(|line| {
+        let cols: Vec<&str> = line.split_whitespace().collect();
+        cols.len() >= 8
+            && cols[7] == want
+            && u32::from_str_radix(cols[3], 16).is_ok_and(|f| f & ACCEPTCON != 0)
+    })
+}
+
+/// Runs `exe args…` and waits for `ready` to exist (and, for a socket, to listen).
 pub fn spawn(exe: &Path, args: &[String], ready: &Path) -> Result<Proc, String> {
     let _ = std::fs::remove_file(ready);
     let mut child = Command::new(exe)
@@ -43,7 +61,13 @@ pub fn spawn(exe: &Path, args: &[String], ready: &Path) -> Result<Proc, String> 
         .spawn()
         .map_err(|e| format!("starting {}: {e}", exe.display()))?;
     let deadline = Instant::now() + Duration::from_secs(30);
-    while !ready.exists() {
+    let is_ready = || {
+        ready.exists()
+            && (!std::fs::metadata(ready)
+                .is_ok_and(|m| std::os::unix::fs::FileTypeExt::is_socket(&m.file_type()))
+                || listening(ready))
+    };
+    while !is_ready() {
         if let Ok(Some(st)) = child.try_wait() {
             return Err(format!("{args:?} exited early ({st})"));
         }
@@ -212,4 +236,28 @@ pub fn machine(
         std::thread::sleep(Duration::from_millis(10));
     }
     Ok(up)
+}
+
+#[cfg(test)]
+mod listening_tests {
+    use super::listening;
+    use rustix::net::{AddressFamily, SocketAddrUnix, SocketFlags, SocketType};
+
+    #[test]
+    fn a_bound_socket_is_ready_only_once_it_listens() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("s.sock");
+        let fd = rustix::net::socket_with(
+            AddressFamily::UNIX,
+            SocketType::SEQPACKET,
+            SocketFlags::CLOEXEC,
+            None,
+        )
+        .unwrap();
+        rustix::net::bind(&fd, &SocketAddrUnix::new(&path).unwrap()).unwrap();
+        assert!(path.exists());
+        assert!(!listening(&path), "bound, not yet listening");
+        rustix::net::listen(&fd, 4).unwrap();
+        assert!(listening(&path));
+    }
 }

@@ -183,7 +183,16 @@ impl Command {
     }
 }
 
+/// When `main` began (`CLOCK_MONOTONIC` ns): a driver server reports its start-up from here.
+static MAIN_NS: std::sync::OnceLock<u64> = std::sync::OnceLock::new();
+
+/// When `main` began, for a start-up account.
+pub fn main_ns() -> u64 {
+    *MAIN_NS.get_or_init(outboard_session::control::monotonic_ns)
+}
+
 fn main() -> ExitCode {
+    main_ns();
     let cli = Cli::parse();
     if cli.command.serves_others() {
         outboard_sys::process::ignore_sigpipe();

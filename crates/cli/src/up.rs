@@ -311,10 +311,13 @@ fn settle(
 
 pub fn driver_host(a: DriverHostArgs) -> Result<ExitCode, String> {
     // When each step of the start-up ended, for the manager's account of a restart.
-    let mut startup = vec![(
-        "exec".to_string(),
-        outboard_session::control::monotonic_ns(),
-    )];
+    let mut startup = vec![
+        ("exec".to_string(), crate::main_ns()),
+        (
+            "arguments".to_string(),
+            outboard_session::control::monotonic_ns(),
+        ),
+    ];
     let mut step =
         |name: &str| startup.push((name.into(), outboard_session::control::monotonic_ns()));
     let vfio = a.devices.iter().any(|d| {

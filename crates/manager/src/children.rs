@@ -233,37 +233,21 @@ impl DriverHostArgs {
 
     /// The whole command line after the program's name: `driver-host` and its arguments.
     pub fn command_line(&self) -> Vec<String> {
-        let mut a = vec!["driver-host".to_string()];
-        if let Some(p) = &self.listen {
-            a.extend(["--listen".into(), p.display().to_string()]);
-        }
-        if let Some(fd) = self.listen_fd {
-            a.extend(["--listen-fd".into(), fd.to_string()]);
-        }
-        for d in &self.devices {
-            a.extend(["--device".into(), d.clone()]);
-        }
-        for d in &self.drivers {
-            a.extend(["--driver".into(), d.clone()]);
-        }
-        a.extend(["--spin-us".into(), self.spin_us.to_string()]);
-        if let Some(fd) = self.notify_fd {
-            a.extend(["--notify-fd".into(), fd.to_string()]);
-        }
-        a.extend(["--deadline-ms".into(), self.deadline_ms.to_string()]);
-        if self.restartable {
-            a.push("--restartable".into());
-        }
-        a.extend(["--lock-grace-ms".into(), self.lock_grace_ms.to_string()]);
-        a.extend(["--isolate-ms".into(), self.isolate_ms.to_string()]);
-        for q in &self.quarantine {
-            a.extend(["--quarantine".into(), q.to_string()]);
-        }
-        for n in &self.quiesce {
-            a.extend(["--quiesce".into(), n.clone()]);
-        }
-        a.extend(self.confine.to_args());
-        a
+        let mut a = Line::of(["driver-host"]);
+        a.opt("--listen", self.listen.as_ref().map(|p| p.display()));
+        a.opt("--listen-fd", self.listen_fd);
+        a.each("--device", &self.devices);
+        a.each("--driver", &self.drivers);
+        a.opt("--spin-us", Some(self.spin_us));
+        a.opt("--notify-fd", self.notify_fd);
+        a.opt("--deadline-ms", Some(self.deadline_ms));
+        a.flag("--restartable", self.restartable);
+        a.opt("--lock-grace-ms", Some(self.lock_grace_ms));
+        a.opt("--isolate-ms", Some(self.isolate_ms));
+        a.each("--quarantine", &self.quarantine);
+        a.each("--quiesce", &self.quiesce);
+        a.0.extend(self.confine.to_args());
+        a.0
     }
 
     /// Starts (or stops) with device `name` quiesced.
@@ -367,33 +351,26 @@ impl ExportNbdArgs {
     /// arguments.
     pub fn command_line(&self) -> Vec<String> {
         let ms = |d: std::time::Duration| format!("{}ms", d.as_millis());
-        let path = |p: &PathBuf| p.display().to_string();
-        let mut a = vec!["export".to_string(), "nbd".into()];
-        a.extend(self.devices.iter().cloned());
-        let mut opt = |flag: &str, v: Option<String>| {
-            if let Some(v) = v {
-                a.extend([flag.to_string(), v]);
-            }
-        };
-        opt("--socket", self.socket.as_ref().map(path));
-        opt("--listen", self.listen.map(|l| l.to_string()));
-        opt("--name", self.name.clone());
-        opt("--tls-cert", self.tls_cert.as_ref().map(path));
-        opt("--tls-key", self.tls_key.as_ref().map(path));
-        opt("--tls-verify-peer", self.tls_verify_peer.as_ref().map(path));
-        opt("--tls-psk", self.tls_psk.as_ref().map(path));
-        opt("--max-connections", Some(self.max_connections.to_string()));
-        opt("--handshake-timeout", Some(ms(self.handshake_timeout)));
-        opt("--idle-timeout", self.idle_timeout.map(ms));
-        opt("--write-timeout", Some(ms(self.write_timeout)));
-        opt("--notify-fd", self.notify_fd.map(|fd| fd.to_string()));
-        if self.read_only {
-            a.push("--read-only".into());
-        }
-        if self.insecure {
-            a.push("--insecure".into());
-        }
-        a
+        let mut a = Line::of(["export", "nbd"]);
+        a.0.extend(self.devices.iter().cloned());
+        a.opt("--socket", self.socket.as_ref().map(|p| p.display()));
+        a.opt("--listen", self.listen);
+        a.opt("--name", self.name.as_ref());
+        a.opt("--tls-cert", self.tls_cert.as_ref().map(|p| p.display()));
+        a.opt("--tls-key", self.tls_key.as_ref().map(|p| p.display()));
+        a.opt(
+            "--tls-verify-peer",
+            self.tls_verify_peer.as_ref().map(|p| p.display()),
+        );
+        a.opt("--tls-psk", self.tls_psk.as_ref().map(|p| p.display()));
+        a.opt("--max-connections", Some(self.max_connections));
+        a.opt("--handshake-timeout", Some(ms(self.handshake_timeout)));
+        a.opt("--idle-timeout", self.idle_timeout.map(ms));
+        a.opt("--write-timeout", Some(ms(self.write_timeout)));
+        a.opt("--notify-fd", self.notify_fd);
+        a.flag("--read-only", self.read_only);
+        a.flag("--insecure", self.insecure);
+        a.0
     }
 }
 
@@ -458,38 +435,50 @@ pub struct ModelArgs {
 impl ModelArgs {
     /// The command line after the program's name: `device MODEL` and its arguments.
     pub fn command_line(&self) -> Vec<String> {
-        let mut a = vec!["device".to_string(), self.model.clone()];
-        let mut opt = |flag: &str, v: Option<String>| {
-            if let Some(v) = v {
-                a.extend([flag.to_string(), v]);
-            }
-        };
-        opt(
-            "--socket",
-            self.listen.socket.as_ref().map(|p| p.display().to_string()),
-        );
-        opt("--fd", self.listen.fd.map(|fd| fd.to_string()));
-        opt(
-            "--notify-fd",
-            self.listen.notify_fd.map(|fd| fd.to_string()),
-        );
-        opt(
+        let mut a = Line::of(["device", self.model.as_str()]);
+        a.opt("--socket", self.listen.socket.as_ref().map(|p| p.display()));
+        a.opt("--fd", self.listen.fd);
+        a.opt("--notify-fd", self.listen.notify_fd);
+        a.opt(
             "--faults-socket",
-            self.faults
-                .faults_socket
-                .as_ref()
-                .map(|p| p.display().to_string()),
+            self.faults.faults_socket.as_ref().map(|p| p.display()),
         );
-        opt(
-            "--faults-fd",
-            self.faults.faults_fd.map(|fd| fd.to_string()),
-        );
-        for f in &self.faults.faults {
-            a.extend(["--fault".to_string(), f.to_string()]);
+        a.opt("--faults-fd", self.faults.faults_fd);
+        a.each("--fault", &self.faults.faults);
+        a.0.extend(self.own.iter().cloned());
+        a.0.extend(self.confine.to_args());
+        a.0
+    }
+}
+
+/// A child's command line as it is written: each flag with its value, written only when it has
+/// one, the way the child's parser reads it back.
+struct Line(Vec<String>);
+
+impl Line {
+    fn of<const N: usize>(words: [&str; N]) -> Self {
+        Self(words.iter().map(|w| w.to_string()).collect())
+    }
+
+    /// `flag value`, if there is a value.
+    fn opt(&mut self, flag: &str, value: Option<impl std::fmt::Display>) {
+        if let Some(v) = value {
+            self.0.extend([flag.to_string(), v.to_string()]);
         }
-        a.extend(self.own.iter().cloned());
-        a.extend(self.confine.to_args());
-        a
+    }
+
+    /// `flag value` once per value.
+    fn each(&mut self, flag: &str, values: &[impl std::fmt::Display]) {
+        for v in values {
+            self.opt(flag, Some(v));
+        }
+    }
+
+    /// `flag`, if it is on.
+    fn flag(&mut self, flag: &str, on: bool) {
+        if on {
+            self.0.push(flag.to_string());
+        }
     }
 }
 

@@ -100,8 +100,7 @@ fn phases(kill_ns: u64, stamps: &[(String, u64)], first_completion_ns: u64) -> V
         let name = match step.as_str() {
             "down" => "death noticed",
             "respawn" => "restart delay",
-            "spawned" => "fork and exec",
-            "exec" => "process start-up (to main)",
+            "exec" => "fork, exec, start-up to main",
             "arguments" => "argument parsing, logging",
             "privileges" => "privileges dropped",
             s if s.starts_with("driver ") => "device open, driver start",

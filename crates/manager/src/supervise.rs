@@ -470,9 +470,9 @@ impl Manager {
             return;
         }
         p.timeline.push(("respawn".into(), control::monotonic_ns()));
-        let respawned = p.respawn(&self.opts.exe, self.opts.verbose);
-        p.timeline.push(("spawned".into(), control::monotonic_ns()));
-        if let Err(e) = respawned {
+        // No stamp when `respawn` returns: the child may reach `main` before it does; its own
+        // first stamp is the next step.
+        if let Err(e) = p.respawn(&self.opts.exe, self.opts.verbose) {
             tracing::error!("{e}");
             // Counted as another crash: back-off, and in the end giving up, apply.
             p.exited = None;

@@ -40,8 +40,9 @@ pub struct Process {
     /// When it died, until it serves again.
     pub down_since: Option<Instant>,
     /// The steps of the restart under way, each with when it ended (`CLOCK_MONOTONIC` ns):
-    /// `down` (its death noticed), `respawn` (its restart began), `spawned` (the new process
-    /// exists); the new process's own start-up steps and `serving` follow when it serves.
+    /// `down` (its death noticed), `respawn` (its restart began); the new process's own
+    /// start-up steps and `serving` follow when it serves. Each step causes the next, so the
+    /// stamps are in order.
     pub timeline: Vec<(String, u64)>,
     /// When to start it again.
     pub restart_at: Option<Instant>,

@@ -222,6 +222,8 @@ fn fio_nbd_engine_verified_random_writes_with_several_jobs_and_connections() {
             "--verify=crc32c",
             "--verify_fatal=1",
             "--do_verify=1",
+            // fio would leave its verify state files in the working directory (the crate).
+            "--verify_state_save=0",
             "--output-format=json",
         ],
     );

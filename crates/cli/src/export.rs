@@ -64,7 +64,11 @@ pub fn run(c: ExportCommand, control: PathBuf) -> Result<ExitCode, String> {
         (_, Some(addr)) => Listen::Tcp(addr),
         (Some(p), None) => Listen::Unix(p.clone()),
         (None, None) => {
-            Listen::Unix(outboard_client::manager::default_runtime_dir().join("nbd.sock"))
+            // The same directory the manager would use, held to the same rule: only this
+            // user may write it (else another could swap the socket under this user's clients).
+            let dir = outboard_client::manager::default_runtime_dir();
+            outboard_manager::runtime::private_dir(&dir).map_err(|e| e.to_string())?;
+            Listen::Unix(dir.join("nbd.sock"))
         }
     };
     let open: Opener = Arc::new(move |device: &str| {
@@ -82,6 +86,7 @@ pub fn run(c: ExportCommand, control: PathBuf) -> Result<ExitCode, String> {
             handshake: a.handshake_timeout,
             idle: a.idle_timeout,
             stuck_writer: a.write_timeout,
+            ..Default::default()
         });
     let tls = match (&a.tls_cert, &a.tls_key) {
         (Some(cert), Some(key)) => {

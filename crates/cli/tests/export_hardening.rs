@@ -312,3 +312,110 @@ fn plain_tcp_beyond_loopback_is_refused_without_insecure() {
         "{err}"
     );
 }
+
+/// The export's threads now (from `/proc`): one per connection it is serving or refusing.
+fn threads_of(child: &Child) -> usize {
+    let status = std::fs::read_to_string(format!("/proc/{}/status", child.id())).unwrap();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("Threads:"))
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap()
+}
+
+#[test]
+fn connections_past_the_limit_get_no_thread_of_their_own() {
+    let dir = tempfile::tempdir().unwrap();
+    let up = Up::start(dir.path(), Some(MACHINE));
+    let mut ex = Export::start(&up, &["--max-connections", "4"]);
+    let before = threads_of(&ex.child);
+    // Silent connections: they never send a byte, so each would hold a thread until its
+    // handshake time-out if the export gave every one of them a thread.
+    let flood: Vec<_> = (0..80)
+        .filter_map(|_| std::os::unix::net::UnixStream::connect(&ex.socket).ok())
+        .collect();
+    // Looked at within the second a refused connection is given to read why.
+    std::thread::sleep(Duration::from_millis(300));
+    let during = threads_of(&ex.child);
+    // 4 served, and a few refusing at once.
+    assert!(
+        during <= before + 4 + 4,
+        "{during} threads with 80 connections at a limit of 4 ({before} before)"
+    );
+    ex.alive().unwrap();
+    drop(flood);
+    assert!(eventually(Duration::from_secs(15), || {
+        std::panic::catch_unwind(|| round_trip(&ex.socket, 0, 7)).is_ok()
+    }));
+}
+
+#[test]
+fn a_negotiation_trickled_a_byte_at_a_time_ends_at_the_handshake_deadline() {
+    let dir = tempfile::tempdir().unwrap();
+    let up = Up::start(dir.path(), Some(MACHINE));
+    let ex = Export::start(&up, &["--handshake-timeout", "2s"]);
+    let mut c = Raw::connect(&ex.socket);
+    c.hello();
+    // NBD_OPT_LIST again and again, one byte every 400 ms: each read is quick, the whole
+    // negotiation is not.
+    let option = [&b"IHAVEOPT"[..], &3u32.to_be_bytes(), &0u32.to_be_bytes()].concat();
+    c.0.set_read_timeout(Some(Duration::from_millis(1)))
+        .unwrap();
+    let t = std::time::Instant::now();
+    let mut cut = false;
+    'trickle: while t.elapsed() < Duration::from_secs(12) {
+        for b in &option {
+            std::thread::sleep(Duration::from_millis(400));
+            if c.0.write_all(&[*b]).is_err() {
+                cut = true;
+                break 'trickle;
+            }
+            // Drain replies; the end of the stream means the export closed it.
+            let mut buf = [0u8; 4096];
+            match std::io::Read::read(&mut c.0, &mut buf) {
+                Ok(0) => {
+                    cut = true;
+                    break 'trickle;
+                }
+                Ok(_) => {}
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
+                Err(e) if e.kind() == std::io::ErrorKind::TimedOut => {}
+                Err(_) => {
+                    cut = true;
+                    break 'trickle;
+                }
+            }
+        }
+    }
+    let waited = t.elapsed();
+    assert!(
+        cut,
+        "a trickled negotiation was still open after {waited:?}"
+    );
+    assert!(waited < Duration::from_secs(6), "cut after {waited:?}");
+}
+
+#[test]
+fn idle_export_connections_leave_the_device_to_its_other_clients() {
+    let dir = tempfile::tempdir().unwrap();
+    let up = Up::start(dir.path(), Some(MACHINE));
+    let ex = Export::start(&up, &[]);
+    let idle: Vec<Raw> = (0..40).map(|_| Raw::go(&ex.socket)).collect();
+    // A client of the device that is not the export: the CLI, through its own session.
+    let out = up.run_within(&["blk", "info", "disk0"], Duration::from_secs(30));
+    assert!(
+        out.status.success(),
+        "with 40 idle NBD clients: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let w = up.run_with_input(
+        &["blk", "write", "disk0", "--offset", "8192"],
+        b"still here",
+    );
+    assert!(w.status.success(), "{}", String::from_utf8_lossy(&w.stderr));
+    let r = up.run(&["blk", "read", "disk0", "--offset", "8192", "--length", "10"]);
+    assert_eq!(r.stdout, b"still here");
+    drop(idle);
+}

@@ -11,7 +11,7 @@
 
 use std::fs::File;
 use std::io::{Read, Seek, Write};
-use std::os::fd::AsFd;
+use std::os::fd::{AsFd, OwnedFd};
 use std::path::{Path, PathBuf};
 
 use rustix::fs::{FlockOperation, Mode, OFlags};
@@ -46,6 +46,22 @@ pub enum RuntimeError {
     NotPrivate {
         /// The directory.
         path: PathBuf,
+        /// Who else could write it.
+        why: NotPrivate,
+    },
+    /// A directory above it lets another user replace it.
+    #[error(
+        "{}: the directory {} above it is not safe ({why}); refusing to use it as the runtime \
+         directory (whoever else can write there could rename it away and put their own in \
+         its place). Give --runtime-dir a directory on a path only you and root can write",
+        path.display(),
+        above.display()
+    )]
+    UnsafePath {
+        /// The directory.
+        path: PathBuf,
+        /// The ancestor at fault.
+        above: PathBuf,
         /// Who else could write it.
         why: NotPrivate,
     },
@@ -121,50 +137,7 @@ impl RuntimeDir {
     /// otherwise plant a socket where clients look for the control socket, or a symlink where
     /// a log is created (truncating any file the manager, often root, can write).
     pub fn claim(dir: &Path) -> Result<Self, RuntimeError> {
-        let created = match rustix::fs::mkdir(dir, Mode::from_raw_mode(0o700)) {
-            Ok(()) => true,
-            Err(Errno::EXIST) => false,
-            Err(Errno::NOENT) => {
-                if let Some(parent) = dir.parent() {
-                    std::fs::create_dir_all(parent).map_err(|err| RuntimeError::Os {
-                        path: dir.to_owned(),
-                        what: "",
-                        err,
-                    })?;
-                }
-                match rustix::fs::mkdir(dir, Mode::from_raw_mode(0o700)) {
-                    Ok(()) => true,
-                    Err(Errno::EXIST) => false,
-                    Err(e) => return Err(os(dir, "")(e)),
-                }
-            }
-            Err(e) => return Err(os(dir, "")(e)),
-        };
-        // The directory itself, not whatever a symlink at its name points to.
-        let dfd = rustix::fs::open(
-            dir,
-            OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
-            Mode::empty(),
-        )
-        .map_err(|e| match e {
-            Errno::LOOP | Errno::NOTDIR
-                if rustix::fs::lstat(dir).is_ok_and(|st| {
-                    rustix::fs::FileType::from_raw_mode(st.st_mode) == rustix::fs::FileType::Symlink
-                }) =>
-            {
-                RuntimeError::Symlink(dir.to_owned())
-            }
-            e => os(dir, "")(e),
-        })?;
-        if created {
-            // mkdir's mode went through the umask: set it exactly.
-            rustix::fs::fchmod(&dfd, Mode::from_raw_mode(0o700))
-                .map_err(os(dir, "chmod 0700: "))?;
-        }
-        check_private(&dfd).map_err(|why| RuntimeError::NotPrivate {
-            path: dir.to_owned(),
-            why,
-        })?;
+        let dfd = private_dir(dir)?;
         let lock_path = dir.join(LOCK);
         loop {
             let fd = rustix::fs::openat(
@@ -238,6 +211,104 @@ impl RuntimeDir {
     pub fn server_log(&self, name: &str) -> PathBuf {
         self.dir.join(format!("{name}.server.log"))
     }
+}
+
+/// Creates `dir` (0700) if needed and opens it, refusing it unless it is safe to put sockets
+/// and files in: it is no symlink, only this user owns and may write it, and no directory
+/// above it lets another user rename it away and put their own in its place (each is owned
+/// by root or this user, and is writable by nobody else unless sticky, like `/tmp`).
+///
+/// This is OpenSSH's `StrictModes` applied to the runtime directory: whoever controls it, or
+/// the path to it, could plant a socket where clients look for the control socket, or a
+/// symlink where a log is created.
+pub fn private_dir(dir: &Path) -> Result<OwnedFd, RuntimeError> {
+    let created = match rustix::fs::mkdir(dir, Mode::from_raw_mode(0o700)) {
+        Ok(()) => true,
+        Err(Errno::EXIST) => false,
+        Err(Errno::NOENT) => {
+            if let Some(parent) = dir.parent() {
+                std::fs::create_dir_all(parent).map_err(|err| RuntimeError::Os {
+                    path: dir.to_owned(),
+                    what: "",
+                    err,
+                })?;
+            }
+            match rustix::fs::mkdir(dir, Mode::from_raw_mode(0o700)) {
+                Ok(()) => true,
+                Err(Errno::EXIST) => false,
+                Err(e) => return Err(os(dir, "")(e)),
+            }
+        }
+        Err(e) => return Err(os(dir, "")(e)),
+    };
+    // The directory itself, not whatever a symlink at its name points to.
+    let dfd = rustix::fs::open(
+        dir,
+        OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+        Mode::empty(),
+    )
+    .map_err(|e| match e {
+        Errno::LOOP | Errno::NOTDIR
+            if rustix::fs::lstat(dir).is_ok_and(|st| {
+                rustix::fs::FileType::from_raw_mode(st.st_mode) == rustix::fs::FileType::Symlink
+            }) =>
+        {
+            RuntimeError::Symlink(dir.to_owned())
+        }
+        e => os(dir, "")(e),
+    })?;
+    if created {
+        // mkdir's mode went through the umask: set it exactly.
+        rustix::fs::fchmod(&dfd, Mode::from_raw_mode(0o700)).map_err(os(dir, "chmod 0700: "))?;
+    }
+    check_private(&dfd).map_err(|why| RuntimeError::NotPrivate {
+        path: dir.to_owned(),
+        why,
+    })?;
+    check_ancestors(dir)?;
+    Ok(dfd)
+}
+
+/// Refuses a path to the runtime directory that another user could redirect: an ancestor
+/// (symlinks resolved, as the kernel walks it) owned by someone other than root or this
+/// user, or writable by group or others without the sticky bit.
+fn check_ancestors(dir: &Path) -> Result<(), RuntimeError> {
+    let real = std::fs::canonicalize(dir).map_err(|err| RuntimeError::Os {
+        path: dir.to_owned(),
+        what: "",
+        err,
+    })?;
+    let me = rustix::process::geteuid().as_raw();
+    for above in real.ancestors().skip(1) {
+        let st = rustix::fs::stat(above).map_err(os(above, ""))?;
+        let why = if st.st_uid != 0 && st.st_uid != me {
+            Some(NotPrivate::Owner {
+                owner: st.st_uid,
+                me,
+            })
+        } else if st.st_mode & 0o022 != 0 && st.st_mode & 0o1000 == 0 {
+            // Sticky (like /tmp): others may write, but only this user can rename this
+            // user's entries.
+            Some(NotPrivate::Writable {
+                who: if st.st_mode & 0o002 != 0 {
+                    "others"
+                } else {
+                    "its group"
+                },
+                mode: st.st_mode & 0o7777,
+            })
+        } else {
+            None
+        };
+        if let Some(why) = why {
+            return Err(RuntimeError::UnsafePath {
+                path: dir.to_owned(),
+                above: above.to_owned(),
+                why,
+            });
+        }
+    }
+    Ok(())
 }
 
 /// Why the directory open as `dfd` is not private to this user: another owner, or write
@@ -374,6 +445,32 @@ mod tests {
             assert!(e.contains("writable by"), "{mode:o}: {e}");
             assert!(entries(&rt).is_empty(), "{mode:o}: {:?}", entries(&rt));
         }
+    }
+
+    #[test]
+    fn a_directory_under_one_another_user_controls_is_refused() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().unwrap();
+        // Owned by `nobody` (the local attacker): they could rename `rt` away and put theirs.
+        let theirs = dir.path().join("theirs");
+        std::fs::create_dir(&theirs).unwrap();
+        std::os::unix::fs::chown(&theirs, Some(65534), Some(65534)).unwrap();
+        let e = RuntimeDir::claim(&theirs.join("rt"))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("above it") && e.contains("uid 65534"), "{e}");
+        // Writable by anyone and not sticky: the same.
+        let open = dir.path().join("open");
+        std::fs::create_dir(&open).unwrap();
+        std::fs::set_permissions(&open, std::fs::Permissions::from_mode(0o777)).unwrap();
+        let e = RuntimeDir::claim(&open.join("rt")).unwrap_err().to_string();
+        assert!(
+            e.contains("above it") && e.contains("writable by others"),
+            "{e}"
+        );
+        // Sticky, like /tmp: others cannot rename what is this user's.
+        std::fs::set_permissions(&open, std::fs::Permissions::from_mode(0o1777)).unwrap();
+        RuntimeDir::claim(&open.join("rt2")).unwrap();
     }
 
     #[test]

@@ -9,6 +9,7 @@
 //! fuzzed.
 #![deny(missing_docs)]
 
+pub mod deadline;
 pub mod hub;
 pub mod negotiate;
 /// The wire format (in `spec`, shared with the client of remote disks).

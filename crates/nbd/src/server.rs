@@ -133,6 +133,12 @@ pub struct Limits {
     pub idle: Option<Duration>,
     /// A reply the client does not take for this long closes its connection.
     pub stuck_writer: Duration,
+    /// Connections that get a session of their own with the driver server; the others share
+    /// the export's reserved session. Each own session takes a buffer area in the driver
+    /// server whether or not its connection sends anything, so without this bound idle
+    /// connections would spend the server's whole budget and lock the device's other
+    /// clients (the CLI, programs, other exports) out.
+    pub own_sessions: usize,
 }
 
 impl Default for Limits {
@@ -142,9 +148,15 @@ impl Default for Limits {
             handshake: Duration::from_secs(10),
             idle: None,
             stuck_writer: Duration::from_secs(30),
+            own_sessions: 8,
         }
     }
 }
+
+/// Connections past the limit told why at once, each on a thread of its own for at most
+/// [`REFUSAL_TIME`]; more than that are closed unanswered, so a flood costs no thread.
+const REFUSERS: usize = 4;
+const REFUSAL_TIME: Duration = Duration::from_secs(1);
 
 /// How long accepting pauses after it failed (out of descriptors), and how often that is
 /// logged at most.
@@ -157,6 +169,11 @@ pub struct NbdServer {
     exports: Arc<Exports>,
     open: Opener,
     active: Arc<AtomicUsize>,
+    /// Connections being refused (past the limit) now.
+    refusing: Arc<AtomicUsize>,
+    /// Connections with a session of their own now.
+    own: Arc<AtomicUsize>,
+    deadlines: Arc<crate::deadline::Deadlines>,
     clients: Arc<Clients>,
     tls: Option<crate::tls::Tls>,
     limits: Limits,
@@ -231,6 +248,9 @@ impl NbdServer {
             exports: Arc::new(exports),
             open,
             active: Arc::new(AtomicUsize::new(0)),
+            refusing: Arc::new(AtomicUsize::new(0)),
+            own: Arc::new(AtomicUsize::new(0)),
+            deadlines: Default::default(),
             clients: Arc::new(Clients {
                 notify: None,
                 list: Default::default(),
@@ -294,6 +314,13 @@ impl NbdServer {
 
     /// Accepts and serves connections until `stop` is set.
     pub fn run(&self, stop: &AtomicBool) -> Result<(), NbdError> {
+        std::thread::scope(|scope| {
+            scope.spawn(|| self.deadlines.watch(stop));
+            self.accept_until(stop)
+        })
+    }
+
+    fn accept_until(&self, stop: &AtomicBool) -> Result<(), NbdError> {
         let mut logged: Option<std::time::Instant> = None;
         while !stop.load(Ordering::Relaxed) {
             let ready = match &self.listener {
@@ -328,25 +355,37 @@ impl NbdServer {
     }
 
     fn spawn<S: Transport + AsFd + Send + 'static>(&self, s: S, peer: String) {
-        let exports = self.exports.clone();
-        let open = self.open.clone();
-        let active = self.active.clone();
-        let clients = self.clients.clone();
-        let tls = self.tls.clone();
         let limits = self.limits;
-        // Counted before the thread starts, so a burst cannot overshoot the limit.
-        let over = active.fetch_add(1, Ordering::Relaxed) >= limits.max_connections;
+        // Decided before any thread starts, so a burst can neither overshoot the limit nor
+        // make a thread per connection.
+        let (slot, full) = if self.active.fetch_add(1, Ordering::Relaxed) < limits.max_connections {
+            (Slot(self.active.clone()), None)
+        } else {
+            self.active.fetch_sub(1, Ordering::Relaxed);
+            if self.refusing.fetch_add(1, Ordering::Relaxed) >= REFUSERS {
+                self.refusing.fetch_sub(1, Ordering::Relaxed);
+                tracing::debug!("{peer}: closed unanswered (at the connection limit)");
+                return;
+            }
+            let why = format!(
+                "the export serves at most {} connections at once; try again later",
+                limits.max_connections
+            );
+            (Slot(self.refusing.clone()), Some(why))
+        };
+        let sh = Owned {
+            exports: self.exports.clone(),
+            open: self.open.clone(),
+            own: self.own.clone(),
+            deadlines: self.deadlines.clone(),
+            clients: self.clients.clone(),
+            tls: self.tls.clone(),
+        };
         let spawned = std::thread::Builder::new()
             .name("nbd-conn".into())
             .spawn(move || {
-                let join = |export: &str| clients.join(export, &peer);
-                let full = over.then(|| {
-                    format!(
-                        "the export serves at most {} connections at once; try again later",
-                        limits.max_connections
-                    )
-                });
-                match connection(s, &exports, &open, &join, tls, limits, full) {
+                let _slot = slot;
+                match connection(s, &sh, &peer, limits, full) {
                     Ok(Some(stats)) => tracing::info!(
                         "{peer}: done ({} ok, {} errors, {} bytes)",
                         stats.ok,
@@ -356,13 +395,31 @@ impl NbdServer {
                     Ok(None) => tracing::debug!("{peer}: left during negotiation"),
                     Err(e) => tracing::warn!("{peer}: {e}"),
                 }
-                active.fetch_sub(1, Ordering::Relaxed);
             });
+        // A thread that did not start dropped its closure, and with it the slot.
         if let Err(e) = spawned {
             tracing::error!("cannot start a connection thread: {e}");
-            self.active.fetch_sub(1, Ordering::Relaxed);
         }
     }
+}
+
+/// A place counted in one of the server's counters, given back when dropped.
+struct Slot(Arc<AtomicUsize>);
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+/// What a connection thread takes from the server.
+struct Owned {
+    exports: Arc<Exports>,
+    open: Opener,
+    own: Arc<AtomicUsize>,
+    deadlines: Arc<crate::deadline::Deadlines>,
+    clients: Arc<Clients>,
+    tls: Option<crate::tls::Tls>,
 }
 
 fn readable(fd: &impl AsFd) -> bool {
@@ -377,11 +434,14 @@ struct Shared<'a> {
     tls: Option<crate::tls::Tls>,
     /// Why every export is refused to this connection (the server is full).
     full: Option<String>,
+    /// Connections with a session of their own, and how many may have one.
+    own: (&'a Arc<AtomicUsize>, usize),
 }
 
 /// A connection's session with its export's device: its own, or its part of the shared one.
 enum Session {
-    Own(Box<dyn BlockDevice>),
+    /// A session of its own, counted in the server's own sessions while it lives.
+    Own(Box<dyn BlockDevice>, Slot),
     Shared(crate::hub::HubDevice, crate::hub::HubBuffers),
 }
 
@@ -396,26 +456,29 @@ fn timeouts(fd: std::os::fd::BorrowedFd<'_>, recv: Option<Duration>, send: Durat
 /// requires), a session with the chosen device, transmission.
 fn connection<S: Transport + AsFd>(
     mut s: S,
-    exports: &Exports,
-    open: &Opener,
-    join: &dyn Fn(&str) -> ClientEntry,
-    tls: Option<crate::tls::Tls>,
+    owned: &Owned,
+    peer: &str,
     limits: Limits,
     full: Option<String>,
 ) -> Result<Option<crate::transmit::ConnStats>, NbdError> {
-    // Negotiation is bounded; a client that stops taking replies is dropped. One refused
-    // for want of room gets a second to read why and go: it still counts against the limit.
+    // Negotiation, TLS's handshake included, must end within its time as a whole (a
+    // client trickling a byte at a time passes every per-read time-out); a client that
+    // stops taking replies is dropped. One refused for want of room gets a second to read
+    // why and go.
     let handshake = match full {
-        Some(_) => limits.handshake.min(Duration::from_secs(1)),
+        Some(_) => limits.handshake.min(REFUSAL_TIME),
         None => limits.handshake,
     };
     timeouts(s.as_fd(), Some(handshake), limits.stuck_writer);
+    let negotiating = owned.deadlines.arm(s.as_fd(), handshake)?;
+    let join = |export: &str| owned.clients.join(export, peer);
     let sh = Shared {
-        exports,
-        open,
-        join,
-        tls,
+        exports: &owned.exports,
+        open: &owned.open,
+        join: &join,
+        tls: owned.tls.clone(),
         full,
+        own: (&owned.own, limits.own_sessions),
     };
     let policy = TlsPolicy {
         available: sh.tls.is_some(),
@@ -446,15 +509,16 @@ fn connection<S: Transport + AsFd>(
                             .complete_io(&mut tls.sock)
                             .map_err(|e| NbdError::Protocol(format!("TLS handshake: {e}")))?;
                     }
-                    secured(tls, &sh, &mut dev, policy, no_zeroes, limits)
+                    secured(tls, &sh, &mut dev, policy, no_zeroes, limits, negotiating)
                 }
                 crate::tls::Tls::Psk(keys) => {
                     let tls = keys.accept(s)?;
-                    secured(tls, &sh, &mut dev, policy, no_zeroes, limits)
+                    secured(tls, &sh, &mut dev, policy, no_zeroes, limits, negotiating)
                 }
             }
         }
         outcome => {
+            negotiating.done()?;
             timeouts(s.as_fd(), limits.idle, limits.stuck_writer);
             transmit(s, outcome, dev, &sh)
         }
@@ -469,6 +533,7 @@ fn secured<S: Transport>(
     policy: TlsPolicy,
     no_zeroes: bool,
     limits: Limits,
+    negotiating: crate::deadline::Armed,
 ) -> Result<Option<crate::transmit::ConnStats>, NbdError> {
     let outcome = negotiate_with(
         &mut tls,
@@ -477,6 +542,7 @@ fn secured<S: Transport>(
         policy,
         no_zeroes,
     )?;
+    negotiating.done()?;
     timeouts(tls.fd(), limits.idle, limits.stuck_writer);
     transmit(tls, outcome, dev.take(), sh)
 }
@@ -491,16 +557,32 @@ fn chooser<'a>(
         if let Some(why) = &sh.full {
             return Err(why.clone());
         }
+        let hub = &sh.exports.hubs[i];
+        let share = |hub: &Arc<crate::hub::Hub>| -> Result<Session, String> {
+            let (d, b) = hub.join().map_err(|e| e.to_string())?;
+            Ok(Session::Shared(d, b))
+        };
+        // A session of its own is the fastest path, while this export has own sessions to
+        // spare (where there is no shared session, a driver in this process, every
+        // connection needs its own).
+        let (count, most) = sh.own;
+        let slot = Slot(count.clone());
+        if count.fetch_add(1, Ordering::Relaxed) >= most {
+            if let Some(hub) = hub {
+                drop(slot);
+                *dev = Some(share(hub)?);
+                return Ok(());
+            }
+        }
         *dev = Some(match (sh.open)(&sh.exports.devices[i]) {
-            // A session of its own: the fastest path, while the driver server has room.
-            Ok((d, _)) => Session::Own(d),
-            // The driver server's session budget is spent (idle clients may hold it): this
+            Ok((d, _)) => Session::Own(d, slot),
+            // The driver server's session budget is spent (other clients hold it): this
             // connection shares the session the export reserved, taking buffers per request.
-            Err(BlockError::Busy(why)) => match &sh.exports.hubs[i] {
+            Err(BlockError::Busy(why)) => match hub {
                 Some(hub) => {
                     tracing::debug!("{why}: sharing the export's session");
-                    let (d, b) = hub.join().map_err(|e| e.to_string())?;
-                    Session::Shared(d, b)
+                    drop(slot);
+                    share(hub)?
                 }
                 None => return Err(BlockError::Busy(why).to_string()),
             },
@@ -523,7 +605,7 @@ fn transmit<S: Transport>(
     let _client = (sh.join)(&sh.exports.list[export].name);
     let e = &sh.exports.list[export];
     match dev {
-        Session::Own(mut d) => Conn::new(s, d.as_mut(), e, structured).run(),
+        Session::Own(mut d, _slot) => Conn::new(s, d.as_mut(), e, structured).run(),
         Session::Shared(mut d, b) => {
             Conn::with_buffers(s, &mut d, e, structured, Box::new(b)).run()
         }

@@ -9,7 +9,7 @@ use clap::Subcommand;
 use outboard_block_client::SessionOptions;
 use outboard_client::api::Placement;
 use outboard_manager::children::ExportNbdArgs;
-use outboard_nbd::{ExportSpec, Listen, NbdServer, Opener};
+use outboard_nbd::{ExportSpec, Listen, Listener, NbdServer, Opener};
 
 /// `outboard export …`.
 #[derive(Subcommand)]
@@ -79,7 +79,29 @@ pub fn run(c: ExportCommand, control: PathBuf) -> Result<ExitCode, String> {
         let (d, placement) = outboard_block_client::open_block_with(&control, device, opts)?;
         Ok((d, placement == Placement::Separate))
     });
-    let mut server = NbdServer::bind(&listen, &specs, open)
+    // What needs privilege comes first: the keys (a file only root may read, say) and the
+    // socket (a port below 1024). Then every capability goes, before any thread starts
+    // (capabilities belong to each thread): the export parses what any client sends, and a
+    // flaw in that must not hand over root's powers.
+    let tls = match (&a.tls_cert, &a.tls_key, &a.tls_psk) {
+        (Some(cert), Some(key), _) => Some(outboard_nbd::tls::Tls::Certificates(
+            outboard_nbd::tls::server_config(cert, key, a.tls_verify_peer.as_deref())
+                .map_err(|e| e.to_string())?,
+        )),
+        (_, _, Some(file)) => Some(outboard_nbd::tls::Tls::Psk(
+            outboard_nbd::tls::PskKeys::from_file(file).map_err(|e| e.to_string())?,
+        )),
+        _ => None,
+    };
+    let listener = Listener::bind(&listen).map_err(|e| e.to_string())?;
+    let dropped =
+        outboard_confine::privileges::drop_privileges(None, None).map_err(|e| e.to_string())?;
+    // Nothing regained through an exec of a set-uid program, no core file of a peer's data.
+    rustix::thread::set_no_new_privs(true).map_err(|e| format!("PR_SET_NO_NEW_PRIVS: {e}"))?;
+    rustix::process::set_dumpable_behavior(rustix::process::DumpableBehavior::NotDumpable)
+        .map_err(|e| format!("PR_SET_DUMPABLE: {e}"))?;
+    tracing::info!("export: {dropped}, no_new_privs, not dumpable, before any thread");
+    let mut server = NbdServer::on(listener, &specs, open)
         .map_err(|e| e.to_string())?
         .limits(outboard_nbd::server::Limits {
             max_connections: a.max_connections as usize,
@@ -88,22 +110,16 @@ pub fn run(c: ExportCommand, control: PathBuf) -> Result<ExitCode, String> {
             stuck_writer: a.write_timeout,
             ..Default::default()
         });
-    let tls = match (&a.tls_cert, &a.tls_key) {
-        (Some(cert), Some(key)) => {
-            let config = outboard_nbd::tls::server_config(cert, key, a.tls_verify_peer.as_deref())
-                .map_err(|e| e.to_string())?;
+    let tls = match tls {
+        Some(outboard_nbd::tls::Tls::Certificates(config)) => {
             server = server.tls(config);
             true
         }
-        _ => match &a.tls_psk {
-            Some(file) => {
-                let keys =
-                    outboard_nbd::tls::PskKeys::from_file(file).map_err(|e| e.to_string())?;
-                server = server.tls_psk(keys);
-                true
-            }
-            None => false,
-        },
+        Some(outboard_nbd::tls::Tls::Psk(keys)) => {
+            server = server.tls_psk(keys);
+            true
+        }
+        None => false,
     };
     if let Some(fd) = a.notify_fd {
         server = server.notify(outboard_sys::process::inherited_socket(fd)?);

@@ -20,6 +20,7 @@ pub mod privileges;
 pub mod probe;
 pub mod sandbox;
 pub mod syscalls;
+pub mod threads;
 
 use std::fmt;
 

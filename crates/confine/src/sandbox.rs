@@ -23,8 +23,8 @@ pub fn kernel_support() -> (i64, &'static str) {
         1..=3 => "Landlock without network or scope rules: filesystem only",
         4 | 5 => "Landlock without abstract-socket and signal scopes",
         6 | 7 => {
-            "Landlock in full, but only on threads a child starts after confining itself \
-                  (older threads get the seccomp filter only)"
+            "Landlock in full, on every thread (those started before confinement restrict \
+             themselves on a signal)"
         }
         _ => "Landlock in full, on every thread",
     };
@@ -46,22 +46,18 @@ pub fn kernel_abi() -> i64 {
     v.max(0)
 }
 
-/// Enforces the ruleset on every thread the kernel lets it reach; returns how much of it
-/// holds, in words, and whether that is all of it on every thread.
+/// Enforces the ruleset on every thread; returns how much of it holds, in words, and whether
+/// that is all of it on every thread.
 ///
-/// The all-threads flag (`LANDLOCK_RESTRICT_SELF_TSYNC`) is asked for only where the kernel
-/// has it (ABI 8, Linux 7.0): asked for on an older kernel, the crate drops it and reports
-/// the whole ruleset as partly enforced although every right in it holds. Without it, the
-/// calling thread and the threads it starts later are restricted, and threads that exist
-/// already are not (the seccomp filter, installed on all threads, still forbids them every
-/// call that reaches a file or the network).
+/// Where the kernel has the all-threads flag (`LANDLOCK_RESTRICT_SELF_TSYNC`, ABI 8, Linux
+/// 7.0) it does it; before that, each thread that exists already is asked to restrict itself
+/// ([`crate::threads`]), and the calling thread does so last (after that it could not list
+/// the others in `/proc`). Threads started later inherit the restriction.
 pub fn restrict() -> Result<(String, bool), ConfineError> {
     let err = |e: landlock::RulesetError| ConfineError::Landlock(e.to_string());
     let abi = kernel_abi();
     let tsync = abi >= ABI::V8 as i64;
-    // Counted before restricting: /proc cannot be read afterwards.
-    let threads = std::fs::read_dir("/proc/self/task").map_or(0, |d| d.count());
-    let status = Ruleset::default()
+    let created = Ruleset::default()
         .handle_access(AccessFs::from_all(ABI_WANTED))
         .map_err(err)?
         .handle_access(AccessNet::from_all(ABI_WANTED))
@@ -69,7 +65,22 @@ pub fn restrict() -> Result<(String, bool), ConfineError> {
         .scope(Scope::from_all(ABI_WANTED))
         .map_err(err)?
         .create()
-        .map_err(err)?
+        .map_err(err)?;
+    let mut others = 0;
+    if !tsync {
+        let threads = crate::threads::other_threads()?;
+        let fd: Option<std::os::fd::OwnedFd> = created
+            .try_clone()
+            .map_err(|source| ConfineError::Os {
+                what: "landlock ruleset",
+                source,
+            })?
+            .into();
+        if let Some(fd) = fd {
+            others = crate::threads::restrict_others(std::os::fd::AsFd::as_fd(&fd), &threads)?;
+        }
+    }
+    let status = created
         .all_threads(tsync)
         .map_err(err)?
         .restrict_self()
@@ -79,16 +90,14 @@ pub fn restrict() -> Result<(String, bool), ConfineError> {
         RulesetStatus::PartiallyEnforced => "partly enforced (an older kernel)",
         RulesetStatus::NotEnforced => "not enforced (no Landlock in this kernel)",
     };
-    let all_threads = status.all_threads || threads <= 1;
-    let on = if all_threads {
+    let on = if status.all_threads {
         format!("on all threads (kernel Landlock ABI {abi})")
     } else {
         format!(
-            "on this thread and those it starts ({} older threads have the seccomp filter \
-             only: kernel Landlock ABI {abi}, all-threads needs ABI 8)",
-            threads - 1
+            "on all threads ({others} older threads restricted themselves on a signal; kernel \
+             Landlock ABI {abi})"
         )
     };
-    let complete = status.ruleset == RulesetStatus::FullyEnforced && all_threads;
+    let complete = status.ruleset == RulesetStatus::FullyEnforced;
     Ok((format!("{how} {on}"), complete))
 }

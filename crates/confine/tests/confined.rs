@@ -8,6 +8,27 @@ use std::process::{Child, Command, Stdio};
 
 const MODE: &str = "OUTBOARD_PROBE_MODE";
 
+/// As a child: a thread started before Landlock, then Landlock alone (no seccomp filter, so
+/// only Landlock can refuse), then that older thread tries to read a file.
+#[test]
+fn older_thread_child() {
+    let Ok(file) = std::env::var("OUTBOARD_OLDER_THREAD_FILE") else {
+        return;
+    };
+    let (go, wait) = std::sync::mpsc::channel::<()>();
+    let older = std::thread::spawn(move || {
+        wait.recv().unwrap();
+        match std::fs::read(&file) {
+            Ok(_) => "older thread: read the file".to_string(),
+            Err(e) => format!("older thread: refused: {e}"),
+        }
+    });
+    let (how, complete) = outboard_confine::sandbox::restrict().expect("landlock");
+    println!("landlock {how} (complete: {complete})");
+    go.send(()).unwrap();
+    println!("{}", older.join().unwrap());
+}
+
 /// The probe itself, when this binary runs as a child; a no-op otherwise.
 #[test]
 fn probe_child() {
@@ -131,4 +152,29 @@ fn the_same_process_unconfined_gets_through_so_the_probe_can_tell() {
     }
     // execve worked: the process became /bin/true before it could report the rest.
     assert!(!out.contains("refused "), "{out}");
+}
+
+#[test]
+fn landlock_holds_on_threads_started_before_it() {
+    if outboard_confine::sandbox::kernel_abi() < 1 {
+        eprintln!("no Landlock in this kernel: nothing to check");
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("secret");
+    std::fs::write(&file, "secret").unwrap();
+    let out = Command::new(std::env::current_exe().unwrap())
+        .args([
+            "--exact",
+            "older_thread_child",
+            "--nocapture",
+            "--test-threads=1",
+        ])
+        .env("OUTBOARD_OLDER_THREAD_FILE", &file)
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains("older thread: refused"), "{text}");
+    assert!(text.contains("complete: true"), "{text}");
 }

@@ -20,7 +20,7 @@ pub mod transmit;
 pub mod transport;
 
 pub use negotiate::{negotiate, negotiate_with, Export, Outcome, TlsPolicy};
-pub use server::{ExportSpec, Listen, NbdServer, Opener};
+pub use server::{ExportSpec, Listen, Listener, NbdServer, Opener};
 
 /// Why a connection (or the server) stopped.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]

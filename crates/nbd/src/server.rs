@@ -50,10 +50,31 @@ pub struct ExportSpec {
 pub type Opener =
     Arc<dyn Fn(&str) -> Result<(Box<dyn BlockDevice>, bool), BlockError> + Send + Sync>;
 
-enum Listener {
+/// A bound, listening socket ([`Listener::bind`]), made before the server so that a process
+/// can bind (a privileged port, say) and then give up its privileges before it starts any
+/// thread.
+pub enum Listener {
     /// The socket, and its path (removed when the server goes, if it is still ours).
     Unix(UnixListener, outboard_sys::SocketPath),
+    /// A TCP socket.
     Tcp(TcpListener),
+}
+
+impl Listener {
+    /// Binds and listens where `listen` says.
+    pub fn bind(listen: &Listen) -> Result<Self, NbdError> {
+        Ok(match listen {
+            Listen::Unix(path) => {
+                let (fd, claimed) =
+                    outboard_sys::bind_listener(path, rustix::net::SocketType::STREAM, 64)
+                        .map_err(|e| NbdError::Setup(e.to_string()))?;
+                Listener::Unix(UnixListener::from(fd), claimed)
+            }
+            Listen::Tcp(addr) => Listener::Tcp(
+                TcpListener::bind(addr).map_err(|e| NbdError::Setup(format!("{addr}: {e}")))?,
+            ),
+        })
+    }
 }
 
 /// The clients in transmission, per export, told to the manager as they come and go.
@@ -188,8 +209,14 @@ impl Drop for NbdServer {
 }
 
 impl NbdServer {
-    /// Opens each export's device once to learn what it is, then binds.
+    /// Binds, then opens each export's device once to learn what it is.
     pub fn bind(listen: &Listen, specs: &[ExportSpec], open: Opener) -> Result<Self, NbdError> {
+        Self::on(Listener::bind(listen)?, specs, open)
+    }
+
+    /// Serves on a socket already bound: opens each export's device once to learn what it
+    /// is (this starts a thread per shared session).
+    pub fn on(listener: Listener, specs: &[ExportSpec], open: Opener) -> Result<Self, NbdError> {
         if specs.is_empty() {
             return Err(NbdError::Setup("nothing to export".into()));
         }
@@ -232,17 +259,6 @@ impl NbdServer {
                 multi_conn,
             });
         }
-        let listener = match listen {
-            Listen::Unix(path) => {
-                let (fd, claimed) =
-                    outboard_sys::bind_listener(path, rustix::net::SocketType::STREAM, 64)
-                        .map_err(|e| NbdError::Setup(e.to_string()))?;
-                Listener::Unix(UnixListener::from(fd), claimed)
-            }
-            Listen::Tcp(addr) => Listener::Tcp(
-                TcpListener::bind(addr).map_err(|e| NbdError::Setup(format!("{addr}: {e}")))?,
-            ),
-        };
         Ok(Self {
             listener,
             exports: Arc::new(exports),

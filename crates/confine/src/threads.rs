@@ -1,0 +1,119 @@
+//! Landlock on threads that already exist, on kernels that cannot do it for them.
+//!
+//! A Landlock restriction belongs to each thread, and before Linux 7.0 (Landlock ABI 8's
+//! `LANDLOCK_RESTRICT_SELF_TSYNC`) only a thread can restrict itself. A child that started
+//! threads before it confined itself (a device model's fault socket, a driver server's
+//! vfio-user twin socket) would leave them unrestricted. So each of those threads is asked to
+//! do it: a real-time signal, whose handler sets `no_new_privs` and calls
+//! `landlock_restrict_self` with the ruleset's descriptor — the way glibc makes `setuid` hold
+//! for every thread, and libpsx does for capabilities. Both calls are plain system calls, safe
+//! in a signal handler.
+
+use std::os::fd::{AsRawFd, BorrowedFd};
+use std::sync::atomic::{AtomicI32, AtomicUsize, Ordering};
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use crate::ConfineError;
+
+/// The ruleset the handler applies (-1: none).
+static RULESET: AtomicI32 = AtomicI32::new(-1);
+/// Threads that restricted themselves, and those that failed to.
+static RESTRICTED: AtomicUsize = AtomicUsize::new(0);
+static FAILED: AtomicUsize = AtomicUsize::new(0);
+/// One broadcast at a time.
+static ONE: Mutex<()> = Mutex::new(());
+
+/// How long the other threads get to answer.
+const ANSWER_TIME: Duration = Duration::from_secs(2);
+
+extern "C" fn restrict_this_thread(_: libc::c_int) {
+    // SAFETY: __errno_location returns this thread's errno slot, valid for its lifetime; it is
+    // saved and restored so the interrupted code sees its own errno.
+    let errno = unsafe { *libc::__errno_location() };
+    let fd = RULESET.load(Ordering::SeqCst);
+    // SAFETY: prctl(PR_SET_NO_NEW_PRIVS) and landlock_restrict_self take integers only; both
+    // are single system calls, async-signal-safe.
+    let ok = unsafe {
+        libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) == 0
+            && libc::syscall(libc::SYS_landlock_restrict_self, fd, 0u32) == 0
+    };
+    if ok {
+        RESTRICTED.fetch_add(1, Ordering::SeqCst);
+    } else {
+        FAILED.fetch_add(1, Ordering::SeqCst);
+    }
+    // SAFETY: as above.
+    unsafe { *libc::__errno_location() = errno };
+}
+
+/// The process's threads other than the calling one.
+pub fn other_threads() -> Result<Vec<i32>, ConfineError> {
+    let me = rustix::thread::gettid().as_raw_nonzero().get();
+    let tasks = std::fs::read_dir("/proc/self/task").map_err(|source| ConfineError::Os {
+        what: "/proc/self/task",
+        source,
+    })?;
+    Ok(tasks
+        .flatten()
+        .filter_map(|t| t.file_name().to_str()?.parse::<i32>().ok())
+        .filter(|&t| t != me)
+        .collect())
+}
+
+/// Has every thread in `threads` restrict itself with `ruleset`; returns how many did (a
+/// thread that ended meanwhile counts as done: it holds nothing). An error if one refused or
+/// did not answer in time.
+pub fn restrict_others(ruleset: BorrowedFd<'_>, threads: &[i32]) -> Result<usize, ConfineError> {
+    if threads.is_empty() {
+        return Ok(0);
+    }
+    let _one = ONE.lock().unwrap_or_else(|p| p.into_inner());
+    RULESET.store(ruleset.as_raw_fd(), Ordering::SeqCst);
+    RESTRICTED.store(0, Ordering::SeqCst);
+    FAILED.store(0, Ordering::SeqCst);
+    let sig = libc::SIGRTMIN();
+    let os = |what| move |source| ConfineError::Os { what, source };
+    // SAFETY: sigaction with a zeroed struct plus a handler that only makes system calls and
+    // touches atomics.
+    unsafe {
+        let mut act: libc::sigaction = std::mem::zeroed();
+        act.sa_sigaction = restrict_this_thread as extern "C" fn(libc::c_int) as usize;
+        act.sa_flags = libc::SA_RESTART;
+        libc::sigemptyset(&mut act.sa_mask);
+        if libc::sigaction(sig, &act, std::ptr::null_mut()) != 0 {
+            return Err(os("sigaction")(std::io::Error::last_os_error()));
+        }
+    }
+    let pid = rustix::process::getpid().as_raw_nonzero().get();
+    let mut asked = 0;
+    for &tid in threads {
+        // SAFETY: tgkill takes integers; the thread group is this process, so the signal can
+        // only reach one of its own threads.
+        let r = unsafe { libc::syscall(libc::SYS_tgkill, pid, tid, sig) };
+        if r == 0 {
+            asked += 1;
+        }
+        // ESRCH: the thread ended; it holds nothing any more.
+    }
+    let start = Instant::now();
+    let answered = || RESTRICTED.load(Ordering::SeqCst) + FAILED.load(Ordering::SeqCst);
+    while answered() < asked && start.elapsed() < ANSWER_TIME {
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    let (done, failed) = (
+        RESTRICTED.load(Ordering::SeqCst),
+        FAILED.load(Ordering::SeqCst),
+    );
+    // Ignored from now on, not reset: a late signal still pending would otherwise take the
+    // default action of a real-time signal, which ends the process.
+    // SAFETY: SIG_IGN needs no handler.
+    unsafe { libc::signal(sig, libc::SIG_IGN) };
+    if failed > 0 || done < asked {
+        return Err(ConfineError::Landlock(format!(
+            "{} of {asked} older threads did not restrict themselves ({failed} refused)",
+            asked - done
+        )));
+    }
+    Ok(threads.len())
+}

@@ -195,7 +195,7 @@ pub fn serve<B: DeviceBackend>(
         || format!("fd {}", listen.fd.unwrap_or(-1)),
         |p| p.display().to_string(),
     );
-    eprintln!("outboard: {what} serving vfio-user on {where_}");
+    outboard_sys::errln!("outboard: {what} serving vfio-user on {where_}");
     if let Some(code) = confine.apply(outboard_confine::Role::DeviceModel)? {
         return Ok(code);
     }
@@ -218,6 +218,6 @@ pub fn serve<B: DeviceBackend>(
         .transpose()
         .map_err(|e| format!("--notify-fd: {e}"))?;
     server.run(&stop).map_err(|e| e.to_string())?;
-    eprintln!("outboard: stopped");
+    outboard_sys::errln!("outboard: stopped");
     Ok(ExitCode::SUCCESS)
 }

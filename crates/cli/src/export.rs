@@ -130,7 +130,7 @@ pub fn run(c: ExportCommand, control: PathBuf) -> Result<ExitCode, String> {
             Listen::Unix(p) => format!("nbd{s}+unix:///{}?socket={}", e.name, p.display()),
             Listen::Tcp(addr) => format!("nbd{s}://{addr}/{}", e.name),
         };
-        println!(
+        outboard_sys::outln!(
             "exporting {} ({} bytes, {}-byte blocks{}) at {uri}",
             e.name,
             e.size,

@@ -167,9 +167,24 @@ fn init_logging(verbose: u8) {
     // Colour only for a person at a terminal: a log file or a pipe gets plain text.
     tracing_subscriber::fmt()
         .with_env_filter(filter)
-        .with_writer(std::io::stderr)
+        .with_writer(|| LogWriter)
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
+}
+
+/// Standard error for the log, where a failed write is dropped: the subscriber would report
+/// one with `eprintln!`, which panics when stderr is a closed pipe — a manager whose terminal
+/// went away would die on its next log line instead of supervising on.
+struct LogWriter;
+
+impl std::io::Write for LogWriter {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        let _ = std::io::stderr().write_all(buf);
+        Ok(buf.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
 }
 
 impl Command {
@@ -227,7 +242,13 @@ fn main() -> ExitCode {
     match result {
         Ok(code) => code,
         Err(e) => {
-            eprintln!("outboard: {e}");
+            // An error may carry words a driver server, model or manager reported: shown
+            // escaped, line by line, so they cannot draw on the terminal.
+            let e: Vec<_> = e
+                .lines()
+                .map(|l| outboard_client::registry::printable(l).into_owned())
+                .collect();
+            outboard_sys::errln!("outboard: {}", e.join("\n"));
             ExitCode::FAILURE
         }
     }

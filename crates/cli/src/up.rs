@@ -166,7 +166,7 @@ pub fn up(a: UpArgs, control: PathBuf, verbose: u8) -> Result<ExitCode, String> 
     };
     let (abi, landlock) = outboard_confine::sandbox::kernel_support();
     if abi < 8 {
-        eprintln!(
+        outboard_sys::errln!(
             "outboard: note: this kernel has Landlock ABI {abi}: {landlock}. Each child's log \
              says what it got; --require-confinement makes children refuse to serve with less"
         );
@@ -174,29 +174,29 @@ pub fn up(a: UpArgs, control: PathBuf, verbose: u8) -> Result<ExitCode, String> 
     let mut m = Manager::start(machine, opts).map_err(|e| e.to_string())?;
     let mut devices = Vec::new();
     class_devices(m.registry(), &mut devices);
-    println!("{}", m.registry().render());
+    outboard_sys::outln!("{}", m.registry().render());
     let env = if control == outboard_manager::default_control() {
         String::new()
     } else {
         format!("OUTBOARD_CONTROL={} ", control.display())
     };
-    println!("outboard is up; control socket {}", control.display());
-    println!("Try, in another terminal:");
-    println!("  {env}outboard ls");
+    outboard_sys::outln!("outboard is up; control socket {}", control.display());
+    outboard_sys::outln!("Try, in another terminal:");
+    outboard_sys::outln!("  {env}outboard ls");
     // One device of each class, with what its class's commands look like.
     let mut shown = Vec::new();
     for (class, name) in &devices {
         if !shown.contains(class) {
             shown.push(class.clone());
             for line in crate::classes::try_lines(class, name) {
-                println!("  {env}{line}");
+                outboard_sys::outln!("  {env}{line}");
             }
         }
     }
-    println!("Ctrl-C stops every device and driver.");
+    outboard_sys::outln!("Ctrl-C stops every device and driver.");
     m.run(&stop).map_err(|e| e.to_string())?;
     m.shutdown();
-    println!("outboard: stopped");
+    outboard_sys::outln!("outboard: stopped");
     Ok(ExitCode::SUCCESS)
 }
 
@@ -213,7 +213,7 @@ fn class_devices(n: &outboard_manager::registry::Node, out: &mut Vec<(String, St
 pub fn ls(a: LsArgs, control: PathBuf) -> Result<ExitCode, String> {
     let tree = outboard_manager::open::registry(&control).map_err(|e| e.to_string())?;
     if a.json {
-        println!(
+        outboard_sys::outln!(
             "{}",
             serde_json::to_string_pretty(&tree).map_err(|e| e.to_string())?
         );
@@ -231,7 +231,7 @@ pub fn attach(a: AttachArgs, control: PathBuf) -> Result<ExitCode, String> {
         .transpose()?;
     let node = outboard_client::manager::attach(&control, a.device.as_deref(), text.as_deref())
         .map_err(|e| e.to_string())?;
-    println!("{}", node.render().trim_end());
+    outboard_sys::outln!("{}", node.render().trim_end());
     Ok(ExitCode::SUCCESS)
 }
 
@@ -289,7 +289,7 @@ fn settle(
     let mut now = first;
     loop {
         if let Some(done) = settled(&now).map_err(|e| format!("{device}: {e}"))? {
-            println!("{device}: {done}");
+            outboard_sys::outln!("{device}: {done}");
             return Ok(ExitCode::SUCCESS);
         }
         if let Ok(n) = &now {
@@ -386,7 +386,7 @@ pub fn driver_host(a: DriverHostArgs) -> Result<ExitCode, String> {
     server.set_deadline(std::time::Duration::from_millis(a.deadline_ms));
     // A confined server cannot open its device again: a failure ends it, for its supervisor.
     server.set_restartable(a.restartable || a.confine.confined());
-    eprintln!(
+    outboard_sys::errln!(
         "outboard: driver server for {} listening on {listening}",
         names.join(", ")
     );
@@ -412,6 +412,6 @@ pub fn driver_host(a: DriverHostArgs) -> Result<ExitCode, String> {
         return Ok(code);
     }
     server.run(&stop).map_err(|e| e.to_string())?;
-    eprintln!("outboard: driver server stopped ({:?})", server.stats());
+    outboard_sys::errln!("outboard: driver server stopped ({:?})", server.stats());
     Ok(ExitCode::SUCCESS)
 }

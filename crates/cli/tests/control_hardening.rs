@@ -176,3 +176,96 @@ fn up_refuses_a_runtime_directory_another_user_made_first_and_writes_nothing() {
     assert!(err.contains("owned by uid 65534"), "{err}");
     assert_eq!(std::fs::read_dir(&rt).unwrap().count(), 0);
 }
+
+#[test]
+fn a_manager_whose_terminal_went_away_keeps_supervising() {
+    let dir = tempfile::tempdir().unwrap();
+    let machine = dir.path().join("machine.toml");
+    std::fs::write(
+        &machine,
+        "name = \"m\"\n[[device]]\nname = \"disk0\"\nmodel = \"virtio-blk\"\n\
+         backing = \"mem:8M\"\nrestarts = 0\n",
+    )
+    .unwrap();
+    let control = dir.path().join("rt/control.sock");
+    let ls = || {
+        common::run_bounded(
+            Command::new(EXE)
+                .arg("ls")
+                .env("OUTBOARD_CONTROL", &control),
+            Duration::from_secs(20),
+        )
+    };
+    // Its stdout and stderr are pipes whose readers go away (a closed terminal, `| tee`
+    // interrupted): with SIGPIPE ignored, each later message meets EPIPE.
+    let mut up = Command::new(EXE)
+        .arg("up")
+        .arg("--machine")
+        .arg(&machine)
+        .env("OUTBOARD_CONTROL", &control)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    struct Stop(std::process::Child);
+    impl Drop for Stop {
+        fn drop(&mut self) {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+    assert!(eventually(Duration::from_secs(30), || ls()
+        .status
+        .success()));
+    drop(up.stdout.take());
+    drop(up.stderr.take());
+    let up = Stop(up);
+    let pid = up.0.id();
+    let servers = common::children_running(pid, "driver-host");
+    assert_eq!(servers.len(), 1);
+    // With restarts = 0 this death gives the device up, which the manager says on stderr.
+    assert!(common::signal_child_of(
+        pid,
+        servers[0],
+        rustix::process::Signal::KILL
+    ));
+    let given_up = || String::from_utf8_lossy(&ls().stdout).contains("gave up");
+    assert!(
+        eventually(Duration::from_secs(20), given_up),
+        "not given up"
+    );
+    std::thread::sleep(Duration::from_millis(300));
+    assert!(ls().status.success(), "the manager stopped answering");
+    let back = common::run_bounded(
+        Command::new(EXE)
+            .args(["restart", "disk0"])
+            .env("OUTBOARD_CONTROL", &control),
+        Duration::from_secs(30),
+    );
+    assert!(back.status.success(), "{back:?}");
+}
+
+#[test]
+fn a_control_group_admits_its_supplementary_members_and_no_one_else() {
+    let dir = tempfile::tempdir().unwrap();
+    let up = Up::start_with(dir.path(), None, |c| {
+        c.args(["--control-group", "4242"]);
+    });
+    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o711)).unwrap();
+    let as_nobody = |groups: &str| {
+        common::run_bounded(
+            Command::new("setpriv")
+                .args(["--reuid=65534", "--regid=65534", groups])
+                .arg(EXE)
+                .arg("ls")
+                .env("OUTBOARD_CONTROL", &up.control),
+            Duration::from_secs(20),
+        )
+    };
+    // A member through a supplementary group, the way `usermod -aG` makes members.
+    let member = as_nobody("--groups=4242");
+    assert!(member.status.success(), "{member:?}");
+    let stranger = as_nobody("--clear-groups");
+    assert!(!stranger.status.success(), "{stranger:?}");
+}

@@ -23,7 +23,14 @@ pub fn ask(control_path: &Path, req: &Request) -> Result<Reply, Refusal> {
     })?;
     let fd = std::os::fd::AsFd::as_fd(&sock);
     manager_is_trusted(fd, control_path)?;
-    control::send(fd, req, &[]).map_err(|e| Refusal::new(Code::Protocol, e.to_string()))?;
+    if let Err(e) = control::send(fd, req, &[]) {
+        // A manager that does not serve this user answers at once and hangs up: its refusal
+        // may be waiting even though the request could not be sent.
+        return match control::recv(fd, Some(Duration::from_millis(100))) {
+            Ok((reply, _)) => Ok(reply),
+            Err(_) => Err(Refusal::new(Code::Protocol, e.to_string())),
+        };
+    }
     let (reply, _) = control::recv(fd, Some(Duration::from_secs(10)))
         .map_err(|e| Refusal::new(Code::Protocol, e.to_string()))?;
     Ok(reply)

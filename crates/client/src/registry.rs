@@ -110,12 +110,12 @@ impl Node {
 /// reports (a device's failure, an export's peer) cannot move the cursor, clear the screen or
 /// start a fake line in a terminal showing the registry. The JSON view escapes by itself.
 pub fn printable(s: &str) -> std::borrow::Cow<'_, str> {
-    if !s.chars().any(char::is_control) {
+    if !s.chars().any(unsafe_to_show) {
         return s.into();
     }
     s.chars()
         .map(|c| {
-            if c.is_control() {
+            if unsafe_to_show(c) {
                 c.escape_unicode().to_string()
             } else {
                 c.to_string()
@@ -123,6 +123,18 @@ pub fn printable(s: &str) -> std::borrow::Cow<'_, str> {
         })
         .collect::<String>()
         .into()
+}
+
+/// A character that would change how the rest of the line looks rather than show itself:
+/// control characters (ESC, CR, LF, C1), the line and paragraph separators, and the invisible
+/// format characters that reorder or hide text (bidirectional overrides and isolates, zero-
+/// width characters, the soft hyphen, the byte-order mark, interlinear annotation marks).
+fn unsafe_to_show(c: char) -> bool {
+    c.is_control()
+        || matches!(c,
+            '\u{00AD}' | '\u{061C}' | '\u{180E}' | '\u{200B}'..='\u{200F}'
+            | '\u{2028}'..='\u{202E}' | '\u{2060}'..='\u{206F}' | '\u{FEFF}'
+            | '\u{FFF9}'..='\u{FFFB}')
 }
 
 #[cfg(test)]
@@ -140,6 +152,18 @@ mod tests {
         assert_eq!(s.lines().count(), 2, "{s}");
         assert!(!s.chars().any(|c| c.is_control() && c != '\n'), "{s:?}");
         assert!(s.contains("\\u{1b}[2J"), "{s}");
+    }
+
+    #[test]
+    fn text_that_reorders_or_hides_itself_is_shown_escaped() {
+        let t = Node::new("driver", "d")
+            .with("state", "running\u{202e}deliaf")
+            .with("why", "a\u{2028}b\u{200b}c");
+        let s = t.render();
+        for c in ['\u{202e}', '\u{2028}', '\u{200b}'] {
+            assert!(!s.contains(c), "{s:?}");
+        }
+        assert!(s.contains("\\u{202e}"), "{s}");
     }
 
     #[test]

@@ -4,6 +4,7 @@
 
 use std::fs::{File, OpenOptions};
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::os::unix::fs::OpenOptionsExt;
 use std::path::PathBuf;
 
 use rustix::fs::{FallocateFlags, MemfdFlags};
@@ -123,10 +124,12 @@ impl Backing {
                     if read_only {
                         return Err(bad("a read-only disk is not created: make the file first"));
                     }
+                    // A disk's bytes are its owner's alone, whatever the umask.
                     let f = OpenOptions::new()
                         .read(true)
                         .write(true)
                         .create_new(true)
+                        .mode(0o600)
                         .open(&path)
                         .map_err(io)?;
                     f.set_len(create_size.unwrap_or(0)).map_err(io)?;
@@ -239,6 +242,16 @@ mod tests {
         assert_eq!(parse_size("1g"), Some(1 << 30));
         assert_eq!(parse_size("x"), None);
         assert_eq!(parse_size("99999999999T"), None);
+    }
+
+    #[test]
+    fn a_created_disk_is_readable_by_its_owner_only() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("new.img");
+        Backing::open(path.to_str().unwrap(), Some(1 << 20)).unwrap();
+        let mode = std::fs::metadata(&path).unwrap().permissions().mode() & 0o777;
+        assert_eq!(mode, 0o600);
     }
 
     #[test]

@@ -28,9 +28,12 @@ impl Manager {
                 return;
             }
         };
-        let denied = control_peer_allowed(conn.as_fd(), self.opts.control_group).err();
-        if let Some(why) = &denied {
+        // A client the manager does not serve is told why at once and let go: it holds no
+        // slot among the control connections (which a flood of them would otherwise fill).
+        if let Err(why) = control_peer_allowed(conn.as_fd(), self.opts.control_group) {
             self.log_accept(now, &format!("control socket: {why}"));
+            let _ = control::try_send(conn.as_fd(), &refuse(Code::Denied, why), &[]);
+            return;
         }
         let slot = match self.conns.iter().position(Option::is_none) {
             Some(i) => i,
@@ -42,10 +45,6 @@ impl Manager {
         if work.add(conn.as_fd(), Source::Conn(slot)).is_ok() {
             self.conns[slot] = Some(conn);
             self.accepted.push_back(slot);
-            match denied {
-                Some(why) => self.denied.insert(slot, why),
-                None => self.denied.remove(&slot),
-            };
         }
     }
 
@@ -82,13 +81,6 @@ impl Manager {
             return;
         };
         let reply = match control::recv::<Request>(conn.as_fd(), Some(Duration::ZERO)) {
-            // A client the manager does not serve is told why, and nothing else.
-            Ok(_) if self.denied.contains_key(&i) => {
-                let why = self.denied.remove(&i).unwrap_or_default();
-                let _ = control::try_send(conn.as_fd(), &refuse(Code::Denied, why), &[]);
-                self.close_conn(work, i);
-                return;
-            }
             Ok((req, _)) => self.answer(req, work),
             Err(outboard_session::SessionError::Timeout) => return,
             Err(outboard_session::SessionError::Invalid(m)) => refuse(Code::Invalid, m),
@@ -110,7 +102,6 @@ impl Manager {
             let _ = work.remove(conn.as_fd());
         }
         self.accepted.retain(|&s| s != i);
-        self.denied.remove(&i);
     }
 
     pub(crate) fn answer(&mut self, req: Request, work: &mut WorkLoop<Source>) -> Reply {
@@ -270,8 +261,19 @@ pub(crate) fn control_peer_allowed(conn: BorrowedFd<'_>, group: Option<u32>) -> 
         .map_err(|e| format!("cannot tell who connected: {e}"))?;
     let (uid, gid) = (cred.uid.as_raw(), cred.gid.as_raw());
     let me = rustix::process::geteuid().as_raw();
-    if uid == 0 || uid == me || group.is_some_and(|g| g == gid) {
+    if uid == 0 || uid == me {
         return Ok(());
+    }
+    if let Some(g) = group {
+        // A member is one whose primary or any supplementary group it is (most members are
+        // supplementary: `usermod -aG`).
+        if gid == g
+            || outboard_sys::process::peer_groups(conn)
+                .map_err(|e| format!("cannot tell the groups of who connected: {e}"))?
+                .contains(&g)
+        {
+            return Ok(());
+        }
     }
     Err(format!(
         "uid {uid} (pid {}) may not use this manager: only uid {me}, root{} may",

@@ -95,7 +95,7 @@ impl ConfineArgs {
             memory: self.max_memory,
         };
         let report = outboard_confine::confine(role, caps).map_err(|e| e.to_string())?;
-        eprintln!("outboard: {report}");
+        outboard_sys::errln!("outboard: {report}");
         if !report.landlock_complete {
             if self.require_confinement {
                 return Err(format!(
@@ -103,7 +103,7 @@ impl ConfineArgs {
                     report.landlock
                 ));
             }
-            eprintln!(
+            outboard_sys::errln!(
                 "outboard: warning: Landlock is not complete here (landlock {}); the seccomp \
                  filter still holds on every thread. --require-confinement refuses to run so",
                 report.landlock
@@ -112,9 +112,9 @@ impl ConfineArgs {
         let Some(targets) = targets else {
             return Ok(None);
         };
-        let attempts = outboard_confine::probe::attempts(&targets, |a| println!("{a}"));
+        let attempts = outboard_confine::probe::attempts(&targets, |a| outboard_sys::outln!("{a}"));
         let escaped = attempts.iter().filter(|a| !a.denied()).count();
-        println!(
+        outboard_sys::outln!(
             "{} of {} attempts refused",
             attempts.len() - escaped,
             attempts.len()

@@ -106,9 +106,6 @@ pub struct Manager {
     /// Slots of `conns` in the order they were accepted: the oldest gives way when the
     /// manager holds as many connections as it may.
     accepted: std::collections::VecDeque<usize>,
-    /// Connections from peers the manager does not serve, and why: their first request is
-    /// answered with the reason, then they are closed.
-    denied: std::collections::HashMap<usize, String>,
     /// `accept` ran out of descriptors: not tried again before this instant.
     accept_paused: Option<std::time::Instant>,
     /// The last time a refused or failed `accept` was logged (once per interval, whatever
@@ -211,7 +208,6 @@ impl Manager {
             created: Vec::new(),
             conns: Vec::new(),
             accepted: Default::default(),
-            denied: Default::default(),
             accept_paused: None,
             accept_logged: None,
             suspended: Default::default(),
@@ -253,7 +249,7 @@ impl Manager {
         for p in self.procs.iter_mut().rev() {
             // One that died on its own before we asked: its log explains why.
             if p.reap() {
-                eprintln!(
+                outboard_sys::errln!(
                     "outboard: {} (pid {}) had exited: {}; see {}",
                     p.role,
                     p.pid(),

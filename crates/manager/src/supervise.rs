@@ -282,7 +282,7 @@ impl Manager {
                     devices.first().map(String::as_str).unwrap_or("DEVICE")
                 );
                 tracing::error!("{why}");
-                eprintln!("outboard: {why}");
+                outboard_sys::errln!("outboard: {why}");
                 self.procs[i].gave_up = Some(why.clone());
                 // Given up is not forever: tried again on a slow schedule.
                 self.procs[i].restart_at = Some(now + retry);
@@ -623,7 +623,7 @@ impl Manager {
                     policy.retry
                 );
                 tracing::error!("{why}");
-                eprintln!("outboard: {why}");
+                outboard_sys::errln!("outboard: {why}");
                 self.procs[i].gave_up = Some(why.clone());
                 self.procs[i].restart_at = Some(now + policy.retry);
                 why

@@ -96,6 +96,11 @@ pub fn parse_psk(text: &str) -> Result<std::collections::HashMap<String, Vec<u8>
         if hex.is_empty() || hex.len() % 2 != 0 || hex.len() > 2 * 256 {
             return Err(at("a key of 1 to 256 bytes, in hexadecimal"));
         }
+        // Checked before it is cut in pairs: a pair boundary inside a multi-byte character
+        // would not be a character boundary.
+        if !hex.bytes().all(|b| b.is_ascii_hexdigit()) {
+            return Err(at("the key is not hexadecimal"));
+        }
         let key = (0..hex.len())
             .step_by(2)
             .map(|i| u8::from_str_radix(&hex[i..i + 2], 16))
@@ -175,6 +180,7 @@ mod tests {
         for (bad, says) in [
             ("alice\n", "line 1: expected"),
             ("alice:xyz0\n", "not hexadecimal"),
+            ("alice:0\u{e9}0\n", "not hexadecimal"),
             ("alice:abc\n", "in hexadecimal"),
             (":00\n", "an identity"),
             ("a:00\na:01\n", "line 2: identity \"a\" appears twice"),

@@ -12,3 +12,23 @@ pub mod units;
 pub mod wait;
 
 pub use sockpath::{bind_listener, is_live, SockPathError, SocketPath};
+
+/// `println!` for processes that serve others: a closed stdout (the terminal or pipe it was
+/// started on went away) is not a reason to stop serving. `println!` panics on a write error,
+/// and with SIGPIPE ignored a closed pipe is one.
+#[macro_export]
+macro_rules! outln {
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        let _ = writeln!(std::io::stdout(), $($arg)*);
+    }};
+}
+
+/// `eprintln!` for processes that serve others (see [`outln!`]).
+#[macro_export]
+macro_rules! errln {
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        let _ = writeln!(std::io::stderr(), $($arg)*);
+    }};
+}

@@ -134,3 +134,34 @@ pub fn ignore_sigpipe() {
         libc::signal(libc::SIGPIPE, libc::SIG_IGN);
     }
 }
+
+/// The supplementary groups of the process at the other end of a UNIX socket, as the kernel
+/// recorded them when it connected (`SO_PEERGROUPS`; the peer cannot forge them).
+pub fn peer_groups(conn: std::os::fd::BorrowedFd<'_>) -> std::io::Result<Vec<u32>> {
+    use std::os::fd::AsRawFd;
+    let mut groups = vec![0u32; 64];
+    loop {
+        let mut len = (groups.len() * 4) as libc::socklen_t;
+        // SAFETY: the buffer is `len` bytes of writable memory owned by `groups`; the kernel
+        // writes at most `len` bytes and sets `len` to what it wrote (or needs, on ERANGE).
+        let r = unsafe {
+            libc::getsockopt(
+                conn.as_raw_fd(),
+                libc::SOL_SOCKET,
+                libc::SO_PEERGROUPS,
+                groups.as_mut_ptr().cast(),
+                &mut len,
+            )
+        };
+        if r == 0 {
+            groups.truncate(len as usize / 4);
+            return Ok(groups);
+        }
+        let e = std::io::Error::last_os_error();
+        if e.raw_os_error() == Some(libc::ERANGE) && (len as usize / 4) > groups.len() {
+            groups.resize(len as usize / 4, 0);
+            continue;
+        }
+        return Err(e);
+    }
+}

@@ -155,6 +155,7 @@ impl Channel {
         timeout: Duration,
     ) -> Result<(Self, serde_json::Value), ChannelError> {
         let sock = control::connect(server)?;
+        crate::manager::manager_is_trusted(sock.as_fd(), server).map_err(ChannelError::Refused)?;
         let pass: Vec<BorrowedFd<'_>> = kept.as_ref().and_then(|b| b.fd()).into_iter().collect();
         control::send(sock.as_fd(), req, &pass)?;
         let (reply, fds) = control::recv(sock.as_fd(), Some(timeout))?;

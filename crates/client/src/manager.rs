@@ -37,8 +37,9 @@ pub fn ask(control_path: &Path, req: &Request) -> Result<Reply, Refusal> {
 }
 
 /// Whether the process serving `control_path` runs as this user or as root: a socket another
-/// user put where clients look (a runtime directory they made first) is not talked to.
-fn manager_is_trusted(
+/// user put where clients look (a runtime directory they made first) is not talked to. The
+/// same holds for a driver server's session socket (which the manager binds).
+pub(crate) fn manager_is_trusted(
     sock: std::os::fd::BorrowedFd<'_>,
     control_path: &Path,
 ) -> Result<(), Refusal> {

@@ -253,3 +253,49 @@ fn a_request_that_crashes_the_device_every_time_fails_alone_after_three_crashes(
     assert!(!state(&driver(&up)).contains("gave up"));
     println!("the poisoned request failed after {took:?}");
 }
+
+#[test]
+fn a_driver_that_hangs_now_and_then_but_serves_between_is_never_given_up() {
+    let dir = tempfile::tempdir().unwrap();
+    let machine = format!("{MACHINE}heartbeat = \"300ms\"\n");
+    let up = Up::start(dir.path(), Some(&machine));
+    let up_pid = up.child.as_ref().unwrap().id();
+    let stop = Arc::new(AtomicBool::new(false));
+    let w = Workload {
+        depth: 4,
+        blocks: 256,
+        flush_every: 50,
+    };
+    let clients = common::verified_clients(&up, "disk0", 0..2, w, &stop);
+    // More hangs than the give-up budget allows crashes without progress.
+    for round in 0..7 {
+        assert!(
+            eventually(Duration::from_secs(30), || state(&driver(&up))
+                .starts_with("running")),
+            "round {round}: {:#}",
+            driver(&up)
+        );
+        // It serves a while, then stops answering (SIGSTOP: the heartbeat stops too).
+        std::thread::sleep(Duration::from_millis(400));
+        let servers = common::children_running(up_pid, "driver-host");
+        assert_eq!(servers.len(), 1);
+        assert!(common::signal_child_of(up_pid, servers[0], Signal::STOP));
+        let killed = eventually(Duration::from_secs(10), || {
+            !common::children_of(up_pid).contains(&servers[0])
+        });
+        // Never left stopped, whatever the outcome.
+        common::signal_child_of(up_pid, servers[0], Signal::CONT);
+        assert!(killed, "round {round}: the hung server was not killed");
+    }
+    assert!(
+        eventually(Duration::from_secs(30), || state(&driver(&up))
+            .starts_with("running")),
+        "{:#}",
+        driver(&up)
+    );
+    std::thread::sleep(Duration::from_millis(300));
+    stop.store(true, Ordering::Relaxed);
+    common::verified_clean(clients);
+    let d = driver(&up);
+    assert!(!state(&d).contains("gave up"), "{d:#}");
+}

@@ -414,14 +414,15 @@ impl Manager {
             if let Some(hb) = self.procs[i].heartbeat.as_mut() {
                 let still = hb.still_for(now);
                 let limit = self.policy(&kind).heartbeat;
-                if still > limit && self.procs[i].exited.is_none() {
+                if still > limit && self.procs[i].exited.is_none() && !self.procs[i].hung {
                     let p = &mut self.procs[i];
                     tracing::error!(
                         "{} (pid {}) is hung: its loop has not turned for {still:?}; killing it",
                         p.role,
                         p.pid()
                     );
-                    p.heartbeat = None;
+                    // The heartbeat page stays until the death is weighed: whether this
+                    // incarnation served, and which request was in the device, are on it.
                     p.hung = true;
                     let _ = rustix::process::kill_process(
                         rustix::process::Pid::from_child(&p.child),

@@ -299,3 +299,74 @@ fn a_driver_that_hangs_now_and_then_but_serves_between_is_never_given_up() {
     let d = driver(&up);
     assert!(!state(&d).contains("gave up"), "{d:#}");
 }
+
+/// Waits (at most `limit`) for a device model of `up` other than `old`; returns its pid.
+fn next_model(up_pid: u32, old: u32, limit: Duration) -> Option<u32> {
+    let end = Instant::now() + limit;
+    while Instant::now() < end {
+        if let Some(&p) = common::children_running(up_pid, "device")
+            .iter()
+            .find(|&&p| p != old)
+        {
+            return Some(p);
+        }
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    None
+}
+
+#[test]
+fn a_model_that_dies_or_hangs_while_it_restarts_neither_blocks_the_manager_nor_sticks() {
+    let dir = tempfile::tempdir().unwrap();
+    let up = Up::start(dir.path(), Some(MACHINE));
+    let up_pid = up.child.as_ref().unwrap().id();
+    let w = up.run_with_input(&["blk", "write", "disk0", "--offset", "0"], b"kept bytes");
+    assert!(w.status.success());
+    for (round, sig) in [Signal::KILL, Signal::STOP].into_iter().enumerate() {
+        let model = common::children_running(up_pid, "device")[0];
+        assert!(common::signal_child_of(up_pid, model, Signal::KILL));
+        // Its replacement, caught while it starts.
+        let next = next_model(up_pid, model, Duration::from_secs(10)).expect("no new model");
+        assert!(common::signal_child_of(up_pid, next, sig));
+        // The manager answers meanwhile.
+        let t = Instant::now();
+        let ls = up.run_within(&["ls"], Duration::from_secs(30));
+        assert!(ls.status.success());
+        assert!(
+            t.elapsed() < Duration::from_secs(3),
+            "round {round}: ls took {:?} while a model started",
+            t.elapsed()
+        );
+        let back = eventually(Duration::from_secs(40), || {
+            state(&driver(&up)).starts_with("running")
+                && up
+                    .run(&["blk", "read", "disk0", "--offset", "0", "--length", "10"])
+                    .stdout
+                    == b"kept bytes"
+        });
+        common::signal_child_of(up_pid, next, Signal::CONT);
+        assert!(back, "round {round}: not back: {:#}", driver(&up));
+    }
+}
+
+#[test]
+fn restart_by_hand_works_even_where_automatic_restarts_are_off() {
+    let dir = tempfile::tempdir().unwrap();
+    let up = Up::start(dir.path(), Some(&format!("{MACHINE}restarts = 0\n")));
+    let w = up.run_with_input(&["blk", "write", "disk0", "--offset", "0"], b"by hand");
+    assert!(w.status.success());
+    let out = up.run_within(&["restart", "disk0"], Duration::from_secs(30));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        eventually(Duration::from_secs(20), || state(&driver(&up))
+            .starts_with("running")),
+        "{:#}",
+        driver(&up)
+    );
+    let r = up.run(&["blk", "read", "disk0", "--offset", "0", "--length", "7"]);
+    assert_eq!(r.stdout, b"by hand");
+}

@@ -91,6 +91,10 @@ enum Source {
 /// few milliseconds of it serving (they poll for it every millisecond), this is ample.
 const LOCK_GRACE: Duration = Duration::from_millis(250);
 
+/// How long a restarted device model has to come into service before it is killed (and the
+/// attempt counted as a crash without progress).
+const MODEL_START_TIME: Duration = Duration::from_secs(10);
+
 /// A running machine.
 pub struct Manager {
     machine: Machine,

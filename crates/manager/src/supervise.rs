@@ -91,6 +91,11 @@ impl Manager {
             {
                 self.serving(i, fds, startup)
             }
+            Ok((control::Event::Serving { .. }, _))
+                if matches!(self.procs[i].kind, supervisor::Kind::Model { .. }) =>
+            {
+                self.model_serving(i)
+            }
             Ok((control::Event::Serving { .. }, _)) => {}
             Ok((control::Event::ExportClients { export, clients }, _)) => {
                 self.procs[i].served = true;
@@ -187,17 +192,20 @@ impl Manager {
             let _ = work.remove(ev.as_fd());
         }
         // Progress, read before the heartbeat page goes: a server whose loop turned after it
-        // said it serves; a model that came into service. A restart an operator asked for
-        // counts as progress too.
+        // said it serves; a model that came into service. A restart an operator asked for is
+        // planned: started again whatever the policy.
         let p = &self.procs[i];
-        let progressed = p.planned
-            || match &p.kind {
-                supervisor::Kind::Server { .. } => {
-                    p.served && p.heartbeat.as_ref().is_some_and(|h| h.turned())
-                }
-                _ => p.served,
-            };
-        let death = supervisor::Death::of(p.exited, progressed, p.hung);
+        let progressed = match &p.kind {
+            supervisor::Kind::Server { .. } => {
+                p.served && p.heartbeat.as_ref().is_some_and(|h| h.turned())
+            }
+            _ => p.served,
+        };
+        let death = if p.planned {
+            supervisor::Death::Planned
+        } else {
+            supervisor::Death::of(p.exited, progressed, p.hung)
+        };
         if matches!(p.kind, supervisor::Kind::Server { .. }) {
             let fault = supervisor::is_fault(p.exited, p.hung) || p.model_crashed;
             let blame = p.heartbeat.as_ref().and_then(supervisor::Heartbeat::blame);
@@ -369,7 +377,10 @@ impl Manager {
         const ISOLATE: Duration = Duration::from_secs(2);
         let p = &mut self.procs[i];
         if !fault {
-            if death == supervisor::Death::AfterProgress {
+            if matches!(
+                death,
+                supervisor::Death::AfterProgress | supervisor::Death::Planned
+            ) {
                 if let Some(s) = p.server.as_mut() {
                     s.isolate_ms = 0;
                     s.quarantine.clear();
@@ -406,7 +417,8 @@ impl Manager {
         }
     }
 
-    /// Starts what is due to restart, and kills driver servers whose heartbeat stopped.
+    /// Starts what is due to restart, kills driver servers whose heartbeat stopped and
+    /// restarted models that do not come into service.
     pub(crate) fn supervise(&mut self, work: &mut WorkLoop<Source>) {
         let now = std::time::Instant::now();
         for i in 0..self.procs.len() {
@@ -439,14 +451,27 @@ impl Manager {
                     }
                 }
             }
+            let p = &mut self.procs[i];
+            if p.serve_by.is_some_and(|by| by <= now) && p.exited.is_none() && !p.hung {
+                tracing::error!(
+                    "{} (pid {}) did not come into service within {MODEL_START_TIME:?}; killing it",
+                    p.role,
+                    p.pid()
+                );
+                p.hung = true;
+                let _ = rustix::process::kill_process(
+                    rustix::process::Pid::from_child(&p.child),
+                    rustix::process::Signal::KILL,
+                );
+            }
             if self.procs[i].restart_at.is_none_or(|at| at > now) {
                 continue;
             }
-            // A server starts only once its models run again.
+            // A server starts only once its models run again and are in service.
             let models_down = Self::devices_of(&kind).iter().any(|n| {
                 self.procs.iter().any(|m| {
                     m.kind == (supervisor::Kind::Model { device: n.clone() })
-                        && (m.restart_at.is_some() || m.exited.is_some())
+                        && (m.restart_at.is_some() || m.exited.is_some() || m.serve_by.is_some())
                 })
             });
             if matches!(kind, supervisor::Kind::Server { .. }) && models_down {
@@ -502,21 +527,15 @@ impl Manager {
         }
         let total = p.restarts.total;
         if let supervisor::Kind::Model { device } = &kind {
-            // The model is quick to start; its server waits for it.
-            let p = &mut self.procs[i];
-            if let Err(e) = p.wait_serving(Duration::from_secs(10)) {
-                tracing::error!("{e}");
-                return;
-            }
-            p.served = true;
-            p.restarts.served();
-            let down = p.down_since.take().map(|t| t.elapsed()).unwrap_or_default();
-            tracing::warn!("device model for {device} restarted (pid {pid}) in {down:?}");
+            // Its `Serving` event comes through the loop ([`Manager::model_serving`]); until
+            // then its driver server waits, and the loop goes on supervising and answering.
+            // One that is not in service in time is killed, like a hung server.
+            self.procs[i].serve_by = Some(std::time::Instant::now() + MODEL_START_TIME);
             if let Some(f) = self
                 .registry
                 .find_mut("pci-function", &format!("{device}@vfio-user"))
             {
-                f.set("state", "running");
+                f.set("state", "starting");
                 f.set("pid", pid);
                 f.set("restarts", total);
             }
@@ -535,6 +554,30 @@ impl Manager {
                 }
             }
             self.set_state(&devices, "starting", "restarting");
+        }
+    }
+
+    /// Restarted device model `i` is in service: its driver server may start.
+    pub(crate) fn model_serving(&mut self, i: usize) {
+        let p = &mut self.procs[i];
+        if p.serve_by.take().is_none() {
+            // Its first start was waited for where it was launched.
+            return;
+        }
+        p.served = true;
+        p.restarts.served();
+        let (pid, down) = (p.pid(), p.down_since.take().map(|t| t.elapsed()));
+        if let supervisor::Kind::Model { device } = p.kind.clone() {
+            tracing::warn!(
+                "device model for {device} restarted (pid {pid}) in {:?}",
+                down.unwrap_or_default()
+            );
+            if let Some(f) = self
+                .registry
+                .find_mut("pci-function", &format!("{device}@vfio-user"))
+            {
+                f.set("state", "running");
+            }
         }
     }
 

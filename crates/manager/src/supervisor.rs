@@ -52,8 +52,11 @@ pub struct Process {
     pub heartbeat: Option<Heartbeat>,
     /// This incarnation reported that it serves.
     pub served: bool,
-    /// This incarnation was killed because its heartbeat stopped.
+    /// This incarnation was killed because its heartbeat stopped (a driver server), or because
+    /// it did not come into service in time (a restarted device model).
     pub hung: bool,
+    /// A restarted device model not yet in service: killed if it is not by then.
+    pub serve_by: Option<Instant>,
     /// This incarnation was ended on an operator's request (`outboard restart`): its death
     /// counts as progress.
     pub planned: bool,
@@ -155,6 +158,9 @@ impl Default for RestartPolicy {
 /// How an incarnation ended, as the restart policy weighs it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Death {
+    /// An operator ended it to start it again (`outboard restart`): started again at once,
+    /// whatever the policy (even `restarts = 0`, which turns automatic restarts off).
+    Planned,
     /// It had made progress: serving, its loop turning.
     AfterProgress,
     /// It crashed, exited or hung before making progress: the driver's own doing.
@@ -209,11 +215,11 @@ pub struct Restarts {
 impl Restarts {
     /// A death at `now`: how long to wait before starting it again, or `None` to give up.
     pub fn crashed(&mut self, now: Instant, p: &RestartPolicy, death: Death) -> Option<Duration> {
-        if p.limit == 0 {
+        if p.limit == 0 && death != Death::Planned {
             return None;
         }
         match death {
-            Death::AfterProgress => {
+            Death::Planned | Death::AfterProgress => {
                 // A working driver: at once, and the next death is a first again.
                 self.crashes.clear();
                 self.streak = 0;
@@ -652,6 +658,7 @@ impl Process {
             heartbeat: None,
             served: false,
             hung: false,
+            serve_by: None,
             planned: false,
             model_crashed: false,
             suspect: None,

@@ -151,6 +151,15 @@ fn a_given_up_device_says_why_fails_clients_at_once_keeps_its_bytes_and_comes_ba
         "{p:?}"
     );
     assert!(t.elapsed() < Duration::from_secs(3), "{:?}", t.elapsed());
+    // Nor is a suspension recorded for later: the restart below would bring it back
+    // suspended, and wait for it.
+    let p = up.run(&["power", "disk0", "suspend"]);
+    assert!(!p.status.success());
+    let e = String::from_utf8_lossy(&p.stderr);
+    assert!(
+        e.contains("given up") && e.contains("outboard restart"),
+        "{e}"
+    );
     // Back by hand, with the bytes.
     let r = up.run_within(&["restart", "disk0"], Duration::from_secs(40));
     assert!(r.status.success(), "{r:?}");

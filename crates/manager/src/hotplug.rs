@@ -358,6 +358,28 @@ impl Manager {
                 ),
             );
         }
+        // A device given up has no driver to quiesce: suspending it would only be recorded,
+        // and bring it back suspended from `outboard restart` later.
+        let given_up = self
+            .procs
+            .iter()
+            .filter(|p| {
+                p.kind.serves(name)
+                    || p.kind
+                        == supervisor::Kind::Model {
+                            device: name.to_string(),
+                        }
+            })
+            .find_map(|p| p.gave_up.clone());
+        if let (true, Some(why)) = (suspend, given_up) {
+            return refuse(
+                Code::DeviceFailed,
+                format!(
+                    "{name} cannot be suspended: it is given up ({why}). Bring it back with \
+                     `outboard restart {name}` first"
+                ),
+            );
+        }
         let was = self.suspended.contains(name);
         if suspend {
             self.suspended.insert(name.to_string());

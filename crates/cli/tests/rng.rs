@@ -173,3 +173,30 @@ fn find<'a>(n: &'a serde_json::Value, kind: &str, name: &str) -> Option<&'a serd
         .iter()
         .find_map(|c| find(c, kind, name))
 }
+
+#[test]
+fn an_nbd_export_of_an_entropy_device_is_refused_at_up() {
+    let dir = tempfile::tempdir().unwrap();
+    let machine = dir.path().join("machine.toml");
+    std::fs::write(
+        &machine,
+        "name = \"m\"\n[[device]]\nname = \"rng0\"\nmodel = \"virtio-rng\"\n\n\
+         [[export]]\ndevice = \"rng0\"\n",
+    )
+    .unwrap();
+    let out = common::run_bounded(
+        std::process::Command::new(common::EXE)
+            .arg("up")
+            .arg("--machine")
+            .arg(&machine)
+            .env("OUTBOARD_CONTROL", dir.path().join("rt/control.sock"))
+            .stdin(std::process::Stdio::null()),
+        Duration::from_secs(30),
+    );
+    assert!(!out.status.success(), "{out:?}");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("entropy class") && err.contains("serves block devices"),
+        "{err}"
+    );
+}

@@ -259,6 +259,11 @@ impl DriverHostArgs {
     }
 }
 
+impl ExportNbdArgs {
+    /// The class of the devices an NBD export serves.
+    pub const CLASS: &'static str = "block";
+}
+
 // `outboard export nbd`: what an export is started with (a plain comment: clap shows doc
 // comments as help).
 #[allow(missing_docs)]

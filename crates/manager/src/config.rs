@@ -13,10 +13,11 @@
 //! placement = "separate"  # "separate": driver in a server; "colocated": driver in the client
 //! server = "blk0"         # devices naming the same server share it ("grouped")
 //! request_deadline = "30s" # a request still in the device after this fails the device
-//! restarts = 5            # crashes in a row without serving before it is given up (0: never
-//!                         # restart); one that serves between crashes restarts for ever
+//! restarts = 5            # crashes in a row without serving (over at least 5 s) before it is
+//!                         # given up (0: no automatic restart); one that serves between
+//!                         # crashes restarts for ever
 //! restart_window = "60s"  # crashes without serving older than this are forgotten
-//! retry_after_give_up = "60s" # a given-up device is tried again after this long
+//! retry_after_give_up = "60s" # a given-up device is tried again after 1 s, 2 s, … up to this
 //! heartbeat = "1s"        # a driver server whose loop stops this long is hung: restarted
 //! fault_injection = false # true: a fault socket for `outboard fault`
 //! max_memory = "16G"      # address space of its model and driver server (RLIMIT_AS)

@@ -417,6 +417,19 @@ impl Manager {
     /// channel (it reports its clients), under the block device it serves in the registry.
     pub(crate) fn start_exports(&mut self) -> Result<(), ManagerError> {
         for (i, e) in self.machine.exports.clone().iter().enumerate() {
+            // Checked here, where the device's class is known (from the driver its
+            // personality matched): started anyway, the export would fail and be restarted
+            // in a loop.
+            let class = self
+                .driver_of(&e.device)
+                .and_then(|drv| outboard_drivers::by_name(&drv.name))
+                .map(|p| p.class.to_string());
+            if let Some(class) = class.filter(|c| c != ExportNbdArgs::CLASS) {
+                return Err(ManagerError::ExportClass {
+                    device: e.device.clone(),
+                    class,
+                });
+            }
             let mut export = ExportNbdArgs::of(vec![e.device.clone()]);
             export.name = Some(e.name.clone());
             export.notify_fd = Some(supervisor::EVENT_FD);

@@ -159,6 +159,17 @@ pub enum ManagerError {
         /// Why.
         why: models::ModelError,
     },
+    /// An export names a device of a class it does not serve.
+    #[error(
+        "export of {device}: {device} is of the {class} class; an NBD export serves block \
+         devices"
+    )]
+    ExportClass {
+        /// The device.
+        device: String,
+        /// Its class.
+        class: String,
+    },
     /// A socket the manager binds for a child could not be made.
     #[error("{device}: {why}")]
     Socket {

@@ -282,9 +282,12 @@ impl Manager {
             None => {
                 let cause = match &model_gone {
                     Some(_) => format!("{role}: its device model was given up"),
-                    None => crash_loop(&role, &status, policy.limit, &log),
+                    None => {
+                        let deaths = self.procs[i].restarts.failing(now, &policy) + 1;
+                        crash_loop(&role, &status, policy.limit, deaths, &log)
+                    }
                 };
-                let retry = policy.retry;
+                let retry = self.procs[i].restarts.next_retry(&policy);
                 let why = format!(
                     "gave up: {cause}; trying again in {retry:?} (or now: outboard restart {})",
                     devices.first().map(String::as_str).unwrap_or("DEVICE")
@@ -292,7 +295,7 @@ impl Manager {
                 tracing::error!("{why}");
                 outboard_sys::errln!("outboard: {why}");
                 self.procs[i].gave_up = Some(why.clone());
-                // Given up is not forever: tried again on a slow schedule.
+                // Given up is not forever: tried again, sooner at first.
                 self.procs[i].restart_at = Some(now + retry);
                 self.set_state(&devices, &why, &why);
             }
@@ -508,12 +511,12 @@ impl Manager {
             match p.restarts.crashed(now, &policy, supervisor::Death::Crash) {
                 Some(d) => p.restart_at = Some(now + d),
                 None => {
+                    let retry = p.restarts.next_retry(&policy);
                     let why = format!(
-                        "gave up: {e}; trying again in {:?} (or now: outboard restart)",
-                        policy.retry
+                        "gave up: {e}; trying again in {retry:?} (or now: outboard restart)"
                     );
                     p.gave_up = Some(why.clone());
-                    p.restart_at = Some(now + policy.retry);
+                    p.restart_at = Some(now + retry);
                     self.set_state(&Self::devices_of(&kind), &why, &why);
                 }
             }
@@ -661,15 +664,21 @@ impl Manager {
                 format!("restarting ({status})")
             }
             None => {
+                let retry = self.procs[i].restarts.next_retry(&policy);
                 let why = format!(
-                    "gave up: {}; trying again in {:?}",
-                    crash_loop(&role, &status, policy.limit, &log),
-                    policy.retry
+                    "gave up: {}; trying again in {retry:?}",
+                    crash_loop(
+                        &role,
+                        &status,
+                        policy.limit,
+                        self.procs[i].restarts.failing(now, &policy) + 1,
+                        &log
+                    ),
                 );
                 tracing::error!("{why}");
                 outboard_sys::errln!("outboard: {why}");
                 self.procs[i].gave_up = Some(why.clone());
-                self.procs[i].restart_at = Some(now + policy.retry);
+                self.procs[i].restart_at = Some(now + retry);
                 why
             }
         };
@@ -685,11 +694,17 @@ impl Manager {
 
 /// Why a process is given up: the death that went past `limit` crashes in a row without
 /// progress (or the only one, with `restarts = 0`), and where its log is.
-pub(crate) fn crash_loop(role: &str, status: &str, limit: u32, log: &Path) -> String {
+pub(crate) fn crash_loop(
+    role: &str,
+    status: &str,
+    limit: u32,
+    deaths: usize,
+    log: &Path,
+) -> String {
     match limit {
         0 => format!("{role} exited ({status}) and restarts = 0"),
-        n => format!(
-            "{role} exited ({status}), {n} times in a row without serving; log {}",
+        _ => format!(
+            "{role} exited ({status}), {deaths} times in a row without serving; log {}",
             log.display()
         ),
     }

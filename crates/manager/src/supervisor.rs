@@ -126,8 +126,12 @@ impl Kind {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct RestartPolicy {
     /// Most deaths without progress in a row (within `window` of each other); one more and
-    /// the process is given up. 0: never restart at all.
+    /// the process is given up, if they also span `span`. 0: never restart at all.
     pub limit: u32,
+    /// A crash loop must last at least this long to be given up: a burst of deaths (signals
+    /// from outside that look like crashes, a storm that hits each new incarnation before
+    /// it comes up) passes, a driver that cannot start keeps failing past it.
+    pub span: Duration,
     /// Deaths without progress older than this are forgotten.
     pub window: Duration,
     /// Delay before the second restart in a row without progress (the first is at once);
@@ -146,6 +150,7 @@ impl Default for RestartPolicy {
     fn default() -> Self {
         Self {
             limit: 5,
+            span: Duration::from_secs(5),
             window: Duration::from_secs(60),
             backoff: Duration::from_millis(10),
             max_backoff: Duration::from_secs(2),
@@ -210,6 +215,8 @@ pub struct Restarts {
     streak: u32,
     /// Restarts since the machine came up.
     pub total: u64,
+    /// Retries since the last give-up, none of which came into service.
+    retries: u32,
 }
 
 impl Restarts {
@@ -229,7 +236,11 @@ impl Restarts {
             Death::Crash => {
                 self.crashes
                     .retain(|t| now.saturating_duration_since(*t) < p.window);
-                if self.crashes.len() as u32 >= p.limit {
+                let lasted = self
+                    .crashes
+                    .front()
+                    .is_some_and(|first| now.saturating_duration_since(*first) >= p.span);
+                if self.crashes.len() as u32 >= p.limit && lasted {
                     return None;
                 }
                 self.crashes.push_back(now);
@@ -252,9 +263,25 @@ impl Restarts {
     }
 
     /// The incarnation came into service: back-off starts afresh (its crashes still count
-    /// against the limit until one also makes progress).
+    /// against the limit until one also makes progress), and so do retries after a give-up.
     pub fn served(&mut self) {
         self.streak = 0;
+        self.retries = 0;
+    }
+
+    /// When a process just given up is tried again: soon at first (1 s), doubling with each
+    /// retry that fails, up to the policy's `retry`. An outage that ended on its own (a storm
+    /// of kills) costs a second, not a minute. Where automatic restarts are off
+    /// (`restarts = 0`), only the slow schedule.
+    pub fn next_retry(&mut self, p: &RestartPolicy) -> Duration {
+        if p.limit == 0 {
+            return p.retry;
+        }
+        let d = Duration::from_secs(1)
+            .saturating_mul(1u32 << self.retries.min(20))
+            .min(p.retry);
+        self.retries += 1;
+        d
     }
 
     /// Forgets the deaths in a row (an operator's `outboard restart`: try afresh).
@@ -816,9 +843,14 @@ mod tests {
             r.crashed(t, &p, Death::Crash),
             Some(Duration::from_millis(20))
         );
-        // The limit: a fourth crash in a row without progress gives up.
-        assert_eq!(r.crashed(t, &p, Death::Crash), None);
-        assert_eq!(r.total, 3);
+        // The limit: a fourth crash in a row without progress gives up, once the loop has
+        // lasted its span (a burst within it does not).
+        assert_eq!(
+            r.crashed(t, &p, Death::Crash),
+            Some(Duration::from_millis(25))
+        );
+        assert_eq!(r.crashed(t + p.span, &p, Death::Crash), None);
+        assert_eq!(r.total, 4);
         // An operator's restart forgives; progress resets too.
         r.forgive();
         assert_eq!(r.crashed(t, &p, Death::Crash), Some(Duration::ZERO));
@@ -850,6 +882,34 @@ mod tests {
         let mut r = Restarts::default();
         let t = Instant::now();
         assert_eq!(r.crashed(t, &policy(0), Death::AfterProgress), None);
+        // Except that an operator's restart is one.
+        assert_eq!(
+            r.crashed(t, &policy(0), Death::Planned),
+            Some(Duration::ZERO)
+        );
+        // And a given-up device is tried again only on the slow schedule.
+        assert_eq!(r.next_retry(&policy(0)), policy(0).retry);
+    }
+
+    #[test]
+    fn a_storm_of_early_deaths_is_ridden_out_and_a_give_up_retried_soon() {
+        let p = policy(5);
+        let mut r = Restarts::default();
+        let t = Instant::now();
+        // Fifty deaths before serving within a second (a storm of crash signals from
+        // outside): not given up.
+        for k in 0..50u64 {
+            let at = t + Duration::from_millis(20 * k);
+            assert!(r.crashed(at, &p, Death::Crash).is_some(), "death {k}");
+        }
+        // Still failing after the span: a real crash loop.
+        assert_eq!(r.crashed(t + p.span, &p, Death::Crash), None);
+        // Tried again after 1 s, 2 s, 4 s, … up to the slow schedule; serving resets it.
+        let tries: Vec<_> = (0..8).map(|_| r.next_retry(&p)).collect();
+        assert_eq!(tries[..3], [1, 2, 4].map(Duration::from_secs));
+        assert_eq!(tries[7], p.retry);
+        r.served();
+        assert_eq!(r.next_retry(&p), Duration::from_secs(1));
     }
 
     #[test]

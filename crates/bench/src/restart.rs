@@ -218,14 +218,14 @@ fn run(
     Ok(o)
 }
 
-/// The machine: one emulated disk whose driver may restart without limit.
+/// The machine: one emulated disk under the default restart policy (a driver that serves
+/// between kills is restarted for ever; no limit is raised for the benchmark).
 const MACHINE: &str = r#"name = "restart-bench"
 [[device]]
 name = "disk0"
 model = "virtio-blk"
 backing = "mem:64M"
 queues = 2
-restarts = 1000000
 "#;
 
 fn percentile(v: &[f64], p: f64) -> f64 {

@@ -20,7 +20,6 @@ name = "disk0"
 model = "virtio-blk"
 backing = "mem:16M"
 queues = 2
-restarts = 1000
 "#;
 
 fn pid_of(up: &Up, kind: &str) -> Option<(i32, String)> {
@@ -122,7 +121,7 @@ fn killing_the_device_model_at_random_loses_and_fails_nothing() {
 #[test]
 fn a_hung_driver_server_is_restarted_within_its_heartbeat() {
     let dir = tempfile::tempdir().unwrap();
-    let machine = MACHINE.replace("restarts = 1000", "heartbeat = \"300ms\"");
+    let machine = format!("{MACHINE}heartbeat = \"300ms\"\n");
     let up = Up::start(dir.path(), Some(&machine));
     let stop = Arc::new(AtomicBool::new(false));
     let w = Workload {

@@ -70,7 +70,8 @@ fn state(n: &serde_json::Value) -> String {
 fn a_driver_killed_every_10ms_under_verified_load_loses_and_fails_nothing_with_the_default_policy()
 {
     let dir = tempfile::tempdir().unwrap();
-    let up = Up::start(dir.path(), Some(MACHINE));
+    // The embedded default machine, as `outboard up` starts it.
+    let up = Up::start(dir.path(), None);
     let stop = Arc::new(AtomicBool::new(false));
     let w = Workload {
         depth: 16,
@@ -79,8 +80,9 @@ fn a_driver_killed_every_10ms_under_verified_load_loses_and_fails_nothing_with_t
     };
     let clients = common::verified_clients(&up, "disk0", 0..3, w, &stop);
     std::thread::sleep(Duration::from_millis(200));
-    let kills = kill_servers(&up, 300, Duration::from_millis(10));
-    assert!(kills >= 100, "only {kills} kills landed");
+    // A thousand kill attempts 10 ms apart (those that find a server between restarts).
+    let kills = kill_servers(&up, 1000, Duration::from_millis(10));
+    assert!(kills >= 300, "only {kills} kills landed");
     // It serves again afterwards.
     assert!(
         eventually(Duration::from_secs(30), || state(&driver(&up))
@@ -97,7 +99,7 @@ fn a_driver_killed_every_10ms_under_verified_load_loses_and_fails_nothing_with_t
     assert!(completed > 500, "only {completed} requests completed");
     let d = driver(&up);
     assert!(!state(&d).contains("gave up"), "{d:#}");
-    assert!(d["props"]["restarts"].as_u64().unwrap() >= 100, "{d:#}");
+    assert!(d["props"]["restarts"].as_u64().unwrap() >= 300, "{d:#}");
 }
 
 #[test]

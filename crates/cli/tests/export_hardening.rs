@@ -419,3 +419,50 @@ fn idle_export_connections_leave_the_device_to_its_other_clients() {
     assert_eq!(r.stdout, b"still here");
     drop(idle);
 }
+
+#[test]
+fn export_connections_carry_on_once_a_given_up_device_is_back() {
+    let dir = tempfile::tempdir().unwrap();
+    let machine = format!("{MACHINE}restarts = 0\nretry_after_give_up = \"10m\"\n");
+    let up = Up::start(dir.path(), Some(&machine));
+    let ex = Export::start(&up, &[]);
+    // Eight connections take the export's own sessions; the ninth shares its reserved one.
+    let mut own: Vec<Raw> = (0..8).map(|_| Raw::go(&ex.socket)).collect();
+    let mut shared = Raw::go(&ex.socket);
+    let data = common::pattern(9, 4096);
+    for c in own.iter_mut().take(1).chain([&mut shared]) {
+        c.request(1, 1, 0, 4096, &data);
+        assert_eq!(c.reply(0).0, 0);
+    }
+    let up_pid = up.child.as_ref().unwrap().id();
+    let servers = common::children_running(up_pid, "driver-host");
+    assert!(common::signal_child_of(
+        up_pid,
+        servers[0],
+        rustix::process::Signal::KILL
+    ));
+    let given_up = || {
+        let ls = up.run(&["ls"]);
+        String::from_utf8_lossy(&ls.stdout).contains("gave up")
+    };
+    assert!(eventually(Duration::from_secs(20), given_up));
+    // Meanwhile requests fail at once with an error (EIO), not a hang.
+    for c in own.iter_mut().take(1).chain([&mut shared]) {
+        let t = std::time::Instant::now();
+        c.request(0, 2, 0, 4096, &[]);
+        let (e, cookie, _) = c.reply(0);
+        assert_eq!((e != 0, cookie), (true, 2));
+        assert!(t.elapsed() < Duration::from_secs(3), "{:?}", t.elapsed());
+    }
+    let back = up.run_within(&["restart", "disk0"], Duration::from_secs(30));
+    assert!(back.status.success(), "{back:?}");
+    // The same connections read the bytes again.
+    for (i, c) in own.iter_mut().take(1).chain([&mut shared]).enumerate() {
+        let ok = eventually(Duration::from_secs(10), || {
+            c.request(0, 3, 0, 4096, &[]);
+            let (e, cookie, got) = c.reply(4096);
+            cookie == 3 && e == 0 && got == data
+        });
+        assert!(ok, "connection {i} did not carry on");
+    }
+}

@@ -68,6 +68,16 @@ pub fn reconnect(
 ) -> Result<(Channel, serde_json::Value), Refusal> {
     let mut next_question = Instant::now();
     loop {
+        // The manager first: while it has given the device up, the server's socket (which
+        // the manager keeps bound) still takes a connection, and a resume sent there would
+        // wait its whole time-out for an answer nobody gives.
+        let now = Instant::now();
+        if now >= next_question {
+            if let Some(e) = verdict(&sup.control, r.device) {
+                return Err(e);
+            }
+            next_question = now + Duration::from_millis(100);
+        }
         match Channel::resume(
             r.server,
             r.device,
@@ -87,8 +97,7 @@ pub fn reconnect(
                 return Err(verdict(&sup.control, r.device).unwrap_or_else(|| e.into()));
             }
         }
-        let now = Instant::now();
-        if now >= give_up {
+        if Instant::now() >= give_up {
             return Err(Refusal::new(
                 Code::DeviceFailed,
                 format!(
@@ -96,12 +105,6 @@ pub fn reconnect(
                     sup.patience
                 ),
             ));
-        }
-        if now >= next_question {
-            if let Some(e) = verdict(&sup.control, r.device) {
-                return Err(e);
-            }
-            next_question = now + Duration::from_millis(100);
         }
         std::thread::sleep(Duration::from_millis(1));
     }

@@ -55,7 +55,8 @@ struct State {
     pool: BufferPool,
     /// Buffer offset → length, for everything handed out.
     lengths: HashMap<u64, u64>,
-    /// The device failed for good: every request gets this.
+    /// The device failed (its driver was given up): every request gets this until the
+    /// session resumes on a driver that is back.
     failed: Option<BlockError>,
     next_member: u64,
     stop: bool,
@@ -187,7 +188,7 @@ impl Hub {
         self.buffers.len() as u64
     }
 
-    /// Why new requests fail, if the device failed for good.
+    /// Why new requests fail, while the device is failed.
     pub fn failed(&self) -> Option<BlockError> {
         self.lock().failed.clone()
     }
@@ -319,6 +320,12 @@ impl Hub {
                     Instant::now() + Duration::from_millis(200),
                 );
                 drain(self.pump_wake.as_fd());
+                // Given up is not forever: once the manager brings the device back (its
+                // retry, or `outboard restart`), the session resumes and requests flow again.
+                if dev.block_until(Instant::now()).is_ok() {
+                    tracing::info!("export device: serving again");
+                    self.lock().failed = None;
+                }
             }
         }
     }

@@ -67,6 +67,9 @@ pub struct ResumeStats {
     pub longest: Duration,
 }
 
+/// How often a session whose device was given up asks the manager whether it is back.
+const ASK_AGAIN: Duration = Duration::from_millis(100);
+
 /// A session with a block device served by a driver server.
 pub struct BlockClient {
     channel: Channel,
@@ -83,8 +86,11 @@ pub struct BlockClient {
     device: String,
     timeout: Duration,
     supervisor: Option<Supervisor>,
-    /// The session ended for good: every later call fails with this.
+    /// The session ended: every later call fails with this — unless the device was given up
+    /// and has come back since (see [`BlockClient::server_gone`]).
     ended: Option<BlockError>,
+    /// When the manager was last asked whether a given-up device is back.
+    asked_again: Option<Instant>,
     resumes: ResumeStats,
     /// Each resume: when the server was found gone, and when the replay was answered.
     resume_log: Vec<(Instant, Instant)>,
@@ -127,6 +133,7 @@ impl BlockClient {
             timeout: opts.timeout,
             supervisor: None,
             ended: None,
+            asked_again: None,
             resumes: ResumeStats::default(),
             resume_log: Vec::new(),
         })
@@ -182,7 +189,25 @@ impl BlockClient {
     /// else ends it. On return the session is usable again or has ended for good.
     fn server_gone(&mut self) -> Result<(), BlockError> {
         if let Some(e) = &self.ended {
-            return Err(e.clone());
+            // Given up is not forever: the manager retries the device, and an operator may
+            // restart it. A later call resumes the session once the manager no longer says
+            // it gave up (asking at most every 100 ms; the calls between fail at once).
+            let back = matches!(e, BlockError::DeviceFailed(_))
+                && self.supervisor.as_ref().is_some_and(|sup| {
+                    let now = Instant::now();
+                    if self
+                        .asked_again
+                        .is_some_and(|t| now.duration_since(t) < ASK_AGAIN)
+                    {
+                        return false;
+                    }
+                    self.asked_again = Some(now);
+                    outboard_client::resume::verdict(&sup.control, &self.device).is_none()
+                });
+            if !back {
+                return Err(e.clone());
+            }
+            self.ended = None;
         }
         let Some(sup) = self.supervisor.clone() else {
             return self.end(BlockError::DeviceGone);

@@ -54,7 +54,7 @@ pub fn run(c: RngCommand, control: PathBuf) -> Result<ExitCode, String> {
             let i = d.info();
             println!("{}", i.name);
             println!("  class        entropy");
-            println!("  placement    {placement:?}");
+            println!("  placement    {}", format!("{placement:?}").to_lowercase());
             println!("  max read     {} bytes", i.max_read);
             println!("  queue depth  {}", i.queue_depth);
         }

@@ -175,21 +175,21 @@ pub fn up(a: UpArgs, control: PathBuf, verbose: u8) -> Result<ExitCode, String> 
     let mut devices = Vec::new();
     class_devices(m.registry(), &mut devices);
     outboard_sys::outln!("{}", m.registry().render());
-    let env = if control == outboard_manager::default_control() {
-        String::new()
-    } else {
-        format!("OUTBOARD_CONTROL={} ", control.display())
-    };
     outboard_sys::outln!("outboard is up; control socket {}", control.display());
     outboard_sys::outln!("Try, in another terminal:");
-    outboard_sys::outln!("  {env}outboard ls");
+    // Set once for the commands that follow (a prefix on each would go to `echo`, not to
+    // `outboard`, in a pipeline).
+    if control != outboard_manager::default_control() {
+        outboard_sys::outln!("  export OUTBOARD_CONTROL={}", control.display());
+    }
+    outboard_sys::outln!("  outboard ls");
     // One device of each class, with what its class's commands look like.
     let mut shown = Vec::new();
     for (class, name) in &devices {
         if !shown.contains(class) {
             shown.push(class.clone());
             for line in crate::classes::try_lines(class, name) {
-                outboard_sys::outln!("  {env}{line}");
+                outboard_sys::outln!("  {line}");
             }
         }
     }
@@ -381,7 +381,7 @@ pub fn driver_host(a: DriverHostArgs) -> Result<ExitCode, String> {
             return Err(format!("--quiesce {n:?}: no --device named so"));
         }
     }
-    server.resume_grace(std::time::Duration::from_millis(a.lock_grace_ms));
+    server.resume_grace(std::time::Duration::from_millis(a.resume_grace_ms));
     server.set_spin(std::time::Duration::from_micros(a.spin_us));
     server.set_deadline(std::time::Duration::from_millis(a.deadline_ms));
     // A confined server cannot open its device again: a failure ends it, for its supervisor.

@@ -1,4 +1,4 @@
-//! Fault injection: bad hardware on demand (DESIGN §2.2).
+//! Fault injection: bad hardware on demand (`docs/reliability.md`).
 //!
 //! Every device model carries a [`FaultHandle`]; a test, the machine description or the control
 //! API (through the model's fault socket) arms faults in it while the device runs, and the

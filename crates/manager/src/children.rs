@@ -189,10 +189,11 @@ pub struct DriverHostArgs {
     /// to send again, instead of failing them.
     #[arg(long)]
     pub restartable: bool,
-    /// Grant no new range lock for this many milliseconds after start (a restarted server:
-    /// the previous one's sessions resume and claim their locks back first).
+    /// For this many milliseconds after start, resuming sessions come first (a restarted
+    /// server: what the previous one's sessions kept — block's range locks — is claimed back
+    /// before anyone else is granted anything).
     #[arg(long, value_name = "MS", default_value_t = 0)]
-    pub lock_grace_ms: u64,
+    pub resume_grace_ms: u64,
     /// For this many milliseconds after start, let one request at a time into each device and
     /// name it in the heartbeat page first (the manager passes it after a crash: another
     /// crash then names the request that caused it).
@@ -223,7 +224,7 @@ impl DriverHostArgs {
             notify_fd: None,
             deadline_ms: 30_000,
             restartable: false,
-            lock_grace_ms: 0,
+            resume_grace_ms: 0,
             isolate_ms: 0,
             quarantine: Vec::new(),
             quiesce: Vec::new(),
@@ -242,7 +243,7 @@ impl DriverHostArgs {
         a.opt("--notify-fd", self.notify_fd);
         a.opt("--deadline-ms", Some(self.deadline_ms));
         a.flag("--restartable", self.restartable);
-        a.opt("--lock-grace-ms", Some(self.lock_grace_ms));
+        a.opt("--resume-grace-ms", Some(self.resume_grace_ms));
         a.opt("--isolate-ms", Some(self.isolate_ms));
         a.each("--quarantine", &self.quarantine);
         a.each("--quiesce", &self.quiesce);
@@ -636,7 +637,7 @@ mod tests {
         a.notify_fd = Some(3);
         a.deadline_ms = 1500;
         a.restartable = true;
-        a.lock_grace_ms = 250;
+        a.resume_grace_ms = 250;
         a.isolate_ms = 2000;
         a.quarantine = vec!["77:100000008:800".parse().unwrap()];
         a.set_quiesced("disk0", true);

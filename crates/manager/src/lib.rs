@@ -87,9 +87,10 @@ enum Source {
     Events(usize),
 }
 
-/// How long a restarted driver server grants no new range lock: its clients resume within a
-/// few milliseconds of it serving (they poll for it every millisecond), this is ample.
-const LOCK_GRACE: Duration = Duration::from_millis(250);
+/// How long a restarted driver server lets resuming sessions claim back what they kept before
+/// it grants anyone else anything (the class's kept state): they resume within a few
+/// milliseconds of it serving (they poll for it every millisecond), this is ample.
+const RESUME_GRACE: Duration = Duration::from_millis(250);
 
 /// How long a restarted device model has to come into service before it is killed (and the
 /// attempt counted as a crash without progress).

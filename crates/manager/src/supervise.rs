@@ -490,9 +490,9 @@ impl Manager {
         let kind = self.procs[i].kind.clone();
         let p = &mut self.procs[i];
         if matches!(kind, supervisor::Kind::Server { .. }) {
-            // The sessions that held range locks claim them back before anyone gets new ones.
+            // Resuming sessions claim back what they kept before anyone is granted anything.
             if let Some(s) = p.server.as_mut() {
-                s.lock_grace_ms = LOCK_GRACE.as_millis() as u64;
+                s.resume_grace_ms = RESUME_GRACE.as_millis() as u64;
             }
         }
         if p.postponed_for_descriptors(ACCEPT_BACKOFF) {

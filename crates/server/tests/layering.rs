@@ -108,6 +108,24 @@ fn mentions(path: &Path, classes: &[String]) -> Vec<String> {
     found
 }
 
+/// The driver crate's modules (its chip drivers and their class bindings): a class-free
+/// package may use the catalog at the crate's root (`by_name`, `probe_driver`, `Personality`),
+/// never a driver, which would bring its class in by the back door.
+fn driver_modules() -> Vec<String> {
+    let dir = workspace().join("crates/drivers/src");
+    let found: Vec<String> = std::fs::read_dir(&dir)
+        .expect("readable")
+        .map(|e| e.expect("an entry").path())
+        .filter_map(|p| {
+            let stem = p.file_stem()?.to_str()?.to_string();
+            (stem != "lib" && (p.is_dir() || p.extension().is_some_and(|x| x == "rs")))
+                .then(|| format!("outboard_drivers::{stem}"))
+        })
+        .collect();
+    assert!(found.len() >= 3, "drivers' modules: {found:?}");
+    found
+}
+
 fn assert_class_free(package: &str, src: &Path) {
     let all = packages();
     let classes = classes(&all);
@@ -121,6 +139,16 @@ fn assert_class_free(package: &str, src: &Path) {
     assert!(
         named.is_empty(),
         "{package} names a class:\n{}",
+        named.join("\n")
+    );
+    let drivers: Vec<String> = driver_modules()
+        .into_iter()
+        .filter(|m| m != "outboard_drivers::personality")
+        .collect();
+    let named = mentions(src, &drivers);
+    assert!(
+        named.is_empty(),
+        "{package} names a driver (and so its class):\n{}",
         named.join("\n")
     );
 }
@@ -152,4 +180,7 @@ fn the_check_sees_a_class_where_one_is_named() {
     let classes = classes(&packages());
     let dispatcher = workspace().join("crates/classes/block/server/src/dispatcher.rs");
     assert!(!mentions(&dispatcher, &classes).is_empty());
+    // Nor if it could not see a driver named: the CLI's bring-up tools name one.
+    let hw = workspace().join("crates/cli/src/hw.rs");
+    assert!(!mentions(&hw, &driver_modules()).is_empty());
 }

@@ -82,8 +82,8 @@ impl Served {
 /// A busy loop checks request deadlines once in this many rounds (the clock is not free).
 const DEADLINE_ROUNDS: u32 = 64;
 
-/// How long a request may stay in a device before the device is declared stalled and its
-/// requests fail with [`BlockError::Timeout`].
+/// How long a request that has a deadline (the class says which) may stay in a device before
+/// the device is declared stalled; the class words the fate of what it held.
 pub const DEFAULT_DEADLINE: Duration = Duration::from_secs(30);
 
 /// What clients may take from one server: memory is created by the server for each session

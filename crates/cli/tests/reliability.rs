@@ -190,6 +190,40 @@ fn a_stalled_device_model_is_reset_and_its_client_sees_only_a_delay() {
     );
 }
 
+#[test]
+fn a_driver_ended_by_its_device_failing_says_why_in_the_registry() {
+    let dir = tempfile::tempdir().unwrap();
+    let up = Up::start(
+        dir.path(),
+        Some(
+            "name = \"m\"\n[[device]]\nname = \"disk0\"\nmodel = \"virtio-blk\"\n\
+         backing = \"mem:8M\"\nfault_injection = true\n",
+        ),
+    );
+    let f = up.run(&["fault", "disk0", "needs-reset"]);
+    assert!(f.status.success(), "{}", stderr(&f));
+    // The next request meets the device asking for a reset; the server ends for a restart.
+    let r = up.run_within(
+        &["blk", "read", "disk0", "--length", "512"],
+        Duration::from_secs(60),
+    );
+    assert!(r.status.success(), "{}", stderr(&r));
+    let last = || {
+        let tree = registry(&up);
+        find_node(&tree, "driver").unwrap()["props"]["last-exit"]
+            .as_str()
+            .unwrap_or_default()
+            .to_string()
+    };
+    // Its last exit says what happened to the device, not only an exit status.
+    assert!(
+        common::eventually(Duration::from_secs(10), || last()
+            .contains("its device failed: disk0:")),
+        "{}",
+        last()
+    );
+}
+
 /// Defect 10: an idle control connection stalled the manager (1 s each, crash detection too).
 #[test]
 fn idle_control_connections_do_not_stall_the_manager() {

@@ -74,6 +74,7 @@ impl Manager {
                 },
                 _,
             )) => {
+                self.procs[i].device_failed = Some(format!("{device}: {why}"));
                 let state = if restarting {
                     tracing::error!("{device}: failed, its driver is re-opening it: {why}");
                     format!("failed, restarting: {why}")
@@ -221,10 +222,20 @@ impl Manager {
         let now = std::time::Instant::now();
         let policy = self.policy(&kind);
         let p = &mut self.procs[i];
-        let status = match (p.hung, p.exited) {
-            (true, _) => format!("hung: no heartbeat for {:?}, killed", policy.heartbeat),
-            (false, Some(s)) => s.to_string(),
-            (false, None) => String::new(),
+        let status = match (p.hung, p.exited, p.kind.clone()) {
+            (true, _, supervisor::Kind::Model { .. }) => {
+                format!("not in service within {MODEL_START_TIME:?}, killed")
+            }
+            (true, _, _) => format!("hung: no heartbeat for {:?}, killed", policy.heartbeat),
+            // A server that ended because its device failed says why in its last event.
+            (false, Some(s), _) if s.code() == Some(outboard_server::host::EXIT_DEVICE_FAILED) => {
+                match p.device_failed.take() {
+                    Some(why) => format!("its device failed: {why}"),
+                    None => format!("its device failed ({s})"),
+                }
+            }
+            (false, Some(s), _) => s.to_string(),
+            (false, None, _) => String::new(),
         };
         let (role, pid, log) = (p.role.clone(), p.pid(), p.log.clone());
         p.down_since.get_or_insert(now);

@@ -62,6 +62,9 @@ pub struct Process {
     pub planned: bool,
     /// This incarnation was ended because its device model crashed under it.
     pub model_crashed: bool,
+    /// Why this incarnation last reported its device failed (shown as the cause of its
+    /// death, rather than its exit status).
+    pub device_failed: Option<String>,
     /// The request an isolated incarnation had in its device when it crashed, and at how
     /// many crashes in a row it was there (see `outboard_server::blame`).
     pub suspect: Option<(outboard_server::blame::Suspect, u32)>,
@@ -688,6 +691,7 @@ impl Process {
             serve_by: None,
             planned: false,
             model_crashed: false,
+            device_failed: None,
             suspect: None,
             started: Instant::now(),
         })

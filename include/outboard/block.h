@@ -37,6 +37,7 @@ extern "C" {
 #define OB_EBUSY         -15   /* the device is in use by another client */
 #define OB_EUNREACHABLE  -16   /* the manager or server is not running */
 #define OB_EQUARANTINED  -17   /* this request crashed the driver repeatedly: not sent again */
+#define OB_EREFUSED      -18   /* refused: a device of another class, or not allowed */
 
 /* Operations for ob_block_submit. */
 #define OB_OP_READ         1

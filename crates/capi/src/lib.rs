@@ -380,6 +380,7 @@ pub extern "C" fn ob_strerror(code: c_int) -> *const c_char {
         -15 => c"the device is in use by another client",
         -16 => c"the manager or server is not running",
         -17 => c"this request crashed the driver repeatedly: it is not sent again",
+        -18 => c"refused (a device of another class, or not allowed)",
         _ => c"unknown error",
     };
     s.as_ptr()

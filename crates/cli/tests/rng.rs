@@ -113,6 +113,14 @@ fn entropy_devices_serve_separate_grouped_and_colocated() {
         "{}",
         String::from_utf8_lossy(&o.stderr)
     );
+    // A program can tell it apart from a malformed request: the refusal's code comes along.
+    match outboard_block_client::open_block(&up.control, "rng0") {
+        Err(outboard_block::BlockError::Refused { code, reason }) => {
+            assert_eq!(code, outboard_session::Code::WrongClass);
+            assert!(reason.contains("entropy"), "{reason}");
+        }
+        other => panic!("{:?}", other.map(|_| ())),
+    }
 }
 
 #[test]

@@ -151,6 +151,16 @@ pub enum BlockError {
     /// the restart policy allows (3): it is failed, alone, and not sent again.
     #[error("this request crashed the driver {QUARANTINE_AFTER} times; it is not sent again")]
     Quarantined,
+    /// The driver server or the manager refused for a reason no other variant covers (the
+    /// device is of another class, this user may not use it, a code this build does not
+    /// know): its code travels with it, for a program to tell them apart.
+    #[error("{reason}")]
+    Refused {
+        /// The refusal's code (`wrong-class`, `denied`, …).
+        code: outboard_session::Code,
+        /// Why, in words.
+        reason: String,
+    },
 }
 
 impl From<outboard_session::Refusal> for BlockError {
@@ -170,9 +180,11 @@ impl From<outboard_session::Refusal> for BlockError {
             Code::Unreachable => BlockError::Unreachable(r.reason),
             Code::Timeout => BlockError::Timeout,
             Code::Protocol => BlockError::Protocol(r.reason),
-            Code::WrongClass | Code::Invalid | Code::Denied | Code::Unknown => {
-                BlockError::Invalid(r.reason)
-            }
+            Code::Invalid => BlockError::Invalid(r.reason),
+            Code::WrongClass | Code::Denied | Code::Unknown => BlockError::Refused {
+                code: r.code,
+                reason: r.reason,
+            },
         }
     }
 }
@@ -207,6 +219,7 @@ impl BlockError {
             BlockError::Busy(_) => -15,
             BlockError::Unreachable(_) => -16,
             BlockError::Quarantined => -17,
+            BlockError::Refused { .. } => -18,
         }
     }
     /// The words a code alone does not carry: what is sent beside a failed completion.
@@ -218,7 +231,8 @@ impl BlockError {
             | BlockError::NoSuchDevice(s)
             | BlockError::DeviceFailed(s)
             | BlockError::Busy(s)
-            | BlockError::Unreachable(s) => Some(s),
+            | BlockError::Unreachable(s)
+            | BlockError::Refused { reason: s, .. } => Some(s),
             _ => None,
         }
     }
@@ -258,6 +272,11 @@ impl WireError for BlockError {
             -15 => BlockError::Busy(words("in use")),
             -16 => BlockError::Unreachable(words("the server")),
             -17 => BlockError::Quarantined,
+            // Only the control plane refuses with a code of its own; on the wire it is words.
+            -18 => BlockError::Refused {
+                code: outboard_session::Code::Unknown,
+                reason: words("refused"),
+            },
             c => BlockError::Protocol(format!("unknown status {c}")),
         }
     }

@@ -60,6 +60,16 @@ pub enum EntropyError {
     /// The peer broke the protocol.
     #[error("protocol error: {0}")]
     Protocol(String),
+    /// The driver server or the manager refused for a reason no other variant covers (the
+    /// device is of another class, this user may not use it, a code this build does not
+    /// know): its code travels with it.
+    #[error("{reason}")]
+    Refused {
+        /// The refusal's code (`wrong-class`, `denied`, …).
+        code: outboard_session::Code,
+        /// Why, in words.
+        reason: String,
+    },
 }
 
 impl EntropyError {
@@ -80,6 +90,7 @@ impl EntropyError {
             EntropyError::Busy(_) => -12,
             EntropyError::Unreachable(_) => -13,
             EntropyError::Protocol(_) => -14,
+            EntropyError::Refused { .. } => -15,
         }
     }
 
@@ -92,7 +103,8 @@ impl EntropyError {
             | EntropyError::NoSuchDevice(s)
             | EntropyError::Busy(s)
             | EntropyError::Unreachable(s)
-            | EntropyError::Protocol(s) => Some(s),
+            | EntropyError::Protocol(s)
+            | EntropyError::Refused { reason: s, .. } => Some(s),
             _ => None,
         }
     }
@@ -129,6 +141,11 @@ impl WireError for EntropyError {
             -12 => EntropyError::Busy(words("busy")),
             -13 => EntropyError::Unreachable(words("unreachable")),
             -14 => EntropyError::Protocol(words("the server broke the protocol")),
+            // Only the control plane refuses with a code of its own; on the wire it is words.
+            -15 => EntropyError::Refused {
+                code: outboard_session::Code::Unknown,
+                reason: words("refused"),
+            },
             c => EntropyError::Protocol(format!("unknown completion code {c}")),
         }
     }
@@ -152,9 +169,11 @@ impl From<outboard_session::Refusal> for EntropyError {
             Code::Unreachable => EntropyError::Unreachable(r.reason),
             Code::Timeout => EntropyError::Timeout,
             Code::Protocol => EntropyError::Protocol(r.reason),
-            Code::WrongClass | Code::Invalid | Code::Denied | Code::Unknown => {
-                EntropyError::Invalid(r.reason)
-            }
+            Code::Invalid => EntropyError::Invalid(r.reason),
+            Code::WrongClass | Code::Denied | Code::Unknown => EntropyError::Refused {
+                code: r.code,
+                reason: r.reason,
+            },
         }
     }
 }

@@ -91,7 +91,9 @@ pub(crate) fn start_faults(
     handle: FaultHandle,
 ) -> Result<Option<FaultSocket>, String> {
     for f in a.faults {
-        lock(&handle).arm(f);
+        let mut faults = lock(&handle);
+        faults.check(&f)?;
+        faults.arm(f);
     }
     match (a.faults_socket, a.faults_fd) {
         (Some(p), _) => outboard_devices::faults::socket::serve(&p, handle).map(Some),

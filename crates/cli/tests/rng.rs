@@ -208,3 +208,21 @@ fn an_nbd_export_of_an_entropy_device_is_refused_at_up() {
         "{err}"
     );
 }
+
+#[test]
+fn an_entropy_model_refuses_the_faults_of_a_disk_and_takes_its_own() {
+    let dir = tempfile::tempdir().unwrap();
+    let up = Up::start(
+        dir.path(),
+        Some("name = \"m\"\n[[device]]\nname = \"rng0\"\nmodel = \"virtio-rng\"\nfault_injection = true\n"),
+    );
+    // It has no disk requests: armed, this would never fire ("armed" and no effect, before).
+    let o = up.run(&["fault", "rng0", "error-next=1"]);
+    assert!(!o.status.success(), "{o:?}");
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(err.contains("no disk requests"), "{err}");
+    // A transport fault is its own, and it recovers from it.
+    let o = up.run(&["fault", "rng0", "needs-reset"]);
+    assert!(o.status.success(), "{o:?}");
+    assert_eq!(read(&up, "rng0", 16).len(), 32);
+}

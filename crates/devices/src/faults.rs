@@ -188,9 +188,29 @@ pub struct Faults {
     pub crash: bool,
     /// Abort the process whenever a request touches this sector.
     pub abort_on: Option<u64>,
+    /// Whether this model fires the faults of a disk's requests (`error`, `error-next`,
+    /// `abort-on`): the block model does. The transport's faults (interrupts, the used ring,
+    /// stalls, needs-reset, crash) hold for every virtio model; a model without sectors
+    /// (virtio-rng) refuses the rest rather than arm what it would never fire.
+    pub sector_faults: bool,
 }
 
 impl Faults {
+    /// Whether this model can fire `f`: why not, if it cannot.
+    pub fn check(&self, f: &Fault) -> Result<(), String> {
+        let sectors = matches!(
+            f,
+            Fault::FailSectors(_) | Fault::FailNext(_) | Fault::AbortOn(_)
+        );
+        if sectors && !self.sector_faults {
+            return Err(format!(
+                "{f}: this device model has no disk requests to fail; its faults are drop-irq, \
+                 duplicate-irq, spurious-irq, corrupt-used, stall, needs-reset, crash and clear"
+            ));
+        }
+        Ok(())
+    }
+
     /// Arms `f`.
     pub fn arm(&mut self, f: Fault) {
         match f {
@@ -205,7 +225,12 @@ impl Faults {
             Fault::NeedsReset => self.needs_reset = true,
             Fault::Crash => self.crash = true,
             Fault::AbortOn(s) => self.abort_on = Some(s),
-            Fault::Clear => *self = Faults::default(),
+            Fault::Clear => {
+                *self = Faults {
+                    sector_faults: self.sector_faults,
+                    ..Faults::default()
+                }
+            }
         }
     }
 
@@ -351,6 +376,7 @@ pub mod socket {
             let reply = match std::str::from_utf8(&buf[..n])
                 .map_err(|_| "not UTF-8".to_string())
                 .and_then(|s| s.parse::<Fault>())
+                .and_then(|f| lock(faults).check(&f).map(|()| f))
             {
                 Ok(f) => {
                     tracing::warn!("fault injection: armed {f}");

@@ -94,7 +94,10 @@ impl VirtioBlk {
                 ..opts
             },
             features: 0,
-            faults: FaultHandle::default(),
+            faults: std::sync::Arc::new(std::sync::Mutex::new(crate::faults::Faults {
+                sector_faults: true,
+                ..Default::default()
+            })),
             stats: BlkStats::default(),
             chain: Chain::default(),
         }

@@ -87,17 +87,12 @@ pub fn run(c: BlkCommand, control: PathBuf) -> Result<ExitCode, String> {
         BlkCommand::Read(a) => {
             let mut d = outboard_block_client::open_block(&control, &a.device).map_err(e)?;
             let total = d.info().bytes();
-            if a.offset > total {
-                return Err(format!(
-                    "offset {} is beyond the end of {} ({total} bytes)",
-                    a.offset, a.device
-                ));
-            }
-            let length = a.length.unwrap_or(total - a.offset);
+            // Checked before the output file is created: a bad range must not truncate it.
+            let length = a.length.unwrap_or(total.saturating_sub(a.offset));
             if a.offset.checked_add(length).is_none_or(|end| end > total) {
                 return Err(format!(
-                    "{} bytes at offset {} run past the end of {} ({total} bytes)",
-                    length, a.offset, a.device
+                    "{length} bytes at offset {} run past the end of {} ({total} bytes)",
+                    a.offset, a.device
                 ));
             }
             // Straight from the buffer area the device wrote into to the output: no copy here.

@@ -445,3 +445,23 @@ fn concurrent_unaligned_writes_to_shared_blocks_all_land() {
         }
     }
 }
+
+#[test]
+fn a_read_past_the_end_is_refused_before_its_output_file_is_touched() {
+    let dir = tempfile::tempdir().unwrap();
+    let up = Up::start(dir.path(), None);
+    let out = dir.path().join("precious");
+    std::fs::write(&out, b"do not truncate").unwrap();
+    for args in [
+        &["--offset", "999999999999"][..],
+        &["--offset", "4096", "--length", "99999999999"][..],
+    ] {
+        let mut all = vec!["blk", "read", "disk0"];
+        all.extend_from_slice(args);
+        all.extend_from_slice(&["-o", out.to_str().unwrap()]);
+        let r = up.run(&all);
+        assert!(!r.status.success(), "{args:?}");
+        assert!(stderr(&r).contains("run past the end"), "{}", stderr(&r));
+        assert_eq!(std::fs::read(&out).unwrap(), b"do not truncate");
+    }
+}

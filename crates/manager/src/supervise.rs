@@ -403,28 +403,36 @@ impl Manager {
             }
             return;
         }
-        if let Some(b) = blame {
-            // The first crash of a series had it among everything in flight, unnamed.
-            let strikes = match p.suspect {
-                Some((s, n)) if s == b => n + 1,
-                _ => 2,
-            };
-            if strikes >= control::QUARANTINE_AFTER {
-                tracing::error!(
-                    "{}: request {b} crashed the driver {strikes} times: the next server fails it",
-                    p.role
-                );
-                if let Some(s) = p.server.as_mut().filter(|s| !s.quarantine.contains(&b)) {
-                    s.quarantine.push(b);
-                }
-                p.suspect = None;
-            } else {
-                tracing::warn!(
-                    "{}: request {b} was in the device at this crash ({strikes})",
-                    p.role
-                );
-                p.suspect = Some((b, strikes));
+        let Some(b) = blame else {
+            // A crash with no request in the device (an isolated server that had none in
+            // it, or the unisolated first crash of a series) names nobody: a series of
+            // crashes on one request starts again.
+            p.suspect = None;
+            if let Some(s) = p.server.as_mut() {
+                s.isolate_ms = ISOLATE.as_millis() as u64;
             }
+            return;
+        };
+        // The first crash of a series had it among everything in flight, unnamed.
+        let strikes = match p.suspect {
+            Some((s, n)) if s == b => n + 1,
+            _ => 2,
+        };
+        if strikes >= control::QUARANTINE_AFTER {
+            tracing::error!(
+                "{}: request {b} crashed the driver {strikes} times: the next server fails it",
+                p.role
+            );
+            if let Some(s) = p.server.as_mut().filter(|s| !s.quarantine.contains(&b)) {
+                s.quarantine.push(b);
+            }
+            p.suspect = None;
+        } else {
+            tracing::warn!(
+                "{}: request {b} was in the device at this crash ({strikes})",
+                p.role
+            );
+            p.suspect = Some((b, strikes));
         }
         if let Some(s) = p.server.as_mut() {
             s.isolate_ms = ISOLATE.as_millis() as u64;

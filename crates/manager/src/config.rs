@@ -200,6 +200,31 @@ struct RawDevice {
     max_files: Option<Spanned<i64>>,
 }
 
+/// The keys every `[[device]]` may have, whatever its model.
+const COMMON_KEYS: &[&str] = &[
+    "name",
+    "model",
+    "placement",
+    "server",
+    "request_deadline",
+    "restarts",
+    "restart_window",
+    "retry_after_give_up",
+    "heartbeat",
+    "faults",
+    "attached",
+    "fault_injection",
+    "max_memory",
+    "max_files",
+];
+
+/// Each `[[device]]` table's keys, located (the rest of the description is read after).
+#[derive(Deserialize)]
+struct DeviceKeys {
+    #[serde(default)]
+    device: Vec<std::collections::BTreeMap<Spanned<String>, toml::Value>>,
+}
+
 impl RawDevice {
     /// The models' keys this table gives, as text, located.
     fn model_keys(&self) -> crate::models::Keys {
@@ -270,10 +295,37 @@ impl Machine {
             line: line_of(offset),
             message,
         };
-        let raw: RawMachine = toml::from_str(text).map_err(|e| {
+        let toml_err = |e: toml::de::Error| {
             let at = e.span().map(|s| s.start).unwrap_or(0);
             err(at, e.message().to_string())
-        })?;
+        };
+        // Keys first, by each device's model: a key no model has is named with the keys this
+        // device's model takes, not every key of every model.
+        let keys: DeviceKeys = toml::from_str(text).map_err(toml_err)?;
+        for d in &keys.device {
+            let model = d
+                .iter()
+                .find(|(k, _)| k.get_ref() == "model")
+                .and_then(|(_, v)| v.as_str())
+                .and_then(crate::models::model);
+            let Some(model) = model else { continue };
+            if let Some((k, _)) = d.iter().find(|(k, _)| {
+                !COMMON_KEYS.contains(&k.get_ref().as_str())
+                    && !model.keys.contains(&k.get_ref().as_str())
+            }) {
+                return Err(err(
+                    k.span().start,
+                    format!(
+                        "{} is not a key of a {} device (its keys: {}; every device's: {})",
+                        k.get_ref(),
+                        model.name,
+                        model.keys.join(", "),
+                        COMMON_KEYS.join(", ")
+                    ),
+                ));
+            }
+        }
+        let raw: RawMachine = toml::from_str(text).map_err(toml_err)?;
         if raw.device.is_empty() {
             return Err(err(text.len(), "the machine has no [[device]]".into()));
         }
@@ -611,6 +663,16 @@ mod tests {
             "{e}"
         );
         assert!(e.message.contains("its keys: size"), "{e}");
+        // A key no model has: named with this model's keys, not every model's.
+        let text = "[[device]]\nname = \"r\"\nmodel = \"virtio-rng\"\ncolour = \"red\"\n";
+        let e = Machine::parse(text, "m.toml").unwrap_err();
+        assert_eq!(e.line, 4, "{e}");
+        assert!(
+            e.message
+                .contains("colour is not a key of a virtio-rng device (its keys: seed;"),
+            "{e}"
+        );
+        assert!(!e.message.contains("backing"), "{e}");
         let m = Machine::parse(
             "[[device]]\nname = \"d\"\nmodel = \"virtio-blk\"\nbacking = \"mem:1M\"\nqueues = 2\nread_only = true\n",
             "m.toml",

@@ -29,8 +29,10 @@ pub struct UpArgs {
     #[arg(long, value_name = "GROUP", value_parser = parse_group)]
     control_group: Option<u32>,
     /// Run device models and driver servers as this user (a name from /etc/passwd, or
-    /// UID:GID), e.g. nobody. They get their disks and sockets as descriptors, so they need
-    /// no access of their own. Without it they keep this user's id, with no capabilities.
+    /// UID:GID), best one made for Outboard alone (`useradd --system outboard`): a user that
+    /// other daemons share, like nobody, could signal or trace them. They get their disks and
+    /// sockets as descriptors, so they need no access of their own. Without it they keep
+    /// this user's id, with no capabilities.
     #[arg(long, value_name = "USER", value_parser = check_user)]
     user: Option<String>,
     /// Children refuse to serve unless every confinement layer holds in full (Landlock on
@@ -353,9 +355,20 @@ pub fn driver_host(a: DriverHostArgs) -> Result<ExitCode, String> {
             .filter_map(|x| x.split_once('='))
             .find(|(n, _)| *n == name)
             .map(|(_, drv)| drv);
+        let abort_on = a
+            .driver_abort_on
+            .iter()
+            .filter_map(|x| x.split_once('='))
+            .find(|(n, _)| *n == name)
+            .map(|(_, s)| {
+                s.parse::<u64>()
+                    .map_err(|_| format!("--driver-abort-on {name}={s}: give a sector number"))
+            })
+            .transpose()?;
         let opts = StartOptions {
             name: name.to_string(),
             queues: MAX_QUEUES,
+            abort_on,
         };
         served.push(crate::classes::serve(&at, driver, opts).map_err(|e| format!("{name}: {e}"))?);
         names.push(name.to_string());

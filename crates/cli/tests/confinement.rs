@@ -30,6 +30,21 @@ fn status(pid: u64, field: &str) -> String {
         .to_string()
 }
 
+/// No capability in any set, on any thread of `pid` (each thread's status says its own).
+fn assert_no_capabilities(pid: u64, what: &str) {
+    for task in std::fs::read_dir(format!("/proc/{pid}/task")).unwrap() {
+        let tid = task.unwrap().file_name().to_string_lossy().into_owned();
+        let st = std::fs::read_to_string(format!("/proc/{pid}/task/{tid}/status")).unwrap();
+        for set in ["CapInh", "CapPrm", "CapEff", "CapBnd", "CapAmb"] {
+            let line = st.lines().find(|l| l.starts_with(set)).unwrap();
+            assert!(
+                line.ends_with("0000000000000000"),
+                "{what} thread {tid}: {line}"
+            );
+        }
+    }
+}
+
 /// What each descriptor of `pid` refers to.
 fn fds(pid: u64) -> Vec<String> {
     std::fs::read_dir(format!("/proc/{pid}/fd"))
@@ -53,18 +68,7 @@ fn the_processes_a_machine_starts_are_confined_and_hold_only_their_own_descripto
         .unwrap();
     for (what, pid) in [("device model", model), ("driver server", server)] {
         assert_eq!(status(pid, "NoNewPrivs"), "1", "{what}");
-        // No capability in any set, on any thread (each thread's status says its own).
-        for task in std::fs::read_dir(format!("/proc/{pid}/task")).unwrap() {
-            let tid = task.unwrap().file_name().to_string_lossy().into_owned();
-            let st = std::fs::read_to_string(format!("/proc/{pid}/task/{tid}/status")).unwrap();
-            for set in ["CapInh", "CapPrm", "CapEff", "CapBnd", "CapAmb"] {
-                let line = st.lines().find(|l| l.starts_with(set)).unwrap();
-                assert!(
-                    line.ends_with("0000000000000000"),
-                    "{what} thread {tid}: {line}"
-                );
-            }
-        }
+        assert_no_capabilities(pid, what);
         assert_eq!(status(pid, "Seccomp"), "2", "{what}: seccomp filter mode");
         let limits = std::fs::read_to_string(format!("/proc/{pid}/limits")).unwrap();
         let core = limits.lines().find(|l| l.starts_with("Max core")).unwrap();

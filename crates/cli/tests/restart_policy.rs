@@ -66,6 +66,16 @@ fn state(n: &serde_json::Value) -> String {
     n["props"]["state"].as_str().unwrap_or_default().to_string()
 }
 
+/// Waits (at most 30 s) for disk0's driver to run again; `when` says when, if it does not.
+fn wait_running(up: &Up, when: &str) {
+    assert!(
+        eventually(Duration::from_secs(30), || state(&driver(up))
+            .starts_with("running")),
+        "{when}: {:#}",
+        driver(up)
+    );
+}
+
 #[test]
 fn a_driver_killed_every_10ms_under_verified_load_loses_and_fails_nothing_with_the_default_policy()
 {
@@ -84,12 +94,7 @@ fn a_driver_killed_every_10ms_under_verified_load_loses_and_fails_nothing_with_t
     let kills = kill_servers(&up, 1000, Duration::from_millis(10));
     assert!(kills >= 300, "only {kills} kills landed");
     // It serves again afterwards.
-    assert!(
-        eventually(Duration::from_secs(30), || state(&driver(&up))
-            .starts_with("running")),
-        "{:#}",
-        driver(&up)
-    );
+    wait_running(&up, "after the kills");
     std::thread::sleep(Duration::from_millis(300));
     stop.store(true, Ordering::Relaxed);
     let completed: u64 = common::verified_clean(clients)
@@ -193,12 +198,7 @@ fn a_given_up_device_is_tried_again_on_its_own() {
         "{:#}",
         driver(&up)
     );
-    assert!(
-        eventually(Duration::from_secs(15), || state(&driver(&up))
-            .starts_with("running")),
-        "{:#}",
-        driver(&up)
-    );
+    wait_running(&up, "after the retry");
     let r = up.run(&["blk", "read", "disk0", "--length", "512"]);
     assert!(r.status.success(), "{r:?}");
 }
@@ -229,14 +229,12 @@ fn a_running_device_restarts_by_hand_and_its_clients_carry_on() {
     );
 }
 
-#[test]
-fn a_request_that_crashes_the_device_every_time_fails_alone_after_three_crashes() {
+/// A request that kills whatever it reaches — the model (`faults`) or the driver itself
+/// (`driver_abort_on`) — at sector 8192 (byte 4 MiB), every time: it fails alone after three
+/// crashes, a bystander at queue depth 16 sees no error, and the device serves on.
+fn poisoned_request_fails_alone(fault: &str) {
     let dir = tempfile::tempdir().unwrap();
-    // The model aborts whenever a request touches sector 8192 (byte 4 MiB).
-    let up = Up::start(
-        dir.path(),
-        Some(&format!("{MACHINE}faults = [\"abort-on=8192\"]\n")),
-    );
+    let up = Up::start(dir.path(), Some(&format!("{MACHINE}{fault}\n")));
     let stop = Arc::new(AtomicBool::new(false));
     let w = Workload {
         depth: 16,
@@ -251,18 +249,28 @@ fn a_request_that_crashes_the_device_every_time_fails_alone_after_three_crashes(
         Duration::from_secs(60),
     );
     let took = t.elapsed();
-    assert!(!r.status.success(), "the poisoned read succeeded");
+    assert!(!r.status.success(), "{fault}: the poisoned read succeeded");
     let e = String::from_utf8_lossy(&r.stderr);
-    assert!(e.contains("crashed the driver 3 times"), "{e}");
+    assert!(e.contains("crashed the driver 3 times"), "{fault}: {e}");
     // Everyone else carried on, and the device still serves.
     std::thread::sleep(Duration::from_millis(300));
     stop.store(true, Ordering::Relaxed);
     // The bystander saw no error.
     common::verified_clean(bystander);
     let ok = up.run(&["blk", "read", "disk0", "--offset", "8M", "--length", "4096"]);
-    assert!(ok.status.success(), "{ok:?}");
-    assert!(!state(&driver(&up)).contains("gave up"));
-    println!("the poisoned request failed after {took:?}");
+    assert!(ok.status.success(), "{fault}: {ok:?}");
+    assert!(!state(&driver(&up)).contains("gave up"), "{fault}");
+    println!("{fault}: the poisoned request failed after {took:?}");
+}
+
+#[test]
+fn a_request_that_crashes_the_device_every_time_fails_alone_after_three_crashes() {
+    poisoned_request_fails_alone("faults = [\"abort-on=8192\"]");
+}
+
+#[test]
+fn a_request_that_crashes_the_driver_every_time_fails_alone_after_three_crashes() {
+    poisoned_request_fails_alone("driver_abort_on = 8192");
 }
 
 #[test]
@@ -280,12 +288,7 @@ fn a_driver_that_hangs_now_and_then_but_serves_between_is_never_given_up() {
     let clients = common::verified_clients(&up, "disk0", 0..2, w, &stop);
     // More hangs than the give-up budget allows crashes without progress.
     for round in 0..7 {
-        assert!(
-            eventually(Duration::from_secs(30), || state(&driver(&up))
-                .starts_with("running")),
-            "round {round}: {:#}",
-            driver(&up)
-        );
+        wait_running(&up, &format!("round {round}"));
         // It serves a while, then stops answering (SIGSTOP: the heartbeat stops too).
         std::thread::sleep(Duration::from_millis(400));
         let servers = common::children_running(up_pid, "driver-host");
@@ -298,12 +301,7 @@ fn a_driver_that_hangs_now_and_then_but_serves_between_is_never_given_up() {
         common::signal_child_of(up_pid, servers[0], Signal::CONT);
         assert!(killed, "round {round}: the hung server was not killed");
     }
-    assert!(
-        eventually(Duration::from_secs(30), || state(&driver(&up))
-            .starts_with("running")),
-        "{:#}",
-        driver(&up)
-    );
+    wait_running(&up, "after the kills");
     std::thread::sleep(Duration::from_millis(300));
     stop.store(true, Ordering::Relaxed);
     common::verified_clean(clients);
@@ -372,12 +370,7 @@ fn restart_by_hand_works_even_where_automatic_restarts_are_off() {
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    assert!(
-        eventually(Duration::from_secs(20), || state(&driver(&up))
-            .starts_with("running")),
-        "{:#}",
-        driver(&up)
-    );
+    wait_running(&up, "after the restart by hand");
     let r = up.run(&["blk", "read", "disk0", "--offset", "0", "--length", "7"]);
     assert_eq!(r.stdout, b"by hand");
 }

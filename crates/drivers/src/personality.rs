@@ -127,12 +127,16 @@ pub enum Provider {
 }
 
 /// What a driver is started with besides its device.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, Default)]
 pub struct StartOptions {
     /// The class device's name (`disk0`).
     pub name: String,
     /// Most device queues to use.
     pub queues: u16,
+    /// Fault injection: the driver aborts its process whenever a request touches this
+    /// sector, every time — a request that kills its driver (what quarantine is for). The
+    /// virtio-blk driver honours it.
+    pub abort_on: Option<u64>,
 }
 
 /// Why a driver could not be started.
@@ -208,7 +212,9 @@ fn virtio_blk_start(p: Provider, o: &StartOptions) -> Result<Box<dyn AnyDriver>,
         ..Default::default()
     };
     let chip = VirtioBlk::new(f, opts).map_err(|e| StartError::Refused(e.to_string()))?;
-    Ok(outboard_block::bind(VirtioBlock::new(&o.name, chip)))
+    Ok(outboard_block::bind(
+        VirtioBlock::new(&o.name, chip).abort_on(o.abort_on),
+    ))
 }
 
 fn null_blk_matches(id: &Identity<'_>) -> bool {
@@ -419,6 +425,7 @@ mod tests {
         let opts = StartOptions {
             name: "n".into(),
             queues: 1,
+            ..Default::default()
         };
         let e = start(&at, Some("virtio-blk"), &opts).unwrap_err();
         assert!(matches!(e, StartError::NoMatch(m) if m.contains("does not match")));

@@ -23,6 +23,8 @@ pub struct VirtioBlock {
     /// Requests sent down each queue (for status and tests).
     per_queue: Vec<u64>,
     completions: Vec<BlkCompletion>,
+    /// Fault injection: abort the process when a request touches this sector.
+    abort_on: Option<u64>,
 }
 
 impl std::fmt::Debug for VirtioBlock {
@@ -96,7 +98,15 @@ impl VirtioBlock {
             driver,
             info,
             completions: Vec::new(),
+            abort_on: None,
         }
+    }
+
+    /// Aborts the process whenever a request touches `sector` (fault injection: a request
+    /// that kills its driver every time).
+    pub fn abort_on(mut self, sector: Option<u64>) -> Self {
+        self.abort_on = sector;
+        self
     }
 
     /// The environment of this driver's device (its DMA space).
@@ -190,6 +200,12 @@ impl BlockDriver for VirtioBlock {
     fn submit(&mut self, r: &BlockRequest, iova_base: u64, tag: u64) -> Result<(), BlockError> {
         let bytes = r.blocks as u64 * self.info.block_size as u64;
         let sector = r.lba * self.sectors_per_block;
+        if let Some(s) = self.abort_on {
+            if (sector..sector + r.blocks as u64 * self.sectors_per_block).contains(&s) {
+                eprintln!("outboard: injected driver fault: a request touched sector {s}: abort");
+                std::process::abort();
+            }
+        }
         let sectors = || {
             u32::try_from(r.blocks as u64 * self.sectors_per_block)
                 .map_err(|_| BlockError::OutOfRange)

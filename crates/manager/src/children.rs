@@ -173,6 +173,10 @@ pub struct DriverHostArgs {
     /// match for the device is started.
     #[arg(long = "driver", value_name = "NAME=DRIVER")]
     pub drivers: Vec<String>,
+    /// Fault injection: the driver of device NAME aborts the server whenever a request
+    /// touches SECTOR, every time (a request that kills its driver). Repeatable.
+    #[arg(long = "driver-abort-on", value_name = "NAME=SECTOR")]
+    pub driver_abort_on: Vec<String>,
     /// Poll for new requests this many microseconds after the last one before sleeping
     /// (0: sleep at once). Saves a wake-up per request for busy clients; idle cost is nil.
     #[arg(long, default_value_t = 20)]
@@ -220,6 +224,7 @@ impl DriverHostArgs {
             listen_fd: Some(listen_fd),
             devices: Vec::new(),
             drivers: Vec::new(),
+            driver_abort_on: Vec::new(),
             spin_us: 20,
             notify_fd: None,
             deadline_ms: 30_000,
@@ -239,6 +244,7 @@ impl DriverHostArgs {
         a.opt("--listen-fd", self.listen_fd);
         a.each("--device", &self.devices);
         a.each("--driver", &self.drivers);
+        a.each("--driver-abort-on", &self.driver_abort_on);
         a.opt("--spin-us", Some(self.spin_us));
         a.opt("--notify-fd", self.notify_fd);
         a.opt("--deadline-ms", Some(self.deadline_ms));
@@ -634,6 +640,7 @@ mod tests {
         );
         a.devices = vec!["disk0=vfio-user-fd:5".into(), "null0=null:1048576".into()];
         a.drivers = vec!["disk0=virtio-blk".into()];
+        a.driver_abort_on = vec!["disk0=8192".into()];
         a.notify_fd = Some(3);
         a.deadline_ms = 1500;
         a.restartable = true;

@@ -20,6 +20,7 @@
 //! retry_after_give_up = "60s" # a given-up device is tried again after 1 s, 2 s, … up to this
 //! heartbeat = "1s"        # a driver server whose loop stops this long is hung: restarted
 //! fault_injection = false # true: a fault socket for `outboard fault`
+//! driver_abort_on = 8192  # the driver aborts its server when a request touches this sector
 //! max_memory = "16G"      # address space of its model and driver server (RLIMIT_AS)
 //! max_files = 4096        # descriptors of each (RLIMIT_NOFILE)
 //! faults = ["drop-irq=2"] # fault injection armed from the start (see `outboard fault`)
@@ -92,6 +93,9 @@ pub struct DeviceConfig {
     pub attached: bool,
     /// Its model listens for `outboard fault` (a socket in the runtime directory).
     pub fault_injection: bool,
+    /// Fault injection in the driver: it aborts its server whenever a request touches this
+    /// sector (`driver_abort_on = 8192`).
+    pub driver_abort_on: Option<u64>,
     /// Most bytes of address space its model and driver server may map (`RLIMIT_AS`).
     pub max_memory: u64,
     /// Most descriptors its model and driver server may hold (`RLIMIT_NOFILE`).
@@ -196,6 +200,7 @@ struct RawDevice {
     attached: Option<bool>,
     #[serde(default)]
     fault_injection: bool,
+    driver_abort_on: Option<Spanned<i64>>,
     max_memory: Option<Spanned<String>>,
     max_files: Option<Spanned<i64>>,
 }
@@ -214,6 +219,7 @@ const COMMON_KEYS: &[&str] = &[
     "faults",
     "attached",
     "fault_injection",
+    "driver_abort_on",
     "max_memory",
     "max_files",
 ];
@@ -467,6 +473,15 @@ impl Machine {
                     format!("a {} device has no hardware to fault", model.name),
                 ));
             }
+            let driver_abort_on = match &d.driver_abort_on {
+                None => None,
+                Some(n) => Some(u64::try_from(*n.get_ref()).map_err(|_| {
+                    err(
+                        n.span().start,
+                        format!("driver_abort_on = {}: a sector number", n.get_ref()),
+                    )
+                })?),
+            };
             let max_memory = match &d.max_memory {
                 None => DEFAULT_MAX_MEMORY,
                 Some(m) => outboard_devices::backing::parse_size(m.get_ref())
@@ -509,6 +524,7 @@ impl Machine {
                 restart,
                 attached: d.attached.unwrap_or(true),
                 fault_injection: d.fault_injection,
+                driver_abort_on,
                 max_memory,
                 max_files,
             });

@@ -100,6 +100,9 @@ impl Manager {
                 format!("vfio-user-fd:{}", conn_fds.next().expect("one per model"))
             };
             args.devices.push(format!("{}={spec}", d.name));
+            if let Some(sector) = d.driver_abort_on {
+                args.driver_abort_on.push(format!("{}={sector}", d.name));
+            }
             // The catalog's choice, as the registry records it: the server starts exactly it.
             if let Some(driver) = self.driver_of(&d.name).map(|drv| drv.name.clone()) {
                 args.drivers.push(format!("{}={driver}", d.name));

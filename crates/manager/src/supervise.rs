@@ -449,19 +449,10 @@ impl Manager {
                 let still = hb.still_for(now);
                 let limit = self.policy(&kind).heartbeat;
                 if still > limit && self.procs[i].exited.is_none() && !self.procs[i].hung {
-                    let p = &mut self.procs[i];
-                    tracing::error!(
-                        "{} (pid {}) is hung: its loop has not turned for {still:?}; killing it",
-                        p.role,
-                        p.pid()
-                    );
                     // The heartbeat page stays until the death is weighed: whether this
                     // incarnation served, and which request was in the device, are on it.
-                    p.hung = true;
-                    let _ = rustix::process::kill_process(
-                        rustix::process::Pid::from_child(&p.child),
-                        rustix::process::Signal::KILL,
-                    );
+                    self.procs[i]
+                        .kill_as_hung(&format!("is hung: its loop has not turned for {still:?}"));
                     let devices = Self::devices_of(&kind);
                     for n in &devices {
                         if let Some(drv) = self.driver_of_mut(n) {
@@ -475,16 +466,9 @@ impl Manager {
             }
             let p = &mut self.procs[i];
             if p.serve_by.is_some_and(|by| by <= now) && p.exited.is_none() && !p.hung {
-                tracing::error!(
-                    "{} (pid {}) did not come into service within {MODEL_START_TIME:?}; killing it",
-                    p.role,
-                    p.pid()
-                );
-                p.hung = true;
-                let _ = rustix::process::kill_process(
-                    rustix::process::Pid::from_child(&p.child),
-                    rustix::process::Signal::KILL,
-                );
+                p.kill_as_hung(&format!(
+                    "did not come into service within {MODEL_START_TIME:?}"
+                ));
             }
             if self.procs[i].restart_at.is_none_or(|at| at > now) {
                 continue;

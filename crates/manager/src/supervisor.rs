@@ -702,6 +702,17 @@ impl Process {
         self.child.id()
     }
 
+    /// Kills it for not answering (`why`: what it failed to do); its death is weighed as a
+    /// hang, a fault of its own.
+    pub fn kill_as_hung(&mut self, why: &str) {
+        tracing::error!("{} (pid {}) {why}; killing it", self.role, self.pid());
+        self.hung = true;
+        let _ = rustix::process::kill_process(
+            rustix::process::Pid::from_child(&self.child),
+            rustix::process::Signal::KILL,
+        );
+    }
+
     /// Records the exit if the process has exited; returns whether it just did.
     pub fn reap(&mut self) -> bool {
         if self.exited.is_some() {

@@ -49,6 +49,7 @@ impl Colocated {
             name: name.into(),
             // A client in one thread has nothing to spread over several queues.
             queues: 1,
+            ..Default::default()
         };
         let Started { driver, env, .. } =
             outboard_drivers::start(at, None, &opts).map_err(start_error)?;

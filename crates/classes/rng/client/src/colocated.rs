@@ -25,6 +25,7 @@ impl Colocated {
         let opts = StartOptions {
             name: name.into(),
             queues: 1,
+            ..Default::default()
         };
         let started = outboard_drivers::start(&Attachment::Pci(device), None, &opts)
             .map_err(|e| EntropyError::DeviceFailed(e.to_string()))?;

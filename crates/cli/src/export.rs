@@ -82,7 +82,8 @@ pub fn run(c: ExportCommand, control: PathBuf) -> Result<ExitCode, String> {
     // What needs privilege comes first: the keys (a file only root may read, say) and the
     // socket (a port below 1024). Then every capability goes, before any thread starts
     // (capabilities belong to each thread): the export parses what any client sends, and a
-    // flaw in that must not hand over root's powers.
+    // flaw in that must not come with root's capabilities. (Started by root it keeps uid 0,
+    // which still owns root's files: it is not confined like a driver server.)
     let tls = match (&a.tls_cert, &a.tls_key, &a.tls_psk) {
         (Some(cert), Some(key), _) => Some(outboard_nbd::tls::Tls::Certificates(
             outboard_nbd::tls::server_config(cert, key, a.tls_verify_peer.as_deref())

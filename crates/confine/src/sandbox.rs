@@ -68,7 +68,6 @@ pub fn restrict() -> Result<(String, bool), ConfineError> {
         .map_err(err)?;
     let mut others = 0;
     if !tsync {
-        let threads = crate::threads::other_threads()?;
         let fd: Option<std::os::fd::OwnedFd> = created
             .try_clone()
             .map_err(|source| ConfineError::Os {
@@ -76,8 +75,9 @@ pub fn restrict() -> Result<(String, bool), ConfineError> {
                 source,
             })?
             .into();
+        // Without Landlock there is no ruleset, and nothing to ask other threads to do.
         if let Some(fd) = fd {
-            others = crate::threads::restrict_others(std::os::fd::AsFd::as_fd(&fd), &threads)?;
+            others = crate::threads::restrict_others(std::os::fd::AsFd::as_fd(&fd))?;
         }
     }
     let status = created

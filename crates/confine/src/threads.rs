@@ -61,10 +61,28 @@ pub fn other_threads() -> Result<Vec<i32>, ConfineError> {
         .collect())
 }
 
-/// Has every thread in `threads` restrict itself with `ruleset`; returns how many did (a
-/// thread that ended meanwhile counts as done: it holds nothing). An error if one refused or
-/// did not answer in time.
-pub fn restrict_others(ruleset: BorrowedFd<'_>, threads: &[i32]) -> Result<usize, ConfineError> {
+/// Has every other thread of the process restrict itself with `ruleset`; returns how many
+/// did (a thread that ended meanwhile counts as done: it holds nothing). Threads are listed
+/// again after each round, as glibc does for `setuid`, until a listing shows none that was
+/// not asked: one started meanwhile by a thread not yet restricted is asked too. An error if
+/// one refused or did not answer in time.
+pub fn restrict_others(ruleset: BorrowedFd<'_>) -> Result<usize, ConfineError> {
+    let mut asked: Vec<i32> = Vec::new();
+    loop {
+        let new: Vec<i32> = other_threads()?
+            .into_iter()
+            .filter(|t| !asked.contains(t))
+            .collect();
+        if new.is_empty() {
+            return Ok(asked.len());
+        }
+        restrict_these(ruleset, &new)?;
+        asked.extend(new);
+    }
+}
+
+/// Has each thread in `threads` restrict itself with `ruleset`.
+fn restrict_these(ruleset: BorrowedFd<'_>, threads: &[i32]) -> Result<usize, ConfineError> {
     if threads.is_empty() {
         return Ok(0);
     }

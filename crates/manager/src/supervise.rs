@@ -141,7 +141,9 @@ impl Manager {
             wait = wait.min(t.saturating_duration_since(now));
         }
         for p in &self.procs {
-            if let Some(at) = p.restart_at {
+            // A server due to start but waiting for its models wakes nobody: their events
+            // (a model serving, or dying) do. Counting it would spin the loop meanwhile.
+            if let Some(at) = p.restart_at.filter(|_| !self.models_down(&p.kind)) {
                 wait = wait.min(at.saturating_duration_since(now));
             }
             if p.heartbeat.is_some() {
@@ -149,6 +151,18 @@ impl Manager {
             }
         }
         wait
+    }
+
+    /// Whether `kind` is a driver server one of whose models is not in service (dead,
+    /// waiting to restart, or starting): it must not start before them.
+    pub(crate) fn models_down(&self, kind: &supervisor::Kind) -> bool {
+        matches!(kind, supervisor::Kind::Server { .. })
+            && Self::devices_of(kind).iter().any(|n| {
+                self.procs.iter().any(|m| {
+                    m.kind == (supervisor::Kind::Model { device: n.clone() })
+                        && (m.restart_at.is_some() || m.exited.is_some() || m.serve_by.is_some())
+                })
+            })
     }
 
     /// The restart policy of the devices a process serves or models.
@@ -474,13 +488,7 @@ impl Manager {
                 continue;
             }
             // A server starts only once its models run again and are in service.
-            let models_down = Self::devices_of(&kind).iter().any(|n| {
-                self.procs.iter().any(|m| {
-                    m.kind == (supervisor::Kind::Model { device: n.clone() })
-                        && (m.restart_at.is_some() || m.exited.is_some() || m.serve_by.is_some())
-                })
-            });
-            if matches!(kind, supervisor::Kind::Server { .. }) && models_down {
+            if self.models_down(&kind) {
                 continue;
             }
             self.restart(i, work);
@@ -537,6 +545,12 @@ impl Manager {
             // then its driver server waits, and the loop goes on supervising and answering.
             // One that is not in service in time is killed, like a hung server.
             self.procs[i].serve_by = Some(std::time::Instant::now() + MODEL_START_TIME);
+            // Its device is coming back (after a give-up too): clients wait, not fail.
+            self.set_state(
+                std::slice::from_ref(device),
+                "restarting (its device model is starting)",
+                "restarting",
+            );
             if let Some(f) = self
                 .registry
                 .find_mut("pci-function", &format!("{device}@vfio-user"))

@@ -233,6 +233,7 @@ impl Restarts {
                 // A working driver: at once, and the next death is a first again.
                 self.crashes.clear();
                 self.streak = 0;
+                self.retries = 0;
                 self.total += 1;
                 return Some(Duration::ZERO);
             }
@@ -266,10 +267,10 @@ impl Restarts {
     }
 
     /// The incarnation came into service: back-off starts afresh (its crashes still count
-    /// against the limit until one also makes progress), and so do retries after a give-up.
+    /// against the limit until one also makes progress, and retries after a give-up keep
+    /// growing until one does).
     pub fn served(&mut self) {
         self.streak = 0;
-        self.retries = 0;
     }
 
     /// When a process just given up is tried again: soon at first (1 s), doubling with each
@@ -923,7 +924,10 @@ mod tests {
         let tries: Vec<_> = (0..8).map(|_| r.next_retry(&p)).collect();
         assert_eq!(tries[..3], [1, 2, 4].map(Duration::from_secs));
         assert_eq!(tries[7], p.retry);
+        // Coming into service is not enough to start the schedule over; progress is.
         r.served();
+        assert_eq!(r.next_retry(&p), p.retry);
+        assert!(r.crashed(t, &p, Death::AfterProgress).is_some());
         assert_eq!(r.next_retry(&p), Duration::from_secs(1));
     }
 

@@ -89,8 +89,11 @@ pub struct Armed {
 impl Armed {
     /// The negotiation ended: an error if it ended too late (its socket was shut down).
     pub fn done(self) -> Result<(), NbdError> {
-        let g = self.deadlines.lock();
-        match g.1.iter().find(|e| e.id == self.id) {
+        // Taken off the list under the same lock that reads it: the watcher cannot shut the
+        // socket of a negotiation that ended in time.
+        let mut g = self.deadlines.lock();
+        let at = g.1.iter().position(|e| e.id == self.id);
+        match at.map(|i| g.1.remove(i)) {
             Some(e) if e.expired => Err(NbdError::Protocol(format!(
                 "negotiation did not end within {:?}",
                 e.within

@@ -322,7 +322,8 @@ impl Hub {
                 drain(self.pump_wake.as_fd());
                 // Given up is not forever: once the manager brings the device back (its
                 // retry, or `outboard restart`), the session resumes and requests flow again.
-                if dev.block_until(Instant::now()).is_ok() {
+                let given_up = matches!(self.lock().failed, Some(BlockError::DeviceFailed(_)));
+                if given_up && dev.block_until(Instant::now()).is_ok() {
                     tracing::info!("export device: serving again");
                     self.lock().failed = None;
                 }

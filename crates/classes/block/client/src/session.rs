@@ -69,6 +69,8 @@ pub struct ResumeStats {
 
 /// How often a session whose device was given up asks the manager whether it is back.
 const ASK_AGAIN: Duration = Duration::from_millis(100);
+/// How long a session whose given-up device is coming back waits for its server.
+const COMING_BACK: Duration = Duration::from_secs(10);
 
 /// A session with a block device served by a driver server.
 pub struct BlockClient {
@@ -192,7 +194,9 @@ impl BlockClient {
             // Given up is not forever: the manager retries the device, and an operator may
             // restart it. A later call resumes the session once the manager no longer says
             // it gave up (asking at most every 100 ms; the calls between fail at once).
-            let back = matches!(e, BlockError::DeviceFailed(_))
+            // Only a device the manager gave up comes back so (not one that ended the session
+            // another way: the restarted driver serving another disk, say).
+            let back = matches!(e, BlockError::DeviceFailed(why) if why.contains("gave up"))
                 && self.supervisor.as_ref().is_some_and(|sup| {
                     let now = Instant::now();
                     if self
@@ -213,7 +217,14 @@ impl BlockClient {
             return self.end(BlockError::DeviceGone);
         };
         let started = Instant::now();
-        let give_up = started + sup.patience;
+        // Coming back from a give-up, the manager has the device restarting already: a
+        // short wait (a caller, or the export's pump, is not held for the full patience).
+        let patience = if self.asked_again.is_some() {
+            sup.patience.min(COMING_BACK)
+        } else {
+            sup.patience
+        };
+        let give_up = started + patience;
         loop {
             // What the old server answered before it died is answered.
             let mut done = Vec::new();
@@ -227,6 +238,7 @@ impl BlockClient {
             }
         }
         let took = started.elapsed();
+        self.asked_again = None;
         self.resume_log.push((started, Instant::now()));
         self.resumes.resumes += 1;
         self.resumes.longest = self.resumes.longest.max(took);

@@ -330,6 +330,10 @@ fn connections_past_the_limit_get_no_thread_of_their_own() {
     let dir = tempfile::tempdir().unwrap();
     let up = Up::start(dir.path(), Some(MACHINE));
     let mut ex = Export::start(&up, &["--max-connections", "4"]);
+    // Once it serves (a client served and gone), its own threads have started: the
+    // negotiation watcher, the shared session's pump.
+    round_trip(&ex.socket, 0, 6);
+    std::thread::sleep(Duration::from_millis(100));
     let before = threads_of(&ex.child);
     // Silent connections: they never send a byte, so each would hold a thread until its
     // handshake time-out if the export gave every one of them a thread.

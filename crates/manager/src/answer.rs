@@ -28,12 +28,13 @@ impl Manager {
                 return;
             }
         };
-        // A client the manager does not serve is told why at once and let go: it holds no
-        // slot among the control connections (which a flood of them would otherwise fill).
-        if let Err(why) = control_peer_allowed(conn.as_fd(), self.opts.control_group) {
+        // A client the manager does not serve is answered its first request with why, then
+        // let go. (Answered at accept and closed at once, a request it had already sent would
+        // be unread at the close, and the kernel then resets the connection: the client lost
+        // the reason.)
+        let denied = control_peer_allowed(conn.as_fd(), self.opts.control_group).err();
+        if let Some(why) = &denied {
             self.log_accept(now, &format!("control socket: {why}"));
-            let _ = control::try_send(conn.as_fd(), &refuse(Code::Denied, why), &[]);
-            return;
         }
         let slot = match self.conns.iter().position(Option::is_none) {
             Some(i) => i,
@@ -45,6 +46,10 @@ impl Manager {
         if work.add(conn.as_fd(), Source::Conn(slot)).is_ok() {
             self.conns[slot] = Some(conn);
             self.accepted.push_back(slot);
+            match denied {
+                Some(why) => self.denied.insert(slot, why),
+                None => self.denied.remove(&slot),
+            };
         }
     }
 
@@ -81,6 +86,13 @@ impl Manager {
             return;
         };
         let reply = match control::recv::<Request>(conn.as_fd(), Some(Duration::ZERO)) {
+            // A client the manager does not serve is told why, and nothing else.
+            Ok(_) if self.denied.contains_key(&i) => {
+                let why = self.denied.remove(&i).unwrap_or_default();
+                let _ = control::try_send(conn.as_fd(), &refuse(Code::Denied, why), &[]);
+                self.close_conn(work, i);
+                return;
+            }
             Ok((req, _)) => self.answer(req, work),
             Err(outboard_session::SessionError::Timeout) => return,
             Err(outboard_session::SessionError::Invalid(m)) => refuse(Code::Invalid, m),
@@ -102,6 +114,7 @@ impl Manager {
             let _ = work.remove(conn.as_fd());
         }
         self.accepted.retain(|&s| s != i);
+        self.denied.remove(&i);
     }
 
     pub(crate) fn answer(&mut self, req: Request, work: &mut WorkLoop<Source>) -> Reply {

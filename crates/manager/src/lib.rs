@@ -111,6 +111,9 @@ pub struct Manager {
     /// Slots of `conns` in the order they were accepted: the oldest gives way when the
     /// manager holds as many connections as it may.
     accepted: std::collections::VecDeque<usize>,
+    /// Connections from peers the manager does not serve, and why: their first request is
+    /// answered with the reason, then they are closed.
+    denied: std::collections::HashMap<usize, String>,
     /// `accept` ran out of descriptors: not tried again before this instant.
     accept_paused: Option<std::time::Instant>,
     /// The last time a refused or failed `accept` was logged (once per interval, whatever
@@ -224,6 +227,7 @@ impl Manager {
             created: Vec::new(),
             conns: Vec::new(),
             accepted: Default::default(),
+            denied: Default::default(),
             accept_paused: None,
             accept_logged: None,
             suspended: Default::default(),

@@ -8,14 +8,14 @@ use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 
 use clap::{Args, Subcommand};
-use outboard_devices::backing::{parse_size, Backing};
+use outboard_devices::backing::Backing;
 use outboard_devices::faults::socket::FaultSocket;
 use outboard_devices::faults::{lock, FaultHandle};
 use outboard_devices::virtio_blk::BlkOptions;
 use outboard_vfio_user::{DeviceBackend, Server, ServerOptions};
 
 use crate::confine::ConfineArgs;
-use outboard_manager::children::{ModelFaults, ModelListen};
+use outboard_manager::children::{DiskOptions, ModelFaults, ModelListen, VirtioBlkOwn};
 
 #[derive(Subcommand)]
 pub enum DeviceCommand {
@@ -37,20 +37,6 @@ pub enum DeviceCommand {
     VirtioRng(crate::rng::VirtioRngArgs),
 }
 
-/// Options every disk model takes.
-#[derive(Args)]
-pub struct DiskOptions {
-    /// Present the disk read-only.
-    #[arg(long)]
-    read_only: bool,
-    /// Number of request queues.
-    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u16).range(1..=16))]
-    queues: u16,
-    /// Serial number returned by GET_ID (at most 20 bytes).
-    #[arg(long, default_value = "outboard-blk")]
-    serial: String,
-}
-
 #[derive(Args)]
 pub struct NullBlkArgs {
     #[command(flatten)]
@@ -66,19 +52,12 @@ pub struct NullBlkArgs {
     confine: ConfineArgs,
 }
 
-#[derive(Args)]
+#[derive(Args, Debug)]
 pub struct VirtioBlkArgs {
     #[command(flatten)]
     listen: ModelListen,
-    /// What holds the disk's bytes: a file path, or mem:SIZE for zero-filled memory
-    /// (SIZE with an optional K/M/G/T suffix).
-    #[arg(long, value_name = "FILE|mem:SIZE")]
-    backing: String,
-    /// Create the file with this size if it does not exist (sparse).
-    #[arg(long, value_name = "SIZE", value_parser = parse_size_arg)]
-    create: Option<u64>,
     #[command(flatten)]
-    disk: DiskOptions,
+    own: VirtioBlkOwn,
     #[command(flatten)]
     faults: ModelFaults,
     #[command(flatten)]
@@ -106,10 +85,6 @@ pub(crate) fn start_faults(
     }
 }
 
-pub(crate) fn parse_size_arg(s: &str) -> Result<u64, String> {
-    parse_size(s).ok_or_else(|| format!("{s:?} is not a size (e.g. 4096, 64M, 2G)"))
-}
-
 pub fn run(c: DeviceCommand) -> Result<ExitCode, String> {
     // Before any thread exists (the fault socket's, the twin socket's): none ever holds a
     // capability.
@@ -121,12 +96,12 @@ pub fn run(c: DeviceCommand) -> Result<ExitCode, String> {
     confine.drop_privileges(false)?;
     match c {
         DeviceCommand::VirtioBlk(a) => {
-            let backing = Backing::open_with(&a.backing, a.create, a.disk.read_only)
+            let backing = Backing::open_with(&a.own.backing, a.own.create, a.own.disk.read_only)
                 .map_err(|e| e.to_string())?;
             disk(
                 "virtio-blk",
                 backing,
-                a.disk,
+                a.own.disk,
                 a.faults,
                 &a.listen,
                 &a.confine,
@@ -222,4 +197,95 @@ pub fn serve<B: DeviceBackend>(
     server.run(&stop).map_err(|e| e.to_string())?;
     outboard_sys::errln!("outboard: stopped");
     Ok(ExitCode::SUCCESS)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{Cli, Command};
+    use clap::Parser;
+    use outboard_manager::children::{ModelArgs, ModelOwn, VirtioRngOwn};
+
+    /// `outboard device …` as this binary parses what the manager wrote.
+    fn parse_back(m: &ModelArgs) -> DeviceCommand {
+        let line: Vec<String> = std::iter::once("outboard".to_string())
+            .chain(m.command_line())
+            .collect();
+        match Cli::try_parse_from(&line) {
+            Ok(Cli {
+                command: Command::Device(d),
+                ..
+            }) => d,
+            Ok(_) => panic!("{line:?}: not a device model"),
+            Err(e) => panic!("{line:?}: {e}"),
+        }
+    }
+
+    fn described(own: ModelOwn) -> ModelArgs {
+        ModelArgs {
+            listen: ModelListen {
+                socket: None,
+                fd: Some(4),
+                notify_fd: Some(3),
+            },
+            faults: ModelFaults {
+                faults: vec!["error-next=2".parse().unwrap(), "stall=2s".parse().unwrap()],
+                faults_socket: None,
+                faults_fd: Some(5),
+            },
+            own,
+            confine: ConfineArgs {
+                confine: true,
+                check_confinement: None,
+                user: Some("65534:65534".parse().unwrap()),
+                require_confinement: false,
+                max_files: 256,
+                max_memory: Some(1 << 30),
+            },
+        }
+    }
+
+    #[test]
+    fn every_model_the_manager_describes_parses_back_the_same() {
+        let disks = [
+            VirtioBlkOwn {
+                backing: "fd:6".into(),
+                create: None,
+                disk: DiskOptions {
+                    read_only: false,
+                    queues: 1,
+                    serial: outboard_manager::children::DEFAULT_SERIAL.into(),
+                },
+            },
+            VirtioBlkOwn {
+                backing: "/srv/disk.img".into(),
+                create: Some(1 << 20),
+                disk: DiskOptions {
+                    read_only: true,
+                    queues: 4,
+                    serial: "abc".into(),
+                },
+            },
+        ];
+        for own in disks {
+            let m = described(ModelOwn::VirtioBlk(own.clone()));
+            let DeviceCommand::VirtioBlk(back) = parse_back(&m) else {
+                panic!("not virtio-blk")
+            };
+            assert_eq!(back.listen, m.listen);
+            assert_eq!(back.own, own);
+            assert_eq!(back.faults, m.faults);
+            assert_eq!(back.confine, m.confine);
+        }
+        for seed in [None, Some(7), Some(u64::MAX)] {
+            let m = described(ModelOwn::VirtioRng(VirtioRngOwn { seed }));
+            let DeviceCommand::VirtioRng(back) = parse_back(&m) else {
+                panic!("not virtio-rng")
+            };
+            assert_eq!(back.listen, m.listen);
+            assert_eq!(back.own, VirtioRngOwn { seed });
+            assert_eq!(back.faults, m.faults);
+            assert_eq!(back.confine, m.confine);
+        }
+    }
 }

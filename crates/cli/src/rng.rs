@@ -32,7 +32,7 @@ pub struct ReadArgs {
     /// Device name, e.g. rng0.
     device: String,
     /// How many bytes (a count with an optional K/M suffix).
-    #[arg(long, short = 'n', value_parser = crate::device::parse_size_arg)]
+    #[arg(long, short = 'n', value_parser = outboard_manager::children::parse_size_arg)]
     length: u64,
     /// Print hexadecimal (two digits a byte, one line) instead of raw bytes.
     #[arg(long)]
@@ -98,23 +98,21 @@ pub fn run(c: RngCommand, control: PathBuf) -> Result<ExitCode, String> {
 }
 
 /// `outboard device virtio-rng`.
-#[derive(Args)]
+#[derive(Args, Debug)]
 pub struct VirtioRngArgs {
     #[command(flatten)]
-    listen: outboard_manager::children::ModelListen,
-    /// Give the bytes of a seeded generator (SplitMix64) instead of the operating system's:
-    /// the same seed gives the same bytes (for tests), never use it for keys.
-    #[arg(long, value_name = "SEED")]
-    seed: Option<u64>,
+    pub(crate) listen: outboard_manager::children::ModelListen,
     #[command(flatten)]
-    faults: outboard_manager::children::ModelFaults,
+    pub(crate) own: outboard_manager::children::VirtioRngOwn,
+    #[command(flatten)]
+    pub(crate) faults: outboard_manager::children::ModelFaults,
     #[command(flatten)]
     pub confine: ConfineArgs,
 }
 
 /// Serves a virtio-rng model.
 pub fn serve_model(a: VirtioRngArgs) -> Result<ExitCode, String> {
-    let (entropy, what) = match a.seed {
+    let (entropy, what) = match a.own.seed {
         Some(s) => (Entropy::Seeded(Seeded::new(s)), format!("seed {s}")),
         None => (Entropy::Os, "getrandom".to_string()),
     };

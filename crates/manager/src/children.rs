@@ -3,8 +3,9 @@
 //! [`DriverHostArgs::command_line`]); the child, the same `outboard` binary, parses it back into
 //! the same struct with clap. A test holds that what is written parses back to the same value,
 //! so the two sides cannot drift apart: a driver server ([`DriverHostArgs`]), a device model
-//! ([`ModelArgs`]: its common part typed, its own keys from its entry in [`crate::models`])
-//! and an NBD export ([`ExportNbdArgs`]).
+//! ([`ModelArgs`]: its common part and its own arguments, [`ModelOwn`]) and an NBD export
+//! ([`ExportNbdArgs`]). The device model's test is the command line's own (`outboard device`
+//! parses what [`ModelArgs::command_line`] writes, in the `outboard` binary's tests).
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -427,19 +428,109 @@ fn parse_fault(s: &str) -> Result<Fault, String> {
     s.parse()
 }
 
+/// Options every disk model takes (virtio-blk and the null-blk device model).
+#[allow(missing_docs)]
+#[derive(Args, Debug, Clone, PartialEq)]
+pub struct DiskOptions {
+    /// Present the disk read-only.
+    #[arg(long)]
+    pub read_only: bool,
+    /// Number of request queues.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u16).range(1..=16))]
+    pub queues: u16,
+    /// Serial number returned by GET_ID (at most 20 bytes).
+    #[arg(long, default_value = DEFAULT_SERIAL)]
+    pub serial: String,
+}
+
+/// The serial number a disk model reports unless told otherwise.
+pub const DEFAULT_SERIAL: &str = "outboard-blk";
+
+impl DiskOptions {
+    fn write(&self, a: &mut Line) {
+        a.flag("--read-only", self.read_only);
+        a.opt("--queues", Some(self.queues));
+        a.opt(
+            "--serial",
+            (self.serial != DEFAULT_SERIAL).then_some(&self.serial),
+        );
+    }
+}
+
+/// virtio-blk's own arguments: what holds the disk, and the disk's options.
+#[allow(missing_docs)]
+#[derive(Args, Debug, Clone, PartialEq)]
+pub struct VirtioBlkOwn {
+    /// What holds the disk's bytes: a file path, or mem:SIZE for zero-filled memory
+    /// (SIZE with an optional K/M/G/T suffix), or fd:N for a file or memory inherited as
+    /// descriptor N (what the manager passes).
+    #[arg(long, value_name = "FILE|mem:SIZE|fd:N")]
+    pub backing: String,
+    /// Create the file with this size if it does not exist (sparse).
+    #[arg(long, value_name = "SIZE", value_parser = parse_size_arg)]
+    pub create: Option<u64>,
+    #[command(flatten)]
+    pub disk: DiskOptions,
+}
+
+/// virtio-rng's own arguments.
+#[allow(missing_docs)]
+#[derive(Args, Debug, Clone, PartialEq)]
+pub struct VirtioRngOwn {
+    /// Give the bytes of a seeded generator (SplitMix64) instead of the operating system's:
+    /// the same seed gives the same bytes (for tests), never use it for keys.
+    #[arg(long, value_name = "SEED")]
+    pub seed: Option<u64>,
+}
+
+/// A size on the command line (4096, 64M, 2G).
+pub fn parse_size_arg(s: &str) -> Result<u64, String> {
+    outboard_devices::backing::parse_size(s)
+        .ok_or_else(|| format!("{s:?} is not a size (e.g. 4096, 64M, 2G)"))
+}
+
+/// A model's own arguments, typed: each is the struct its `outboard device MODEL` parser
+/// flattens, so what the manager writes is what the model reads.
+#[derive(Debug, Clone, PartialEq)]
+pub enum ModelOwn {
+    /// `outboard device virtio-blk`.
+    VirtioBlk(VirtioBlkOwn),
+    /// `outboard device virtio-rng`.
+    VirtioRng(VirtioRngOwn),
+}
+
+impl ModelOwn {
+    /// The model's name, as `outboard device` takes it.
+    pub fn model(&self) -> &'static str {
+        match self {
+            Self::VirtioBlk(_) => "virtio-blk",
+            Self::VirtioRng(_) => "virtio-rng",
+        }
+    }
+
+    fn write(&self, a: &mut Line) {
+        match self {
+            Self::VirtioBlk(o) => {
+                a.opt("--backing", Some(&o.backing));
+                a.opt("--create", o.create);
+                o.disk.write(a);
+            }
+            Self::VirtioRng(o) => a.opt("--seed", o.seed),
+        }
+    }
+}
+
 /// A device model as the manager starts it: `outboard device MODEL`, where it listens, its
-/// faults, the model's own arguments (from its entry in [`crate::models`], each model's to
-/// write and its parser's to read) and its confinement.
+/// faults, the model's own arguments (from its entry in [`crate::models`]) and its
+/// confinement.
 #[derive(Debug, Clone, PartialEq)]
 pub struct ModelArgs {
-    /// The model (`virtio-blk`).
-    pub model: String,
     /// Where it listens and reports.
     pub listen: ModelListen,
     /// Its faults.
     pub faults: ModelFaults,
-    /// The model's own arguments.
-    pub own: Vec<String>,
+    /// The model, and its own arguments.
+    pub own: ModelOwn,
     /// Its confinement.
     pub confine: ConfineArgs,
 }
@@ -447,7 +538,7 @@ pub struct ModelArgs {
 impl ModelArgs {
     /// The command line after the program's name: `device MODEL` and its arguments.
     pub fn command_line(&self) -> Vec<String> {
-        let mut a = Line::of(["device", self.model.as_str()]);
+        let mut a = Line::of(["device", self.own.model()]);
         a.opt("--socket", self.listen.socket.as_ref().map(|p| p.display()));
         a.opt("--fd", self.listen.fd);
         a.opt("--notify-fd", self.listen.notify_fd);
@@ -457,7 +548,7 @@ impl ModelArgs {
         );
         a.opt("--faults-fd", self.faults.faults_fd);
         a.each("--fault", &self.faults.faults);
-        a.0.extend(self.own.iter().cloned());
+        self.own.write(&mut a);
         a.0.extend(self.confine.to_args());
         a.0
     }
@@ -515,72 +606,6 @@ mod tests {
     #[derive(clap::Subcommand)]
     enum Export {
         Nbd(ExportNbdArgs),
-    }
-
-    /// A model as a device command parses it: the shared parts, and one key of its own.
-    #[derive(clap::Args, Debug, PartialEq)]
-    struct TestModel {
-        #[command(flatten)]
-        listen: ModelListen,
-        #[arg(long)]
-        seed: Option<u64>,
-        #[command(flatten)]
-        faults: ModelFaults,
-        #[command(flatten)]
-        confine: ConfineArgs,
-    }
-
-    #[derive(clap::Subcommand)]
-    enum Device {
-        VirtioRng(TestModel),
-    }
-
-    #[derive(Parser)]
-    struct DeviceCli {
-        #[command(subcommand)]
-        command: DeviceCommand,
-    }
-
-    #[derive(clap::Subcommand)]
-    enum DeviceCommand {
-        #[command(subcommand)]
-        Device(Device),
-    }
-
-    #[test]
-    fn a_model_the_manager_describes_parses_back_the_same() {
-        let m = ModelArgs {
-            model: "virtio-rng".into(),
-            listen: ModelListen {
-                socket: None,
-                fd: Some(4),
-                notify_fd: Some(3),
-            },
-            faults: ModelFaults {
-                faults: vec!["error-next=2".parse().unwrap(), "stall=2s".parse().unwrap()],
-                faults_socket: None,
-                faults_fd: Some(5),
-            },
-            own: vec!["--seed".into(), "7".into()],
-            confine: ConfineArgs {
-                confine: true,
-                check_confinement: None,
-                user: Some("65534:65534".parse().unwrap()),
-                require_confinement: false,
-                max_files: 256,
-                max_memory: None,
-            },
-        };
-        let line: Vec<String> = std::iter::once("outboard".to_string())
-            .chain(m.command_line())
-            .collect();
-        let DeviceCommand::Device(Device::VirtioRng(back)) = DeviceCli::try_parse_from(&line)
-            .unwrap_or_else(|e| panic!("{line:?}: {e}"))
-            .command;
-        assert_eq!(back.listen, m.listen);
-        assert_eq!(back.faults, m.faults);
-        assert_eq!(back.confine, m.confine);
-        assert_eq!(back.seed, Some(7));
     }
 
     fn parse(line: Vec<String>) -> Command {

@@ -188,7 +188,15 @@ impl Manager {
                 device: d.name.clone(),
                 why,
             };
-            let launched = (d.model().launch)(d).map_err(|why| ManagerError::Model {
+            // The fault socket exists only where the machine asks for fault injection: it
+            // lets whoever reaches it make the device misbehave.
+            let faults_socket =
+                (d.fault_injection || self.opts.fault_injection).then_some(faults_socket);
+            // The descriptors are passed in this order: the listener, the fault socket if
+            // any, then the model's own.
+            let sockets = 1 + usize::from(faults_socket.is_some());
+            let first_own = supervisor::fd_layout(true, sockets + 1, 0).0[sockets];
+            let launched = (d.model().launch)(d, first_own).map_err(|why| ManagerError::Model {
                 device: d.name.clone(),
                 why,
             })?;
@@ -197,10 +205,6 @@ impl Manager {
                     .map_err(|e| socket(e.to_string()))?;
             let mut keep = vec![listener];
             let mut paths = vec![sock_path];
-            // The fault socket exists only where the machine asks for fault injection: it
-            // lets whoever reaches it make the device misbehave.
-            let faults_socket =
-                (d.fault_injection || self.opts.fault_injection).then_some(faults_socket);
             if let Some(path) = &faults_socket {
                 let (faults, faults_path) =
                     outboard_sys::bind_listener(path, rustix::net::SocketType::SEQPACKET, 8)
@@ -208,14 +212,9 @@ impl Manager {
                 keep.push(faults);
                 paths.push(faults_path);
             }
-            // The descriptors are passed in `keep`'s order: the listener, the fault socket if
-            // any, then the model's own.
             let (fds, _) = supervisor::fd_layout(true, keep.len() + launched.fds.len(), 0);
-            let mut own = launched.args;
-            for (flag, fd) in launched.fds {
-                own.extend([flag.to_string(), format!("fd:{}", fds[keep.len()])]);
-                keep.push(fd);
-            }
+            debug_assert_eq!(fds.get(keep.len()).copied().unwrap_or(first_own), first_own);
+            keep.extend(launched.fds);
             let faults = d
                 .faults
                 .iter()
@@ -230,7 +229,6 @@ impl Manager {
                 })
                 .collect::<Result<Vec<_>, _>>()?;
             let model = ModelArgs {
-                model: d.model.clone(),
                 listen: ModelListen {
                     socket: None,
                     fd: Some(fds[0]),
@@ -245,7 +243,7 @@ impl Manager {
                         None
                     },
                 },
-                own,
+                own: launched.own,
                 // Once it listens, it opens nothing: no filesystem, no network, no processes.
                 confine: self.confinement(&[d]),
             };

@@ -7,6 +7,7 @@ use std::os::fd::OwnedFd;
 use outboard_devices::backing::parse_size;
 
 use super::{KeyError, Keys, Launch, ModelError, Settled};
+use crate::children::{DiskOptions, ModelOwn, VirtioBlkOwn, DEFAULT_SERIAL};
 use crate::config::DeviceConfig;
 
 /// A size that is a positive multiple of 512.
@@ -90,7 +91,7 @@ pub(super) fn settle(
     Ok(Settled { backing, settings })
 }
 
-pub(super) fn launch(d: &DeviceConfig) -> Result<Launch, ModelError> {
+pub(super) fn launch(d: &DeviceConfig, first_fd: i32) -> Result<Launch, ModelError> {
     let backing = match d.backing.strip_prefix("mem:") {
         Some(size) => disk_memory(&d.name, size)?,
         None => {
@@ -99,13 +100,19 @@ pub(super) fn launch(d: &DeviceConfig) -> Result<Launch, ModelError> {
                 .into_fd()
         }
     };
-    let mut args = vec!["--queues".to_string(), d.setting("queues", "1").to_string()];
-    if d.flag("read_only") {
-        args.push("--read-only".into());
-    }
+    // The settings were checked when the description was read.
+    let own = VirtioBlkOwn {
+        backing: format!("fd:{first_fd}"),
+        create: None,
+        disk: DiskOptions {
+            read_only: d.flag("read_only"),
+            queues: d.setting("queues", "1").parse().unwrap_or(1),
+            serial: DEFAULT_SERIAL.to_string(),
+        },
+    };
     Ok(Launch {
-        args,
-        fds: vec![("--backing", backing)],
+        own: ModelOwn::VirtioBlk(own),
+        fds: vec![backing],
     })
 }
 

@@ -14,6 +14,7 @@ mod virtio_rng;
 use std::collections::BTreeMap;
 use std::os::fd::OwnedFd;
 
+use crate::children::ModelOwn;
 use crate::config::DeviceConfig;
 
 /// How a model exists.
@@ -79,15 +80,15 @@ pub enum ModelError {
     NoProcess(String),
 }
 
-/// How the manager starts an emulated model: `outboard device MODEL` with these arguments,
-/// and these descriptors handed over, each named on the command line by its flag as
-/// `fd:N` (the manager opens files, the confined model opens nothing).
-#[derive(Debug, Default)]
+/// How the manager starts an emulated model: `outboard device MODEL` with its own arguments,
+/// and these descriptors handed over in order from the number the launch was given, which
+/// the arguments name as `fd:N` (the manager opens files, the confined model opens nothing).
+#[derive(Debug)]
 pub struct Launch {
-    /// Extra arguments.
-    pub args: Vec<String>,
-    /// Descriptors to pass, each with its flag.
-    pub fds: Vec<(&'static str, OwnedFd)>,
+    /// The model and its own arguments.
+    pub own: ModelOwn,
+    /// Descriptors to pass.
+    pub fds: Vec<OwnedFd>,
 }
 
 /// A device model.
@@ -102,8 +103,9 @@ pub struct Model {
     pub colocated: bool,
     /// Checks its keys (`others`: the devices declared before it).
     pub settle: fn(&Keys, dev_at: usize, others: &[DeviceConfig]) -> Result<Settled, KeyError>,
-    /// Emulated: how to start it. Virtual: unused.
-    pub launch: fn(&DeviceConfig) -> Result<Launch, ModelError>,
+    /// Emulated: how to start it, its descriptors passed from the number given. Virtual:
+    /// unused.
+    pub launch: fn(&DeviceConfig, i32) -> Result<Launch, ModelError>,
     /// Virtual: the driver server's `--device NAME=SPEC` spec. Emulated: unused.
     pub spec: fn(&DeviceConfig) -> String,
 }
@@ -149,7 +151,7 @@ pub fn names() -> String {
     MODELS.iter().map(|m| m.name).collect::<Vec<_>>().join(", ")
 }
 
-pub(crate) fn no_launch(d: &DeviceConfig) -> Result<Launch, ModelError> {
+pub(crate) fn no_launch(d: &DeviceConfig, _: i32) -> Result<Launch, ModelError> {
     Err(ModelError::NoProcess(d.model.clone()))
 }
 

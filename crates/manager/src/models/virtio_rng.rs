@@ -5,6 +5,7 @@
 use std::collections::BTreeMap;
 
 use super::{KeyError, Keys, Launch, ModelError, Settled};
+use crate::children::{ModelOwn, VirtioRngOwn};
 use crate::config::DeviceConfig;
 
 pub(super) fn settle(keys: &Keys, _: usize, _: &[DeviceConfig]) -> Result<Settled, KeyError> {
@@ -23,13 +24,11 @@ pub(super) fn settle(keys: &Keys, _: usize, _: &[DeviceConfig]) -> Result<Settle
     Ok(Settled { backing, settings })
 }
 
-pub(super) fn launch(d: &DeviceConfig) -> Result<Launch, ModelError> {
-    let mut args = Vec::new();
-    if let Some(seed) = d.settings.get("seed") {
-        args.extend(["--seed".to_string(), seed.clone()]);
-    }
+pub(super) fn launch(d: &DeviceConfig, _: i32) -> Result<Launch, ModelError> {
+    // The seed was checked when the description was read.
+    let seed = d.settings.get("seed").and_then(|s| s.parse().ok());
     Ok(Launch {
-        args,
+        own: ModelOwn::VirtioRng(VirtioRngOwn { seed }),
         fds: Vec::new(),
     })
 }

@@ -70,11 +70,8 @@ fn first_of<'a>(
 fn pid_and_serving(control: &Path, kind: &str) -> Option<(i32, bool)> {
     let tree = outboard_client::manager::registry(control).ok()?;
     let pid = first_of(&tree, kind)?.props.get("pid")?.as_i64()? as i32;
-    let serving = first_of(&tree, "block-device")?
-        .props
-        .get("state")?
-        .as_str()?
-        == "serving";
+    let serving =
+        first_of(&tree, "block-device")?.state() == Some(outboard_client::registry::State::Serving);
     Some((pid, serving))
 }
 

@@ -8,6 +8,7 @@ use std::sync::Arc;
 use clap::Args;
 use outboard_drivers::{Attachment, StartOptions};
 use outboard_manager::config::Machine;
+use outboard_manager::registry::{Detail, State};
 use outboard_manager::{Manager, ManagerOptions};
 use outboard_server::{DriverHost, Served};
 
@@ -248,10 +249,14 @@ pub fn detach(a: DetachArgs, control: PathBuf) -> Result<ExitCode, String> {
 
 pub fn power(a: PowerArgs, control: PathBuf) -> Result<ExitCode, String> {
     let suspend = matches!(a.state, PowerState::Suspend);
-    let want = if suspend { "suspended" } else { "serving" };
+    let want = if suspend {
+        State::Suspended
+    } else {
+        State::Serving
+    };
     let first = outboard_client::manager::power(&control, &a.device, suspend);
     settle(&control, &a.device, a.timeout, first, |r| match r {
-        Ok(n) if state_of(n) == want => Ok(Some(want.into())),
+        Ok(n) if n.state() == Some(want) => Ok(Some(want.to_string())),
         Ok(_) => Ok(None),
         Err(e) => Err(e.to_string()),
     })
@@ -261,12 +266,12 @@ pub fn restart(a: RestartArgs, control: PathBuf) -> Result<ExitCode, String> {
     let first = outboard_client::manager::restart(&control, &a.device);
     // Its own answer says `restarting`: wait until it says more.
     let first = first.map(|mut n| {
-        n.set("state", "restarting");
+        n.set_state(State::Restarting, Detail::None);
         n
     });
     settle(&control, &a.device, a.timeout, first, |r| match r {
-        Ok(n) if state_of(n) == "serving" => Ok(Some("serving".into())),
-        Ok(n) if state_of(n).starts_with("gave up") => Err(state_of(n).to_string()),
+        Ok(n) if n.state() == Some(State::Serving) => Ok(Some(State::Serving.to_string())),
+        Ok(n) if n.state() == Some(State::GaveUp) => Err(state_of(n).to_string()),
         Ok(_) => Ok(None),
         Err(e) => Err(e.to_string()),
     })
@@ -296,7 +301,7 @@ fn settle(
         }
         if let Ok(n) = &now {
             // Nothing will change by waiting: say so at once.
-            if state_of(n).starts_with("gave up") {
+            if n.state() == Some(State::GaveUp) {
                 return Err(format!("{device}: {}", state_of(n)));
             }
         }

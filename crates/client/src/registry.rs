@@ -45,6 +45,16 @@ impl Node {
         self
     }
 
+    /// Its state, read from its `state` property (see [`State`]).
+    pub fn state(&self) -> Option<State> {
+        State::of(self.props.get("state")?.as_str()?)
+    }
+
+    /// Sets its state, with words for people after it (`gave up: …`) or none.
+    pub fn set_state(&mut self, state: State, detail: Detail<'_>) {
+        self.set("state", state.text(detail));
+    }
+
     /// The first node of `kind` named `name`, depth first.
     pub fn find_mut(&mut self, kind: &str, name: &str) -> Option<&mut Node> {
         if self.kind == kind && self.name == name {
@@ -106,6 +116,113 @@ impl Node {
     }
 }
 
+/// What a node is doing: a closed list, so that the manager, clients and scripts decide on a
+/// word instead of guessing at a sentence. The `state` property is the word, then what people
+/// want to know (`gave up: …`, `restarting (signal: 9 (SIGKILL))`); [`State::of`] reads the
+/// word back and is the only reader. A word this build does not know reads as `None`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum State {
+    /// Being started.
+    Starting,
+    /// A process that serves (a driver server, a model, an export).
+    Running,
+    /// A device that answers requests.
+    Serving,
+    /// Going down to be started again; it will be back.
+    Restarting,
+    /// Draining for `power suspend`.
+    Suspending,
+    /// Quiesced: requests wait.
+    Suspended,
+    /// Being detached.
+    Detaching,
+    /// Not attached.
+    Detached,
+    /// Its driver reported the device failed (it may be re-opening it).
+    Failed,
+    /// Given up by the restart policy: retried on a slow schedule, or by `outboard restart`.
+    GaveUp,
+    /// A colocated driver: it runs in each client, not in a server of its own.
+    Linked,
+}
+
+/// What follows a [`State`]'s word in the text.
+#[derive(Debug, Clone, Copy)]
+pub enum Detail<'a> {
+    /// Nothing.
+    None,
+    /// `word: why` — the reason.
+    Because(&'a str),
+    /// `word (note)` — a remark.
+    Note(&'a str),
+    /// `word, note: why` — e.g. `failed, restarting: …`.
+    While(&'a str, &'a str),
+}
+
+impl State {
+    const ALL: [State; 11] = [
+        State::Starting,
+        State::Running,
+        State::Serving,
+        State::Restarting,
+        State::Suspending,
+        State::Suspended,
+        State::Detaching,
+        State::Detached,
+        State::Failed,
+        State::GaveUp,
+        State::Linked,
+    ];
+
+    /// Its word.
+    pub fn word(self) -> &'static str {
+        match self {
+            State::Starting => "starting",
+            State::Running => "running",
+            State::Serving => "serving",
+            State::Restarting => "restarting",
+            State::Suspending => "suspending",
+            State::Suspended => "suspended",
+            State::Detaching => "detaching",
+            State::Detached => "detached",
+            State::Failed => "failed",
+            State::GaveUp => "gave up",
+            State::Linked => "linked into each client",
+        }
+    }
+
+    /// The `state` property's text: the word and the detail.
+    pub fn text(self, detail: Detail<'_>) -> String {
+        let w = self.word();
+        match detail {
+            Detail::None => w.to_string(),
+            Detail::Because(why) => format!("{w}: {why}"),
+            Detail::Note(note) => format!("{w} ({note})"),
+            Detail::While(note, why) => format!("{w}, {note}: {why}"),
+        }
+    }
+
+    /// The state a `state` property's text starts with, if any this build knows.
+    pub fn of(text: &str) -> Option<State> {
+        Self::ALL.into_iter().find(|s| {
+            text.strip_prefix(s.word())
+                .is_some_and(|rest| rest.is_empty() || rest.starts_with([':', ' ', ',']))
+        })
+    }
+
+    /// Not serving, and not on its way back by itself right now: its device failed, or the
+    /// restart policy gave it up.
+    pub fn is_down(self) -> bool {
+        matches!(self, State::Failed | State::GaveUp)
+    }
+}
+
+impl std::fmt::Display for State {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.word())
+    }
+}
+
 /// `s` with every control character (C0, DEL, C1) escaped as `\u{..}`: what a child process
 /// reports (a device's failure, an export's peer) cannot move the cursor, clear the screen or
 /// start a fake line in a terminal showing the registry. The JSON view escapes by itself.
@@ -140,6 +257,30 @@ fn unsafe_to_show(c: char) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_state_reads_back_from_its_text_whatever_follows_it() {
+        for s in State::ALL {
+            for d in [
+                Detail::None,
+                Detail::Because("x: y"),
+                Detail::Note("restarted 3 times"),
+                Detail::While("restarting", "why"),
+            ] {
+                assert_eq!(State::of(&s.text(d)), Some(s), "{}", s.text(d));
+            }
+        }
+        // A word must end where the state's word ends: no state is a prefix guess.
+        assert_eq!(State::of("runningx"), None);
+        assert_eq!(State::of("gave"), None);
+        assert_eq!(State::of(""), None);
+        assert_eq!(State::of("sleeping"), None);
+        let mut n = Node::new("driver", "d");
+        assert_eq!(n.state(), None);
+        n.set_state(State::GaveUp, Detail::Because("5 crashes"));
+        assert_eq!(n.props["state"], "gave up: 5 crashes");
+        assert_eq!(n.state(), Some(State::GaveUp));
+    }
 
     #[test]
     fn what_children_report_cannot_draw_on_the_terminal() {

@@ -24,6 +24,7 @@ use outboard_shm::SharedMem;
 use outboard_session::completion::WireError;
 
 use crate::channel::{Answer, Channel, ChannelError, WaitMode};
+use crate::registry::State;
 
 /// Who restarts the server, so that a session outlives it.
 #[derive(Debug, Clone)]
@@ -114,12 +115,10 @@ pub fn reconnect(
 /// or `None` while it is (or the manager cannot say yet).
 pub fn verdict(control: &Path, device: &str) -> Option<Refusal> {
     match crate::manager::status(control, device) {
-        Ok(node) => {
-            let state = node.props.get("state")?.as_str()?;
-            state
-                .starts_with("gave up")
-                .then(|| Refusal::new(Code::DeviceFailed, format!("{device}: {state}")))
-        }
+        Ok(node) => (node.state()? == State::GaveUp).then(|| {
+            let state = node.props["state"].as_str().unwrap_or_default();
+            Refusal::new(Code::DeviceFailed, format!("{device}: {state}"))
+        }),
         // No manager: nobody will start the server again. Detached, or no longer part of
         // the machine: nothing will serve it.
         Err(e)

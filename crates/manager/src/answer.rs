@@ -167,8 +167,8 @@ impl Manager {
         tracing::warn!("{name}: restarted by hand");
         self.set_state(
             &[name.to_string()],
-            "restarting (outboard restart)",
-            "restarting",
+            (State::Restarting, Detail::Note("outboard restart")),
+            (State::Restarting, Detail::None),
         );
         Reply::Status {
             node: self.class_device(name).cloned().unwrap_or(node),
@@ -183,14 +183,13 @@ impl Manager {
             }
             n.children.iter().find_map(|c| driver_of(c, name))
         }
-        let state = driver_of(&self.registry, name)?
-            .props
-            .get("state")?
-            .as_str()?;
-        (state.starts_with("crashed")
-            || state.starts_with("failed")
-            || state.starts_with("gave up"))
-        .then(|| state.to_string())
+        let driver = driver_of(&self.registry, name)?;
+        driver.state()?.is_down().then(|| {
+            driver.props["state"]
+                .as_str()
+                .unwrap_or_default()
+                .to_string()
+        })
     }
 
     pub(crate) fn open(&self, name: &str) -> Reply {
@@ -226,11 +225,7 @@ impl Manager {
                 format!("{name}: its driver is not serving: {state}"),
             );
         }
-        let restarting = self
-            .class_device(name)
-            .and_then(|b| b.props.get("state"))
-            .and_then(|s| s.as_str())
-            == Some("restarting");
+        let restarting = self.class_device(name).and_then(Node::state) == Some(State::Restarting);
         if restarting {
             return refuse(
                 Code::Restarting,

@@ -19,11 +19,11 @@ impl Manager {
             return false;
         }
         let state = match cmd {
-            control::Command::Quiesce { .. } => "suspending",
-            control::Command::Resume { .. } => "serving",
+            control::Command::Quiesce { .. } => State::Suspending,
+            control::Command::Resume { .. } => State::Serving,
         };
         if let Some(b) = self.class_device_mut(name) {
-            b.set("state", state);
+            b.set_state(state, Detail::None);
         }
         true
     }
@@ -238,7 +238,7 @@ impl Manager {
         }
         match self.class_device_mut(name) {
             Some(node) => {
-                node.set("state", "detaching");
+                node.set_state(State::Detaching, Detail::None);
                 Reply::Status { node: node.clone() }
             }
             None => detached(name),
@@ -320,7 +320,11 @@ impl Manager {
             devices: rest.clone(),
         };
         self.procs[s].down_since = Some(std::time::Instant::now());
-        self.set_state(&rest, "restarting (a device was detached)", "restarting");
+        self.set_state(
+            &rest,
+            (State::Restarting, Detail::Note("a device was detached")),
+            (State::Restarting, Detail::None),
+        );
     }
 
     /// Starts stopped driver server `s` again (its `Serving` event completes the restart).

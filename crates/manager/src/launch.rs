@@ -137,7 +137,7 @@ impl Manager {
         let mut node = Node::new(kind, &name)
             .with("model", d.model.as_str())
             .with("backing", d.backing.as_str())
-            .with("state", "detached");
+            .with("state", State::Detached.word());
         if let Some(why) = why {
             node.set("last-error", why);
         }
@@ -170,7 +170,7 @@ impl Manager {
                         Node::new("driver", personality.driver)
                             .with("probe-score", score)
                             .with("placement", "separate")
-                            .with("state", "starting")
+                            .with("state", State::Starting.word())
                             .child(class_device(personality.class, &d.name)),
                     ),
             );
@@ -274,7 +274,7 @@ impl Manager {
                 .with("socket", sock.display().to_string())
                 .with("pid", p.pid())
                 .with("backing", d.backing.as_str())
-                .with("state", "running");
+                .with("state", State::Running.word());
             if let Some(path) = &faults_socket {
                 node.set("faults-socket", path.display().to_string());
             }
@@ -332,8 +332,8 @@ impl Manager {
                 .with(
                     "state",
                     match d.placement {
-                        Placement::Separate => "starting",
-                        Placement::Colocated => "linked into each client",
+                        Placement::Separate => State::Starting.word(),
+                        Placement::Colocated => State::Linked.word(),
                     },
                 )
                 .child(class_device(personality.class, &d.name));
@@ -402,10 +402,10 @@ impl Manager {
                     drv.set("server", server.as_str());
                     drv.set("server-socket", sock.display().to_string());
                     drv.set("pid", pid);
-                    drv.set("state", "running");
+                    drv.set_state(State::Running, Detail::None);
                     drv.set("restarts", 0);
                     if let Some(b) = drv.children.first_mut() {
-                        b.set("state", "serving");
+                        b.set_state(State::Serving, Detail::None);
                         status_props(b, &status);
                     }
                 }
@@ -490,7 +490,7 @@ impl Manager {
                         .with("read-only", e.read_only)
                         .with("pid", pid)
                         .with("clients", 0)
-                        .with("state", "starting"),
+                        .with("state", State::Starting.word()),
                 );
             }
         }

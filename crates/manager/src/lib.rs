@@ -24,6 +24,7 @@ mod supervise;
 pub mod supervisor;
 
 pub use outboard_client::{api, manager as open, registry};
+use registry::{Detail, State};
 
 use crate::config::DeviceConfig;
 
@@ -218,7 +219,7 @@ impl Manager {
         let runtime =
             runtime::RuntimeDir::claim(&opts.runtime_dir).map_err(ManagerError::Runtime)?;
         let mut m = Self {
-            registry: Node::new("machine", &machine.name).with("state", "starting"),
+            registry: Node::new("machine", &machine.name).with("state", State::Starting.word()),
             machine,
             opts,
             runtime: Some(runtime),
@@ -238,7 +239,7 @@ impl Manager {
             m.shutdown();
             return Err(e);
         }
-        m.registry.set("state", "running");
+        m.registry.set_state(State::Running, Detail::None);
         m.registry
             .set("control", m.opts.control.display().to_string());
         Ok(m)

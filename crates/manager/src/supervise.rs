@@ -75,15 +75,15 @@ impl Manager {
                 _,
             )) => {
                 self.procs[i].device_failed = Some(format!("{device}: {why}"));
-                let state = if restarting {
+                let detail = if restarting {
                     tracing::error!("{device}: failed, its driver is re-opening it: {why}");
-                    format!("failed, restarting: {why}")
+                    Detail::While("restarting", &why)
                 } else {
                     tracing::error!("{device}: its driver gave the device up: {why}");
-                    format!("failed: {why}")
+                    Detail::Because(&why)
                 };
                 if let Some(drv) = self.driver_of_mut(&device) {
-                    drv.set("state", state);
+                    drv.set_state(State::Failed, detail);
                 }
             }
             // A model's readiness is waited for where it is started.
@@ -102,7 +102,7 @@ impl Manager {
                 self.procs[i].served = true;
                 self.procs[i].restarts.served();
                 if let Some(n) = self.registry.find_mut("export", &format!("nbd:{export}")) {
-                    n.set("state", "running");
+                    n.set_state(State::Running, Detail::None);
                     n.set("clients", clients.len());
                     n.set("peers", clients.join(", "));
                 }
@@ -113,14 +113,14 @@ impl Manager {
                 } else if self.suspended.contains(&device) {
                     tracing::info!("{device}: suspended (quiesced, nothing in flight)");
                     if let Some(b) = self.class_device_mut(&device) {
-                        b.set("state", "suspended");
+                        b.set_state(State::Suspended, Detail::None);
                     }
                 }
             }
             Ok((control::Event::DeviceRecovered { device }, _)) => {
                 tracing::warn!("{device}: its driver brought the device back");
                 if let Some(drv) = self.driver_of_mut(&device) {
-                    drv.set("state", "running (recovered)");
+                    drv.set_state(State::Running, Detail::Note("recovered"));
                 }
             }
             Err(outboard_session::SessionError::Timeout) => {}
@@ -188,13 +188,18 @@ impl Manager {
     }
 
     /// Records a state on the driver and the class device node of each of `devices`.
-    pub(crate) fn set_state(&mut self, devices: &[String], driver: &str, device: &str) {
+    pub(crate) fn set_state(
+        &mut self,
+        devices: &[String],
+        driver: (State, Detail<'_>),
+        device: (State, Detail<'_>),
+    ) {
         for n in devices {
             if let Some(drv) = self.driver_of_mut(n) {
-                drv.set("state", driver);
+                drv.set_state(driver.0, driver.1);
             }
             if let Some(b) = self.class_device_mut(n) {
-                b.set("state", device);
+                b.set_state(device.0, device.1);
             }
         }
     }
@@ -300,8 +305,11 @@ impl Manager {
                 self.procs[i].restart_at = Some(now + d);
                 self.set_state(
                     &devices,
-                    &format!("restarting ({role} exited: {status})"),
-                    "restarting",
+                    (
+                        State::Restarting,
+                        Detail::Note(&format!("{role} exited: {status}")),
+                    ),
+                    (State::Restarting, Detail::None),
                 );
             }
             None => {
@@ -313,16 +321,18 @@ impl Manager {
                     }
                 };
                 let retry = self.procs[i].restarts.next_retry(&policy);
-                let why = format!(
-                    "gave up: {cause}; trying again in {retry:?} (or now: outboard restart {})",
+                let detail = format!(
+                    "{cause}; trying again in {retry:?} (or now: outboard restart {})",
                     devices.first().map(String::as_str).unwrap_or("DEVICE")
                 );
+                let why = State::GaveUp.text(Detail::Because(&detail));
                 tracing::error!("{why}");
                 outboard_sys::errln!("outboard: {why}");
-                self.procs[i].gave_up = Some(why.clone());
+                self.procs[i].gave_up = Some(why);
                 // Given up is not forever: tried again, sooner at first.
                 self.procs[i].restart_at = Some(now + retry);
-                self.set_state(&devices, &why, &why);
+                let given_up = (State::GaveUp, Detail::Because(&detail));
+                self.set_state(&devices, given_up, given_up);
             }
         }
         // A server that ended because its device failed (a hung or lying model): the model
@@ -366,13 +376,13 @@ impl Manager {
                 .registry
                 .find_mut("pci-function", &format!("{device}@vfio-user"))
             {
-                f.set(
-                    "state",
+                f.set_state(
                     if delay.is_some() {
-                        "restarting"
+                        State::Restarting
                     } else {
-                        "gave up"
+                        State::GaveUp
                     },
+                    Detail::None,
                 );
                 f.set("restarts", total);
             }
@@ -523,12 +533,12 @@ impl Manager {
                 Some(d) => p.restart_at = Some(now + d),
                 None => {
                     let retry = p.restarts.next_retry(&policy);
-                    let why = format!(
-                        "gave up: {e}; trying again in {retry:?} (or now: outboard restart)"
-                    );
-                    p.gave_up = Some(why.clone());
+                    let detail =
+                        format!("{e}; trying again in {retry:?} (or now: outboard restart)");
+                    p.gave_up = Some(State::GaveUp.text(Detail::Because(&detail)));
                     p.restart_at = Some(now + retry);
-                    self.set_state(&Self::devices_of(&kind), &why, &why);
+                    let given_up = (State::GaveUp, Detail::Because(&detail));
+                    self.set_state(&Self::devices_of(&kind), given_up, given_up);
                 }
             }
             return;
@@ -548,14 +558,17 @@ impl Manager {
             // Its device is coming back (after a give-up too): clients wait, not fail.
             self.set_state(
                 std::slice::from_ref(device),
-                "restarting (its device model is starting)",
-                "restarting",
+                (
+                    State::Restarting,
+                    Detail::Note("its device model is starting"),
+                ),
+                (State::Restarting, Detail::None),
             );
             if let Some(f) = self
                 .registry
                 .find_mut("pci-function", &format!("{device}@vfio-user"))
             {
-                f.set("state", "starting");
+                f.set_state(State::Starting, Detail::None);
                 f.set("pid", pid);
                 f.set("restarts", total);
             }
@@ -563,7 +576,7 @@ impl Manager {
             self.procs[i].served = false;
             if let Some(n) = self.registry.find_mut("export", &format!("nbd:{name}")) {
                 n.set("pid", pid);
-                n.set("state", "starting");
+                n.set_state(State::Starting, Detail::None);
             }
         } else {
             let devices = Self::devices_of(&kind);
@@ -573,7 +586,11 @@ impl Manager {
                     drv.set("restarts", total);
                 }
             }
-            self.set_state(&devices, "starting", "restarting");
+            self.set_state(
+                &devices,
+                (State::Starting, Detail::None),
+                (State::Restarting, Detail::None),
+            );
         }
     }
 
@@ -596,7 +613,7 @@ impl Manager {
                 .registry
                 .find_mut("pci-function", &format!("{device}@vfio-user"))
             {
-                f.set("state", "running");
+                f.set_state(State::Running, Detail::None);
             }
         }
     }
@@ -641,11 +658,18 @@ impl Manager {
             }
             self.set_state(
                 &devices,
-                &format!("running (restarted {total} times)"),
-                "serving",
+                (
+                    State::Running,
+                    Detail::Note(&format!("restarted {total} times")),
+                ),
+                (State::Serving, Detail::None),
             );
         } else {
-            self.set_state(&devices, "running", "serving");
+            self.set_state(
+                &devices,
+                (State::Running, Detail::None),
+                (State::Serving, Detail::None),
+            );
         }
         // A new incarnation started with what was suspended quiesced (`--quiesce`); it
         // reports it drained, which needs the command's reply path: ask again.
@@ -678,12 +702,12 @@ impl Manager {
                     log.display()
                 );
                 self.procs[i].restart_at = Some(now + d);
-                format!("restarting ({status})")
+                State::Restarting.text(Detail::Note(&status))
             }
             None => {
                 let retry = self.procs[i].restarts.next_retry(&policy);
-                let why = format!(
-                    "gave up: {}; trying again in {retry:?}",
+                let why = State::GaveUp.text(Detail::Because(&format!(
+                    "{}; trying again in {retry:?}",
                     crash_loop(
                         &role,
                         &status,
@@ -691,7 +715,7 @@ impl Manager {
                         self.procs[i].restarts.failing(now, &policy) + 1,
                         &log
                     ),
-                );
+                )));
                 tracing::error!("{why}");
                 outboard_sys::errln!("outboard: {why}");
                 self.procs[i].gave_up = Some(why.clone());

@@ -93,7 +93,7 @@ pub fn run(c: DeviceCommand) -> Result<ExitCode, String> {
         DeviceCommand::NullBlk(a) => &a.confine,
         DeviceCommand::VirtioRng(a) => &a.confine,
     };
-    confine.drop_privileges(false)?;
+    confine.drop_privileges(false).map_err(|e| e.to_string())?;
     match c {
         DeviceCommand::VirtioBlk(a) => {
             let backing = Backing::open_with(&a.own.backing, a.own.create, a.own.disk.read_only)
@@ -173,7 +173,10 @@ pub fn serve<B: DeviceBackend>(
         |p| p.display().to_string(),
     );
     outboard_sys::errln!("outboard: {what} serving vfio-user on {where_}");
-    if let Some(code) = confine.apply(outboard_confine::Role::DeviceModel)? {
+    if let Some(code) = confine
+        .apply(outboard_confine::Role::DeviceModel)
+        .map_err(|e| e.to_string())?
+    {
         return Ok(code);
     }
     // Ready: the manager waits for this, not for a socket (it bound the sockets itself).

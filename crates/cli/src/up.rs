@@ -332,7 +332,7 @@ pub fn driver_host(a: DriverHostArgs) -> Result<ExitCode, String> {
             .is_some_and(|(_, s)| s.starts_with("vfio:"))
     });
     // Before any thread exists: none ever holds a capability.
-    a.confine.drop_privileges(vfio)?;
+    a.confine.drop_privileges(vfio).map_err(|e| e.to_string())?;
     step("privileges");
     let stop = stop_flag()?;
     let mut served: Vec<Served> = Vec::new();
@@ -425,7 +425,8 @@ pub fn driver_host(a: DriverHostArgs) -> Result<ExitCode, String> {
     }
     if let Some(code) = a
         .confine
-        .apply(outboard_confine::Role::DriverServer { vfio })?
+        .apply(outboard_confine::Role::DriverServer { vfio })
+        .map_err(|e| e.to_string())?
     {
         return Ok(code);
     }

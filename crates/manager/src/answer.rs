@@ -47,7 +47,7 @@ impl Manager {
             self.conns[slot] = Some(conn);
             self.accepted.push_back(slot);
             match denied {
-                Some(why) => self.denied.insert(slot, why),
+                Some(why) => self.denied.insert(slot, why.to_string()),
                 None => self.denied.remove(&slot),
             };
         }
@@ -264,9 +264,11 @@ pub(crate) fn max_control_connections() -> usize {
 /// Who may use the control socket: the manager's own user, root, and members of
 /// `group` if one is configured (checked with `SO_PEERCRED`, which the kernel fills in at
 /// connect time and the peer cannot forge).
-pub(crate) fn control_peer_allowed(conn: BorrowedFd<'_>, group: Option<u32>) -> Result<(), String> {
-    let cred = rustix::net::sockopt::socket_peercred(conn)
-        .map_err(|e| format!("cannot tell who connected: {e}"))?;
+pub(crate) fn control_peer_allowed(
+    conn: BorrowedFd<'_>,
+    group: Option<u32>,
+) -> Result<(), PeerRefused> {
+    let cred = rustix::net::sockopt::socket_peercred(conn).map_err(PeerRefused::Unknown)?;
     let (uid, gid) = (cred.uid.as_raw(), cred.gid.as_raw());
     let me = rustix::process::geteuid().as_raw();
     if uid == 0 || uid == me {
@@ -277,17 +279,40 @@ pub(crate) fn control_peer_allowed(conn: BorrowedFd<'_>, group: Option<u32>) -> 
         // supplementary: `usermod -aG`).
         if gid == g
             || outboard_sys::process::peer_groups(conn)
-                .map_err(|e| format!("cannot tell the groups of who connected: {e}"))?
+                .map_err(PeerRefused::UnknownGroups)?
                 .contains(&g)
         {
             return Ok(());
         }
     }
-    Err(format!(
-        "uid {uid} (pid {}) may not use this manager: only uid {me}, root{} may",
-        cred.pid.as_raw_nonzero(),
+    Err(PeerRefused::NotAllowed {
+        uid,
+        pid: cred.pid.as_raw_nonzero().get(),
+        me,
+        group,
+    })
+}
+
+/// Why a control connection is not served.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum PeerRefused {
+    /// `SO_PEERCRED` failed.
+    #[error("cannot tell who connected: {0}")]
+    Unknown(rustix::io::Errno),
+    /// `SO_PEERGROUPS` failed.
+    #[error("cannot tell the groups of who connected: {0}")]
+    UnknownGroups(std::io::Error),
+    /// Another user, not root and not in the control group.
+    #[error(
+        "uid {uid} (pid {pid}) may not use this manager: only uid {me}, root{} may",
         group.map(|g| format!(" and group {g}")).unwrap_or_default()
-    ))
+    )]
+    NotAllowed {
+        uid: u32,
+        pid: i32,
+        me: u32,
+        group: Option<u32>,
+    },
 }
 
 /// The answer about a device that is detached.

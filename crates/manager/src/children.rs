@@ -49,6 +49,20 @@ pub struct ConfineArgs {
     pub max_memory: Option<u64>,
 }
 
+/// Why a child could not confine itself as asked: it ends with this message.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfineFailed {
+    /// A layer could not be applied (privileges, limits, Landlock, seccomp).
+    #[error(transparent)]
+    Confine(#[from] outboard_confine::ConfineError),
+    /// `--check-confinement`'s third value is not a process id.
+    #[error("--check-confinement: {0:?} is not a pid")]
+    NotAPid(String),
+    /// `--require-confinement`, and Landlock holds only in part here.
+    #[error("--require-confinement: landlock {0}; refusing to serve")]
+    Incomplete(String),
+}
+
 impl ConfineArgs {
     /// Whether the process will be confined.
     pub fn confined(&self) -> bool {
@@ -59,13 +73,12 @@ impl ConfineArgs {
     /// `--user` and drop every capability, so that no thread ever holds one. `dma` raises
     /// `RLIMIT_MEMLOCK` first for a driver that maps DMA through VFIO (what `CAP_IPC_LOCK`
     /// would have waived).
-    pub fn drop_privileges(&self, dma: bool) -> Result<(), String> {
+    pub fn drop_privileges(&self, dma: bool) -> Result<(), ConfineFailed> {
         if !self.confined() {
             return Ok(());
         }
         let dropped =
-            outboard_confine::privileges::drop_privileges(self.user, dma.then_some(u64::MAX))
-                .map_err(|e| e.to_string())?;
+            outboard_confine::privileges::drop_privileges(self.user, dma.then_some(u64::MAX))?;
         tracing::info!("privileges: {dropped}");
         Ok(())
     }
@@ -73,7 +86,7 @@ impl ConfineArgs {
     /// Confines the process as `role` if asked to, right before it serves. With
     /// `--check-confinement`, probes and returns the exit code the process ends with instead
     /// of serving.
-    pub fn apply(&self, role: outboard_confine::Role) -> Result<Option<ExitCode>, String> {
+    pub fn apply(&self, role: outboard_confine::Role) -> Result<Option<ExitCode>, ConfineFailed> {
         if !self.confined() {
             return Ok(None);
         }
@@ -83,8 +96,8 @@ impl ConfineArgs {
             .map(|v| {
                 let pid = v[2]
                     .parse()
-                    .map_err(|_| format!("--check-confinement: {:?} is not a pid", v[2]))?;
-                Ok::<_, String>(outboard_confine::probe::Targets {
+                    .map_err(|_| ConfineFailed::NotAPid(v[2].clone()))?;
+                Ok::<_, ConfineFailed>(outboard_confine::probe::Targets {
                     file: PathBuf::from(&v[0]),
                     socket: PathBuf::from(&v[1]),
                     pid,
@@ -95,14 +108,11 @@ impl ConfineArgs {
             files: self.max_files,
             memory: self.max_memory,
         };
-        let report = outboard_confine::confine(role, caps).map_err(|e| e.to_string())?;
+        let report = outboard_confine::confine(role, caps)?;
         outboard_sys::errln!("outboard: {report}");
         if !report.landlock_complete {
             if self.require_confinement {
-                return Err(format!(
-                    "--require-confinement: landlock {}; refusing to serve",
-                    report.landlock
-                ));
+                return Err(ConfineFailed::Incomplete(report.landlock.to_string()));
             }
             outboard_sys::errln!(
                 "outboard: warning: Landlock is not complete here (landlock {}); the seccomp \

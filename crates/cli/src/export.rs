@@ -82,8 +82,8 @@ pub fn run(c: ExportCommand, control: PathBuf) -> Result<ExitCode, String> {
     // What needs privilege comes first: the keys (a file only root may read, say) and the
     // socket (a port below 1024). Then every capability goes, before any thread starts
     // (capabilities belong to each thread): the export parses what any client sends, and a
-    // flaw in that must not come with root's capabilities. (Started by root it keeps uid 0,
-    // which still owns root's files: it is not confined like a driver server.)
+    // flaw in that must not come with root's capabilities. (Started by root it keeps uid 0;
+    // its confinement, below, keeps it from opening any file.)
     let tls = match (&a.tls_cert, &a.tls_key, &a.tls_psk) {
         (Some(cert), Some(key), _) => Some(outboard_nbd::tls::Tls::Certificates(
             outboard_nbd::tls::server_config(cert, key, a.tls_verify_peer.as_deref())
@@ -124,6 +124,23 @@ pub fn run(c: ExportCommand, control: PathBuf) -> Result<ExitCode, String> {
     };
     if let Some(fd) = a.notify_fd {
         server = server.notify(outboard_sys::process::inherited_socket(fd)?);
+    }
+    // From here it parses what any client sends: it opens no file and reaches nothing but
+    // UNIX sockets (sessions with driver servers, the manager), on every thread.
+    if !a.no_confine {
+        let report = outboard_confine::confine(
+            outboard_confine::Role::Export,
+            outboard_confine::limits::Caps::default(),
+        )
+        .map_err(|e| e.to_string())?;
+        tracing::info!("export: {report}");
+        if !report.landlock_complete {
+            outboard_sys::errln!(
+                "outboard: warning: Landlock is not complete here (landlock {}); the seccomp \
+                 filter still holds on every thread",
+                report.landlock
+            );
+        }
     }
     for e in server.exports() {
         let s = if tls { "s" } else { "" };

@@ -417,7 +417,7 @@ fn require_confinement_serves_where_all_of_it_holds_and_refuses_elsewhere() {
 }
 
 #[test]
-fn an_export_keeps_no_capability_on_any_thread() {
+fn an_export_keeps_no_capability_and_is_filtered_on_every_thread() {
     let dir = tempfile::tempdir().unwrap();
     let up = Up::start(
         dir.path(),
@@ -435,4 +435,15 @@ fn an_export_keeps_no_capability_on_any_thread() {
     // capabilities.
     assert_eq!(status(pid, "NoNewPrivs"), "1", "export");
     assert_no_capabilities(pid, "export");
+    // And its own allow-list on every thread, those started before it too (TSYNC).
+    let threads: Vec<_> = std::fs::read_dir(format!("/proc/{pid}/task"))
+        .unwrap()
+        .flatten()
+        .collect();
+    assert!(threads.len() > 1, "the export serves with threads");
+    for task in threads {
+        let st = std::fs::read_to_string(task.path().join("status")).unwrap();
+        let seccomp = st.lines().find_map(|l| l.strip_prefix("Seccomp:"));
+        assert_eq!(seccomp.map(str::trim), Some("2"), "{st}");
+    }
 }

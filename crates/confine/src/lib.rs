@@ -85,7 +85,7 @@ impl fmt::Display for Report {
 /// starts threads before this calls [`privileges::drop_privileges`] first thing.
 pub fn confine(role: Role, caps: limits::Caps) -> Result<Report, ConfineError> {
     privileges::drop_capabilities()?;
-    let limits = limits::apply(caps)?;
+    let limits = limits::apply(caps, role.starts_threads())?;
     let (landlock, landlock_complete) = sandbox::restrict()?;
     let syscalls = syscalls::install(role)?;
     Ok(Report {

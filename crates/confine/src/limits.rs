@@ -33,6 +33,8 @@ pub struct Limits {
     pub files: u64,
     /// `RLIMIT_AS`, if limited.
     pub memory: Option<u64>,
+    /// Whether `RLIMIT_NPROC` is 0 (not for a role that starts threads: a thread counts).
+    pub no_processes: bool,
 }
 
 impl fmt::Display for Limits {
@@ -41,7 +43,10 @@ impl fmt::Display for Limits {
         if let Some(m) = self.memory {
             write!(f, " as={m}")?;
         }
-        write!(f, " nproc=0 core=0")
+        if self.no_processes {
+            write!(f, " nproc=0")?;
+        }
+        write!(f, " core=0")
     }
 }
 
@@ -54,10 +59,12 @@ fn os(what: &'static str) -> impl FnOnce(rustix::io::Errno) -> ConfineError {
 
 /// Lowers the limits (never raises them) and sets `no_new_privs` and not-dumpable.
 ///
-/// `nproc = 0` stops `fork` for an unprivileged user (the allow-list stops it for root);
+/// `nproc = 0` stops `fork` for an unprivileged user (the allow-list stops it for root),
+/// unless the process must still start threads (`threads`: the kernel counts them too, and
+/// the allow-list then admits only `clone` of a thread);
 /// `core = 0` and not-dumpable keep a crashed driver's memory (client data) out of core
 /// files and away from `ptrace` by processes of the same user.
-pub fn apply(caps: Caps) -> Result<Limits, ConfineError> {
+pub fn apply(caps: Caps, threads: bool) -> Result<Limits, ConfineError> {
     use rustix::process::{getrlimit, setrlimit, Resource, Rlimit};
     let lower = |r: Resource, to: u64, what: &'static str| -> Result<u64, ConfineError> {
         let now = getrlimit(r);
@@ -74,10 +81,16 @@ pub fn apply(caps: Caps) -> Result<Limits, ConfineError> {
         .memory
         .map(|m| lower(Resource::As, m, "RLIMIT_AS"))
         .transpose()?;
-    lower(Resource::Nproc, 0, "RLIMIT_NPROC")?;
+    if !threads {
+        lower(Resource::Nproc, 0, "RLIMIT_NPROC")?;
+    }
     lower(Resource::Core, 0, "RLIMIT_CORE")?;
     rustix::thread::set_no_new_privs(true).map_err(os("PR_SET_NO_NEW_PRIVS"))?;
     rustix::process::set_dumpable_behavior(rustix::process::DumpableBehavior::NotDumpable)
         .map_err(os("PR_SET_DUMPABLE"))?;
-    Ok(Limits { files, memory })
+    Ok(Limits {
+        files,
+        memory,
+        no_processes: !threads,
+    })
 }

@@ -28,6 +28,10 @@ pub enum Allow {
     OwnProcess,
     /// Argument 1 (an `ioctl` request or an `fcntl` command) must be one of these.
     OneOf(&'static [(&'static str, u32)]),
+    /// Argument `n` must be one of these (a socket's domain, a `prctl` option).
+    ArgOneOf(u8, &'static [(&'static str, u32)]),
+    /// Argument `n` (flags) must have every bit of this mask set (`clone` of a thread).
+    AllSet(u8, &'static str, u32),
 }
 
 /// Which process is confined: it decides the `ioctl` requests it keeps.
@@ -42,7 +46,28 @@ pub enum Role {
         /// Any of its devices is a VFIO device.
         vfio: bool,
     },
+    /// An NBD export (`outboard export nbd`): the driver role's list, plus what it needs to
+    /// serve clients as they come — a thread per connection (`clone` with `CLONE_THREAD`
+    /// only; `clone3`, whose flags a filter cannot read, answers `ENOSYS` so the C library
+    /// falls back to `clone`), UNIX sockets to open sessions with driver servers and ask the
+    /// manager (`socket` of `AF_UNIX` only, `connect`), and naming its threads
+    /// (`prctl(PR_SET_NAME)` only).
+    Export,
 }
+
+impl Role {
+    /// Whether the role starts threads once confined (so `clone3` must fail with `ENOSYS`,
+    /// not `EPERM`, for the C library to use `clone`).
+    pub fn starts_threads(self) -> bool {
+        self == Role::Export
+    }
+}
+
+/// `AF_UNIX`: the only socket domain an export may create.
+const DOMAINS_EXPORT: &[(&str, u32)] = &[("AF_UNIX", libc::AF_UNIX as u32)];
+
+/// `PR_SET_NAME`: the C library and std name threads with it; nothing else of `prctl`.
+const PRCTLS_EXPORT: &[(&str, u32)] = &[("PR_SET_NAME", libc::PR_SET_NAME as u32)];
 
 /// `ioctl` requests every confined process keeps: descriptor flags (std sets non-blocking and
 /// close-on-exec with these) and `TCGETS`, which only reads a terminal's settings (a log that
@@ -196,6 +221,22 @@ pub fn allow_list(role: Role) -> Vec<(&'static str, i64, Allow)> {
     ];
     #[cfg(target_arch = "x86_64")]
     v.extend(list![SYS_poll, SYS_epoll_wait, SYS_dup2]);
+    if role == Role::Export {
+        v.extend(list![
+            // A session with a driver server, a question to the manager: UNIX sockets only
+            // (no TCP or raw socket, no netlink).
+            SYS_socket: ArgOneOf(0, DOMAINS_EXPORT),
+            SYS_connect,
+            // A thread per connection, and nothing but threads.
+            SYS_clone: AllSet(0, "CLONE_THREAD", libc::CLONE_THREAD as u32),
+            SYS_prctl: ArgOneOf(0, PRCTLS_EXPORT),
+            // Whom it is: a client checks that a driver server runs as root or as itself.
+            SYS_getuid,
+            SYS_geteuid,
+            SYS_getgid,
+            SYS_getegid,
+        ]);
+    }
     v
 }
 
@@ -218,6 +259,25 @@ impl Allow {
                     })
                     .collect()
             }
+            Allow::ArgOneOf(arg, values) => {
+                return values
+                    .iter()
+                    .map(|&(_, v)| {
+                        SeccompRule::new(vec![SeccompCondition::new(
+                            arg,
+                            SeccompCmpArgLen::Dword,
+                            SeccompCmpOp::Eq,
+                            u64::from(v),
+                        )?])
+                    })
+                    .collect()
+            }
+            Allow::AllSet(arg, _, mask) => SeccompCondition::new(
+                arg,
+                SeccompCmpArgLen::Dword,
+                SeccompCmpOp::MaskedEq(u64::from(mask)),
+                u64::from(mask),
+            )?,
             Allow::NoExec(arg) => SeccompCondition::new(
                 arg,
                 SeccompCmpArgLen::Dword,
@@ -252,9 +312,51 @@ pub fn program(role: Role) -> Result<BpfProgram, ConfineError> {
         arch,
     )
     .map_err(|e| err(&e))?;
-    filter
+    let mut prog: BpfProgram = filter
         .try_into()
-        .map_err(|e: seccompiler::BackendError| err(&e))
+        .map_err(|e: seccompiler::BackendError| err(&e))?;
+    if role.starts_threads() {
+        prog = clone3_unavailable(prog)?;
+    }
+    Ok(prog)
+}
+
+/// `prog` with a prologue that answers `clone3` with `ENOSYS`, as if the kernel had none: its
+/// flags sit in a structure a filter cannot read, so it cannot be allowed for threads alone,
+/// and on `ENOSYS` (not on `EPERM`) the C library starts a thread with `clone`, whose flags
+/// the filter checks. (Chromium's and systemd's policies do the same.) The prologue reads
+/// the architecture first, so a call of another ABI falls through to `prog`'s own check.
+fn clone3_unavailable(prog: BpfProgram) -> Result<BpfProgram, ConfineError> {
+    use seccompiler::sock_filter;
+    // From linux/filter.h and linux/seccomp.h: BPF_LD|BPF_W|BPF_ABS, BPF_JMP|BPF_JEQ|BPF_K,
+    // BPF_RET|BPF_K (BPF_LD, BPF_W and BPF_K are 0).
+    const LD_W_ABS: u16 = 0x20;
+    const JEQ_K: u16 = 0x05 | 0x10;
+    const RET_K: u16 = 0x06;
+    const RET_ERRNO: u32 = 0x0005_0000;
+    const NR_OFFSET: u32 = 0;
+    const ARCH_OFFSET: u32 = 4;
+    let arch: u32 = match std::env::consts::ARCH {
+        "x86_64" => 62 | 0x8000_0000 | 0x4000_0000,
+        "aarch64" => 183 | 0x8000_0000 | 0x4000_0000,
+        other => {
+            return Err(ConfineError::Seccomp(format!(
+                "no clone3 rule for architecture {other}"
+            )))
+        }
+    };
+    let at = |code, jt, jf, k| sock_filter { code, jt, jf, k };
+    let mut out = vec![
+        // 0: A = arch; 1: not ours -> 5 (prog).
+        at(LD_W_ABS, 0, 0, ARCH_OFFSET),
+        at(JEQ_K, 0, 3, arch),
+        // 2: A = nr; 3: not clone3 -> 5 (prog); 4: ENOSYS.
+        at(LD_W_ABS, 0, 0, NR_OFFSET),
+        at(JEQ_K, 0, 1, libc::SYS_clone3 as u32),
+        at(RET_K, 0, 0, RET_ERRNO | libc::ENOSYS as u32),
+    ];
+    out.extend(prog);
+    Ok(out)
 }
 
 /// Loads the filter on every thread of the process (`SECCOMP_FILTER_FLAG_TSYNC`: threads
@@ -323,11 +425,51 @@ mod tests {
     }
 
     #[test]
+    fn the_export_adds_only_threads_unix_sockets_and_thread_names() {
+        let base: Vec<_> = allow_list(Role::DriverServer { vfio: false })
+            .into_iter()
+            .map(|(n, _, _)| n)
+            .collect();
+        let export = allow_list(Role::Export);
+        let mut names: Vec<_> = export.iter().map(|(n, _, _)| *n).collect();
+        names.sort_unstable();
+        names.dedup();
+        assert_eq!(names.len(), export.len(), "a call is listed twice");
+        let added: Vec<_> = export
+            .iter()
+            .filter(|(n, _, _)| !base.contains(n))
+            .map(|(n, _, a)| (*n, *a))
+            .collect();
+        assert_eq!(
+            added,
+            vec![
+                ("SYS_socket", Allow::ArgOneOf(0, DOMAINS_EXPORT)),
+                ("SYS_connect", Allow::Always),
+                (
+                    "SYS_clone",
+                    Allow::AllSet(0, "CLONE_THREAD", libc::CLONE_THREAD as u32)
+                ),
+                ("SYS_prctl", Allow::ArgOneOf(0, PRCTLS_EXPORT)),
+                ("SYS_getuid", Allow::Always),
+                ("SYS_geteuid", Allow::Always),
+                ("SYS_getgid", Allow::Always),
+                ("SYS_getegid", Allow::Always),
+            ]
+        );
+        assert!(!names.contains(&"SYS_clone3") && !names.contains(&"SYS_openat"));
+        // The prologue answers clone3 before the allow-list is consulted.
+        let prog = program(Role::Export).unwrap();
+        assert_eq!(prog[3].k, libc::SYS_clone3 as u32);
+        assert_eq!(prog[4].k, 0x0005_0000 | libc::ENOSYS as u32);
+    }
+
+    #[test]
     fn the_filter_compiles_for_this_machine() {
         for role in [
             Role::DeviceModel,
             Role::DriverServer { vfio: false },
             Role::DriverServer { vfio: true },
+            Role::Export,
         ] {
             let prog = program(role).unwrap();
             assert!(prog.len() > allow_list(role).len());

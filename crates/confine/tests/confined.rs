@@ -57,6 +57,115 @@ fn probe_child() {
     );
 }
 
+/// As a child: confined as an export, then what an export needs and what it must not do.
+#[test]
+fn export_child() {
+    let Ok(socket) = std::env::var("OUTBOARD_EXPORT_SOCKET") else {
+        return;
+    };
+    let file = std::env::var("OUTBOARD_EXPORT_FILE").unwrap();
+    let report = outboard_confine::confine(outboard_confine::Role::Export, Default::default())
+        .expect("confine");
+    println!("{report}");
+    let errno = |r: std::io::Result<()>| match r {
+        Ok(()) => "ok".to_string(),
+        Err(e) => format!("errno {}", e.raw_os_error().unwrap_or(0)),
+    };
+    let last = || std::io::Error::last_os_error();
+    println!(
+        "thread: {}",
+        errno(
+            std::thread::Builder::new()
+                .name("conn".into())
+                .spawn(|| ())
+                .and_then(|t| t.join().map_err(|_| std::io::Error::other("panicked")))
+        )
+    );
+    println!(
+        "unix connect: {}",
+        errno(std::os::unix::net::UnixStream::connect(&socket).map(drop))
+    );
+    println!("open: {}", errno(std::fs::File::open(&file).map(drop)));
+    // SAFETY: plain system calls on no memory of ours (descriptor -1, null pointers); a
+    // fork that is let through exits at once in the child.
+    unsafe {
+        let r = |v: libc::c_long| if v < 0 { Err(last()) } else { Ok(()) };
+        println!(
+            "tcp socket: {}",
+            errno(r(libc::socket(libc::AF_INET, libc::SOCK_STREAM, 0) as _))
+        );
+        println!(
+            "netlink socket: {}",
+            errno(r(libc::socket(libc::AF_NETLINK, libc::SOCK_RAW, 0) as _))
+        );
+        let pid = libc::syscall(libc::SYS_clone, libc::SIGCHLD as libc::c_long, 0, 0, 0, 0);
+        if pid == 0 {
+            libc::_exit(0);
+        }
+        println!("fork: {}", errno(r(pid)));
+        println!(
+            "clone3: {}",
+            errno(r(libc::syscall(
+                libc::SYS_clone3,
+                std::ptr::null::<u8>(),
+                0
+            )))
+        );
+        println!(
+            "dumpable again: {}",
+            errno(r(libc::prctl(libc::PR_SET_DUMPABLE, 1, 0, 0, 0) as _))
+        );
+        println!(
+            "ioctl FIFREEZE: {}",
+            errno(r(libc::ioctl(-1, 0xc004_5877u64 as _, 0) as _))
+        );
+        println!(
+            "fcntl F_SETOWN: {}",
+            errno(r(libc::fcntl(-1, libc::F_SETOWN, 1) as _))
+        );
+    }
+}
+
+#[test]
+fn an_export_starts_threads_and_reaches_unix_sockets_and_nothing_else() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("secret");
+    std::fs::write(&file, "secret").unwrap();
+    let socket = dir.path().join("server.sock");
+    let _listener = UnixListener::bind(&socket).unwrap();
+    let out = Command::new(std::env::current_exe().unwrap())
+        .args(["--exact", "export_child", "--nocapture", "--test-threads=1"])
+        .env("OUTBOARD_EXPORT_SOCKET", &socket)
+        .env("OUTBOARD_EXPORT_FILE", &file)
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout).replace("test export_child ... ", "");
+    let said = |what: &str| {
+        text.lines()
+            .find_map(|l| l.strip_prefix(&format!("{what}: ")))
+            .unwrap_or_else(|| panic!("no {what:?} line:\n{text}"))
+            .to_string()
+    };
+    let eperm = format!("errno {}", libc::EPERM);
+    assert!(said("confined").starts_with("seccomp allow-list"), "{text}");
+    assert_eq!(said("thread"), "ok", "{text}");
+    assert_eq!(said("unix connect"), "ok", "{text}");
+    for refused in [
+        "open",
+        "tcp socket",
+        "netlink socket",
+        "fork",
+        "dumpable again",
+        "ioctl FIFREEZE",
+        "fcntl F_SETOWN",
+    ] {
+        assert_eq!(said(refused), eperm, "{refused}\n{text}");
+    }
+    // Not EPERM: the C library falls back to clone only on ENOSYS.
+    assert_eq!(said("clone3"), format!("errno {}", libc::ENOSYS), "{text}");
+}
+
 struct Victim(Child);
 impl Drop for Victim {
     fn drop(&mut self) {

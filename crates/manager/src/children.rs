@@ -342,6 +342,11 @@ pub struct ExportNbdArgs {
     /// (internal) Report clients to the manager on this inherited descriptor.
     #[arg(long, hide = true, value_name = "FD")]
     pub notify_fd: Option<i32>,
+    /// Serve without the seccomp allow-list and Landlock the export applies to itself once
+    /// it listens (it still drops every capability). For finding out whether confinement
+    /// is what breaks something; not for use.
+    #[arg(long)]
+    pub no_confine: bool,
 }
 
 fn duration(s: &str) -> Result<std::time::Duration, String> {
@@ -367,6 +372,7 @@ impl ExportNbdArgs {
             idle_timeout: None,
             write_timeout: std::time::Duration::from_secs(30),
             notify_fd: None,
+            no_confine: false,
         }
     }
 
@@ -393,6 +399,7 @@ impl ExportNbdArgs {
         a.opt("--notify-fd", self.notify_fd);
         a.flag("--read-only", self.read_only);
         a.flag("--insecure", self.insecure);
+        a.flag("--no-confine", self.no_confine);
         a.0
     }
 }
@@ -654,6 +661,7 @@ mod tests {
         psk.socket = Some("/run/x.nbd".into());
         psk.tls_psk = Some("/etc/keys.psk".into());
         psk.insecure = true;
+        psk.no_confine = true;
         let Command::Export(Export::Nbd(back)) = parse(psk.command_line()) else {
             panic!("not an export")
         };

@@ -117,7 +117,7 @@ pub fn verdict(control: &Path, device: &str) -> Option<Refusal> {
     match crate::manager::status(control, device) {
         Ok(node) => (node.state()? == State::GaveUp).then(|| {
             let state = node.props["state"].as_str().unwrap_or_default();
-            Refusal::new(Code::DeviceFailed, format!("{device}: {state}"))
+            Refusal::new(Code::GivenUp, format!("{device}: {state}"))
         }),
         // No manager: nobody will start the server again. Detached, or no longer part of
         // the machine: nothing will serve it.

@@ -25,8 +25,12 @@ pub enum Code {
     /// The server restarted while the request was in flight, and the class's policy is not to
     /// send it again: it may or may not have taken effect (a serial port's transmitted bytes).
     Interrupted,
-    /// The device failed and was given up; the reason says why.
+    /// The device failed; the reason says why.
     DeviceFailed,
+    /// The restart policy gave the device up (a crash loop): not served now, but the manager
+    /// retries it on a slow schedule and `outboard restart` brings it back at once, so a
+    /// client may ask again later. Classes report it as their device-failed error.
+    GivenUp,
     /// The device is no longer part of the machine (detached), or its server is gone.
     DeviceGone,
     /// Attaching the device failed; the reason says why.
@@ -56,6 +60,7 @@ impl Code {
             Code::Restarting => "restarting",
             Code::Interrupted => "interrupted",
             Code::DeviceFailed => "device-failed",
+            Code::GivenUp => "given-up",
             Code::DeviceGone => "device-gone",
             Code::AttachFailed => "attach-failed",
             Code::Denied => "denied",
@@ -108,6 +113,7 @@ mod tests {
             Code::Restarting,
             Code::Interrupted,
             Code::DeviceFailed,
+            Code::GivenUp,
             Code::DeviceGone,
             Code::AttachFailed,
             Code::Denied,

@@ -170,7 +170,9 @@ impl From<outboard_session::Refusal> for BlockError {
         use outboard_session::Code;
         match r.code {
             Code::NoSuchDevice => BlockError::NoSuchDevice(r.reason),
-            Code::DeviceFailed | Code::AttachFailed => BlockError::DeviceFailed(r.reason),
+            Code::DeviceFailed | Code::GivenUp | Code::AttachFailed => {
+                BlockError::DeviceFailed(r.reason)
+            }
             Code::Restarting => BlockError::Restarting,
             // Block replays; were a request failed instead, its outcome is unknown: an I/O
             // error, as the kernel reports one.

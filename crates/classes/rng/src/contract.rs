@@ -161,7 +161,9 @@ impl From<outboard_session::Refusal> for EntropyError {
         use outboard_session::Code;
         match r.code {
             Code::NoSuchDevice => EntropyError::NoSuchDevice(r.reason),
-            Code::DeviceFailed | Code::AttachFailed => EntropyError::DeviceFailed(r.reason),
+            Code::DeviceFailed | Code::GivenUp | Code::AttachFailed => {
+                EntropyError::DeviceFailed(r.reason)
+            }
             Code::Restarting => EntropyError::Restarting,
             Code::Interrupted => EntropyError::Io(r.reason),
             Code::DeviceGone => EntropyError::DeviceGone,

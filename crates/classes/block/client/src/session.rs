@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 use outboard_block::{
     validate, BlockCompletion, BlockDevice, BlockError, BlockInfo, BlockRequest, Sqe, RINGS,
 };
-use outboard_session::Geometry;
+use outboard_session::{Code, Geometry};
 
 use outboard_client::resume::{reconnect, settle, Resume, Settled};
 use outboard_client::{Channel, ChannelError, Supervisor, WaitMode};
@@ -91,6 +91,9 @@ pub struct BlockClient {
     /// The session ended: every later call fails with this — unless the device was given up
     /// and has come back since (see [`BlockClient::server_gone`]).
     ended: Option<BlockError>,
+    /// It ended because the manager gave the device up (`Code::GivenUp`), which is not
+    /// forever: a later call asks whether it is back.
+    given_up: bool,
     /// When the manager was last asked whether a given-up device is back.
     asked_again: Option<Instant>,
     resumes: ResumeStats,
@@ -135,6 +138,7 @@ impl BlockClient {
             timeout: opts.timeout,
             supervisor: None,
             ended: None,
+            given_up: false,
             asked_again: None,
             resumes: ResumeStats::default(),
             resume_log: Vec::new(),
@@ -196,7 +200,7 @@ impl BlockClient {
             // it gave up (asking at most every 100 ms; the calls between fail at once).
             // Only a device the manager gave up comes back so (not one that ended the session
             // another way: the restarted driver serving another disk, say).
-            let back = matches!(e, BlockError::DeviceFailed(why) if why.contains("gave up"))
+            let back = self.given_up
                 && self.supervisor.as_ref().is_some_and(|sup| {
                     let now = Instant::now();
                     if self
@@ -212,6 +216,7 @@ impl BlockClient {
                 return Err(e.clone());
             }
             self.ended = None;
+            self.given_up = false;
         }
         let Some(sup) = self.supervisor.clone() else {
             return self.end(BlockError::DeviceGone);
@@ -274,7 +279,10 @@ impl BlockClient {
         };
         let (channel, info) = match reconnect(sup, &how, give_up) {
             Ok(opened) => opened,
-            Err(e) => return self.end(e.into()).map(|_| Resumed::Yes),
+            Err(e) => {
+                self.given_up = e.code == Code::GivenUp;
+                return self.end(e.into()).map(|_| Resumed::Yes);
+            }
         };
         let info = parse_info(info)?;
         if info.capacity != self.info.capacity || info.block_size != self.info.block_size {

@@ -39,7 +39,9 @@ impl Manager {
                         }
                     }
                     Source::Conn(i) => self.serve(&mut work, i),
-                    Source::Events(i) => self.child_event(&mut work, i),
+                    Source::Events(i) => {
+                        self.child_event(&mut work, i);
+                    }
                 }
             }
             self.supervise(&mut work);
@@ -48,11 +50,11 @@ impl Manager {
         Ok(())
     }
 
-    /// Takes one event a driver server reported; a channel that closed or sent garbage is
-    /// dropped (the pidfd reports the exit itself).
-    pub(crate) fn child_event(&mut self, work: &mut WorkLoop<Source>, i: usize) {
+    /// Takes one event a driver server reported, if one is waiting (true if it did); a
+    /// channel that closed or sent garbage is dropped (the pidfd reports the exit itself).
+    pub(crate) fn child_event(&mut self, work: &mut WorkLoop<Source>, i: usize) -> bool {
         let Some(ev) = self.procs.get(i).and_then(|p| p.events.as_ref()) else {
-            return;
+            return false;
         };
         let received = control::recv::<control::Event>(ev.as_fd(), Some(Duration::ZERO));
         if let Ok((event, _)) = &received {
@@ -62,7 +64,7 @@ impl Manager {
                     self.procs[i].role,
                     self.procs[i].pid()
                 );
-                return;
+                return true;
             }
         }
         match received {
@@ -123,13 +125,15 @@ impl Manager {
                     drv.set_state(State::Running, Detail::Note("recovered"));
                 }
             }
-            Err(outboard_session::SessionError::Timeout) => {}
+            Err(outboard_session::SessionError::Timeout) => return false,
             Err(_) => {
                 if let Some(ev) = self.procs[i].events.take() {
                     let _ = work.remove(ev.as_fd());
                 }
+                return false;
             }
         }
+        true
     }
 
     /// How long the loop may sleep: until the next restart is due, and no longer than the
@@ -208,6 +212,16 @@ impl Manager {
     /// (at once the first time, with back-off after that) until it crashes more often than
     /// its policy allows; then it is given up and its clients are told so.
     pub(crate) fn exited(&mut self, i: usize, work: &mut WorkLoop<Source>) {
+        // What it reported before it died is taken first: the loop may see the exit before
+        // the channel, and a server that said it serves (with its heartbeat page, which names
+        // the request in its device) and died at once would be weighed without them — a
+        // crash that named nobody, which started a request's series of crashes again.
+        // (Bounded: a dead writer sends nothing more.)
+        for _ in 0..64 {
+            if !self.child_event(work, i) {
+                break;
+            }
+        }
         if let Some(ev) = self.procs[i].events.take() {
             let _ = work.remove(ev.as_fd());
         }

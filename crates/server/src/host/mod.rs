@@ -82,6 +82,12 @@ impl Served {
 /// A busy loop checks request deadlines once in this many rounds (the clock is not free).
 const DEADLINE_ROUNDS: u32 = 64;
 
+/// A busy loop looks at the sources only its sleep waits on (new connections and resumes,
+/// control messages, the supervisor's commands, a device's own events) once in this many
+/// rounds: a loop that always has work never sleeps, and a client resuming after a restart
+/// had waited for a lull — seconds under load.
+const EVENT_ROUNDS: u32 = 128;
+
 /// How long a request that has a deadline (the class says which) may stay in a device before
 /// the device is declared stalled; the class words the fate of what it held.
 pub const DEFAULT_DEADLINE: Duration = Duration::from_secs(30);
@@ -297,6 +303,13 @@ impl DriverHost {
         while !stop.load(Ordering::Relaxed) {
             self.beat();
             if self.round() {
+                if self.rounds.is_multiple_of(EVENT_ROUNDS) {
+                    ready.clear();
+                    self.work.wait(Some(Duration::ZERO), &mut ready)?;
+                    for source in ready.drain(..) {
+                        self.event(source)?;
+                    }
+                }
                 continue;
             }
             if !self.spin.is_zero() {
@@ -351,7 +364,13 @@ impl DriverHost {
     /// One pass over all rings and devices; returns whether anything happened.
     fn round(&mut self) -> bool {
         let mut progress = false;
-        for i in 0..self.sessions.len() {
+        // Each round starts at the next session: a device with room for one request only
+        // (an isolated one, after a crash) would otherwise always take the first session's,
+        // and a request of a later session waited until isolation ended — where its crash
+        // named nobody, and the quarantine of a request that kills the driver never came.
+        let n = self.sessions.len();
+        let first = if n == 0 { 0 } else { self.rounds as usize % n };
+        for i in (first..n).chain(0..first) {
             let Some(d) = self.sessions[i]
                 .as_ref()
                 .filter(|s| !s.closing())

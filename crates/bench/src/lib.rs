@@ -7,6 +7,7 @@
 pub mod charts;
 pub mod cpu;
 pub mod exports;
+pub mod faults;
 pub mod fixture;
 pub mod model;
 pub mod pingpong;
@@ -32,6 +33,7 @@ pub const TESTS: &[&str] = &[
     "trace",
     "exports",
     "restart",
+    "faults",
 ];
 
 /// What a run needs.
@@ -44,6 +46,8 @@ pub struct Context {
     pub quick: bool,
     /// Overrides the test's data size (bytes read, or disk size).
     pub size: Option<u64>,
+    /// Faults to inject (`faults`; default 240, quick 24).
+    pub faults: Option<u64>,
     /// Progress.
     pub progress: ProgressBar,
 }
@@ -58,6 +62,8 @@ pub struct Options {
     pub quick: bool,
     /// Data size override.
     pub size: Option<u64>,
+    /// Faults to inject in the fault campaign.
+    pub faults: Option<u64>,
     /// Output directory.
     pub out: PathBuf,
 }
@@ -77,6 +83,7 @@ pub fn run(tests: &[&str], opts: Options) -> Result<(), String> {
         runs: runs.max(2),
         quick: opts.quick,
         size: opts.size,
+        faults: opts.faults,
         progress: ProgressBar::hidden(),
     };
     let total: u64 = tests.iter().map(|t| tests::steps(t, &ctx)).sum();
@@ -94,6 +101,7 @@ pub fn run(tests: &[&str], opts: Options) -> Result<(), String> {
             "exports" => exports::exports(&ctx),
             "trace" => trace::trace_test(&ctx),
             "restart" => restart::restart_test(&ctx),
+            "faults" => faults::faults_test(&ctx),
             other => Err(format!(
                 "unknown test {other:?} (known: {})",
                 TESTS.join(", ")

@@ -56,7 +56,7 @@ struct Outcome {
     phases: Vec<Vec<(String, f64)>>,
 }
 
-fn first_of<'a>(
+pub(crate) fn first_of<'a>(
     n: &'a outboard_client::registry::Node,
     kind: &str,
 ) -> Option<&'a outboard_client::registry::Node> {
@@ -67,7 +67,7 @@ fn first_of<'a>(
 }
 
 /// The pid of the first `kind` node, and whether its driver serves.
-fn pid_and_serving(control: &Path, kind: &str) -> Option<(i32, bool)> {
+pub(crate) fn pid_and_serving(control: &Path, kind: &str) -> Option<(i32, bool)> {
     let tree = outboard_client::manager::registry(control).ok()?;
     let pid = first_of(&tree, kind)?.props.get("pid")?.as_i64()? as i32;
     let serving =
@@ -225,7 +225,7 @@ backing = "mem:64M"
 queues = 2
 "#;
 
-fn percentile(v: &[f64], p: f64) -> f64 {
+pub(crate) fn percentile(v: &[f64], p: f64) -> f64 {
     let mut v = v.to_vec();
     v.sort_by(f64::total_cmp);
     if v.is_empty() {

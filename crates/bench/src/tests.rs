@@ -618,6 +618,7 @@ pub fn steps(test: &str, ctx: &Context) -> u64 {
         "exports" => crate::exports::steps(ctx),
         "trace" => crate::trace::steps(ctx),
         "restart" => crate::restart::steps(ctx),
+        "faults" => crate::faults::steps(ctx),
         _ => 0,
     }
 }

@@ -36,8 +36,8 @@ pub struct Workload {
 pub struct ClientReport {
     /// Requests answered.
     pub completed: u64,
-    /// Requests that failed, and why.
-    pub failed: Vec<String>,
+    /// Requests that failed: when, what kind of error, and what.
+    pub failed: Vec<Failed>,
     /// Reads that returned data inconsistent with the acknowledged writes.
     pub mismatches: Vec<String>,
     /// Completions for a request that had already completed.
@@ -46,6 +46,32 @@ pub struct ClientReport {
     pub resumes: Vec<(Instant, Instant)>,
     /// Requests sent again.
     pub replayed: u64,
+}
+
+/// A request that failed.
+#[derive(Debug, Clone)]
+pub struct Failed {
+    /// When its completion arrived.
+    pub at: Instant,
+    /// The kind of error ([`error_kind`]).
+    pub kind: &'static str,
+    /// The request and the error, for people.
+    pub what: String,
+}
+
+/// A short name for the kind of `e`, for tables: what a fault may be allowed to cause.
+pub fn error_kind(e: &outboard_block::BlockError) -> &'static str {
+    use outboard_block::BlockError as E;
+    match e {
+        E::Io(_) => "io",
+        E::Quarantined => "quarantined",
+        E::Timeout => "timeout",
+        E::DeviceFailed(_) => "device-failed",
+        E::Restarting => "restarting",
+        E::DeviceGone => "device-gone",
+        E::Protocol(_) => "protocol",
+        _ => "other",
+    }
 }
 
 struct Op {
@@ -238,8 +264,11 @@ pub fn run_client(
             r.completed += 1;
             let b = op.block as usize;
             if let Err(e) = &c.result {
-                r.failed
-                    .push(format!("{:?} of block {}: {e}", op.op, first + op.block));
+                r.failed.push(Failed {
+                    at: Instant::now(),
+                    kind: error_kind(e),
+                    what: format!("{:?} of block {}: {e}", op.op, first + op.block),
+                });
                 if op.op == BlockOp::Write {
                     writing[b] = false;
                 }

@@ -118,8 +118,8 @@ fn fault(a: FaultArgs, control: std::path::PathBuf) -> Result<ExitCode, String> 
 /// Which tests, and how.
 #[derive(clap::Args)]
 struct BenchArgs {
-    /// Tests to run: disk-read, iops, null-rtt, trace (the 1992 HP disk trace), exports (NBD against nbdkit and qemu-storage-daemon), restart (SIGKILL the driver or its model under a verified workload), or all.
-    #[arg(required = true, value_parser = ["disk-read", "iops", "null-rtt", "trace", "exports", "restart", "all"])]
+    /// Tests to run: disk-read, iops, null-rtt, trace (the 1992 HP disk trace), exports (NBD against nbdkit and qemu-storage-daemon), restart (SIGKILL the driver or its model under a verified workload), faults (a campaign of every fault kind under verified load), or all.
+    #[arg(required = true, value_parser = ["disk-read", "iops", "null-rtt", "trace", "exports", "restart", "faults", "all"])]
     tests: Vec<String>,
     /// A short smoke run (small sizes, 2 runs): checks the machinery, not the numbers.
     #[arg(long)]
@@ -130,6 +130,9 @@ struct BenchArgs {
     /// Data size: bytes read per run (disk-read), or disk size (iops, exports), e.g. 64M, 1G.
     #[arg(long, value_parser = |s: &str| outboard_devices::backing::parse_size(s).ok_or("not a size"))]
     size: Option<u64>,
+    /// Faults the fault campaign injects, one after another [default: 240; --quick: 24].
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..))]
+    faults: Option<u64>,
     /// Where results go.
     #[arg(long, default_value = "bench-results")]
     out: std::path::PathBuf,
@@ -148,6 +151,7 @@ fn bench(a: BenchArgs) -> Result<ExitCode, String> {
             runs: a.runs,
             quick: a.quick,
             size: a.size,
+            faults: a.faults,
             out: a.out.clone(),
         },
     )?;

@@ -1,0 +1,539 @@
+//! `outboard bench faults`: a long fault campaign. Verified clients ([`crate::verified`]: reads
+//! and writes checked against what was acknowledged, at queue depth 16) run against one disk
+//! under the default restart policy while faults of every kind are injected at random
+//! instants, one after another, each once the machine has recovered from the last:
+//!
+//! - signals to the driver server and to the device model: SIGKILL, SIGSEGV, SIGSTOP (a hang
+//!   the heartbeat or the request deadline must notice);
+//! - device faults through the model's fault socket: a stall past the request deadline,
+//!   corrupt completions (a used id not in flight, a short length), an I/O error;
+//! - requests that crash their driver or their model every time: a read of a sector the
+//!   machine description marks (`driver_abort_on`, the model's `abort-on` fault), sent by the
+//!   campaign's own session, which must fail alone as quarantined while the clients go on.
+//!
+//! Reported: faults by kind, requests verified, requests failed and whether each failure is
+//! one the policy allows (an I/O error the device reported, a request in a device stalled past
+//! its deadline, a quarantined request), reads that saw data other than acknowledged (a lost
+//! write), duplicated completions, and per kind the time from the fault to a new driver server
+//! serving.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use outboard_block::{BlockDevice, BlockError, BlockOp, BlockRequest};
+use rustix::process::Signal;
+
+use crate::model::{Figure, Machine, Point, Series, Target, TestResult};
+use crate::restart::{percentile, pid_and_serving};
+use crate::stats::Summary;
+use crate::verified::{self, Workload};
+use crate::Context;
+
+/// Verified clients.
+const CLIENTS: u64 = 4;
+/// The request deadline: a stall longer than this fails what is in the device.
+const DEADLINE: Duration = Duration::from_millis(500);
+/// The stall injected: past the deadline.
+const STALL: Duration = Duration::from_millis(800);
+/// Longest wait for the machine to serve again after a fault.
+const RECOVERY: Duration = Duration::from_secs(30);
+/// The verified clients use blocks from 0 up to `CLIENTS * 512`; the poisoned sectors lie
+/// beyond them, so only the campaign's own requests touch them.
+const DRIVER_POISON_BLOCK: u64 = 16_000;
+const MODEL_POISON_BLOCK: u64 = 16_100;
+
+/// The machine: one disk under the default restart policy, with fault injection, a short
+/// deadline and heartbeat (a hang is noticed in well under a second), and two poisoned
+/// sectors.
+fn machine() -> String {
+    format!(
+        r#"name = "fault-campaign"
+[[device]]
+name = "disk0"
+model = "virtio-blk"
+backing = "mem:64M"
+queues = 2
+request_deadline = "{}ms"
+heartbeat = "250ms"
+fault_injection = true
+faults = ["abort-on={}"]
+driver_abort_on = {}
+"#,
+        DEADLINE.as_millis(),
+        MODEL_POISON_BLOCK * 8,
+        DRIVER_POISON_BLOCK * 8
+    )
+}
+
+/// A kind of fault.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+enum Kind {
+    KillServer,
+    SegvServer,
+    StopServer,
+    KillModel,
+    SegvModel,
+    StopModel,
+    Stall,
+    CorruptId,
+    CorruptLen,
+    DeviceError,
+    PoisonDriver,
+    PoisonModel,
+}
+
+impl Kind {
+    const ALL: [Kind; 12] = [
+        Kind::KillServer,
+        Kind::SegvServer,
+        Kind::StopServer,
+        Kind::KillModel,
+        Kind::SegvModel,
+        Kind::StopModel,
+        Kind::Stall,
+        Kind::CorruptId,
+        Kind::CorruptLen,
+        Kind::DeviceError,
+        Kind::PoisonDriver,
+        Kind::PoisonModel,
+    ];
+
+    fn label(self) -> &'static str {
+        match self {
+            Kind::KillServer => "SIGKILL driver server",
+            Kind::SegvServer => "SIGSEGV driver server",
+            Kind::StopServer => "SIGSTOP driver server",
+            Kind::KillModel => "SIGKILL device model",
+            Kind::SegvModel => "SIGSEGV device model",
+            Kind::StopModel => "SIGSTOP device model",
+            Kind::Stall => "device stall past the deadline",
+            Kind::CorruptId => "corrupt completion (id)",
+            Kind::CorruptLen => "corrupt completion (length)",
+            Kind::DeviceError => "device I/O error",
+            Kind::PoisonDriver => "request that crashes the driver",
+            Kind::PoisonModel => "request that crashes the model",
+        }
+    }
+
+    /// The errors a verified client may see because of this fault: what the device itself
+    /// answered (an I/O error, a completion it cut short), and what was in a device stalled
+    /// past its deadline. Anything else is a failure the policy does not allow.
+    fn allows(self) -> &'static [&'static str] {
+        match self {
+            Kind::DeviceError | Kind::CorruptLen => &["io"],
+            Kind::Stall | Kind::StopModel => &["timeout"],
+            _ => &[],
+        }
+    }
+
+    /// How long a new driver server may take to serve after the fault, if one must: none
+    /// for faults the driver answers in place; a short while for SIGSEGV, which a process
+    /// may survive (Rust's runtime catches SIGSEGV to tell a stack overflow; one sent from
+    /// outside, with no faulting access, it returns from once, and only a second kills).
+    fn replaces_server(self) -> Replaced {
+        match self {
+            Kind::CorruptLen | Kind::DeviceError => Replaced::No,
+            Kind::SegvServer | Kind::SegvModel => Replaced::Maybe(Duration::from_secs(2)),
+            _ => Replaced::Must,
+        }
+    }
+
+    /// A signal to send, and to which process (`driver` or `pci-function` node).
+    fn signal(self) -> Option<(&'static str, Signal)> {
+        match self {
+            Kind::KillServer => Some(("driver", Signal::KILL)),
+            Kind::SegvServer => Some(("driver", Signal::SEGV)),
+            Kind::StopServer => Some(("driver", Signal::STOP)),
+            Kind::KillModel => Some(("pci-function", Signal::KILL)),
+            Kind::SegvModel => Some(("pci-function", Signal::SEGV)),
+            Kind::StopModel => Some(("pci-function", Signal::STOP)),
+            _ => None,
+        }
+    }
+
+    /// A fault for the model's fault socket.
+    fn device_fault(self) -> Option<String> {
+        match self {
+            Kind::Stall => Some(format!("stall={}ms", STALL.as_millis())),
+            Kind::CorruptId => Some("corrupt-used=id".into()),
+            Kind::CorruptLen => Some("corrupt-used=len".into()),
+            Kind::DeviceError => Some("error-next=1".into()),
+            _ => None,
+        }
+    }
+
+    /// The poisoned block a request of the campaign's own reads.
+    fn poison(self) -> Option<u64> {
+        match self {
+            Kind::PoisonDriver => Some(DRIVER_POISON_BLOCK),
+            Kind::PoisonModel => Some(MODEL_POISON_BLOCK),
+            _ => None,
+        }
+    }
+}
+
+/// Whether a fault must be followed by a new driver server.
+#[derive(Debug, Clone, Copy)]
+enum Replaced {
+    No,
+    Maybe(Duration),
+    Must,
+}
+
+/// One fault as it happened.
+struct Injected {
+    kind: Kind,
+    at: Instant,
+    /// When a new driver server served (for faults that replace it), in ms after `at`.
+    recovered_ms: Option<f64>,
+    /// A poisoned request: whether it failed alone as quarantined.
+    quarantined: Option<bool>,
+    /// The process went on serving (a SIGSEGV it survived).
+    survived: bool,
+}
+
+/// Sends `sig` to `pid` only if it is a child of `parent` (the machine this campaign
+/// started): through a pidfd, so the pid checked is the one signalled even if it is reused.
+fn signal_child_of(parent: u32, pid: i32, sig: Signal) -> Result<(), String> {
+    let p = rustix::process::Pid::from_raw(pid).ok_or("no such pid")?;
+    let fd = rustix::process::pidfd_open(p, rustix::process::PidfdFlags::empty())
+        .map_err(|e| format!("pidfd_open {pid}: {e}"))?;
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).map_err(|e| e.to_string())?;
+    let ppid = stat
+        .rsplit_once(')')
+        .and_then(|(_, rest)| rest.split_whitespace().nth(1))
+        .and_then(|s| s.parse::<u32>().ok());
+    if ppid != Some(parent) {
+        return Err(format!("pid {pid} is not the machine's child"));
+    }
+    rustix::process::pidfd_send_signal(&fd, sig).map_err(|e| format!("signal {pid}: {e}"))
+}
+
+/// Arms `fault` in disk0's model, as an operator would (`outboard fault`).
+fn arm(exe: &Path, control: &Path, fault: &str) -> Result<(), String> {
+    let out = std::process::Command::new(exe)
+        .arg("--control")
+        .arg(control)
+        .args(["fault", "disk0", fault])
+        .stdin(std::process::Stdio::null())
+        .output()
+        .map_err(|e| format!("{}: {e}", exe.display()))?;
+    if out.status.success() {
+        Ok(())
+    } else {
+        Err(format!(
+            "outboard fault disk0 {fault}: {}",
+            String::from_utf8_lossy(&out.stderr).trim()
+        ))
+    }
+}
+
+/// Reads `block` (of 4 KiB) through the campaign's own session and says whether it failed
+/// as quarantined.
+fn poisoned_read(control: &Path, block: u64) -> Result<bool, String> {
+    let mut dev = verified::open(control, "disk0", 1)?;
+    let sectors = verified::BLOCK / dev.info().block_size as u64;
+    let req = BlockRequest {
+        op: BlockOp::Read,
+        lba: block * sectors,
+        blocks: sectors as u32,
+        buf_offset: 0,
+        tag: 0,
+    };
+    dev.submit(&req).map_err(|e| format!("submit: {e}"))?;
+    dev.kick().map_err(|e| e.to_string())?;
+    let mut out = Vec::new();
+    dev.wait(&mut out, RECOVERY)
+        .map_err(|e| format!("poisoned read: {e}"))?;
+    Ok(matches!(
+        out.first().map(|c| &c.result),
+        Some(Err(BlockError::Quarantined))
+    ))
+}
+
+/// Injects one fault of `kind` and waits until the machine serves again.
+fn inject(exe: &Path, control: &Path, up: u32, kind: Kind) -> Result<Injected, String> {
+    let (server, _) = pid_and_serving(control, "driver").ok_or("no driver server")?;
+    let at = Instant::now();
+    let mut quarantined = None;
+    if let Some((node, sig)) = kind.signal() {
+        let (pid, _) = pid_and_serving(control, node).ok_or("no process to signal")?;
+        signal_child_of(up, pid, sig)?;
+    } else if let Some(f) = kind.device_fault() {
+        arm(exe, control, &f)?;
+    } else if let Some(block) = kind.poison() {
+        quarantined = Some(poisoned_read(control, block)?);
+    }
+    let mut recovered_ms = None;
+    let mut survived = false;
+    let wait = match kind.replaces_server() {
+        Replaced::No => None,
+        Replaced::Maybe(d) => Some(d),
+        Replaced::Must => Some(RECOVERY),
+    };
+    if let Some(wait) = wait {
+        let until = at + wait;
+        loop {
+            match pid_and_serving(control, "driver") {
+                Some((p, true)) if p != server => {
+                    recovered_ms = Some(at.elapsed().as_secs_f64() * 1e3);
+                    break;
+                }
+                Some((p, true))
+                    if p == server
+                        && matches!(kind.replaces_server(), Replaced::Maybe(_))
+                        && Instant::now() > until =>
+                {
+                    survived = true;
+                    break;
+                }
+                _ if Instant::now() > at + RECOVERY => {
+                    return Err(format!(
+                        "{}: no new driver server served within {RECOVERY:?}",
+                        kind.label()
+                    ))
+                }
+                _ => std::thread::sleep(Duration::from_millis(1)),
+            }
+        }
+    }
+    Ok(Injected {
+        kind,
+        at,
+        recovered_ms,
+        quarantined,
+        survived,
+    })
+}
+
+fn xorshift(mut x: u64) -> u64 {
+    x ^= x << 13;
+    x ^= x >> 7;
+    x ^= x << 17;
+    x
+}
+
+/// What the campaign counted.
+#[derive(Default)]
+struct Tally {
+    verified: u64,
+    /// Failed requests by (fault kind they followed, error kind, allowed).
+    failed: BTreeMap<(Option<Kind>, &'static str, bool), u64>,
+    mismatches: u64,
+    duplicates: u64,
+    replayed: u64,
+}
+
+/// Runs the campaign: `faults` faults under the verified load.
+fn campaign(
+    ctx: &Context,
+    control: &Path,
+    up: u32,
+    faults: u64,
+) -> Result<(Vec<Injected>, Tally), String> {
+    let w = Workload {
+        depth: 16,
+        blocks: 512,
+        flush_every: 64,
+    };
+    let stop = Arc::new(AtomicBool::new(false));
+    let clients: Vec<_> = (0..CLIENTS)
+        .map(|id| {
+            let mut dev = verified::open(control, "disk0", w.depth)?;
+            let stop = stop.clone();
+            Ok(std::thread::spawn(move || {
+                verified::run_client(&mut dev, id, w, &stop)
+            }))
+        })
+        .collect::<Result<_, String>>()?;
+    // Each kind in turn, in an order shuffled per round, at a random instant.
+    let mut rng = 0x9e37_79b9_7f4a_7c15u64 ^ u64::from(std::process::id());
+    let mut order = Kind::ALL.to_vec();
+    let mut done = Vec::new();
+    let mut result = Ok(());
+    for i in 0..faults {
+        let slot = (i % Kind::ALL.len() as u64) as usize;
+        if slot == 0 {
+            for j in (1..order.len()).rev() {
+                rng = xorshift(rng);
+                order.swap(j, (rng % (j as u64 + 1)) as usize);
+            }
+        }
+        rng = xorshift(rng);
+        std::thread::sleep(Duration::from_millis(10 + rng % 50));
+        ctx.progress.set_message(format!(
+            "faults: {} ({}/{faults})",
+            order[slot].label(),
+            i + 1
+        ));
+        match inject(&ctx.exe, control, up, order[slot]) {
+            Ok(f) => done.push(f),
+            Err(e) => {
+                result = Err(e);
+                break;
+            }
+        }
+        ctx.progress.inc(1);
+    }
+    stop.store(true, Ordering::Relaxed);
+    let mut t = Tally::default();
+    for c in clients {
+        let r = c.join().map_err(|_| "a client panicked")??;
+        t.verified += r.completed - r.failed.len() as u64;
+        t.mismatches += r.mismatches.len() as u64;
+        t.duplicates += r.duplicates;
+        t.replayed += r.replayed;
+        for f in r.failed {
+            // The fault it followed: the last one injected before it completed.
+            let after = done.iter().rev().find(|d| d.at <= f.at).map(|d| d.kind);
+            let allowed = after.is_some_and(|k| k.allows().contains(&f.kind));
+            *t.failed.entry((after, f.kind, allowed)).or_default() += 1;
+        }
+    }
+    result.map(|()| (done, t))
+}
+
+/// How many faults: `--faults N`, else 24 quick and 240 otherwise.
+fn count(ctx: &Context) -> u64 {
+    ctx.faults
+        .unwrap_or(if ctx.quick { 24 } else { 240 })
+        .max(1)
+}
+
+/// Runs the test.
+pub fn faults_test(ctx: &Context) -> Result<TestResult, String> {
+    let n = count(ctx);
+    let dir = std::env::temp_dir().join(format!("outboard-bench-faults-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).map_err(|e| e.to_string())?;
+    let up = crate::fixture::machine(&ctx.exe, &dir, &machine(), &[])?;
+    let control = dir.join("control.sock");
+    let started = Instant::now();
+    let outcome = campaign(ctx, &control, up.pid, n);
+    let elapsed = started.elapsed().as_secs_f64();
+    drop(up);
+    let _ = std::fs::remove_dir_all(&dir);
+    let (done, t) = outcome?;
+    let mut rows = Vec::new();
+    let mut series = Vec::new();
+    let mut all_recoveries = Vec::new();
+    for kind in Kind::ALL {
+        let of: Vec<&Injected> = done.iter().filter(|d| d.kind == kind).collect();
+        let rec: Vec<f64> = of.iter().filter_map(|d| d.recovered_ms).collect();
+        all_recoveries.extend(&rec);
+        let failed = |allowed: bool| -> BTreeMap<&str, u64> {
+            let mut m = BTreeMap::new();
+            for ((after, e, a), c) in &t.failed {
+                if *after == Some(kind) && *a == allowed {
+                    *m.entry(*e).or_default() += c;
+                }
+            }
+            m
+        };
+        let quarantined = of.iter().filter(|d| d.quarantined == Some(true)).count();
+        rows.push(serde_json::json!({
+            "fault": kind.label(),
+            "injected": of.len(),
+            "restart_median_ms": percentile(&rec, 0.5),
+            "restart_p99_ms": percentile(&rec, 0.99),
+            "restart_max_ms": percentile(&rec, 1.0),
+            "failed_allowed": failed(true),
+            "failed_not_allowed": failed(false),
+            "poisoned_requests_quarantined": kind.poison().map(|_| quarantined),
+            "survived": of.iter().filter(|d| d.survived).count(),
+        }));
+        if !rec.is_empty() {
+            let mut samples = rec.clone();
+            samples.sort_by(f64::total_cmp);
+            series.push(Series {
+                label: kind.label().into(),
+                points: vec![Point {
+                    x: 0.0,
+                    y: Summary {
+                        median: percentile(&rec, 0.5),
+                        min: samples[0],
+                        max: samples[samples.len() - 1],
+                        samples,
+                    },
+                }],
+            });
+        }
+    }
+    let allowed: u64 = t.failed.iter().filter(|(k, _)| k.2).map(|(_, c)| c).sum();
+    let not_allowed: Vec<String> = t
+        .failed
+        .iter()
+        .filter(|(k, _)| !k.2)
+        .map(|((after, e, _), c)| {
+            format!("{c} {e} after {}", after.map_or("no fault", Kind::label))
+        })
+        .collect();
+    let poisoned = done.iter().filter(|d| d.quarantined.is_some()).count();
+    let quarantined = done.iter().filter(|d| d.quarantined == Some(true)).count();
+    let targets = vec![
+        Target {
+            target: "faults: no failed request but those the policy allows".into(),
+            measured: if not_allowed.is_empty() {
+                format!("{allowed} failed, all allowed")
+            } else {
+                not_allowed.join(", ")
+            },
+            met: Some(not_allowed.is_empty()),
+        },
+        Target {
+            target: "faults: no lost and no duplicated write".into(),
+            measured: format!("{} mismatches, {} duplicates", t.mismatches, t.duplicates),
+            met: Some(t.mismatches == 0 && t.duplicates == 0),
+        },
+        Target {
+            target:
+                "faults: every request that crashes its driver or model fails alone, quarantined"
+                    .into(),
+            measured: format!("{quarantined} of {poisoned}"),
+            met: Some(quarantined == poisoned),
+        },
+    ];
+    Ok(TestResult {
+        test: "faults".into(),
+        title: "Fault campaign under verified load".into(),
+        reference: "Restart v2: a long fault campaign".into(),
+        runs: 1,
+        discarded: 0,
+        params: serde_json::json!({
+            "faults": done.len(),
+            "seconds": elapsed,
+            "clients": CLIENTS,
+            "queue_depth": 16,
+            "request_deadline_ms": DEADLINE.as_millis() as u64,
+            "requests_verified": t.verified,
+            "requests_failed_allowed": allowed,
+            "requests_failed_not_allowed": not_allowed,
+            "mismatches": t.mismatches,
+            "duplicates": t.duplicates,
+            "replayed": t.replayed,
+            "restart_median_ms": percentile(&all_recoveries, 0.5),
+            "restart_p99_ms": percentile(&all_recoveries, 0.99),
+            "rows": rows,
+        }),
+        figures: vec![Figure {
+            id: "recovery".into(),
+            title: "Fault to a new driver server serving, by fault (ms)".into(),
+            x_label: String::new(),
+            y_label: "ms".into(),
+            log_x: false,
+            log_y: true,
+            kind: "bar".into(),
+            series,
+        }],
+        unavailable: Vec::new(),
+        targets,
+        machine: Machine::here(),
+    })
+}
+
+/// Progress steps.
+pub fn steps(ctx: &Context) -> u64 {
+    count(ctx)
+}

@@ -91,6 +91,16 @@ pub struct AttachArgs {
 pub struct RestartArgs {
     /// Class device name, e.g. disk0.
     device: String,
+    /// Drain first: the running driver finishes what is in its device and takes nothing
+    /// more, then a new server takes its clients, who resume with nothing to replay (no
+    /// request is sent twice). Waits at most 10 s for the drain, then restarts anyway.
+    #[arg(long)]
+    graceful: bool,
+    /// Run the new server, and its later restarts, from this program instead of the
+    /// manager's own (a live upgrade): an absolute path to an executable that only its owner,
+    /// root or the manager's user, may write. Only that user or root may ask.
+    #[arg(long, value_name = "PATH")]
+    exe: Option<PathBuf>,
     /// How long to wait for it to serve again.
     #[arg(long, default_value = "30s", value_parser = parse_duration)]
     timeout: std::time::Duration,
@@ -263,14 +273,20 @@ pub fn power(a: PowerArgs, control: PathBuf) -> Result<ExitCode, String> {
 }
 
 pub fn restart(a: RestartArgs, control: PathBuf) -> Result<ExitCode, String> {
-    let first = outboard_client::manager::restart(&control, &a.device);
+    let started = std::time::Instant::now();
+    let first =
+        outboard_client::manager::restart_with(&control, &a.device, a.graceful, a.exe.as_deref());
     // Its own answer says `restarting`: wait until it says more.
     let first = first.map(|mut n| {
         n.set_state(State::Restarting, Detail::None);
         n
     });
     settle(&control, &a.device, a.timeout, first, |r| match r {
-        Ok(n) if n.state() == Some(State::Serving) => Ok(Some(State::Serving.to_string())),
+        Ok(n) if n.state() == Some(State::Serving) => Ok(Some(format!(
+            "{} again after {:.1} ms",
+            State::Serving,
+            started.elapsed().as_secs_f64() * 1e3
+        ))),
         Ok(n) if n.state() == Some(State::GaveUp) => Err(state_of(n).to_string()),
         Ok(_) => Ok(None),
         Err(e) => Err(e.to_string()),

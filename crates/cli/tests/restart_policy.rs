@@ -229,6 +229,77 @@ fn a_running_device_restarts_by_hand_and_its_clients_carry_on() {
     );
 }
 
+/// `outboard restart --graceful` under load: the driver drains, a new server takes the
+/// clients, and none sees an error; `--exe` runs the new server from another program (a live
+/// upgrade), which must be one only its owner may change.
+#[test]
+fn a_graceful_restart_under_load_fails_nothing_and_can_change_the_program() {
+    let dir = tempfile::tempdir().unwrap();
+    let up = Up::start(dir.path(), Some(MACHINE));
+    let stop = Arc::new(AtomicBool::new(false));
+    let w = Workload {
+        depth: 16,
+        blocks: 128,
+        flush_every: 50,
+    };
+    let clients = common::verified_clients(&up, "disk0", 1..4, w, &stop);
+    std::thread::sleep(Duration::from_millis(200));
+    let pid = || driver(&up)["props"]["pid"].as_u64().unwrap();
+    let mut old = pid();
+    for _ in 0..3 {
+        let r = up.run_within(&["restart", "disk0", "--graceful"], Duration::from_secs(40));
+        assert!(r.status.success(), "{r:?}");
+        let said = String::from_utf8_lossy(&r.stdout);
+        assert!(said.contains("disk0: serving again after"), "{said}");
+        println!("{}", said.trim());
+        let now = pid();
+        assert_ne!(now, old, "the server was not replaced");
+        old = now;
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    // A new program: a copy of this one, only its owner may write it.
+    let copy = dir.path().join("outboard-next");
+    std::fs::copy(common::EXE, &copy).unwrap();
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(&copy, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let exe = copy.to_str().unwrap();
+    let r = up.run_within(
+        &["restart", "disk0", "--graceful", "--exe", exe],
+        Duration::from_secs(40),
+    );
+    assert!(r.status.success(), "{r:?}");
+    let runs = std::fs::read_link(format!("/proc/{}/exe", pid())).unwrap();
+    assert_eq!(runs, copy, "the new server runs the new program");
+    // Refused, with the reason: a program others may change, a relative path.
+    std::fs::set_permissions(&copy, std::fs::Permissions::from_mode(0o757)).unwrap();
+    let r = up.run(&["restart", "disk0", "--exe", exe]);
+    assert!(!r.status.success());
+    assert!(
+        String::from_utf8_lossy(&r.stderr).contains("others may change it"),
+        "{r:?}"
+    );
+    let r = up.run(&["restart", "disk0", "--exe", "outboard-next"]);
+    assert!(
+        String::from_utf8_lossy(&r.stderr).contains("absolute path"),
+        "{r:?}"
+    );
+    std::thread::sleep(Duration::from_millis(200));
+    stop.store(true, Ordering::Relaxed);
+    let reports = common::verified_clean(clients);
+    let completed: u64 = reports.iter().map(|r| r.completed).sum();
+    assert!(completed > 1000, "the clients ran: {completed} requests");
+    let resent: u64 = reports.iter().map(|r| r.replayed).sum();
+    let longest = reports
+        .iter()
+        .flat_map(|r| r.resumes.iter().map(|(gone, back)| *back - *gone))
+        .max()
+        .unwrap_or_default();
+    println!(
+        "graceful restarts: {completed} requests, {resent} re-sent to the new server, longest \
+         resume {longest:?}"
+    );
+}
+
 /// A request that kills whatever it reaches — the model (`faults`) or the driver itself
 /// (`driver_abort_on`) — at sector 8192 (byte 4 MiB), every time: it fails alone after three
 /// crashes, a bystander at queue depth 16 sees no error, and the device serves on.

@@ -66,6 +66,15 @@ pub enum Request {
     Restart {
         /// Device name.
         name: String,
+        /// A running server drains first: its devices finish what is in them and take no
+        /// more, then it is ended, so clients resume with nothing to replay.
+        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+        graceful: bool,
+        /// The program the new server (and its later restarts) runs instead of the manager's
+        /// own (a live upgrade): an absolute path to an executable file that only its owner,
+        /// root or the manager's user, may write. Only the manager's user or root may ask.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        exe: Option<std::path::PathBuf>,
     },
 }
 

@@ -101,7 +101,25 @@ pub fn power(control_path: &Path, name: &str, suspend: bool) -> Result<Node, Ref
 /// Starts class device `name`'s driver again (given up or running); returns its registry
 /// entry at once.
 pub fn restart(control_path: &Path, name: &str) -> Result<Node, Refusal> {
-    node_reply(ask(control_path, &Request::Restart { name: name.into() })?)
+    restart_with(control_path, name, false, None)
+}
+
+/// Restarts `name`'s driver, draining it first if `graceful`, on program `exe` if given (see
+/// [`Request::Restart`]).
+pub fn restart_with(
+    control_path: &Path,
+    name: &str,
+    graceful: bool,
+    exe: Option<&Path>,
+) -> Result<Node, Refusal> {
+    node_reply(ask(
+        control_path,
+        &Request::Restart {
+            name: name.into(),
+            graceful,
+            exe: exe.map(Path::to_path_buf),
+        },
+    )?)
 }
 
 /// Attaches a declared device (`name`) or new ones (`description`, `[[device]]` tables);

@@ -93,6 +93,12 @@ impl Manager {
                 self.close_conn(work, i);
                 return;
             }
+            // Choosing the program a server runs is the manager's user's or root's alone, not a
+            // control group's: the manager may be root.
+            Ok((Request::Restart { exe: Some(_), .. }, _)) if !own_user(conn.as_fd()) => refuse(
+                Code::Denied,
+                "only the manager's user or root may choose the program a driver server runs",
+            ),
             Ok((req, _)) => self.answer(req, work),
             Err(outboard_session::SessionError::Timeout) => return,
             Err(outboard_session::SessionError::Invalid(m)) => refuse(Code::Invalid, m),
@@ -122,7 +128,11 @@ impl Manager {
             Request::Power { name, suspend } => self.power(&name, suspend),
             Request::Attach { name, description } => self.attach(name, description, work),
             Request::Detach { name } => self.detach(&name, work),
-            Request::Restart { name } => self.restart_by_hand(&name),
+            Request::Restart {
+                name,
+                graceful,
+                exe,
+            } => self.restart_by_hand(&name, graceful, exe),
             Request::List => Reply::Registry {
                 tree: self.registry.clone(),
             },
@@ -137,8 +147,14 @@ impl Manager {
 
     /// `outboard restart NAME`: a given-up model or server of `name` is started again now, a
     /// running server is ended and started again (its death counts as progress); either way
-    /// the crash history is forgiven.
-    pub(crate) fn restart_by_hand(&mut self, name: &str) -> Reply {
+    /// the crash history is forgiven. `graceful`: a running server drains first (see
+    /// [`Manager::drained`]). `exe`: the program it runs from now on.
+    pub(crate) fn restart_by_hand(
+        &mut self,
+        name: &str,
+        graceful: bool,
+        exe: Option<PathBuf>,
+    ) -> Reply {
         let Some(node) = self.class_device(name).cloned() else {
             return match self.machine.devices.iter().any(|d| d.name == name) {
                 true => refuse(
@@ -148,31 +164,85 @@ impl Manager {
                 false => refuse(Code::NoSuchDevice, format!("no device named {name:?}")),
             };
         };
+        if let Some(exe) = &exe {
+            if let Err(why) = runnable(exe) {
+                return refuse(Code::Invalid, format!("--exe {}: {why}", exe.display()));
+            }
+        }
         let now = std::time::Instant::now();
-        for p in &mut self.procs {
+        let mut draining = Vec::new();
+        for (i, p) in self.procs.iter_mut().enumerate() {
             let model = matches!(&p.kind, supervisor::Kind::Model { device } if device == name);
             let server = p.kind.serves(name);
             if !(model || server) {
                 continue;
             }
             p.restarts.forgive();
+            if server && exe.is_some() {
+                p.exe = exe.clone();
+            }
             if p.gave_up.is_some() || p.exited.is_some() {
                 p.gave_up = None;
                 p.restart_at = Some(now);
+            } else if server && graceful {
+                let devices = Self::devices_of(&p.kind);
+                p.graceful = Some((devices.clone(), now + GRACEFUL_DRAIN));
+                draining.push((i, devices));
             } else if server {
                 p.planned = true;
                 let _ = rustix::process::pidfd_send_signal(&p.pidfd, rustix::process::Signal::KILL);
             }
         }
-        tracing::warn!("{name}: restarted by hand");
+        for (i, devices) in draining {
+            for d in devices {
+                // Already quiesced (suspended by hand): nothing to wait for.
+                if self.suspended.contains(&d)
+                    || !self.command(&d, control::Command::Quiesce { device: d.clone() })
+                {
+                    self.drained(i, &d);
+                }
+            }
+        }
+        tracing::warn!(
+            "{name}: restarted by hand{}",
+            if graceful { ", gracefully" } else { "" }
+        );
+        let note = if graceful {
+            "outboard restart --graceful: draining"
+        } else {
+            "outboard restart"
+        };
         self.set_state(
             &[name.to_string()],
-            (State::Restarting, Detail::Note("outboard restart")),
+            (State::Restarting, Detail::Note(note)),
             (State::Restarting, Detail::None),
         );
         Reply::Status {
             node: self.class_device(name).cloned().unwrap_or(node),
         }
+    }
+
+    /// `device` of server `i`, under a graceful restart, has nothing in it and takes nothing
+    /// more: once all its devices have, the server is ended and started again. Its clients
+    /// resume on the new one with nothing to replay (requests they queued meanwhile never
+    /// left their rings, and are sent to the new server).
+    pub(crate) fn drained(&mut self, i: usize, device: &str) {
+        let Some((left, _)) = self.procs[i].graceful.as_mut() else {
+            return;
+        };
+        left.retain(|d| d != device);
+        if left.is_empty() {
+            tracing::info!("{}: drained; restarting it", self.procs[i].role);
+            self.end_for_restart(i);
+        }
+    }
+
+    /// Ends server `i` for a restart an operator asked for (its death counts as progress).
+    pub(crate) fn end_for_restart(&mut self, i: usize) {
+        let p = &mut self.procs[i];
+        p.graceful = None;
+        p.planned = true;
+        let _ = rustix::process::pidfd_send_signal(&p.pidfd, rustix::process::Signal::KILL);
     }
 
     /// The state of the driver serving `name`, if it is not serving.
@@ -313,6 +383,48 @@ pub(crate) enum PeerRefused {
         me: u32,
         group: Option<u32>,
     },
+}
+
+/// How long a graceful restart waits for its devices to drain before it restarts anyway.
+pub(crate) const GRACEFUL_DRAIN: Duration = Duration::from_secs(10);
+
+/// Whether the peer on `conn` is the manager's own user or root.
+fn own_user(conn: BorrowedFd<'_>) -> bool {
+    rustix::net::sockopt::socket_peercred(conn).is_ok_and(|c| {
+        let uid = c.uid.as_raw();
+        uid == 0 || uid == rustix::process::geteuid().as_raw()
+    })
+}
+
+/// Whether `exe` may be run as a driver server: an absolute path to an executable regular
+/// file that nobody but its owner — root or the manager's user — may change (OpenSSH's
+/// StrictModes, applied to a program the manager will run).
+fn runnable(exe: &Path) -> Result<(), String> {
+    use std::os::unix::fs::MetadataExt;
+    if !exe.is_absolute() {
+        return Err("give an absolute path".into());
+    }
+    let m = std::fs::metadata(exe).map_err(|e| e.to_string())?;
+    if !m.is_file() {
+        return Err("not a regular file".into());
+    }
+    if m.mode() & 0o111 == 0 {
+        return Err("not executable".into());
+    }
+    let me = rustix::process::geteuid().as_raw();
+    if m.uid() != 0 && m.uid() != me {
+        return Err(format!(
+            "owned by uid {}: only root's or uid {me}'s programs are run",
+            m.uid()
+        ));
+    }
+    if m.mode() & 0o022 != 0 {
+        return Err(format!(
+            "mode {:o}: others may change it; chmod go-w",
+            m.mode() & 0o7777
+        ));
+    }
+    Ok(())
 }
 
 /// The answer about a device that is detached.

@@ -333,7 +333,10 @@ impl Manager {
         if p.postponed_for_descriptors(ACCEPT_BACKOFF) {
             return;
         }
-        if let Err(e) = p.respawn(&self.opts.exe, self.opts.verbose) {
+        if let Err(e) = p.respawn(
+            p.exe.clone().as_deref().unwrap_or(&self.opts.exe),
+            self.opts.verbose,
+        ) {
             tracing::error!("{e}");
             p.exited = None;
             p.restart_at = Some(std::time::Instant::now());

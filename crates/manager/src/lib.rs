@@ -46,7 +46,7 @@ use crate::config::{ExportAddress, Machine, Placement};
 use crate::registry::Node;
 use crate::supervisor::Process;
 
-use crate::answer::{detached, refuse, ACCEPT_BACKOFF};
+use crate::answer::{detached, refuse, ACCEPT_BACKOFF, GRACEFUL_DRAIN};
 use crate::nodes::{class_device, status_props};
 
 /// Where the manager keeps its sockets and logs, and what it runs.

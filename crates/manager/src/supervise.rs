@@ -110,7 +110,9 @@ impl Manager {
                 }
             }
             Ok((control::Event::Quiesced { device }, _)) => {
-                if self.detaching.contains(&device) {
+                if self.procs[i].graceful.is_some() {
+                    self.drained(i, &device);
+                } else if self.detaching.contains(&device) {
                     self.finish_detach(&device, work);
                 } else if self.suspended.contains(&device) {
                     tracing::info!("{device}: suspended (quiesced, nothing in flight)");
@@ -481,6 +483,21 @@ impl Manager {
     /// restarted models that do not come into service.
     pub(crate) fn supervise(&mut self, work: &mut WorkLoop<Source>) {
         let now = std::time::Instant::now();
+        // A graceful restart whose devices did not drain in time: restarted anyway (its
+        // clients replay what was in the device).
+        for i in 0..self.procs.len() {
+            if self.procs[i]
+                .graceful
+                .as_ref()
+                .is_some_and(|(_, by)| now >= *by)
+            {
+                tracing::warn!(
+                    "{}: did not drain within {GRACEFUL_DRAIN:?}; restarting it anyway",
+                    self.procs[i].role
+                );
+                self.end_for_restart(i);
+            }
+        }
         for i in 0..self.procs.len() {
             let kind = self.procs[i].kind.clone();
             if let Some(hb) = self.procs[i].heartbeat.as_mut() {
@@ -536,7 +553,10 @@ impl Manager {
         p.timeline.push(("respawn".into(), control::monotonic_ns()));
         // No stamp when `respawn` returns: the child may reach `main` before it does; its own
         // first stamp is the next step.
-        if let Err(e) = p.respawn(&self.opts.exe, self.opts.verbose) {
+        if let Err(e) = p.respawn(
+            p.exe.clone().as_deref().unwrap_or(&self.opts.exe),
+            self.opts.verbose,
+        ) {
             tracing::error!("{e}");
             // Counted as another crash: back-off, and in the end giving up, apply.
             p.exited = None;

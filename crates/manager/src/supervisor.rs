@@ -70,6 +70,12 @@ pub struct Process {
     pub suspect: Option<(outboard_server::blame::Suspect, u32)>,
     /// When this incarnation started.
     pub started: Instant,
+    /// The program it runs instead of the manager's own (`outboard restart --exe`, a live
+    /// upgrade), for this and every later incarnation.
+    pub exe: Option<PathBuf>,
+    /// A graceful restart under way: the devices still draining, and when to stop waiting
+    /// for them.
+    pub graceful: Option<(Vec<String>, Instant)>,
 }
 
 /// What a supervised process is, which decides what its death means.
@@ -598,6 +604,7 @@ impl Process {
             timeline: std::mem::take(&mut self.timeline),
             suspect: self.suspect.take(),
             server: self.server.take(),
+            exe: self.exe.take(),
             ..next
         };
         Ok(())
@@ -695,6 +702,8 @@ impl Process {
             device_failed: None,
             suspect: None,
             started: Instant::now(),
+            exe: None,
+            graceful: None,
         })
     }
 

@@ -44,8 +44,10 @@ pub struct ClientReport {
     pub duplicates: u64,
     /// Each resume on a restarted server: found gone, replay answered.
     pub resumes: Vec<(Instant, Instant)>,
-    /// Requests sent again.
+    /// Requests sent again that a server may have taken (replayed).
     pub replayed: u64,
+    /// Requests sent to a new server that the old one never took (they waited in its ring).
+    pub requeued: u64,
 }
 
 /// A request that failed.
@@ -302,6 +304,7 @@ pub fn run_client(
     }
     r.resumes = dev.resume_log().to_vec();
     r.replayed = dev.resume_stats().replayed;
+    r.requeued = dev.resume_stats().requeued;
     Ok(r)
 }
 

@@ -274,6 +274,19 @@ impl Channel {
             .map_err(|e| ChannelError::Protocol(e.to_string()))
     }
 
+    /// Where the next entry staged on ring `ring` to the server goes (see
+    /// [`outboard_session::ring::Producer::position`]).
+    pub fn position(&self, ring: usize) -> u32 {
+        self.outbound[ring].position()
+    }
+
+    /// How many entries of ring `ring` the server took — after it died too, read from the
+    /// ring it left: a request staged after them never reached it, and may be sent again
+    /// under any class's policy.
+    pub fn taken(&self, ring: usize) -> u32 {
+        self.outbound[ring].taken()
+    }
+
     /// Publishes staged entries on every ring to the server and rings the server only if it
     /// announced sleep.
     #[inline]

@@ -127,6 +127,25 @@ impl<S: RingStorage> Producer<S> {
     pub fn storage(&self) -> &S {
         &self.storage
     }
+
+    /// Where the next staged entry goes: entries are numbered from the ring's start, wrapping
+    /// (PRODUCER).
+    pub fn position(&self) -> u32 {
+        self.tail
+    }
+
+    /// How many entries the consumer has taken, numbered as [`Producer::position`] numbers
+    /// them: an entry staged at `p` was taken if `p` is before this (wrapping).
+    pub fn taken(&self) -> u32 {
+        // Acquire: what the consumer did before it moved `head` happened.
+        self.storage.head().load(Ordering::Acquire)
+    }
+}
+
+/// Whether an entry staged at `position` was taken by a consumer that has taken `taken`
+/// (both as [`Producer::position`] numbers them; at most a ring's capacity apart).
+pub fn was_taken(position: u32, taken: u32) -> bool {
+    (position.wrapping_sub(taken) as i32) < 0
 }
 
 /// The consuming end of a ring.

@@ -28,9 +28,22 @@ struct Pending {
     req: BlockRequest,
     /// Submission order, for replay.
     seq: u64,
+    /// Where it went on the server's ring, if anywhere.
+    staged: Staged,
     /// Blocks written by writes acknowledged since this write was submitted (writes only),
     /// kept sorted and merged.
     written_since: Vec<Range>,
+}
+
+/// Where a request went on the server's ring.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Staged {
+    /// Nowhere yet (recorded while the server was gone): no server has seen it.
+    Not,
+    /// At this position of the current server's ring.
+    At(u32),
+    /// Sent again in a replay: a server may have taken it.
+    Resent,
 }
 
 /// A piece of a request to send again: `req` carries the wire tag to send it under.
@@ -38,6 +51,9 @@ struct Pending {
 pub struct ReplayPart {
     /// The slot of the request it belongs to.
     pub slot: u32,
+    /// Whether a server may have taken it (sent again, it is a replay), or none did (it
+    /// waited in a ring: sent again, it is sent for the first time).
+    pub taken: bool,
     /// The request to send (for a write: possibly a part of the original's blocks, with the
     /// buffer offset moved along).
     pub req: BlockRequest,
@@ -100,6 +116,7 @@ impl InFlight {
         self.slots[slot as usize] = Some(Pending {
             req: *req,
             seq: self.next_seq,
+            staged: Staged::Not,
             written_since: Vec::new(),
         });
         self.next_seq += 1;
@@ -176,7 +193,7 @@ impl InFlight {
     /// except a write, which loses the blocks written since by writes acknowledged later
     /// (and may so become several parts, or none). Also returns the completions of writes with
     /// nothing left to write: they are finished already.
-    pub fn replay(&self) -> (Vec<ReplayPart>, Vec<u32>) {
+    pub fn replay(&self, taken: u32) -> (Vec<ReplayPart>, Vec<u32>) {
         let mut order: Vec<(u64, u32)> = self
             .slots
             .iter()
@@ -188,8 +205,17 @@ impl InFlight {
         let mut covered = Vec::new();
         for (_, slot) in order {
             let p = self.slots[slot as usize].as_ref().expect("listed");
+            let was_taken = match p.staged {
+                Staged::Not => false,
+                Staged::At(pos) => outboard_session::ring::was_taken(pos, taken),
+                Staged::Resent => true,
+            };
             if !p.req.op.modifies() || p.written_since.is_empty() {
-                parts.push(ReplayPart { slot, req: p.req });
+                parts.push(ReplayPart {
+                    slot,
+                    taken: was_taken,
+                    req: p.req,
+                });
                 continue;
             }
             let left = subtract(range(&p.req), &p.written_since);
@@ -201,10 +227,28 @@ impl InFlight {
                 req.lba = s;
                 req.blocks = (e - s) as u32;
                 req.buf_offset = p.req.buf_offset + (s - p.req.lba) * self.block_size;
-                parts.push(ReplayPart { slot, req });
+                parts.push(ReplayPart {
+                    slot,
+                    taken: was_taken,
+                    req,
+                });
             }
         }
         (parts, covered)
+    }
+
+    /// `slot`'s request went on the server's ring at `position`.
+    pub fn staged_at(&mut self, slot: u64, position: u32) {
+        if let Some(Some(p)) = self.slots.get_mut(slot as usize) {
+            p.staged = Staged::At(position);
+        }
+    }
+
+    /// Every request is being sent again: from now on a server may have taken each.
+    pub fn resent(&mut self) {
+        for p in self.slots.iter_mut().flatten() {
+            p.staged = Staged::Resent;
+        }
     }
 
     /// The request in `slot`, as the caller submitted it.
@@ -296,7 +340,7 @@ mod tests {
         let read = t.insert(&req(BlockOp::Read, 0, 10, 2));
         let newer = t.insert(&req(BlockOp::Write, 3, 2, 3));
         t.complete(newer.tag, Ok(1024)).unwrap();
-        let (parts, covered) = t.replay();
+        let (parts, covered) = t.replay(0);
         assert!(covered.is_empty());
         let ranges: Vec<_> = parts
             .iter()
@@ -317,7 +361,7 @@ mod tests {
         let failed = t.insert(&req(BlockOp::Write, 0, 4, 2));
         t.complete(failed.tag, Err(BlockError::Io("bad sector".into())))
             .unwrap();
-        assert_eq!(t.replay().0[0].req.blocks, 4);
+        assert_eq!(t.replay(0).0[0].req.blocks, 4);
     }
 
     #[test]
@@ -326,7 +370,7 @@ mod tests {
         let old = t.insert(&req(BlockOp::Write, 4, 2, 1));
         let newer = t.insert(&req(BlockOp::WriteZeroes, 0, 8, 2));
         t.complete(newer.tag, Ok(0)).unwrap();
-        let (parts, covered) = t.replay();
+        let (parts, covered) = t.replay(0);
         assert!(parts.is_empty());
         assert_eq!(covered, [old.tag as u32]);
     }
@@ -367,7 +411,7 @@ mod tests {
                     written.extend(*lba..*lba + *n as u64);
                 }
             }
-            let (parts, covered) = t.replay();
+            let (parts, covered) = t.replay(0);
             let mut replayed = Vec::new();
             for p in &parts {
                 prop_assert_eq!(p.slot as u64, old.tag);
@@ -379,5 +423,32 @@ mod tests {
             prop_assert_eq!(&replayed, &expected);
             prop_assert_eq!(covered.is_empty(), !expected.is_empty());
         }
+    }
+
+    #[test]
+    fn a_request_the_server_never_took_is_not_a_replay() {
+        let mut t = InFlight::new(512);
+        let read = |lba| BlockRequest {
+            op: BlockOp::Read,
+            lba,
+            blocks: 1,
+            buf_offset: 0,
+            tag: 0,
+        };
+        // Staged at ring positions 5 and 6; the server took 6 entries (0..=5); one more was
+        // recorded while the server was gone and went on no ring.
+        let a = t.insert(&read(0));
+        t.staged_at(a.tag, 5);
+        let b = t.insert(&read(1));
+        t.staged_at(b.tag, 6);
+        t.insert(&read(2));
+        let taken: Vec<bool> = t.replay(6).0.iter().map(|p| p.taken).collect();
+        assert_eq!(taken, vec![true, false, false]);
+        // Positions wrap: staged at the last position, taken past it.
+        t.staged_at(a.tag, u32::MAX);
+        assert!(t.replay(1).0[0].taken);
+        // Once sent again, any of them may have been taken by the next server.
+        t.resent();
+        assert!(t.replay(0).0.iter().all(|p| p.taken));
     }
 }

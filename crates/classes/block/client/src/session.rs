@@ -61,8 +61,12 @@ const COMPLETIONS: usize = 1;
 pub struct ResumeStats {
     /// Times the session was resumed on a restarted server.
     pub resumes: u64,
-    /// Requests sent again (parts of a write count once each).
+    /// Requests sent again that a server may have taken (parts of a write count once each):
+    /// the replay the class's policy is about.
     pub replayed: u64,
+    /// Requests sent to the new server that the old one never took (they waited in its ring,
+    /// as after a graceful restart): sent for the first time, not replayed.
+    pub requeued: u64,
     /// The longest time from noticing the server gone to the replay being answered.
     pub longest: Duration,
 }
@@ -294,14 +298,17 @@ impl BlockClient {
                 .end(BlockError::DeviceFailed(why))
                 .map(|_| Resumed::Yes);
         }
+        // What the dead server took, read from the ring it left, before it is dropped.
+        let taken = self.channel.taken(0);
         self.channel = channel;
-        self.replay()
+        self.replay(taken)
     }
 
     /// Sends every unanswered request again, in the order they were submitted, and waits for
     /// all of them: nothing new goes to the device before the replay is answered.
-    fn replay(&mut self) -> Result<Resumed, BlockError> {
-        let (parts, covered) = self.pending.replay();
+    fn replay(&mut self, taken: u32) -> Result<Resumed, BlockError> {
+        let (parts, covered) = self.pending.replay(taken);
+        self.pending.resent();
         for slot in covered {
             let bytes = self.pending.request(slot).map_or(0, |r| {
                 if r.op == outboard_block::BlockOp::Write {
@@ -342,7 +349,9 @@ impl BlockClient {
             Settled::Answered(answers) => answers,
             Settled::GoneAgain => return Ok(Resumed::GoneAgain),
         };
-        self.resumes.replayed += parts.len() as u64;
+        let resent = parts.iter().filter(|p| p.taken).count() as u64;
+        self.resumes.replayed += resent;
+        self.resumes.requeued += parts.len() as u64 - resent;
         for (i, result) in answers {
             let slot = parts[i as usize].slot;
             let entry = left.get_mut(&slot).expect("every part's slot is counted");
@@ -424,8 +433,12 @@ impl BlockDevice for BlockClient {
             return Err(BlockError::QueueFull);
         }
         let wire = self.pending.insert(r);
+        let position = self.channel.position(0);
         match self.channel.stage(0, &Sqe::encode(&wire).0) {
-            Ok(true) => Ok(()),
+            Ok(true) => {
+                self.pending.staged_at(wire.tag, position);
+                Ok(())
+            }
             Ok(false) => {
                 self.pending.cancel(wire.tag);
                 Err(BlockError::QueueFull)

@@ -340,15 +340,7 @@ fn campaign(
         flush_every: 64,
     };
     let stop = Arc::new(AtomicBool::new(false));
-    let clients: Vec<_> = (0..CLIENTS)
-        .map(|id| {
-            let mut dev = verified::open(control, "disk0", w.depth)?;
-            let stop = stop.clone();
-            Ok(std::thread::spawn(move || {
-                verified::run_client(&mut dev, id, w, &stop)
-            }))
-        })
-        .collect::<Result<_, String>>()?;
+    let clients = verified::spawn_clients(control, "disk0", 0..CLIENTS, w, &stop)?;
     // Each kind in turn, in an order shuffled per round, at a random instant.
     let mut rng = 0x9e37_79b9_7f4a_7c15u64 ^ u64::from(std::process::id());
     let mut order = Kind::ALL.to_vec();

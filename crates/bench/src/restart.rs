@@ -129,15 +129,13 @@ fn run(
 ) -> Result<Outcome, String> {
     let stop = Arc::new(AtomicBool::new(false));
     // Each run's clients own regions no earlier run wrote: they start from zeros.
-    let clients: Vec<_> = (round * CLIENTS..(round + 1) * CLIENTS)
-        .map(|id| {
-            let mut dev = verified::open(control, "disk0", w.depth)?;
-            let stop = stop.clone();
-            Ok(std::thread::spawn(move || {
-                verified::run_client(&mut dev, id, w, &stop)
-            }))
-        })
-        .collect::<Result<_, String>>()?;
+    let clients = verified::spawn_clients(
+        control,
+        "disk0",
+        round * CLIENTS..(round + 1) * CLIENTS,
+        w,
+        &stop,
+    )?;
     let started = Instant::now();
     let until = started + Duration::from_secs_f64(secs);
     let mut kills = Vec::new();

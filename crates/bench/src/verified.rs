@@ -151,6 +151,28 @@ pub fn open(control: &Path, device: &str, depth: usize) -> Result<BlockClient, S
         }))
 }
 
+/// A client's thread: its report once `stop` is set and its region is read back.
+pub type ClientThread = std::thread::JoinHandle<Result<ClientReport, String>>;
+
+/// Opens a session on `device` for each client in `ids` and runs the workload on each in a
+/// thread of its own until `stop` is set.
+pub fn spawn_clients(
+    control: &Path,
+    device: &str,
+    ids: std::ops::Range<u64>,
+    w: Workload,
+    stop: &std::sync::Arc<AtomicBool>,
+) -> Result<Vec<ClientThread>, String> {
+    ids.map(|id| {
+        let mut dev = open(control, device, w.depth)?;
+        let stop = stop.clone();
+        Ok(std::thread::spawn(move || {
+            run_client(&mut dev, id, w, &stop)
+        }))
+    })
+    .collect()
+}
+
 /// Runs client `id` of the workload on `dev` until `stop` is set, then reads its whole region
 /// back and checks it.
 pub fn run_client(

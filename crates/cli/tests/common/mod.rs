@@ -369,19 +369,14 @@ pub fn verified_clients(
     ids: std::ops::Range<u64>,
     w: outboard_bench::verified::Workload,
     stop: &std::sync::Arc<std::sync::atomic::AtomicBool>,
-) -> Vec<std::thread::JoinHandle<Result<outboard_bench::verified::ClientReport, String>>> {
-    ids.map(|id| {
-        let mut dev = outboard_bench::verified::open(&up.control, device, w.depth).unwrap();
-        let stop = stop.clone();
-        std::thread::spawn(move || outboard_bench::verified::run_client(&mut dev, id, w, &stop))
-    })
-    .collect()
+) -> Vec<outboard_bench::verified::ClientThread> {
+    outboard_bench::verified::spawn_clients(&up.control, device, ids, w, stop).unwrap()
 }
 
 /// Joins verified clients and checks that none failed a request, read inconsistent data or
 /// saw a duplicate; returns their reports.
 pub fn verified_clean(
-    clients: Vec<std::thread::JoinHandle<Result<outboard_bench::verified::ClientReport, String>>>,
+    clients: Vec<outboard_bench::verified::ClientThread>,
 ) -> Vec<outboard_bench::verified::ClientReport> {
     clients
         .into_iter()

@@ -323,6 +323,8 @@ struct Tally {
     /// Failed requests by (fault kind they followed, error kind, allowed).
     failed: BTreeMap<(Option<Kind>, &'static str, bool), u64>,
     mismatches: u64,
+    /// The first few mismatches, for people.
+    examples: Vec<String>,
     duplicates: u64,
     replayed: u64,
 }
@@ -376,6 +378,12 @@ fn campaign(
         let r = c.join().map_err(|_| "a client panicked")??;
         t.verified += r.completed - r.failed.len() as u64;
         t.mismatches += r.mismatches.len() as u64;
+        t.examples.extend(
+            r.mismatches
+                .iter()
+                .take(10 - t.examples.len().min(10))
+                .cloned(),
+        );
         t.duplicates += r.duplicates;
         t.replayed += r.replayed;
         for f in r.failed {
@@ -503,6 +511,7 @@ pub fn faults_test(ctx: &Context) -> Result<TestResult, String> {
             "requests_failed_allowed": allowed,
             "requests_failed_not_allowed": not_allowed,
             "mismatches": t.mismatches,
+            "mismatch_examples": t.examples,
             "duplicates": t.duplicates,
             "replayed": t.replayed,
             "restart_median_ms": percentile(&all_recoveries, 0.5),

@@ -7,7 +7,9 @@
 //! from them, so a read tells exactly which write it sees. A read is consistent when it sees a
 //! version at least as new as the newest write acknowledged before the read was submitted, and
 //! no newer than the newest submitted. A write is never submitted to a block that has one in
-//! flight, so "newest" is well defined.
+//! flight, so "newest" is well defined. At the end every block must hold what was acknowledged
+//! last — or a later write that failed, since a write that fails may have taken effect (the
+//! device wrote, then reported an error or cut its completion short).
 
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -186,6 +188,11 @@ pub fn run_client(
     let mut acked = vec![0u64; w.blocks as usize];
     let mut newest = vec![0u64; w.blocks as usize];
     let mut writing = vec![false; w.blocks as usize];
+    // The newest version of each block whose write failed: a write that fails may still have
+    // taken effect (a device that wrote and then reported an error, or cut the completion
+    // short), so reading it back is no mismatch — reading anything older than what was
+    // acknowledged is.
+    let mut failed = vec![0u64; w.blocks as usize];
     let mut slots: Vec<Option<Op>> = (0..w.depth).map(|_| None).collect();
     let mut r = ClientReport::default();
     let mut rng = xorshift(id.wrapping_add(1).wrapping_mul(0x2545_f491_4f6c_dd1d));
@@ -295,6 +302,7 @@ pub fn run_client(
                 });
                 if op.op == BlockOp::Write {
                     writing[b] = false;
+                    failed[b] = failed[b].max(op.version);
                 }
                 continue;
             }
@@ -309,7 +317,11 @@ pub fn run_client(
                         .map_err(|e| e.to_string())?;
                     let seen = version_of(id, first + op.block, &buf);
                     let ok = seen.is_some_and(|v| v >= op.floor && v <= newest[b]);
-                    let exact = verify_from.is_none() || seen == Some(acked[b]);
+                    // At the end, nothing is in flight: the block holds what was acknowledged
+                    // last, or a later write that failed.
+                    let exact = verify_from.is_none()
+                        || seen == Some(acked[b])
+                        || seen.is_some_and(|v| v > acked[b] && v <= failed[b]);
                     if !ok || !exact {
                         r.mismatches.push(format!(
                             "block {}: read version {seen:?}, acknowledged {} (at submission {}), newest {}",

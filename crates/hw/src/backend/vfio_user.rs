@@ -25,10 +25,15 @@ struct VfioUserTrap {
 
 fn err(e: ClientError) -> HwError {
     match e {
+        // The model closed the connection, now or at an earlier call (which dropped it): this
+        // device is gone for this server, as a restart must bring it back; not a resource
+        // shortage (a session opening on a server whose model just died was refused as
+        // "busy" and its client gave up, instead of waiting for the next server).
         ClientError::Channel {
             source: outboard_vfio_user::channel::ChannelError::Closed,
             ..
-        } => HwError::Gone(e.to_string()),
+        }
+        | ClientError::Broken { .. } => HwError::Gone(e.to_string()),
         e => HwError::Backend(e.to_string()),
     }
 }

@@ -151,28 +151,4 @@ fn quick_bench_writes_complete_json_charts_and_report() {
             assert!(t["met"].is_boolean() || t["met"].is_null());
         }
     }
-    // The fault campaign: every kind injected (two each), each row complete, and what it
-    // checks held: no lost or duplicated write, no failure the policy does not allow, every
-    // request that crashes its driver or model quarantined alone.
-    let v: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(out.join("faults.json")).unwrap()).unwrap();
-    let p = &v["params"];
-    assert_eq!(p["faults"], 24, "{p}");
-    let rows = p["rows"].as_array().unwrap();
-    assert_eq!(rows.len(), 12, "{p}");
-    assert!(rows.iter().all(|r| r["injected"] == 2), "{p}");
-    assert!(p["requests_verified"].as_u64().unwrap() > 0, "{p}");
-    assert_eq!(
-        (p["mismatches"].as_u64(), p["duplicates"].as_u64()),
-        (Some(0), Some(0))
-    );
-    assert_eq!(
-        p["requests_failed_not_allowed"],
-        serde_json::json!([]),
-        "{p}"
-    );
-    for t in v["targets"].as_array().unwrap() {
-        assert_eq!(t["met"], true, "{t}");
-    }
-    assert!(report.contains("faults"), "REPORT.md has the campaign");
 }

@@ -148,7 +148,7 @@ pub fn open(control: &Path, device: &str, depth: usize) -> Result<BlockClient, S
     Ok(BlockClient::open(&server, device, opts)
         .map_err(|e| e.to_string())?
         .supervised(Supervisor {
-            control: control.to_owned(),
+            control: outboard_client::Control::Socket(control.to_owned()),
             patience: Duration::from_secs(60),
         }))
 }

@@ -8,6 +8,7 @@ use std::sync::Arc;
 use clap::Subcommand;
 use outboard_block_client::SessionOptions;
 use outboard_client::api::Placement;
+use outboard_client::Control;
 use outboard_manager::children::ExportNbdArgs;
 use outboard_nbd::{ExportSpec, Listen, Listener, NbdServer, Opener};
 
@@ -71,19 +72,29 @@ pub fn run(c: ExportCommand, control: PathBuf) -> Result<ExitCode, String> {
             Listen::Unix(dir.join("nbd.sock"))
         }
     };
+    // Started by the manager, it asks it, and has it connect to driver servers, on the
+    // connection it was given; started by hand, it uses the control socket.
+    let control = match a.broker_fd {
+        Some(fd) => Control::Broker(Arc::new(outboard_client::Broker::new(
+            outboard_sys::process::inherited_socket(fd)?,
+        ))),
+        None => Control::Socket(control),
+    };
+    let dials = matches!(control, Control::Socket(_));
     let open: Opener = Arc::new(move |device: &str| {
         let opts = SessionOptions {
             buffer_size: outboard_nbd::server::SESSION_BUFFERS,
             ..Default::default()
         };
-        let (d, placement) = outboard_block_client::open_block_with(&control, device, opts)?;
+        let (d, placement) = outboard_block_client::open_block_via(&control, device, opts)?;
         Ok((d, placement == Placement::Separate))
     });
     // What needs privilege comes first: the keys (a file only root may read, say) and the
-    // socket (a port below 1024). Then every capability goes, before any thread starts
-    // (capabilities belong to each thread): the export parses what any client sends, and a
-    // flaw in that must not come with root's capabilities. (Started by root it keeps uid 0;
-    // its confinement, below, keeps it from opening any file.)
+    // socket (a port below 1024). Then every capability goes, and the user becomes --user's if
+    // given, before any thread starts (capabilities belong to each thread): the export parses
+    // what any client sends, and a flaw in that must not come with root's capabilities or id.
+    // (Started by root without --user it keeps uid 0; its confinement, below, keeps it from
+    // opening any file, and a managed export from connecting anywhere.)
     let tls = match (&a.tls_cert, &a.tls_key, &a.tls_psk) {
         (Some(cert), Some(key), _) => Some(outboard_nbd::tls::Tls::Certificates(
             outboard_nbd::tls::server_config(cert, key, a.tls_verify_peer.as_deref())
@@ -96,7 +107,7 @@ pub fn run(c: ExportCommand, control: PathBuf) -> Result<ExitCode, String> {
     };
     let listener = Listener::bind(&listen).map_err(|e| e.to_string())?;
     let dropped =
-        outboard_confine::privileges::drop_privileges(None, None).map_err(|e| e.to_string())?;
+        outboard_confine::privileges::drop_privileges(a.user, None).map_err(|e| e.to_string())?;
     // Nothing regained through an exec of a set-uid program, no core file of a peer's data.
     rustix::thread::set_no_new_privs(true).map_err(|e| format!("PR_SET_NO_NEW_PRIVS: {e}"))?;
     rustix::process::set_dumpable_behavior(rustix::process::DumpableBehavior::NotDumpable)
@@ -128,12 +139,19 @@ pub fn run(c: ExportCommand, control: PathBuf) -> Result<ExitCode, String> {
     // From here it parses what any client sends: it opens no file and reaches nothing but
     // UNIX sockets (sessions with driver servers, the manager), on every thread.
     if !a.no_confine {
-        let report = outboard_confine::confine(
-            outboard_confine::Role::Export,
-            outboard_confine::limits::Caps::default(),
-        )
-        .map_err(|e| e.to_string())?;
+        let caps = outboard_confine::limits::Caps {
+            files: a.max_files,
+            memory: a.max_memory,
+        };
+        let report = outboard_confine::confine(outboard_confine::Role::Export { dials }, caps)
+            .map_err(|e| e.to_string())?;
         tracing::info!("export: {report}");
+        if !report.landlock_complete && a.require_confinement {
+            return Err(format!(
+                "--require-confinement: Landlock is not complete here (landlock {})",
+                report.landlock
+            ));
+        }
         if !report.landlock_complete {
             outboard_sys::errln!(
                 "outboard: warning: Landlock is not complete here (landlock {}); the seccomp \

@@ -29,13 +29,14 @@ pub struct UpArgs {
     /// client's credentials); the socket is 0600 and the runtime directory 0700.
     #[arg(long, value_name = "GROUP", value_parser = parse_group)]
     control_group: Option<u32>,
-    /// Run device models and driver servers as this user (a name from /etc/passwd, or
-    /// UID:GID), best one made for Outboard alone (`useradd --system outboard`): a user that
-    /// other daemons share, like nobody, could signal or trace them. They get their disks and
-    /// sockets as descriptors, so they need no access of their own. Without it they keep
-    /// this user's id, with no capabilities.
-    #[arg(long, value_name = "USER", value_parser = check_user)]
-    user: Option<String>,
+    /// Run device models, driver servers and exports as this user (a name from /etc/passwd,
+    /// or UID:GID, resolved once, here), best one made for Outboard alone (`useradd --system
+    /// outboard`): a user that other daemons share, like nobody, could signal or trace them.
+    /// They get their disks and sockets as descriptors (an export its connections to driver
+    /// servers, from the manager), so they need no access of their own. Without it they
+    /// keep this user's id, with no capabilities.
+    #[arg(long, value_name = "USER")]
+    user: Option<outboard_confine::privileges::User>,
     /// Children refuse to serve unless every confinement layer holds in full (Landlock on
     /// every thread); by default a kernel without some of it gets a warning in their logs.
     #[arg(long)]
@@ -44,12 +45,6 @@ pub struct UpArgs {
     /// demand). Without it only devices with `fault_injection = true` have one.
     #[arg(long)]
     faults: bool,
-}
-
-/// A user name or UID:GID that resolves here (checked before anything starts).
-fn check_user(s: &str) -> Result<String, String> {
-    s.parse::<outboard_confine::privileges::User>()?;
-    Ok(s.to_string())
 }
 
 /// A group by number, or by name from /etc/group.

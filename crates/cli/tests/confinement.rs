@@ -219,14 +219,24 @@ fn a_confined_device_model_cannot_escape() {
 #[test]
 fn children_run_as_the_user_they_are_given_and_still_serve() {
     let dir = tempfile::tempdir().unwrap();
-    let up = common::Up::start_with(dir.path(), Some(MACHINE), |c| {
+    let machine = format!("{MACHINE}\n[[export]]\ndevice = \"disk0\"\n");
+    let up = common::Up::start_with(dir.path(), Some(&machine), |c| {
         c.args(["--user", "nobody"]);
     });
+    let running = || common::nbd::export_node(&up, "disk0")["props"]["state"] == "running";
+    assert!(common::eventually(
+        std::time::Duration::from_secs(20),
+        running
+    ));
     let tree = registry(&up);
-    for kind in ["pci-function", "driver"] {
-        let pid = find_node(&tree, kind).unwrap()["props"]["pid"]
-            .as_u64()
-            .unwrap();
+    let export = common::nbd::export_node(&up, "disk0");
+    let pids = [
+        ("pci-function", find_node(&tree, "pci-function").unwrap()),
+        ("driver", find_node(&tree, "driver").unwrap()),
+        ("export", &export),
+    ]
+    .map(|(kind, n)| (kind, n["props"]["pid"].as_u64().unwrap()));
+    for (kind, pid) in pids {
         let uid = status(pid, "Uid");
         assert!(
             uid.split_whitespace().all(|u| u == "65534"),
@@ -239,6 +249,8 @@ fn children_run_as_the_user_they_are_given_and_still_serve() {
     assert!(w.status.success(), "{}", String::from_utf8_lossy(&w.stderr));
     let r = up.run(&["blk", "read", "disk0", "--offset", "0", "--length", "8192"]);
     assert_eq!(r.stdout, data);
+    // The export, as nobody, reaches the device through the connection the manager made.
+    common::nbd::round_trip(&common::nbd::export_socket(&up, "disk0"), 1 << 20, 9);
 }
 
 /// A read-only file system the test mounts under its own folder (a small tmpfs), unmounted

@@ -8,7 +8,7 @@ use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
-use common::nbd::{request_header, Raw};
+use common::nbd::{request_header, round_trip, Raw};
 use common::{eventually, Up, EXE};
 
 /// A 64 MiB disk in a driver server of its own.
@@ -66,18 +66,6 @@ impl Drop for Export {
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
-}
-
-/// Writes a pattern at `offset` through a fresh connection and reads it back byte-exact.
-fn round_trip(socket: &std::path::Path, offset: u64, seed: u64) {
-    let mut c = Raw::go(socket);
-    let data = common::pattern(seed, 65536);
-    c.request(1, 1, offset, data.len() as u32, &data);
-    assert_eq!(c.reply(0).0, 0, "write");
-    c.request(0, 2, offset, data.len() as u32, &[]);
-    let (e, cookie, got) = c.reply(data.len());
-    assert_eq!((e, cookie), (0, 2), "read");
-    assert!(got == data, "read back differs");
 }
 
 /// A client that queues `n` reads of 1 MiB (as many as the socket takes within 2 s) and reads
@@ -468,5 +456,36 @@ fn export_connections_carry_on_once_a_given_up_device_is_back() {
             cookie == 3 && e == 0 && got == data
         });
         assert!(ok, "connection {i} did not carry on");
+    }
+}
+
+/// The manager's export reaches its device through the connection the manager gave it (it
+/// may connect nowhere itself): when the driver server dies, the manager connects it to the
+/// next one, and its clients see no error.
+#[test]
+fn a_managed_export_carries_its_clients_through_a_driver_restart() {
+    let dir = tempfile::tempdir().unwrap();
+    let up = Up::start(
+        dir.path(),
+        Some(&format!("{MACHINE}\n[[export]]\ndevice = \"disk0\"\n")),
+    );
+    let running = || common::nbd::export_node(&up, "disk0")["props"]["state"] == "running";
+    assert!(eventually(Duration::from_secs(20), running));
+    let mut c = Raw::go(&common::nbd::export_socket(&up, "disk0"));
+    let data = common::pattern(12, 65536);
+    c.request(1, 1, 0, data.len() as u32, &data);
+    assert_eq!(c.reply(0).0, 0, "write");
+    let up_pid = up.child.as_ref().unwrap().id();
+    for round in 0..3u64 {
+        let servers = common::children_running(up_pid, "driver-host");
+        assert!(common::signal_child_of(
+            up_pid,
+            servers[0],
+            rustix::process::Signal::KILL
+        ));
+        c.request(0, 2 + round, 0, data.len() as u32, &[]);
+        let (e, cookie, got) = c.reply(data.len());
+        assert_eq!((e, cookie), (0, 2 + round), "read after kill {round}");
+        assert!(got == data, "read back differs after kill {round}");
     }
 }

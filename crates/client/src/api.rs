@@ -76,6 +76,13 @@ pub enum Request {
         #[serde(default, skip_serializing_if = "Option::is_none")]
         exe: Option<std::path::PathBuf>,
     },
+    /// A connection to the driver server of class device `name`, made by the manager and
+    /// passed with the reply ([`Reply::Connected`]). Only on a broker connection, for a
+    /// device the manager gave that child (see [`crate::link`]).
+    Connect {
+        /// Device name.
+        name: String,
+    },
 }
 
 /// The manager's answer.
@@ -99,6 +106,8 @@ pub enum Reply {
         /// The device model's vfio-user socket (colocated: the client drives it).
         device: Option<PathBuf>,
     },
+    /// The connection asked for with [`Request::Connect`] is the reply's one descriptor.
+    Connected,
     /// A registry entry.
     Status {
         /// The class device's node.

@@ -113,20 +113,34 @@ impl Channel {
         mode: WaitMode,
         timeout: Duration,
     ) -> Result<(Self, serde_json::Value), ChannelError> {
+        let sock = crate::link::connect_trusted(server)?;
+        Self::open_on(sock, device, class, geometry, mode, timeout)
+    }
+
+    /// As [`Channel::open`], on `sock`, a connection to the driver server made already (by
+    /// the manager, for a brokered client: [`crate::Control::connect_server`]).
+    pub fn open_on(
+        sock: OwnedFd,
+        device: &str,
+        class: &str,
+        geometry: Geometry,
+        mode: WaitMode,
+        timeout: Duration,
+    ) -> Result<(Self, serde_json::Value), ChannelError> {
         let req = Request::Open {
             device: device.into(),
             class: class.into(),
             geometry: geometry.clone(),
         };
-        Self::establish(server, &req, geometry, None, mode, timeout)
+        Self::establish(sock, &req, geometry, None, mode, timeout)
     }
 
-    /// Resumes a session with a restarted server at `server`: a new session around the
-    /// buffer area this client kept (so buffers in use stay valid), claiming back `kept`, the
-    /// class's own state (opaque here; block: the ranges it held locked).
+    /// Resumes a session with a restarted server on `sock`, a connection to it: a new session
+    /// around the buffer area this client kept (so buffers in use stay valid), claiming back
+    /// `kept`, the class's own state (opaque here; block: the ranges it held locked).
     #[allow(clippy::too_many_arguments)]
-    pub fn resume(
-        server: &Path,
+    pub fn resume_on(
+        sock: OwnedFd,
         device: &str,
         class: &str,
         geometry: Geometry,
@@ -141,21 +155,19 @@ impl Channel {
             geometry: geometry.clone(),
             kept,
         };
-        Self::establish(server, &req, geometry, Some(buffers), mode, timeout)
+        Self::establish(sock, &req, geometry, Some(buffers), mode, timeout)
     }
 
     /// Sends `req` (with the kept buffer area's fd, when resuming) and maps what the server
     /// granted.
     fn establish(
-        server: &Path,
+        sock: OwnedFd,
         req: &Request,
         requested: Geometry,
         kept: Option<Arc<SharedMem>>,
         mode: WaitMode,
         timeout: Duration,
     ) -> Result<(Self, serde_json::Value), ChannelError> {
-        let sock = control::connect(server)?;
-        crate::manager::manager_is_trusted(sock.as_fd(), server).map_err(ChannelError::Refused)?;
         let pass: Vec<BorrowedFd<'_>> = kept.as_ref().and_then(|b| b.fd()).into_iter().collect();
         control::send(sock.as_fd(), req, &pass)?;
         let (reply, fds) = control::recv(sock.as_fd(), Some(timeout))?;

@@ -73,7 +73,7 @@ pub fn registry(control_path: &Path) -> Result<Node, Refusal> {
 }
 
 /// A reply that carries a class device's registry entry, or says why not.
-fn node_reply(reply: Reply) -> Result<Node, Refusal> {
+pub(crate) fn node_reply(reply: Reply) -> Result<Node, Refusal> {
     match reply {
         Reply::Status { node } => Ok(node),
         Reply::Error { code, message } => Err(Refusal::new(code, message)),

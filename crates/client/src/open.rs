@@ -11,7 +11,8 @@ use outboard_hw::DeviceSpec;
 use outboard_session::{Code, Refusal};
 
 use crate::api::{Placement, Reply, Request};
-use crate::manager::{ask, unexpected};
+use crate::link::Control;
+use crate::manager::unexpected;
 use crate::resume::Supervisor;
 
 /// Longest a client waits for a restarting driver before it fails its requests with "device
@@ -26,8 +27,8 @@ pub trait ClassClient {
     type Handle;
     /// Its errors; a refusal from the manager becomes one.
     type Error: From<Refusal>;
-    /// A session with the driver server at `server`, resumed under `supervisor` when the
-    /// server restarts.
+    /// A session with the driver server at `server` (connected to through
+    /// `supervisor.control`), resumed under `supervisor` when the server restarts.
     fn separate(
         &self,
         server: &Path,
@@ -49,11 +50,20 @@ pub fn open<C: ClassClient>(
     name: &str,
     class: &C,
 ) -> Result<(C::Handle, Placement), C::Error> {
+    open_via(&Control::from(control_path), name, class)
+}
+
+/// As [`open`], asking the manager through `control` (a brokered client's connection, say).
+pub fn open_via<C: ClassClient>(
+    control: &Control,
+    name: &str,
+    class: &C,
+) -> Result<(C::Handle, Placement), C::Error> {
     // A device whose driver is restarting is opened once it is back; so is one whose server
     // died between the manager's answer and the open (the manager then says "restarting").
     let patience = Instant::now() + RESTART_PATIENCE;
     loop {
-        let reply = ask(control_path, &Request::Open { name: name.into() })?;
+        let reply = control.ask(&Request::Open { name: name.into() })?;
         let (placement, server, device) = match reply {
             Reply::Error { code, .. } if code == Code::Restarting && Instant::now() < patience => {
                 std::thread::sleep(Duration::from_millis(5));
@@ -78,7 +88,7 @@ pub fn open<C: ClassClient>(
         match (placement, server, device) {
             (Placement::Separate, Some(server), _) => {
                 let supervisor = Supervisor {
-                    control: control_path.to_owned(),
+                    control: control.clone(),
                     patience: RESTART_PATIENCE,
                 };
                 match class.separate(&server, name, supervisor) {

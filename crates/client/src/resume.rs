@@ -14,7 +14,7 @@
 //! What the class must carry across the restart (block: the ranges it held locked) goes in
 //! `kept`, which the session protocol passes to the new server without reading it.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -24,13 +24,15 @@ use outboard_shm::SharedMem;
 use outboard_session::completion::WireError;
 
 use crate::channel::{Answer, Channel, ChannelError, WaitMode};
+use crate::link::Control;
 use crate::registry::State;
 
 /// Who restarts the server, so that a session outlives it.
 #[derive(Debug, Clone)]
 pub struct Supervisor {
-    /// The manager's control socket: asked whether the driver is coming back.
-    pub control: PathBuf,
+    /// The manager: asked whether the driver is coming back (and, for a brokered client, to
+    /// connect to the new server).
+    pub control: Control,
     /// Longest the client waits for the server to come back before it ends the session with
     /// [`Code::DeviceFailed`] (the manager normally says sooner that it gave up).
     pub patience: Duration,
@@ -79,16 +81,22 @@ pub fn reconnect(
             }
             next_question = now + Duration::from_millis(100);
         }
-        match Channel::resume(
-            r.server,
-            r.device,
-            r.class,
-            r.geometry.clone(),
-            r.buffers.clone(),
-            r.kept.clone(),
-            r.mode,
-            r.timeout,
-        ) {
+        let opened = sup
+            .control
+            .connect_server(r.server, r.device)
+            .and_then(|sock| {
+                Channel::resume_on(
+                    sock,
+                    r.device,
+                    r.class,
+                    r.geometry.clone(),
+                    r.buffers.clone(),
+                    r.kept.clone(),
+                    r.mode,
+                    r.timeout,
+                )
+            });
+        match opened {
             Ok(opened) => return Ok(opened),
             Err(ChannelError::Connect(_) | ChannelError::Gone | ChannelError::Timeout) => {}
             Err(ChannelError::Refused(e)) if e.code == Code::Restarting => {}
@@ -113,8 +121,8 @@ pub fn reconnect(
 
 /// What the manager says about `device` while its server is down: why it is not coming back,
 /// or `None` while it is (or the manager cannot say yet).
-pub fn verdict(control: &Path, device: &str) -> Option<Refusal> {
-    match crate::manager::status(control, device) {
+pub fn verdict(control: &Control, device: &str) -> Option<Refusal> {
+    match control.status(device) {
         Ok(node) => (node.state()? == State::GaveUp).then(|| {
             let state = node.props["state"].as_str().unwrap_or_default();
             Refusal::new(Code::GivenUp, format!("{device}: {state}"))

@@ -49,17 +49,20 @@ pub enum Role {
     /// An NBD export (`outboard export nbd`): the driver role's list, plus what it needs to
     /// serve clients as they come — a thread per connection (`clone` with `CLONE_THREAD`
     /// only; `clone3`, whose flags a filter cannot read, answers `ENOSYS` so the C library
-    /// falls back to `clone`), UNIX sockets to open sessions with driver servers and ask the
-    /// manager (`socket` of `AF_UNIX` only, `connect`), and naming its threads
-    /// (`prctl(PR_SET_NAME)` only).
-    Export,
+    /// falls back to `clone`) and naming its threads (`prctl(PR_SET_NAME)` only).
+    Export {
+        /// It opens sessions with driver servers and asks the manager itself (an export
+        /// started by hand): UNIX sockets (`socket` of `AF_UNIX` only, `connect`). One the
+        /// manager started gets its connections from the manager and may connect nowhere.
+        dials: bool,
+    },
 }
 
 impl Role {
     /// Whether the role starts threads once confined (so `clone3` must fail with `ENOSYS`,
     /// not `EPERM`, for the C library to use `clone`).
     pub fn starts_threads(self) -> bool {
-        self == Role::Export
+        matches!(self, Role::Export { .. })
     }
 }
 
@@ -221,12 +224,16 @@ pub fn allow_list(role: Role) -> Vec<(&'static str, i64, Allow)> {
     ];
     #[cfg(target_arch = "x86_64")]
     v.extend(list![SYS_poll, SYS_epoll_wait, SYS_dup2]);
-    if role == Role::Export {
+    if let Role::Export { dials } = role {
+        if dials {
+            v.extend(list![
+                // A session with a driver server, a question to the manager: UNIX sockets
+                // only (no TCP or raw socket, no netlink).
+                SYS_socket: ArgOneOf(0, DOMAINS_EXPORT),
+                SYS_connect,
+            ]);
+        }
         v.extend(list![
-            // A session with a driver server, a question to the manager: UNIX sockets only
-            // (no TCP or raw socket, no netlink).
-            SYS_socket: ArgOneOf(0, DOMAINS_EXPORT),
-            SYS_connect,
             // A thread per connection, and nothing but threads.
             SYS_clone: AllSet(0, "CLONE_THREAD", libc::CLONE_THREAD as u32),
             SYS_prctl: ArgOneOf(0, PRCTLS_EXPORT),
@@ -430,7 +437,18 @@ mod tests {
             .into_iter()
             .map(|(n, _, _)| n)
             .collect();
-        let export = allow_list(Role::Export);
+        // The manager's export connects nowhere: the same list without sockets.
+        let managed: Vec<_> = allow_list(Role::Export { dials: false })
+            .into_iter()
+            .map(|(n, _, a)| (n, a))
+            .collect();
+        let by_hand: Vec<_> = allow_list(Role::Export { dials: true })
+            .into_iter()
+            .map(|(n, _, a)| (n, a))
+            .filter(|(n, _)| !["SYS_socket", "SYS_connect"].contains(n))
+            .collect();
+        assert_eq!(managed, by_hand);
+        let export = allow_list(Role::Export { dials: true });
         let mut names: Vec<_> = export.iter().map(|(n, _, _)| *n).collect();
         names.sort_unstable();
         names.dedup();
@@ -458,7 +476,7 @@ mod tests {
         );
         assert!(!names.contains(&"SYS_clone3") && !names.contains(&"SYS_openat"));
         // The prologue answers clone3 before the allow-list is consulted.
-        let prog = program(Role::Export).unwrap();
+        let prog = program(Role::Export { dials: true }).unwrap();
         assert_eq!(prog[3].k, libc::SYS_clone3 as u32);
         assert_eq!(prog[4].k, 0x0005_0000 | libc::ENOSYS as u32);
     }
@@ -469,7 +487,8 @@ mod tests {
             Role::DeviceModel,
             Role::DriverServer { vfio: false },
             Role::DriverServer { vfio: true },
-            Role::Export,
+            Role::Export { dials: true },
+            Role::Export { dials: false },
         ] {
             let prog = program(role).unwrap();
             assert!(prog.len() > allow_list(role).len());

@@ -41,12 +41,14 @@ fn probe_child() {
         socket: var("OUTBOARD_PROBE_SOCKET").into(),
         pid: var("OUTBOARD_PROBE_PID").parse().unwrap(),
     };
-    if mode == "confined" {
-        let report = outboard_confine::confine(
-            outboard_confine::Role::DriverServer { vfio: false },
-            Default::default(),
-        )
-        .expect("confine");
+    let role = match mode.as_str() {
+        "confined" => Some(outboard_confine::Role::DriverServer { vfio: false }),
+        "confined-model" => Some(outboard_confine::Role::DeviceModel),
+        "confined-export" => Some(outboard_confine::Role::Export { dials: false }),
+        _ => None,
+    };
+    if let Some(role) = role {
+        let report = outboard_confine::confine(role, Default::default()).expect("confine");
         println!("{report}");
     }
     let all = outboard_confine::probe::attempts(&targets, |a| println!("{a}"));
@@ -64,8 +66,11 @@ fn export_child() {
         return;
     };
     let file = std::env::var("OUTBOARD_EXPORT_FILE").unwrap();
-    let report = outboard_confine::confine(outboard_confine::Role::Export, Default::default())
-        .expect("confine");
+    let report = outboard_confine::confine(
+        outboard_confine::Role::Export { dials: true },
+        Default::default(),
+    )
+    .expect("confine");
     println!("{report}");
     let errno = |r: std::io::Result<()>| match r {
         Ok(()) => "ok".to_string(),
@@ -124,6 +129,19 @@ fn export_child() {
             errno(r(libc::fcntl(-1, libc::F_SETOWN, 1) as _))
         );
     }
+    // Then everything else a compromised driver would try (the probe's last attempt, execve,
+    // would replace this process if let through: it comes last).
+    let targets = outboard_confine::probe::Targets {
+        file: file.into(),
+        socket: socket.into(),
+        pid: std::env::var("OUTBOARD_EXPORT_PID")
+            .unwrap()
+            .parse()
+            .unwrap(),
+    };
+    for a in outboard_confine::probe::attempts(&targets, |_| ()) {
+        println!("probe {a}");
+    }
 }
 
 #[test]
@@ -133,10 +151,12 @@ fn an_export_starts_threads_and_reaches_unix_sockets_and_nothing_else() {
     std::fs::write(&file, "secret").unwrap();
     let socket = dir.path().join("server.sock");
     let _listener = UnixListener::bind(&socket).unwrap();
+    let victim = Victim(Command::new("sleep").arg("30").spawn().unwrap());
     let out = Command::new(std::env::current_exe().unwrap())
         .args(["--exact", "export_child", "--nocapture", "--test-threads=1"])
         .env("OUTBOARD_EXPORT_SOCKET", &socket)
         .env("OUTBOARD_EXPORT_FILE", &file)
+        .env("OUTBOARD_EXPORT_PID", victim.0.id().to_string())
         .stdin(Stdio::null())
         .output()
         .unwrap();
@@ -164,6 +184,19 @@ fn an_export_starts_threads_and_reaches_unix_sockets_and_nothing_else() {
     }
     // Not EPERM: the C library falls back to clone only on ENOSYS.
     assert_eq!(said("clone3"), format!("errno {}", libc::ENOSYS), "{text}");
+    // Every other attempt of the probe is refused: only a UNIX socket and its connection,
+    // which an export started by hand needs, go through.
+    let probes: Vec<&str> = text.lines().filter(|l| l.starts_with("probe ")).collect();
+    assert_eq!(
+        probes.len(),
+        outboard_confine::probe::count(),
+        "every attempt is reported:\n{text}"
+    );
+    for l in probes {
+        let needed =
+            l.starts_with("probe connect to ") || l.starts_with("probe create a UNIX socket");
+        assert_eq!(l.contains(": ALLOWED"), needed, "{l}\n{text}");
+    }
 }
 
 struct Victim(Child);
@@ -201,7 +234,23 @@ fn run(mode: &str) -> String {
 
 #[test]
 fn a_confined_process_is_refused_every_escape() {
-    let out = run("confined");
+    refused_every_escape("confined");
+}
+
+#[test]
+fn a_confined_device_model_is_refused_every_escape() {
+    refused_every_escape("confined-model");
+}
+
+/// The export the manager starts: it gets its connections from the manager, so even a UNIX
+/// socket is out of its reach.
+#[test]
+fn a_confined_managed_export_is_refused_every_escape() {
+    refused_every_escape("confined-export");
+}
+
+fn refused_every_escape(mode: &str) {
+    let out = run(mode);
     assert!(out.contains("confined: seccomp allow-list of"), "{out}");
     let lines: Vec<&str> = out
         .lines()
@@ -231,7 +280,7 @@ fn a_confined_process_is_refused_every_escape() {
         "fcntl F_NOTIFY",
     ] {
         let l = lines.iter().find(|l| l.starts_with(what)).unwrap();
-        assert!(l.contains("Operation not permitted"), "{l}");
+        assert!(l.contains("Operation not permitted"), "{l}\n{out}");
     }
 }
 

@@ -137,6 +137,13 @@ impl Manager {
                 tree: self.registry.clone(),
             },
             Request::Open { name } => self.open(&name),
+            Request::Connect { name } => refuse(
+                Code::Invalid,
+                format!(
+                    "connect {name}: only a child the manager started asks this, on the \
+                     connection it was given"
+                ),
+            ),
             Request::Status { name } => match self.class_device(&name) {
                 Some(node) => Reply::Status { node: node.clone() },
                 None if self.machine.devices.iter().any(|d| d.name == name) => detached(&name),

@@ -342,6 +342,26 @@ pub struct ExportNbdArgs {
     /// (internal) Report clients to the manager on this inherited descriptor.
     #[arg(long, hide = true, value_name = "FD")]
     pub notify_fd: Option<i32>,
+    /// (internal) Ask the manager, and have it connect to driver servers, on this inherited
+    /// connection (what `outboard up` gives its exports): the export then may not connect
+    /// anywhere itself.
+    #[arg(long, hide = true, value_name = "FD")]
+    pub broker_fd: Option<i32>,
+    /// Once listening (and its TLS keys read), run as this user (a name from /etc/passwd, or
+    /// UID:GID). Capabilities are dropped either way.
+    #[arg(long, value_name = "USER")]
+    pub user: Option<outboard_confine::privileges::User>,
+    /// Refuse to serve unless every confinement layer holds in full (Landlock on every
+    /// thread); by default a kernel without some of it gets a warning.
+    #[arg(long, conflicts_with = "no_confine")]
+    pub require_confinement: bool,
+    /// Most descriptors it may hold (RLIMIT_NOFILE, at most 4096): each connection takes one.
+    #[arg(long, value_name = "N", default_value_t = outboard_confine::limits::MAX_FILES, value_parser = clap::value_parser!(u64).range(32..=4096))]
+    pub max_files: u64,
+    /// Most bytes of address space it may map (RLIMIT_AS), e.g. 4G [default: unlimited;
+    /// `outboard up` gives 16G unless the machine says otherwise].
+    #[arg(long, value_name = "SIZE", value_parser = |s: &str| outboard_devices::backing::parse_size(s).filter(|n| *n >= 64 << 20).ok_or("a size of at least 64M, e.g. 4G"))]
+    pub max_memory: Option<u64>,
     /// Serve without the seccomp allow-list and Landlock the export applies to itself once
     /// it listens (it still drops every capability). For finding out whether confinement
     /// is what breaks something; not for use.
@@ -367,11 +387,16 @@ impl ExportNbdArgs {
             tls_verify_peer: None,
             tls_psk: None,
             insecure: false,
-            max_connections: 64,
-            handshake_timeout: std::time::Duration::from_secs(10),
+            max_connections: crate::config::DEFAULT_MAX_CONNECTIONS,
+            handshake_timeout: crate::config::DEFAULT_HANDSHAKE_TIMEOUT,
             idle_timeout: None,
-            write_timeout: std::time::Duration::from_secs(30),
+            write_timeout: crate::config::DEFAULT_WRITE_TIMEOUT,
             notify_fd: None,
+            broker_fd: None,
+            user: None,
+            require_confinement: false,
+            max_files: outboard_confine::limits::MAX_FILES,
+            max_memory: None,
             no_confine: false,
         }
     }
@@ -397,6 +422,11 @@ impl ExportNbdArgs {
         a.opt("--idle-timeout", self.idle_timeout.map(ms));
         a.opt("--write-timeout", Some(ms(self.write_timeout)));
         a.opt("--notify-fd", self.notify_fd);
+        a.opt("--broker-fd", self.broker_fd);
+        a.opt("--user", self.user);
+        a.opt("--max-files", Some(self.max_files));
+        a.opt("--max-memory", self.max_memory);
+        a.flag("--require-confinement", self.require_confinement);
         a.flag("--read-only", self.read_only);
         a.flag("--insecure", self.insecure);
         a.flag("--no-confine", self.no_confine);
@@ -653,6 +683,11 @@ mod tests {
         full.idle_timeout = Some(std::time::Duration::from_secs(60));
         full.write_timeout = std::time::Duration::from_secs(5);
         full.notify_fd = Some(3);
+        full.broker_fd = Some(4);
+        full.user = Some("65534:65534".parse().unwrap());
+        full.require_confinement = true;
+        full.max_files = 256;
+        full.max_memory = Some(4 << 30);
         let Command::Export(Export::Nbd(back)) = parse(full.command_line()) else {
             panic!("not an export")
         };

@@ -116,6 +116,13 @@ pub enum ExportAddress {
     Tcp(std::net::SocketAddr),
 }
 
+/// Connections an export serves at once unless its `[[export]]` says otherwise.
+pub const DEFAULT_MAX_CONNECTIONS: u64 = 64;
+/// How long a connection may take to negotiate, by default.
+pub const DEFAULT_HANDSHAKE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
+/// How long a client may take no reply data before its connection is closed, by default.
+pub const DEFAULT_WRITE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(30);
+
 /// A validated `[[export]]`: a block device served over NBD while the machine is up.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ExportConfig {
@@ -135,6 +142,18 @@ pub struct ExportConfig {
     pub tls_psk: Option<std::path::PathBuf>,
     /// A TCP address other than loopback is served without TLS.
     pub insecure: bool,
+    /// Most connections served at once.
+    pub max_connections: u64,
+    /// A connection that has not finished negotiating within this is closed.
+    pub handshake_timeout: std::time::Duration,
+    /// A connection that sends no request for this long is closed (`None`: never).
+    pub idle_timeout: Option<std::time::Duration>,
+    /// A connection whose client takes no reply data for this long is closed.
+    pub write_timeout: std::time::Duration,
+    /// Most bytes of address space the export may map (`RLIMIT_AS`).
+    pub max_memory: u64,
+    /// Most descriptors it may hold (`RLIMIT_NOFILE`).
+    pub max_files: u64,
 }
 
 /// A validated machine.
@@ -174,6 +193,12 @@ struct RawExport {
     tls_psk: Option<Spanned<String>>,
     #[serde(default)]
     insecure: bool,
+    max_connections: Option<Spanned<i64>>,
+    handshake_timeout: Option<Spanned<String>>,
+    idle_timeout: Option<Spanned<String>>,
+    write_timeout: Option<Spanned<String>>,
+    max_memory: Option<Spanned<String>>,
+    max_files: Option<Spanned<i64>>,
 }
 
 #[derive(Deserialize)]
@@ -305,6 +330,51 @@ impl Machine {
             let at = e.span().map(|s| s.start).unwrap_or(0);
             err(at, e.message().to_string())
         };
+        let duration =
+            |key: &str, v: &Option<Spanned<String>>, default: std::time::Duration| match v {
+                None => Ok(default),
+                Some(s) => match parse_duration(s.get_ref()) {
+                    Some(t) if !t.is_zero() => Ok(t),
+                    _ => Err(err(
+                        s.span().start,
+                        format!(
+                            "{key} = {:?}: a duration such as \"500ms\" or \"30s\"",
+                            s.get_ref()
+                        ),
+                    )),
+                },
+            };
+        // Limits of a child (a device's model and server, an export).
+        let memory_limit = |v: &Option<Spanned<String>>| match v {
+            None => Ok(DEFAULT_MAX_MEMORY),
+            Some(m) => outboard_devices::backing::parse_size(m.get_ref())
+                .filter(|n| *n >= 64 << 20)
+                .ok_or_else(|| {
+                    err(
+                        m.span().start,
+                        format!(
+                            "max_memory = {:?}: a size of at least 64M, e.g. \"4G\"",
+                            m.get_ref()
+                        ),
+                    )
+                }),
+        };
+        let files_limit = |v: &Option<Spanned<i64>>| match v {
+            None => Ok(outboard_confine::limits::MAX_FILES),
+            Some(n) => u64::try_from(*n.get_ref())
+                .ok()
+                .filter(|n| (32..=outboard_confine::limits::MAX_FILES).contains(n))
+                .ok_or_else(|| {
+                    err(
+                        n.span().start,
+                        format!(
+                            "max_files = {}: from 32 to {}",
+                            n.get_ref(),
+                            outboard_confine::limits::MAX_FILES
+                        ),
+                    )
+                }),
+        };
         // Keys first, by each device's model: a key no model has is named with the keys this
         // device's model takes, not every key of every model.
         let keys: DeviceKeys = toml::from_str(text).map_err(toml_err)?;
@@ -419,20 +489,6 @@ impl Machine {
                     }
                     (Some(s), Placement::Separate) => s.get_ref().clone(),
                 };
-            let duration =
-                |key: &str, v: &Option<Spanned<String>>, default: std::time::Duration| match v {
-                    None => Ok(default),
-                    Some(s) => match parse_duration(s.get_ref()) {
-                        Some(t) if !t.is_zero() => Ok(t),
-                        _ => Err(err(
-                            s.span().start,
-                            format!(
-                                "{key} = {:?}: a duration such as \"500ms\" or \"30s\"",
-                                s.get_ref()
-                            ),
-                        )),
-                    },
-                };
             let request_deadline = duration(
                 "request_deadline",
                 &d.request_deadline,
@@ -482,36 +538,8 @@ impl Machine {
                     )
                 })?),
             };
-            let max_memory = match &d.max_memory {
-                None => DEFAULT_MAX_MEMORY,
-                Some(m) => outboard_devices::backing::parse_size(m.get_ref())
-                    .filter(|n| *n >= 64 << 20)
-                    .ok_or_else(|| {
-                        err(
-                            m.span().start,
-                            format!(
-                                "max_memory = {:?}: a size of at least 64M, e.g. \"4G\"",
-                                m.get_ref()
-                            ),
-                        )
-                    })?,
-            };
-            let max_files = match &d.max_files {
-                None => outboard_confine::limits::MAX_FILES,
-                Some(n) => u64::try_from(*n.get_ref())
-                    .ok()
-                    .filter(|n| (32..=outboard_confine::limits::MAX_FILES).contains(n))
-                    .ok_or_else(|| {
-                        err(
-                            n.span().start,
-                            format!(
-                                "max_files = {}: from 32 to {}",
-                                n.get_ref(),
-                                outboard_confine::limits::MAX_FILES
-                            ),
-                        )
-                    })?,
-            };
+            let max_memory = memory_limit(&d.max_memory)?;
+            let max_files = files_limit(&d.max_files)?;
             devices.push(DeviceConfig {
                 name: name.clone(),
                 model: d.model.into_inner(),
@@ -622,6 +650,22 @@ impl Machine {
                     ));
                 }
             }
+            let max_connections = match &e.max_connections {
+                None => DEFAULT_MAX_CONNECTIONS,
+                Some(n) => u64::try_from(*n.get_ref())
+                    .ok()
+                    .filter(|n| (1..=4096).contains(n))
+                    .ok_or_else(|| {
+                        err(
+                            n.span().start,
+                            format!("max_connections = {}: from 1 to 4096", n.get_ref()),
+                        )
+                    })?,
+            };
+            let idle_timeout = match &e.idle_timeout {
+                None => None,
+                v => Some(duration("idle_timeout", v, std::time::Duration::ZERO)?),
+            };
             exports.push(ExportConfig {
                 name,
                 device: device.clone(),
@@ -631,6 +675,16 @@ impl Machine {
                 tls_verify_peer: e.tls_verify_peer.as_ref().map(|v| v.get_ref().into()),
                 tls_psk: e.tls_psk.as_ref().map(|v| v.get_ref().into()),
                 insecure: e.insecure,
+                max_connections,
+                handshake_timeout: duration(
+                    "handshake_timeout",
+                    &e.handshake_timeout,
+                    DEFAULT_HANDSHAKE_TIMEOUT,
+                )?,
+                idle_timeout,
+                write_timeout: duration("write_timeout", &e.write_timeout, DEFAULT_WRITE_TIMEOUT)?,
+                max_memory: memory_limit(&e.max_memory)?,
+                max_files: files_limit(&e.max_files)?,
             });
         }
         Ok(Machine {

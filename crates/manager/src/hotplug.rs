@@ -137,9 +137,7 @@ impl Manager {
                 for i in before..self.procs.len() {
                     let p = &self.procs[i];
                     let _ = work.add(p.fd(), Source::Child(i));
-                    if let Some(ev) = &p.events {
-                        let _ = work.add(ev.as_fd(), Source::Events(i));
-                    }
+                    p.watch(work, i);
                 }
                 if let Some(m) = self.machine.devices.iter_mut().find(|m| m.name == d.name) {
                     m.attached = true;
@@ -187,9 +185,7 @@ impl Manager {
         self.renumbered = true;
         for p in &self.procs {
             let _ = work.remove(p.fd());
-            if let Some(ev) = &p.events {
-                let _ = work.remove(ev.as_fd());
-            }
+            p.unwatch(work);
         }
         let mut order = gone.to_vec();
         order.sort_by_key(|&i| !matches!(self.procs[i].kind, supervisor::Kind::Server { .. }));
@@ -206,9 +202,7 @@ impl Manager {
             if p.exited.is_none() {
                 let _ = work.add(p.fd(), Source::Child(i));
             }
-            if let Some(ev) = &p.events {
-                let _ = work.add(ev.as_fd(), Source::Events(i));
-            }
+            p.watch(work, i);
         }
     }
 
@@ -343,9 +337,7 @@ impl Manager {
             return;
         }
         let _ = work.add(p.fd(), Source::Child(s));
-        if let Some(ev) = &p.events {
-            let _ = work.add(ev.as_fd(), Source::Events(s));
-        }
+        p.watch(work, s);
     }
 
     /// `outboard power NAME suspend|resume`.

@@ -28,7 +28,7 @@ impl Manager {
         ConfineArgs {
             confine: true,
             check_confinement: None,
-            user: self.opts.child_user.as_ref().and_then(|u| u.parse().ok()),
+            user: self.opts.child_user,
             require_confinement: self.opts.require_confinement,
             max_files: devices
                 .iter()
@@ -261,6 +261,7 @@ impl Manager {
                     keep,
                     connect: Vec::new(),
                     paths,
+                    broker: false,
                 },
             )?;
             p.wait_serving(Duration::from_secs(10))?;
@@ -374,6 +375,7 @@ impl Manager {
                     keep: vec![listener],
                     connect,
                     paths: vec![path],
+                    broker: false,
                 },
             )?;
             let heartbeat = p.wait_serving(Duration::from_secs(30))?;
@@ -442,6 +444,14 @@ impl Manager {
             export.tls_psk = e.tls_psk.clone();
             export.tls_verify_peer = e.tls_verify_peer.clone();
             export.insecure = e.insecure;
+            export.max_connections = e.max_connections;
+            export.handshake_timeout = e.handshake_timeout;
+            export.idle_timeout = e.idle_timeout;
+            export.write_timeout = e.write_timeout;
+            export.max_files = e.max_files;
+            export.max_memory = Some(e.max_memory);
+            export.user = self.opts.child_user;
+            export.require_confinement = self.opts.require_confinement;
             let s = if e.tls.is_some() || e.tls_psk.is_some() {
                 "s"
             } else {
@@ -462,18 +472,23 @@ impl Manager {
                     format!("nbd{s}://{a}/{}", e.name)
                 }
             };
-            let mut args = vec![
-                "--control".to_string(),
-                self.opts.control.display().to_string(),
-            ];
-            args.extend(export.command_line());
+            // Its questions and its connections to driver servers go through a connection of
+            // its own: it needs no way into the runtime directory (it may run as another user)
+            // and connects nowhere itself.
+            let passing = supervisor::Passing {
+                events: true,
+                broker: true,
+                ..Default::default()
+            };
+            export.broker_fd = Some(passing.broker_fd());
             let log = self.created(self.rt().dir().join(format!("export-{i}.log")));
-            let mut p = Process::spawn_with_events(
+            let mut p = Process::spawn_passing(
                 &self.opts.exe,
                 &format!("export {}", e.name),
-                &args,
+                &export.command_line(),
                 log,
                 self.opts.verbose,
+                passing,
             )?;
             p.kind = supervisor::Kind::Export {
                 name: e.name.clone(),

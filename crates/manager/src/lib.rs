@@ -13,6 +13,7 @@
 #![deny(missing_docs)]
 
 mod answer;
+mod broker;
 pub mod children;
 pub mod config;
 mod hotplug;
@@ -65,7 +66,7 @@ pub struct ManagerOptions {
     pub control_group: Option<u32>,
     /// The user device models and driver servers run as (`--user` of each child: a name or
     /// `UID:GID`); `None` keeps the manager's, without capabilities.
-    pub child_user: Option<String>,
+    pub child_user: Option<outboard_confine::privileges::User>,
     /// Children refuse to serve unless every confinement layer holds in full.
     pub require_confinement: bool,
     /// Every emulated device gets a fault socket (`outboard fault`), whatever its
@@ -86,6 +87,8 @@ enum Source {
     Conn(usize),
     /// Child `i` reported an event.
     Events(usize),
+    /// Child `i` (an export) asked a question on its broker connection.
+    Broker(usize),
 }
 
 /// How long a restarted driver server lets resuming sessions claim back what they kept before

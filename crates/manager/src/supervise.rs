@@ -17,9 +17,7 @@ impl Manager {
             if p.exited.is_none() {
                 work.add(p.fd(), Source::Child(i))?;
             }
-            if let Some(ev) = &p.events {
-                work.add(ev.as_fd(), Source::Events(i))?;
-            }
+            p.watch(&mut work, i);
         }
         let mut ready = Vec::new();
         while !stop.load(Ordering::Relaxed) {
@@ -42,6 +40,7 @@ impl Manager {
                     Source::Events(i) => {
                         self.child_event(&mut work, i);
                     }
+                    Source::Broker(i) => self.serve_broker(&mut work, i),
                 }
             }
             self.supervise(&mut work);
@@ -224,9 +223,9 @@ impl Manager {
                 break;
             }
         }
-        if let Some(ev) = self.procs[i].events.take() {
-            let _ = work.remove(ev.as_fd());
-        }
+        self.procs[i].unwatch(work);
+        self.procs[i].events = None;
+        self.procs[i].broker = None;
         // Progress, read before the heartbeat page goes: a server whose loop turned after it
         // said it serves; a model that came into service. A restart an operator asked for is
         // planned: started again whatever the policy.
@@ -580,9 +579,7 @@ impl Manager {
         p.gave_up = None;
         let pid = p.pid();
         let _ = work.add(p.fd(), Source::Child(i));
-        if let Some(ev) = &p.events {
-            let _ = work.add(ev.as_fd(), Source::Events(i));
-        }
+        p.watch(work, i);
         let total = p.restarts.total;
         if let supervisor::Kind::Model { device } = &kind {
             // Its `Serving` event comes through the loop ([`Manager::model_serving`]); until

@@ -26,6 +26,9 @@ pub struct Process {
     pub exited: Option<std::process::ExitStatus>,
     /// The manager's end of the child's event channel (driver servers).
     pub events: Option<OwnedFd>,
+    /// The manager's end of its broker connection (an export's questions; see
+    /// [`Passing::broker`]).
+    pub broker: Option<OwnedFd>,
     /// How it was started, to start it again the same way.
     args: Vec<String>,
     /// A driver server's arguments, typed: what the next incarnation starts with (a restart
@@ -438,7 +441,8 @@ pub const EVENT_FD: i32 = 3;
 
 /// What a child is given besides its arguments, the same way each incarnation: from fd 3 on,
 /// an event channel (new each time), then `keep`, then a new connection to each socket in
-/// `connect`. [`fd_layout`] gives the numbers.
+/// `connect`, then a broker connection (new each time). [`fd_layout`] and
+/// [`Passing::broker_fd`] give the numbers.
 #[derive(Default)]
 pub struct Passing {
     /// It reports events (a driver server, a model, an export).
@@ -449,6 +453,9 @@ pub struct Passing {
     pub connect: Vec<PathBuf>,
     /// The socket files of `keep`'s listeners: removed when the process is dropped.
     pub paths: Vec<outboard_sys::SocketPath>,
+    /// It asks the manager questions and has it connect to driver servers on a connection
+    /// of its own (an export: see `outboard_client::link`).
+    pub broker: bool,
 }
 
 impl Passing {
@@ -460,19 +467,29 @@ impl Passing {
         }
     }
 
-    /// This incarnation's descriptors, made and spawned with: the manager's end of the event
-    /// channel (if any), and what the child gets, in order.
-    fn incarnation(&self, role: &str) -> Result<(Option<OwnedFd>, Vec<OwnedFd>), SpawnError> {
-        let (ours, theirs) = if self.events {
+    /// The fd number the child finds its broker connection on.
+    pub fn broker_fd(&self) -> i32 {
+        EVENT_FD + i32::from(self.events) + (self.keep.len() + self.connect.len()) as i32
+    }
+
+    /// This incarnation's descriptors, made and spawned with: the manager's ends of the event
+    /// channel and broker connection (if any), and what the child gets, in order.
+    fn incarnation(&self, role: &str) -> Result<Incarnation, SpawnError> {
+        let pair = |wanted: bool,
+                    what: &str|
+         -> Result<(Option<OwnedFd>, Option<OwnedFd>), SpawnError> {
+            if !wanted {
+                return Ok((None, None));
+            }
             let (o, t) = outboard_session::control::pair().map_err(|e| SpawnError::Descriptor {
                 role: role.into(),
-                what: "its event channel".into(),
+                what: what.into(),
                 err: std::io::Error::other(e.to_string()),
             })?;
-            (Some(o), Some(t))
-        } else {
-            (None, None)
+            Ok((Some(o), Some(t)))
         };
+        let (ours, theirs) = pair(self.events, "its event channel")?;
+        let (broker, child_broker) = pair(self.broker, "its broker connection")?;
         let conns = self
             .connect
             .iter()
@@ -486,10 +503,19 @@ impl Passing {
                     })
             })
             .collect::<Result<Vec<_>, _>>()?;
-        Ok((ours, theirs.into_iter().chain(conns).collect()))
+        Ok(Incarnation {
+            events: ours,
+            broker,
+            fresh: theirs
+                .into_iter()
+                .chain(conns)
+                .chain(child_broker)
+                .collect(),
+        })
     }
 
-    /// What the child gets, as numbered by [`fd_layout`]: channel, `keep`, connections.
+    /// What the child gets, as numbered by [`fd_layout`]: channel, `keep`, connections,
+    /// broker.
     fn borrowed<'a>(&'a self, fresh: &'a [OwnedFd]) -> Vec<BorrowedFd<'a>> {
         let (channel, conns) = fresh.split_at(usize::from(self.events));
         channel
@@ -499,6 +525,13 @@ impl Passing {
             .map(|f| f.as_fd())
             .collect()
     }
+}
+
+/// One incarnation's descriptors: the manager's ends, and what the child gets.
+struct Incarnation {
+    events: Option<OwnedFd>,
+    broker: Option<OwnedFd>,
+    fresh: Vec<OwnedFd>,
 }
 
 /// Where a child started with a [`Passing`] finds what it was given: the numbers
@@ -519,6 +552,24 @@ pub fn inherited_fd(n: i32) -> Result<OwnedFd, std::io::Error> {
 }
 
 impl Process {
+    /// Watches its channels to the manager in `work` as child `i`: its events, and an
+    /// export's questions.
+    pub(crate) fn watch(&self, work: &mut outboard_env::WorkLoop<crate::Source>, i: usize) {
+        if let Some(ev) = &self.events {
+            let _ = work.add(ev.as_fd(), crate::Source::Events(i));
+        }
+        if let Some(b) = &self.broker {
+            let _ = work.add(b.as_fd(), crate::Source::Broker(i));
+        }
+    }
+
+    /// Stops watching its channels (see [`Process::watch`]).
+    pub(crate) fn unwatch(&self, work: &mut outboard_env::WorkLoop<crate::Source>) {
+        for fd in self.events.iter().chain(&self.broker) {
+            let _ = work.remove(fd.as_fd());
+        }
+    }
+
     /// Starts `exe args…` with its output in `log`.
     pub fn spawn(
         exe: &Path,
@@ -631,7 +682,11 @@ impl Process {
         passing: &Passing,
         append: bool,
     ) -> Result<Self, SpawnError> {
-        let (events, fresh) = passing.incarnation(role)?;
+        let Incarnation {
+            events,
+            broker,
+            fresh,
+        } = passing.incarnation(role)?;
         let out = crate::runtime::open_log(&log, append)?;
         let err = out.try_clone().map_err(|err| SpawnError::Descriptor {
             role: role.into(),
@@ -681,6 +736,7 @@ impl Process {
             log,
             exited: None,
             events,
+            broker,
             args: args.to_vec(),
             server: None,
             passing: Passing::default(),

@@ -111,3 +111,30 @@ pub fn export_node(up: &super::Up, name: &str) -> serde_json::Value {
     }
     find(&super::registry(up), name).unwrap_or(serde_json::Value::Null)
 }
+
+/// Writes a pattern at `offset` through a fresh connection and reads it back byte-exact.
+#[allow(dead_code)]
+pub fn round_trip(socket: &Path, offset: u64, seed: u64) {
+    let mut c = Raw::go(socket);
+    let data = super::pattern(seed, 65536);
+    c.request(1, 1, offset, data.len() as u32, &data);
+    assert_eq!(c.reply(0).0, 0, "write");
+    c.request(0, 2, offset, data.len() as u32, &[]);
+    let (e, cookie, got) = c.reply(data.len());
+    assert_eq!((e, cookie), (0, 2), "read");
+    assert!(got == data, "read back differs");
+}
+
+/// The UNIX socket export `name` of the machine listens on (from its URI in the registry).
+#[allow(dead_code)]
+pub fn export_socket(up: &super::Up, name: &str) -> std::path::PathBuf {
+    let node = export_node(up, name);
+    std::path::PathBuf::from(
+        node["props"]["uri"]
+            .as_str()
+            .unwrap()
+            .split_once("socket=")
+            .unwrap()
+            .1,
+    )
+}

@@ -12,7 +12,7 @@ pub mod remote;
 pub mod session;
 
 pub use colocated::Colocated;
-pub use open::{open_block, open_block_with, Block};
+pub use open::{open_block, open_block_via, open_block_with, Block};
 pub use outboard_client::{Supervisor, WaitMode};
 pub use remote::NbdClient;
 pub use session::{BlockClient, ResumeStats, SessionOptions};

@@ -6,7 +6,7 @@ use std::path::Path;
 
 use outboard_block::{BlockDevice, BlockError, CLASS};
 use outboard_client::api::Placement;
-use outboard_client::{ClassClient, Supervisor};
+use outboard_client::{ClassClient, Control, Supervisor};
 use outboard_drivers::Attachment;
 use outboard_hw::DeviceSpec;
 
@@ -31,9 +31,9 @@ impl ClassClient for Block {
         name: &str,
         supervisor: Supervisor,
     ) -> Result<Self::Handle, BlockError> {
-        Ok(Box::new(
-            BlockClient::open(server, name, self.opts)?.supervised(supervisor),
-        ))
+        Ok(Box::new(BlockClient::open_supervised(
+            supervisor, server, name, self.opts,
+        )?))
     }
 
     fn colocated(&self, name: &str, device: DeviceSpec) -> Result<Self::Handle, BlockError> {
@@ -65,10 +65,20 @@ pub fn open_block_with(
     name: &str,
     opts: SessionOptions,
 ) -> Result<(Box<dyn BlockDevice>, Placement), BlockError> {
+    open_block_via(&Control::from(control_path), name, opts)
+}
+
+/// As [`open_block_with`], asking the manager through `control` (a brokered client's
+/// connection, say).
+pub fn open_block_via(
+    control: &Control,
+    name: &str,
+    opts: SessionOptions,
+) -> Result<(Box<dyn BlockDevice>, Placement), BlockError> {
     // A remote disk's URI needs no manager: the same API reaches it over NBD.
     if crate::remote::is_uri(name) {
         let d = crate::remote::NbdClient::open(name, opts.buffer_size as usize)?;
         return Ok((Box::new(d), Placement::Separate));
     }
-    outboard_client::open(control_path, name, &Block { opts })
+    outboard_client::open_via(control, name, &Block { opts })
 }

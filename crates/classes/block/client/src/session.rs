@@ -117,9 +117,36 @@ impl std::fmt::Debug for BlockClient {
 impl BlockClient {
     /// Opens `device` on the driver server listening at `server`.
     pub fn open(server: &Path, device: &str, opts: SessionOptions) -> Result<Self, BlockError> {
+        let sock = outboard_client::link::connect_trusted(server).map_err(channel_err)?;
+        Self::open_on(sock, server, device, opts)
+    }
+
+    /// Opens `device` on the driver server at `server`, connected to through `supervisor`'s
+    /// manager (which makes the connection for a brokered client), and resumes the session
+    /// under it when the server restarts.
+    pub fn open_supervised(
+        supervisor: Supervisor,
+        server: &Path,
+        device: &str,
+        opts: SessionOptions,
+    ) -> Result<Self, BlockError> {
+        let sock = supervisor
+            .control
+            .connect_server(server, device)
+            .map_err(channel_err)?;
+        Ok(Self::open_on(sock, server, device, opts)?.supervised(supervisor))
+    }
+
+    /// Opens `device` on `sock`, a connection to the driver server at `server`.
+    fn open_on(
+        sock: std::os::fd::OwnedFd,
+        server: &Path,
+        device: &str,
+        opts: SessionOptions,
+    ) -> Result<Self, BlockError> {
         let geometry = Geometry::of_class(&RINGS, opts.depth, opts.buffer_size);
-        let (channel, info) = Channel::open(
-            server,
+        let (channel, info) = Channel::open_on(
+            sock,
             device,
             outboard_block::CLASS,
             geometry,

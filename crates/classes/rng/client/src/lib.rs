@@ -35,9 +35,9 @@ impl ClassClient for Entropy {
         name: &str,
         supervisor: Supervisor,
     ) -> Result<Self::Handle, EntropyError> {
-        Ok(Box::new(
-            RngClient::open(server, name)?.supervised(supervisor),
-        ))
+        Ok(Box::new(RngClient::open_supervised(
+            supervisor, server, name,
+        )?))
     }
 
     fn colocated(&self, name: &str, device: DeviceSpec) -> Result<Self::Handle, EntropyError> {

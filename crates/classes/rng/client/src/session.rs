@@ -55,9 +55,33 @@ pub struct RngClient {
 impl RngClient {
     /// Opens `device` on the driver server at `server`.
     pub fn open(server: &Path, device: &str) -> Result<Self, EntropyError> {
+        let sock = outboard_client::link::connect_trusted(server).map_err(channel_err)?;
+        Self::open_on(sock, server, device)
+    }
+
+    /// Opens `device` on the driver server at `server`, connected to through `supervisor`'s
+    /// manager, and resumes the session under it when the server restarts.
+    pub fn open_supervised(
+        supervisor: Supervisor,
+        server: &Path,
+        device: &str,
+    ) -> Result<Self, EntropyError> {
+        let sock = supervisor
+            .control
+            .connect_server(server, device)
+            .map_err(channel_err)?;
+        Ok(Self::open_on(sock, server, device)?.supervised(supervisor))
+    }
+
+    /// Opens `device` on `sock`, a connection to the driver server at `server`.
+    fn open_on(
+        sock: std::os::fd::OwnedFd,
+        server: &Path,
+        device: &str,
+    ) -> Result<Self, EntropyError> {
         let geometry = Geometry::of_class(&RINGS, DEPTH, super::BUFFER);
-        let (channel, info) = Channel::open(
-            server,
+        let (channel, info) = Channel::open_on(
+            sock,
             device,
             CLASS,
             geometry,

@@ -1,0 +1,143 @@
+//! Questions a child asks on its broker connection (an export's: see `outboard_client::link`),
+//! answered about the devices the manager gave it only, and the connections to driver servers
+//! (or, for a colocated device, to its model) the manager makes for it. The child so needs no
+//! right to reach the runtime directory or to connect anywhere.
+
+use rustix::net::{AddressFamily, SocketAddrUnix, SocketFlags, SocketType};
+
+use outboard_client::link::{BrokeredReply, BrokeredRequest};
+
+use super::*;
+
+impl Manager {
+    /// Answers one question on child `i`'s broker connection without blocking; a child that
+    /// hung up or sent garbage loses the connection (its exit comes through its pidfd).
+    pub(crate) fn serve_broker(&mut self, work: &mut WorkLoop<Source>, i: usize) {
+        let Some(b) = self.procs.get(i).and_then(|p| p.broker.as_ref()) else {
+            return;
+        };
+        let msg = match control::recv::<BrokeredRequest>(b.as_fd(), Some(Duration::ZERO)) {
+            Ok((m, _)) => m,
+            Err(outboard_session::SessionError::Timeout) => return,
+            Err(e) => {
+                let p = &mut self.procs[i];
+                tracing::warn!("{} (pid {}): broker connection: {e}", p.role, p.pid());
+                if let Some(b) = p.broker.take() {
+                    let _ = work.remove(b.as_fd());
+                }
+                return;
+            }
+        };
+        let (reply, fd) = self.brokered(i, msg.request, work);
+        let answer = BrokeredReply {
+            seq: msg.seq,
+            reply,
+        };
+        let p = &mut self.procs[i];
+        let Some(b) = p.broker.as_ref() else {
+            return;
+        };
+        let pass: Vec<BorrowedFd<'_>> = fd.iter().map(|f| f.as_fd()).collect();
+        if control::try_send(b.as_fd(), &answer, &pass).is_err() {
+            tracing::warn!("{} (pid {}): does not read its answers", p.role, p.pid());
+            if let Some(b) = p.broker.take() {
+                let _ = work.remove(b.as_fd());
+            }
+        }
+    }
+
+    /// The answer to `req` from child `i`, and the connection that goes with it.
+    fn brokered(
+        &mut self,
+        i: usize,
+        req: Request,
+        work: &mut WorkLoop<Source>,
+    ) -> (Reply, Option<OwnedFd>) {
+        let name = match &req {
+            Request::Open { name } | Request::Status { name } | Request::Connect { name } => {
+                name.clone()
+            }
+            other => {
+                return (
+                    refuse(
+                        Code::Denied,
+                        format!(
+                            "a child may ask only about the devices it was given, not {other:?}"
+                        ),
+                    ),
+                    None,
+                )
+            }
+        };
+        if !self.given_to(i).contains(&name) {
+            return (
+                refuse(
+                    Code::Denied,
+                    format!(
+                        "{name} is not a device this {} was given",
+                        self.procs[i].role
+                    ),
+                ),
+                None,
+            );
+        }
+        match req {
+            Request::Connect { name } => self.connect_for_child(&name),
+            req => (self.answer(req, work), None),
+        }
+    }
+
+    /// The class devices child `i` serves others from (an export's device).
+    fn given_to(&self, i: usize) -> Vec<String> {
+        match &self.procs[i].kind {
+            supervisor::Kind::Export { name } => self
+                .machine
+                .exports
+                .iter()
+                .filter(|e| &e.name == name)
+                .map(|e| e.device.clone())
+                .collect(),
+            _ => Vec::new(),
+        }
+    }
+
+    /// A connection to where `name` is served — its driver server's session socket, or a
+    /// colocated device's model — made now, without waiting: a server whose backlog is full,
+    /// or that is not there, is answered as restarting (the child asks again).
+    fn connect_for_child(&self, name: &str) -> (Reply, Option<OwnedFd>) {
+        let (path, kind) = match self.open(name) {
+            Reply::Open {
+                server: Some(p), ..
+            } => (p, SocketType::SEQPACKET),
+            Reply::Open {
+                device: Some(p), ..
+            } => (p, SocketType::STREAM),
+            other => return (other, None),
+        };
+        match connect_now(&path, kind) {
+            Ok(fd) => (Reply::Connected, Some(fd)),
+            Err(e) => (
+                refuse(
+                    Code::Restarting,
+                    format!("{name}: its server takes no connection now ({e})"),
+                ),
+                None,
+            ),
+        }
+    }
+}
+
+/// Connects to the UNIX socket at `path` without blocking the manager (a full backlog is
+/// `EAGAIN`, not a wait); the connection is handed over blocking, as a client expects it.
+fn connect_now(path: &Path, kind: SocketType) -> rustix::io::Result<OwnedFd> {
+    let addr = SocketAddrUnix::new(path)?;
+    let fd = rustix::net::socket_with(
+        AddressFamily::UNIX,
+        kind,
+        SocketFlags::CLOEXEC | SocketFlags::NONBLOCK,
+        None,
+    )?;
+    rustix::net::connect(&fd, &addr)?;
+    rustix::fs::fcntl_setfl(&fd, rustix::fs::OFlags::empty())?;
+    Ok(fd)
+}

@@ -246,24 +246,14 @@ fn an_export_out_of_descriptors_backs_off_and_serves_again() {
     let up = Up::start(dir.path(), Some(MACHINE));
     let log = dir.path().join("export.log");
     let err = std::fs::File::create(&log).unwrap();
-    let mut ex = Export::start_with(&up, &["--handshake-timeout", "2s"], |cmd| {
-        cmd.stderr(err);
-        // SAFETY: the closure runs between fork and exec and only calls setrlimit, which is
-        // async-signal-safe; the limit is this child's own.
-        unsafe {
-            std::os::unix::process::CommandExt::pre_exec(cmd, || {
-                let l = rustix::process::Rlimit {
-                    current: Some(40),
-                    maximum: Some(40),
-                };
-                rustix::process::setrlimit(rustix::process::Resource::Nofile, l)?;
-                Ok(())
-            });
-        }
-    });
-    let flood: Vec<_> = (0..100)
-        .filter_map(|_| std::os::unix::net::UnixStream::connect(&ex.socket).ok())
-        .collect();
+    let mut ex = Export::start_with(
+        &up,
+        &["--handshake-timeout", "2s", "--max-files", "40"],
+        |cmd| {
+            cmd.stderr(err);
+        },
+    );
+    let flood: Vec<_> = (0..100).filter_map(|_| connect_now(&ex.socket)).collect();
     std::thread::sleep(Duration::from_secs(2));
     ex.alive().unwrap();
     drop(flood);
@@ -488,4 +478,67 @@ fn a_managed_export_carries_its_clients_through_a_driver_restart() {
         assert_eq!((e, cookie), (0, 2 + round), "read after kill {round}");
         assert!(got == data, "read back differs after kill {round}");
     }
+}
+
+/// Everything at once, as the hardening promises: one client that never reads its replies,
+/// thirty-two idle ones past the handshake, and so many connections that the export has no
+/// descriptor left — a well-behaved client connected among them is still served byte-exact.
+#[test]
+fn a_well_behaved_client_is_served_beside_a_deaf_one_idle_ones_and_no_descriptors_left() {
+    let dir = tempfile::tempdir().unwrap();
+    let up = Up::start(dir.path(), Some(MACHINE));
+    const FILES: usize = 128;
+    let mut ex = Export::start(
+        &up,
+        &[
+            "--max-files",
+            &FILES.to_string(),
+            "--max-connections",
+            "4096",
+        ],
+    );
+    let pid = ex.child.id();
+    let mut good = Raw::go(&ex.socket);
+    let deaf = queue_reads(&ex.socket, 64);
+    let idle: Vec<Raw> = (0..32).map(|_| Raw::go(&ex.socket)).collect();
+    // Connections that say nothing, until the export cannot accept another (those left wait in
+    // the listener's backlog, or are refused by a full one).
+    let flood: Vec<_> = (0..200).filter_map(|_| connect_now(&ex.socket)).collect();
+    let open_fds = || {
+        std::fs::read_dir(format!("/proc/{pid}/fd"))
+            .unwrap()
+            .count()
+    };
+    assert!(
+        eventually(Duration::from_secs(5), || open_fds() >= FILES - 2),
+        "the export holds {} of {FILES} descriptors",
+        open_fds()
+    );
+    for round in 0..8u64 {
+        let data = common::pattern(200 + round, 65536);
+        let at = round << 20;
+        good.request(1, 2 * round, at, data.len() as u32, &data);
+        assert_eq!(good.reply(0), (0, 2 * round, Vec::new()), "write {round}");
+        good.request(0, 2 * round + 1, at, data.len() as u32, &[]);
+        let (e, cookie, got) = good.reply(data.len());
+        assert_eq!((e, cookie), (0, 2 * round + 1), "read {round}");
+        assert!(got == data, "read {round} differs");
+    }
+    ex.alive().unwrap();
+    drop((flood, idle, deaf));
+}
+
+/// A connection to `path` if the listener's backlog has room now (a blocking connect would
+/// wait for the export to accept).
+fn connect_now(path: &std::path::Path) -> Option<std::os::fd::OwnedFd> {
+    use rustix::net::{AddressFamily, SocketAddrUnix, SocketFlags, SocketType};
+    let fd = rustix::net::socket_with(
+        AddressFamily::UNIX,
+        SocketType::STREAM,
+        SocketFlags::NONBLOCK | SocketFlags::CLOEXEC,
+        None,
+    )
+    .ok()?;
+    rustix::net::connect(&fd, &SocketAddrUnix::new(path).ok()?).ok()?;
+    Some(fd)
 }

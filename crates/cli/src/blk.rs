@@ -87,14 +87,14 @@ pub fn run(c: BlkCommand, control: PathBuf) -> Result<ExitCode, String> {
         BlkCommand::Read(a) => {
             let mut d = outboard_block_client::open_block(&control, &a.device).map_err(e)?;
             let total = d.info().bytes();
-            // Checked before the output file is created: a bad range must not truncate it.
+            // Checked once, before the output file is created: a bad range must not truncate it.
             let length = a.length.unwrap_or(total.saturating_sub(a.offset));
-            if a.offset.checked_add(length).is_none_or(|end| end > total) {
-                return Err(format!(
+            let range = d.info().byte_range(a.offset, length).map_err(|_| {
+                format!(
                     "{length} bytes at offset {} run past the end of {} ({total} bytes)",
                     a.offset, a.device
-                ));
-            }
+                )
+            })?;
             // Straight from the buffer area the device wrote into to the output: no copy here.
             let file = a
                 .output
@@ -106,7 +106,7 @@ pub fn run(c: BlkCommand, control: PathBuf) -> Result<ExitCode, String> {
                 Some(f) => f.as_fd(),
                 None => stdout.as_fd(),
             };
-            d.read_out(a.offset, length, fd).map_err(e)?;
+            d.read_out(range, fd).map_err(e)?;
         }
         BlkCommand::Write(a) => {
             let mut data = Vec::new();

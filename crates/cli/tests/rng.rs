@@ -182,29 +182,46 @@ fn find<'a>(n: &'a serde_json::Value, kind: &str, name: &str) -> Option<&'a serd
         .find_map(|c| find(c, kind, name))
 }
 
-#[test]
-fn an_nbd_export_of_an_entropy_device_is_refused_at_up() {
+/// `outboard up` on `machine`, which must fail: what it printed on stderr.
+fn refused_at_up(machine: &str) -> String {
     let dir = tempfile::tempdir().unwrap();
-    let machine = dir.path().join("machine.toml");
-    std::fs::write(
-        &machine,
-        "name = \"m\"\n[[device]]\nname = \"rng0\"\nmodel = \"virtio-rng\"\n\n\
-         [[export]]\ndevice = \"rng0\"\n",
-    )
-    .unwrap();
+    let path = dir.path().join("machine.toml");
+    std::fs::write(&path, machine).unwrap();
     let out = common::run_bounded(
         std::process::Command::new(common::EXE)
             .arg("up")
             .arg("--machine")
-            .arg(&machine)
+            .arg(&path)
             .env("OUTBOARD_CONTROL", dir.path().join("rt/control.sock"))
             .stdin(std::process::Stdio::null()),
         Duration::from_secs(30),
     );
     assert!(!out.status.success(), "{out:?}");
-    let err = String::from_utf8_lossy(&out.stderr);
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
+#[test]
+fn an_nbd_export_of_an_entropy_device_is_refused_at_up() {
+    let err = refused_at_up(
+        "name = \"m\"\n[[device]]\nname = \"rng0\"\nmodel = \"virtio-rng\"\n\n\
+         [[export]]\ndevice = \"rng0\"\n",
+    );
     assert!(
         err.contains("entropy class") && err.contains("serves block devices"),
+        "{err}"
+    );
+}
+
+/// A driver fault its driver cannot inject is refused, not ignored (a test relying on it
+/// would pass without it).
+#[test]
+fn a_driver_fault_the_entropy_driver_cannot_inject_is_refused_at_up() {
+    let err = refused_at_up(
+        "name = \"m\"\n[[device]]\nname = \"rng0\"\nmodel = \"virtio-rng\"\n\
+         driver_abort_on = 8\n",
+    );
+    assert!(
+        err.contains("rng0") && err.contains("the virtio-rng driver cannot abort on a sector"),
         "{err}"
     );
 }

@@ -18,6 +18,6 @@ pub mod virtio_block;
 pub mod virtio_rng;
 
 pub use personality::{
-    by_name, candidates, personalities, probe_driver, restarter, start, Attachment, Identity,
-    Personality, Probe, Probed, StartError, StartOptions, Started,
+    by_name, candidates, personalities, probe_driver, restarter, start, Attachment, DriverFault,
+    Identity, Personality, Probe, Probed, StartError, StartOptions, Started,
 };

@@ -175,6 +175,28 @@ pub struct Personality {
     pub probe: fn(&Probe<'_>, u32) -> Result<u32, String>,
     /// Brings the driver up on the device.
     pub start: StartFn,
+    /// The driver faults it can inject (see [`DriverFault`]); one asked of a driver that
+    /// cannot is refused, not ignored.
+    pub faults: &'static [DriverFault],
+}
+
+/// A fault a driver injects in itself, for testing what a crashing driver costs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DriverFault {
+    /// [`StartOptions::abort_on`]: it aborts its process whenever a request touches a sector.
+    AbortOn,
+}
+
+impl Personality {
+    /// Why `opts` asks this driver for a fault it cannot inject, if it does.
+    pub fn refuses(&self, opts: &StartOptions) -> Option<String> {
+        (opts.abort_on.is_some() && !self.faults.contains(&DriverFault::AbortOn)).then(|| {
+            format!(
+                "driver_abort_on: the {} driver cannot abort on a sector (its requests name none)",
+                self.driver
+            )
+        })
+    }
 }
 
 /// A started driver and its environment.
@@ -244,6 +266,7 @@ static PERSONALITIES: &[Personality] = &[
         matches: virtio_blk_matches,
         probe: virtio_blk_probe,
         start: virtio_blk_start,
+        faults: &[DriverFault::AbortOn],
     },
     Personality {
         driver: "null-blk",
@@ -252,6 +275,7 @@ static PERSONALITIES: &[Personality] = &[
         matches: null_blk_matches,
         probe: null_blk_probe,
         start: null_blk_start,
+        faults: &[],
     },
     crate::virtio_rng::PERSONALITY,
 ];
@@ -379,6 +403,9 @@ pub fn start(
                 .personality
         }
     };
+    if let Some(why) = personality.refuses(opts) {
+        return Err(StartError::Refused(format!("{described}: {why}")));
+    }
     let driver = (personality.start)(provider, opts).map_err(|e| match e {
         StartError::Refused(why) => StartError::Refused(format!("{described}: {why}")),
         e => e,

@@ -195,6 +195,7 @@ pub const PERSONALITY: Personality = Personality {
     matches: |id| matches!(id, Identity::Pci(id) if matches(id)),
     probe,
     start,
+    faults: &[],
 };
 
 fn probe(dev: &Probe<'_>, initial: u32) -> Result<u32, String> {

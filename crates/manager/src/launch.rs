@@ -163,6 +163,7 @@ impl Manager {
                         what: format!("model {}: {why}", d.model),
                     }
                 })?;
+            refuses_fault(d, personality)?;
             virtual_bus.children.push(
                 Node::new("device", &format!("{}@virtual", d.name))
                     .with("model", d.model.as_str())
@@ -320,6 +321,7 @@ impl Manager {
                     device: d.name.clone(),
                     what: format!("{:04x}:{:04x}: {why}", id.vendor, id.device),
                 })?;
+            refuses_fault(d, personality)?;
             drop(f);
             let driver = Node::new("driver", personality.driver)
                 .with("probe-score", score)
@@ -510,5 +512,24 @@ impl Manager {
             }
         }
         Ok(())
+    }
+}
+
+/// A driver fault the machine asks of a driver that cannot inject it is refused at `up` (it
+/// would be ignored, and a test relying on it would pass without it).
+fn refuses_fault(
+    d: &DeviceConfig,
+    personality: &outboard_drivers::Personality,
+) -> Result<(), ManagerError> {
+    let opts = outboard_drivers::StartOptions {
+        abort_on: d.driver_abort_on,
+        ..Default::default()
+    };
+    match personality.refuses(&opts) {
+        Some(why) => Err(ManagerError::DriverFault {
+            device: d.name.clone(),
+            why,
+        }),
+        None => Ok(()),
     }
 }

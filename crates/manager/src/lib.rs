@@ -20,6 +20,7 @@ mod hotplug;
 mod launch;
 pub mod models;
 mod nodes;
+pub mod restart;
 pub mod runtime;
 mod supervise;
 pub mod supervisor;
@@ -192,6 +193,14 @@ pub enum ManagerError {
         /// Device name.
         device: String,
         /// Why.
+        why: String,
+    },
+    /// The machine asks a device's driver for a fault it cannot inject.
+    #[error("{device}: {why}")]
+    DriverFault {
+        /// Device name.
+        device: String,
+        /// Which fault, and why not.
         why: String,
     },
     /// No driver in the catalog matches a device.

@@ -306,6 +306,49 @@ pub struct BlockInfo {
     pub supports: Supports,
 }
 
+/// Bytes `offset..end` of a disk, checked against its size once, where a caller asks for them
+/// ([`BlockInfo::byte_range`]): the early error of a byte-level read, before anything (an
+/// output file, say) is touched. The requests it becomes are checked again by the server.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ByteRange {
+    offset: u64,
+    end: u64,
+}
+
+impl ByteRange {
+    /// Where it starts.
+    pub fn offset(&self) -> u64 {
+        self.offset
+    }
+
+    /// How many bytes.
+    pub fn len(&self) -> u64 {
+        self.end - self.offset
+    }
+
+    /// No bytes.
+    pub fn is_empty(&self) -> bool {
+        self.end == self.offset
+    }
+}
+
+impl BlockInfo {
+    /// Capacity in bytes.
+    pub fn bytes(&self) -> u64 {
+        self.capacity * u64::from(self.block_size)
+    }
+
+    /// `len` bytes from byte `offset`, if the disk has them ([`BlockError::OutOfRange`] if
+    /// they run past its end).
+    pub fn byte_range(&self, offset: u64, len: u64) -> Result<ByteRange, BlockError> {
+        offset
+            .checked_add(len)
+            .filter(|&end| end <= self.bytes())
+            .map(|end| ByteRange { offset, end })
+            .ok_or(BlockError::OutOfRange)
+    }
+}
+
 /// The optional operations of a block device (what its driver negotiated with it): a request
 /// for one it does not take fails with [`BlockError::Unsupported`] at the server's check,
 /// before it reaches the driver.
@@ -339,13 +382,6 @@ impl Supports {
             BlockOp::WriteZeroes => self.write_zeroes,
             _ => true,
         }
-    }
-}
-
-impl BlockInfo {
-    /// Capacity in bytes.
-    pub fn bytes(&self) -> u64 {
-        self.capacity * self.block_size as u64
     }
 }
 
@@ -645,22 +681,18 @@ pub trait BlockDevice {
         Ok(())
     }
 
-    /// Reads `len` bytes from byte `offset` of the disk and writes them to `fd` straight from
-    /// the buffer area (the device put them there; this process copies nothing): what a tool
-    /// that prints a disk's bytes wants. The range is read in whole blocks, as large as the
-    /// buffer area and the device allow.
+    /// Reads `range` of the disk (checked by [`BlockInfo::byte_range`]) and writes it to `fd`
+    /// straight from the buffer area (the device put it there; this process copies nothing):
+    /// what a tool that prints a disk's bytes wants. The range is read in whole blocks, as
+    /// large as the buffer area and the device allow.
     fn read_out(
         &mut self,
-        offset: u64,
-        len: u64,
+        range: ByteRange,
         fd: std::os::fd::BorrowedFd<'_>,
     ) -> Result<(), BlockError> {
         let info = self.info().clone();
         let bs = u64::from(info.block_size);
-        let end = offset
-            .checked_add(len)
-            .filter(|&e| e <= info.bytes())
-            .ok_or(BlockError::OutOfRange)?;
+        let (offset, end) = (range.offset, range.end);
         let (_, chunk) = chunking(&info, self.buffers(), 0)?;
         let chunk = chunk as u64;
         let mut at = offset;

@@ -21,6 +21,7 @@
 //! heartbeat = "1s"        # a driver server whose loop stops this long is hung: restarted
 //! fault_injection = false # true: a fault socket for `outboard fault`
 //! driver_abort_on = 8192  # the driver aborts its server when a request touches this sector
+//!                         # (virtio-blk; refused for a driver that cannot)
 //! max_memory = "16G"      # address space of its model and driver server (RLIMIT_AS)
 //! max_files = 4096        # descriptors of each (RLIMIT_NOFILE)
 //! faults = ["drop-irq=2"] # fault injection armed from the start (see `outboard fault`)

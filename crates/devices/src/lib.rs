@@ -15,6 +15,7 @@ pub mod backing;
 pub mod faults;
 pub mod pci_config;
 pub mod virtio_blk;
+pub mod virtio_net;
 pub mod virtio_pci;
 pub mod virtio_rng;
 pub mod virtqueue;

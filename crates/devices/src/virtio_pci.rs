@@ -73,6 +73,25 @@ pub trait VirtioDevice: Send {
         queue: &mut DeviceQueue,
         dma: &DmaMap,
     ) -> Result<(), QueueError>;
+    /// Descriptors the device reads input from itself (a NIC's wire): polled for it.
+    fn input_fds(&self) -> Vec<std::os::fd::BorrowedFd<'_>> {
+        Vec::new()
+    }
+    /// Input descriptor `id` is readable: the device takes what came (into a backlog of its
+    /// own) and says which queues to serve now and whether its configuration changed.
+    fn input(&mut self, _id: usize) -> Arrived {
+        Arrived::default()
+    }
+}
+
+/// What input from outside asks of the transport (see [`VirtioDevice::input`]).
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct Arrived {
+    /// Queues to serve now (a NIC's receive queue, with frames waiting for buffers).
+    pub queues: Vec<u16>,
+    /// The device configuration changed (a link went up or down): the driver is told with a
+    /// configuration interrupt.
+    pub config_changed: bool,
 }
 
 #[derive(Debug, Clone)]
@@ -117,6 +136,9 @@ pub struct VirtioPci<D: VirtioDevice> {
     msix_table: Vec<u8>,
     stats: TransportStats,
     faults: crate::faults::FaultHandle,
+    /// Changes whenever the device configuration does (§4.1.4.3), so a driver reading it in
+    /// pieces knows it read one version.
+    config_generation: u8,
 }
 
 impl<D: VirtioDevice> VirtioPci<D> {
@@ -225,6 +247,7 @@ impl<D: VirtioDevice> VirtioPci<D> {
             msix_table: vec![0; vectors as usize * pci::msix::ENTRY_SIZE as usize],
             stats: TransportStats::default(),
             faults: dev_faults,
+            config_generation: 0,
             dev,
         };
         t.reset_transport();
@@ -364,12 +387,34 @@ impl<D: VirtioDevice> VirtioPci<D> {
         self.raise(ctx, v, virtio::isr::CONFIG);
     }
 
-    /// Runs queue `q` until the driver has nothing more for it.
+    /// The driver notified queue `q`: runs it until the driver has nothing more for it.
     fn kick(&mut self, ctx: &mut DeviceContext, q: u16) {
         self.stats.notifications += 1;
         if !self.notification_faults(ctx, q) {
             return;
         }
+        self.serve(ctx, q);
+    }
+
+    /// Input came from outside: the device's configuration may have changed, and queues may
+    /// have work (frames waiting for receive buffers).
+    fn arrived(&mut self, ctx: &mut DeviceContext, a: Arrived) {
+        if a.config_changed {
+            self.config_generation = self.config_generation.wrapping_add(1);
+            self.publish_config();
+            if self.status & DeviceStatus::DRIVER_OK.bits() != 0 {
+                let v = self.config_msix_vector;
+                self.raise(ctx, v, virtio::isr::CONFIG);
+            }
+        }
+        for q in a.queues {
+            self.serve(ctx, q);
+        }
+    }
+
+    /// Runs queue `q` until it has nothing more to do, raising its interrupt as the driver
+    /// asked.
+    fn serve(&mut self, ctx: &mut DeviceContext, q: u16) {
         if self.status & DeviceStatus::DRIVER_OK.bits() == 0
             || self.status & DeviceStatus::DEVICE_NEEDS_RESET.bits() != 0
         {
@@ -424,7 +469,7 @@ impl<D: VirtioDevice> VirtioPci<D> {
             common::CONFIG_MSIX_VECTOR => self.config_msix_vector as u64,
             common::NUM_QUEUES => nq as u64,
             common::DEVICE_STATUS => self.status as u64,
-            common::CONFIG_GENERATION => 0,
+            common::CONFIG_GENERATION => self.config_generation as u64,
             common::QUEUE_SELECT => self.queue_select as u64,
             common::QUEUE_SIZE => q.map_or(0, |q| q.size as u64),
             common::QUEUE_MSIX_VECTOR => q.map_or(NO_VECTOR as u64, |q| q.msix_vector as u64),
@@ -766,6 +811,15 @@ impl<D: VirtioDevice> DeviceBackend for VirtioPci<D> {
 
     fn event(&mut self, ctx: &mut DeviceContext, id: usize) {
         self.kick(ctx, id as u16);
+    }
+
+    fn input_fds(&self) -> Vec<std::os::fd::BorrowedFd<'_>> {
+        self.dev.input_fds()
+    }
+
+    fn input(&mut self, ctx: &mut DeviceContext, id: usize) {
+        let a = self.dev.input(id);
+        self.arrived(ctx, a);
     }
 
     fn before_unmap(&mut self, ctx: &mut DeviceContext, iova: u64, size: u64) {

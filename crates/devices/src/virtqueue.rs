@@ -277,27 +277,48 @@ impl DeviceQueue {
 
     /// Returns a chain to the driver with `len` bytes written.
     pub fn push(&mut self, dma: &DmaMap, head: u16, len: u32) -> Result<(), QueueError> {
-        let (id, len) = match self.corrupt.take() {
-            // An id past the end of the table: no driver ever has it in flight.
-            Some(crate::faults::UsedCorruption::Id) => (self.size as u32 + 7, len),
-            // Claims nothing was written, not even the status byte.
-            Some(crate::faults::UsedCorruption::Len) => (head as u32, 0),
-            None => (head as u32, len),
-        };
-        let mut elem = [0u8; split::USED_ELEM_SIZE as usize];
-        elem[0..4].copy_from_slice(&id.to_le_bytes());
-        elem[4..8].copy_from_slice(&len.to_le_bytes());
-        dma.write(
-            self.used + split::used_entry(self.size, self.used_idx),
-            &elem,
-        )?;
-        self.used_idx = self.used_idx.wrapping_add(1);
+        self.push_all(dma, &[(head, len)])
+    }
+
+    /// Returns chains `(head, bytes written)` to the driver together: their entries first,
+    /// then one store of the used index, so the driver sees all of them or none (a frame
+    /// spread over several receive buffers).
+    pub fn push_all(&mut self, dma: &DmaMap, used: &[(u16, u32)]) -> Result<(), QueueError> {
+        for &(head, len) in used {
+            let (id, len) = match self.corrupt.take() {
+                // An id past the end of the table: no driver ever has it in flight.
+                Some(crate::faults::UsedCorruption::Id) => (self.size as u32 + 7, len),
+                // Claims nothing was written, not even the status byte.
+                Some(crate::faults::UsedCorruption::Len) => (head as u32, 0),
+                None => (head as u32, len),
+            };
+            let mut elem = [0u8; split::USED_ELEM_SIZE as usize];
+            elem[0..4].copy_from_slice(&id.to_le_bytes());
+            elem[4..8].copy_from_slice(&len.to_le_bytes());
+            dma.write(
+                self.used + split::used_entry(self.size, self.used_idx),
+                &elem,
+            )?;
+            self.used_idx = self.used_idx.wrapping_add(1);
+        }
         let (mem, off) = dma.translate(self.used + split::USED_IDX, 2, true)?;
-        // Release: the element written above is visible before the index that publishes it.
+        // Release: the elements written above are visible before the index that publishes them.
         mem.atomic_u16(off)
             .map_err(|_| QueueError::Layout("used idx".into()))?
             .store(self.used_idx, Ordering::Release);
         Ok(())
+    }
+
+    /// Where the next chain will be taken from (see [`DeviceQueue::rewind`]).
+    pub fn next_avail(&self) -> u16 {
+        self.last_avail
+    }
+
+    /// Gives back the chains taken since [`DeviceQueue::next_avail`] said `to` and not
+    /// returned: the device did not use them (a frame that did not fit in the buffers there
+    /// were), and takes them again later.
+    pub fn rewind(&mut self, to: u16) {
+        self.last_avail = to;
     }
 
     /// Makes the next used entry lie (fault injection).

@@ -167,6 +167,64 @@ pub mod isr {
     pub const CONFIG: u8 = 2;
 }
 
+/// The network device (§5.1).
+pub mod net {
+    /// Feature bits of the network device (§5.1.3).
+    pub mod feature {
+        /// The device handles packets with a partial checksum (offload).
+        pub const CSUM: u64 = 1 << 0;
+        /// The device reports its maximum MTU in `mtu`.
+        pub const MTU: u64 = 1 << 3;
+        /// The device has a MAC address in `mac`.
+        pub const MAC: u64 = 1 << 5;
+        /// The driver can merge receive buffers: one frame may span several.
+        pub const MRG_RXBUF: u64 = 1 << 15;
+        /// `status` is valid (link up or down).
+        pub const STATUS: u64 = 1 << 16;
+    }
+
+    /// The first receive queue (§5.1.2).
+    pub const RECEIVEQ: u16 = 0;
+    /// The first transmit queue.
+    pub const TRANSMITQ: u16 = 1;
+
+    /// Device configuration layout (§5.1.4): offsets and size.
+    pub mod config {
+        /// `u8 mac[6]`.
+        pub const MAC: usize = 0;
+        /// `le16 status`.
+        pub const STATUS: usize = 6;
+        /// `le16 max_virtqueue_pairs`.
+        pub const MAX_VIRTQUEUE_PAIRS: usize = 8;
+        /// `le16 mtu`.
+        pub const MTU: usize = 10;
+        /// The fields up to `mtu`.
+        pub const SIZE: usize = 12;
+    }
+
+    /// `status`: the link is up.
+    pub const S_LINK_UP: u16 = 1;
+
+    /// `struct virtio_net_hdr` ahead of every frame (§5.1.6): flags, gso_type, hdr_len,
+    /// gso_size, csum_start, csum_offset, num_buffers — 12 bytes once VERSION_1 is negotiated.
+    pub const HDR_SIZE: usize = 12;
+    /// Header: `u8 flags`.
+    pub const HDR_FLAGS: usize = 0;
+    /// Header: `u8 gso_type`.
+    pub const HDR_GSO_TYPE: usize = 1;
+    /// Header: `le16 num_buffers`.
+    pub const HDR_NUM_BUFFERS: usize = 10;
+    /// `flags`: the checksum is partial (only with CSUM).
+    pub const HDR_F_NEEDS_CSUM: u8 = 1;
+    /// `gso_type`: not a GSO frame.
+    pub const GSO_NONE: u8 = 0;
+
+    /// An Ethernet header: destination, source, type.
+    pub const ETH_HEADER: usize = 14;
+    /// The shortest frame a NIC sends (without the frame check sequence).
+    pub const ETH_MIN_FRAME: usize = 60;
+}
+
 /// The split virtqueue layout (§2.7).
 pub mod split {
     /// Largest queue size a split queue may have.

@@ -272,6 +272,14 @@ pub trait DeviceBackend {
     }
     /// An event fd fired.
     fn event(&mut self, _ctx: &mut DeviceContext, _id: usize) {}
+    /// Descriptors the device reads input from itself (a NIC's wire or TAP interface): the
+    /// server polls them for readability and calls [`DeviceBackend::input`] with each one's
+    /// position in this list, without reading anything from them.
+    fn input_fds(&self) -> Vec<BorrowedFd<'_>> {
+        Vec::new()
+    }
+    /// Input descriptor `id` is readable.
+    fn input(&mut self, _ctx: &mut DeviceContext, _id: usize) {}
     /// The client changed the interrupt set-up of IRQ `index`.
     fn irqs_changed(&mut self, _ctx: &mut DeviceContext, _index: u32) {}
     /// A DMA region is about to be unmapped; the device must stop using it.
@@ -304,6 +312,8 @@ pub enum Source {
     Connection,
     /// Device event fd `n` fired.
     Event(usize),
+    /// Device input descriptor `n` is readable.
+    Input(usize),
     /// A client that came while another one was being served sent its first message.
     TurnedAway(usize),
 }
@@ -409,6 +419,9 @@ impl<B: DeviceBackend> Server<B> {
         for (i, fd) in self.backend.event_fds().into_iter().enumerate() {
             v.push((fd, Source::Event(i)));
         }
+        for (i, fd) in self.backend.input_fds().into_iter().enumerate() {
+            v.push((fd, Source::Input(i)));
+        }
         v
     }
 
@@ -426,6 +439,10 @@ impl<B: DeviceBackend> Server<B> {
                     let _ = rustix::io::read(fd, &mut counter);
                 }
                 self.backend.event(&mut self.ctx, id);
+                Ok(())
+            }
+            Source::Input(id) => {
+                self.backend.input(&mut self.ctx, id);
                 Ok(())
             }
             Source::TurnedAway(i) => {

@@ -1,0 +1,759 @@
+//! Virtio network device model (virtio v1.2 §5.1), behind [`crate::virtio_pci::VirtioPci`].
+//!
+//! One receive and one transmit queue (§5.1.2), the modern interface only. Offered features:
+//! `MAC`, `STATUS` (link up or down, with a configuration interrupt when it changes), `MTU`,
+//! and `MRG_RXBUF` (a frame may span several receive buffers; without it each buffer must hold
+//! a whole frame). No checksum or segmentation offload: frames cross whole, as sent.
+//!
+//! Frames leave and arrive through a [`Wire`]: a datagram-preserving socket (`SOCK_SEQPACKET`
+//! or `SOCK_DGRAM`) on which each message is one Ethernet frame without its check sequence.
+//! Two models joined by a socket pair are two NICs on one cable. The wire is non-blocking and
+//! polled by the model's server ([`VirtioDevice::input_fds`]): arriving frames wait in a
+//! bounded backlog until the driver posts receive buffers, and are dropped (and counted) when
+//! the backlog is full, the link is down, or a frame is longer than the MTU allows.
+//!
+//! Everything the driver wrote is checked: a transmit chain shorter than its header or with a
+//! frame shorter than an Ethernet header or longer than the MTU allows is dropped and
+//! counted; a receive chain with device-readable buffers is returned unused.
+
+use std::collections::VecDeque;
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+
+use outboard_spec::virtio::{self, net};
+use outboard_vfio_user::DmaMap;
+
+use crate::faults::FaultHandle;
+use crate::virtio_pci::{Arrived, VirtioDevice};
+use crate::virtqueue::{Chain, DeviceQueue, QueueError, Segment};
+
+/// Largest queue the device offers.
+pub const QUEUE_SIZE: u16 = 256;
+/// Frames waiting for receive buffers at most; more are dropped.
+pub const BACKLOG: usize = 256;
+/// Frames taken from the wire per readiness, so transmit and the other sources get a turn.
+const INPUT_BUDGET: usize = 64;
+/// An 802.1Q tag a frame may carry beyond the MTU's payload.
+const VLAN_TAG: usize = 4;
+
+/// How a NIC is configured.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct NetOptions {
+    /// Its MAC address.
+    pub mac: [u8; 6],
+    /// Largest payload of a frame (the IP packet), 68..=65535.
+    pub mtu: u16,
+    /// The link is up at power-on.
+    pub link_up: bool,
+}
+
+impl Default for NetOptions {
+    fn default() -> Self {
+        Self {
+            // A locally administered unicast address.
+            mac: [0x02, 0x00, 0x00, 0x00, 0x00, 0x01],
+            mtu: 1500,
+            link_up: true,
+        }
+    }
+}
+
+impl NetOptions {
+    /// The longest frame it sends or takes: the MTU's payload, an Ethernet header and a VLAN
+    /// tag.
+    pub fn max_frame(&self) -> usize {
+        self.mtu as usize + net::ETH_HEADER + VLAN_TAG
+    }
+}
+
+/// Where a NIC's frames go and come from: a socket that keeps message boundaries, one frame a
+/// message.
+#[derive(Debug)]
+pub struct Wire(OwnedFd);
+
+impl Wire {
+    /// A wire over `fd` (a `SOCK_SEQPACKET` or `SOCK_DGRAM` socket); made non-blocking.
+    pub fn new(fd: OwnedFd) -> std::io::Result<Self> {
+        let flags = rustix::fs::fcntl_getfl(&fd)?;
+        rustix::fs::fcntl_setfl(&fd, flags | rustix::fs::OFlags::NONBLOCK)?;
+        Ok(Self(fd))
+    }
+
+    /// Two wires joined to each other: two NICs on one cable.
+    pub fn pair() -> std::io::Result<(Self, Self)> {
+        let (a, b) = rustix::net::socketpair(
+            rustix::net::AddressFamily::UNIX,
+            rustix::net::SocketType::SEQPACKET,
+            rustix::net::SocketFlags::CLOEXEC,
+            None,
+        )?;
+        Ok((Self::new(a)?, Self::new(b)?))
+    }
+
+    /// Sends one frame; false if the wire could not take it within a short wait (the peer
+    /// does not read) or is gone.
+    fn send(&self, frame: &[u8]) -> bool {
+        use rustix::net::SendFlags;
+        for _ in 0..2 {
+            match rustix::net::send(&self.0, frame, SendFlags::NOSIGNAL | SendFlags::DONTWAIT) {
+                Ok(_) => return true,
+                Err(rustix::io::Errno::AGAIN) => {
+                    // The peer is behind: give it a moment, as a real link's pause would.
+                    let mut p = [rustix::event::PollFd::new(
+                        &self.0,
+                        rustix::event::PollFlags::OUT,
+                    )];
+                    let wait = rustix::time::Timespec {
+                        tv_sec: 0,
+                        tv_nsec: 5_000_000,
+                    };
+                    let _ = rustix::event::poll(&mut p, Some(&wait));
+                }
+                Err(rustix::io::Errno::INTR) => {}
+                Err(_) => return false,
+            }
+        }
+        false
+    }
+
+    /// Takes the next frame into `buf`: its length, `Ok(None)` if none waits, or an error if
+    /// the wire is gone. A frame longer than `buf` comes back with its whole length (it was
+    /// cut short: the caller drops it).
+    fn recv(&self, buf: &mut [u8]) -> std::io::Result<Option<usize>> {
+        use rustix::net::RecvFlags;
+        loop {
+            match rustix::net::recv(&self.0, &mut *buf, RecvFlags::DONTWAIT | RecvFlags::TRUNC) {
+                Ok((_, 0)) => return Err(std::io::ErrorKind::UnexpectedEof.into()),
+                Ok((_, n)) => return Ok(Some(n)),
+                Err(rustix::io::Errno::AGAIN) => return Ok(None),
+                Err(rustix::io::Errno::INTR) => {}
+                Err(e) => return Err(e.into()),
+            }
+        }
+    }
+}
+
+/// Counters.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct NetStats {
+    /// Frames sent on the wire.
+    pub tx_frames: u64,
+    /// Their bytes.
+    pub tx_bytes: u64,
+    /// Transmit chains dropped: malformed, too short or too long, link down, wire full.
+    pub tx_dropped: u64,
+    /// Frames written into receive buffers.
+    pub rx_frames: u64,
+    /// Their bytes.
+    pub rx_bytes: u64,
+    /// Frames from the wire dropped: backlog full, too long, link down, or no buffer they
+    /// fit in.
+    pub rx_dropped: u64,
+    /// Receive chains returned unused (they had device-readable buffers).
+    pub rx_bad_buffers: u64,
+}
+
+/// The network device model.
+#[derive(Debug)]
+pub struct VirtioNet {
+    opts: NetOptions,
+    wire: Option<Wire>,
+    link_up: bool,
+    mergeable: bool,
+    backlog: VecDeque<Vec<u8>>,
+    faults: FaultHandle,
+    stats: NetStats,
+    /// A transmitted frame is read here (reused).
+    scratch: Vec<u8>,
+    chain: Chain,
+    /// Receive chains taken for the frame being placed (reused).
+    pool: Vec<Chain>,
+    used: Vec<(u16, u32)>,
+    /// Frame buffers given back by the receive path, for the next frames from the wire.
+    spare: Vec<Vec<u8>>,
+}
+
+impl VirtioNet {
+    /// A NIC with `opts`, on `wire` (none: a cable that is not plugged in, whose frames go
+    /// nowhere).
+    pub fn new(opts: NetOptions, wire: Option<Wire>) -> Self {
+        Self {
+            link_up: opts.link_up && wire.is_some(),
+            opts,
+            wire,
+            mergeable: false,
+            backlog: VecDeque::new(),
+            faults: FaultHandle::default(),
+            stats: NetStats::default(),
+            scratch: Vec::new(),
+            chain: Chain::default(),
+            pool: Vec::new(),
+            used: Vec::new(),
+            spare: Vec::new(),
+        }
+    }
+
+    /// Counters.
+    pub fn stats(&self) -> NetStats {
+        self.stats
+    }
+
+    /// Sets the link up or down; true if that changed it (the driver is then told).
+    pub fn set_link(&mut self, up: bool) -> bool {
+        let up = up && self.wire.is_some();
+        let changed = up != self.link_up;
+        self.link_up = up;
+        if !up {
+            self.stats.rx_dropped += self.backlog.len() as u64;
+            self.backlog.clear();
+        }
+        changed
+    }
+
+    /// Sends one transmit chain's frame (after its header) on the wire.
+    fn transmit(&mut self, chain: &Chain, dma: &DmaMap) {
+        let total = chain.readable_len() as usize;
+        let frame_len = total.saturating_sub(net::HDR_SIZE);
+        if total < net::HDR_SIZE
+            || frame_len < net::ETH_HEADER
+            || frame_len > self.opts.max_frame()
+            || !self.link_up
+        {
+            self.stats.tx_dropped += 1;
+            return;
+        }
+        self.scratch.resize(total, 0);
+        if gather(dma, &chain.segments, &mut self.scratch).is_err() {
+            self.stats.tx_dropped += 1;
+            return;
+        }
+        let frame = &self.scratch[net::HDR_SIZE..];
+        match self.wire.as_ref().is_some_and(|w| w.send(frame)) {
+            true => {
+                self.stats.tx_frames += 1;
+                self.stats.tx_bytes += frame.len() as u64;
+            }
+            false => self.stats.tx_dropped += 1,
+        }
+    }
+
+    /// Places waiting frames into the receive buffers the driver posted, until either runs
+    /// out. A frame goes whole or waits: with mergeable buffers over as many chains as it
+    /// needs (all published at once, `num_buffers` saying how many), else into one chain (a
+    /// chain too small for it is returned empty and the frame dropped).
+    fn receive(&mut self, queue: &mut DeviceQueue, dma: &DmaMap) -> Result<(), QueueError> {
+        while let Some(frame) = self.backlog.front() {
+            let need = frame.len() as u64;
+            let start = queue.next_avail();
+            let (mut n, mut room, mut bad) = (0usize, 0u64, false);
+            while room < need && (self.mergeable || n == 0) {
+                if self.pool.len() == n {
+                    self.pool.push(Chain::default());
+                }
+                if !queue.pop_into(dma, &mut self.pool[n])? {
+                    break;
+                }
+                n += 1;
+                if self.pool[n - 1].readable_len() > 0 {
+                    bad = true;
+                    break;
+                }
+                room += self.pool[n - 1].writable_len();
+            }
+            self.used.clear();
+            if bad {
+                // A receive chain the device may not write into whole: every chain taken for
+                // this frame goes back unused, and the frame waits for the next ones.
+                self.stats.rx_bad_buffers += 1;
+                self.used.extend(self.pool[..n].iter().map(|c| (c.head, 0)));
+                queue.push_all(dma, &self.used)?;
+                continue;
+            }
+            if room < need {
+                if self.mergeable || n == 0 {
+                    // Not enough buffers yet: they go back, the frame waits for more.
+                    queue.rewind(start);
+                    return Ok(());
+                }
+                self.stats.rx_dropped += 1;
+                self.backlog.pop_front();
+                self.used.push((self.pool[0].head, 0));
+                queue.push_all(dma, &self.used)?;
+                continue;
+            }
+            let mut frame = self.backlog.pop_front().expect("looked at");
+            frame[net::HDR_NUM_BUFFERS..net::HDR_NUM_BUFFERS + 2]
+                .copy_from_slice(&(n as u16).to_le_bytes());
+            let mut at = 0usize;
+            let mut reached = true;
+            for c in &self.pool[..n] {
+                let (written, ok) = scatter(dma, &c.segments, &frame[at..]);
+                reached &= ok;
+                at += written as usize;
+                self.used.push((c.head, written));
+            }
+            if reached {
+                self.stats.rx_frames += 1;
+                self.stats.rx_bytes += (frame.len() - net::HDR_SIZE) as u64;
+            } else {
+                self.stats.rx_dropped += 1;
+            }
+            queue.push_all(dma, &self.used)?;
+            self.spare.push(frame);
+        }
+        Ok(())
+    }
+}
+
+/// Reads a chain's device-readable bytes into `out` (exactly its length).
+fn gather(dma: &DmaMap, segs: &[Segment], out: &mut [u8]) -> Result<(), QueueError> {
+    let mut at = 0;
+    for s in segs.iter().filter(|s| !s.write) {
+        let n = (s.len as usize).min(out.len() - at);
+        dma.read(s.addr, &mut out[at..at + n])?;
+        at += n;
+    }
+    Ok(())
+}
+
+/// Writes the start of `data` into a chain's writable buffers, in order, until they are full
+/// or it is all written: the bytes written, and false if a buffer was not reachable.
+fn scatter(dma: &DmaMap, segs: &[Segment], data: &[u8]) -> (u32, bool) {
+    let mut at = 0usize;
+    for s in segs.iter().filter(|s| s.write) {
+        if at == data.len() {
+            break;
+        }
+        let n = (s.len as usize).min(data.len() - at);
+        if dma.write(s.addr, &data[at..at + n]).is_err() {
+            return (at as u32, false);
+        }
+        at += n;
+    }
+    (at as u32, true)
+}
+
+impl VirtioDevice for VirtioNet {
+    fn device_id(&self) -> u16 {
+        virtio::DEVICE_ID_NET
+    }
+
+    fn faults(&self) -> FaultHandle {
+        self.faults.clone()
+    }
+
+    fn class(&self) -> u32 {
+        0x02_00_00 // network controller, Ethernet
+    }
+
+    fn features(&self) -> u64 {
+        net::feature::MAC | net::feature::STATUS | net::feature::MTU | net::feature::MRG_RXBUF
+    }
+
+    fn num_queues(&self) -> u16 {
+        2
+    }
+
+    fn max_queue_size(&self) -> u16 {
+        QUEUE_SIZE
+    }
+
+    fn config(&self) -> Vec<u8> {
+        let mut c = vec![0u8; net::config::SIZE];
+        c[net::config::MAC..net::config::MAC + 6].copy_from_slice(&self.opts.mac);
+        let status = if self.link_up { net::S_LINK_UP } else { 0 };
+        c[net::config::STATUS..net::config::STATUS + 2].copy_from_slice(&status.to_le_bytes());
+        c[net::config::MAX_VIRTQUEUE_PAIRS..net::config::MAX_VIRTQUEUE_PAIRS + 2]
+            .copy_from_slice(&1u16.to_le_bytes());
+        c[net::config::MTU..net::config::MTU + 2].copy_from_slice(&self.opts.mtu.to_le_bytes());
+        c
+    }
+
+    fn activate(&mut self, features: u64) {
+        self.mergeable = features & net::feature::MRG_RXBUF != 0;
+    }
+
+    fn reset(&mut self) {
+        self.mergeable = false;
+        self.backlog.clear();
+    }
+
+    fn process(
+        &mut self,
+        index: u16,
+        queue: &mut DeviceQueue,
+        dma: &DmaMap,
+    ) -> Result<(), QueueError> {
+        match index {
+            net::RECEIVEQ => self.receive(queue, dma),
+            net::TRANSMITQ => {
+                let mut chain = std::mem::take(&mut self.chain);
+                let served = queue.serve(dma, &mut chain, |c| {
+                    self.transmit(c, dma);
+                    0
+                });
+                self.chain = chain;
+                served
+            }
+            _ => Ok(()),
+        }
+    }
+
+    fn input_fds(&self) -> Vec<BorrowedFd<'_>> {
+        self.wire.iter().map(|w| w.0.as_fd()).collect()
+    }
+
+    fn input(&mut self, _id: usize) -> Arrived {
+        let max = self.opts.max_frame();
+        let mut gone = false;
+        for _ in 0..INPUT_BUDGET {
+            let Some(w) = self.wire.as_ref() else { break };
+            // Each frame is read behind room for its header, which the receive path fills in
+            // place: a frame is copied once, from the wire, and DMAed once.
+            let mut buf = self.spare.pop().unwrap_or_default();
+            buf.clear();
+            buf.resize(net::HDR_SIZE + max + 1, 0);
+            match w.recv(&mut buf[net::HDR_SIZE..]) {
+                Ok(Some(n)) if n > max || n < net::ETH_HEADER || !self.link_up => {
+                    self.stats.rx_dropped += 1;
+                    self.spare.push(buf);
+                }
+                Ok(Some(_)) if self.backlog.len() >= BACKLOG => {
+                    self.stats.rx_dropped += 1;
+                    self.spare.push(buf);
+                }
+                Ok(Some(n)) => {
+                    buf.truncate(net::HDR_SIZE + n);
+                    buf[..net::HDR_SIZE].fill(0);
+                    buf[net::HDR_GSO_TYPE] = net::GSO_NONE;
+                    self.backlog.push_back(buf);
+                }
+                Ok(None) => {
+                    self.spare.push(buf);
+                    break;
+                }
+                Err(_) => {
+                    gone = true;
+                    break;
+                }
+            }
+        }
+        let mut arrived = Arrived::default();
+        if gone {
+            // The other end of the cable is gone: the link goes down and stays down.
+            tracing::warn!("virtio-net: the wire's other end is gone; link down");
+            self.wire = None;
+            arrived.config_changed = self.set_link(false);
+        }
+        if !self.backlog.is_empty() {
+            arrived.queues.push(net::RECEIVEQ);
+        }
+        arrived
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use outboard_shm::SharedMem;
+    use outboard_spec::virtio::split;
+    use std::time::Duration;
+
+    const SIZE: u16 = 16;
+
+    /// A driver's side of one queue, in guest memory of its own: descriptors, available and
+    /// used rings at fixed places, buffers after them.
+    struct Guest {
+        mem: SharedMem,
+        dma: DmaMap,
+        queue: DeviceQueue,
+        next_desc: u16,
+        avail_idx: u16,
+        seen_used: u16,
+        next_buf: u64,
+    }
+
+    const DESC: u64 = 0x1000;
+    const AVAIL: u64 = 0x2000;
+    const USED: u64 = 0x3000;
+    const BUFS: u64 = 0x10000;
+
+    impl Guest {
+        fn new() -> Self {
+            let mem = SharedMem::create("net", 1 << 20).unwrap();
+            let mut dma = DmaMap::new(Duration::from_secs(1));
+            let req = outboard_vfio_user::wire::DmaMap {
+                argsz: 32,
+                flags: 3,
+                offset: 0,
+                addr: 0,
+                size: 1 << 20,
+            };
+            dma.map(&req, Some(mem.fd().unwrap().try_clone_to_owned().unwrap()))
+                .unwrap();
+            let queue = DeviceQueue::new(SIZE, DESC, AVAIL, USED, 0).unwrap();
+            Self {
+                mem,
+                dma,
+                queue,
+                next_desc: 0,
+                avail_idx: 0,
+                seen_used: 0,
+                next_buf: BUFS,
+            }
+        }
+
+        /// Posts one chain of buffers (`(bytes to put in it, writable)` each); its head.
+        fn post(&mut self, bufs: &[(Vec<u8>, bool)]) -> u16 {
+            let head = self.next_desc;
+            for (i, (data, write)) in bufs.iter().enumerate() {
+                let d = self.next_desc;
+                self.next_desc = (self.next_desc + 1) % SIZE;
+                let addr = self.next_buf;
+                self.next_buf += data.len().max(1) as u64;
+                self.mem.write(addr, data).unwrap();
+                let o = DESC + 16 * u64::from(d);
+                let last = i + 1 == bufs.len();
+                let mut flags = if *write { split::DESC_F_WRITE } else { 0 };
+                if !last {
+                    flags |= split::DESC_F_NEXT;
+                }
+                self.mem.write_u64(o, addr).unwrap();
+                self.mem.write_u32(o + 8, data.len() as u32).unwrap();
+                self.mem.write_u16(o + 12, flags).unwrap();
+                self.mem.write_u16(o + 14, self.next_desc).unwrap();
+            }
+            self.mem
+                .write_u16(AVAIL + split::avail_entry(SIZE, self.avail_idx), head)
+                .unwrap();
+            self.avail_idx = self.avail_idx.wrapping_add(1);
+            self.mem
+                .write_u16(AVAIL + split::AVAIL_IDX, self.avail_idx)
+                .unwrap();
+            head
+        }
+
+        /// A receive chain of one writable buffer of `len` bytes.
+        fn post_rx(&mut self, len: usize) -> u16 {
+            self.post(&[(vec![0xee; len], true)])
+        }
+
+        /// A transmit chain: the header, then `frame` split in two buffers.
+        fn post_tx(&mut self, frame: &[u8]) -> u16 {
+            let (a, b) = frame.split_at(frame.len() / 2);
+            self.post(&[
+                (vec![0; net::HDR_SIZE], false),
+                (a.to_vec(), false),
+                (b.to_vec(), false),
+            ])
+        }
+
+        /// Used entries published since the last call: (head, length).
+        fn used(&mut self) -> Vec<(u16, u32)> {
+            let idx = self.mem.read_u16(USED + split::USED_IDX).unwrap();
+            let mut v = Vec::new();
+            while self.seen_used != idx {
+                let o = USED + split::used_entry(SIZE, self.seen_used);
+                let id = self.mem.read_u32(o).unwrap() as u16;
+                let len = self.mem.read_u32(o + 4).unwrap();
+                v.push((id, len));
+                self.seen_used = self.seen_used.wrapping_add(1);
+            }
+            v
+        }
+
+        /// The bytes of the first `len` bytes written into chain `head`'s buffers.
+        fn written(&self, head: u16, len: u32) -> Vec<u8> {
+            let mut out = Vec::new();
+            let mut d = head;
+            while (out.len() as u32) < len {
+                let o = DESC + 16 * u64::from(d);
+                let addr = self.mem.read_u64(o).unwrap();
+                let blen = self.mem.read_u32(o + 8).unwrap();
+                let n = blen.min(len - out.len() as u32) as usize;
+                let mut b = vec![0; n];
+                self.mem.read(addr, &mut b).unwrap();
+                out.extend(b);
+                d = self.mem.read_u16(o + 14).unwrap();
+            }
+            out
+        }
+    }
+
+    fn frame(len: usize, seed: u8) -> Vec<u8> {
+        let mut f: Vec<u8> = (0..len)
+            .map(|i| (i as u8).wrapping_mul(31) ^ seed)
+            .collect();
+        f[..6].copy_from_slice(&[0x02, 0, 0, 0, 0, 2]);
+        f[6..12].copy_from_slice(&[0x02, 0, 0, 0, 0, 1]);
+        f
+    }
+
+    fn nics(mergeable: bool) -> (VirtioNet, VirtioNet) {
+        let (a, b) = Wire::pair().unwrap();
+        let mut x = VirtioNet::new(NetOptions::default(), Some(a));
+        let mut y = VirtioNet::new(NetOptions::default(), Some(b));
+        let f = if mergeable {
+            net::feature::MRG_RXBUF
+        } else {
+            0
+        };
+        x.activate(f);
+        y.activate(f);
+        (x, y)
+    }
+
+    /// One frame from `tx`'s transmit queue into `rx`'s receive queue.
+    fn send(tx: &mut VirtioNet, txq: &mut Guest, rx: &mut VirtioNet, f: &[u8]) -> Arrived {
+        let head = txq.post_tx(f);
+        tx.process(net::TRANSMITQ, &mut txq.queue, &txq.dma)
+            .unwrap();
+        assert_eq!(txq.used(), vec![(head, 0)], "the transmit chain comes back");
+        rx.input(0)
+    }
+
+    #[test]
+    fn frames_of_every_size_cross_a_wire_intact_and_in_order() {
+        let (mut a, mut b) = nics(false);
+        let (mut txq, mut rxq) = (Guest::new(), Guest::new());
+        for (i, len) in [60usize, 61, 64, 128, 512, 1000, 1513, 1514]
+            .into_iter()
+            .enumerate()
+        {
+            let f = frame(len, i as u8);
+            let arrived = send(&mut a, &mut txq, &mut b, &f);
+            assert_eq!(arrived.queues, vec![net::RECEIVEQ]);
+            let head = rxq.post_rx(net::HDR_SIZE + 1514);
+            b.process(net::RECEIVEQ, &mut rxq.queue, &rxq.dma).unwrap();
+            let used = rxq.used();
+            assert_eq!(used, vec![(head, (net::HDR_SIZE + len) as u32)], "{len}");
+            let got = rxq.written(head, used[0].1);
+            assert_eq!(
+                &got[net::HDR_NUM_BUFFERS..net::HDR_SIZE],
+                &1u16.to_le_bytes()
+            );
+            assert!(
+                got[net::HDR_SIZE..] == f[..],
+                "frame of {len} bytes differs"
+            );
+        }
+        assert_eq!(a.stats().tx_frames, 8);
+        assert_eq!(b.stats().rx_frames, 8);
+        assert_eq!(b.stats().rx_dropped + a.stats().tx_dropped, 0);
+    }
+
+    #[test]
+    fn a_frame_spreads_over_mergeable_buffers_and_waits_until_there_are_enough() {
+        let (mut a, mut b) = nics(true);
+        let (mut txq, mut rxq) = (Guest::new(), Guest::new());
+        let f = frame(1514, 9);
+        send(&mut a, &mut txq, &mut b, &f);
+        // 1526 bytes with the header: two 512-byte buffers are not enough; it waits.
+        let first = [rxq.post_rx(512), rxq.post_rx(512)];
+        b.process(net::RECEIVEQ, &mut rxq.queue, &rxq.dma).unwrap();
+        assert!(rxq.used().is_empty());
+        let third = rxq.post_rx(512);
+        b.process(net::RECEIVEQ, &mut rxq.queue, &rxq.dma).unwrap();
+        let used = rxq.used();
+        assert_eq!(
+            used,
+            vec![(first[0], 512), (first[1], 512), (third, 1526 - 1024)]
+        );
+        let mut got = Vec::new();
+        for &(h, len) in &used {
+            got.extend(rxq.written(h, len));
+        }
+        assert_eq!(
+            &got[net::HDR_NUM_BUFFERS..net::HDR_SIZE],
+            &3u16.to_le_bytes()
+        );
+        assert!(got[net::HDR_SIZE..] == f[..]);
+    }
+
+    #[test]
+    fn a_buffer_too_small_without_mergeable_buffers_drops_the_frame_only() {
+        let (mut a, mut b) = nics(false);
+        let (mut txq, mut rxq) = (Guest::new(), Guest::new());
+        send(&mut a, &mut txq, &mut b, &frame(1000, 1));
+        send(&mut a, &mut txq, &mut b, &frame(100, 2));
+        let small = rxq.post_rx(512);
+        let big = rxq.post_rx(2048);
+        b.process(net::RECEIVEQ, &mut rxq.queue, &rxq.dma).unwrap();
+        assert_eq!(
+            rxq.used(),
+            vec![(small, 0), (big, (net::HDR_SIZE + 100) as u32)]
+        );
+        assert_eq!(b.stats().rx_dropped, 1);
+        assert_eq!(b.stats().rx_frames, 1);
+    }
+
+    #[test]
+    fn malformed_chains_are_refused_and_counted_and_the_rest_flows() {
+        let (mut a, mut b) = nics(false);
+        let (mut txq, mut rxq) = (Guest::new(), Guest::new());
+        // Transmit: shorter than its header; a frame shorter than an Ethernet header; one
+        // longer than the MTU allows. None reaches the wire.
+        txq.post(&[(vec![0; 5], false)]);
+        txq.post(&[(vec![0; net::HDR_SIZE + 10], false)]);
+        txq.post(&[(vec![0; net::HDR_SIZE + 1600], false)]);
+        a.process(net::TRANSMITQ, &mut txq.queue, &txq.dma).unwrap();
+        assert_eq!(txq.used().len(), 3);
+        assert_eq!(a.stats().tx_dropped, 3);
+        assert!(b.input(0).queues.is_empty(), "nothing crossed the wire");
+        // Receive: a chain with a device-readable buffer is handed back unused; the frame
+        // goes into the next good one.
+        send(&mut a, &mut txq, &mut b, &frame(200, 3));
+        let bad = rxq.post(&[(vec![0; 16], false), (vec![0; 2048], true)]);
+        b.process(net::RECEIVEQ, &mut rxq.queue, &rxq.dma).unwrap();
+        assert_eq!(rxq.used(), vec![(bad, 0)]);
+        let good = rxq.post_rx(2048);
+        b.process(net::RECEIVEQ, &mut rxq.queue, &rxq.dma).unwrap();
+        assert_eq!(rxq.used(), vec![(good, (net::HDR_SIZE + 200) as u32)]);
+        assert_eq!(b.stats().rx_bad_buffers, 1);
+    }
+
+    #[test]
+    fn the_link_goes_down_when_the_other_end_of_the_wire_is_gone() {
+        let (a, mut b) = nics(false);
+        assert_eq!(
+            u16::from_le_bytes([b.config()[net::config::STATUS], b.config()[7]]),
+            net::S_LINK_UP
+        );
+        drop(a);
+        let arrived = b.input(0);
+        assert!(arrived.config_changed);
+        assert_eq!(
+            u16::from_le_bytes([b.config()[net::config::STATUS], b.config()[7]]),
+            0
+        );
+        assert!(
+            b.input_fds().is_empty(),
+            "the dead wire is no longer polled"
+        );
+        let c = b.config();
+        assert_eq!(&c[..6], &NetOptions::default().mac);
+        assert_eq!(u16::from_le_bytes([c[10], c[11]]), 1500);
+    }
+
+    #[test]
+    fn a_full_backlog_drops_and_counts_what_does_not_fit() {
+        let (mut a, mut b) = nics(false);
+        let mut txq = Guest::new();
+        let total = BACKLOG + 10;
+        for i in 0..total {
+            txq.post_tx(&frame(60, i as u8));
+            a.process(net::TRANSMITQ, &mut txq.queue, &txq.dma).unwrap();
+            txq.used();
+            // Buffers are reused: the queue has 16 entries, the memory is not endless.
+            txq.next_buf = BUFS;
+            if i % 16 == 15 {
+                b.input(0);
+            }
+        }
+        for _ in 0..10 {
+            b.input(0);
+        }
+        assert_eq!(a.stats().tx_frames, total as u64);
+        assert_eq!(b.backlog.len(), BACKLOG);
+        assert_eq!(b.stats().rx_dropped, 10);
+    }
+}

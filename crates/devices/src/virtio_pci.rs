@@ -424,21 +424,29 @@ impl<D: VirtioDevice> VirtioPci<D> {
             return;
         };
         let vector = self.queues[q as usize].msix_vector;
+        // Passes in a row that used nothing: a queue may keep chains available that the
+        // device leaves for later (a NIC's receive buffers wait for frames), so "more are
+        // available" means more work only while passes use something. One idle pass more is
+        // run after notifications are back on, for chains that came meanwhile unannounced.
+        let mut idle = 0;
         let result = loop {
             let old = queue.used_idx();
             if let Err(e) = self.dev.process(q, &mut queue, &ctx.dma) {
                 break Err(e);
             }
             if queue.used_idx() != old {
+                idle = 0;
                 match queue.should_notify(&ctx.dma, old) {
                     Ok(true) => self.raise(ctx, vector, virtio::isr::QUEUE),
                     Ok(false) => self.stats.suppressed += 1,
                     Err(e) => break Err(e),
                 }
+            } else {
+                idle += 1;
             }
             match queue.enable_notifications(&ctx.dma) {
-                Ok(true) => continue,
-                Ok(false) => break Ok(()),
+                Ok(true) if idle < 2 => continue,
+                Ok(_) => break Ok(()),
                 Err(e) => break Err(e),
             }
         };

@@ -15,6 +15,7 @@ pub mod personality;
 pub mod virtio;
 pub mod virtio_blk;
 pub mod virtio_block;
+pub mod virtio_net;
 pub mod virtio_rng;
 
 pub use personality::{

@@ -92,6 +92,28 @@ impl InProcess {
         }
     }
 
+    /// Lets the device model take the input waiting on its own descriptors (a NIC's wire),
+    /// as its server's loop would when they became readable; how many were readable.
+    pub fn pump_input(&self) -> usize {
+        let mut st = self.shared.lock();
+        let (dev, ctx) = &mut *st;
+        let ready: Vec<usize> = dev
+            .input_fds()
+            .iter()
+            .enumerate()
+            .filter(|(_, fd)| {
+                let mut p = [rustix::event::PollFd::new(fd, rustix::event::PollFlags::IN)];
+                rustix::event::poll(&mut p, Some(&rustix::time::Timespec::default()))
+                    .is_ok_and(|n| n > 0)
+            })
+            .map(|(i, _)| i)
+            .collect();
+        for &i in &ready {
+            dev.input(ctx, i);
+        }
+        ready.len()
+    }
+
     /// Runs `f` on the device model (fault injection, inspection).
     pub fn with_device<R>(
         &self,

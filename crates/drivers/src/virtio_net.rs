@@ -1,0 +1,329 @@
+//! Native virtio-net driver (virtio v1.2 §5.1): its device part, on the generic virtio code
+//! ([`crate::virtio::device`]) for bring-up, interrupts and needs-reset.
+//!
+//! One receive and one transmit queue. Receive buffers are fixed slots of one DMA area, kept
+//! posted: the driver reposts each as soon as its frame is taken, one doorbell per batch.
+//! With `MRG_RXBUF` a slot is 2 KiB and a frame may span several (`num_buffers` says how
+//! many); without it each slot holds a whole frame of the device's MTU. Transmit copies each frame behind a zeroed
+//! header into a slot of its own and publishes a batch with one doorbell; a slot is free again
+//! once the device returns its chain.
+//!
+//! Everything the device writes is checked before it is believed: a used id that is not a
+//! posted slot, a length shorter than the header or longer than the buffers, a `num_buffers`
+//! of zero or more buffers than came — each is a device error (the frame is dropped and
+//! counted), never an out-of-bounds read. Not yet bound to a class: the net class comes next.
+
+use outboard_hw::{DmaBuf, PciFunction, PciIdentity};
+use outboard_spec::virtio::{self, feature as vfeature, net};
+
+use crate::virtio::{Buf, Negotiation, VirtQueue, VirtioDevice, VirtioError};
+
+/// Largest queues the driver sets up.
+pub const MAX_QUEUE_SIZE: u16 = 256;
+/// A receive slot with mergeable buffers.
+const MERGEABLE_SLOT: usize = 2048;
+/// Features the driver accepts.
+pub const SUPPORTED_FEATURES: u64 = vfeature::VERSION_1
+    | vfeature::ACCESS_PLATFORM
+    | vfeature::RING_EVENT_IDX
+    | net::feature::MAC
+    | net::feature::STATUS
+    | net::feature::MTU
+    | net::feature::MRG_RXBUF;
+
+/// Whether `id` is a virtio network device (modern or transitional).
+pub fn matches(id: &PciIdentity) -> bool {
+    id.vendor == virtio::PCI_VENDOR_ID
+        && (id.device == virtio::PCI_DEVICE_ID_BASE + virtio::DEVICE_ID_NET
+            || (id.device == 0x1000 && id.subsystem == virtio::DEVICE_ID_NET))
+}
+
+/// What the device says of itself.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct NetInfo {
+    /// Its MAC address (all zero if it has none: `MAC` not offered).
+    pub mac: [u8; 6],
+    /// Largest payload it takes (1500 if it does not say).
+    pub mtu: u16,
+    /// Receive buffers merge.
+    pub mergeable: bool,
+}
+
+/// Counters.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct NetDriverStats {
+    /// Frames handed to the device.
+    pub tx_frames: u64,
+    /// Frames received whole.
+    pub rx_frames: u64,
+    /// Received frames dropped: the device wrote something that cannot be right.
+    pub rx_errors: u64,
+}
+
+/// The driver for one virtio-net function.
+pub struct VirtioNet {
+    device: VirtioDevice,
+    rx: VirtQueue,
+    tx: VirtQueue,
+    rx_area: DmaBuf,
+    tx_area: DmaBuf,
+    /// The receive slot each posted chain (by head) is.
+    rx_slot: Vec<Option<usize>>,
+    /// The transmit slot each chain in flight (by head) holds.
+    tx_slot: Vec<Option<usize>>,
+    tx_free: Vec<usize>,
+    rx_slot_size: usize,
+    tx_slot_size: usize,
+    /// Slots of a frame spread over several buffers, gathered until all have come.
+    partial: Vec<(usize, u32)>,
+    partial_want: u16,
+    info: NetInfo,
+    stats: NetDriverStats,
+}
+
+impl std::fmt::Debug for VirtioNet {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("VirtioNet")
+            .field("info", &self.info)
+            .finish()
+    }
+}
+
+fn config_u16(n: &Negotiation, offset: usize) -> Result<u16, VirtioError> {
+    let mut b = [0u8; 2];
+    n.transport().read_config(offset as u64, &mut b)?;
+    Ok(u16::from_le_bytes(b))
+}
+
+impl VirtioNet {
+    /// Brings the device up and posts every receive buffer.
+    pub fn new(func: PciFunction) -> Result<Self, VirtioError> {
+        if !matches(&func.identity()) {
+            return Err(VirtioError::Device(format!(
+                "{:04x}:{:04x} is not a virtio-net device",
+                func.identity().vendor,
+                func.identity().device
+            )));
+        }
+        let n = Negotiation::begin(func, "virtio-net", SUPPORTED_FEATURES)?;
+        let f = n.features();
+        let mut mac = [0u8; 6];
+        if f & net::feature::MAC != 0 {
+            n.transport()
+                .read_config(net::config::MAC as u64, &mut mac)?;
+        }
+        let mtu = if f & net::feature::MTU != 0 {
+            config_u16(&n, net::config::MTU)?
+        } else {
+            1500
+        };
+        let mergeable = f & net::feature::MRG_RXBUF != 0;
+        // A whole frame of the MTU behind its header, rounded to a cache line.
+        let whole = (net::HDR_SIZE + usize::from(mtu) + net::ETH_HEADER + 4).next_multiple_of(64);
+        let rx_slot_size = if mergeable { MERGEABLE_SLOT } else { whole };
+        let (device, mut queues) = n.finish(2, MAX_QUEUE_SIZE)?;
+        let tx = queues.pop().expect("two queues");
+        let rx = queues.pop().expect("two queues");
+        let dma = device.function().dma();
+        let rx_area = dma
+            .alloc(rx.size() as usize * rx_slot_size)
+            .map_err(|e| VirtioError::Device(e.to_string()))?;
+        let tx_area = dma
+            .alloc(tx.size() as usize * whole)
+            .map_err(|e| VirtioError::Device(e.to_string()))?;
+        let mut d = Self {
+            rx_slot: vec![None; rx.size() as usize],
+            tx_slot: vec![None; tx.size() as usize],
+            tx_free: (0..tx.size() as usize).rev().collect(),
+            rx_slot_size,
+            tx_slot_size: whole,
+            partial: Vec::new(),
+            partial_want: 0,
+            info: NetInfo {
+                mac,
+                mtu,
+                mergeable,
+            },
+            stats: NetDriverStats::default(),
+            device,
+            rx,
+            tx,
+            rx_area,
+            tx_area,
+        };
+        for slot in 0..d.rx.size() as usize {
+            d.post_rx(slot)?;
+        }
+        d.rx.publish()?;
+        Ok(d)
+    }
+
+    /// What the device says of itself.
+    pub fn info(&self) -> NetInfo {
+        self.info
+    }
+
+    /// Counters.
+    pub fn stats(&self) -> NetDriverStats {
+        self.stats
+    }
+
+    /// The PCI function (its interrupts, its DMA space).
+    pub fn function(&self) -> &PciFunction {
+        self.device.function()
+    }
+
+    /// Whether the link is up (a device without `STATUS` is always up).
+    pub fn link_up(&self) -> Result<bool, VirtioError> {
+        if self.device.features() & net::feature::STATUS == 0 {
+            return Ok(true);
+        }
+        let mut b = [0u8; 2];
+        self.device
+            .transport()
+            .read_config(net::config::STATUS as u64, &mut b)?;
+        Ok(u16::from_le_bytes(b) & net::S_LINK_UP != 0)
+    }
+
+    fn post_rx(&mut self, slot: usize) -> Result<(), VirtioError> {
+        let iova = self.rx_area.iova() + (slot * self.rx_slot_size) as u64;
+        let head = self
+            .rx
+            .add(&[Buf {
+                iova,
+                len: self.rx_slot_size as u32,
+                write: true,
+            }])?
+            .ok_or_else(|| VirtioError::Device("receive queue full".into()))?;
+        self.rx_slot[head as usize] = Some(slot);
+        Ok(())
+    }
+
+    /// Frees the transmit slots of chains the device is done with.
+    fn reclaim_tx(&mut self) -> Result<(), VirtioError> {
+        while let Some((head, _)) = self.tx.pop_used()? {
+            let slot = self
+                .tx_slot
+                .get_mut(head as usize)
+                .and_then(Option::take)
+                .ok_or_else(|| {
+                    VirtioError::Device(format!("transmit completion for idle chain {head}"))
+                })?;
+            self.tx_free.push(slot);
+        }
+        Ok(())
+    }
+
+    /// Queues `frames` for transmission with one doorbell; how many were taken (fewer when
+    /// the queue is full: the rest may be sent again later). A frame shorter than an Ethernet
+    /// header or longer than the MTU allows is refused.
+    pub fn send(&mut self, frames: &[&[u8]]) -> Result<usize, VirtioError> {
+        self.reclaim_tx()?;
+        let max = usize::from(self.info.mtu) + net::ETH_HEADER + 4;
+        let mut sent = 0;
+        for f in frames {
+            if f.len() < net::ETH_HEADER || f.len() > max {
+                return Err(VirtioError::Device(format!(
+                    "a frame of {} bytes (from {} to {max})",
+                    f.len(),
+                    net::ETH_HEADER
+                )));
+            }
+            let Some(slot) = self.tx_free.last().copied() else {
+                break;
+            };
+            let at = (slot * self.tx_slot_size) as u64;
+            self.tx_area.fill(at, net::HDR_SIZE, 0)?;
+            self.tx_area.write(at + net::HDR_SIZE as u64, f)?;
+            let head = match self.tx.add(&[Buf {
+                iova: self.tx_area.iova() + at,
+                len: (net::HDR_SIZE + f.len()) as u32,
+                write: false,
+            }])? {
+                Some(h) => h,
+                None => break,
+            };
+            self.tx_free.pop();
+            self.tx_slot[head as usize] = Some(slot);
+            sent += 1;
+        }
+        self.tx.publish()?;
+        self.stats.tx_frames += sent as u64;
+        Ok(sent)
+    }
+
+    /// Takes every frame the device has received, appended to `out`, and posts their buffers
+    /// again (one doorbell); how many frames came.
+    pub fn recv(&mut self, out: &mut Vec<Vec<u8>>) -> Result<usize, VirtioError> {
+        let mut n = 0;
+        while let Some((head, len)) = self.rx.pop_used()? {
+            let slot = self
+                .rx_slot
+                .get_mut(head as usize)
+                .and_then(Option::take)
+                .ok_or_else(|| {
+                    VirtioError::Device(format!("receive completion for idle chain {head}"))
+                })?;
+            if len as usize > self.rx_slot_size {
+                self.stats.rx_errors += 1;
+                self.drop_partial()?;
+                self.post_rx(slot)?;
+                continue;
+            }
+            if self.partial.is_empty() {
+                let want = if self.info.mergeable && len as usize >= net::HDR_SIZE {
+                    let mut b = [0u8; 2];
+                    self.rx_area.read(
+                        (slot * self.rx_slot_size + net::HDR_NUM_BUFFERS) as u64,
+                        &mut b,
+                    )?;
+                    u16::from_le_bytes(b)
+                } else {
+                    1
+                };
+                // More pieces than there are buffers would hold every buffer for ever.
+                if (len as usize) < net::HDR_SIZE + net::ETH_HEADER
+                    || want == 0
+                    || want > self.rx.size()
+                {
+                    self.stats.rx_errors += 1;
+                    self.post_rx(slot)?;
+                    continue;
+                }
+                self.partial_want = want;
+            }
+            self.partial.push((slot, len));
+            if self.partial.len() < usize::from(self.partial_want) {
+                continue;
+            }
+            let total: usize = self.partial.iter().map(|&(_, l)| l as usize).sum();
+            let mut frame = vec![0u8; total - net::HDR_SIZE];
+            let mut at = 0usize;
+            for (i, &(s, l)) in self.partial.iter().enumerate() {
+                let skip = if i == 0 { net::HDR_SIZE } else { 0 };
+                let take = l as usize - skip;
+                self.rx_area.read(
+                    (s * self.rx_slot_size + skip) as u64,
+                    &mut frame[at..at + take],
+                )?;
+                at += take;
+            }
+            for (s, _) in std::mem::take(&mut self.partial) {
+                self.post_rx(s)?;
+            }
+            out.push(frame);
+            n += 1;
+            self.stats.rx_frames += 1;
+        }
+        self.rx.publish()?;
+        Ok(n)
+    }
+
+    /// A frame in pieces that cannot be completed: its buffers go back, it is counted.
+    fn drop_partial(&mut self) -> Result<(), VirtioError> {
+        for (s, _) in std::mem::take(&mut self.partial) {
+            self.post_rx(s)?;
+        }
+        Ok(())
+    }
+}

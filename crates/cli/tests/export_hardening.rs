@@ -115,15 +115,7 @@ fn an_export_the_manager_started_is_restarted_when_it_dies_and_its_clients_are_c
     let up_pid = up.child.as_ref().unwrap().id();
     let running = || common::nbd::export_node(&up, "disk0")["props"]["state"] == "running";
     assert!(eventually(Duration::from_secs(20), running));
-    let node = common::nbd::export_node(&up, "disk0");
-    let socket = PathBuf::from(
-        node["props"]["uri"]
-            .as_str()
-            .unwrap()
-            .split_once("socket=")
-            .unwrap()
-            .1,
-    );
+    let socket = common::nbd::export_socket(&up, "disk0");
     let held = Raw::go(&socket);
     assert!(eventually(Duration::from_secs(10), || {
         common::nbd::export_node(&up, "disk0")["props"]["clients"] == 1

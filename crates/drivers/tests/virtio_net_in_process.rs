@@ -6,6 +6,7 @@ use std::sync::Arc;
 
 use outboard_devices::virtio_net::{NetOptions, VirtioNet as NetModel, Wire};
 use outboard_devices::virtio_pci::VirtioPci;
+use outboard_devices::virtio_rng::Seeded;
 use outboard_drivers::virtio_net::VirtioNet;
 use outboard_hw::backend::in_process::InProcess;
 use outboard_hw::PciFunction;
@@ -35,16 +36,11 @@ fn pair(mtu: u16) -> (Nic, Nic) {
     (nic(opts(1), a), nic(opts(2), b))
 }
 
+/// A frame of `len` bytes of the seeded stream `seed`.
 fn frame(len: usize, seed: u64) -> Vec<u8> {
-    let mut x = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
-    (0..len)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x as u8
-        })
-        .collect()
+    let mut f = vec![0u8; len];
+    Seeded::new(seed).fill(&mut f);
+    f
 }
 
 /// Frames received by `to`, pumping its wire until `n` came (bounded).

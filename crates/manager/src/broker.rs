@@ -53,33 +53,9 @@ impl Manager {
         req: Request,
         work: &mut WorkLoop<Source>,
     ) -> (Reply, Option<OwnedFd>) {
-        let name = match &req {
-            Request::Open { name } | Request::Status { name } | Request::Connect { name } => {
-                name.clone()
-            }
-            other => {
-                return (
-                    refuse(
-                        Code::Denied,
-                        format!(
-                            "a child may ask only about the devices it was given, not {other:?}"
-                        ),
-                    ),
-                    None,
-                )
-            }
-        };
-        if !self.given_to(i).contains(&name) {
-            return (
-                refuse(
-                    Code::Denied,
-                    format!(
-                        "{name} is not a device this {} was given",
-                        self.procs[i].role
-                    ),
-                ),
-                None,
-            );
+        let given = self.given_to(i);
+        if let Err(why) = may_ask(&given, &req, &self.procs[i].role) {
+            return (refuse(Code::Denied, why), None);
         }
         match req {
             Request::Connect { name } => self.connect_for_child(&name),
@@ -127,6 +103,23 @@ impl Manager {
     }
 }
 
+/// Whether a child given `given` may ask `req`: only where its own devices are served, how
+/// they are, and for a connection to their servers; `Err` says why not.
+fn may_ask(given: &[String], req: &Request, role: &str) -> Result<(), String> {
+    match req {
+        Request::Open { name } | Request::Status { name } | Request::Connect { name } => {
+            if given.contains(name) {
+                Ok(())
+            } else {
+                Err(format!("{name} is not a device this {role} was given"))
+            }
+        }
+        other => Err(format!(
+            "a child may ask only about the devices it was given, not {other:?}"
+        )),
+    }
+}
+
 /// Connects to the UNIX socket at `path` without blocking the manager (a full backlog is
 /// `EAGAIN`, not a wait); the connection is handed over blocking, as a client expects it.
 fn connect_now(path: &Path, kind: SocketType) -> rustix::io::Result<OwnedFd> {
@@ -140,4 +133,41 @@ fn connect_now(path: &Path, kind: SocketType) -> rustix::io::Result<OwnedFd> {
     rustix::net::connect(&fd, &addr)?;
     rustix::fs::fcntl_setfl(&fd, rustix::fs::OFlags::empty())?;
     Ok(fd)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_child_asks_only_about_its_own_devices() {
+        let given = vec!["disk0".to_string()];
+        let ask = |req: Request| may_ask(&given, &req, "export disk0");
+        let name = || "disk0".to_string();
+        assert!(ask(Request::Open { name: name() }).is_ok());
+        assert!(ask(Request::Status { name: name() }).is_ok());
+        assert!(ask(Request::Connect { name: name() }).is_ok());
+        let other = ask(Request::Connect {
+            name: "disk1".into(),
+        })
+        .unwrap_err();
+        assert!(other.contains("disk1 is not a device this export disk0 was given"));
+        for req in [
+            Request::List,
+            Request::Detach {
+                name: "disk0".into(),
+            },
+            Request::Power {
+                name: "disk0".into(),
+                suspend: true,
+            },
+            Request::Restart {
+                name: "disk0".into(),
+                graceful: false,
+                exe: Some("/tmp/x".into()),
+            },
+        ] {
+            assert!(ask(req).is_err());
+        }
+    }
 }

@@ -534,3 +534,18 @@ fn connect_now(path: &std::path::Path) -> Option<std::os::fd::OwnedFd> {
     rustix::net::connect(&fd, &SocketAddrUnix::new(path).ok()?).ok()?;
     Some(fd)
 }
+
+/// The manager's export of a colocated device drives it in its own process: the manager
+/// connects it to the device's model, as it connects it to a driver server otherwise.
+#[test]
+fn a_managed_export_of_a_colocated_device_serves_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let machine = MACHINE.replace("placement = \"separate\"", "placement = \"colocated\"");
+    let up = Up::start(
+        dir.path(),
+        Some(&format!("{machine}\n[[export]]\ndevice = \"disk0\"\n")),
+    );
+    let running = || common::nbd::export_node(&up, "disk0")["props"]["state"] == "running";
+    assert!(eventually(Duration::from_secs(20), running));
+    round_trip(&common::nbd::export_socket(&up, "disk0"), 1 << 20, 13);
+}

@@ -102,7 +102,17 @@ pub fn open_via<C: ClassClient>(
                 }
             }
             (Placement::Colocated, _, Some(device)) => {
-                let spec = DeviceSpec::VfioUser(device);
+                let spec = match control {
+                    Control::Socket(_) => DeviceSpec::VfioUser(device),
+                    // A brokered client reaches nothing by path: the manager connects it to
+                    // the device's model.
+                    Control::Broker(_) => {
+                        let fd = control
+                            .connect_server(&device, name)
+                            .map_err(Refusal::from)?;
+                        DeviceSpec::VfioUserFd(std::os::fd::IntoRawFd::into_raw_fd(fd))
+                    }
+                };
                 return class
                     .colocated(name, spec)
                     .map(|h| (h, Placement::Colocated));

@@ -204,30 +204,38 @@ impl std::fmt::Debug for PciFunction {
 }
 
 impl PciFunction {
+    /// Why opening `spec` failed: busy stays busy (another client drives the device), the
+    /// rest is a failure to open.
+    fn open_failed(spec: &DeviceSpec, e: HwError) -> HwError {
+        match e {
+            HwError::Busy { .. } => HwError::Busy {
+                spec: spec.to_string(),
+            },
+            e => HwError::Open {
+                spec: spec.to_string(),
+                why: e.to_string(),
+            },
+        }
+    }
+
     /// Opens the device named by `spec`.
     pub fn open(spec: &DeviceSpec) -> Result<Self> {
         match spec {
             DeviceSpec::VfioUser(path) => {
-                let b =
-                    backend::vfio_user::VfioUserBackend::connect(path).map_err(|e| match e {
-                        HwError::Busy { .. } => HwError::Busy {
-                            spec: spec.to_string(),
-                        },
-                        e => HwError::Open {
-                            spec: spec.to_string(),
-                            why: e.to_string(),
-                        },
-                    })?;
+                let b = backend::vfio_user::VfioUserBackend::connect(path)
+                    .map_err(|e| Self::open_failed(spec, e))?;
                 Self::with_backend(spec.to_string(), Arc::new(b))
             }
             DeviceSpec::VfioUserFd(n) => {
-                let open = |e: String| HwError::Open {
-                    spec: spec.to_string(),
-                    why: e,
-                };
-                let fd = outboard_sys::process::inherited_socket(*n).map_err(open)?;
+                let fd =
+                    outboard_sys::process::inherited_socket(*n).map_err(|e| HwError::Open {
+                        spec: spec.to_string(),
+                        why: e,
+                    })?;
+                // A model that serves another client says so the same way whichever way
+                // its socket was reached (a caller may then share the client it has).
                 let b = backend::vfio_user::VfioUserBackend::from_fd(fd)
-                    .map_err(|e| open(e.to_string()))?;
+                    .map_err(|e| Self::open_failed(spec, e))?;
                 Self::with_backend(spec.to_string(), Arc::new(b))
             }
             DeviceSpec::Vfio(bdf) => {

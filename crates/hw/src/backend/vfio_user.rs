@@ -64,19 +64,16 @@ impl Trap for VfioUserTrap {
 impl VfioUserBackend {
     /// Connects to the device model listening at `path`.
     pub fn connect(path: &Path) -> Result<Self> {
-        let client =
-            Client::connect(path, ClientOptions::default()).map_err(|e| match e.errno() {
-                Some(rustix::io::Errno::BUSY) => HwError::Busy {
-                    spec: path.display().to_string(),
-                },
-                _ => err(e),
-            })?;
+        let client = Client::connect(path, ClientOptions::default())
+            .map_err(|e| refused(e, &path.display().to_string()))?;
         Self::with_client(client)
     }
 
     /// Uses a socket already connected to the device model.
     pub fn from_fd(fd: std::os::fd::OwnedFd) -> Result<Self> {
-        Self::with_client(Client::from_fd(fd, ClientOptions::default()).map_err(err)?)
+        let client = Client::from_fd(fd, ClientOptions::default())
+            .map_err(|e| refused(e, "a connection to a device model"))?;
+        Self::with_client(client)
     }
 
     fn with_client(client: Client) -> Result<Self> {
@@ -219,5 +216,13 @@ impl Backend for VfioUserBackend {
     /// model resets the device and drops every DMA mapping when it sees its client leave.
     fn abandon(&self) {
         let _ = rustix::net::shutdown(&self.watch, rustix::net::Shutdown::Both);
+    }
+}
+
+/// Why a model did not take this client: busy (it serves another one) is its own error.
+fn refused(e: outboard_vfio_user::ClientError, spec: &str) -> HwError {
+    match e.errno() {
+        Some(rustix::io::Errno::BUSY) => HwError::Busy { spec: spec.into() },
+        _ => err(e),
     }
 }

@@ -40,16 +40,7 @@ fn a_client_of_another_user_is_refused_at_the_control_socket() {
 /// A non-blocking connection to `path` (SEQPACKET, as the control protocol), or `None` once
 /// the manager's backlog is full.
 fn connect(path: &std::path::Path) -> Option<OwnedFd> {
-    use rustix::net::{AddressFamily, SocketAddrUnix, SocketFlags, SocketType};
-    let fd = rustix::net::socket_with(
-        AddressFamily::UNIX,
-        SocketType::SEQPACKET,
-        SocketFlags::NONBLOCK | SocketFlags::CLOEXEC,
-        None,
-    )
-    .ok()?;
-    rustix::net::connect(&fd, &SocketAddrUnix::new(path).ok()?).ok()?;
-    Some(fd)
+    outboard_sys::connect_now(path, rustix::net::SocketType::SEQPACKET).ok()
 }
 
 #[test]

@@ -245,7 +245,9 @@ fn an_export_out_of_descriptors_backs_off_and_serves_again() {
             cmd.stderr(err);
         },
     );
-    let flood: Vec<_> = (0..100).filter_map(|_| connect_now(&ex.socket)).collect();
+    let flood: Vec<_> = (0..100)
+        .filter_map(|_| outboard_sys::connect_now(&ex.socket, rustix::net::SocketType::STREAM).ok())
+        .collect();
     std::thread::sleep(Duration::from_secs(2));
     ex.alive().unwrap();
     drop(flood);
@@ -495,7 +497,9 @@ fn a_well_behaved_client_is_served_beside_a_deaf_one_idle_ones_and_no_descriptor
     let idle: Vec<Raw> = (0..32).map(|_| Raw::go(&ex.socket)).collect();
     // Connections that say nothing, until the export cannot accept another (those left wait in
     // the listener's backlog, or are refused by a full one).
-    let flood: Vec<_> = (0..200).filter_map(|_| connect_now(&ex.socket)).collect();
+    let flood: Vec<_> = (0..200)
+        .filter_map(|_| outboard_sys::connect_now(&ex.socket, rustix::net::SocketType::STREAM).ok())
+        .collect();
     let open_fds = || {
         std::fs::read_dir(format!("/proc/{pid}/fd"))
             .unwrap()
@@ -518,21 +522,6 @@ fn a_well_behaved_client_is_served_beside_a_deaf_one_idle_ones_and_no_descriptor
     }
     ex.alive().unwrap();
     drop((flood, idle, deaf));
-}
-
-/// A connection to `path` if the listener's backlog has room now (a blocking connect would
-/// wait for the export to accept).
-fn connect_now(path: &std::path::Path) -> Option<std::os::fd::OwnedFd> {
-    use rustix::net::{AddressFamily, SocketAddrUnix, SocketFlags, SocketType};
-    let fd = rustix::net::socket_with(
-        AddressFamily::UNIX,
-        SocketType::STREAM,
-        SocketFlags::NONBLOCK | SocketFlags::CLOEXEC,
-        None,
-    )
-    .ok()?;
-    rustix::net::connect(&fd, &SocketAddrUnix::new(path).ok()?).ok()?;
-    Some(fd)
 }
 
 /// The manager's export of a colocated device drives it in its own process: the manager

@@ -50,13 +50,7 @@ fn wait_serving(up: &Up, old: i32) {
 fn kill_repeatedly(target: &str, kills: usize) {
     let dir = tempfile::tempdir().unwrap();
     let up = Up::start(dir.path(), Some(MACHINE));
-    let stop = Arc::new(AtomicBool::new(false));
-    let w = Workload {
-        depth: 16,
-        blocks: 256,
-        flush_every: 50,
-    };
-    let clients = common::verified_clients(&up, "disk0", 0..3, w, &stop);
+    let (stop, clients) = common::under_load(&up, "disk0", 0..3, 16, 256);
     let mut rng = 0x1234_5678_9abc_def1u64;
     for _ in 0..kills {
         rng ^= rng << 13;

@@ -4,12 +4,10 @@
 
 mod common;
 
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
+use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use common::{eventually, find_node, Up};
-use outboard_bench::verified::Workload;
 use rustix::process::Signal;
 
 /// The default policy: no restart limits in the description.
@@ -82,13 +80,7 @@ fn a_driver_killed_every_10ms_under_verified_load_loses_and_fails_nothing_with_t
     let dir = tempfile::tempdir().unwrap();
     // The embedded default machine, as `outboard up` starts it.
     let up = Up::start(dir.path(), None);
-    let stop = Arc::new(AtomicBool::new(false));
-    let w = Workload {
-        depth: 16,
-        blocks: 256,
-        flush_every: 50,
-    };
-    let clients = common::verified_clients(&up, "disk0", 0..3, w, &stop);
+    let (stop, clients) = common::under_load(&up, "disk0", 0..3, 16, 256);
     std::thread::sleep(Duration::from_millis(200));
     // A thousand kill attempts 10 ms apart (those that find a server between restarts).
     let kills = kill_servers(&up, 1000, Duration::from_millis(10));
@@ -207,13 +199,7 @@ fn a_given_up_device_is_tried_again_on_its_own() {
 fn a_running_device_restarts_by_hand_and_its_clients_carry_on() {
     let dir = tempfile::tempdir().unwrap();
     let up = Up::start(dir.path(), Some(MACHINE));
-    let stop = Arc::new(AtomicBool::new(false));
-    let w = Workload {
-        depth: 16,
-        blocks: 128,
-        flush_every: 50,
-    };
-    let client = common::verified_clients(&up, "disk0", 1..2, w, &stop);
+    let (stop, client) = common::under_load(&up, "disk0", 1..2, 16, 128);
     std::thread::sleep(Duration::from_millis(200));
     let old = driver(&up)["props"]["pid"].as_u64().unwrap();
     for _ in 0..3 {
@@ -236,13 +222,7 @@ fn a_running_device_restarts_by_hand_and_its_clients_carry_on() {
 fn a_graceful_restart_under_load_fails_nothing_and_can_change_the_program() {
     let dir = tempfile::tempdir().unwrap();
     let up = Up::start(dir.path(), Some(MACHINE));
-    let stop = Arc::new(AtomicBool::new(false));
-    let w = Workload {
-        depth: 16,
-        blocks: 128,
-        flush_every: 50,
-    };
-    let clients = common::verified_clients(&up, "disk0", 1..4, w, &stop);
+    let (stop, clients) = common::under_load(&up, "disk0", 1..4, 16, 128);
     std::thread::sleep(Duration::from_millis(200));
     let pid = || driver(&up)["props"]["pid"].as_u64().unwrap();
     let mut old = pid();
@@ -310,16 +290,10 @@ fn a_graceful_restart_under_load_fails_nothing_and_can_change_the_program() {
 fn poisoned_request_fails_alone(fault: &str) {
     let dir = tempfile::tempdir().unwrap();
     let up = Up::start(dir.path(), Some(&format!("{MACHINE}{fault}\n")));
-    let stop = Arc::new(AtomicBool::new(false));
-    let w = Workload {
-        depth: 16,
-        blocks: 64,
-        flush_every: 50,
-    };
     // Several clients at depth 16: each restart, they resume and replay at once, racing the
     // new server's report that it serves (with its heartbeat page, which names the request in
     // the device when it dies).
-    let bystanders = common::verified_clients(&up, "disk0", 1..5, w, &stop);
+    let (stop, bystanders) = common::under_load(&up, "disk0", 1..5, 16, 64);
     let restarts = || driver(&up)["props"]["restarts"].as_u64().unwrap_or(0);
     for round in 0..2 {
         wait_running(&up, &format!("{fault}: round {round}"));
@@ -373,13 +347,7 @@ fn a_driver_that_hangs_now_and_then_but_serves_between_is_never_given_up() {
     let machine = format!("{MACHINE}heartbeat = \"300ms\"\n");
     let up = Up::start(dir.path(), Some(&machine));
     let up_pid = up.child.as_ref().unwrap().id();
-    let stop = Arc::new(AtomicBool::new(false));
-    let w = Workload {
-        depth: 4,
-        blocks: 256,
-        flush_every: 50,
-    };
-    let clients = common::verified_clients(&up, "disk0", 0..2, w, &stop);
+    let (stop, clients) = common::under_load(&up, "disk0", 0..2, 4, 256);
     // More hangs than the give-up budget allows crashes without progress.
     for round in 0..7 {
         wait_running(&up, &format!("round {round}"));

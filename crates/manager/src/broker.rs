@@ -3,7 +3,7 @@
 //! (or, for a colocated device, to its model) the manager makes for it. The child so needs no
 //! right to reach the runtime directory or to connect anywhere.
 
-use rustix::net::{AddressFamily, SocketAddrUnix, SocketFlags, SocketType};
+use rustix::net::SocketType;
 
 use outboard_client::link::{BrokeredReply, BrokeredRequest};
 
@@ -123,14 +123,7 @@ fn may_ask(given: &[String], req: &Request, role: &str) -> Result<(), String> {
 /// Connects to the UNIX socket at `path` without blocking the manager (a full backlog is
 /// `EAGAIN`, not a wait); the connection is handed over blocking, as a client expects it.
 fn connect_now(path: &Path, kind: SocketType) -> rustix::io::Result<OwnedFd> {
-    let addr = SocketAddrUnix::new(path)?;
-    let fd = rustix::net::socket_with(
-        AddressFamily::UNIX,
-        kind,
-        SocketFlags::CLOEXEC | SocketFlags::NONBLOCK,
-        None,
-    )?;
-    rustix::net::connect(&fd, &addr)?;
+    let fd = outboard_sys::connect_now(path, kind)?;
     rustix::fs::fcntl_setfl(&fd, rustix::fs::OFlags::empty())?;
     Ok(fd)
 }

@@ -11,7 +11,7 @@ pub mod sockpath;
 pub mod units;
 pub mod wait;
 
-pub use sockpath::{bind_listener, is_live, SockPathError, SocketPath};
+pub use sockpath::{bind_listener, connect_now, is_live, SockPathError, SocketPath};
 
 /// `println!` for processes that serve others: a closed stdout (the terminal or pipe it was
 /// started on went away) is not a reason to stop serving. `println!` panics on a write error,

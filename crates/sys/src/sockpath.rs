@@ -129,6 +129,19 @@ pub fn is_live(path: &Path) -> bool {
             .is_some_and(|a| probe(&a).unwrap_or(false))
 }
 
+/// A non-blocking connection of type `kind` to the UNIX socket at `path`, made without
+/// waiting: a listener whose backlog is full answers `EAGAIN` instead of holding the caller.
+pub fn connect_now(path: &Path, kind: SocketType) -> rustix::io::Result<OwnedFd> {
+    let fd = rustix::net::socket_with(
+        rustix::net::AddressFamily::UNIX,
+        kind,
+        rustix::net::SocketFlags::NONBLOCK | rustix::net::SocketFlags::CLOEXEC,
+        None,
+    )?;
+    rustix::net::connect(&fd, &SocketAddrUnix::new(path)?)?;
+    Ok(fd)
+}
+
 /// The mode every socket file is created with: its owner only (the manager and its children
 /// run as one user; clients of another user are refused).
 pub const SOCKET_MODE: u32 = 0o600;

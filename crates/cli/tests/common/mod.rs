@@ -373,6 +373,29 @@ pub fn verified_clients(
     outboard_bench::verified::spawn_clients(&up.control, device, ids, w, stop).unwrap()
 }
 
+/// Verified clients `ids` on `device` at queue depth `depth` over its first `blocks` blocks,
+/// flushing every 50 requests, and the flag that stops them.
+#[allow(dead_code)]
+pub fn under_load(
+    up: &Up,
+    device: &str,
+    ids: std::ops::Range<u64>,
+    depth: usize,
+    blocks: u64,
+) -> (
+    std::sync::Arc<std::sync::atomic::AtomicBool>,
+    Vec<outboard_bench::verified::ClientThread>,
+) {
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let w = outboard_bench::verified::Workload {
+        depth,
+        blocks,
+        flush_every: 50,
+    };
+    let clients = verified_clients(up, device, ids, w, &stop);
+    (stop, clients)
+}
+
 /// Joins verified clients and checks that none failed a request, read inconsistent data or
 /// saw a duplicate; returns their reports.
 pub fn verified_clean(

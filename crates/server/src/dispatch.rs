@@ -72,11 +72,11 @@ impl Ctx<'_> {
         self.watch.isolated()
     }
 
-    /// Whether another request may enter a device that holds `in_flight` and has room: while
-    /// isolated, only into an empty device.
+    /// Whether another request may enter a device that has room: while isolated, only into an
+    /// empty one (`in_flight` is asked only then).
     #[inline]
-    pub fn may_enter(&self, in_flight: usize) -> bool {
-        in_flight == 0 || !self.isolated()
+    pub fn may_enter(&self, in_flight: impl FnOnce() -> usize) -> bool {
+        !self.isolated() || in_flight() == 0
     }
 
     /// Names the request (`fingerprint`, the class's) of session `slot` that is about to
@@ -93,15 +93,16 @@ impl Ctx<'_> {
     }
 
     /// Whether the request `fingerprint` of session `slot` crashed the driver too often to be
-    /// sent again; true once, and it is then off the list.
+    /// sent again; true once, and it is then off the list. The fingerprint is computed only
+    /// when something is quarantined.
     #[inline]
-    pub fn quarantined(&mut self, slot: usize, fingerprint: [u64; 2]) -> bool {
+    pub fn quarantined(&mut self, slot: usize, fingerprint: impl FnOnce() -> [u64; 2]) -> bool {
         // Nearly always empty: the session's key (an fstat) is read only when it is not.
         if !self.watch.quarantining() {
             return false;
         }
         match self.sessions.get(slot).and_then(Option::as_ref) {
-            Some(s) => self.watch.take_quarantined(session_key(s), fingerprint),
+            Some(s) => self.watch.take_quarantined(session_key(s), fingerprint()),
             None => false,
         }
     }

@@ -70,11 +70,13 @@ impl Session {
         self.sock.is_none()
     }
 
-    /// Free slots in outbound ring `ring`, published or not. An error means the client
-    /// corrupted the ring's indices.
+    /// Free slots in outbound ring `ring`, published or not — at least `want` if it has
+    /// that many (the client's index is read only when fewer were seen free). An error means
+    /// the client corrupted the ring's indices.
     #[inline]
-    pub fn completion_room(&self, ring: usize) -> Result<usize, RingError> {
-        Ok(self.outbound[ring].free()? as usize)
+    pub fn completion_room(&mut self, ring: usize, want: usize) -> Result<usize, RingError> {
+        let want = u32::try_from(want).unwrap_or(u32::MAX);
+        Ok(self.outbound[ring].room(want)? as usize)
     }
 
     /// Takes the next entry of inbound ring `ring` into `e`; false if there is none.

@@ -413,15 +413,18 @@ pub struct BlockCompletion {
 /// client's request (the safety check; the driver below trusts it), and the client's early
 /// one (the same rules, so that a bad request fails before it is sent).
 pub fn validate(r: &BlockRequest, info: &BlockInfo, buffer_size: u64) -> Result<(), BlockError> {
+    // A null request touches nothing and every device takes it: nothing below can refuse it.
+    if r.op == BlockOp::Null {
+        return Ok(());
+    }
     if (r.op.modifies() || r.op == BlockOp::Lock) && info.read_only {
         return Err(BlockError::ReadOnly);
     }
     if !info.supports.takes(r.op) {
         return Err(BlockError::Unsupported);
     }
-    match r.op {
-        BlockOp::Null | BlockOp::Flush => return Ok(()),
-        _ => {}
+    if r.op == BlockOp::Flush {
+        return Ok(());
     }
     if r.blocks == 0 {
         return Err(BlockError::Invalid("zero blocks".into()));

@@ -121,7 +121,7 @@ impl BlockDispatcher {
     /// while isolated.
     #[inline]
     fn room(&self, cx: &Ctx<'_>) -> bool {
-        self.driver.has_room() && cx.may_enter(self.driver.in_flight())
+        self.driver.has_room() && cx.may_enter(|| self.driver.in_flight())
     }
 
     #[inline]
@@ -336,14 +336,16 @@ impl Dispatcher for BlockDispatcher {
         // Every request taken must find room in the completion ring later, so at most as many
         // are taken as the ring has free slots not already promised to requests in the device.
         // Each one taken (answered now or later) uses up one slot: the ring is read once.
-        let (room, mut cut) = match s.completion_room(COMPLETIONS) {
-            Ok(free) => (free.saturating_sub(self.outstanding(i)), false),
+        let outstanding = self.outstanding(i);
+        let (room, mut cut) = match s.completion_room(COMPLETIONS, BUDGET + outstanding) {
+            Ok(free) => (free.saturating_sub(outstanding), false),
             Err(_) => (0, true),
         };
         let buffer_size = s.buffer_size();
         let mut lost = Ok(());
+        // The outage does not change while requests are taken.
+        let out_of_service = cx.outage().map(outage_error);
         while taken < BUDGET.min(room) {
-            let out_of_service = cx.outage().map(outage_error);
             if out_of_service.is_none() && !self.room(cx) {
                 break;
             }
@@ -363,8 +365,8 @@ impl Dispatcher for BlockDispatcher {
             let info = self.driver.info();
             let in_flight = &self.sessions[i].as_ref().expect("checked").tags;
             let result = sqe.decode().and_then(|r| {
-                if let Some(e) = out_of_service {
-                    return Err(e);
+                if let Some(e) = &out_of_service {
+                    return Err(e.clone());
                 }
                 validate(&r, info, buffer_size)?;
                 if in_flight.contains(&tag) {
@@ -373,7 +375,7 @@ impl Dispatcher for BlockDispatcher {
                 Ok(r)
             });
             let result = match result {
-                Ok(r) if cx.quarantined(i, fingerprint(&r)) => Err(BlockError::Quarantined),
+                Ok(r) if cx.quarantined(i, || fingerprint(&r)) => Err(BlockError::Quarantined),
                 other => other,
             };
             let s = cx.sessions[i].as_mut().expect("checked");

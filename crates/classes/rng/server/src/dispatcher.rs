@@ -84,7 +84,7 @@ impl EntropyDispatcher {
     }
 
     fn room(&self, cx: &Ctx<'_>) -> bool {
-        self.driver.has_room() && cx.may_enter(self.driver.in_flight())
+        self.driver.has_room() && cx.may_enter(|| self.driver.in_flight())
     }
 
     /// Sends a validated request of session `si` into the device.
@@ -189,15 +189,17 @@ impl Dispatcher for EntropyDispatcher {
         if s.closing() || self.sessions.get(i).and_then(Option::as_ref).is_none() {
             return Ok(false);
         }
-        let (room, mut cut) = match s.completion_room(COMPLETIONS) {
-            Ok(free) => (free.saturating_sub(self.outstanding(i)), false),
+        let outstanding = self.outstanding(i);
+        let (room, mut cut) = match s.completion_room(COMPLETIONS, BUDGET + outstanding) {
+            Ok(free) => (free.saturating_sub(outstanding), false),
             Err(_) => (0, true),
         };
         let buffer_size = s.buffer_size();
         let mut taken = 0;
         let mut lost = Ok(());
+        // The outage does not change while requests are taken.
+        let out_of_service = cx.outage().map(outage_error);
         while taken < BUDGET.min(room) {
-            let out_of_service = cx.outage().map(outage_error);
             if out_of_service.is_none() && !self.room(cx) {
                 break;
             }
@@ -214,8 +216,8 @@ impl Dispatcher for EntropyDispatcher {
             taken += 1;
             let r = Sqe(e).decode();
             let in_flight = self.sessions[i].as_ref().expect("checked");
-            let checked = match out_of_service {
-                Some(e) => Err(e),
+            let checked = match &out_of_service {
+                Some(e) => Err(e.clone()),
                 None => validate(&r, self.driver.info(), buffer_size).and_then(|()| {
                     if in_flight.contains(&r.tag) {
                         Err(EntropyError::DuplicateTag)
@@ -225,7 +227,7 @@ impl Dispatcher for EntropyDispatcher {
                 }),
             };
             let checked = match checked {
-                Ok(()) if cx.quarantined(i, fingerprint(r.buf_offset, r.length)) => {
+                Ok(()) if cx.quarantined(i, || fingerprint(r.buf_offset, r.length)) => {
                     Err(EntropyError::Quarantined)
                 }
                 other => other,

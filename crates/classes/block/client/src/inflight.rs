@@ -226,7 +226,12 @@ impl InFlight {
                 let mut req = p.req;
                 req.lba = s;
                 req.blocks = (e - s) as u32;
-                req.buf_offset = p.req.buf_offset + (s - p.req.lba) * self.block_size;
+                // Unchecked requests reach this table (the server checks them): an offset past
+                // any buffer stays past it instead of wrapping, and is refused there again.
+                req.buf_offset = p
+                    .req
+                    .buf_offset
+                    .saturating_add((s - p.req.lba).saturating_mul(self.block_size));
                 parts.push(ReplayPart {
                     slot,
                     taken: was_taken,

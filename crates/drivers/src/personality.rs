@@ -278,6 +278,7 @@ static PERSONALITIES: &[Personality] = &[
         faults: &[],
     },
     crate::virtio_rng::PERSONALITY,
+    crate::virtio_net::PERSONALITY,
 ];
 
 /// Every built-in driver's personality.

@@ -11,11 +11,22 @@
 //! Everything the device writes is checked before it is believed: a used id that is not a
 //! posted slot, a length shorter than the header or longer than the buffers, a `num_buffers`
 //! of zero or more buffers than came — each is a device error (the frame is dropped and
-//! counted), never an out-of-bounds read. Not yet bound to a class: the net class comes next.
+//! counted), never an out-of-bounds read.
+//!
+//! Bound to the net class ([`outboard_net::NetDriver`]): a session's frame is transmitted
+//! from where the client wrote it (a chain of the zeroed header in the driver's slot and the
+//! frame at the client buffer's device address: no copy), and each received frame is shown
+//! to the dispatcher from one reused buffer. The chip API (`send`, `recv`) copies, for direct
+//! users and tests.
 
+use std::os::fd::BorrowedFd;
+
+use outboard_env::{AnyDriver, DeviceEvent, Driver, Failure};
 use outboard_hw::{DmaBuf, PciFunction, PciIdentity};
+use outboard_net::{NetDriver, NetError};
 use outboard_spec::virtio::{self, feature as vfeature, net};
 
+use crate::personality::{Identity, Personality, Probe, Provider, StartError, StartOptions};
 use crate::virtio::{Buf, Negotiation, VirtQueue, VirtioDevice, VirtioError};
 
 /// Largest queues the driver sets up.
@@ -40,7 +51,7 @@ pub fn matches(id: &PciIdentity) -> bool {
 
 /// What the device says of itself.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct NetInfo {
+pub struct DeviceInfo {
     /// Its MAC address (all zero if it has none: `MAC` not offered).
     pub mac: [u8; 6],
     /// Largest payload it takes (1500 if it does not say).
@@ -71,13 +82,22 @@ pub struct VirtioNet {
     rx_slot: Vec<Option<usize>>,
     /// The transmit slot each chain in flight (by head) holds.
     tx_slot: Vec<Option<usize>>,
+    /// A session's frame in flight (by head): its driver tag and length.
+    tx_tag: Vec<Option<(u64, u32)>>,
+    /// How many of `tx_tag` are set.
+    tx_tagged: usize,
+    /// Transmit completions reaped while taking slots back, not yet handed on.
+    tx_done: Vec<(u64, Result<u32, NetError>)>,
+    /// The frame being shown to the dispatcher (reused: no allocation per frame).
+    frame: Vec<u8>,
     tx_free: Vec<usize>,
     rx_slot_size: usize,
     tx_slot_size: usize,
     /// Slots of a frame spread over several buffers, gathered until all have come.
     partial: Vec<(usize, u32)>,
     partial_want: u16,
-    info: NetInfo,
+    info: DeviceInfo,
+    class: outboard_net::NetInfo,
     stats: NetDriverStats,
 }
 
@@ -96,8 +116,8 @@ fn config_u16(n: &Negotiation, offset: usize) -> Result<u16, VirtioError> {
 }
 
 impl VirtioNet {
-    /// Brings the device up and posts every receive buffer.
-    pub fn new(func: PciFunction) -> Result<Self, VirtioError> {
+    /// Brings the device up and posts every receive buffer; `name` is its class device name.
+    pub fn new(name: &str, func: PciFunction) -> Result<Self, VirtioError> {
         if !matches(&func.identity()) {
             return Err(VirtioError::Device(format!(
                 "{:04x}:{:04x} is not a virtio-net device",
@@ -134,15 +154,26 @@ impl VirtioNet {
         let mut d = Self {
             rx_slot: vec![None; rx.size() as usize],
             tx_slot: vec![None; tx.size() as usize],
+            tx_tag: vec![None; tx.size() as usize],
+            tx_tagged: 0,
+            tx_done: Vec::new(),
+            frame: Vec::with_capacity(whole),
             tx_free: (0..tx.size() as usize).rev().collect(),
             rx_slot_size,
             tx_slot_size: whole,
             partial: Vec::new(),
             partial_want: 0,
-            info: NetInfo {
+            info: DeviceInfo {
                 mac,
                 mtu,
                 mergeable,
+            },
+            class: outboard_net::NetInfo {
+                name: name.into(),
+                mac,
+                mtu,
+                link_up: true,
+                queue_depth: u32::from(tx.size()),
             },
             stats: NetDriverStats::default(),
             device,
@@ -155,11 +186,12 @@ impl VirtioNet {
             d.post_rx(slot)?;
         }
         d.rx.publish()?;
+        d.class.link_up = d.link_up()?;
         Ok(d)
     }
 
     /// What the device says of itself.
-    pub fn info(&self) -> NetInfo {
+    pub fn device_info(&self) -> DeviceInfo {
         self.info
     }
 
@@ -210,6 +242,10 @@ impl VirtioNet {
                     VirtioError::Device(format!("transmit completion for idle chain {head}"))
                 })?;
             self.tx_free.push(slot);
+            if let Some((tag, len)) = self.tx_tag[head as usize].take() {
+                self.tx_tagged -= 1;
+                self.tx_done.push((tag, Ok(len)));
+            }
         }
         Ok(())
     }
@@ -255,6 +291,12 @@ impl VirtioNet {
     /// Takes every frame the device has received, appended to `out`, and posts their buffers
     /// again (one doorbell); how many frames came.
     pub fn recv(&mut self, out: &mut Vec<Vec<u8>>) -> Result<usize, VirtioError> {
+        self.receive_each(&mut |f| out.push(f.to_vec()))
+    }
+
+    /// Shows every frame the device has received to `each` (from one reused buffer), and
+    /// posts their buffers again (one doorbell); how many frames came.
+    fn receive_each(&mut self, each: &mut dyn FnMut(&[u8])) -> Result<usize, VirtioError> {
         let mut n = 0;
         while let Some((head, len)) = self.rx.pop_used()? {
             let slot = self
@@ -297,7 +339,9 @@ impl VirtioNet {
                 continue;
             }
             let total: usize = self.partial.iter().map(|&(_, l)| l as usize).sum();
-            let mut frame = vec![0u8; total - net::HDR_SIZE];
+            let mut frame = std::mem::take(&mut self.frame);
+            frame.clear();
+            frame.resize(total - net::HDR_SIZE, 0);
             let mut at = 0usize;
             for (i, &(s, l)) in self.partial.iter().enumerate() {
                 let skip = if i == 0 { net::HDR_SIZE } else { 0 };
@@ -311,7 +355,8 @@ impl VirtioNet {
             for (s, _) in std::mem::take(&mut self.partial) {
                 self.post_rx(s)?;
             }
-            out.push(frame);
+            each(&frame);
+            self.frame = frame;
             n += 1;
             self.stats.rx_frames += 1;
         }
@@ -326,4 +371,161 @@ impl VirtioNet {
         }
         Ok(())
     }
+}
+
+/// A chip error that stops the whole device.
+fn failure(e: VirtioError) -> Failure {
+    Failure::Driver(e.to_string())
+}
+
+impl Driver for VirtioNet {
+    fn driver_name(&self) -> &'static str {
+        "virtio-net"
+    }
+
+    fn sources(&self) -> Vec<(DeviceEvent, BorrowedFd<'_>)> {
+        self.device.sources()
+    }
+
+    fn handle(&mut self, event: DeviceEvent) -> Result<(), Failure> {
+        self.device.handle(event)?;
+        // A configuration change that is not a reset request: the link may have moved.
+        if event == DeviceEvent::ConfigChange {
+            self.refresh()?;
+        }
+        Ok(())
+    }
+
+    fn abandon(&mut self) {
+        if let Err(e) = self.device.stop() {
+            tracing::warn!("virtio-net: reset on abandon failed: {e}");
+        }
+    }
+}
+
+impl NetDriver for VirtioNet {
+    fn info(&self) -> &outboard_net::NetInfo {
+        &self.class
+    }
+
+    fn refresh(&mut self) -> Result<(), Failure> {
+        self.class.link_up = self.link_up().map_err(failure)?;
+        Ok(())
+    }
+
+    fn has_room(&self) -> bool {
+        !self.tx_free.is_empty() && self.tx.can_add(2)
+    }
+
+    fn in_flight(&self) -> usize {
+        self.tx_tagged
+    }
+
+    fn transmit(&mut self, iova: u64, len: u32, tag: u64) -> Result<(), NetError> {
+        let max = self.class.max_frame();
+        if len < outboard_net::ETH_HEADER || len > max {
+            return Err(NetError::Invalid(format!(
+                "a frame of {len} bytes: this NIC sends {} to {max}",
+                outboard_net::ETH_HEADER
+            )));
+        }
+        let Some(slot) = self.tx_free.last().copied() else {
+            return Err(NetError::QueueFull);
+        };
+        let dead = |e: VirtioError| NetError::DeviceFailed(e.to_string());
+        let at = (slot * self.tx_slot_size) as u64;
+        self.tx_area
+            .fill(at, net::HDR_SIZE, 0)
+            .map_err(|e| dead(e.into()))?;
+        let head = self
+            .tx
+            .add(&[
+                Buf {
+                    iova: self.tx_area.iova() + at,
+                    len: net::HDR_SIZE as u32,
+                    write: false,
+                },
+                Buf {
+                    iova,
+                    len,
+                    write: false,
+                },
+            ])
+            .map_err(dead)?
+            .ok_or(NetError::QueueFull)?;
+        self.tx_free.pop();
+        self.tx_slot[head as usize] = Some(slot);
+        self.tx_tag[head as usize] = Some((tag, len));
+        self.tx_tagged += 1;
+        self.stats.tx_frames += 1;
+        Ok(())
+    }
+
+    fn kick(&mut self) -> Result<(), Failure> {
+        self.tx.publish().map(|_| ()).map_err(failure)
+    }
+
+    fn poll(
+        &mut self,
+        sent: &mut Vec<(u64, Result<u32, NetError>)>,
+        received: &mut dyn FnMut(&[u8]),
+    ) -> Result<usize, Failure> {
+        self.reclaim_tx().map_err(failure)?;
+        let n = self.tx_done.len();
+        sent.append(&mut self.tx_done);
+        Ok(n + self.receive_each(received).map_err(failure)?)
+    }
+
+    fn arm(&mut self) -> Result<bool, Failure> {
+        let rx = self.rx.enable_interrupts().map_err(failure)?;
+        let tx = self.tx.enable_interrupts().map_err(failure)?;
+        Ok(rx || tx)
+    }
+}
+
+/// The catalog's entry for virtio-net.
+pub const PERSONALITY: Personality = Personality {
+    driver: "virtio-net",
+    class: outboard_net::CLASS,
+    score: 1000,
+    matches: |id| matches!(id, Identity::Pci(id) if matches(id)),
+    probe,
+    start,
+    faults: &[],
+};
+
+/// Looks at the function: the modern virtio-pci structures must be inside its BARs; a
+/// transitional device bids 100 less.
+fn probe(dev: &Probe<'_>, initial: u32) -> Result<u32, String> {
+    use outboard_spec::virtio::cap;
+    let Probe::Pci(f) = dev else {
+        return Err("virtio-net drives PCI functions".into());
+    };
+    let caps = crate::virtio::transport::virtio_caps(f).map_err(|e| e.to_string())?;
+    let bars = f.bar_sizes().map_err(|e| e.to_string())?;
+    crate::virtio::device::modern_structures(
+        &caps,
+        &bars,
+        &[
+            cap::COMMON_CFG,
+            cap::NOTIFY_CFG,
+            cap::ISR_CFG,
+            cap::DEVICE_CFG,
+        ],
+    )?;
+    Ok(if f.identity().device == 0x1000 {
+        initial.saturating_sub(100)
+    } else {
+        initial
+    })
+}
+
+fn start(p: Provider, o: &StartOptions) -> Result<Box<dyn AnyDriver>, StartError> {
+    let Provider::Pci(f) = p else {
+        return Err(StartError::NoMatch(
+            "virtio-net drives PCI functions".into(),
+        ));
+    };
+    let d = VirtioNet::new(&o.name, f).map_err(|e| StartError::Refused(e.to_string()))?;
+    Ok(outboard_net::bind(d))
 }

@@ -21,7 +21,7 @@ fn nic(opts: NetOptions, wire: Wire) -> Nic {
     let backend = Arc::new(InProcess::new(Box::new(model)));
     let func = PciFunction::with_backend("in-process".into(), backend.clone()).unwrap();
     Nic {
-        driver: VirtioNet::new(func).unwrap(),
+        driver: VirtioNet::new("nic", func).unwrap(),
         backend,
     }
 }
@@ -59,9 +59,9 @@ fn receive(to: &mut Nic, n: usize) -> Vec<Vec<u8>> {
 #[test]
 fn the_driver_reads_the_device_and_the_link() {
     let (a, b) = pair(1500);
-    assert_eq!(a.driver.info().mac, [2, 0, 0, 0, 0, 1]);
-    assert_eq!(b.driver.info().mtu, 1500);
-    assert!(a.driver.info().mergeable);
+    assert_eq!(a.driver.device_info().mac, [2, 0, 0, 0, 0, 1]);
+    assert_eq!(b.driver.device_info().mtu, 1500);
+    assert!(a.driver.device_info().mergeable);
     assert!(a.driver.link_up().unwrap());
     // The other end goes: the link goes down.
     drop(b);

@@ -9,6 +9,7 @@
 //! | [`control_message`] | control-channel messages, fault-socket messages | clients of servers, the manager and device models |
 //! | [`machine_description`] | a machine description (TOML) | the user |
 //! | [`nbd_stream`] | an NBD client's whole stream: negotiation, then requests and payloads | any NBD client |
+//! | [`packet_filter`] | a classic BPF program (as attached, and as `tcpdump -dd` text) and a frame to run it on | a net session's client, the user |
 //!
 //! `cargo fuzz run <target>` (in `fuzz/`) explores; `fuzz/corpus/<target>/` keeps what it
 //! found, and `tests/corpus.rs` replays that corpus on stable in every test run.
@@ -38,6 +39,7 @@ pub const TARGETS: &[(&str, Target)] = &[
     ("control_message", control_message),
     ("machine_description", machine_description),
     ("nbd_stream", nbd_stream),
+    ("packet_filter", packet_filter),
 ];
 
 fn stream_pair() -> (OwnedFd, OwnedFd) {
@@ -258,6 +260,27 @@ pub fn control_message(data: &[u8]) {
 pub fn machine_description(data: &[u8]) {
     if let Ok(text) = std::str::from_utf8(data) {
         let _ = outboard_manager::config::Machine::parse(text, "fuzz.toml");
+    }
+}
+
+/// A packet filter as a net client attaches it, then the frame it runs on: the first byte says
+/// how long the program is (in 8-byte instructions), the rest is the frame. The checker must
+/// answer, and a program it takes must end on the frame without reading outside it. The same
+/// bytes as text go through the `tcpdump -dd` reader.
+pub fn packet_filter(data: &[u8]) {
+    use outboard_net::bpf::{Program, INSN_SIZE};
+    let Some((&n, rest)) = data.split_first() else {
+        return;
+    };
+    let len = (usize::from(n) * INSN_SIZE).min(rest.len());
+    let (program, frame) = rest.split_at(len);
+    if let Ok(p) = Program::parse(program) {
+        let _ = p.run(frame);
+    }
+    if let Ok(text) = std::str::from_utf8(data) {
+        if let Ok(p) = Program::from_text(text) {
+            let _ = p.run(frame);
+        }
     }
 }
 

@@ -1,0 +1,42 @@
+//! The network class's contract with drivers: the trait a NIC driver implements on top of the
+//! environment's [`Driver`], and the binding that carries it through class-free code.
+
+use outboard_env::{Driver, Failure};
+
+use crate::contract::{NetError, NetInfo, CLASS};
+
+/// A NIC driver: what the net dispatcher (in a driver server) and the colocated placement
+/// call. Transmit buffers are device addresses (the session's buffer area, mapped): the device
+/// reads the frame where the client wrote it. Received frames land in the driver's own
+/// buffers, which it posts and reposts itself; the dispatcher is shown each frame once and
+/// copies it to the sessions that take it (it must look at a frame to know whose it is).
+pub trait NetDriver: Driver {
+    /// Class status (the link as last read; [`NetDriver::refresh`] reads it again).
+    fn info(&self) -> &NetInfo;
+    /// Reads what may have changed in the device's configuration (the link, after a
+    /// configuration interrupt).
+    fn refresh(&mut self) -> Result<(), Failure>;
+    /// Whether another frame fits in the transmit queue now.
+    fn has_room(&self) -> bool;
+    /// Frames handed to the device and not yet given back.
+    fn in_flight(&self) -> usize;
+    /// Queues the `len`-byte frame at device address `iova` for transmission under the driver
+    /// tag `tag`. An error is this frame's alone — except [`NetError::DeviceFailed`]: the
+    /// device can take nothing any more.
+    fn transmit(&mut self, iova: u64, len: u32, tag: u64) -> Result<(), NetError>;
+    /// Publishes queued frames to the device (one doorbell for the batch).
+    fn kick(&mut self) -> Result<(), Failure>;
+    /// Reaps transmit completions `(tag, bytes sent or error)` into `sent`, and shows each
+    /// frame received since the last call to `received` (the slice is the driver's; it is
+    /// valid for the call only); reposts the receive buffers. Returns how many of either.
+    fn poll(
+        &mut self,
+        sent: &mut Vec<(u64, Result<u32, NetError>)>,
+        received: &mut dyn FnMut(&[u8]),
+    ) -> Result<usize, Failure>;
+    /// Arms the device's interrupts before the environment sleeps; true if work is already
+    /// waiting.
+    fn arm(&mut self) -> Result<bool, Failure>;
+}
+
+outboard_env::class_binding!(NetBinding, NetDriver, CLASS);

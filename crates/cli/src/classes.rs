@@ -18,6 +18,10 @@ const CLASSES: &[(&str, Serve)] = &[
         outboard_rng::CLASS,
         outboard_rng_server::EntropyDispatcher::serve,
     ),
+    (
+        outboard_net::CLASS,
+        outboard_net_server::NetDispatcher::serve,
+    ),
 ];
 
 /// The dispatcher of `driver`'s class.

@@ -174,6 +174,7 @@ impl VirtioNet {
                 mtu,
                 link_up: true,
                 queue_depth: u32::from(tx.size()),
+                counters: outboard_net::NetCounters::default(),
             },
             stats: NetDriverStats::default(),
             device,

@@ -227,6 +227,32 @@ pub struct NetInfo {
     pub link_up: bool,
     /// Most frames in the transmit queue at once.
     pub queue_depth: u32,
+    /// What the server saw (zero from a driver alone; the server fills them in).
+    #[serde(default)]
+    pub counters: NetCounters,
+}
+
+/// What happened to the frames of a NIC, as its server counts them.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct NetCounters {
+    /// Frames handed to the device to send.
+    pub tx_frames: u64,
+    /// Bytes in them.
+    pub tx_bytes: u64,
+    /// Frames the device received.
+    pub rx_frames: u64,
+    /// Bytes in them.
+    pub rx_bytes: u64,
+    /// Copies of received frames delivered to sessions (a frame two sessions take counts
+    /// twice).
+    pub rx_delivered: u64,
+    /// Received frames no session took (no filter or address matched): dropped.
+    pub rx_unclaimed: u64,
+    /// Received frames a session took but had no receive buffer posted for: dropped.
+    pub rx_no_buffer: u64,
+    /// Received frames longer than the buffer they went into.
+    pub rx_truncated: u64,
 }
 
 impl NetInfo {
@@ -516,6 +542,7 @@ mod tests {
             mtu: 1500,
             link_up: true,
             queue_depth: 256,
+            counters: NetCounters::default(),
         }
     }
 

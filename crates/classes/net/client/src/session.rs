@@ -1,0 +1,386 @@
+//! A session with a NIC served by a driver server.
+//!
+//! The buffer area is cut into fixed slots of [`SLOT`] bytes (a whole frame of the largest
+//! MTU Outboard's NIC models offer fits in one): the first [`NetOptions::receive_buffers`]
+//! are kept posted for receiving, the rest hold frames being sent. A frame is written once,
+//! into its slot; the device reads it there. A received frame is read out of its slot, which
+//! is then posted again. Requests carry the slot in their tag, so a completion names the
+//! slot it frees.
+
+use std::collections::VecDeque;
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use outboard_client::{Channel, ChannelError, WaitMode};
+use outboard_net::bpf::Program;
+use outboard_net::{NetError, NetInfo, NetOp, NetRequest, Sqe, CLASS, RINGS};
+use outboard_session::Geometry;
+
+/// Bytes of one slot of the buffer area.
+pub const SLOT: u64 = 2048;
+/// Tags of receive buffers: the slot.
+const RECEIVE: u64 = 0;
+/// Tags of frames sent: this bit and the slot.
+const TRANSMIT: u64 = 1 << 62;
+/// Tags of requests that hold no slot (filter, mode, groups, reclaim): this bit and a count.
+const CONTROL: u64 = 1 << 61;
+
+/// How a session is set up.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct NetOptions {
+    /// Slots kept posted for receiving.
+    pub receive_buffers: u32,
+    /// Slots for frames being sent.
+    pub transmit_buffers: u32,
+    /// How the client waits.
+    pub mode: WaitMode,
+    /// How long a call waits for the server before it fails with a timeout.
+    pub timeout: Duration,
+}
+
+impl Default for NetOptions {
+    fn default() -> Self {
+        Self {
+            receive_buffers: 128,
+            transmit_buffers: 64,
+            mode: WaitMode::Blocking,
+            timeout: Duration::from_secs(10),
+        }
+    }
+}
+
+/// The net class's meaning of a session failure.
+fn channel_err(e: ChannelError) -> NetError {
+    match e {
+        ChannelError::Gone => NetError::DeviceGone,
+        ChannelError::Timeout => NetError::Timeout,
+        ChannelError::Connect(m) => NetError::NoSuchDevice(m),
+        ChannelError::Refused(r) => r.into(),
+        ChannelError::Protocol(m) => NetError::Protocol(m),
+    }
+}
+
+/// The device's status from a server, checked before anything relies on it.
+pub fn parse_info(v: serde_json::Value) -> Result<NetInfo, NetError> {
+    let info: NetInfo =
+        serde_json::from_value(v).map_err(|e| NetError::Protocol(format!("device status: {e}")))?;
+    if u64::from(info.max_frame()) > SLOT {
+        return Err(NetError::Protocol(format!(
+            "a NIC with an MTU of {}: this client's slots hold frames of up to {SLOT} bytes",
+            info.mtu
+        )));
+    }
+    Ok(info)
+}
+
+/// A session with a NIC served by a driver server.
+pub struct NetClient {
+    channel: Channel,
+    info: NetInfo,
+    opts: NetOptions,
+    /// Transmit slots free (slot numbers, after the receive slots).
+    tx_free: Vec<u32>,
+    /// Received frames not yet read: (slot, length or why not).
+    received: VecDeque<(u32, Result<u32, NetError>)>,
+    /// Answers to control requests not yet collected.
+    answers: Vec<(u64, Result<u32, NetError>)>,
+    /// Frames whose sending failed, not yet reported.
+    failed: VecDeque<NetError>,
+    next_control: u64,
+}
+
+impl NetClient {
+    /// Opens `device` on the driver server at `server` and posts the receive buffers.
+    pub fn open(server: &Path, device: &str, opts: NetOptions) -> Result<Self, NetError> {
+        let slots = opts.receive_buffers + opts.transmit_buffers;
+        if opts.receive_buffers == 0 || opts.transmit_buffers == 0 {
+            return Err(NetError::Invalid(
+                "a session needs at least one receive and one transmit buffer".into(),
+            ));
+        }
+        // Every slot may have a completion waiting at once, and a control request besides.
+        let depth = (slots + 1).next_power_of_two();
+        let geometry = Geometry::of_class(&RINGS, depth, u64::from(slots) * SLOT);
+        let (channel, info) =
+            Channel::open(server, device, CLASS, geometry, opts.mode, opts.timeout)
+                .map_err(channel_err)?;
+        let mut c = Self {
+            info: parse_info(info)?,
+            channel,
+            opts,
+            tx_free: (opts.receive_buffers..slots).rev().collect(),
+            received: VecDeque::new(),
+            answers: Vec::new(),
+            failed: VecDeque::new(),
+            next_control: 0,
+        };
+        for slot in 0..opts.receive_buffers {
+            c.post(slot)?;
+        }
+        c.channel.kick();
+        Ok(c)
+    }
+
+    /// The NIC's status as it was when the session opened.
+    pub fn info(&self) -> &NetInfo {
+        &self.info
+    }
+
+    /// The NIC's status and its server's counters now.
+    pub fn status(server: &Path, device: &str) -> Result<NetInfo, NetError> {
+        parse_info(Channel::status(server, device, Duration::from_secs(5)).map_err(channel_err)?)
+    }
+
+    fn stage(&mut self, r: &NetRequest) -> Result<(), NetError> {
+        match self.channel.stage(0, &Sqe::encode(r).0) {
+            Ok(true) => Ok(()),
+            Ok(false) => Err(NetError::QueueFull),
+            Err(e) => Err(channel_err(e)),
+        }
+    }
+
+    fn post(&mut self, slot: u32) -> Result<(), NetError> {
+        self.stage(&NetRequest {
+            op: NetOp::Receive,
+            tag: RECEIVE | u64::from(slot),
+            buf_offset: u64::from(slot) * SLOT,
+            length: SLOT as u32,
+        })
+    }
+
+    /// Takes every completion waiting, sorting it by what it answers.
+    fn reap(&mut self) -> Result<usize, NetError> {
+        let mut n = 0;
+        while let Some((tag, result)) = self
+            .channel
+            .completion::<NetError>(0)
+            .map_err(channel_err)?
+        {
+            n += 1;
+            if tag & CONTROL != 0 {
+                self.answers.push((tag, result));
+            } else if tag & TRANSMIT != 0 {
+                let slot = (tag & !TRANSMIT) as u32;
+                if (self.opts.receive_buffers
+                    ..self.opts.receive_buffers + self.opts.transmit_buffers)
+                    .contains(&slot)
+                    && !self.tx_free.contains(&slot)
+                {
+                    self.tx_free.push(slot);
+                }
+                if let Err(e) = result {
+                    self.failed.push_back(e);
+                }
+            } else if tag < u64::from(self.opts.receive_buffers) {
+                self.received.push_back((tag as u32, result));
+            } else {
+                return Err(NetError::Protocol(format!(
+                    "a completion for tag {tag:#x}, which this client never used"
+                )));
+            }
+        }
+        Ok(n)
+    }
+
+    /// Reaps, and waits until something came or `deadline` passed (false then).
+    fn wait(&mut self, deadline: Instant) -> Result<bool, NetError> {
+        if self.reap()? > 0 {
+            return Ok(true);
+        }
+        match self.channel.wait(deadline) {
+            Ok(()) => Ok(self.reap()? > 0),
+            Err(ChannelError::Timeout) => Ok(false),
+            Err(e) => Err(channel_err(e)),
+        }
+    }
+
+    /// Queues `frame` for sending (it is copied once, into its slot, where the device reads
+    /// it); waits only for a free slot. A frame the server refused or could not send is
+    /// reported by a later call (`send`, [`NetClient::flush`]).
+    pub fn send(&mut self, frame: &[u8]) -> Result<(), NetError> {
+        if let Some(e) = self.failed.pop_front() {
+            return Err(e);
+        }
+        let deadline = Instant::now() + self.opts.timeout;
+        let slot = loop {
+            if let Some(s) = self.tx_free.pop() {
+                break s;
+            }
+            self.channel.kick();
+            if !self.wait(deadline)? && Instant::now() >= deadline {
+                return Err(NetError::Timeout);
+            }
+        };
+        if frame.len() as u64 > u64::from(self.info.max_frame()).min(SLOT) {
+            self.tx_free.push(slot);
+            return Err(NetError::Invalid(format!(
+                "a frame of {} bytes: this NIC sends up to {}",
+                frame.len(),
+                self.info.max_frame()
+            )));
+        }
+        let offset = u64::from(slot) * SLOT;
+        self.channel
+            .buffers()
+            .write(offset, frame)
+            .map_err(|e| NetError::Protocol(e.to_string()))?;
+        let staged = self.stage(&NetRequest {
+            op: NetOp::Transmit,
+            tag: TRANSMIT | u64::from(slot),
+            buf_offset: offset,
+            length: frame.len() as u32,
+        });
+        if staged.is_err() {
+            self.tx_free.push(slot);
+        }
+        staged?;
+        self.channel.kick();
+        Ok(())
+    }
+
+    /// Waits until every frame sent so far is answered; the first failure among them, if any.
+    pub fn flush(&mut self) -> Result<(), NetError> {
+        let deadline = Instant::now() + self.opts.timeout;
+        self.channel.kick();
+        while self.tx_free.len() < self.opts.transmit_buffers as usize {
+            if !self.wait(deadline)? && Instant::now() >= deadline {
+                return Err(NetError::Timeout);
+            }
+        }
+        match self.failed.pop_front() {
+            Some(e) => Err(e),
+            None => Ok(()),
+        }
+    }
+
+    /// The next frame received, copied into `out` (its length), or `None` if none came
+    /// within `timeout`. The buffer it came in is posted again.
+    pub fn recv_into(
+        &mut self,
+        out: &mut [u8],
+        timeout: Duration,
+    ) -> Result<Option<usize>, NetError> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            if let Some((slot, result)) = self.received.pop_front() {
+                let read = result.and_then(|len| {
+                    let n = len as usize;
+                    if n > out.len() || u64::from(len) > SLOT {
+                        return Err(NetError::Truncated(format!(
+                            "a frame of {n} bytes into {} bytes",
+                            out.len()
+                        )));
+                    }
+                    self.channel
+                        .buffers()
+                        .read(u64::from(slot) * SLOT, &mut out[..n])
+                        .map_err(|e| NetError::Protocol(e.to_string()))?;
+                    Ok(n)
+                });
+                // A buffer given back unused was asked for; any other answer frees it to post.
+                if !matches!(read, Err(NetError::Cancelled)) {
+                    self.post(slot)?;
+                    self.channel.kick();
+                }
+                return read.map(Some);
+            }
+            if !self.wait(deadline)? && Instant::now() >= deadline {
+                return Ok(None);
+            }
+        }
+    }
+
+    /// The next frame received, or `None` if none came within `timeout`.
+    pub fn recv(&mut self, timeout: Duration) -> Result<Option<Vec<u8>>, NetError> {
+        let mut buf = vec![0u8; SLOT as usize];
+        Ok(self.recv_into(&mut buf, timeout)?.map(|n| {
+            buf.truncate(n);
+            buf
+        }))
+    }
+
+    /// Sends a request that holds no slot and waits for its answer.
+    fn control(&mut self, op: NetOp, buf_offset: u64, length: u32) -> Result<u32, NetError> {
+        self.next_control += 1;
+        let tag = CONTROL | self.next_control;
+        self.stage(&NetRequest {
+            op,
+            tag,
+            buf_offset,
+            length,
+        })?;
+        self.channel.kick();
+        let deadline = Instant::now() + self.opts.timeout;
+        loop {
+            if let Some(i) = self.answers.iter().position(|(t, _)| *t == tag) {
+                return self.answers.swap_remove(i).1;
+            }
+            if !self.wait(deadline)? && Instant::now() >= deadline {
+                return Err(NetError::Timeout);
+            }
+        }
+    }
+
+    /// Writes `bytes` into a free transmit slot for a control request, runs it, frees the slot.
+    fn control_with(&mut self, op: NetOp, bytes: &[u8]) -> Result<u32, NetError> {
+        let deadline = Instant::now() + self.opts.timeout;
+        let slot = loop {
+            if let Some(s) = self.tx_free.pop() {
+                break s;
+            }
+            if !self.wait(deadline)? && Instant::now() >= deadline {
+                return Err(NetError::Timeout);
+            }
+        };
+        // A program longer than a slot spans the slots after it: only as many as are free
+        // in a row; the server refuses anything past the buffer area.
+        let offset = u64::from(slot) * SLOT;
+        let written = self
+            .channel
+            .buffers()
+            .write(offset, bytes)
+            .map_err(|e| NetError::Protocol(e.to_string()));
+        let result = written.and_then(|()| self.control(op, offset, bytes.len() as u32));
+        self.tx_free.push(slot);
+        result
+    }
+
+    /// Attaches `program` as this session's packet filter (`None` removes it); the server's
+    /// checker's verdict, with its reason if it refuses.
+    pub fn set_filter(&mut self, program: Option<&Program>) -> Result<(), NetError> {
+        match program {
+            None => self.control(NetOp::Filter, 0, 0).map(drop),
+            Some(p) if p.to_bytes().len() as u64 > SLOT => Err(NetError::BadFilter(format!(
+                "{} instructions: this client sends up to {}",
+                p.insns().len(),
+                SLOT / 8
+            ))),
+            Some(p) => self.control_with(NetOp::Filter, &p.to_bytes()).map(drop),
+        }
+    }
+
+    /// Attaches raw program bytes as attached (for clients that have them already; the server
+    /// checks them).
+    pub fn set_filter_bytes(&mut self, program: &[u8]) -> Result<(), NetError> {
+        self.control_with(NetOp::Filter, program).map(drop)
+    }
+
+    /// Sets the receive mode ([`outboard_net::PROMISCUOUS`], [`outboard_net::ALL_MULTICAST`]).
+    pub fn set_mode(&mut self, flags: u32) -> Result<(), NetError> {
+        self.control(NetOp::Mode, 0, flags).map(drop)
+    }
+
+    /// Joins exactly these multicast groups.
+    pub fn set_groups(&mut self, groups: &[[u8; 6]]) -> Result<(), NetError> {
+        let bytes: Vec<u8> = groups.iter().flatten().copied().collect();
+        if bytes.is_empty() {
+            return self.control(NetOp::Multicast, 0, 0).map(drop);
+        }
+        self.control_with(NetOp::Multicast, &bytes).map(drop)
+    }
+
+    /// The channel (tests that speak the protocol by hand next to a good client).
+    pub fn channel(&mut self) -> &mut Channel {
+        &mut self.channel
+    }
+}

@@ -1,0 +1,320 @@
+//! The net class end to end: two virtio-net device models joined by a wire, each served over
+//! vfio-user on a thread of its own (as a model process would), both NICs driven by the
+//! virtio-net driver in one driver server, and clients on sessions. Frames cross the wire
+//! intact and in order, sessions sharing a NIC are told apart by their filters, and bad
+//! requests fail alone.
+
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use outboard_devices::virtio_net::{NetOptions as ModelOptions, VirtioNet as NetModel, Wire};
+use outboard_devices::virtio_pci::VirtioPci;
+use outboard_devices::virtio_rng::Seeded;
+use outboard_drivers::virtio_net::VirtioNet;
+use outboard_hw::{DeviceSpec, PciFunction};
+use outboard_net::bpf::Program;
+use outboard_net::{NetError, NetOp, NetRequest, Sqe, PROMISCUOUS};
+use outboard_net_client::{NetClient, NetOptions};
+use outboard_net_server::NetDispatcher;
+use outboard_server::{DriverHost, HostStats};
+
+const A: [u8; 6] = [2, 0, 0, 0, 0, 1];
+const B: [u8; 6] = [2, 0, 0, 0, 0, 2];
+
+struct Model {
+    stop: Arc<AtomicBool>,
+    thread: JoinHandle<()>,
+}
+
+/// Serves a NIC model over vfio-user at `path` on a thread.
+fn model(path: &Path, mac: [u8; 6], wire: Wire) -> Model {
+    let opts = ModelOptions {
+        mac,
+        mtu: 1500,
+        link_up: true,
+    };
+    let dev = VirtioPci::new(NetModel::new(opts, Some(wire))).unwrap();
+    let mut server =
+        outboard_vfio_user::Server::bind(path, dev, outboard_vfio_user::ServerOptions::default())
+            .unwrap();
+    let stop = Arc::new(AtomicBool::new(false));
+    let s = stop.clone();
+    let thread = std::thread::spawn(move || {
+        while !s.load(Ordering::Relaxed) {
+            server.run_once(Duration::from_millis(10)).unwrap();
+        }
+    });
+    Model { stop, thread }
+}
+
+struct Rig {
+    _dir: tempfile::TempDir,
+    sock: PathBuf,
+    host: (
+        Arc<AtomicBool>,
+        JoinHandle<Result<HostStats, outboard_server::HostError>>,
+    ),
+    models: Vec<Model>,
+}
+
+impl Rig {
+    /// Two NICs on one wire, `nic0` (address A) and `nic1` (address B), in one driver server.
+    fn start() -> Self {
+        let dir = tempfile::tempdir().unwrap();
+        let (wa, wb) = Wire::pair().unwrap();
+        let pa = dir.path().join("a.sock");
+        let pb = dir.path().join("b.sock");
+        let models = vec![model(&pa, A, wa), model(&pb, B, wb)];
+        let served = [("nic0", &pa), ("nic1", &pb)]
+            .into_iter()
+            .map(|(name, p)| {
+                let f = PciFunction::open(&DeviceSpec::VfioUser(p.clone())).unwrap();
+                let d = VirtioNet::new(name, f).unwrap();
+                let env = outboard_env::DeviceEnv::for_function(d.function());
+                NetDispatcher::served(d, env)
+            })
+            .collect();
+        let sock = dir.path().join("host.sock");
+        let host = DriverHost::bind(&sock, served).unwrap().spawn();
+        Rig {
+            _dir: dir,
+            sock,
+            host,
+            models,
+        }
+    }
+
+    fn open(&self, nic: &str) -> NetClient {
+        NetClient::open(&self.sock, nic, NetOptions::default()).unwrap()
+    }
+
+    fn stop(self) {
+        self.host.0.store(true, Ordering::Relaxed);
+        self.host.1.join().unwrap().unwrap();
+        for m in self.models {
+            m.stop.store(true, Ordering::Relaxed);
+            m.thread.join().unwrap();
+        }
+    }
+}
+
+/// A frame from `src` to `dst` of `len` bytes: Ethernet type `ethertype`, then the seeded
+/// stream `seed`.
+fn frame(dst: [u8; 6], src: [u8; 6], ethertype: u16, len: usize, seed: u64) -> Vec<u8> {
+    let mut f = vec![0u8; len];
+    Seeded::new(seed).fill(&mut f[14..]);
+    f[..6].copy_from_slice(&dst);
+    f[6..12].copy_from_slice(&src);
+    f[12..14].copy_from_slice(&ethertype.to_be_bytes());
+    f
+}
+
+/// `ldh [12]; jeq #ethertype, accept, drop`.
+fn only(ethertype: u16) -> Program {
+    Program::from_text(&format!(
+        "{{ 0x28, 0, 0, 12 }}, {{ 0x15, 0, 1, {ethertype:#x} }}, {{ 0x6, 0, 0, 0xffff }}, {{ 0x6, 0, 0, 0 }}"
+    ))
+    .unwrap()
+}
+
+const WAIT: Duration = Duration::from_secs(5);
+
+#[test]
+fn frames_of_every_size_cross_the_wire_intact_and_in_order() {
+    let rig = Rig::start();
+    let mut a = rig.open("nic0");
+    let mut b = rig.open("nic1");
+    assert_eq!(a.info().mac, A);
+    assert_eq!(b.info().mtu, 1500);
+    assert!(a.info().link_up);
+    // Every size from the smallest Ethernet frame to the largest, several times over (more
+    // than the posted buffers and transmit slots at once: they are reused under load).
+    let sizes: Vec<usize> = (60..=1514).step_by(7).chain([1514, 60, 1514]).collect();
+    let frames: Vec<Vec<u8>> = sizes
+        .iter()
+        .enumerate()
+        .map(|(i, &n)| frame(B, A, 0x88b5, n, i as u64))
+        .collect();
+    let receiver = std::thread::spawn(move || {
+        let mut got = Vec::new();
+        while got.len() < 211 {
+            match b.recv(WAIT).unwrap() {
+                Some(f) => got.push(f),
+                None => break,
+            }
+        }
+        (b, got)
+    });
+    for f in &frames {
+        a.send(f).unwrap();
+    }
+    a.flush().unwrap();
+    let (_b, got) = receiver.join().unwrap();
+    assert_eq!(got.len(), frames.len(), "every frame arrived");
+    for (i, (g, f)) in got.iter().zip(&frames).enumerate() {
+        assert!(g == f, "frame {i} ({} bytes) differs", f.len());
+    }
+    let status = NetClient::status(&rig.sock, "nic0").unwrap();
+    assert_eq!(status.counters.tx_frames, frames.len() as u64);
+    rig.stop();
+}
+
+#[test]
+fn sessions_sharing_a_nic_get_the_frames_their_filters_take() {
+    let rig = Rig::start();
+    let mut a = rig.open("nic0");
+    let mut one = rig.open("nic1");
+    let mut two = rig.open("nic1");
+    let mut all = rig.open("nic1");
+    let mut deaf = rig.open("nic1");
+    one.set_filter(Some(&only(0x88b5))).unwrap();
+    two.set_filter(Some(&only(0x88b6))).unwrap();
+    deaf.set_filter(Some(&only(0x88b7))).unwrap();
+    // `all` has no filter: frames to its NIC's address and broadcast; not another station's
+    // until it asks for promiscuous mode.
+    for i in 0..20u64 {
+        let t = if i % 2 == 0 { 0x88b5 } else { 0x88b6 };
+        a.send(&frame(B, A, t, 100 + i as usize, i)).unwrap();
+    }
+    a.send(&frame([2, 0, 0, 0, 0, 9], A, 0x88b5, 64, 99))
+        .unwrap();
+    a.flush().unwrap();
+    let drain = |c: &mut NetClient| {
+        let mut v = Vec::new();
+        while let Some(f) = c.recv(Duration::from_millis(300)).unwrap() {
+            v.push(f);
+        }
+        v
+    };
+    let (g1, g2, ga, gd) = (
+        drain(&mut one),
+        drain(&mut two),
+        drain(&mut all),
+        drain(&mut deaf),
+    );
+    assert_eq!(g1.len(), 10);
+    assert!(g1.iter().all(|f| f[12..14] == [0x88, 0xb5] && f[..6] == B));
+    assert_eq!(g2.len(), 10);
+    assert!(g2.iter().all(|f| f[12..14] == [0x88, 0xb6]));
+    assert_eq!(
+        ga.len(),
+        20,
+        "no filter: every frame to the NIC, not the other station's"
+    );
+    assert!(gd.is_empty());
+    all.set_mode(PROMISCUOUS).unwrap();
+    a.send(&frame([2, 0, 0, 0, 0, 9], A, 0x88b5, 64, 100))
+        .unwrap();
+    a.flush().unwrap();
+    assert_eq!(
+        drain(&mut all).len(),
+        1,
+        "promiscuous: another station's frame too"
+    );
+    rig.stop();
+}
+
+#[test]
+fn bad_requests_and_filters_fail_alone_with_their_reasons() {
+    let rig = Rig::start();
+    let mut a = rig.open("nic0");
+    let mut b = rig.open("nic1");
+    let mut hostile = rig.open("nic0");
+    // Programs the checker refuses, each with its reason.
+    let bad: &[(&[u8], &str)] = &[
+        (&[0x06, 0, 0, 0, 0, 0, 0], "8-byte instructions"),
+        (&[0x05, 0, 0, 0, 0xff, 0, 0, 0], "past the end"),
+        (&[0x28, 0, 0, 0, 12, 0, 0, 0], "ret"),
+        (
+            &[0x60, 0, 0, 0, 3, 0, 0, 0, 0x16, 0, 0, 0, 0, 0, 0, 0],
+            "before it is written",
+        ),
+    ];
+    for (bytes, why) in bad {
+        match hostile.set_filter_bytes(bytes) {
+            Err(NetError::BadFilter(r)) if r.contains(why) => {}
+            other => panic!("{why}: {other:?}"),
+        }
+    }
+    // Frames the server refuses: too short, too long.
+    assert!(
+        hostile.send(&[0u8; 13]).is_ok(),
+        "queued; refused by the server"
+    );
+    assert!(matches!(hostile.flush(), Err(NetError::Invalid(_))));
+    assert!(matches!(
+        hostile.send(&[0u8; 1600]),
+        Err(NetError::Invalid(_))
+    ));
+    // Garbage entries by hand: each is answered with its error, under its tag.
+    let ch = hostile.channel();
+    let mut garbage = [0xa5u8; 32];
+    garbage[8..16].copy_from_slice(&(1u64 << 61 | 999).to_le_bytes());
+    assert!(ch.stage(0, &garbage).unwrap());
+    let past = NetRequest {
+        op: NetOp::Receive,
+        tag: 1 << 61 | 1000,
+        buf_offset: u64::MAX - 4,
+        length: 100,
+    };
+    assert!(ch.stage(0, &Sqe::encode(&past).0).unwrap());
+    ch.kick();
+    let mut answers = Vec::new();
+    let deadline = std::time::Instant::now() + WAIT;
+    while answers.len() < 2 && std::time::Instant::now() < deadline {
+        while let Some(c) = ch.completion::<NetError>(0).unwrap() {
+            answers.push(c);
+        }
+        let _ = ch.wait(deadline);
+    }
+    assert!(answers.contains(&(
+        1 << 61 | 999,
+        Err(NetError::Invalid("unknown opcode 165".into()))
+    )));
+    assert!(answers.contains(&(1 << 61 | 1000, Err(NetError::BadBuffer))));
+    // The good session on the same NIC is untouched.
+    let f = frame(B, A, 0x88b5, 200, 7);
+    a.send(&f).unwrap();
+    a.flush().unwrap();
+    assert_eq!(b.recv(WAIT).unwrap().as_deref(), Some(&f[..]));
+    rig.stop();
+}
+
+#[test]
+fn a_session_that_never_posts_buffers_costs_only_its_own_frames() {
+    let rig = Rig::start();
+    let mut a = rig.open("nic0");
+    let mut b = rig.open("nic1");
+    // A session that takes every frame and gives its buffers back without posting more.
+    let mut greedy = rig.open("nic1");
+    let ch = greedy.channel();
+    let reclaim = NetRequest {
+        op: NetOp::Reclaim,
+        tag: 1 << 61 | 1,
+        buf_offset: 0,
+        length: 0,
+    };
+    assert!(ch.stage(0, &Sqe::encode(&reclaim).0).unwrap());
+    ch.kick();
+    std::thread::sleep(Duration::from_millis(200));
+    for i in 0..300u64 {
+        a.send(&frame(B, A, 0x88b5, 64, i)).unwrap();
+        if i % 50 == 49 {
+            a.flush().unwrap();
+            for _ in 0..50 {
+                assert!(b.recv(WAIT).unwrap().is_some(), "frame {i}");
+            }
+        }
+    }
+    let s = NetClient::status(&rig.sock, "nic1").unwrap();
+    assert_eq!(s.counters.rx_frames, 300);
+    assert_eq!(
+        s.counters.rx_no_buffer, 300,
+        "the greedy session's copies were dropped"
+    );
+    assert_eq!(s.counters.rx_delivered, 300);
+    rig.stop();
+}

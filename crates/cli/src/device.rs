@@ -35,6 +35,12 @@ pub enum DeviceCommand {
     ///
     /// Example: outboard device virtio-rng --socket /tmp/rng.sock
     VirtioRng(crate::rng::VirtioRngArgs),
+    /// A virtio-net NIC (virtio 1.x over PCI, vendor 0x1af4 device 0x1041): one receive and
+    /// one transmit queue, mergeable receive buffers, link status; its cable is a socket
+    /// inherited from whoever starts it (the manager joins two NICs on a `wire`).
+    ///
+    /// Example: outboard device virtio-net --socket /tmp/nic.sock --mac 02:00:00:00:00:01
+    VirtioNet(crate::net::VirtioNetArgs),
 }
 
 #[derive(Args)]
@@ -92,6 +98,7 @@ pub fn run(c: DeviceCommand) -> Result<ExitCode, String> {
         DeviceCommand::VirtioBlk(a) => &a.confine,
         DeviceCommand::NullBlk(a) => &a.confine,
         DeviceCommand::VirtioRng(a) => &a.confine,
+        DeviceCommand::VirtioNet(a) => &a.confine,
     };
     confine.drop_privileges(false).map_err(|e| e.to_string())?;
     match c {
@@ -118,6 +125,7 @@ pub fn run(c: DeviceCommand) -> Result<ExitCode, String> {
             disk("null-blk", backing, a.disk, a.faults, &a.listen, &a.confine)
         }
         DeviceCommand::VirtioRng(a) => crate::rng::serve_model(a),
+        DeviceCommand::VirtioNet(a) => crate::net::serve_model(a),
     }
 }
 

@@ -8,6 +8,7 @@ mod device;
 mod export;
 mod hw;
 mod latency;
+mod net;
 mod rng;
 mod up;
 
@@ -46,6 +47,9 @@ enum Command {
     /// Entropy devices (class `entropy`): read random bytes, whatever the placement.
     #[command(subcommand)]
     Rng(rng::RngCommand),
+    /// NICs (class `net`): status, counters, send and receive Ethernet frames.
+    #[command(subcommand)]
+    Net(net::NetCommand),
     /// Serve a machine's block devices to ordinary tools (NBD).
     #[command(subcommand)]
     Export(export::ExportCommand),
@@ -229,6 +233,7 @@ fn main() -> ExitCode {
         Command::Ls(a) => up::ls(a, control),
         Command::Blk(c) => blk::run(c, control),
         Command::Rng(c) => rng::run(c, control),
+        Command::Net(c) => net::run(c, control),
         Command::Fault(a) => fault(a, control),
         Command::Power(a) => up::power(a, control),
         Command::Restart(a) => up::restart(a, control),

@@ -530,6 +530,62 @@ pub struct VirtioRngOwn {
     pub seed: Option<u64>,
 }
 
+/// virtio-net's own arguments.
+#[allow(missing_docs)]
+#[derive(Args, Debug, Clone, PartialEq)]
+pub struct VirtioNetOwn {
+    /// The NIC's address (six bytes in hex, colon-separated).
+    #[arg(long, value_name = "MAC", value_parser = parse_mac_arg)]
+    pub mac: String,
+    /// Largest payload a frame carries, in bytes.
+    #[arg(long, value_name = "BYTES", default_value_t = 1500, value_parser = clap::value_parser!(u16).range(68..=1500))]
+    pub mtu: u16,
+    /// Start with the link down (a configuration interrupt tells the driver when it changes).
+    #[arg(long)]
+    pub link_down: bool,
+    /// The cable: a SOCK_SEQPACKET socket inherited as descriptor N, one frame a message,
+    /// whose other end is another NIC (what the manager passes). Without it the NIC has no
+    /// cable and its link is down.
+    #[arg(long, value_name = "fd:N")]
+    pub wire: Option<String>,
+}
+
+/// A MAC address on the command line (`02:00:00:00:00:01`).
+pub fn parse_mac_arg(s: &str) -> Result<String, String> {
+    parse_mac(s).map(|_| s.to_string())
+}
+
+/// A NIC's own address's six bytes (`02:00:00:00:00:01`): not a group address.
+pub fn parse_mac(s: &str) -> Result<[u8; 6], String> {
+    let mac = parse_address(s)?;
+    if mac[0] & 1 != 0 {
+        return Err(format!(
+            "{s:?} is a multicast address: a NIC's own address is not"
+        ));
+    }
+    Ok(mac)
+}
+
+/// Any Ethernet address's six bytes (a station, a group, broadcast).
+pub fn parse_address(s: &str) -> Result<[u8; 6], String> {
+    let parts: Vec<&str> = s.split(':').collect();
+    let mut mac = [0u8; 6];
+    if parts.len() != 6 {
+        return Err(format!(
+            "{s:?} is not a MAC address (six hex bytes, e.g. 02:00:00:00:00:01)"
+        ));
+    }
+    for (b, p) in mac.iter_mut().zip(&parts) {
+        *b = u8::from_str_radix(p, 16)
+            .ok()
+            .filter(|_| p.len() == 2)
+            .ok_or_else(|| {
+                format!("{s:?} is not a MAC address (six hex bytes, e.g. 02:00:00:00:00:01)")
+            })?;
+    }
+    Ok(mac)
+}
+
 /// A size on the command line (4096, 64M, 2G).
 pub fn parse_size_arg(s: &str) -> Result<u64, String> {
     outboard_devices::backing::parse_size(s)
@@ -544,6 +600,8 @@ pub enum ModelOwn {
     VirtioBlk(VirtioBlkOwn),
     /// `outboard device virtio-rng`.
     VirtioRng(VirtioRngOwn),
+    /// `outboard device virtio-net`.
+    VirtioNet(VirtioNetOwn),
 }
 
 impl ModelOwn {
@@ -552,6 +610,7 @@ impl ModelOwn {
         match self {
             Self::VirtioBlk(_) => "virtio-blk",
             Self::VirtioRng(_) => "virtio-rng",
+            Self::VirtioNet(_) => "virtio-net",
         }
     }
 
@@ -563,6 +622,12 @@ impl ModelOwn {
                 o.disk.write(a);
             }
             Self::VirtioRng(o) => a.opt("--seed", o.seed),
+            Self::VirtioNet(o) => {
+                a.opt("--mac", Some(&o.mac));
+                a.opt("--mtu", (o.mtu != 1500).then_some(o.mtu));
+                a.flag("--link-down", o.link_down);
+                a.opt("--wire", o.wire.as_ref());
+            }
         }
     }
 }

@@ -214,6 +214,10 @@ struct RawDevice {
     read_only: Option<Spanned<bool>>,
     queues: Option<Spanned<i64>>,
     seed: Option<Spanned<i64>>,
+    mac: Option<Spanned<String>>,
+    mtu: Option<Spanned<i64>>,
+    link: Option<Spanned<String>>,
+    wire: Option<Spanned<String>>,
     placement: Option<Spanned<String>>,
     server: Option<Spanned<String>>,
     request_deadline: Option<Spanned<String>>,
@@ -281,6 +285,18 @@ impl RawDevice {
         }
         if let Some(v) = &self.seed {
             put("seed", v.get_ref().to_string(), v.span().start);
+        }
+        if let Some(v) = &self.mac {
+            put("mac", v.get_ref().clone(), v.span().start);
+        }
+        if let Some(v) = &self.mtu {
+            put("mtu", v.get_ref().to_string(), v.span().start);
+        }
+        if let Some(v) = &self.link {
+            put("link", v.get_ref().clone(), v.span().start);
+        }
+        if let Some(v) = &self.wire {
+            put("wire", v.get_ref().clone(), v.span().start);
         }
         k
     }

@@ -219,7 +219,9 @@ impl From<outboard_session::Refusal> for NetError {
 pub struct NetInfo {
     /// Class device name.
     pub name: String,
-    /// The NIC's address (all zero if the device has none).
+    /// The NIC's address (all zero if the device has none); in JSON as text
+    /// (`02:00:00:00:00:01`).
+    #[serde(with = "mac_as_text")]
     pub mac: [u8; 6],
     /// Largest payload behind the Ethernet header.
     pub mtu: u16,
@@ -265,6 +267,35 @@ impl NetInfo {
     pub fn mac_text(&self) -> String {
         mac_text(&self.mac)
     }
+}
+
+/// An address in JSON: as people write it.
+mod mac_as_text {
+    use serde::{Deserialize, Deserializer, Serializer};
+
+    pub fn serialize<S: Serializer>(mac: &[u8; 6], s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(&super::mac_text(mac))
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<[u8; 6], D::Error> {
+        let text = String::deserialize(d)?;
+        super::parse_mac_text(&text)
+            .ok_or_else(|| serde::de::Error::custom(format!("{text:?} is not a MAC address")))
+    }
+}
+
+/// An address as people write it (`02:00:00:00:00:01`), read back; `None` if it is not one.
+pub fn parse_mac_text(text: &str) -> Option<[u8; 6]> {
+    let mut mac = [0u8; 6];
+    let mut parts = text.split(':');
+    for b in &mut mac {
+        let p = parts.next()?;
+        if p.len() != 2 {
+            return None;
+        }
+        *b = u8::from_str_radix(p, 16).ok()?;
+    }
+    parts.next().is_none().then_some(mac)
 }
 
 /// An address as people write it.
@@ -561,6 +592,11 @@ mod tests {
         assert_eq!(&e.0[24..28], &1514u32.to_le_bytes());
         assert_eq!(&e.0[28..], &[0; 4]);
         assert_eq!(info().mac_text(), "52:54:00:12:34:56");
+        let json = serde_json::to_value(info()).unwrap();
+        assert_eq!(json["mac"], "52:54:00:12:34:56");
+        assert_eq!(serde_json::from_value::<NetInfo>(json).unwrap(), info());
+        assert_eq!(parse_mac_text("52:54:00:12:34"), None);
+        assert_eq!(parse_mac_text("52:54:00:12:34:56:78"), None);
     }
 
     #[test]

@@ -9,6 +9,7 @@
 //! to the description's table layout in `config.rs`).
 
 mod disk;
+mod virtio_net;
 mod virtio_rng;
 
 use std::collections::BTreeMap;
@@ -137,6 +138,15 @@ pub static MODELS: &[Model] = &[
         colocated: true,
         settle: virtio_rng::settle,
         launch: virtio_rng::launch,
+        spec: no_spec,
+    },
+    Model {
+        name: "virtio-net",
+        kind: Kind::Emulated,
+        keys: &["mac", "mtu", "link", "wire"],
+        colocated: false,
+        settle: virtio_net::settle,
+        launch: virtio_net::launch,
         spec: no_spec,
     },
 ];

@@ -8,10 +8,11 @@
 //! slot it frees.
 
 use std::collections::VecDeque;
-use std::path::Path;
+use std::os::fd::OwnedFd;
+use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use outboard_client::{Channel, ChannelError, WaitMode};
+use outboard_client::{Channel, ChannelError, Supervisor, WaitMode};
 use outboard_net::bpf::Program;
 use outboard_net::{NetError, NetInfo, NetOp, NetRequest, Sqe, CLASS, RINGS};
 use outboard_session::Geometry;
@@ -76,6 +77,8 @@ pub fn parse_info(v: serde_json::Value) -> Result<NetInfo, NetError> {
 /// A session with a NIC served by a driver server.
 pub struct NetClient {
     channel: Channel,
+    server: PathBuf,
+    device: String,
     info: NetInfo,
     opts: NetOptions,
     /// Transmit slots free (slot numbers, after the receive slots).
@@ -92,6 +95,33 @@ pub struct NetClient {
 impl NetClient {
     /// Opens `device` on the driver server at `server` and posts the receive buffers.
     pub fn open(server: &Path, device: &str, opts: NetOptions) -> Result<Self, NetError> {
+        let sock = outboard_client::link::connect_trusted(server).map_err(channel_err)?;
+        Self::open_on(sock, server, device, opts)
+    }
+
+    /// Opens `device` on the driver server at `server`, connected to through `supervisor`'s
+    /// manager (a session is not yet resumed when the server restarts: it ends with
+    /// [`NetError::DeviceGone`]).
+    pub fn open_supervised(
+        supervisor: &Supervisor,
+        server: &Path,
+        device: &str,
+        opts: NetOptions,
+    ) -> Result<Self, NetError> {
+        let sock = supervisor
+            .control
+            .connect_server(server, device)
+            .map_err(channel_err)?;
+        Self::open_on(sock, server, device, opts)
+    }
+
+    /// Opens `device` on `sock`, a connection to the driver server at `server`.
+    fn open_on(
+        sock: OwnedFd,
+        server: &Path,
+        device: &str,
+        opts: NetOptions,
+    ) -> Result<Self, NetError> {
         let slots = opts.receive_buffers + opts.transmit_buffers;
         if opts.receive_buffers == 0 || opts.transmit_buffers == 0 {
             return Err(NetError::Invalid(
@@ -102,11 +132,13 @@ impl NetClient {
         let depth = (slots + 1).next_power_of_two();
         let geometry = Geometry::of_class(&RINGS, depth, u64::from(slots) * SLOT);
         let (channel, info) =
-            Channel::open(server, device, CLASS, geometry, opts.mode, opts.timeout)
+            Channel::open_on(sock, device, CLASS, geometry, opts.mode, opts.timeout)
                 .map_err(channel_err)?;
         let mut c = Self {
             info: parse_info(info)?,
             channel,
+            server: server.to_owned(),
+            device: device.to_owned(),
             opts,
             tx_free: (opts.receive_buffers..slots).rev().collect(),
             received: VecDeque::new(),
@@ -126,9 +158,14 @@ impl NetClient {
         &self.info
     }
 
-    /// The NIC's status and its server's counters now.
+    /// The NIC's status and its server's counters now, from the driver server at `server`.
     pub fn status(server: &Path, device: &str) -> Result<NetInfo, NetError> {
         parse_info(Channel::status(server, device, Duration::from_secs(5)).map_err(channel_err)?)
+    }
+
+    /// The NIC's status and its server's counters now.
+    pub fn status_now(&self) -> Result<NetInfo, NetError> {
+        Self::status(&self.server, &self.device)
     }
 
     fn stage(&mut self, r: &NetRequest) -> Result<(), NetError> {

@@ -1,0 +1,310 @@
+//! `outboard net …` (the network class's client commands) and `outboard device virtio-net`
+//! (its device model).
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::{Duration, Instant};
+
+use clap::{Args, Subcommand};
+use outboard_devices::virtio_net::{NetOptions as ModelOptions, VirtioNet, Wire};
+use outboard_devices::virtio_pci::VirtioDevice;
+use outboard_net::bpf::Program;
+use outboard_net::{mac_text, NetInfo, PROMISCUOUS};
+use outboard_net_client::{NetClient, NetOptions};
+
+use crate::confine::ConfineArgs;
+
+#[derive(Subcommand)]
+pub enum NetCommand {
+    /// Show a NIC's status: its address, MTU, link and where its driver runs.
+    ///
+    /// Example: outboard net info nic0
+    Info(NicArgs),
+    /// Show what a NIC's server counted: frames sent and received, delivered to sessions,
+    /// dropped because no session took them or had no buffer, truncated.
+    ///
+    /// Example: outboard net stats nic0 --json
+    Stats {
+        #[command(flatten)]
+        nic: NicArgs,
+        /// Print JSON instead of a table.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Send Ethernet frames from a NIC.
+    ///
+    /// Each frame goes to --to (default: broadcast) from the NIC's own address, with Ethernet
+    /// type --ethertype, carrying --payload (padded with zeros to the 60-byte minimum).
+    ///
+    /// Example: outboard net send nic0 --to 02:00:00:00:00:02 --payload hello --count 3
+    Send(SendArgs),
+    /// Receive Ethernet frames on a NIC and print them, one line each.
+    ///
+    /// Takes frames to the NIC's address and broadcast (every frame with --promiscuous), and
+    /// of those only what --filter accepts: a classic BPF program as `tcpdump -dd` prints it.
+    ///
+    /// Example: tcpdump -dd udp > udp.bpf; outboard net recv nic1 --filter udp.bpf --count 10
+    Recv(RecvArgs),
+}
+
+#[derive(Args)]
+pub struct NicArgs {
+    /// NIC name, e.g. nic0.
+    nic: String,
+    /// Talk to the driver server listening here instead of asking the manager where the NIC
+    /// is (a driver server started by hand, `outboard driver-host`).
+    #[arg(long, value_name = "SOCKET")]
+    server: Option<PathBuf>,
+}
+
+#[derive(Args)]
+pub struct SendArgs {
+    #[command(flatten)]
+    nic: NicArgs,
+    /// Destination address.
+    #[arg(long, value_name = "MAC", default_value = "ff:ff:ff:ff:ff:ff")]
+    to: String,
+    /// Ethernet type (0x88b5 is the IEEE's for local experiments).
+    #[arg(long, value_name = "TYPE", default_value = "0x88b5", value_parser = parse_u16)]
+    ethertype: u16,
+    /// The payload, as text.
+    #[arg(long, default_value = "outboard")]
+    payload: String,
+    /// How many frames.
+    #[arg(long, default_value_t = 1)]
+    count: u64,
+}
+
+#[derive(Args)]
+pub struct RecvArgs {
+    #[command(flatten)]
+    nic: NicArgs,
+    /// Stop after this many frames.
+    #[arg(long, default_value_t = 1)]
+    count: u64,
+    /// Give up this long after the last frame (or the start), e.g. 5s, 500ms.
+    #[arg(long, default_value = "5s", value_parser = crate::up::parse_duration)]
+    timeout: Duration,
+    /// A packet filter: a file holding `tcpdump -dd` (or -ddd) output; `-` reads it from
+    /// standard input.
+    #[arg(long, value_name = "FILE")]
+    filter: Option<PathBuf>,
+    /// Every frame on the wire, whatever its destination.
+    #[arg(long)]
+    promiscuous: bool,
+    /// Also print each frame's bytes in hexadecimal.
+    #[arg(long)]
+    hex: bool,
+}
+
+fn parse_u16(s: &str) -> Result<u16, String> {
+    let v = match s.strip_prefix("0x") {
+        Some(h) => u16::from_str_radix(h, 16),
+        None => s.parse(),
+    };
+    v.map_err(|_| format!("{s:?} is not a 16-bit number (e.g. 0x88b5)"))
+}
+
+fn open(a: &NicArgs, control: &std::path::Path) -> Result<(NetClient, String), String> {
+    let opts = NetOptions::default();
+    let opened = match &a.server {
+        Some(s) => NetClient::open(s, &a.nic, opts).map(|c| (c, "server".to_string())),
+        None => outboard_net_client::open_nic(control, &a.nic, opts)
+            .map(|(c, p)| (c, format!("{p:?}").to_lowercase())),
+    };
+    opened.map_err(|e| format!("{}: {e}", a.nic))
+}
+
+fn describe(i: &NetInfo, placement: &str) {
+    println!("{}", i.name);
+    println!("  class        net");
+    println!("  placement    {placement}");
+    println!("  address      {}", i.mac_text());
+    println!(
+        "  mtu          {} bytes (frames up to {})",
+        i.mtu,
+        i.max_frame()
+    );
+    println!("  link         {}", if i.link_up { "up" } else { "down" });
+    println!("  queue depth  {}", i.queue_depth);
+}
+
+pub fn run(c: NetCommand, control: PathBuf) -> Result<ExitCode, String> {
+    match c {
+        NetCommand::Info(a) => {
+            let (d, placement) = open(&a, &control)?;
+            let now = d.status_now().map_err(|e| format!("{}: {e}", a.nic))?;
+            describe(&now, &placement);
+        }
+        NetCommand::Stats { nic, json } => {
+            let (d, _) = open(&nic, &control)?;
+            let s = d.status_now().map_err(|e| format!("{}: {e}", nic.nic))?;
+            if json {
+                println!(
+                    "{}",
+                    serde_json::to_string_pretty(&s).expect("serialisable")
+                );
+            } else {
+                let c = s.counters;
+                println!(
+                    "{}  ({}, link {})",
+                    s.name,
+                    s.mac_text(),
+                    if s.link_up { "up" } else { "down" }
+                );
+                for (what, n) in [
+                    ("sent frames", c.tx_frames),
+                    ("sent bytes", c.tx_bytes),
+                    ("received frames", c.rx_frames),
+                    ("received bytes", c.rx_bytes),
+                    ("delivered to sessions", c.rx_delivered),
+                    ("taken by no session", c.rx_unclaimed),
+                    ("no buffer posted", c.rx_no_buffer),
+                    ("truncated", c.rx_truncated),
+                ] {
+                    println!("  {what:<22} {n}");
+                }
+            }
+        }
+        NetCommand::Send(a) => {
+            let to = outboard_manager::children::parse_address(&a.to)?;
+            let (mut d, _) = open(&a.nic, &control)?;
+            let mut frame = Vec::with_capacity(64);
+            frame.extend_from_slice(&to);
+            frame.extend_from_slice(&d.info().mac);
+            frame.extend_from_slice(&a.ethertype.to_be_bytes());
+            frame.extend_from_slice(a.payload.as_bytes());
+            if frame.len() < 60 {
+                frame.resize(60, 0);
+            }
+            if frame.len() > d.info().max_frame() as usize {
+                return Err(format!(
+                    "a payload of {} bytes: {} takes frames of up to {} bytes",
+                    a.payload.len(),
+                    a.nic.nic,
+                    d.info().max_frame()
+                ));
+            }
+            for _ in 0..a.count {
+                d.send(&frame).map_err(|e| format!("{}: {e}", a.nic.nic))?;
+            }
+            d.flush().map_err(|e| format!("{}: {e}", a.nic.nic))?;
+            eprintln!(
+                "{}: sent {} frame(s) of {} bytes",
+                a.nic.nic,
+                a.count,
+                frame.len()
+            );
+        }
+        NetCommand::Recv(a) => {
+            let filter = match &a.filter {
+                None => None,
+                Some(path) => {
+                    let text = if path.as_os_str() == "-" {
+                        std::io::read_to_string(std::io::stdin())
+                    } else {
+                        std::fs::read_to_string(path)
+                    }
+                    .map_err(|e| format!("{}: {e}", path.display()))?;
+                    Some(
+                        Program::from_text(&text)
+                            .map_err(|e| format!("{}: {e}", path.display()))?,
+                    )
+                }
+            };
+            let (mut d, _) = open(&a.nic, &control)?;
+            if let Some(p) = &filter {
+                d.set_filter(Some(p))
+                    .map_err(|e| format!("{}: {e}", a.nic.nic))?;
+            }
+            if a.promiscuous {
+                d.set_mode(PROMISCUOUS)
+                    .map_err(|e| format!("{}: {e}", a.nic.nic))?;
+            }
+            eprintln!("{}: listening ({})", a.nic.nic, d.info().mac_text());
+            let mut got = 0;
+            let mut last = Instant::now();
+            while got < a.count {
+                let left = a.timeout.saturating_sub(last.elapsed());
+                match d.recv(left).map_err(|e| format!("{}: {e}", a.nic.nic))? {
+                    Some(f) => {
+                        got += 1;
+                        last = Instant::now();
+                        print_frame(&f, a.hex);
+                    }
+                    None => {
+                        return Err(format!(
+                            "{}: {got} of {} frame(s) within {:?} of the last",
+                            a.nic.nic, a.count, a.timeout
+                        ))
+                    }
+                }
+            }
+        }
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+fn print_frame(f: &[u8], hex: bool) {
+    let mac = |b: &[u8]| mac_text(b.try_into().expect("6 bytes"));
+    let ethertype = u16::from_be_bytes([f[12], f[13]]);
+    println!(
+        "{} bytes {} > {} type {ethertype:#06x}",
+        f.len(),
+        mac(&f[6..12]),
+        mac(&f[..6])
+    );
+    if hex {
+        let text: String = f.iter().map(|b| format!("{b:02x}")).collect();
+        println!("  {text}");
+    }
+}
+
+/// `outboard device virtio-net`.
+#[derive(Args, Debug)]
+pub struct VirtioNetArgs {
+    #[command(flatten)]
+    pub(crate) listen: outboard_manager::children::ModelListen,
+    #[command(flatten)]
+    pub(crate) own: outboard_manager::children::VirtioNetOwn,
+    #[command(flatten)]
+    pub(crate) faults: outboard_manager::children::ModelFaults,
+    #[command(flatten)]
+    pub confine: ConfineArgs,
+}
+
+/// Serves a virtio-net model.
+pub fn serve_model(a: VirtioNetArgs) -> Result<ExitCode, String> {
+    let mac = outboard_manager::children::parse_mac(&a.own.mac)?;
+    let wire = match &a.own.wire {
+        None => None,
+        Some(w) => {
+            let n: i32 = w
+                .strip_prefix("fd:")
+                .and_then(|n| n.parse().ok())
+                .ok_or_else(|| format!("--wire {w:?}: give fd:N, an inherited SEQPACKET socket"))?;
+            let fd = outboard_sys::process::inherited_socket(n)
+                .map_err(|e| format!("--wire {w}: {e}"))?;
+            Some(Wire::new(fd).map_err(|e| format!("--wire {w}: {e}"))?)
+        }
+    };
+    let what = format!(
+        "virtio-net ({}, mtu {}, {})",
+        a.own.mac,
+        a.own.mtu,
+        if wire.is_some() {
+            "on a wire"
+        } else {
+            "no cable"
+        }
+    );
+    let opts = ModelOptions {
+        mac,
+        mtu: a.own.mtu,
+        link_up: !a.own.link_down,
+    };
+    let model = outboard_devices::virtio_pci::VirtioPci::new(VirtioNet::new(opts, wire))
+        .map_err(|e| e.to_string())?;
+    let _faults = crate::device::start_faults(a.faults, model.device().faults())?;
+    crate::device::serve(model, &a.listen, &a.confine, &what)
+}

@@ -1,0 +1,229 @@
+//! The net class under the manager, as a user meets it: two NICs joined by a wire in a
+//! machine description, their registry entries, `net send` on one and `net recv` on the other
+//! (with a `tcpdump -dd` filter and without), the counters, a filter the checker refuses, and
+//! descriptions that cannot be.
+
+mod common;
+
+use std::io::{BufRead, BufReader};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use common::{find_node, registry, stdout, Up};
+
+const MACHINE: &str = r#"
+name = "lan"
+
+[[device]]
+name = "nic0"
+model = "virtio-net"
+mac = "02:00:00:00:00:01"
+wire = "cable"
+
+[[device]]
+name = "nic1"
+model = "virtio-net"
+mac = "02:00:00:00:00:02"
+wire = "cable"
+"#;
+
+/// `ldh [12]; jeq #0x88b6, accept, drop` as `tcpdump -dd` prints a program.
+const ONLY_88B6: &str = "{ 0x28, 0, 0, 0x0000000c },\n{ 0x15, 0, 1, 0x000088b6 },\n{ 0x6, 0, 0, 0x00040000 },\n{ 0x6, 0, 0, 0x00000000 },\n";
+
+/// Starts `outboard net recv ARGS` and waits until it says it listens (its session is open, so
+/// nothing sent after this is missed); bounded.
+fn listening(up: &Up, args: &[&str]) -> std::process::Child {
+    let mut c = Command::new(env!("CARGO_BIN_EXE_outboard"))
+        .args(["net", "recv"])
+        .args(args)
+        .env("OUTBOARD_CONTROL", up.dir.join("control.sock"))
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut err = BufReader::new(c.stderr.take().unwrap());
+    let mut line = String::new();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !line.contains("listening") {
+        line.clear();
+        assert!(Instant::now() < deadline, "net recv never listened");
+        if err.read_line(&mut line).unwrap() == 0 {
+            panic!("net recv ended before it listened");
+        }
+    }
+    // Keep draining its stderr so it never blocks on a full pipe.
+    std::thread::spawn(move || std::io::copy(&mut err, &mut std::io::sink()));
+    c
+}
+
+fn send(up: &Up, args: &[&str]) {
+    let mut a = vec!["net", "send"];
+    a.extend_from_slice(args);
+    let o = up.run_within(&a, Duration::from_secs(20));
+    assert!(
+        o.status.success(),
+        "{a:?}: {}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+}
+
+#[test]
+fn two_nics_on_a_wire_carry_frames_from_send_to_recv() {
+    let dir = tempfile::tempdir().unwrap();
+    let up = Up::start(dir.path(), Some(MACHINE));
+
+    // The registry shows each NIC with its class's own properties.
+    let reg = registry(&up);
+    let nic = find_node(&reg, "net-device").expect("a net-device in the registry");
+    let props = nic["props"].to_string();
+    for p in [
+        "\"class\":\"net\"",
+        "\"mac\":\"02:00:00:00:00:0",
+        "\"link-up\":true",
+        "\"mtu\":1500",
+    ] {
+        assert!(props.contains(p), "{p} in {props}");
+    }
+    let info = up.run(&["net", "info", "nic1"]);
+    assert!(
+        stdout(&info).contains("address      02:00:00:00:00:02"),
+        "{}",
+        stdout(&info)
+    );
+    assert!(stdout(&info).contains("link         up"));
+
+    // Frames to nic1's address and broadcast arrive whole; one to another station does not.
+    let recv = listening(&up, &["nic1", "--count", "3", "--hex", "--timeout", "10s"]);
+    send(
+        &up,
+        &[
+            "nic0",
+            "--to",
+            "02:00:00:00:00:09",
+            "--payload",
+            "not for nic1",
+        ],
+    );
+    send(
+        &up,
+        &[
+            "nic0",
+            "--to",
+            "02:00:00:00:00:02",
+            "--payload",
+            "hello nic1",
+            "--count",
+            "2",
+        ],
+    );
+    send(&up, &["nic0", "--payload", "to everyone"]);
+    let o = common::run_bounded_child(recv, Duration::from_secs(30));
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let out = stdout(&o);
+    let lines: Vec<&str> = out.lines().filter(|l| l.contains("bytes")).collect();
+    assert_eq!(lines.len(), 3, "{out}");
+    assert!(lines[0].starts_with("60 bytes 02:00:00:00:00:01 > 02:00:00:00:00:02 type 0x88b5"));
+    assert!(lines[2].contains("> ff:ff:ff:ff:ff:ff"));
+    let hello: String = b"hello nic1".iter().map(|b| format!("{b:02x}")).collect();
+    assert!(
+        out.contains(&format!("02000000000202000000000188b5{hello}")),
+        "{out}"
+    );
+
+    // A filter from `tcpdump -dd` output: only type 0x88b6 gets through.
+    let filter = dir.path().join("only-88b6.bpf");
+    std::fs::write(&filter, ONLY_88B6).unwrap();
+    let recv = listening(
+        &up,
+        &[
+            "nic1",
+            "--filter",
+            filter.to_str().unwrap(),
+            "--count",
+            "1",
+            "--timeout",
+            "10s",
+        ],
+    );
+    send(
+        &up,
+        &["nic0", "--to", "02:00:00:00:00:02", "--ethertype", "0x88b5"],
+    );
+    send(
+        &up,
+        &["nic0", "--to", "02:00:00:00:00:02", "--ethertype", "0x88b6"],
+    );
+    let o = common::run_bounded_child(recv, Duration::from_secs(30));
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    assert!(stdout(&o).contains("type 0x88b6"), "{}", stdout(&o));
+
+    // The counters say what happened to every frame nic1 saw.
+    let s = up.run(&["net", "stats", "nic1", "--json"]);
+    let s: serde_json::Value = serde_json::from_slice(&s.stdout).unwrap();
+    assert_eq!(s["counters"]["rx_frames"], 6);
+    assert_eq!(s["counters"]["rx_delivered"], 4);
+    let s0 = up.run(&["net", "stats", "nic0", "--json"]);
+    let s0: serde_json::Value = serde_json::from_slice(&s0.stdout).unwrap();
+    assert_eq!(s0["counters"]["tx_frames"], 6);
+
+    // A program the checker refuses: the command says which instruction and why.
+    std::fs::write(&filter, "{ 0x15, 5, 0, 0x800 },\n{ 0x6, 0, 0, 0 },\n").unwrap();
+    let o = up.run_within(
+        &["net", "recv", "nic1", "--filter", filter.to_str().unwrap()],
+        Duration::from_secs(20),
+    );
+    assert!(!o.status.success());
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        err.contains("instruction 0") && err.contains("past the end"),
+        "{err}"
+    );
+    // Nothing came within the time: a clear error, not a hang.
+    let o = up.run_within(
+        &["net", "recv", "nic1", "--timeout", "300ms"],
+        Duration::from_secs(20),
+    );
+    assert!(!o.status.success());
+    assert!(String::from_utf8_lossy(&o.stderr).contains("0 of 1 frame(s)"));
+}
+
+#[test]
+fn descriptions_that_cannot_be_are_refused_with_the_key() {
+    let dir = tempfile::tempdir().unwrap();
+    let check = |machine: &str, words: &str| {
+        let p = dir.path().join("bad.toml");
+        std::fs::write(&p, machine).unwrap();
+        let o = Command::new(env!("CARGO_BIN_EXE_outboard"))
+            .args(["up", "--machine"])
+            .arg(&p)
+            .env("OUTBOARD_CONTROL", dir.path().join("c.sock"))
+            .stdin(Stdio::null())
+            .output()
+            .unwrap();
+        assert!(!o.status.success(), "{machine}");
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert!(err.contains(words), "{words:?} in {err}");
+    };
+    let nic = |name: &str, extra: &str| {
+        format!("[[device]]\nname = \"{name}\"\nmodel = \"virtio-net\"\n{extra}\n")
+    };
+    check(
+        &nic("n", "mac = \"01:00:00:00:00:01\""),
+        "multicast address",
+    );
+    check(&nic("n", "mac = \"02:00:00:00:01\""), "not a MAC address");
+    check(&nic("n", "mtu = 9000"), "68 to 1500");
+    check(&nic("n", "link = \"sideways\""), "up or down");
+    check(
+        &nic("n", "seed = 3"),
+        "seed is not a key of a virtio-net device",
+    );
+    let three = [
+        nic("a", "wire = \"w\""),
+        nic("b", "wire = \"w\""),
+        nic("c", "wire = \"w\""),
+    ]
+    .concat();
+    check(&three, "a wire has two ends");
+}

@@ -1,0 +1,202 @@
+//! The virtio-net model: an emulated NIC. Its keys: `mac` (its address; default one derived
+//! from the device's name, locally administered), `mtu` (68 to 1500, default 1500), `link`
+//! (`up` or `down` at power-on) and `wire`, a cable's name: the two NICs that name the same
+//! wire are joined by it (frames one sends arrive at the other).
+//!
+//! The manager makes each cable once — a `SOCK_SEQPACKET` socket pair, one frame a message —
+//! and hands one end to each NIC's model. It keeps the ends for as long as it runs, so a model
+//! started again after a crash gets the same end back: the cable outlives either NIC.
+
+use std::collections::{BTreeMap, HashMap};
+use std::os::fd::OwnedFd;
+use std::sync::Mutex;
+
+use super::{KeyError, Keys, Launch, ModelError, Settled};
+use crate::children::{parse_mac, ModelOwn, VirtioNetOwn};
+use crate::config::DeviceConfig;
+
+/// A locally administered address made from the device's name (the same name, the same
+/// address, on every start).
+fn default_mac(name: &str) -> String {
+    // FNV-1a: stable across builds and platforms.
+    let h = name.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
+        (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
+    });
+    let b = h.to_le_bytes();
+    format!(
+        "02:{:02x}:{:02x}:{:02x}:{:02x}:{:02x}",
+        b[0], b[1], b[2], b[3], b[4]
+    )
+}
+
+pub(super) fn settle(keys: &Keys, _: usize, others: &[DeviceConfig]) -> Result<Settled, KeyError> {
+    let mut settings = BTreeMap::new();
+    if let Some(m) = keys.get("mac") {
+        let mac = parse_mac(&m.value).map_err(|e| (m.at, format!("mac = {e}")))?;
+        let text: Vec<String> = mac.iter().map(|b| format!("{b:02x}")).collect();
+        settings.insert("mac".to_string(), text.join(":"));
+    }
+    if let Some(m) = keys.get("mtu") {
+        let ok = m
+            .value
+            .parse::<u16>()
+            .ok()
+            .filter(|v| (68..=1500).contains(v));
+        let mtu = ok.ok_or_else(|| (m.at, format!("mtu = {}: 68 to 1500 bytes", m.value)))?;
+        settings.insert("mtu".to_string(), mtu.to_string());
+    }
+    if let Some(l) = keys.get("link") {
+        if l.value != "up" && l.value != "down" {
+            return Err((l.at, format!("link = {:?}: up or down", l.value)));
+        }
+        settings.insert("link".to_string(), l.value.clone());
+    }
+    let backing = match keys.get("wire") {
+        Some(w) => {
+            let on_it = others
+                .iter()
+                .filter(|d| d.model == "virtio-net" && d.settings.get("wire") == Some(&w.value))
+                .count();
+            if on_it >= 2 {
+                return Err((
+                    w.at,
+                    format!(
+                        "wire {:?} joins two NICs already: a wire has two ends",
+                        w.value
+                    ),
+                ));
+            }
+            if w.value.is_empty() {
+                return Err((w.at, "wire = \"\": name the cable".into()));
+            }
+            settings.insert("wire".to_string(), w.value.clone());
+            format!("wire:{}", w.value)
+        }
+        None => "no cable".to_string(),
+    };
+    Ok(Settled { backing, settings })
+}
+
+/// The cables made so far, by name: each holds the end its second NIC has not taken yet, then
+/// both ends (kept, so that a model started again gets its end back).
+static CABLES: Mutex<Option<HashMap<String, Cable>>> = Mutex::new(None);
+
+struct Cable {
+    /// The device that took each end.
+    ends: [(Option<String>, OwnedFd); 2],
+}
+
+/// This device's end of cable `wire`: made with the cable the first time, the same one after.
+fn end(wire: &str, device: &str) -> Result<OwnedFd, ModelError> {
+    let os = |what| {
+        move |e: rustix::io::Errno| ModelError::Os {
+            what,
+            err: std::io::Error::from_raw_os_error(e.raw_os_error()),
+        }
+    };
+    let mut all = CABLES.lock().unwrap_or_else(|p| p.into_inner());
+    let cables = all.get_or_insert_with(HashMap::new);
+    if !cables.contains_key(wire) {
+        let (a, b) = rustix::net::socketpair(
+            rustix::net::AddressFamily::UNIX,
+            rustix::net::SocketType::SEQPACKET,
+            rustix::net::SocketFlags::CLOEXEC,
+            None,
+        )
+        .map_err(os("socketpair"))?;
+        cables.insert(
+            wire.to_string(),
+            Cable {
+                ends: [(None, a), (None, b)],
+            },
+        );
+    }
+    let cable = cables.get_mut(wire).expect("made above");
+    let i = match cable
+        .ends
+        .iter()
+        .position(|(d, _)| d.as_deref() == Some(device))
+    {
+        Some(i) => i,
+        None => {
+            let i = cable
+                .ends
+                .iter()
+                .position(|(d, _)| d.is_none())
+                .ok_or_else(|| {
+                    ModelError::NoProcess(format!("wire {wire} has two NICs already"))
+                })?;
+            cable.ends[i].0 = Some(device.to_string());
+            i
+        }
+    };
+    cable.ends[i].1.try_clone().map_err(|e| ModelError::Os {
+        what: "dup",
+        err: e,
+    })
+}
+
+pub(super) fn launch(d: &DeviceConfig, first_fd: i32) -> Result<Launch, ModelError> {
+    // The keys were checked when the description was read.
+    let mut fds = Vec::new();
+    let wire = match d.settings.get("wire") {
+        Some(w) => {
+            fds.push(end(w, &d.name)?);
+            Some(format!("fd:{first_fd}"))
+        }
+        None => None,
+    };
+    Ok(Launch {
+        own: ModelOwn::VirtioNet(VirtioNetOwn {
+            mac: d
+                .settings
+                .get("mac")
+                .cloned()
+                .unwrap_or_else(|| default_mac(&d.name)),
+            mtu: d
+                .settings
+                .get("mtu")
+                .and_then(|m| m.parse().ok())
+                .unwrap_or(1500),
+            link_down: d.settings.get("link").is_some_and(|l| l == "down"),
+            wire,
+        }),
+        fds,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_default_address_is_stable_local_and_unicast() {
+        let m = default_mac("nic0");
+        assert_eq!(m, default_mac("nic0"));
+        assert_ne!(m, default_mac("nic1"));
+        let b = parse_mac(&m).unwrap();
+        assert_eq!(b[0], 2);
+    }
+
+    #[test]
+    fn a_cable_has_two_ends_and_gives_each_device_its_own_again() {
+        use std::os::fd::AsRawFd;
+        let a = end("test-cable", "x").unwrap();
+        let b = end("test-cable", "y").unwrap();
+        rustix::net::send(&a, b"hello", rustix::net::SendFlags::empty()).unwrap();
+        let mut buf = [0u8; 8];
+        let n = rustix::net::recv(&b, &mut buf, rustix::net::RecvFlags::empty())
+            .unwrap()
+            .0;
+        assert_eq!(&buf[..n], b"hello");
+        // x starts again: the same cable end, so y still hears it.
+        let a2 = end("test-cable", "x").unwrap();
+        assert_ne!(a.as_raw_fd(), a2.as_raw_fd());
+        rustix::net::send(&a2, b"again", rustix::net::SendFlags::empty()).unwrap();
+        let n = rustix::net::recv(&b, &mut buf, rustix::net::RecvFlags::empty())
+            .unwrap()
+            .0;
+        assert_eq!(&buf[..n], b"again");
+        assert!(end("test-cable", "z").is_err());
+    }
+}

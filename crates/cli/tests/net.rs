@@ -227,3 +227,60 @@ fn descriptions_that_cannot_be_are_refused_with_the_key() {
     .concat();
     check(&three, "a wire has two ends");
 }
+
+#[test]
+fn a_nic_whose_model_is_killed_comes_back_on_the_same_cable() {
+    let dir = tempfile::tempdir().unwrap();
+    let up = Up::start(dir.path(), Some(MACHINE));
+    let up_pid = up.child.as_ref().unwrap().id();
+    let models: Vec<u32> = common::children_running(up_pid, "virtio-net")
+        .into_iter()
+        .filter(|p| {
+            std::fs::read(format!("/proc/{p}/cmdline"))
+                .map(|c| String::from_utf8_lossy(&c).contains("02:00:00:00:00:02"))
+                .unwrap_or(false)
+        })
+        .collect();
+    assert_eq!(models.len(), 1, "nic1's model");
+    assert!(common::signal_child_of(
+        up_pid,
+        models[0],
+        rustix::process::Signal::KILL
+    ));
+    // The manager starts the model again with its end of the cable, and the driver brings
+    // the NIC back: a frame from nic0 reaches a client of nic1 again (bounded).
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let recv = listening(&up, &["nic1", "--count", "1", "--timeout", "2s"]);
+        send(
+            &up,
+            &["nic0", "--to", "02:00:00:00:00:02", "--payload", "after"],
+        );
+        let o = common::run_bounded_child(recv, Duration::from_secs(20));
+        if o.status.success() && stdout(&o).contains("> 02:00:00:00:00:02") {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "nic1 never carried a frame again: {}",
+            String::from_utf8_lossy(&o.stderr)
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    // It is a new model that carried it, on the old cable.
+    let now: Vec<u32> = common::children_running(up_pid, "virtio-net")
+        .into_iter()
+        .filter(|p| {
+            std::fs::read(format!("/proc/{p}/cmdline"))
+                .map(|c| String::from_utf8_lossy(&c).contains("02:00:00:00:00:02"))
+                .unwrap_or(false)
+        })
+        .collect();
+    assert_eq!(now.len(), 1);
+    assert_ne!(now[0], models[0], "nic1's model was started again");
+    let reg = registry(&up).to_string();
+    assert!(
+        reg.contains("\"restarts\":1") || reg.contains("\"restarts\":\"1\""),
+        "{reg}"
+    );
+}

@@ -284,3 +284,162 @@ fn a_nic_whose_model_is_killed_comes_back_on_the_same_cable() {
         "{reg}"
     );
 }
+
+/// The driver server of `nic` (a child of `up` running `driver-host` for it).
+fn server_of(up_pid: u32, nic: &str) -> Vec<u32> {
+    common::children_running(up_pid, "driver-host")
+        .into_iter()
+        .filter(|p| {
+            std::fs::read(format!("/proc/{p}/cmdline"))
+                .map(|c| String::from_utf8_lossy(&c).contains(&format!("{nic}=")))
+                .unwrap_or(false)
+        })
+        .collect()
+}
+
+/// What a stream from nic0 to nic1 came to while `victim`'s driver server was killed every
+/// 100 ms: frames sent, sequence numbers received in order, frames interrupted, kills, and the
+/// resumes of the sender and the receiver.
+struct Stream {
+    sent: u64,
+    got: Vec<u64>,
+    interrupted: u64,
+    kills: u32,
+    resumes: (u64, u64),
+}
+
+fn stream_while_killing(victim: &'static str) -> Stream {
+    use outboard_net::NetError;
+    use outboard_net_client::{open_nic, NetOptions};
+    let dir = tempfile::tempdir().unwrap();
+    let up = Up::start(dir.path(), Some(MACHINE));
+    let up_pid = up.child.as_ref().unwrap().id();
+    let control = up.dir.join("control.sock");
+
+    let (mut rx, _) = open_nic(&control, "nic1", NetOptions::default()).unwrap();
+    let receiver = std::thread::spawn(move || {
+        let mut seqs = Vec::new();
+        while let Some(f) = rx.recv(Duration::from_secs(4)).unwrap() {
+            seqs.push(u64::from_be_bytes(f[14..22].try_into().unwrap()));
+        }
+        (seqs, rx.resumes())
+    });
+    let (mut tx, _) = open_nic(&control, "nic0", NetOptions::default()).unwrap();
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let killer = {
+        let stop = stop.clone();
+        std::thread::spawn(move || {
+            let mut kills = 0;
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                std::thread::sleep(Duration::from_millis(100));
+                for pid in server_of(up_pid, victim) {
+                    if common::signal_child_of(up_pid, pid, rustix::process::Signal::KILL) {
+                        kills += 1;
+                    }
+                }
+            }
+            kills
+        })
+    };
+    let (mut sent, mut interrupted) = (0u64, 0u64);
+    let start = Instant::now();
+    while start.elapsed() < Duration::from_secs(3) {
+        let mut f = vec![0u8; 64];
+        f[..6].copy_from_slice(&[2, 0, 0, 0, 0, 2]);
+        f[6..12].copy_from_slice(&[2, 0, 0, 0, 0, 1]);
+        f[12..14].copy_from_slice(&0x88b5u16.to_be_bytes());
+        f[14..22].copy_from_slice(&sent.to_be_bytes());
+        loop {
+            match tx.send(&f) {
+                Ok(()) => break,
+                // An earlier frame the dead server had taken: it may have gone out.
+                Err(NetError::Interrupted) => interrupted += 1,
+                Err(e) => panic!("frame {sent}: {e}"),
+            }
+        }
+        sent += 1;
+        if sent % 16 == 0 {
+            std::thread::sleep(Duration::from_millis(2));
+        }
+    }
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let kills = killer.join().unwrap();
+    loop {
+        match tx.flush() {
+            Ok(()) => break,
+            Err(NetError::Interrupted) => interrupted += 1,
+            Err(e) => panic!("flush: {e}"),
+        }
+    }
+    let (got, rx_resumes) = receiver.join().unwrap();
+    Stream {
+        sent,
+        got,
+        interrupted,
+        kills,
+        resumes: (tx.resumes(), rx_resumes),
+    }
+}
+
+#[test]
+fn a_stream_goes_on_while_the_senders_driver_server_is_killed_every_100ms() {
+    let Stream {
+        sent,
+        got,
+        interrupted,
+        kills,
+        resumes,
+    } = stream_while_killing("nic0");
+    eprintln!(
+        "{sent} frames sent, {} arrived, {interrupted} interrupted, {kills} kills, resumes {resumes:?}",
+        got.len()
+    );
+    assert!(kills >= 10, "only {kills} kills");
+    assert!(resumes.0 >= 5, "the sender resumed {} times", resumes.0);
+    // In order and never twice; everything not interrupted arrived (the receiver's driver was
+    // never touched), and nothing arrived that was not sent.
+    assert!(
+        got.windows(2).all(|w| w[0] < w[1]),
+        "out of order or duplicated"
+    );
+    assert!(got.iter().all(|&s| s < sent));
+    assert!(
+        got.len() as u64 + interrupted >= sent,
+        "{} of {sent} frames arrived, {interrupted} interrupted ({kills} kills)",
+        got.len()
+    );
+}
+
+#[test]
+fn a_stream_goes_on_while_the_receivers_driver_server_is_killed_every_100ms() {
+    let Stream {
+        sent,
+        got,
+        interrupted,
+        kills,
+        resumes,
+    } = stream_while_killing("nic1");
+    eprintln!(
+        "{sent} frames sent, {} arrived, {interrupted} interrupted, {kills} kills, resumes {resumes:?}",
+        got.len()
+    );
+    assert!(kills >= 10, "only {kills} kills");
+    assert!(resumes.1 >= 5, "the receiver resumed {} times", resumes.1);
+    assert_eq!(interrupted, 0, "the sender's driver was never touched");
+    // Frames that reached nic1 while no driver ran are lost (a NIC being reset); what arrives
+    // is in order, never twice, and the stream goes on to its end.
+    assert!(
+        got.windows(2).all(|w| w[0] < w[1]),
+        "out of order or duplicated"
+    );
+    assert!(got.iter().all(|&s| s < sent));
+    assert!(
+        got.len() as u64 >= sent / 4,
+        "{} of {sent} arrived",
+        got.len()
+    );
+    assert!(
+        *got.last().unwrap() + 64 >= sent,
+        "the stream did not go on to its end"
+    );
+}

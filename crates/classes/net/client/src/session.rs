@@ -6,12 +6,21 @@
 //! into its slot; the device reads it there. A received frame is read out of its slot, which
 //! is then posted again. Requests carry the slot in their tag, so a completion names the
 //! slot it frees.
+//!
+//! **Across a restart of the driver server** (a session opened under the manager's
+//! supervision), the session is resumed on the new server and put back as it was: every
+//! receive buffer that was posted is posted again, and the filter, receive mode and groups
+//! are set again. A frame is sent at most once, and its completion reported once: a frame the
+//! dead server had taken may have gone out, so it completes with [`NetError::Interrupted`] and
+//! is not sent again; one it had not taken (still in the ring) never reached it, and is sent on
+//! the new server. Frames that arrive while no driver runs are lost, as on a NIC being reset.
 
-use std::collections::VecDeque;
+use std::collections::{HashMap, VecDeque};
 use std::os::fd::OwnedFd;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
+use outboard_client::resume::{reconnect, Resume};
 use outboard_client::{Channel, ChannelError, Supervisor, WaitMode};
 use outboard_net::bpf::Program;
 use outboard_net::{NetError, NetInfo, NetOp, NetRequest, Sqe, CLASS, RINGS};
@@ -90,6 +99,15 @@ pub struct NetClient {
     /// Frames whose sending failed, not yet reported.
     failed: VecDeque<NetError>,
     next_control: u64,
+    /// Frames sent and not yet answered, by slot: where each was staged on the ring (to tell,
+    /// after the server died, whether it took them) and its length.
+    sending: HashMap<u32, (u32, u32)>,
+    /// What the session set, to set again on a new server.
+    filter: Option<Vec<u8>>,
+    mode: u32,
+    groups: Vec<[u8; 6]>,
+    supervisor: Option<Supervisor>,
+    resumes: u64,
 }
 
 impl NetClient {
@@ -112,7 +130,9 @@ impl NetClient {
             .control
             .connect_server(server, device)
             .map_err(channel_err)?;
-        Self::open_on(sock, server, device, opts)
+        let mut c = Self::open_on(sock, server, device, opts)?;
+        c.supervisor = Some(supervisor.clone());
+        Ok(c)
     }
 
     /// Opens `device` on `sock`, a connection to the driver server at `server`.
@@ -145,6 +165,12 @@ impl NetClient {
             answers: Vec::new(),
             failed: VecDeque::new(),
             next_control: 0,
+            sending: HashMap::new(),
+            filter: None,
+            mode: 0,
+            groups: Vec::new(),
+            supervisor: None,
+            resumes: 0,
         };
         for slot in 0..opts.receive_buffers {
             c.post(slot)?;
@@ -172,8 +198,97 @@ impl NetClient {
         match self.channel.stage(0, &Sqe::encode(r).0) {
             Ok(true) => Ok(()),
             Ok(false) => Err(NetError::QueueFull),
+            Err(ChannelError::Gone) => {
+                self.resume()?;
+                self.stage(r)
+            }
             Err(e) => Err(channel_err(e)),
         }
+    }
+
+    /// How often the session was resumed on a new server.
+    pub fn resumes(&self) -> u64 {
+        self.resumes
+    }
+
+    /// The server is gone: resumes the session on its successor and puts it back as it was
+    /// (see the module's documentation), or says why the session ends.
+    fn resume(&mut self) -> Result<(), NetError> {
+        let Some(sup) = self.supervisor.clone() else {
+            return Err(NetError::DeviceGone);
+        };
+        loop {
+            // What the dead server answered is still in the old rings: take it first.
+            self.reap_only()?;
+            let taken = self.channel.taken(0);
+            let how = Resume {
+                server: &self.server,
+                device: &self.device,
+                class: CLASS,
+                geometry: self.channel.geometry().clone(),
+                buffers: self.channel.shared_buffers(),
+                kept: serde_json::Value::Null,
+                mode: self.channel.mode(),
+                timeout: self.opts.timeout,
+            };
+            let (channel, info) =
+                reconnect(&sup, &how, Instant::now() + sup.patience).map_err(NetError::from)?;
+            self.info = parse_info(info)?;
+            self.channel = channel;
+            self.resumes += 1;
+            match self.restore(taken) {
+                Err(NetError::DeviceGone) => continue,
+                other => return other,
+            }
+        }
+    }
+
+    /// Puts the session back on a new server: frames the dead one took are interrupted, the
+    /// others sent again; every receive buffer not holding an unread frame posted again; the
+    /// filter, mode and groups set again.
+    fn restore(&mut self, taken: u32) -> Result<(), NetError> {
+        let mut sending: Vec<(u32, (u32, u32))> = self.sending.drain().collect();
+        sending.sort_by_key(|&(_, (pos, _))| pos.wrapping_sub(taken) as i32);
+        for (slot, (position, len)) in sending {
+            if outboard_session::ring::was_taken(position, taken) {
+                self.failed.push_back(NetError::Interrupted);
+                self.tx_free.push(slot);
+            } else {
+                self.transmit(slot, len)?;
+            }
+        }
+        let unread: Vec<u32> = self.received.iter().map(|&(slot, _)| slot).collect();
+        for slot in 0..self.opts.receive_buffers {
+            if !unread.contains(&slot) {
+                self.post(slot)?;
+            }
+        }
+        self.channel.kick();
+        let (filter, mode, groups) = (self.filter.clone(), self.mode, self.groups.clone());
+        if let Some(p) = filter {
+            self.control_with(NetOp::Filter, &p)?;
+        }
+        if mode != 0 {
+            self.control(NetOp::Mode, 0, mode)?;
+        }
+        if !groups.is_empty() {
+            let bytes: Vec<u8> = groups.iter().flatten().copied().collect();
+            self.control_with(NetOp::Multicast, &bytes)?;
+        }
+        Ok(())
+    }
+
+    /// Stages the frame already in transmit slot `slot`.
+    fn transmit(&mut self, slot: u32, len: u32) -> Result<(), NetError> {
+        let position = self.channel.position(0);
+        self.stage(&NetRequest {
+            op: NetOp::Transmit,
+            tag: TRANSMIT | u64::from(slot),
+            buf_offset: u64::from(slot) * SLOT,
+            length: len,
+        })?;
+        self.sending.insert(slot, (position, len));
+        Ok(())
     }
 
     fn post(&mut self, slot: u32) -> Result<(), NetError> {
@@ -187,6 +302,12 @@ impl NetClient {
 
     /// Takes every completion waiting, sorting it by what it answers.
     fn reap(&mut self) -> Result<usize, NetError> {
+        self.reap_only()
+    }
+
+    /// Takes every completion waiting on the current rings (the old ones too, after the
+    /// server died: what it answered is there).
+    fn reap_only(&mut self) -> Result<usize, NetError> {
         let mut n = 0;
         while let Some((tag, result)) = self
             .channel
@@ -198,6 +319,7 @@ impl NetClient {
                 self.answers.push((tag, result));
             } else if tag & TRANSMIT != 0 {
                 let slot = (tag & !TRANSMIT) as u32;
+                self.sending.remove(&slot);
                 if (self.opts.receive_buffers
                     ..self.opts.receive_buffers + self.opts.transmit_buffers)
                     .contains(&slot)
@@ -227,6 +349,10 @@ impl NetClient {
         match self.channel.wait(deadline) {
             Ok(()) => Ok(self.reap()? > 0),
             Err(ChannelError::Timeout) => Ok(false),
+            Err(ChannelError::Gone) => {
+                self.resume()?;
+                Ok(true)
+            }
             Err(e) => Err(channel_err(e)),
         }
     }
@@ -261,13 +387,8 @@ impl NetClient {
             .buffers()
             .write(offset, frame)
             .map_err(|e| NetError::Protocol(e.to_string()))?;
-        let staged = self.stage(&NetRequest {
-            op: NetOp::Transmit,
-            tag: TRANSMIT | u64::from(slot),
-            buf_offset: offset,
-            length: frame.len() as u32,
-        });
-        if staged.is_err() {
+        let staged = self.transmit(slot, frame.len() as u32);
+        if staged.is_err() && !self.sending.contains_key(&slot) {
             self.tx_free.push(slot);
         }
         staged?;
@@ -336,24 +457,32 @@ impl NetClient {
         }))
     }
 
-    /// Sends a request that holds no slot and waits for its answer.
+    /// Sends a request that holds no slot and waits for its answer; sent again on the new
+    /// server if the session was resumed before it was answered (every such request sets
+    /// state, so sending it twice is sending it once).
     fn control(&mut self, op: NetOp, buf_offset: u64, length: u32) -> Result<u32, NetError> {
-        self.next_control += 1;
-        let tag = CONTROL | self.next_control;
-        self.stage(&NetRequest {
-            op,
-            tag,
-            buf_offset,
-            length,
-        })?;
-        self.channel.kick();
         let deadline = Instant::now() + self.opts.timeout;
-        loop {
-            if let Some(i) = self.answers.iter().position(|(t, _)| *t == tag) {
-                return self.answers.swap_remove(i).1;
-            }
-            if !self.wait(deadline)? && Instant::now() >= deadline {
-                return Err(NetError::Timeout);
+        'send: loop {
+            self.next_control += 1;
+            let tag = CONTROL | self.next_control;
+            let resumes = self.resumes;
+            self.stage(&NetRequest {
+                op,
+                tag,
+                buf_offset,
+                length,
+            })?;
+            self.channel.kick();
+            loop {
+                if let Some(i) = self.answers.iter().position(|(t, _)| *t == tag) {
+                    return self.answers.swap_remove(i).1;
+                }
+                if self.resumes != resumes {
+                    continue 'send;
+                }
+                if !self.wait(deadline)? && Instant::now() >= deadline {
+                    return Err(NetError::Timeout);
+                }
             }
         }
     }
@@ -386,34 +515,45 @@ impl NetClient {
     /// checker's verdict, with its reason if it refuses.
     pub fn set_filter(&mut self, program: Option<&Program>) -> Result<(), NetError> {
         match program {
-            None => self.control(NetOp::Filter, 0, 0).map(drop),
+            None => {
+                self.control(NetOp::Filter, 0, 0)?;
+                self.filter = None;
+                Ok(())
+            }
             Some(p) if p.to_bytes().len() as u64 > SLOT => Err(NetError::BadFilter(format!(
                 "{} instructions: this client sends up to {}",
                 p.insns().len(),
                 SLOT / 8
             ))),
-            Some(p) => self.control_with(NetOp::Filter, &p.to_bytes()).map(drop),
+            Some(p) => self.set_filter_bytes(&p.to_bytes()),
         }
     }
 
     /// Attaches raw program bytes as attached (for clients that have them already; the server
     /// checks them).
     pub fn set_filter_bytes(&mut self, program: &[u8]) -> Result<(), NetError> {
-        self.control_with(NetOp::Filter, program).map(drop)
+        self.control_with(NetOp::Filter, program)?;
+        self.filter = Some(program.to_vec());
+        Ok(())
     }
 
     /// Sets the receive mode ([`outboard_net::PROMISCUOUS`], [`outboard_net::ALL_MULTICAST`]).
     pub fn set_mode(&mut self, flags: u32) -> Result<(), NetError> {
-        self.control(NetOp::Mode, 0, flags).map(drop)
+        self.control(NetOp::Mode, 0, flags)?;
+        self.mode = flags;
+        Ok(())
     }
 
     /// Joins exactly these multicast groups.
     pub fn set_groups(&mut self, groups: &[[u8; 6]]) -> Result<(), NetError> {
         let bytes: Vec<u8> = groups.iter().flatten().copied().collect();
         if bytes.is_empty() {
-            return self.control(NetOp::Multicast, 0, 0).map(drop);
+            self.control(NetOp::Multicast, 0, 0)?;
+        } else {
+            self.control_with(NetOp::Multicast, &bytes)?;
         }
-        self.control_with(NetOp::Multicast, &bytes).map(drop)
+        self.groups = groups.to_vec();
+        Ok(())
     }
 
     /// The channel (tests that speak the protocol by hand next to a good client).

@@ -27,6 +27,9 @@ command -v qemu-io >/dev/null || need_apt+=(qemu-utils)
 command -v nbdkit >/dev/null || need_apt+=(nbdkit)
 # The remote-disk test joins two network namespaces with a veth pair.
 command -v ip >/dev/null || need_apt+=(iproute2)
+# The TAP export's test: ping and iperf3 between two network namespaces over Outboard NICs.
+command -v ping >/dev/null || need_apt+=(iputils-ping)
+command -v iperf3 >/dev/null || need_apt+=(iperf3)
 if [ ${#need_apt[@]} -gt 0 ]; then
     if [ "$(id -u)" = 0 ]; then
         export DEBIAN_FRONTEND=noninteractive

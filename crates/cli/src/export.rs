@@ -33,12 +33,27 @@ pub enum ExportCommand {
     ///
     /// A TCP address other than loopback needs TLS (or --insecure).
     #[command(verbatim_doc_comment)]
-    Nbd(ExportNbdArgs),
+    Nbd(Box<ExportNbdArgs>),
+    /// Make a NIC a host network interface (TAP) until Ctrl-C: frames the host sends on the
+    /// interface go out of the NIC, and every frame the NIC receives comes in on it, so the
+    /// host's stack and ordinary tools (ping, iperf3, tcpdump) run over an Outboard driver.
+    ///
+    /// The interface is made down and without an address: bring it up (and move it to a
+    /// network namespace) with ip(8). It goes away when the export ends.
+    ///
+    /// Example:
+    ///   outboard export tap nic0 --name ob0 &
+    ///   ip addr add 10.0.0.1/24 dev ob0; ip link set ob0 up
+    #[command(verbatim_doc_comment)]
+    Tap(crate::net::ExportTapArgs),
 }
 
 /// Runs an export command.
 pub fn run(c: ExportCommand, control: PathBuf) -> Result<ExitCode, String> {
-    let ExportCommand::Nbd(a) = c;
+    let a = match c {
+        ExportCommand::Nbd(a) => *a,
+        ExportCommand::Tap(a) => return crate::net::export_tap(a, control),
+    };
     if a.name.is_some() && a.devices.len() > 1 {
         return Err("--name names one export: give one device, or let each keep its name".into());
     }

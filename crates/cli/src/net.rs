@@ -308,3 +308,60 @@ pub fn serve_model(a: VirtioNetArgs) -> Result<ExitCode, String> {
     let _faults = crate::device::start_faults(a.faults, model.device().faults())?;
     crate::device::serve(model, &a.listen, &a.confine, &what)
 }
+
+/// `outboard export tap`.
+#[derive(Args)]
+pub struct ExportTapArgs {
+    /// NIC name, e.g. nic0.
+    nic: String,
+    /// The interface's name (default: the kernel's next tapN).
+    #[arg(long, value_name = "IFNAME", default_value = "")]
+    name: String,
+}
+
+/// Joins NIC `a.nic` and a new TAP interface until the process ends: each frame the host
+/// writes to the interface is sent on the NIC, each frame the NIC receives (promiscuous: the
+/// host's interface has an address of its own) is written to the interface.
+pub fn export_tap(a: ExportTapArgs, control: PathBuf) -> Result<ExitCode, String> {
+    use std::os::fd::AsFd;
+    let (mut nic, _) = outboard_net_client::open_nic(&control, &a.nic, NetOptions::default())
+        .map_err(|e| format!("{}: {e}", a.nic))?;
+    nic.set_mode(PROMISCUOUS)
+        .map_err(|e| format!("{}: {e}", a.nic))?;
+    let (tap, ifname) = outboard_sys::tap::open(&a.name)?;
+    eprintln!("{}: exported as {ifname}", a.nic);
+    let max = nic.info().max_frame() as usize;
+    let mut buf = vec![0u8; 65536];
+    let (mut to_nic, mut to_host, mut dropped) = (0u64, 0u64, 0u64);
+    loop {
+        // The host's frames, as many as wait, out of the NIC.
+        loop {
+            match rustix::io::read(&tap, &mut buf) {
+                Ok(n) if (14..=max).contains(&n) => match nic.send(&buf[..n]) {
+                    Ok(()) => to_nic += 1,
+                    // An earlier frame that may not have gone out: the host's stack retries.
+                    Err(outboard_net::NetError::Interrupted) => dropped += 1,
+                    Err(e) => return Err(format!("{}: {e}", a.nic)),
+                },
+                Ok(_) => dropped += 1,
+                Err(rustix::io::Errno::AGAIN) => break,
+                Err(rustix::io::Errno::INTR) => {}
+                Err(e) => return Err(format!("{ifname}: {e}")),
+            }
+        }
+        // The NIC's frames into the host.
+        while let Some(n) = nic
+            .try_recv_into(&mut buf)
+            .map_err(|e| format!("{}: {e}", a.nic))?
+        {
+            match rustix::io::write(&tap, &buf[..n]) {
+                Ok(_) => to_host += 1,
+                // The interface is down or its queue is full: the frame is lost, as on a wire.
+                Err(_) => dropped += 1,
+            }
+        }
+        tracing::trace!(to_nic, to_host, dropped, "tap export");
+        nic.wait_or(tap.as_fd(), Duration::from_secs(1))
+            .map_err(|e| format!("{}: {e}", a.nic))?;
+    }
+}

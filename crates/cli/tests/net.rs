@@ -443,3 +443,163 @@ fn a_stream_goes_on_while_the_receivers_driver_server_is_killed_every_100ms() {
         "the stream did not go on to its end"
     );
 }
+
+/// A network namespace this test made, removed when dropped.
+struct Netns(String);
+
+impl Netns {
+    fn new(name: String) -> Self {
+        let o = Command::new("ip")
+            .args(["netns", "add", &name])
+            .output()
+            .unwrap();
+        assert!(
+            o.status.success(),
+            "ip netns add {name}: {}",
+            String::from_utf8_lossy(&o.stderr)
+        );
+        Netns(name)
+    }
+
+    /// Runs `args` in the namespace, bounded.
+    fn run(&self, args: &[&str], limit: Duration) -> std::process::Output {
+        common::run_bounded(
+            Command::new("ip")
+                .args(["netns", "exec", &self.0])
+                .args(args),
+            limit,
+        )
+    }
+}
+
+impl Drop for Netns {
+    fn drop(&mut self) {
+        let _ = Command::new("ip").args(["netns", "del", &self.0]).output();
+    }
+}
+
+/// An `outboard export tap` this test started, ended when dropped (its interface goes too).
+struct TapExport(std::process::Child);
+
+impl Drop for TapExport {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// Exports `nic` as interface `ifname` and moves the interface into `ns` with `addr`, up.
+fn tap_into(up: &Up, nic: &str, ifname: &str, ns: &Netns, addr: &str) -> TapExport {
+    let mut c = Command::new(env!("CARGO_BIN_EXE_outboard"))
+        .args(["export", "tap", nic, "--name", ifname])
+        .env("OUTBOARD_CONTROL", up.dir.join("control.sock"))
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut err = BufReader::new(c.stderr.take().unwrap());
+    let export = TapExport(c);
+    let mut line = String::new();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !line.contains("exported as") {
+        line.clear();
+        assert!(
+            Instant::now() < deadline,
+            "export tap never made its interface"
+        );
+        assert!(
+            err.read_line(&mut line).unwrap() > 0,
+            "export tap ended: {line}"
+        );
+    }
+    std::thread::spawn(move || std::io::copy(&mut err, &mut std::io::sink()));
+    let ip = |args: &[&str]| {
+        let o = Command::new("ip").args(args).output().unwrap();
+        assert!(
+            o.status.success(),
+            "ip {args:?}: {}",
+            String::from_utf8_lossy(&o.stderr)
+        );
+    };
+    ip(&["link", "set", ifname, "netns", &ns.0]);
+    for args in [
+        vec!["ip", "addr", "add", addr, "dev", ifname],
+        vec!["ip", "link", "set", ifname, "up"],
+        vec!["ip", "link", "set", "lo", "up"],
+    ] {
+        let o = ns.run(&args, Duration::from_secs(10));
+        assert!(
+            o.status.success(),
+            "{args:?}: {}",
+            String::from_utf8_lossy(&o.stderr)
+        );
+    }
+    export
+}
+
+#[test]
+fn ping_and_iperf3_between_namespaces_whose_only_link_is_two_outboard_nics() {
+    let dir = tempfile::tempdir().unwrap();
+    let up = Up::start(dir.path(), Some(MACHINE));
+    let id = std::process::id() % 100_000;
+    let (a, b) = (
+        Netns::new(format!("ob-a-{id}")),
+        Netns::new(format!("ob-b-{id}")),
+    );
+    let (ia, ib) = (format!("oba{id}"), format!("obb{id}"));
+    let _ea = tap_into(&up, "nic0", &ia, &a, "10.77.0.1/24");
+    let _eb = tap_into(&up, "nic1", &ib, &b, "10.77.0.2/24");
+
+    // ARP and ICMP through: host stack → TAP → export → session → driver → model → wire →
+    // model → driver → session → export → TAP → host stack, and back.
+    let o = a.run(
+        &["ping", "-c", "5", "-i", "0.2", "-W", "3", "10.77.0.2"],
+        Duration::from_secs(30),
+    );
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert!(
+        o.status.success(),
+        "ping: {out}{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    assert!(out.contains("5 received"), "{out}");
+    eprintln!("{}", out.lines().last().unwrap_or_default());
+
+    // TCP through it: iperf3 for two seconds.
+    if Command::new("iperf3").arg("--version").output().is_ok() {
+        let mut server = Command::new("ip")
+            .args([
+                "netns",
+                "exec",
+                &b.0,
+                "iperf3",
+                "-s",
+                "-1",
+                "-B",
+                "10.77.0.2",
+            ])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        std::thread::sleep(Duration::from_millis(500));
+        let o = a.run(
+            &["iperf3", "-c", "10.77.0.2", "-t", "2", "-J"],
+            Duration::from_secs(30),
+        );
+        let _ = server.kill();
+        let _ = server.wait();
+        assert!(
+            o.status.success(),
+            "iperf3: {}",
+            String::from_utf8_lossy(&o.stderr)
+        );
+        let j: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+        let bps = j["end"]["sum_received"]["bits_per_second"]
+            .as_f64()
+            .unwrap();
+        eprintln!("iperf3 over two Outboard NICs: {:.1} Mbit/s", bps / 1e6);
+        assert!(bps > 1e6, "{bps} bit/s");
+    }
+}

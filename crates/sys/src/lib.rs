@@ -32,3 +32,4 @@ macro_rules! errln {
         let _ = writeln!(std::io::stderr(), $($arg)*);
     }};
 }
+pub mod tap;

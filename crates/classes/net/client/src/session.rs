@@ -448,6 +448,40 @@ impl NetClient {
         }
     }
 
+    /// The next frame received, copied into `out` (its length), if one is there now.
+    pub fn try_recv_into(&mut self, out: &mut [u8]) -> Result<Option<usize>, NetError> {
+        self.reap()?;
+        if self.received.is_empty() {
+            return Ok(None);
+        }
+        self.recv_into(out, Duration::ZERO)
+    }
+
+    /// Waits until a frame or an answer came, `also` became readable (true then), or
+    /// `timeout` passed — for a client that serves the NIC and another descriptor (a TAP
+    /// interface, a socket) from one thread.
+    pub fn wait_or(
+        &mut self,
+        also: std::os::fd::BorrowedFd<'_>,
+        timeout: Duration,
+    ) -> Result<bool, NetError> {
+        if self.reap()? > 0 || !self.received.is_empty() {
+            return Ok(false);
+        }
+        match self.channel.wait_or(Instant::now() + timeout, Some(also)) {
+            Ok(readable) => {
+                self.reap()?;
+                Ok(readable)
+            }
+            Err(ChannelError::Timeout) => Ok(false),
+            Err(ChannelError::Gone) => {
+                self.resume()?;
+                Ok(false)
+            }
+            Err(e) => Err(channel_err(e)),
+        }
+    }
+
     /// The next frame received, or `None` if none came within `timeout`.
     pub fn recv(&mut self, timeout: Duration) -> Result<Option<Vec<u8>>, NetError> {
         let mut buf = vec![0u8; SLOT as usize];

@@ -277,6 +277,12 @@ pub struct VirtioNetArgs {
 pub fn serve_model(a: VirtioNetArgs) -> Result<ExitCode, String> {
     let mac = outboard_manager::children::parse_mac(&a.own.mac)?;
     let wire = match &a.own.wire {
+        None if a.own.stream.is_some() => {
+            let path = a.own.stream.as_ref().expect("checked");
+            let s = std::os::unix::net::UnixStream::connect(path)
+                .map_err(|e| format!("--stream {}: {e}", path.display()))?;
+            Some(Wire::stream(s.into()).map_err(|e| format!("--stream {}: {e}", path.display()))?)
+        }
         None => None,
         Some(w) => {
             let n: i32 = w

@@ -478,10 +478,11 @@ impl Drop for Netns {
     }
 }
 
-/// An `outboard export tap` this test started, ended when dropped (its interface goes too).
-struct TapExport(std::process::Child);
+/// A process this test started (an `outboard export tap`, QEMU), ended when dropped (an
+/// export's interface goes with it).
+struct KillOnDrop(std::process::Child);
 
-impl Drop for TapExport {
+impl Drop for KillOnDrop {
     fn drop(&mut self) {
         let _ = self.0.kill();
         let _ = self.0.wait();
@@ -489,7 +490,7 @@ impl Drop for TapExport {
 }
 
 /// Exports `nic` as interface `ifname` and moves the interface into `ns` with `addr`, up.
-fn tap_into(up: &Up, nic: &str, ifname: &str, ns: &Netns, addr: &str) -> TapExport {
+fn tap_into(up: &Up, nic: &str, ifname: &str, ns: &Netns, addr: &str) -> KillOnDrop {
     let mut c = Command::new(env!("CARGO_BIN_EXE_outboard"))
         .args(["export", "tap", nic, "--name", ifname])
         .env("OUTBOARD_CONTROL", up.dir.join("control.sock"))
@@ -499,7 +500,7 @@ fn tap_into(up: &Up, nic: &str, ifname: &str, ns: &Netns, addr: &str) -> TapExpo
         .spawn()
         .unwrap();
     let mut err = BufReader::new(c.stderr.take().unwrap());
-    let export = TapExport(c);
+    let export = KillOnDrop(c);
     let mut line = String::new();
     let deadline = Instant::now() + Duration::from_secs(20);
     while !line.contains("exported as") {
@@ -602,4 +603,58 @@ fn ping_and_iperf3_between_namespaces_whose_only_link_is_two_outboard_nics() {
         eprintln!("iperf3 over two Outboard NICs: {:.1} Mbit/s", bps / 1e6);
         assert!(bps > 1e6, "{bps} bit/s");
     }
+}
+
+#[test]
+fn nics_on_qemus_stream_netdevs_exchange_frames_through_qemu() {
+    // QEMU (no guest: only its network layer) joins two `-netdev stream` servers on a hub;
+    // each Outboard NIC's model connects to one, so every frame crosses QEMU's parser.
+    let dir = tempfile::tempdir().unwrap();
+    let (pa, pb) = (dir.path().join("qa.sock"), dir.path().join("qb.sock"));
+    let stream = |id: &str, p: &std::path::Path| {
+        format!(
+            "stream,id={id},server=on,addr.type=unix,addr.path={}",
+            p.display()
+        )
+    };
+    let _qemu = KillOnDrop(
+        Command::new("qemu-system-x86_64")
+            .args(["-M", "none", "-nodefaults", "-display", "none"])
+            .args(["-netdev", &stream("a", &pa), "-netdev", &stream("b", &pb)])
+            .args(["-netdev", "hubport,id=ha,hubid=0,netdev=a"])
+            .args(["-netdev", "hubport,id=hb,hubid=0,netdev=b"])
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .spawn()
+            .expect("qemu-system-x86_64"),
+    );
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !(pa.exists() && pb.exists()) {
+        assert!(Instant::now() < deadline, "QEMU never listened");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let machine = format!(
+        "[[device]]\nname = \"nic0\"\nmodel = \"virtio-net\"\nmac = \"02:00:00:00:00:01\"\nstream = \"{}\"\n\n\
+         [[device]]\nname = \"nic1\"\nmodel = \"virtio-net\"\nmac = \"02:00:00:00:00:02\"\nstream = \"{}\"\n",
+        pa.display(),
+        pb.display()
+    );
+    let up = Up::start(dir.path(), Some(&machine));
+    let recv = listening(&up, &["nic1", "--count", "3", "--hex", "--timeout", "10s"]);
+    send(
+        &up,
+        &[
+            "nic0",
+            "--to",
+            "02:00:00:00:00:02",
+            "--payload",
+            "via qemu",
+            "--count",
+            "3",
+        ],
+    );
+    let o = common::run_bounded_child(recv, Duration::from_secs(30));
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let via: String = b"via qemu".iter().map(|b| format!("{b:02x}")).collect();
+    assert_eq!(stdout(&o).matches(&via).count(), 3, "{}", stdout(&o));
 }

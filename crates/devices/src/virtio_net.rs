@@ -6,7 +6,9 @@
 //! a whole frame). No checksum or segmentation offload: frames cross whole, as sent.
 //!
 //! Frames leave and arrive through a [`Wire`]: a datagram-preserving socket (`SOCK_SEQPACKET`
-//! or `SOCK_DGRAM`) on which each message is one Ethernet frame without its check sequence.
+//! or `SOCK_DGRAM`) on which each message is one Ethernet frame without its check sequence,
+//! or a stream socket in QEMU's `-netdev stream` framing (a 4-byte big-endian length before
+//! each frame).
 //! Two models joined by a socket pair are two NICs on one cable. The wire is non-blocking and
 //! polled by the model's server ([`VirtioDevice::input_fds`]): arriving frames wait in a
 //! bounded backlog until the driver posts receive buffers, and are dropped (and counted) when
@@ -65,17 +67,76 @@ impl NetOptions {
     }
 }
 
-/// Where a NIC's frames go and come from: a socket that keeps message boundaries, one frame a
-/// message.
+/// Where a NIC's frames go and come from.
+///
+/// - A socket that keeps message boundaries (`SOCK_SEQPACKET` or `SOCK_DGRAM`): one frame a
+///   message ([`Wire::new`], [`Wire::pair`]).
+/// - A stream socket speaking QEMU's `-netdev stream` (and `-netdev socket`) framing: each
+///   frame behind its length as a 4-byte big-endian number ([`Wire::stream`]), so a QEMU VM's
+///   NIC and an Outboard NIC can be joined.
 #[derive(Debug)]
-pub struct Wire(OwnedFd);
+pub struct Wire {
+    fd: OwnedFd,
+    framing: Framing,
+}
+
+#[derive(Debug)]
+enum Framing {
+    Messages,
+    /// Bytes read and not yet a whole frame; bytes of frames not yet written.
+    Stream {
+        inbound: Vec<u8>,
+        outbound: Vec<u8>,
+    },
+}
+
+/// The most bytes a stream wire holds back for a peer that does not read: past this a frame
+/// is dropped (as a full link would).
+const STREAM_BACKLOG: usize = 256 << 10;
+/// The longest frame a stream peer may announce (QEMU's `NET_BUFSIZE` is 68 KiB): a longer
+/// length means the stream is corrupt, and the wire is given up.
+const STREAM_MAX_FRAME: usize = 69632;
+
+fn nonblocking(fd: &OwnedFd) -> std::io::Result<()> {
+    let flags = rustix::fs::fcntl_getfl(fd)?;
+    rustix::fs::fcntl_setfl(fd, flags | rustix::fs::OFlags::NONBLOCK)?;
+    Ok(())
+}
+
+/// Waits a moment for `fd` to take more bytes, as a real link's pause would.
+fn pause(fd: &OwnedFd) {
+    let mut p = [rustix::event::PollFd::new(
+        fd,
+        rustix::event::PollFlags::OUT,
+    )];
+    let wait = rustix::time::Timespec {
+        tv_sec: 0,
+        tv_nsec: 5_000_000,
+    };
+    let _ = rustix::event::poll(&mut p, Some(&wait));
+}
 
 impl Wire {
     /// A wire over `fd` (a `SOCK_SEQPACKET` or `SOCK_DGRAM` socket); made non-blocking.
     pub fn new(fd: OwnedFd) -> std::io::Result<Self> {
-        let flags = rustix::fs::fcntl_getfl(&fd)?;
-        rustix::fs::fcntl_setfl(&fd, flags | rustix::fs::OFlags::NONBLOCK)?;
-        Ok(Self(fd))
+        nonblocking(&fd)?;
+        Ok(Self {
+            fd,
+            framing: Framing::Messages,
+        })
+    }
+
+    /// A wire over a connected stream socket in QEMU's `-netdev stream` framing; made
+    /// non-blocking.
+    pub fn stream(fd: OwnedFd) -> std::io::Result<Self> {
+        nonblocking(&fd)?;
+        Ok(Self {
+            fd,
+            framing: Framing::Stream {
+                inbound: Vec::new(),
+                outbound: Vec::new(),
+            },
+        })
     }
 
     /// Two wires joined to each other: two NICs on one cable.
@@ -91,42 +152,101 @@ impl Wire {
 
     /// Sends one frame; false if the wire could not take it within a short wait (the peer
     /// does not read) or is gone.
-    fn send(&self, frame: &[u8]) -> bool {
+    fn send(&mut self, frame: &[u8]) -> bool {
         use rustix::net::SendFlags;
-        for _ in 0..2 {
-            match rustix::net::send(&self.0, frame, SendFlags::NOSIGNAL | SendFlags::DONTWAIT) {
-                Ok(_) => return true,
-                Err(rustix::io::Errno::AGAIN) => {
-                    // The peer is behind: give it a moment, as a real link's pause would.
-                    let mut p = [rustix::event::PollFd::new(
-                        &self.0,
-                        rustix::event::PollFlags::OUT,
-                    )];
-                    let wait = rustix::time::Timespec {
-                        tv_sec: 0,
-                        tv_nsec: 5_000_000,
-                    };
-                    let _ = rustix::event::poll(&mut p, Some(&wait));
+        let flags = SendFlags::NOSIGNAL | SendFlags::DONTWAIT;
+        match &mut self.framing {
+            Framing::Messages => {
+                for _ in 0..2 {
+                    match rustix::net::send(&self.fd, frame, flags) {
+                        Ok(_) => return true,
+                        Err(rustix::io::Errno::AGAIN) => pause(&self.fd),
+                        Err(rustix::io::Errno::INTR) => {}
+                        Err(_) => return false,
+                    }
                 }
+                false
+            }
+            Framing::Stream { outbound, .. } => {
+                if outbound.len() + 4 + frame.len() > STREAM_BACKLOG {
+                    // The peer is behind: give it a moment before this frame is dropped.
+                    pause(&self.fd);
+                    if !Self::flush(&self.fd, outbound) {
+                        return false;
+                    }
+                    if outbound.len() + 4 + frame.len() > STREAM_BACKLOG {
+                        return false;
+                    }
+                }
+                outbound.extend_from_slice(&(frame.len() as u32).to_be_bytes());
+                outbound.extend_from_slice(frame);
+                Self::flush(&self.fd, outbound)
+            }
+        }
+    }
+
+    /// Writes what it can of `outbound`; false if the stream is gone.
+    fn flush(fd: &OwnedFd, outbound: &mut Vec<u8>) -> bool {
+        use rustix::net::SendFlags;
+        while !outbound.is_empty() {
+            match rustix::net::send(fd, outbound, SendFlags::NOSIGNAL | SendFlags::DONTWAIT) {
+                Ok(n) => {
+                    outbound.drain(..n);
+                }
+                Err(rustix::io::Errno::AGAIN) => return true,
                 Err(rustix::io::Errno::INTR) => {}
                 Err(_) => return false,
             }
         }
-        false
+        true
     }
 
     /// Takes the next frame into `buf`: its length, `Ok(None)` if none waits, or an error if
-    /// the wire is gone. A frame longer than `buf` comes back with its whole length (it was
-    /// cut short: the caller drops it).
-    fn recv(&self, buf: &mut [u8]) -> std::io::Result<Option<usize>> {
+    /// the wire is gone (or, on a stream, corrupt). A frame longer than `buf` comes back with
+    /// its whole length (it was cut short: the caller drops it).
+    fn recv(&mut self, buf: &mut [u8]) -> std::io::Result<Option<usize>> {
         use rustix::net::RecvFlags;
-        loop {
-            match rustix::net::recv(&self.0, &mut *buf, RecvFlags::DONTWAIT | RecvFlags::TRUNC) {
-                Ok((_, 0)) => return Err(std::io::ErrorKind::UnexpectedEof.into()),
-                Ok((_, n)) => return Ok(Some(n)),
-                Err(rustix::io::Errno::AGAIN) => return Ok(None),
-                Err(rustix::io::Errno::INTR) => {}
-                Err(e) => return Err(e.into()),
+        match &mut self.framing {
+            Framing::Messages => loop {
+                match rustix::net::recv(&self.fd, &mut *buf, RecvFlags::DONTWAIT | RecvFlags::TRUNC)
+                {
+                    Ok((_, 0)) => return Err(std::io::ErrorKind::UnexpectedEof.into()),
+                    Ok((_, n)) => return Ok(Some(n)),
+                    Err(rustix::io::Errno::AGAIN) => return Ok(None),
+                    Err(rustix::io::Errno::INTR) => {}
+                    Err(e) => return Err(e.into()),
+                }
+            },
+            Framing::Stream { inbound, outbound } => {
+                // Bytes held back for the peer go first: it is reading again if it writes.
+                if !Self::flush(&self.fd, outbound) {
+                    return Err(std::io::ErrorKind::BrokenPipe.into());
+                }
+                loop {
+                    if inbound.len() >= 4 {
+                        let len = u32::from_be_bytes(inbound[..4].try_into().expect("4")) as usize;
+                        if len > STREAM_MAX_FRAME {
+                            return Err(std::io::Error::new(
+                                std::io::ErrorKind::InvalidData,
+                                format!("the stream announces a frame of {len} bytes"),
+                            ));
+                        }
+                        if inbound.len() >= 4 + len {
+                            let n = len.min(buf.len());
+                            buf[..n].copy_from_slice(&inbound[4..4 + n]);
+                            inbound.drain(..4 + len);
+                            return Ok(Some(len));
+                        }
+                    }
+                    let mut chunk = [0u8; 16384];
+                    match rustix::net::recv(&self.fd, &mut chunk, RecvFlags::DONTWAIT) {
+                        Ok((_, 0)) => return Err(std::io::ErrorKind::UnexpectedEof.into()),
+                        Ok((_, n)) => inbound.extend_from_slice(&chunk[..n]),
+                        Err(rustix::io::Errno::AGAIN) => return Ok(None),
+                        Err(rustix::io::Errno::INTR) => {}
+                        Err(e) => return Err(e.into()),
+                    }
+                }
             }
         }
     }
@@ -227,7 +347,7 @@ impl VirtioNet {
             return;
         }
         let frame = &self.scratch[net::HDR_SIZE..];
-        match self.wire.as_ref().is_some_and(|w| w.send(frame)) {
+        match self.wire.as_mut().is_some_and(|w| w.send(frame)) {
             true => {
                 self.stats.tx_frames += 1;
                 self.stats.tx_bytes += frame.len() as u64;
@@ -399,14 +519,14 @@ impl VirtioDevice for VirtioNet {
     }
 
     fn input_fds(&self) -> Vec<BorrowedFd<'_>> {
-        self.wire.iter().map(|w| w.0.as_fd()).collect()
+        self.wire.iter().map(|w| w.fd.as_fd()).collect()
     }
 
     fn input(&mut self, _id: usize) -> Arrived {
         let max = self.opts.max_frame();
         let mut gone = false;
         for _ in 0..INPUT_BUDGET {
-            let Some(w) = self.wire.as_ref() else { break };
+            let Some(w) = self.wire.as_mut() else { break };
             // Each frame is read behind room for its header, which the receive path fills in
             // place: a frame is copied once, from the wire, and DMAed once.
             let mut buf = self.spare.pop().unwrap_or_default();

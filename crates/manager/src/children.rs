@@ -548,6 +548,12 @@ pub struct VirtioNetOwn {
     /// cable and its link is down.
     #[arg(long, value_name = "fd:N")]
     pub wire: Option<String>,
+    /// The cable is a UNIX stream socket speaking QEMU's `-netdev stream` framing (a 4-byte
+    /// big-endian length before each frame): connect to a QEMU VM's
+    /// `-netdev stream,server=on,addr.type=unix,addr.path=PATH` at start (each start connects
+    /// anew).
+    #[arg(long, value_name = "PATH", conflicts_with = "wire")]
+    pub stream: Option<std::path::PathBuf>,
 }
 
 /// A MAC address on the command line (`02:00:00:00:00:01`).
@@ -627,6 +633,7 @@ impl ModelOwn {
                 a.opt("--mtu", (o.mtu != 1500).then_some(o.mtu));
                 a.flag("--link-down", o.link_down);
                 a.opt("--wire", o.wire.as_ref());
+                a.opt("--stream", o.stream.as_ref().map(|p| p.display()));
             }
         }
     }

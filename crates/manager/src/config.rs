@@ -218,6 +218,7 @@ struct RawDevice {
     mtu: Option<Spanned<i64>>,
     link: Option<Spanned<String>>,
     wire: Option<Spanned<String>>,
+    stream: Option<Spanned<String>>,
     placement: Option<Spanned<String>>,
     server: Option<Spanned<String>>,
     request_deadline: Option<Spanned<String>>,
@@ -297,6 +298,9 @@ impl RawDevice {
         }
         if let Some(v) = &self.wire {
             put("wire", v.get_ref().clone(), v.span().start);
+        }
+        if let Some(v) = &self.stream {
+            put("stream", v.get_ref().clone(), v.span().start);
         }
         k
     }

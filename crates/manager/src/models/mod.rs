@@ -143,7 +143,7 @@ pub static MODELS: &[Model] = &[
     Model {
         name: "virtio-net",
         kind: Kind::Emulated,
-        keys: &["mac", "mtu", "link", "wire"],
+        keys: &["mac", "mtu", "link", "wire", "stream"],
         colocated: false,
         settle: virtio_net::settle,
         launch: virtio_net::launch,

@@ -4,7 +4,10 @@
 //! wire are joined by it (frames one sends arrive at the other).
 //!
 //! The manager makes each cable once — a `SOCK_SEQPACKET` socket pair, one frame a message —
-//! and hands one end to each NIC's model. It keeps the ends for as long as it runs, so a model
+//! and hands one end to each NIC's model. Or `stream`, a UNIX socket path: the NIC's cable is
+//! a connection to a QEMU VM's `-netdev stream` server, which its model makes at each start.
+//!
+//! The manager makes each cable once and hands one end to each NIC's model. It keeps the ends for as long as it runs, so a model
 //! started again after a crash gets the same end back: the cable outlives either NIC.
 
 use std::collections::{BTreeMap, HashMap};
@@ -50,6 +53,22 @@ pub(super) fn settle(keys: &Keys, _: usize, others: &[DeviceConfig]) -> Result<S
             return Err((l.at, format!("link = {:?}: up or down", l.value)));
         }
         settings.insert("link".to_string(), l.value.clone());
+    }
+    if let (Some(w), Some(_)) = (keys.get("wire"), keys.get("stream")) {
+        return Err((w.at, "wire and stream: a NIC has one cable".into()));
+    }
+    if let Some(p) = keys.get("stream") {
+        if !p.value.starts_with('/') {
+            return Err((
+                p.at,
+                format!("stream = {:?}: an absolute path to a UNIX socket", p.value),
+            ));
+        }
+        settings.insert("stream".to_string(), p.value.clone());
+        return Ok(Settled {
+            backing: format!("stream:{}", p.value),
+            settings,
+        });
     }
     let backing = match keys.get("wire") {
         Some(w) => {
@@ -160,6 +179,7 @@ pub(super) fn launch(d: &DeviceConfig, first_fd: i32) -> Result<Launch, ModelErr
                 .unwrap_or(1500),
             link_down: d.settings.get("link").is_some_and(|l| l == "down"),
             wire,
+            stream: d.settings.get("stream").map(std::path::PathBuf::from),
         }),
         fds,
     })

@@ -233,14 +233,7 @@ fn a_nic_whose_model_is_killed_comes_back_on_the_same_cable() {
     let dir = tempfile::tempdir().unwrap();
     let up = Up::start(dir.path(), Some(MACHINE));
     let up_pid = up.child.as_ref().unwrap().id();
-    let models: Vec<u32> = common::children_running(up_pid, "virtio-net")
-        .into_iter()
-        .filter(|p| {
-            std::fs::read(format!("/proc/{p}/cmdline"))
-                .map(|c| String::from_utf8_lossy(&c).contains("02:00:00:00:00:02"))
-                .unwrap_or(false)
-        })
-        .collect();
+    let models = children_with(up_pid, "virtio-net", "02:00:00:00:00:02");
     assert_eq!(models.len(), 1, "nic1's model");
     assert!(common::signal_child_of(
         up_pid,
@@ -268,14 +261,7 @@ fn a_nic_whose_model_is_killed_comes_back_on_the_same_cable() {
         std::thread::sleep(Duration::from_millis(200));
     }
     // It is a new model that carried it, on the old cable.
-    let now: Vec<u32> = common::children_running(up_pid, "virtio-net")
-        .into_iter()
-        .filter(|p| {
-            std::fs::read(format!("/proc/{p}/cmdline"))
-                .map(|c| String::from_utf8_lossy(&c).contains("02:00:00:00:00:02"))
-                .unwrap_or(false)
-        })
-        .collect();
+    let now = children_with(up_pid, "virtio-net", "02:00:00:00:00:02");
     assert_eq!(now.len(), 1);
     assert_ne!(now[0], models[0], "nic1's model was started again");
     let reg = registry(&up).to_string();
@@ -285,16 +271,22 @@ fn a_nic_whose_model_is_killed_comes_back_on_the_same_cable() {
     );
 }
 
-/// The driver server of `nic` (a child of `up` running `driver-host` for it).
-fn server_of(up_pid: u32, nic: &str) -> Vec<u32> {
-    common::children_running(up_pid, "driver-host")
+/// The children of `up_pid` running `word` (`driver-host`, `virtio-net`) whose command line
+/// also holds `mention`.
+fn children_with(up_pid: u32, word: &str, mention: &str) -> Vec<u32> {
+    common::children_running(up_pid, word)
         .into_iter()
         .filter(|p| {
             std::fs::read(format!("/proc/{p}/cmdline"))
-                .map(|c| String::from_utf8_lossy(&c).contains(&format!("{nic}=")))
+                .map(|c| String::from_utf8_lossy(&c).contains(mention))
                 .unwrap_or(false)
         })
         .collect()
+}
+
+/// The driver server of `nic` (a child of `up` running `driver-host` for it).
+fn server_of(up_pid: u32, nic: &str) -> Vec<u32> {
+    children_with(up_pid, "driver-host", &format!("{nic}="))
 }
 
 /// What a stream from nic0 to nic1 came to while `victim`'s driver server was killed every

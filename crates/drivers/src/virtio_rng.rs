@@ -200,21 +200,13 @@ pub const PERSONALITY: Personality = Personality {
 
 fn probe(dev: &Probe<'_>, initial: u32) -> Result<u32, String> {
     use outboard_spec::virtio::cap;
-    let Probe::Pci(f) = dev else {
-        return Err("virtio-rng drives PCI functions".into());
-    };
-    let caps = crate::virtio::transport::virtio_caps(f).map_err(|e| e.to_string())?;
-    let bars = f.bar_sizes().map_err(|e| e.to_string())?;
-    crate::virtio::device::modern_structures(
-        &caps,
-        &bars,
+    crate::virtio::device::probe_modern(
+        dev,
+        initial,
+        "virtio-rng",
         &[cap::COMMON_CFG, cap::NOTIFY_CFG, cap::ISR_CFG],
-    )?;
-    Ok(if f.identity().device == 0x1005 {
-        initial.saturating_sub(100)
-    } else {
-        initial
-    })
+        0x1005,
+    )
 }
 
 fn start(p: Provider, o: &StartOptions) -> Result<Box<dyn AnyDriver>, StartError> {

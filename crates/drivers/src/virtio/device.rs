@@ -46,6 +46,29 @@ pub fn modern_structures(
     Ok(())
 }
 
+/// The active probe of a modern virtio-pci driver (`kind`: "virtio-net"): a PCI function whose
+/// structures in `needed` are inside its BARs, bidding `initial`, or 100 less if it is the
+/// transitional device `transitional` (0x1000 + the device id) rather than the modern one.
+pub fn probe_modern(
+    dev: &crate::personality::Probe<'_>,
+    initial: u32,
+    kind: &str,
+    needed: &[u8],
+    transitional: u16,
+) -> Result<u32, String> {
+    let crate::personality::Probe::Pci(f) = dev else {
+        return Err(format!("{kind} drives PCI functions"));
+    };
+    let caps = crate::virtio::transport::virtio_caps(f).map_err(|e| e.to_string())?;
+    let bars = f.bar_sizes().map_err(|e| e.to_string())?;
+    modern_structures(&caps, &bars, needed)?;
+    Ok(if f.identity().device == transitional {
+        initial.saturating_sub(100)
+    } else {
+        initial
+    })
+}
+
 /// A device between feature negotiation and DRIVER_OK.
 pub struct Negotiation {
     func: PciFunction,

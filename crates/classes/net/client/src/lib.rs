@@ -8,8 +8,10 @@
 #![deny(missing_docs)]
 
 pub mod session;
+pub mod stack;
 
 pub use session::{NetClient, NetOptions};
+pub use stack::Udp;
 
 use std::path::Path;
 

@@ -482,6 +482,11 @@ impl NetClient {
         }
     }
 
+    /// Waits until a frame or an answer comes, or `timeout` passes.
+    pub fn wait_for(&mut self, timeout: Duration) -> Result<(), NetError> {
+        self.wait(Instant::now() + timeout).map(drop)
+    }
+
     /// The next frame received, or `None` if none came within `timeout`.
     pub fn recv(&mut self, timeout: Duration) -> Result<Option<Vec<u8>>, NetError> {
         let mut buf = vec![0u8; SLOT as usize];

@@ -318,3 +318,47 @@ fn a_session_that_never_posts_buffers_costs_only_its_own_frames() {
     assert_eq!(s.counters.rx_delivered, 300);
     rig.stop();
 }
+
+#[test]
+fn udp_datagrams_of_every_size_echo_through_smoltcp_over_two_nics() {
+    use outboard_net_client::Udp;
+    use std::net::Ipv4Addr;
+    let rig = Rig::start();
+    let (ip_a, ip_b) = (Ipv4Addr::new(10, 9, 0, 1), Ipv4Addr::new(10, 9, 0, 2));
+    let mut a = Udp::bind(rig.open("nic0"), ip_a, 24, 4000).unwrap();
+    let mut b = Udp::bind(rig.open("nic1"), ip_b, 24, 7).unwrap();
+    let stop = Arc::new(AtomicBool::new(false));
+    let s = stop.clone();
+    // The echo server: every datagram back to where it came from.
+    let echo = std::thread::spawn(move || {
+        let mut buf = [0u8; 2048];
+        let mut n_echoed = 0;
+        while !s.load(Ordering::Relaxed) {
+            if let Some((n, from)) = b.recv_from(&mut buf, Duration::from_millis(100)).unwrap() {
+                b.send_to(&buf[..n], from).unwrap();
+                n_echoed += 1;
+            }
+        }
+        n_echoed
+    });
+    let mut buf = [0u8; 2048];
+    let sizes: Vec<usize> = [64usize, 128, 256, 512, 1024, 1280, 1472]
+        .iter()
+        .flat_map(|&n| std::iter::repeat_n(n, 10))
+        .collect();
+    for (i, &n) in sizes.iter().enumerate() {
+        let mut d = vec![0u8; n];
+        Seeded::new(i as u64).fill(&mut d);
+        a.send_to(&d, (ip_b, 7)).unwrap();
+        let (got, from) = a.recv_from(&mut buf, WAIT).unwrap().expect("an echo");
+        assert_eq!(from, (ip_b, 7));
+        assert!(
+            buf[..got] == d[..],
+            "datagram {i} ({n} bytes) came back different"
+        );
+    }
+    stop.store(true, Ordering::Relaxed);
+    assert_eq!(echo.join().unwrap(), sizes.len());
+    assert_eq!(a.dropped(), 0);
+    rig.stop();
+}

@@ -1,0 +1,206 @@
+//! A user-space UDP/IP stack over a NIC: `smoltcp` with the NIC as its Ethernet device, so an
+//! application speaks UDP through Outboard's driver without the host's stack. [`Nic`] is the
+//! `smoltcp` device; [`Udp`] is one interface with one UDP socket, enough for request/reply
+//! and streams of datagrams (the evaluation's echo and combination tests).
+
+use std::net::Ipv4Addr;
+use std::time::{Duration, Instant};
+
+use smoltcp::iface::{Config, Interface, SocketHandle, SocketSet};
+use smoltcp::phy::{self, DeviceCapabilities, Medium};
+use smoltcp::socket::udp;
+use smoltcp::wire::{EthernetAddress, HardwareAddress, IpAddress, IpCidr, IpEndpoint};
+
+use crate::session::{NetClient, SLOT};
+use outboard_net::NetError;
+
+/// A NIC as `smoltcp`'s Ethernet device.
+pub struct Nic {
+    client: NetClient,
+    frame: Vec<u8>,
+    /// Frames `smoltcp` sent that the NIC refused (they are lost, as on a wire).
+    pub dropped: u64,
+}
+
+impl Nic {
+    /// The NIC behind a session.
+    pub fn new(client: NetClient) -> Self {
+        Self {
+            client,
+            frame: vec![0u8; SLOT as usize],
+            dropped: 0,
+        }
+    }
+
+    /// The session.
+    pub fn client(&mut self) -> &mut NetClient {
+        &mut self.client
+    }
+}
+
+/// A received frame, lent to `smoltcp`.
+pub struct Rx<'a>(&'a [u8]);
+
+/// Room for one frame to send.
+pub struct Tx<'a> {
+    client: &'a mut NetClient,
+    dropped: &'a mut u64,
+}
+
+impl phy::RxToken for Rx<'_> {
+    fn consume<R, F: FnOnce(&[u8]) -> R>(self, f: F) -> R {
+        f(self.0)
+    }
+}
+
+impl phy::TxToken for Tx<'_> {
+    fn consume<R, F: FnOnce(&mut [u8]) -> R>(self, len: usize, f: F) -> R {
+        // Built on the stack, then written once into the session's transmit slot.
+        let mut buf = [0u8; SLOT as usize];
+        let len = len.min(buf.len());
+        let r = f(&mut buf[..len]);
+        match self.client.send(&buf[..len]) {
+            Ok(()) => {}
+            // An earlier frame's fate across a driver restart: UDP does not retry; count it.
+            Err(_) => *self.dropped += 1,
+        }
+        r
+    }
+}
+
+impl phy::Device for Nic {
+    type RxToken<'a> = Rx<'a>;
+    type TxToken<'a> = Tx<'a>;
+
+    fn receive(
+        &mut self,
+        _: smoltcp::time::Instant,
+    ) -> Option<(Self::RxToken<'_>, Self::TxToken<'_>)> {
+        let n = self.client.try_recv_into(&mut self.frame).ok()??;
+        Some((
+            Rx(&self.frame[..n]),
+            Tx {
+                client: &mut self.client,
+                dropped: &mut self.dropped,
+            },
+        ))
+    }
+
+    fn transmit(&mut self, _: smoltcp::time::Instant) -> Option<Self::TxToken<'_>> {
+        Some(Tx {
+            client: &mut self.client,
+            dropped: &mut self.dropped,
+        })
+    }
+
+    fn capabilities(&self) -> DeviceCapabilities {
+        let mut c = DeviceCapabilities::default();
+        c.medium = Medium::Ethernet;
+        // For Ethernet, smoltcp counts the header in: the longest frame.
+        c.max_transmission_unit = self.client.info().max_frame() as usize;
+        c
+    }
+}
+
+fn now(epoch: Instant) -> smoltcp::time::Instant {
+    smoltcp::time::Instant::from_micros(epoch.elapsed().as_micros() as i64)
+}
+
+/// One IPv4 interface on a NIC with one UDP socket.
+pub struct Udp {
+    nic: Nic,
+    iface: Interface,
+    sockets: SocketSet<'static>,
+    socket: SocketHandle,
+    epoch: Instant,
+}
+
+impl Udp {
+    /// Gives the NIC the address `addr/prefix` and binds a UDP socket to `port` on it.
+    pub fn bind(
+        client: NetClient,
+        addr: Ipv4Addr,
+        prefix: u8,
+        port: u16,
+    ) -> Result<Self, NetError> {
+        let mut nic = Nic::new(client);
+        let mac = EthernetAddress(nic.client().info().mac);
+        let epoch = Instant::now();
+        let mut iface = Interface::new(
+            Config::new(HardwareAddress::Ethernet(mac)),
+            &mut nic,
+            now(epoch),
+        );
+        iface.update_ip_addrs(|a| {
+            let _ = a.push(IpCidr::new(IpAddress::Ipv4(addr), prefix));
+        });
+        let buffer =
+            || udp::PacketBuffer::new(vec![udp::PacketMetadata::EMPTY; 256], vec![0u8; 256 * 1536]);
+        let mut sock = udp::Socket::new(buffer(), buffer());
+        sock.bind(port)
+            .map_err(|e| NetError::Invalid(format!("UDP port {port}: {e}")))?;
+        let mut sockets = SocketSet::new(Vec::new());
+        let socket = sockets.add(sock);
+        Ok(Self {
+            nic,
+            iface,
+            sockets,
+            socket,
+            epoch,
+        })
+    }
+
+    /// Moves the stack along: takes frames in, sends what is queued.
+    pub fn poll(&mut self) {
+        self.iface
+            .poll(now(self.epoch), &mut self.nic, &mut self.sockets);
+    }
+
+    /// Queues `data` for `to` (sent by the next poll, after ARP if the address is new).
+    pub fn send_to(&mut self, data: &[u8], to: (Ipv4Addr, u16)) -> Result<(), NetError> {
+        let end = IpEndpoint::new(IpAddress::Ipv4(to.0), to.1);
+        self.sockets
+            .get_mut::<udp::Socket>(self.socket)
+            .send_slice(data, end)
+            .map_err(|e| NetError::Invalid(format!("UDP send: {e}")))?;
+        self.poll();
+        Ok(())
+    }
+
+    /// The next datagram (its length and sender), or `None` if none came within `timeout`.
+    pub fn recv_from(
+        &mut self,
+        buf: &mut [u8],
+        timeout: Duration,
+    ) -> Result<Option<(usize, (Ipv4Addr, u16))>, NetError> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            self.poll();
+            let s = self.sockets.get_mut::<udp::Socket>(self.socket);
+            if s.can_recv() {
+                let (n, meta) = s
+                    .recv_slice(buf)
+                    .map_err(|e| NetError::Invalid(format!("UDP receive: {e}")))?;
+                let IpAddress::Ipv4(from) = meta.endpoint.addr;
+                return Ok(Some((n, (from, meta.endpoint.port))));
+            }
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return Ok(None);
+            }
+            // Sleep until a frame comes or the stack's next timer (ARP retries) is due.
+            let due = self
+                .iface
+                .poll_delay(now(self.epoch), &self.sockets)
+                .map_or(left, |d| Duration::from_micros(d.total_micros()).min(left));
+            self.nic
+                .client()
+                .wait_for(due.max(Duration::from_micros(50)))?;
+        }
+    }
+
+    /// Frames the NIC refused on the way out.
+    pub fn dropped(&self) -> u64 {
+        self.nic.dropped
+    }
+}

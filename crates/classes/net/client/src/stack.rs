@@ -102,6 +102,9 @@ impl phy::Device for Nic {
     }
 }
 
+/// A UDP peer: its address and port.
+pub type Peer = (Ipv4Addr, u16);
+
 fn now(epoch: Instant) -> smoltcp::time::Instant {
     smoltcp::time::Instant::from_micros(epoch.elapsed().as_micros() as i64)
 }
@@ -157,7 +160,7 @@ impl Udp {
     }
 
     /// Queues `data` for `to` (sent by the next poll, after ARP if the address is new).
-    pub fn send_to(&mut self, data: &[u8], to: (Ipv4Addr, u16)) -> Result<(), NetError> {
+    pub fn send_to(&mut self, data: &[u8], to: Peer) -> Result<(), NetError> {
         let end = IpEndpoint::new(IpAddress::Ipv4(to.0), to.1);
         self.sockets
             .get_mut::<udp::Socket>(self.socket)
@@ -172,7 +175,7 @@ impl Udp {
         &mut self,
         buf: &mut [u8],
         timeout: Duration,
-    ) -> Result<Option<(usize, (Ipv4Addr, u16))>, NetError> {
+    ) -> Result<Option<(usize, Peer)>, NetError> {
         let deadline = Instant::now() + timeout;
         loop {
             self.poll();

@@ -649,4 +649,36 @@ fn nics_on_qemus_stream_netdevs_exchange_frames_through_qemu() {
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     let via: String = b"via qemu".iter().map(|b| format!("{b:02x}")).collect();
     assert_eq!(stdout(&o).matches(&via).count(), 3, "{}", stdout(&o));
+
+    // nic1's model is killed: its successor connects to QEMU anew, and frames flow again.
+    let up_pid = up.child.as_ref().unwrap().id();
+    let models = children_with(up_pid, "virtio-net", "02:00:00:00:00:02");
+    assert_eq!(models.len(), 1, "nic1's model");
+    assert!(common::signal_child_of(
+        up_pid,
+        models[0],
+        rustix::process::Signal::KILL
+    ));
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let recv = listening(&up, &["nic1", "--count", "1", "--timeout", "2s"]);
+        send(
+            &up,
+            &["nic0", "--to", "02:00:00:00:00:02", "--payload", "again"],
+        );
+        let o = common::run_bounded_child(recv, Duration::from_secs(20));
+        if o.status.success() {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no frame through QEMU after nic1's model restarted: {}",
+            String::from_utf8_lossy(&o.stderr)
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    assert_ne!(
+        children_with(up_pid, "virtio-net", "02:00:00:00:00:02"),
+        models
+    );
 }

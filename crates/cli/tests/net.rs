@@ -68,6 +68,41 @@ fn send(up: &Up, args: &[&str]) {
     );
 }
 
+/// Kills nic1's model (address 02:00:00:00:00:02) and waits, bounded, until a frame from nic0
+/// reaches a client of nic1 again — through the model started in its place, which is checked.
+fn kill_nic1s_model_and_see_frames_again(up: &Up) {
+    let up_pid = up.child.as_ref().unwrap().id();
+    let models = children_with(up_pid, "virtio-net", "02:00:00:00:00:02");
+    assert_eq!(models.len(), 1, "nic1's model");
+    assert!(common::signal_child_of(
+        up_pid,
+        models[0],
+        rustix::process::Signal::KILL
+    ));
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let recv = listening(up, &["nic1", "--count", "1", "--timeout", "2s"]);
+        send(
+            up,
+            &["nic0", "--to", "02:00:00:00:00:02", "--payload", "after"],
+        );
+        let o = common::run_bounded_child(recv, Duration::from_secs(20));
+        if o.status.success() && stdout(&o).contains("> 02:00:00:00:00:02") {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "nic1 never carried a frame again: {}",
+            String::from_utf8_lossy(&o.stderr)
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    // It is a new model that carried it.
+    let now = children_with(up_pid, "virtio-net", "02:00:00:00:00:02");
+    assert_eq!(now.len(), 1);
+    assert_ne!(now[0], models[0], "nic1's model was started again");
+}
+
 #[test]
 fn two_nics_on_a_wire_carry_frames_from_send_to_recv() {
     let dir = tempfile::tempdir().unwrap();
@@ -232,38 +267,9 @@ fn descriptions_that_cannot_be_are_refused_with_the_key() {
 fn a_nic_whose_model_is_killed_comes_back_on_the_same_cable() {
     let dir = tempfile::tempdir().unwrap();
     let up = Up::start(dir.path(), Some(MACHINE));
-    let up_pid = up.child.as_ref().unwrap().id();
-    let models = children_with(up_pid, "virtio-net", "02:00:00:00:00:02");
-    assert_eq!(models.len(), 1, "nic1's model");
-    assert!(common::signal_child_of(
-        up_pid,
-        models[0],
-        rustix::process::Signal::KILL
-    ));
     // The manager starts the model again with its end of the cable, and the driver brings
-    // the NIC back: a frame from nic0 reaches a client of nic1 again (bounded).
-    let deadline = Instant::now() + Duration::from_secs(30);
-    loop {
-        let recv = listening(&up, &["nic1", "--count", "1", "--timeout", "2s"]);
-        send(
-            &up,
-            &["nic0", "--to", "02:00:00:00:00:02", "--payload", "after"],
-        );
-        let o = common::run_bounded_child(recv, Duration::from_secs(20));
-        if o.status.success() && stdout(&o).contains("> 02:00:00:00:00:02") {
-            break;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "nic1 never carried a frame again: {}",
-            String::from_utf8_lossy(&o.stderr)
-        );
-        std::thread::sleep(Duration::from_millis(200));
-    }
-    // It is a new model that carried it, on the old cable.
-    let now = children_with(up_pid, "virtio-net", "02:00:00:00:00:02");
-    assert_eq!(now.len(), 1);
-    assert_ne!(now[0], models[0], "nic1's model was started again");
+    // the NIC back.
+    kill_nic1s_model_and_see_frames_again(&up);
     let reg = registry(&up).to_string();
     assert!(
         reg.contains("\"restarts\":1") || reg.contains("\"restarts\":\"1\""),
@@ -651,34 +657,5 @@ fn nics_on_qemus_stream_netdevs_exchange_frames_through_qemu() {
     assert_eq!(stdout(&o).matches(&via).count(), 3, "{}", stdout(&o));
 
     // nic1's model is killed: its successor connects to QEMU anew, and frames flow again.
-    let up_pid = up.child.as_ref().unwrap().id();
-    let models = children_with(up_pid, "virtio-net", "02:00:00:00:00:02");
-    assert_eq!(models.len(), 1, "nic1's model");
-    assert!(common::signal_child_of(
-        up_pid,
-        models[0],
-        rustix::process::Signal::KILL
-    ));
-    let deadline = Instant::now() + Duration::from_secs(30);
-    loop {
-        let recv = listening(&up, &["nic1", "--count", "1", "--timeout", "2s"]);
-        send(
-            &up,
-            &["nic0", "--to", "02:00:00:00:00:02", "--payload", "again"],
-        );
-        let o = common::run_bounded_child(recv, Duration::from_secs(20));
-        if o.status.success() {
-            break;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "no frame through QEMU after nic1's model restarted: {}",
-            String::from_utf8_lossy(&o.stderr)
-        );
-        std::thread::sleep(Duration::from_millis(200));
-    }
-    assert_ne!(
-        children_with(up_pid, "virtio-net", "02:00:00:00:00:02"),
-        models
-    );
+    kill_nic1s_model_and_see_frames_again(&up);
 }

@@ -219,7 +219,7 @@ impl NetClient {
         };
         loop {
             // What the dead server answered is still in the old rings: take it first.
-            self.reap_only()?;
+            self.reap()?;
             let taken = self.channel.taken(0);
             let how = Resume {
                 server: &self.server,
@@ -300,14 +300,9 @@ impl NetClient {
         })
     }
 
-    /// Takes every completion waiting, sorting it by what it answers.
-    fn reap(&mut self) -> Result<usize, NetError> {
-        self.reap_only()
-    }
-
     /// Takes every completion waiting on the current rings (the old ones too, after the
-    /// server died: what it answered is there).
-    fn reap_only(&mut self) -> Result<usize, NetError> {
+    /// server died: what it answered is there), sorting it by what it answers.
+    fn reap(&mut self) -> Result<usize, NetError> {
         let mut n = 0;
         while let Some((tag, result)) = self
             .channel
@@ -364,6 +359,13 @@ impl NetClient {
         if let Some(e) = self.failed.pop_front() {
             return Err(e);
         }
+        if frame.len() as u64 > u64::from(self.info.max_frame()).min(SLOT) {
+            return Err(NetError::Invalid(format!(
+                "a frame of {} bytes: this NIC sends up to {}",
+                frame.len(),
+                self.info.max_frame()
+            )));
+        }
         let deadline = Instant::now() + self.opts.timeout;
         let slot = loop {
             if let Some(s) = self.tx_free.pop() {
@@ -374,14 +376,6 @@ impl NetClient {
                 return Err(NetError::Timeout);
             }
         };
-        if frame.len() as u64 > u64::from(self.info.max_frame()).min(SLOT) {
-            self.tx_free.push(slot);
-            return Err(NetError::Invalid(format!(
-                "a frame of {} bytes: this NIC sends up to {}",
-                frame.len(),
-                self.info.max_frame()
-            )));
-        }
         let offset = u64::from(slot) * SLOT;
         self.channel
             .buffers()

@@ -444,7 +444,7 @@ impl Dispatcher for NetDispatcher {
         let n = driver.poll(sent, &mut |frame| {
             Self::deliver(frame, &mac, sessions, counters, cx)
         })?;
-        let had_frames = !self.sent.is_empty();
+        let sent_any = !self.sent.is_empty();
         let mut done = std::mem::take(&mut self.sent);
         for (slot, result) in done.drain(..) {
             let Some(InFlight { session, tag, .. }) =
@@ -461,7 +461,7 @@ impl Dispatcher for NetDispatcher {
             }
         }
         self.sent = done;
-        if had_frames && self.driver.in_flight() == 0 {
+        if sent_any && self.driver.in_flight() == 0 {
             cx.emptied();
         }
         Ok(n > 0)

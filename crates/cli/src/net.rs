@@ -10,7 +10,7 @@ use outboard_devices::virtio_net::{NetOptions as ModelOptions, VirtioNet, Wire};
 use outboard_devices::virtio_pci::VirtioDevice;
 use outboard_net::bpf::Program;
 use outboard_net::{mac_text, NetInfo, PROMISCUOUS};
-use outboard_net_client::{NetClient, NetOptions};
+use outboard_net_client::{NetClient, NetOptions, NetPort};
 
 use crate::confine::ConfineArgs;
 
@@ -105,10 +105,11 @@ fn parse_u16(s: &str) -> Result<u16, String> {
     v.map_err(|_| format!("{s:?} is not a 16-bit number (e.g. 0x88b5)"))
 }
 
-fn open(a: &NicArgs, control: &std::path::Path) -> Result<(NetClient, String), String> {
+fn open(a: &NicArgs, control: &std::path::Path) -> Result<(Box<dyn NetPort>, String), String> {
     let opts = NetOptions::default();
     let opened = match &a.server {
-        Some(s) => NetClient::open(s, &a.nic, opts).map(|c| (c, "server".to_string())),
+        Some(s) => NetClient::open(s, &a.nic, opts)
+            .map(|c| (Box::new(c) as Box<dyn NetPort>, "server".to_string())),
         None => outboard_net_client::open_nic(control, &a.nic, opts)
             .map(|(c, p)| (c, format!("{p:?}").to_lowercase())),
     };
@@ -132,12 +133,12 @@ fn describe(i: &NetInfo, placement: &str) {
 pub fn run(c: NetCommand, control: PathBuf) -> Result<ExitCode, String> {
     match c {
         NetCommand::Info(a) => {
-            let (d, placement) = open(&a, &control)?;
+            let (mut d, placement) = open(&a, &control)?;
             let now = d.status_now().map_err(|e| format!("{}: {e}", a.nic))?;
             describe(&now, &placement);
         }
         NetCommand::Stats { nic, json } => {
-            let (d, _) = open(&nic, &control)?;
+            let (mut d, _) = open(&nic, &control)?;
             let s = d.status_now().map_err(|e| format!("{}: {e}", nic.nic))?;
             if json {
                 println!(

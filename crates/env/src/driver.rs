@@ -173,6 +173,12 @@ impl Waiter {
         })
     }
 
+    /// One descriptor for all the sources: readable when any is (for a thread that waits on
+    /// the driver and something else at once).
+    pub fn fd(&self) -> BorrowedFd<'_> {
+        self.work.fd()
+    }
+
     /// Waits up to `timeout` for events and calls `handle` for each (the driver's
     /// [`Driver::handle`]); the first failure ends the wait.
     pub fn wait_and_handle(

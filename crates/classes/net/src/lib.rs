@@ -1,7 +1,7 @@
 //! The network class (Mach's device interface for a network), one folder: its contract with
 //! clients ([`contract`]: requests, completions, status, errors, ring entries), its packet
 //! filter ([`bpf`]: classic BPF, checked like the kernel's checker and run on every received
-//! frame) and its contract with drivers ([`driver`]: [`NetDriver`] and its class-free binding).
+//! frame; [`reception`]: the rule that decides whose a frame is) and its contract with drivers ([`driver`]: [`NetDriver`] and its class-free binding).
 //! Its dispatcher in a driver server is `server/` (`outboard-net-server`), its client `client/`
 //! (`outboard-net-client`).
 //!
@@ -15,6 +15,7 @@
 pub mod bpf;
 pub mod contract;
 pub mod driver;
+pub mod reception;
 
 pub use contract::*;
 pub use driver::{bind, unbind, NetBinding, NetDriver};

@@ -2,14 +2,19 @@
 //! frames from its buffer area, keeps receive buffers posted there, and sets its receive mode,
 //! multicast groups and packet filter.
 //!
-//! Opening a NIC by name ([`open_nic`]) asks the manager where its driver runs. Not yet: the
-//! colocated placement (the driver linked into the client) and resuming a session when its
-//! server restarts (the session ends with `device gone`).
+//! [`colocated`] runs the driver in the application instead; both are a [`NetPort`], and
+//! opening a NIC by name ([`open_nic`]) asks the manager where its driver runs and returns
+//! the one that fits. A session under the manager's supervision is resumed when its driver
+//! server restarts ([`session`] says what survives).
 #![deny(missing_docs)]
 
+pub mod colocated;
+pub mod port;
 pub mod session;
 pub mod stack;
 
+pub use colocated::ColocatedNic;
+pub use port::NetPort;
 pub use session::{NetClient, NetOptions};
 pub use stack::Udp;
 
@@ -26,7 +31,7 @@ pub struct Net(pub NetOptions);
 
 impl ClassClient for Net {
     const CLASS: &'static str = CLASS;
-    type Handle = NetClient;
+    type Handle = Box<dyn NetPort>;
     type Error = NetError;
 
     fn separate(
@@ -34,14 +39,20 @@ impl ClassClient for Net {
         server: &Path,
         name: &str,
         supervisor: Supervisor,
-    ) -> Result<NetClient, NetError> {
-        NetClient::open_supervised(&supervisor, server, name, self.0)
+    ) -> Result<Box<dyn NetPort>, NetError> {
+        Ok(Box::new(NetClient::open_supervised(
+            &supervisor,
+            server,
+            name,
+            self.0,
+        )?))
     }
 
-    fn colocated(&self, name: &str, _: DeviceSpec) -> Result<NetClient, NetError> {
-        Err(NetError::Invalid(format!(
-            "{name}: the net class has no colocated placement yet; place its driver in a server"
-        )))
+    fn colocated(&self, name: &str, device: DeviceSpec) -> Result<Box<dyn NetPort>, NetError> {
+        Ok(Box::new(ColocatedNic::open(
+            name,
+            &outboard_drivers::Attachment::Pci(device),
+        )?))
     }
 
     fn not_there(e: &NetError) -> bool {
@@ -57,6 +68,6 @@ pub fn open_nic(
     control_path: &Path,
     name: &str,
     opts: NetOptions,
-) -> Result<(NetClient, Placement), NetError> {
+) -> Result<(Box<dyn NetPort>, Placement), NetError> {
     outboard_client::open(control_path, name, &Net(opts))
 }

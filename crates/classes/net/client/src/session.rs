@@ -481,15 +481,6 @@ impl NetClient {
         self.wait(Instant::now() + timeout).map(drop)
     }
 
-    /// The next frame received, or `None` if none came within `timeout`.
-    pub fn recv(&mut self, timeout: Duration) -> Result<Option<Vec<u8>>, NetError> {
-        let mut buf = vec![0u8; SLOT as usize];
-        Ok(self.recv_into(&mut buf, timeout)?.map(|n| {
-            buf.truncate(n);
-            buf
-        }))
-    }
-
     /// Sends a request that holds no slot and waits for its answer; sent again on the new
     /// server if the session was resumed before it was answered (every such request sets
     /// state, so sending it twice is sending it once).
@@ -592,5 +583,59 @@ impl NetClient {
     /// The channel (tests that speak the protocol by hand next to a good client).
     pub fn channel(&mut self) -> &mut Channel {
         &mut self.channel
+    }
+}
+
+impl crate::NetPort for NetClient {
+    fn info(&self) -> &NetInfo {
+        NetClient::info(self)
+    }
+
+    fn status_now(&mut self) -> Result<NetInfo, NetError> {
+        NetClient::status_now(self)
+    }
+
+    fn send(&mut self, frame: &[u8]) -> Result<(), NetError> {
+        NetClient::send(self, frame)
+    }
+
+    fn flush(&mut self) -> Result<(), NetError> {
+        NetClient::flush(self)
+    }
+
+    fn recv_into(&mut self, out: &mut [u8], timeout: Duration) -> Result<Option<usize>, NetError> {
+        NetClient::recv_into(self, out, timeout)
+    }
+
+    fn try_recv_into(&mut self, out: &mut [u8]) -> Result<Option<usize>, NetError> {
+        NetClient::try_recv_into(self, out)
+    }
+
+    fn wait_for(&mut self, timeout: Duration) -> Result<(), NetError> {
+        NetClient::wait_for(self, timeout)
+    }
+
+    fn wait_or(
+        &mut self,
+        also: std::os::fd::BorrowedFd<'_>,
+        timeout: Duration,
+    ) -> Result<bool, NetError> {
+        NetClient::wait_or(self, also, timeout)
+    }
+
+    fn set_filter(&mut self, program: Option<&Program>) -> Result<(), NetError> {
+        NetClient::set_filter(self, program)
+    }
+
+    fn set_mode(&mut self, flags: u32) -> Result<(), NetError> {
+        NetClient::set_mode(self, flags)
+    }
+
+    fn set_groups(&mut self, groups: &[[u8; 6]]) -> Result<(), NetError> {
+        NetClient::set_groups(self, groups)
+    }
+
+    fn resumes(&self) -> u64 {
+        NetClient::resumes(self)
     }
 }

@@ -11,30 +11,32 @@ use smoltcp::phy::{self, DeviceCapabilities, Medium};
 use smoltcp::socket::udp;
 use smoltcp::wire::{EthernetAddress, HardwareAddress, IpAddress, IpCidr, IpEndpoint};
 
-use crate::session::{NetClient, SLOT};
+use crate::port::IntoPort;
+use crate::session::SLOT;
+use crate::NetPort;
 use outboard_net::NetError;
 
-/// A NIC as `smoltcp`'s Ethernet device.
+/// A NIC as `smoltcp`'s Ethernet device, wherever its driver runs.
 pub struct Nic {
-    client: NetClient,
+    port: Box<dyn NetPort>,
     frame: Vec<u8>,
     /// Frames `smoltcp` sent that the NIC refused (they are lost, as on a wire).
     pub dropped: u64,
 }
 
 impl Nic {
-    /// The NIC behind a session.
-    pub fn new(client: NetClient) -> Self {
+    /// The NIC behind a port.
+    pub fn new(port: Box<dyn NetPort>) -> Self {
         Self {
-            client,
+            port,
             frame: vec![0u8; SLOT as usize],
             dropped: 0,
         }
     }
 
-    /// The session.
-    pub fn client(&mut self) -> &mut NetClient {
-        &mut self.client
+    /// The port.
+    pub fn port(&mut self) -> &mut dyn NetPort {
+        self.port.as_mut()
     }
 }
 
@@ -43,7 +45,7 @@ pub struct Rx<'a>(&'a [u8]);
 
 /// Room for one frame to send.
 pub struct Tx<'a> {
-    client: &'a mut NetClient,
+    port: &'a mut dyn NetPort,
     dropped: &'a mut u64,
 }
 
@@ -59,7 +61,7 @@ impl phy::TxToken for Tx<'_> {
         let mut buf = [0u8; SLOT as usize];
         let len = len.min(buf.len());
         let r = f(&mut buf[..len]);
-        match self.client.send(&buf[..len]) {
+        match self.port.send(&buf[..len]) {
             Ok(()) => {}
             // An earlier frame's fate across a driver restart: UDP does not retry; count it.
             Err(_) => *self.dropped += 1,
@@ -76,11 +78,11 @@ impl phy::Device for Nic {
         &mut self,
         _: smoltcp::time::Instant,
     ) -> Option<(Self::RxToken<'_>, Self::TxToken<'_>)> {
-        let n = self.client.try_recv_into(&mut self.frame).ok()??;
+        let n = self.port.try_recv_into(&mut self.frame).ok()??;
         Some((
             Rx(&self.frame[..n]),
             Tx {
-                client: &mut self.client,
+                port: self.port.as_mut(),
                 dropped: &mut self.dropped,
             },
         ))
@@ -88,7 +90,7 @@ impl phy::Device for Nic {
 
     fn transmit(&mut self, _: smoltcp::time::Instant) -> Option<Self::TxToken<'_>> {
         Some(Tx {
-            client: &mut self.client,
+            port: self.port.as_mut(),
             dropped: &mut self.dropped,
         })
     }
@@ -97,7 +99,7 @@ impl phy::Device for Nic {
         let mut c = DeviceCapabilities::default();
         c.medium = Medium::Ethernet;
         // For Ethernet, smoltcp counts the header in: the longest frame.
-        c.max_transmission_unit = self.client.info().max_frame() as usize;
+        c.max_transmission_unit = self.port.info().max_frame() as usize;
         c
     }
 }
@@ -121,13 +123,13 @@ pub struct Udp {
 impl Udp {
     /// Gives the NIC the address `addr/prefix` and binds a UDP socket to `port` on it.
     pub fn bind(
-        client: NetClient,
+        nic: impl IntoPort,
         addr: Ipv4Addr,
         prefix: u8,
         port: u16,
     ) -> Result<Self, NetError> {
-        let mut nic = Nic::new(client);
-        let mac = EthernetAddress(nic.client().info().mac);
+        let mut nic = Nic::new(nic.into_port());
+        let mac = EthernetAddress(nic.port().info().mac);
         let epoch = Instant::now();
         let mut iface = Interface::new(
             Config::new(HardwareAddress::Ethernet(mac)),
@@ -197,7 +199,7 @@ impl Udp {
                 .poll_delay(now(self.epoch), &self.sockets)
                 .map_or(left, |d| Duration::from_micros(d.total_micros()).min(left));
             self.nic
-                .client()
+                .port()
                 .wait_for(due.max(Duration::from_micros(50)))?;
         }
     }

@@ -14,10 +14,11 @@ use outboard_devices::virtio_net::{NetOptions as ModelOptions, VirtioNet as NetM
 use outboard_devices::virtio_pci::VirtioPci;
 use outboard_devices::virtio_rng::Seeded;
 use outboard_drivers::virtio_net::VirtioNet;
+use outboard_drivers::Attachment;
 use outboard_hw::{DeviceSpec, PciFunction};
 use outboard_net::bpf::Program;
 use outboard_net::{NetError, NetOp, NetRequest, Sqe, PROMISCUOUS};
-use outboard_net_client::{NetClient, NetOptions};
+use outboard_net_client::{ColocatedNic, NetClient, NetOptions, NetPort};
 use outboard_net_server::NetDispatcher;
 use outboard_server::{DriverHost, HostStats};
 
@@ -58,19 +59,29 @@ struct Rig {
         JoinHandle<Result<HostStats, outboard_server::HostError>>,
     ),
     models: Vec<Model>,
+    /// The models' vfio-user sockets, by NIC.
+    paths: Vec<(&'static str, PathBuf)>,
 }
 
 impl Rig {
     /// Two NICs on one wire, `nic0` (address A) and `nic1` (address B), in one driver server.
     fn start() -> Self {
+        Self::serving(&["nic0", "nic1"])
+    }
+
+    /// Two NICs on one wire; the driver server drives those in `served`, the others are left
+    /// for a colocated driver.
+    fn serving(served: &[&str]) -> Self {
         let dir = tempfile::tempdir().unwrap();
         let (wa, wb) = Wire::pair().unwrap();
         let pa = dir.path().join("a.sock");
         let pb = dir.path().join("b.sock");
         let models = vec![model(&pa, A, wa), model(&pb, B, wb)];
-        let served = [("nic0", &pa), ("nic1", &pb)]
-            .into_iter()
-            .map(|(name, p)| {
+        let paths = vec![("nic0", pa), ("nic1", pb)];
+        let served = paths
+            .iter()
+            .filter(|(name, _)| served.contains(name))
+            .map(|&(name, ref p)| {
                 let f = PciFunction::open(&DeviceSpec::VfioUser(p.clone())).unwrap();
                 let d = VirtioNet::new(name, f).unwrap();
                 let env = outboard_env::DeviceEnv::for_function(d.function());
@@ -84,11 +95,18 @@ impl Rig {
             sock,
             host,
             models,
+            paths,
         }
     }
 
     fn open(&self, nic: &str) -> NetClient {
         NetClient::open(&self.sock, nic, NetOptions::default()).unwrap()
+    }
+
+    /// `nic` driven in this process.
+    fn colocated(&self, nic: &str) -> ColocatedNic {
+        let (_, p) = self.paths.iter().find(|(n, _)| *n == nic).unwrap();
+        ColocatedNic::open(nic, &Attachment::Pci(DeviceSpec::VfioUser(p.clone()))).unwrap()
     }
 
     fn stop(self) {
@@ -334,12 +352,70 @@ fn a_session_that_never_posts_buffers_costs_only_its_own_frames() {
 
 #[test]
 fn udp_datagrams_of_every_size_echo_through_smoltcp_over_two_nics() {
+    let rig = Rig::start();
+    let (a, b) = (rig.open("nic0"), rig.open("nic1"));
+    udp_echo(a, b);
+    rig.stop();
+}
+
+#[test]
+fn the_same_udp_echo_runs_with_one_nic_driven_in_the_application() {
+    let rig = Rig::serving(&["nic1"]);
+    let a = rig.colocated("nic0");
+    assert_eq!(a.info().mac, A);
+    // nic0's model has its driver: a second one is refused, not started beside it.
+    let (_, p) = &rig.paths[0];
+    let again = ColocatedNic::open("nic0", &Attachment::Pci(DeviceSpec::VfioUser(p.clone())));
+    assert!(matches!(again, Err(NetError::Busy(_))), "{:?}", again.err());
+    udp_echo(a, rig.open("nic1"));
+    rig.stop();
+}
+
+#[test]
+fn a_colocated_nic_applies_the_address_rule_filters_and_their_checks() {
+    let rig = Rig::serving(&["nic1"]);
+    let mut a = rig.colocated("nic0");
+    let mut b = rig.open("nic1");
+    let other = [2, 0, 0, 0, 0, 9];
+    // Not its address: dropped, until promiscuous.
+    b.send(&frame(other, B, 0x88b5, 60, 1)).unwrap();
+    b.send(&frame(A, B, 0x88b5, 61, 2)).unwrap();
+    assert_eq!(a.recv(WAIT).unwrap().map(|f| f.len()), Some(61));
+    a.set_mode(PROMISCUOUS).unwrap();
+    b.send(&frame(other, B, 0x88b5, 62, 3)).unwrap();
+    assert_eq!(a.recv(WAIT).unwrap().map(|f| f.len()), Some(62));
+    // A filter: only its type gets through.
+    a.set_filter(Some(&only(0x88b6))).unwrap();
+    b.send(&frame(A, B, 0x88b5, 63, 4)).unwrap();
+    b.send(&frame(A, B, 0x88b6, 64, 5)).unwrap();
+    assert_eq!(a.recv(WAIT).unwrap(), Some(frame(A, B, 0x88b6, 64, 5)));
+    // The checks a server makes: an unknown mode, too many groups.
+    assert!(matches!(a.set_mode(0x80), Err(NetError::Invalid(_))));
+    let groups = vec![[1, 0, 0x5e, 0, 0, 1]; 65];
+    assert!(matches!(a.set_groups(&groups), Err(NetError::Invalid(_))));
+    // Frames out of the colocated NIC arrive, and what it counted says so.
+    for i in 0..100 {
+        a.send(&frame(B, A, 0x88b5, 60 + i, i as u64)).unwrap();
+    }
+    a.flush().unwrap();
+    for i in 0..100 {
+        assert_eq!(
+            b.recv(WAIT).unwrap(),
+            Some(frame(B, A, 0x88b5, 60 + i, i as u64))
+        );
+    }
+    let c = a.status_now().unwrap().counters;
+    assert_eq!((c.tx_frames, c.rx_delivered, c.rx_unclaimed), (100, 3, 2));
+    rig.stop();
+}
+
+/// 70 UDP datagrams of 64…1472 bytes from `a` echoed by `b`, each checked.
+fn udp_echo(a: impl NetPort + 'static, b: impl NetPort + 'static) {
     use outboard_net_client::Udp;
     use std::net::Ipv4Addr;
-    let rig = Rig::start();
     let (ip_a, ip_b) = (Ipv4Addr::new(10, 9, 0, 1), Ipv4Addr::new(10, 9, 0, 2));
-    let mut a = Udp::bind(rig.open("nic0"), ip_a, 24, 4000).unwrap();
-    let mut b = Udp::bind(rig.open("nic1"), ip_b, 24, 7).unwrap();
+    let mut a = Udp::bind(a, ip_a, 24, 4000).unwrap();
+    let mut b = Udp::bind(b, ip_b, 24, 7).unwrap();
     let stop = Arc::new(AtomicBool::new(false));
     let s = stop.clone();
     // The echo server: every datagram back to where it came from.
@@ -373,5 +449,4 @@ fn udp_datagrams_of_every_size_echo_through_smoltcp_over_two_nics() {
     stop.store(true, Ordering::Relaxed);
     assert_eq!(echo.join().unwrap(), sizes.len());
     assert_eq!(a.dropped(), 0);
-    rig.stop();
 }

@@ -16,9 +16,9 @@ use std::time::Instant;
 
 use outboard_env::{AnyDriver, Driver, Failure};
 use outboard_net::bpf::Program;
+use outboard_net::reception::Reception;
 use outboard_net::{
-    destination, validate, Destination, NetCounters, NetDriver, NetError, NetOp, NetRequest, Sqe,
-    ALL_MULTICAST, CLASS, PROMISCUOUS, RINGS, SQE_SIZE,
+    validate, NetCounters, NetDriver, NetError, NetOp, NetRequest, Sqe, CLASS, RINGS, SQE_SIZE,
 };
 use outboard_server::session::Session;
 use outboard_server::{Code, Ctx, Dispatcher, Fate, HostStats, Outage, Refusal};
@@ -52,32 +52,8 @@ struct PerSession {
     /// Client tags taken and not yet answered: frames in the device and posted buffers.
     tags: HashSet<u64>,
     posted: VecDeque<Posted>,
-    filter: Option<Program>,
-    mode: u32,
-    groups: Vec<[u8; 6]>,
-}
-
-impl PerSession {
-    /// How many bytes of `frame` this session takes (0: not its frame): the address rule
-    /// first (its NIC's address, broadcast, a group it joined, or everything in the modes that
-    /// say so), then its filter, if it has one.
-    fn takes(&self, frame: &[u8], mac: &[u8; 6]) -> u32 {
-        let addressed = match destination(frame, mac) {
-            Destination::Own | Destination::Broadcast => true,
-            Destination::Multicast(g) => {
-                self.mode & (ALL_MULTICAST | PROMISCUOUS) != 0 || self.groups.contains(&g)
-            }
-            Destination::Other => self.mode & PROMISCUOUS != 0,
-        };
-        if !addressed {
-            return 0;
-        }
-        let whole = frame.len() as u32;
-        match &self.filter {
-            Some(p) => p.run(frame).min(whole),
-            None => whole,
-        }
-    }
+    /// Its mode, groups and filter.
+    reception: Reception,
 }
 
 /// One NIC being served.
@@ -215,26 +191,23 @@ impl NetDispatcher {
                 None
             }
             NetOp::Filter if r.length == 0 => {
-                ps.filter = None;
+                ps.reception.filter = None;
                 Some(Ok(0))
             }
             NetOp::Filter => Some(
                 read_buffer(s, r.buf_offset, r.length)
                     .and_then(|b| Program::parse(&b).map_err(NetError::BadFilter))
                     .map(|p| {
-                        ps.filter = Some(p);
+                        ps.reception.filter = Some(p);
                         0
                     }),
             ),
             NetOp::Mode => {
-                ps.mode = r.length;
+                ps.reception.mode = r.length;
                 Some(Ok(0))
             }
             NetOp::Multicast => Some(read_buffer(s, r.buf_offset, r.length).map(|b| {
-                ps.groups = b
-                    .chunks(6)
-                    .map(|g| g.try_into().expect("6 bytes"))
-                    .collect();
+                ps.reception.set_groups(&b);
                 0
             })),
             NetOp::Reclaim => {
@@ -269,7 +242,7 @@ impl NetDispatcher {
             if s.closing() {
                 continue;
             }
-            let take = ps.takes(frame, mac) as usize;
+            let take = ps.reception.takes(frame, mac) as usize;
             if take == 0 {
                 continue;
             }

@@ -45,6 +45,41 @@ pub enum NetCommand {
     ///
     /// Example: tcpdump -dd udp > udp.bpf; outboard net recv nic1 --filter udp.bpf --count 10
     Recv(RecvArgs),
+    /// Answer UDP datagrams on a NIC: every datagram to --port goes back to its sender.
+    ///
+    /// Runs a user-space UDP/IP stack (smoltcp) over the NIC with --address, wherever the
+    /// NIC's driver runs (in this process if the machine places it colocated), until stopped.
+    /// The other end of `outboard bench echo`; also a quick check that a NIC carries IP.
+    ///
+    /// Example: outboard net echo nic1 --address 10.0.0.2/24 --port 7
+    Echo(EchoArgs),
+}
+
+#[derive(Args)]
+pub struct EchoArgs {
+    #[command(flatten)]
+    nic: NicArgs,
+    /// The NIC's IPv4 address and prefix length.
+    #[arg(long, value_name = "ADDR/PREFIX")]
+    address: String,
+    /// The UDP port to answer on.
+    #[arg(long, default_value_t = 7)]
+    port: u16,
+    /// Stop after answering this many datagrams (default: never).
+    #[arg(long)]
+    count: Option<u64>,
+}
+
+/// `10.0.0.2/24` as an address and a prefix length.
+pub fn parse_cidr(s: &str) -> Result<(std::net::Ipv4Addr, u8), String> {
+    let bad = || format!("{s:?} is not an IPv4 address with a prefix length, e.g. 10.0.0.2/24");
+    let (a, p) = s.split_once('/').ok_or_else(bad)?;
+    let addr = a.parse().map_err(|_| bad())?;
+    let prefix: u8 = p.parse().map_err(|_| bad())?;
+    if !(1..=32).contains(&prefix) {
+        return Err(bad());
+    }
+    Ok((addr, prefix))
 }
 
 #[derive(Args)]
@@ -197,6 +232,7 @@ pub fn run(c: NetCommand, control: PathBuf) -> Result<ExitCode, String> {
                 frame.len()
             );
         }
+        NetCommand::Echo(a) => echo(a, &control)?,
         NetCommand::Recv(a) => {
             let filter = match &a.filter {
                 None => None,
@@ -244,6 +280,29 @@ pub fn run(c: NetCommand, control: PathBuf) -> Result<ExitCode, String> {
         }
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// Answers datagrams until `count` are answered (or forever).
+fn echo(a: EchoArgs, control: &std::path::Path) -> Result<(), String> {
+    let (addr, prefix) = parse_cidr(&a.address)?;
+    let (d, placement) = open(&a.nic, control)?;
+    let name = a.nic.nic;
+    let mut udp = outboard_net_client::Udp::bind(d, addr, prefix, a.port)
+        .map_err(|e| format!("{name}: {e}"))?;
+    eprintln!("{name}: echoing UDP on {addr}:{} ({placement})", a.port);
+    let mut buf = vec![0u8; 65536];
+    let mut answered = 0u64;
+    while a.count.is_none_or(|c| answered < c) {
+        if let Some((n, from)) = udp
+            .recv_from(&mut buf, Duration::from_secs(1))
+            .map_err(|e| format!("{name}: {e}"))?
+        {
+            udp.send_to(&buf[..n], from)
+                .map_err(|e| format!("{name}: {e}"))?;
+            answered += 1;
+        }
+    }
+    Ok(())
 }
 
 fn print_frame(f: &[u8], hex: bool) {

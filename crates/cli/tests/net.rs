@@ -224,6 +224,65 @@ fn two_nics_on_a_wire_carry_frames_from_send_to_recv() {
 }
 
 #[test]
+fn udp_echoes_between_a_colocated_nic_and_outboard_net_echo() {
+    use outboard_net_client::{open_nic, NetOptions, Udp};
+    use std::net::Ipv4Addr;
+    let dir = tempfile::tempdir().unwrap();
+    let machine = MACHINE.replace(
+        "name = \"nic0\"\n",
+        "name = \"nic0\"\nplacement = \"colocated\"\n",
+    );
+    let up = Up::start(dir.path(), Some(&machine));
+    let info = stdout(&up.run(&["net", "info", "nic0"]));
+    assert!(info.contains("placement    colocated"), "{info}");
+    // The echo on nic1, in a server, for as many datagrams as are sent.
+    let mut echo = Command::new(env!("CARGO_BIN_EXE_outboard"))
+        .args([
+            "net",
+            "echo",
+            "nic1",
+            "--address",
+            "10.7.0.2/24",
+            "--count",
+            "21",
+        ])
+        .env("OUTBOARD_CONTROL", up.dir.join("control.sock"))
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut err = BufReader::new(echo.stderr.take().unwrap());
+    let mut line = String::new();
+    err.read_line(&mut line).unwrap();
+    assert!(
+        line.contains("echoing UDP on 10.7.0.2:7 (separate)"),
+        "{line}"
+    );
+    // nic0's driver runs here.
+    let (port, placement) =
+        open_nic(&up.dir.join("control.sock"), "nic0", NetOptions::default()).unwrap();
+    assert_eq!(format!("{placement:?}"), "Colocated");
+    let mut udp = Udp::bind(port, Ipv4Addr::new(10, 7, 0, 1), 24, 5000).unwrap();
+    let mut buf = [0u8; 2048];
+    for (i, n) in (0..21).map(|i| (i, 1 + i * 70)) {
+        let d: Vec<u8> = (0..n).map(|b| (b * 7 + i) as u8).collect();
+        udp.send_to(&d, (Ipv4Addr::new(10, 7, 0, 2), 7)).unwrap();
+        let (got, from) = udp
+            .recv_from(&mut buf, Duration::from_secs(10))
+            .unwrap()
+            .expect("an echo");
+        assert_eq!(from, (Ipv4Addr::new(10, 7, 0, 2), 7));
+        assert!(
+            buf[..got] == d[..],
+            "datagram {i} of {n} bytes came back different"
+        );
+    }
+    let o = common::run_bounded_child(echo, Duration::from_secs(10));
+    assert!(o.status.success(), "net echo: {}", o.status);
+}
+
+#[test]
 fn descriptions_that_cannot_be_are_refused_with_the_key() {
     let dir = tempfile::tempdir().unwrap();
     let check = |machine: &str, words: &str| {

@@ -144,7 +144,7 @@ pub static MODELS: &[Model] = &[
         name: "virtio-net",
         kind: Kind::Emulated,
         keys: &["mac", "mtu", "link", "wire", "stream"],
-        colocated: false,
+        colocated: true,
         settle: virtio_net::settle,
         launch: virtio_net::launch,
         spec: no_spec,

@@ -12,6 +12,25 @@ fn process_ticks(pid: u32) -> Option<u64> {
     Some(f.get(11)?.parse::<u64>().ok()? + f.get(12)?.parse::<u64>().ok()?)
 }
 
+/// CPU seconds of this process's children that ended and were waited for (`cutime` and
+/// `cstime`): what a short-lived helper (a `sockperf` client) used, read after it ended.
+pub fn reaped_children_secs() -> f64 {
+    let ticks = std::fs::read_to_string("/proc/self/stat")
+        .ok()
+        .and_then(|s| {
+            let f: Vec<u64> = s
+                .rsplit(')')
+                .next()?
+                .split_whitespace()
+                .filter_map(|x| x.parse().ok())
+                .collect();
+            // After the state (not a number): ppid … cutime is field 16, cstime 17 of stat.
+            Some(f.get(12)? + f.get(13)?)
+        })
+        .unwrap_or(0);
+    ticks as f64 / rustix::param::clock_ticks_per_second() as f64
+}
+
 fn machine_ticks() -> Option<u64> {
     let s = std::fs::read_to_string("/proc/stat").ok()?;
     let cpu = s.lines().next()?;
@@ -73,4 +92,30 @@ impl CpuMeter {
             machine: machine as f64 / hz / secs,
         }
     }
+}
+
+/// Every process below `root` (its children, theirs, …), read from `/proc`.
+pub fn descendants(root: u32) -> Vec<u32> {
+    let parents: Vec<(u32, u32)> = std::fs::read_dir("/proc")
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
+        .filter_map(|pid| {
+            let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+            // The command name may hold spaces and parentheses: fields start after the last ')'.
+            let rest = &stat[stat.rfind(')')? + 2..];
+            let ppid = rest.split(' ').nth(1)?.parse().ok()?;
+            Some((pid, ppid))
+        })
+        .collect();
+    let mut found = vec![root];
+    let mut i = 0;
+    while i < found.len() {
+        let p = found[i];
+        found.extend(parents.iter().filter(|(_, pp)| *pp == p).map(|(c, _)| *c));
+        i += 1;
+    }
+    found.remove(0);
+    found
 }

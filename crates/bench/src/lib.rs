@@ -6,10 +6,12 @@
 
 pub mod charts;
 pub mod cpu;
+pub mod echo;
 pub mod exports;
 pub mod faults;
 pub mod fixture;
 pub mod model;
+pub mod netns;
 pub mod pingpong;
 pub mod placement;
 pub mod report;
@@ -34,6 +36,7 @@ pub const TESTS: &[&str] = &[
     "exports",
     "restart",
     "faults",
+    "echo",
 ];
 
 /// What a run needs.
@@ -102,6 +105,7 @@ pub fn run(tests: &[&str], opts: Options) -> Result<(), String> {
             "trace" => trace::trace_test(&ctx),
             "restart" => restart::restart_test(&ctx),
             "faults" => faults::faults_test(&ctx),
+            "echo" => echo::echo(&ctx),
             other => Err(format!(
                 "unknown test {other:?} (known: {})",
                 TESTS.join(", ")

@@ -31,7 +31,7 @@ pub(crate) fn repeat(
     Ok(Summary::of(&v, WARM_UP))
 }
 
-fn figure(id: &str, title: &str, x: &str, y: &str, log_x: bool, kind: &str) -> Figure {
+pub(crate) fn figure(id: &str, title: &str, x: &str, y: &str, log_x: bool, kind: &str) -> Figure {
     Figure {
         id: id.into(),
         title: title.into(),
@@ -46,7 +46,7 @@ fn figure(id: &str, title: &str, x: &str, y: &str, log_x: bool, kind: &str) -> F
 
 /// A ratio target: `num / den` over the x values in `xs` where both were measured (and `den`
 /// is non-zero), judged at its worst point against `bound` (≥ if `at_least`, else ≤).
-fn ratio_target(
+pub(crate) fn ratio_target(
     target: &str,
     num: Option<&Series>,
     den: Option<&Series>,
@@ -619,6 +619,7 @@ pub fn steps(test: &str, ctx: &Context) -> u64 {
         "trace" => crate::trace::steps(ctx),
         "restart" => crate::restart::steps(ctx),
         "faults" => crate::faults::steps(ctx),
+        "echo" => crate::echo::steps(ctx),
         _ => 0,
     }
 }

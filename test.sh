@@ -30,6 +30,8 @@ command -v ip >/dev/null || need_apt+=(iproute2)
 # The TAP export's test: ping and iperf3 between two network namespaces over Outboard NICs.
 command -v ping >/dev/null || need_apt+=(iputils-ping)
 command -v iperf3 >/dev/null || need_apt+=(iperf3)
+# The echo benchmark's kernel baseline and TAP configuration: sockperf between two namespaces.
+command -v sockperf >/dev/null || need_apt+=(sockperf)
 if [ ${#need_apt[@]} -gt 0 ]; then
     if [ "$(id -u)" = 0 ]; then
         export DEBIAN_FRONTEND=noninteractive

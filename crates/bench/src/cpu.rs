@@ -119,3 +119,26 @@ pub fn descendants(root: u32) -> Vec<u32> {
     found.remove(0);
     found
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn finds_a_grandchild_and_not_itself() {
+        // sh → sleep: both below this process.
+        let mut c = std::process::Command::new("sh")
+            .args(["-c", "sleep 5 & wait"])
+            .spawn()
+            .unwrap();
+        let found = outboard_sys::wait::eventually(std::time::Duration::from_secs(5), || {
+            descendants(std::process::id()).len() >= 2
+        });
+        let d = descendants(std::process::id());
+        let _ = c.kill();
+        let _ = c.wait();
+        assert!(found, "{d:?}");
+        assert!(d.contains(&c.id()));
+        assert!(!d.contains(&std::process::id()));
+    }
+}

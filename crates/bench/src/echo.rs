@@ -430,3 +430,23 @@ fn separate_vs_colocated(lat: &Figure, eventfd: Option<f64>, xs: &[f64]) -> Targ
 pub fn steps(ctx: &Context) -> u64 {
     4 * SIZES.len() as u64 * ctx.runs as u64
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reads_the_median_sockperf_prints() {
+        let out = "sockperf: ---> percentile 75.000 =  328.421\nsockperf: ---> percentile 50.000 =  114.783\nsockperf: ---> percentile 25.000 =   23.072\n";
+        assert_eq!(sockperf_median(out), Some(114.783));
+        assert_eq!(sockperf_median("sockperf: ERROR: connection refused"), None);
+    }
+
+    #[test]
+    fn a_datagram_carries_its_sequence_number_first() {
+        let d = datagram(64, 0x0102_0304_0506_0708);
+        assert_eq!(d.len(), 64);
+        assert_eq!(d[..8], 0x0102_0304_0506_0708u64.to_le_bytes());
+        assert_ne!(datagram(64, 1), datagram(64, 2));
+    }
+}

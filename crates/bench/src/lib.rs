@@ -5,6 +5,7 @@
 #![deny(missing_docs)]
 
 pub mod charts;
+pub mod combination;
 pub mod cpu;
 pub mod echo;
 pub mod exports;
@@ -37,6 +38,7 @@ pub const TESTS: &[&str] = &[
     "restart",
     "faults",
     "echo",
+    "combination",
 ];
 
 /// What a run needs.
@@ -106,6 +108,7 @@ pub fn run(tests: &[&str], opts: Options) -> Result<(), String> {
             "restart" => restart::restart_test(&ctx),
             "faults" => faults::faults_test(&ctx),
             "echo" => echo::echo(&ctx),
+            "combination" => combination::combination(&ctx),
             other => Err(format!(
                 "unknown test {other:?} (known: {})",
                 TESTS.join(", ")

@@ -620,6 +620,7 @@ pub fn steps(test: &str, ctx: &Context) -> u64 {
         "restart" => crate::restart::steps(ctx),
         "faults" => crate::faults::steps(ctx),
         "echo" => crate::echo::steps(ctx),
+        "combination" => crate::combination::steps(ctx),
         _ => 0,
     }
 }

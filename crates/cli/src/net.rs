@@ -68,6 +68,13 @@ pub struct EchoArgs {
     /// Stop after answering this many datagrams (default: never).
     #[arg(long)]
     count: Option<u64>,
+    /// Answer nothing: only count what arrives (the discard service).
+    #[arg(long)]
+    discard: bool,
+    /// Stop once nothing arrived for this long after the first datagram, e.g. 1s (default:
+    /// never).
+    #[arg(long, value_parser = crate::up::parse_duration)]
+    idle: Option<Duration>,
 }
 
 /// `10.0.0.2/24` as an address and a prefix length.
@@ -291,17 +298,31 @@ fn echo(a: EchoArgs, control: &std::path::Path) -> Result<(), String> {
         .map_err(|e| format!("{name}: {e}"))?;
     eprintln!("{name}: echoing UDP on {addr}:{} ({placement})", a.port);
     let mut buf = vec![0u8; 65536];
-    let mut answered = 0u64;
+    let (mut answered, mut bytes) = (0u64, 0u64);
+    let mut last = None::<Instant>;
     while a.count.is_none_or(|c| answered < c) {
-        if let Some((n, from)) = udp
-            .recv_from(&mut buf, Duration::from_secs(1))
+        let wait = match (a.idle, last) {
+            (Some(idle), Some(t)) => idle.saturating_sub(t.elapsed()),
+            _ => Duration::from_secs(1),
+        };
+        match udp
+            .recv_from(&mut buf, wait)
             .map_err(|e| format!("{name}: {e}"))?
         {
-            udp.send_to(&buf[..n], from)
-                .map_err(|e| format!("{name}: {e}"))?;
-            answered += 1;
+            Some((n, from)) => {
+                if !a.discard {
+                    udp.send_to(&buf[..n], from)
+                        .map_err(|e| format!("{name}: {e}"))?;
+                }
+                answered += 1;
+                bytes += n as u64;
+                last = Some(Instant::now());
+            }
+            None if a.idle.is_some() && last.is_some() => break,
+            None => {}
         }
     }
+    println!("{answered} datagrams, {bytes} bytes");
     Ok(())
 }
 

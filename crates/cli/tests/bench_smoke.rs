@@ -74,6 +74,13 @@ fn quick_bench_writes_complete_json_charts_and_report() {
             2,
             1,
         ),
+        ("echo", vec!["kernel", "colocated", "separate", "tap"], 2, 6),
+        (
+            "combination",
+            vec!["colocated", "etherapp", "diskether", "separate"],
+            3,
+            1,
+        ),
     ];
     for (test, configs, figures, points) in expect {
         let v: serde_json::Value = serde_json::from_str(

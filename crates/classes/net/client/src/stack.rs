@@ -161,15 +161,47 @@ impl Udp {
             .poll(now(self.epoch), &mut self.nic, &mut self.sockets);
     }
 
-    /// Queues `data` for `to` (sent by the next poll, after ARP if the address is new).
+    /// Queues `data` for `to` (sent by the next poll, after ARP if the address is new). If the
+    /// socket's buffer is full, sends what it holds first and waits for room (up to the port's
+    /// own time-outs): a sender faster than the NIC is paced, not refused.
     pub fn send_to(&mut self, data: &[u8], to: Peer) -> Result<(), NetError> {
         let end = IpEndpoint::new(IpAddress::Ipv4(to.0), to.1);
-        self.sockets
-            .get_mut::<udp::Socket>(self.socket)
-            .send_slice(data, end)
-            .map_err(|e| NetError::Invalid(format!("UDP send: {e}")))?;
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            let sent = self
+                .sockets
+                .get_mut::<udp::Socket>(self.socket)
+                .send_slice(data, end);
+            match sent {
+                Ok(()) => break,
+                Err(udp::SendError::BufferFull) if Instant::now() < deadline => {
+                    self.poll();
+                    // Still full: the stack waits for something (an ARP answer).
+                    if !self.sockets.get::<udp::Socket>(self.socket).can_send() {
+                        self.nic.port().wait_for(Duration::from_millis(1))?;
+                    }
+                }
+                Err(udp::SendError::BufferFull) => return Err(NetError::Timeout),
+                Err(e) => return Err(NetError::Invalid(format!("UDP send: {e}"))),
+            }
+        }
         self.poll();
         Ok(())
+    }
+
+    /// Sends everything queued and waits until the NIC has sent it.
+    pub fn flush(&mut self) -> Result<(), NetError> {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while self.sockets.get::<udp::Socket>(self.socket).send_queue() > 0 {
+            if Instant::now() >= deadline {
+                return Err(NetError::Timeout);
+            }
+            self.poll();
+            if self.sockets.get::<udp::Socket>(self.socket).send_queue() > 0 {
+                self.nic.port().wait_for(Duration::from_millis(1))?;
+            }
+        }
+        self.nic.port().flush()
     }
 
     /// The next datagram (its length and sender), or `None` if none came within `timeout`.

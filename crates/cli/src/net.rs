@@ -204,6 +204,7 @@ pub fn run(c: NetCommand, control: PathBuf) -> Result<ExitCode, String> {
                     ("taken by no session", c.rx_unclaimed),
                     ("no buffer posted", c.rx_no_buffer),
                     ("truncated", c.rx_truncated),
+                    ("device errors", c.rx_device_errors),
                 ] {
                     println!("  {what:<22} {n}");
                 }

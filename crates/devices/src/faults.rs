@@ -42,6 +42,12 @@ pub enum Fault {
     /// The device model process aborts whenever a request touches this sector, every time:
     /// a request that kills its device (`abort-on=SECTOR`).
     AbortOn(u64),
+    /// A NIC's link goes down at its next notification and comes back up this long after,
+    /// each with a configuration interrupt (`link-flap=200ms`).
+    LinkFlap(Duration),
+    /// A NIC reports each of its next N received frames as longer than the buffers it was
+    /// given (a used length past them) — what a driver must catch (`long-frame=N`).
+    LongFrame(u32),
     /// Disarms every fault (`clear`).
     Clear,
 }
@@ -58,6 +64,8 @@ pub const KINDS: &[&str] = &[
     "needs-reset",
     "crash",
     "abort-on=SECTOR",
+    "link-flap=DURATION",
+    "long-frame=N",
     "clear",
 ];
 
@@ -128,6 +136,11 @@ impl FromStr for Fault {
                 .and_then(|v| v.parse().ok())
                 .map(Fault::AbortOn)
                 .ok_or_else(|| "abort-on=SECTOR: which sector?".into()),
+            "link-flap" => value
+                .and_then(duration)
+                .map(Fault::LinkFlap)
+                .ok_or_else(|| "link-flap=DURATION, e.g. link-flap=200ms (at most 1 h)".into()),
+            "long-frame" => Ok(Fault::LongFrame(count(value, kind)?)),
             "clear" => none(Fault::Clear),
             other => Err(format!(
                 "unknown fault {other:?} (known: {})",
@@ -151,6 +164,8 @@ impl fmt::Display for Fault {
             Fault::NeedsReset => f.write_str("needs-reset"),
             Fault::Crash => f.write_str("crash"),
             Fault::AbortOn(s) => write!(f, "abort-on={s}"),
+            Fault::LinkFlap(d) => write!(f, "link-flap={}ms", d.as_millis()),
+            Fault::LongFrame(n) => write!(f, "long-frame={n}"),
             Fault::Clear => f.write_str("clear"),
         }
     }
@@ -188,11 +203,17 @@ pub struct Faults {
     pub crash: bool,
     /// Abort the process whenever a request touches this sector.
     pub abort_on: Option<u64>,
+    /// A link flap to take at the next notification: down for this long.
+    pub link_flap: Option<Duration>,
+    /// Received frames still to report longer than their buffers.
+    pub long_frames: u32,
     /// Whether this model fires the faults of a disk's requests (`error`, `error-next`,
     /// `abort-on`): the block model does. The transport's faults (interrupts, the used ring,
     /// stalls, needs-reset, crash) hold for every virtio model; a model without sectors
     /// (virtio-rng) refuses the rest rather than arm what it would never fire.
     pub sector_faults: bool,
+    /// Whether this model fires the faults of a NIC (`link-flap`, `long-frame`).
+    pub nic_faults: bool,
 }
 
 impl Faults {
@@ -202,13 +223,29 @@ impl Faults {
             f,
             Fault::FailSectors(_) | Fault::FailNext(_) | Fault::AbortOn(_)
         );
-        if sectors && !self.sector_faults {
-            return Err(format!(
-                "{f}: this device model has no disk requests to fail; its faults are drop-irq, \
-                 duplicate-irq, spurious-irq, corrupt-used, stall, needs-reset, crash and clear"
-            ));
+        let nic = matches!(f, Fault::LinkFlap(_) | Fault::LongFrame(_));
+        let what = if sectors && !self.sector_faults {
+            "no disk requests to fail"
+        } else if nic && !self.nic_faults {
+            "no link and no received frames"
+        } else {
+            return Ok(());
+        };
+        let mut own = Vec::new();
+        if self.sector_faults {
+            own.push("error, error-next, abort-on");
         }
-        Ok(())
+        if self.nic_faults {
+            own.push("link-flap, long-frame");
+        }
+        own.push(
+            "drop-irq, duplicate-irq, spurious-irq, corrupt-used, stall, needs-reset, crash and \
+             clear",
+        );
+        Err(format!(
+            "{f}: this device model has {what}; its faults are {}",
+            own.join(", ")
+        ))
     }
 
     /// Arms `f`.
@@ -225,9 +262,12 @@ impl Faults {
             Fault::NeedsReset => self.needs_reset = true,
             Fault::Crash => self.crash = true,
             Fault::AbortOn(s) => self.abort_on = Some(s),
+            Fault::LinkFlap(d) => self.link_flap = Some(d),
+            Fault::LongFrame(n) => self.long_frames = self.long_frames.saturating_add(n),
             Fault::Clear => {
                 *self = Faults {
                     sector_faults: self.sector_faults,
+                    nic_faults: self.nic_faults,
                     ..Faults::default()
                 }
             }
@@ -271,6 +311,8 @@ mod tests {
             "needs-reset",
             "crash",
             "abort-on=2048",
+            "link-flap=200ms",
+            "long-frame=2",
             "clear",
         ] {
             let f: Fault = s.parse().unwrap();
@@ -289,9 +331,37 @@ mod tests {
             "crash=1",
             "melt",
             "stall=9999s",
+            "link-flap",
+            "long-frame=0",
         ] {
             assert!(bad.parse::<Fault>().is_err(), "{bad}");
         }
+    }
+
+    #[test]
+    fn a_model_refuses_the_faults_it_cannot_fire_and_says_which_it_can() {
+        let disk = Faults {
+            sector_faults: true,
+            ..Faults::default()
+        };
+        let nic = Faults {
+            nic_faults: true,
+            ..Faults::default()
+        };
+        let flap = Fault::LinkFlap(Duration::from_millis(5));
+        assert!(nic.check(&flap).is_ok());
+        assert!(nic.check(&Fault::LongFrame(1)).is_ok());
+        let e = disk.check(&flap).unwrap_err();
+        assert!(e.contains("no link") && e.contains("error-next"), "{e}");
+        let e = nic.check(&Fault::FailNext(1)).unwrap_err();
+        assert!(
+            e.contains("no disk requests") && e.contains("link-flap"),
+            "{e}"
+        );
+        assert!(Faults::default().check(&Fault::LongFrame(1)).is_err());
+        assert!(Faults::default()
+            .check(&Fault::Stall(Duration::ZERO))
+            .is_ok());
     }
 
     #[test]

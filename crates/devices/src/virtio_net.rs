@@ -17,14 +17,23 @@
 //! Everything the driver wrote is checked: a transmit chain shorter than its header or with a
 //! frame shorter than an Ethernet header or longer than the MTU allows is dropped and
 //! counted; a receive chain with device-readable buffers is returned unused.
+//!
+//! Besides the transport's faults (interrupts, the used ring, stalls, needs-reset, crash), a
+//! NIC has two of its own: `link-flap=DURATION` (at the next notification the link goes down,
+//! and comes back that long after, each change with a configuration interrupt; a timer among
+//! the model's inputs ends it) and `long-frame=N` (the next N frames received are reported
+//! one byte longer than the buffers they were put in — a device error the driver must catch).
 
 use std::collections::VecDeque;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::time::{Duration, Instant};
+
+use outboard_sys::timer::Timer;
 
 use outboard_spec::virtio::{self, net};
 use outboard_vfio_user::DmaMap;
 
-use crate::faults::FaultHandle;
+use crate::faults::{lock, FaultHandle, Faults};
 use crate::virtio_pci::{Arrived, VirtioDevice};
 use crate::virtqueue::{Chain, DeviceQueue, QueueError, Segment};
 
@@ -290,6 +299,19 @@ pub struct VirtioNet {
     used: Vec<(u16, u32)>,
     /// Frame buffers given back by the receive path, for the next frames from the wire.
     spare: Vec<Vec<u8>>,
+    /// A link flap in progress: its timer, and how long the link stays down.
+    flap: Flap,
+}
+
+/// Where an injected link flap is.
+#[derive(Debug, Default)]
+struct Flap {
+    /// Fires when the link is to go down (at once) and then up again.
+    timer: Option<Timer>,
+    /// Down for this long once it goes down; `None` while it is down.
+    down_for: Option<Duration>,
+    /// The link before the flap, to come back to.
+    was_up: bool,
 }
 
 impl VirtioNet {
@@ -302,13 +324,66 @@ impl VirtioNet {
             wire,
             mergeable: false,
             backlog: VecDeque::new(),
-            faults: FaultHandle::default(),
+            faults: std::sync::Arc::new(std::sync::Mutex::new(Faults {
+                nic_faults: true,
+                ..Faults::default()
+            })),
             stats: NetStats::default(),
             scratch: Vec::new(),
             chain: Chain::default(),
             pool: Vec::new(),
             used: Vec::new(),
             spare: Vec::new(),
+            flap: Flap::default(),
+        }
+    }
+
+    /// Starts a link flap armed by fault injection: its timer fires at once (the link goes
+    /// down from the model's input path, which can raise the configuration interrupt), then
+    /// after `down_for` (it comes back).
+    fn start_flap(&mut self) {
+        let Some(down_for) = lock(&self.faults).link_flap.take() else {
+            return;
+        };
+        let timer = match Timer::new() {
+            Ok(mut t) => t.arm_at(Instant::now()).map(|()| t),
+            Err(e) => Err(e),
+        };
+        match timer {
+            Ok(t) => {
+                tracing::warn!("fault injection: the link flaps for {down_for:?}");
+                self.flap = Flap {
+                    timer: Some(t),
+                    down_for: Some(down_for),
+                    was_up: self.link_up,
+                };
+            }
+            Err(e) => tracing::warn!("link-flap: no timer: {e}"),
+        }
+    }
+
+    /// The flap's timer fired: the link goes down, or comes back; whether it changed.
+    fn flap_step(&mut self) -> bool {
+        let Some(t) = self.flap.timer.as_mut() else {
+            return false;
+        };
+        // Only when due: another input that took the timer's place in a round is not it.
+        if t.due().is_some_and(|d| Instant::now() < d) {
+            return false;
+        }
+        t.ack();
+        match self.flap.down_for.take() {
+            Some(d) => {
+                if t.arm_at(Instant::now() + d).is_err() {
+                    self.flap.timer = None;
+                }
+                self.set_link(false)
+            }
+            None => {
+                self.flap.timer = None;
+                let up = self.flap.was_up;
+                self.set_link(up)
+            }
         }
     }
 
@@ -411,6 +486,12 @@ impl VirtioNet {
                 at += written as usize;
                 self.used.push((c.head, written));
             }
+            if Faults::spend(&mut lock(&self.faults).long_frames) {
+                // The fault: the last buffer claims one byte more than it holds.
+                let last = self.used.len() - 1;
+                self.used[last].1 = self.pool[last].writable_len() as u32 + 1;
+                reached = false;
+            }
             if reached {
                 self.stats.rx_frames += 1;
                 self.stats.rx_bytes += (frame.len() - net::HDR_SIZE) as u64;
@@ -503,6 +584,7 @@ impl VirtioDevice for VirtioNet {
         queue: &mut DeviceQueue,
         dma: &DmaMap,
     ) -> Result<(), QueueError> {
+        self.start_flap();
         match index {
             net::RECEIVEQ => self.receive(queue, dma),
             net::TRANSMITQ => {
@@ -519,10 +601,19 @@ impl VirtioDevice for VirtioNet {
     }
 
     fn input_fds(&self) -> Vec<BorrowedFd<'_>> {
-        self.wire.iter().map(|w| w.fd.as_fd()).collect()
+        // The wire first (input 0 while there is one), then a link flap's timer.
+        let wire = self.wire.as_ref().map(|w| w.fd.as_fd());
+        let timer = self.flap.timer.as_ref().map(Timer::fd);
+        wire.into_iter().chain(timer).collect()
     }
 
-    fn input(&mut self, _id: usize) -> Arrived {
+    fn input(&mut self, id: usize) -> Arrived {
+        if id > 0 || self.wire.is_none() {
+            return Arrived {
+                config_changed: self.flap_step(),
+                ..Arrived::default()
+            };
+        }
         let max = self.opts.max_frame();
         let mut gone = false;
         for _ in 0..INPUT_BUDGET {
@@ -852,6 +943,63 @@ mod tests {
         let c = b.config();
         assert_eq!(&c[..6], &NetOptions::default().mac);
         assert_eq!(u16::from_le_bytes([c[10], c[11]]), 1500);
+    }
+
+    fn link(n: &VirtioNet) -> bool {
+        let c = n.config();
+        u16::from_le_bytes([c[net::config::STATUS], c[net::config::STATUS + 1]]) == net::S_LINK_UP
+    }
+
+    #[test]
+    fn a_link_flap_takes_the_link_down_then_back_each_with_a_configuration_change() {
+        let (mut a, mut b) = nics(false);
+        let (mut txq, mut rxq) = (Guest::new(), Guest::new());
+        let fault: crate::faults::Fault = "link-flap=50ms".parse().unwrap();
+        lock(&b.faults()).check(&fault).unwrap();
+        lock(&b.faults()).arm(fault);
+        assert_eq!(b.input_fds().len(), 1, "no timer before the notification");
+        rxq.post_rx(2048);
+        b.process(net::RECEIVEQ, &mut rxq.queue, &rxq.dma).unwrap();
+        assert_eq!(b.input_fds().len(), 2, "the flap's timer is an input now");
+        // Down at once (the timer's first expiry), with a configuration change.
+        let down =
+            outboard_sys::wait::eventually(Duration::from_secs(5), || b.input(1).config_changed);
+        assert!(down && !link(&b));
+        // Frames that reach a NIC whose link is down are dropped.
+        send(&mut a, &mut txq, &mut b, &frame(100, 1));
+        assert_eq!(b.stats().rx_dropped, 1);
+        // Up again after the flap's length, not before.
+        let t0 = std::time::Instant::now();
+        let up =
+            outboard_sys::wait::eventually(Duration::from_secs(5), || b.input(1).config_changed);
+        assert!(up && link(&b));
+        assert!(
+            t0.elapsed() >= Duration::from_millis(40),
+            "{:?}",
+            t0.elapsed()
+        );
+        assert_eq!(b.input_fds().len(), 1, "the timer is gone");
+        // And frames flow again.
+        send(&mut a, &mut txq, &mut b, &frame(100, 2));
+        b.process(net::RECEIVEQ, &mut rxq.queue, &rxq.dma).unwrap();
+        assert_eq!(rxq.used().len(), 1);
+    }
+
+    #[test]
+    fn a_long_frame_fault_claims_more_than_the_buffer_holds_once() {
+        let (mut a, mut b) = nics(false);
+        let (mut txq, mut rxq) = (Guest::new(), Guest::new());
+        lock(&b.faults()).arm("long-frame=1".parse().unwrap());
+        let heads = [rxq.post_rx(2048), rxq.post_rx(2048)];
+        send(&mut a, &mut txq, &mut b, &frame(100, 1));
+        send(&mut a, &mut txq, &mut b, &frame(100, 2));
+        b.process(net::RECEIVEQ, &mut rxq.queue, &rxq.dma).unwrap();
+        let used = rxq.used();
+        assert_eq!(
+            used,
+            vec![(heads[0], 2049), (heads[1], (net::HDR_SIZE + 100) as u32)]
+        );
+        assert_eq!(b.stats().rx_frames, 1);
     }
 
     #[test]

@@ -295,6 +295,13 @@ impl VirtioNet {
         self.receive_each(&mut |f| out.push(f.to_vec()))
     }
 
+    /// Counts a received frame dropped because the device wrote something that cannot be
+    /// right (also in the class status, where operators see it).
+    fn rx_error(&mut self) {
+        self.stats.rx_errors += 1;
+        self.class.counters.rx_device_errors += 1;
+    }
+
     /// Shows every frame the device has received to `each` (from one reused buffer), and
     /// posts their buffers again (one doorbell); how many frames came.
     fn receive_each(&mut self, each: &mut dyn FnMut(&[u8])) -> Result<usize, VirtioError> {
@@ -308,7 +315,7 @@ impl VirtioNet {
                     VirtioError::Device(format!("receive completion for idle chain {head}"))
                 })?;
             if len as usize > self.rx_slot_size {
-                self.stats.rx_errors += 1;
+                self.rx_error();
                 self.drop_partial()?;
                 self.post_rx(slot)?;
                 continue;
@@ -329,7 +336,7 @@ impl VirtioNet {
                     || want == 0
                     || want > self.rx.size()
                 {
-                    self.stats.rx_errors += 1;
+                    self.rx_error();
                     self.post_rx(slot)?;
                     continue;
                 }

@@ -21,6 +21,13 @@ impl LoopError {
     }
 }
 
+impl From<std::io::Error> for LoopError {
+    /// A timer's failure, as the loop reports it.
+    fn from(e: std::io::Error) -> Self {
+        Self::os("timer", Errno::from_io_error(&e).unwrap_or(Errno::IO))
+    }
+}
+
 /// An epoll-based work loop whose sources are described by values of type `S` (usually an
 /// enum naming what fired: an interrupt of a device, a session's doorbell, a timer).
 ///

@@ -9,6 +9,7 @@
 pub mod poll;
 pub mod process;
 pub mod sockpath;
+pub mod timer;
 pub mod units;
 pub mod wait;
 

@@ -255,6 +255,10 @@ pub struct NetCounters {
     pub rx_no_buffer: u64,
     /// Received frames longer than the buffer they went into.
     pub rx_truncated: u64,
+    /// Received frames the driver dropped because the device wrote something that cannot be
+    /// right (a length past its buffer, a chain it never posted): the driver counts these.
+    #[serde(default)]
+    pub rx_device_errors: u64,
 }
 
 impl NetInfo {

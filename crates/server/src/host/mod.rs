@@ -218,7 +218,7 @@ impl DriverHost {
     pub fn new(listener: OwnedFd, devices: Vec<Served>) -> Result<Self, HostError> {
         let mut work = WorkLoop::new()?;
         work.add(listener.as_fd(), Source::Listener)?;
-        let deadline_timer = Timer::new()?;
+        let deadline_timer = Timer::new().map_err(outboard_env::LoopError::from)?;
         work.add(deadline_timer.fd(), Source::Deadline)?;
         let mut h = Self {
             listener,
@@ -412,8 +412,14 @@ impl DriverHost {
     /// when it expires.
     fn arm_deadline(&mut self) -> Result<(), HostError> {
         match self.devices.iter().filter_map(|d| d.oldest()).min() {
-            Some(t) => self.deadline_timer.arm_at(t + self.deadline)?,
-            None => self.deadline_timer.disarm()?,
+            Some(t) => self
+                .deadline_timer
+                .arm_at(t + self.deadline)
+                .map_err(outboard_env::LoopError::from)?,
+            None => self
+                .deadline_timer
+                .disarm()
+                .map_err(outboard_env::LoopError::from)?,
         }
         Ok(())
     }

@@ -222,7 +222,10 @@ impl NetPort for ColocatedNic {
     fn status_now(&mut self) -> Result<NetInfo, NetError> {
         self.driver.refresh().map_err(failed)?;
         let mut info = self.driver.info().clone();
-        info.counters = self.counters;
+        info.counters = NetCounters {
+            rx_device_errors: info.counters.rx_device_errors,
+            ..self.counters
+        };
         Ok(info)
     }
 

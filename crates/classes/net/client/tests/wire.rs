@@ -10,8 +10,9 @@ use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::Duration;
 
+use outboard_devices::faults::{lock, FaultHandle};
 use outboard_devices::virtio_net::{NetOptions as ModelOptions, VirtioNet as NetModel, Wire};
-use outboard_devices::virtio_pci::VirtioPci;
+use outboard_devices::virtio_pci::{VirtioDevice, VirtioPci};
 use outboard_devices::virtio_rng::Seeded;
 use outboard_drivers::virtio_net::VirtioNet;
 use outboard_drivers::Attachment;
@@ -28,6 +29,7 @@ const B: [u8; 6] = [2, 0, 0, 0, 0, 2];
 struct Model {
     stop: Arc<AtomicBool>,
     thread: JoinHandle<()>,
+    faults: FaultHandle,
 }
 
 /// Serves a NIC model over vfio-user at `path` on a thread.
@@ -37,7 +39,9 @@ fn model(path: &Path, mac: [u8; 6], wire: Wire) -> Model {
         mtu: 1500,
         link_up: true,
     };
-    let dev = VirtioPci::new(NetModel::new(opts, Some(wire))).unwrap();
+    let nic = NetModel::new(opts, Some(wire));
+    let faults = nic.faults();
+    let dev = VirtioPci::new(nic).unwrap();
     let mut server =
         outboard_vfio_user::Server::bind(path, dev, outboard_vfio_user::ServerOptions::default())
             .unwrap();
@@ -48,7 +52,11 @@ fn model(path: &Path, mac: [u8; 6], wire: Wire) -> Model {
             server.run_once(Duration::from_millis(10)).unwrap();
         }
     });
-    Model { stop, thread }
+    Model {
+        stop,
+        thread,
+        faults,
+    }
 }
 
 struct Rig {
@@ -406,6 +414,50 @@ fn a_colocated_nic_applies_the_address_rule_filters_and_their_checks() {
     }
     let c = a.status_now().unwrap().counters;
     assert_eq!((c.tx_frames, c.rx_delivered, c.rx_unclaimed), (100, 3, 2));
+    rig.stop();
+}
+
+#[test]
+fn a_nics_own_faults_are_caught_by_the_driver_and_traffic_goes_on() {
+    let rig = Rig::start();
+    let mut a = rig.open("nic0");
+    let mut b = rig.open("nic1");
+    let nic1 = &rig.models[1].faults;
+    // Two frames the device claims are longer than their buffers: dropped and counted by the
+    // driver, and the frames around them arrive whole and in order.
+    lock(nic1).arm("long-frame=2".parse().unwrap());
+    for i in 0..10 {
+        a.send(&frame(B, A, 0x88b5, 100 + i, i as u64)).unwrap();
+        if i == 0 {
+            // One at a time at first, so the two faulty ones are the first two.
+            a.flush().unwrap();
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+    a.flush().unwrap();
+    let mut got = Vec::new();
+    while let Some(f) = b.recv(Duration::from_millis(500)).unwrap() {
+        got.push(f);
+    }
+    let want: Vec<Vec<u8>> = (2..10)
+        .map(|i| frame(B, A, 0x88b5, 100 + i, i as u64))
+        .collect();
+    assert_eq!(got.len(), 8, "8 of 10 frames arrive");
+    assert!(got == want, "whole and in order");
+    let s = NetClient::status(&rig.sock, "nic1").unwrap();
+    assert_eq!(s.counters.rx_device_errors, 2);
+    // A link flap: the class sees the link go down and come back, and frames flow after.
+    lock(nic1).arm("link-flap=300ms".parse().unwrap());
+    b.send(&frame(A, B, 0x88b5, 60, 0)).unwrap(); // a notification starts it
+    let link = || NetClient::status(&rig.sock, "nic1").unwrap().link_up;
+    assert!(
+        outboard_sys::wait::eventually(WAIT, || !link()),
+        "link down"
+    );
+    assert!(outboard_sys::wait::eventually(WAIT, link), "link up again");
+    let f = frame(B, A, 0x88b5, 200, 99);
+    a.send(&f).unwrap();
+    assert_eq!(b.recv(WAIT).unwrap(), Some(f));
     rig.stop();
 }
 

@@ -290,7 +290,10 @@ impl Dispatcher for NetDispatcher {
 
     fn status(&self) -> serde_json::Value {
         let mut info = self.driver.info().clone();
-        info.counters = self.counters;
+        info.counters = NetCounters {
+            rx_device_errors: info.counters.rx_device_errors,
+            ..self.counters
+        };
         serde_json::to_value(info).expect("serialisable")
     }
 

@@ -218,8 +218,38 @@ fn class_devices(n: &outboard_manager::registry::Node, out: &mut Vec<(String, St
     }
 }
 
+/// Reads each served class device's status from its driver server now, so `ls` shows what
+/// the class reports at this moment (a NIC's link and counters), not what it was at start.
+/// A server that does not answer within a second leaves the node as the manager has it.
+fn refresh_status(n: &mut outboard_manager::registry::Node) {
+    let server = (n.kind == "driver")
+        .then(|| n.props.get("server-socket").and_then(|s| s.as_str()))
+        .flatten()
+        .map(PathBuf::from);
+    for c in &mut n.children {
+        if let (Some(sock), true) = (&server, c.kind.ends_with("-device")) {
+            let serving = c.state() == Some(outboard_client::registry::State::Serving);
+            if let Some(status) = serving
+                .then(|| {
+                    outboard_client::Channel::status(
+                        sock,
+                        &c.name,
+                        std::time::Duration::from_secs(1),
+                    )
+                    .ok()
+                })
+                .flatten()
+            {
+                c.set_status(&status);
+            }
+        }
+        refresh_status(c);
+    }
+}
+
 pub fn ls(a: LsArgs, control: PathBuf) -> Result<ExitCode, String> {
-    let tree = outboard_manager::open::registry(&control).map_err(|e| e.to_string())?;
+    let mut tree = outboard_manager::open::registry(&control).map_err(|e| e.to_string())?;
+    refresh_status(&mut tree);
     if a.json {
         outboard_sys::outln!(
             "{}",

@@ -166,6 +166,28 @@ fn two_nics_on_a_wire_carry_frames_from_send_to_recv() {
         "{out}"
     );
 
+    // `ls` shows the counters as they are now, read from the NIC's server.
+    fn named<'a>(n: &'a serde_json::Value, name: &str) -> Option<&'a serde_json::Value> {
+        if n["kind"] == "net-device" && n["name"] == name {
+            return Some(n);
+        }
+        n["children"]
+            .as_array()?
+            .iter()
+            .find_map(|c| named(c, name))
+    }
+    let reg = registry(&up);
+    let nic1 = named(&reg, "nic1").expect("nic1 in the registry");
+    let count = |k: &str| {
+        nic1["props"][k]
+            .as_u64()
+            .unwrap_or_else(|| panic!("{k}: {nic1}"))
+    };
+    assert!(count("counters.rx-frames") >= 4, "{nic1}");
+    assert!(count("counters.rx-delivered") >= 3, "{nic1}");
+    assert_eq!(count("counters.rx-device-errors"), 0);
+    assert!(stdout(&up.run(&["ls"])).contains("counters.rx-frames"));
+
     // A filter from `tcpdump -dd` output: only type 0x88b6 gets through.
     let filter = dir.path().join("only-88b6.bpf");
     std::fs::write(&filter, ONLY_88B6).unwrap();

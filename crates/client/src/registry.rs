@@ -39,6 +39,29 @@ impl Node {
         self.props.insert(key.into(), value.into());
     }
 
+    /// Takes a class's status record (whatever its class) as properties: each scalar field,
+    /// named in kebab-case, and each field of a record inside it as `record.field`
+    /// (`counters.rx-frames`); the device's name is the node's own.
+    pub fn set_status(&mut self, status: &serde_json::Value) {
+        let Some(fields) = status.as_object() else {
+            return;
+        };
+        let kebab = |k: &str| k.replace('_', "-");
+        for (key, value) in fields {
+            match value {
+                serde_json::Value::Object(inner) => {
+                    for (k, v) in inner {
+                        if !(v.is_object() || v.is_array() || v.is_null()) {
+                            self.set(&format!("{}.{}", kebab(key), kebab(k)), v.clone());
+                        }
+                    }
+                }
+                v if key == "name" || v.is_array() || v.is_null() => {}
+                v => self.set(&kebab(key), v.clone()),
+            }
+        }
+    }
+
     /// Adds a child (builder style).
     pub fn child(mut self, c: Node) -> Self {
         self.children.push(c);
@@ -257,6 +280,22 @@ fn unsafe_to_show(c: char) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_status_record_becomes_properties_nested_records_included() {
+        let mut n = Node::new("net-device", "nic0");
+        n.set_status(&serde_json::json!({
+            "name": "other",
+            "link_up": true,
+            "mac": "02:00:00:00:00:01",
+            "counters": { "rx_frames": 3, "deeper": { "x": 1 } },
+            "list": [1, 2],
+        }));
+        assert_eq!(n.name, "nic0");
+        assert_eq!(n.props["link-up"], true);
+        assert_eq!(n.props["counters.rx-frames"], 3);
+        assert_eq!(n.props.len(), 3, "{:?}", n.props);
+    }
 
     #[test]
     fn a_state_reads_back_from_its_text_whatever_follows_it() {

@@ -410,7 +410,7 @@ impl Manager {
                     drv.set("restarts", 0);
                     if let Some(b) = drv.children.first_mut() {
                         b.set_state(State::Serving, Detail::None);
-                        status_props(b, &status);
+                        b.set_status(&status);
                     }
                 }
             }

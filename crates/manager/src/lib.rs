@@ -49,7 +49,7 @@ use crate::registry::Node;
 use crate::supervisor::Process;
 
 use crate::answer::{detached, refuse, ACCEPT_BACKOFF, GRACEFUL_DRAIN};
-use crate::nodes::{class_device, status_props};
+use crate::nodes::class_device;
 
 /// Where the manager keeps its sockets and logs, and what it runs.
 #[derive(Debug, Clone)]

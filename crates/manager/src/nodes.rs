@@ -49,20 +49,6 @@ impl Manager {
     }
 }
 
-/// A class's status record (whatever its class) as registry properties: each scalar field,
-/// named in kebab-case; the device's name is the node's own.
-pub(crate) fn status_props(node: &mut Node, status: &serde_json::Value) {
-    let Some(fields) = status.as_object() else {
-        return;
-    };
-    for (key, value) in fields {
-        if key == "name" || value.is_object() || value.is_array() || value.is_null() {
-            continue;
-        }
-        node.set(&key.replace('_', "-"), value.clone());
-    }
-}
-
 /// A class device's registry node: its kind names its class (`block-device`,
 /// `entropy-device`).
 pub(crate) fn class_device(class: &str, name: &str) -> Node {

@@ -323,6 +323,8 @@ fn echo(a: EchoArgs, control: &std::path::Path) -> Result<(), String> {
             None => {}
         }
     }
+    // The last answers may still be in the session's ring: they go before the session does.
+    udp.flush().map_err(|e| format!("{name}: {e}"))?;
     println!("{answered} datagrams, {bytes} bytes");
     Ok(())
 }

@@ -293,7 +293,10 @@ fn udp_echoes_between_a_colocated_nic_and_outboard_net_echo() {
         let (got, from) = udp
             .recv_from(&mut buf, Duration::from_secs(10))
             .unwrap()
-            .expect("an echo");
+            .unwrap_or_else(|| {
+                let reg = registry(&up).to_string();
+                panic!("no echo of datagram {i} ({n} bytes): {reg}")
+            });
         assert_eq!(from, (Ipv4Addr::new(10, 7, 0, 2), 7));
         assert!(
             buf[..got] == d[..],

@@ -18,6 +18,11 @@
 //! frame shorter than an Ethernet header or longer than the MTU allows is dropped and
 //! counted; a receive chain with device-readable buffers is returned unused.
 //!
+//! With `CTRL_VQ` there is a control queue (index 2); its one command class is notification
+//! coalescing (`NOTF_COAL`, §5.1.6.5.9): the driver sets, for receive and for transmit, how
+//! many used buffers or microseconds a used-buffer notification may wait, and the transport
+//! holds notifications accordingly. Any other command is answered `ERR`.
+//!
 //! Besides the transport's faults (interrupts, the used ring, stalls, needs-reset, crash), a
 //! NIC has two of its own: `link-flap=DURATION` (at the next notification the link goes down,
 //! and comes back that long after, each change with a configuration interrupt; a timer among
@@ -34,7 +39,7 @@ use outboard_spec::virtio::{self, net};
 use outboard_vfio_user::DmaMap;
 
 use crate::faults::{lock, FaultHandle, Faults};
-use crate::virtio_pci::{Arrived, VirtioDevice};
+use crate::virtio_pci::{Arrived, Coalescing, VirtioDevice};
 use crate::virtqueue::{Chain, DeviceQueue, QueueError, Segment};
 
 /// Largest queue the device offers.
@@ -301,6 +306,8 @@ pub struct VirtioNet {
     spare: Vec<Vec<u8>>,
     /// A link flap in progress: its timer, and how long the link stays down.
     flap: Flap,
+    /// Coalescing the driver asked for: receive, transmit.
+    coalescing: [Coalescing; 2],
 }
 
 /// Where an injected link flap is.
@@ -335,7 +342,42 @@ impl VirtioNet {
             used: Vec::new(),
             spare: Vec::new(),
             flap: Flap::default(),
+            coalescing: [Coalescing::default(); 2],
         }
+    }
+
+    /// Carries out one control-queue command (§5.1.6.5); the bytes written (the ack).
+    fn control(&mut self, c: &Chain, dma: &DmaMap) -> u32 {
+        /// Longest command this device knows, with room to spare.
+        const LONGEST: usize = 64;
+        let n = c.readable_len() as usize;
+        let mut cmd = [0u8; LONGEST];
+        let ack = if !(2..=LONGEST).contains(&n) || gather(dma, &c.segments, &mut cmd[..n]).is_err()
+        {
+            net::ctrl::ERR
+        } else {
+            self.command(cmd[0], cmd[1], &cmd[2..n])
+        };
+        scatter(dma, &c.segments, &[ack]).0
+    }
+
+    /// A command's ack: `OK` if done, `ERR` if unknown or malformed.
+    fn command(&mut self, class: u8, command: u8, data: &[u8]) -> u8 {
+        use net::ctrl;
+        let which = match (class, command) {
+            (ctrl::CLASS_NOTF_COAL, ctrl::NOTF_COAL_RX_SET) => 0,
+            (ctrl::CLASS_NOTF_COAL, ctrl::NOTF_COAL_TX_SET) => 1,
+            _ => return ctrl::ERR,
+        };
+        let Ok(&[p0, p1, p2, p3, u0, u1, u2, u3]) = <&[u8; ctrl::COAL_SIZE]>::try_from(data) else {
+            return ctrl::ERR;
+        };
+        self.coalescing[which] = Coalescing {
+            max_packets: u32::from_le_bytes([p0, p1, p2, p3]),
+            usecs: u32::from_le_bytes([u0, u1, u2, u3]),
+        };
+        tracing::debug!(queue = which, coalescing = ?self.coalescing[which], "virtio-net: coalescing set");
+        ctrl::OK
     }
 
     /// Starts a link flap armed by fault injection: its timer fires at once (the link goes
@@ -547,11 +589,17 @@ impl VirtioDevice for VirtioNet {
     }
 
     fn features(&self) -> u64 {
-        net::feature::MAC | net::feature::STATUS | net::feature::MTU | net::feature::MRG_RXBUF
+        net::feature::MAC
+            | net::feature::STATUS
+            | net::feature::MTU
+            | net::feature::MRG_RXBUF
+            | net::feature::CTRL_VQ
+            | net::feature::NOTF_COAL
     }
 
     fn num_queues(&self) -> u16 {
-        2
+        // Receive, transmit, control (used only if the driver takes CTRL_VQ).
+        3
     }
 
     fn max_queue_size(&self) -> u16 {
@@ -576,6 +624,15 @@ impl VirtioDevice for VirtioNet {
     fn reset(&mut self) {
         self.mergeable = false;
         self.backlog.clear();
+        self.coalescing = [Coalescing::default(); 2];
+    }
+
+    fn coalescing(&self, q: u16) -> Coalescing {
+        match q {
+            net::RECEIVEQ => self.coalescing[0],
+            net::TRANSMITQ => self.coalescing[1],
+            _ => Coalescing::default(),
+        }
     }
 
     fn process(
@@ -593,6 +650,12 @@ impl VirtioDevice for VirtioNet {
                     self.transmit(c, dma);
                     0
                 });
+                self.chain = chain;
+                served
+            }
+            net::CONTROLQ => {
+                let mut chain = std::mem::take(&mut self.chain);
+                let served = queue.serve(dma, &mut chain, |c| self.control(c, dma));
                 self.chain = chain;
                 served
             }

@@ -82,6 +82,33 @@ pub trait VirtioDevice: Send {
     fn input(&mut self, _id: usize) -> Arrived {
         Arrived::default()
     }
+    /// How the driver asked the device to coalesce queue `q`'s used-buffer notifications
+    /// (a NIC's `VIRTIO_NET_CTRL_NOTF_COAL`); the transport holds them accordingly.
+    fn coalescing(&self, _q: u16) -> Coalescing {
+        Coalescing::default()
+    }
+}
+
+/// Notification coalescing for one queue: a used-buffer notification waits until `max_packets`
+/// buffers were used or `usecs` passed since the first one held, whichever comes first. All
+/// zero (the default): every notification at once.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct Coalescing {
+    /// Buffers used before a notification goes anyway (0: no count).
+    pub max_packets: u32,
+    /// Microseconds a notification may wait (0: none).
+    pub usecs: u32,
+}
+
+/// Notifications the transport holds back, per queue (see [`Coalescing`]).
+#[derive(Debug, Default)]
+struct Held {
+    /// Used buffers not yet notified, per queue.
+    used: Vec<u32>,
+    /// When each queue's held notification goes at the latest.
+    due: Vec<Option<std::time::Instant>>,
+    /// Fires at the earliest `due` (made when first needed).
+    timer: Option<outboard_sys::timer::Timer>,
 }
 
 /// What input from outside asks of the transport (see [`VirtioDevice::input`]).
@@ -139,6 +166,8 @@ pub struct VirtioPci<D: VirtioDevice> {
     /// Changes whenever the device configuration does (§4.1.4.3), so a driver reading it in
     /// pieces knows it read one version.
     config_generation: u8,
+    /// Notifications held back by coalescing.
+    held: Held,
 }
 
 impl<D: VirtioDevice> VirtioPci<D> {
@@ -248,6 +277,7 @@ impl<D: VirtioDevice> VirtioPci<D> {
             stats: TransportStats::default(),
             faults: dev_faults,
             config_generation: 0,
+            held: Held::default(),
             dev,
         };
         t.reset_transport();
@@ -274,6 +304,8 @@ impl<D: VirtioDevice> VirtioPci<D> {
     }
 
     fn reset_transport(&mut self) {
+        self.held.used.clear();
+        self.held.due.clear();
         self.device_feature_select = 0;
         self.driver_feature_select = 0;
         self.driver_features = 0;
@@ -437,7 +469,10 @@ impl<D: VirtioDevice> VirtioPci<D> {
             if queue.used_idx() != old {
                 idle = 0;
                 match queue.should_notify(&ctx.dma, old) {
-                    Ok(true) => self.raise(ctx, vector, virtio::isr::QUEUE),
+                    Ok(true) => {
+                        let used = queue.used_idx().wrapping_sub(old);
+                        self.notify_used(ctx, q, vector, u32::from(used));
+                    }
                     Ok(false) => self.stats.suppressed += 1,
                     Err(e) => break Err(e),
                 }
@@ -454,6 +489,78 @@ impl<D: VirtioDevice> VirtioPci<D> {
             Ok(()) => self.queues[q as usize].live = Some(queue),
             Err(e) => self.needs_reset(ctx, &e),
         }
+    }
+
+    /// Queue `q` used `used` buffers and the driver wants to hear of it: now, or once its
+    /// coalescing says (enough buffers, or the hold-off over: the transport's timer).
+    fn notify_used(&mut self, ctx: &mut DeviceContext, q: u16, vector: u16, used: u32) {
+        let c = self.dev.coalescing(q);
+        let qi = q as usize;
+        if c == Coalescing::default() {
+            return self.raise(ctx, vector, virtio::isr::QUEUE);
+        }
+        let h = &mut self.held;
+        if h.used.len() <= qi {
+            h.used.resize(qi + 1, 0);
+            h.due.resize(qi + 1, None);
+        }
+        h.used[qi] = h.used[qi].saturating_add(used);
+        let enough = c.max_packets > 0 && h.used[qi] >= c.max_packets;
+        if enough || c.usecs == 0 && c.max_packets <= 1 {
+            h.used[qi] = 0;
+            h.due[qi] = None;
+            return self.raise(ctx, vector, virtio::isr::QUEUE);
+        }
+        if c.usecs == 0 {
+            // A count alone: the notification waits for it (as the device was asked).
+            return;
+        }
+        if h.due[qi].is_none() {
+            let due = std::time::Instant::now() + std::time::Duration::from_micros(c.usecs.into());
+            h.due[qi] = Some(due);
+            self.arm_hold_timer();
+        }
+    }
+
+    /// Arms the hold-off timer for the earliest held notification.
+    fn arm_hold_timer(&mut self) {
+        let Some(first) = self.held.due.iter().flatten().min().copied() else {
+            if let Some(t) = self.held.timer.as_mut() {
+                let _ = t.disarm();
+            }
+            return;
+        };
+        if self.held.timer.is_none() {
+            match outboard_sys::timer::Timer::new() {
+                Ok(t) => self.held.timer = Some(t),
+                Err(e) => {
+                    // No timer: nothing may wait, so nothing is held.
+                    tracing::warn!("virtio: coalescing without a timer: {e}");
+                    self.held.due.iter_mut().for_each(|d| *d = Some(first));
+                    return;
+                }
+            }
+        }
+        if let Some(t) = self.held.timer.as_mut() {
+            let _ = t.arm_at(first);
+        }
+    }
+
+    /// The hold-off timer fired: every held notification that is due goes now.
+    fn hold_off_over(&mut self, ctx: &mut DeviceContext) {
+        if let Some(t) = self.held.timer.as_mut() {
+            t.ack();
+        }
+        let now = std::time::Instant::now();
+        for qi in 0..self.held.due.len() {
+            if self.held.due[qi].is_some_and(|d| d <= now) {
+                self.held.due[qi] = None;
+                self.held.used[qi] = 0;
+                let vector = self.queues.get(qi).map_or(NO_VECTOR, |r| r.msix_vector);
+                self.raise(ctx, vector, virtio::isr::QUEUE);
+            }
+        }
+        self.arm_hold_timer();
     }
 
     fn common_read(&self, offset: u64, buf: &mut [u8]) {
@@ -822,10 +929,16 @@ impl<D: VirtioDevice> DeviceBackend for VirtioPci<D> {
     }
 
     fn input_fds(&self) -> Vec<std::os::fd::BorrowedFd<'_>> {
-        self.dev.input_fds()
+        // The device's own, then the transport's hold-off timer.
+        let mut v = self.dev.input_fds();
+        v.extend(self.held.timer.as_ref().map(|t| t.fd()));
+        v
     }
 
     fn input(&mut self, ctx: &mut DeviceContext, id: usize) {
+        if id >= self.dev.input_fds().len() && self.held.timer.is_some() {
+            return self.hold_off_over(ctx);
+        }
         let a = self.dev.input(id);
         self.arrived(ctx, a);
     }

@@ -31,6 +31,13 @@ use crate::virtio::{Buf, Negotiation, VirtQueue, VirtioDevice, VirtioError};
 
 /// Largest queues the driver sets up.
 pub const MAX_QUEUE_SIZE: u16 = 256;
+/// Bytes of the control queue's buffer: a command, then its ack at [`CTRL_ACK`].
+const CTRL_AREA: usize = 64;
+/// Where the device writes a command's ack.
+const CTRL_ACK: u64 = 32;
+/// How long a control command may take.
+const CTRL_WAIT: std::time::Duration = std::time::Duration::from_secs(1);
+
 /// A receive slot with mergeable buffers.
 const MERGEABLE_SLOT: usize = 2048;
 /// Features the driver accepts.
@@ -40,7 +47,9 @@ pub const SUPPORTED_FEATURES: u64 = vfeature::VERSION_1
     | net::feature::MAC
     | net::feature::STATUS
     | net::feature::MTU
-    | net::feature::MRG_RXBUF;
+    | net::feature::MRG_RXBUF
+    | net::feature::CTRL_VQ
+    | net::feature::NOTF_COAL;
 
 /// Whether `id` is a virtio network device (modern or transitional).
 pub fn matches(id: &PciIdentity) -> bool {
@@ -97,6 +106,8 @@ pub struct VirtioNet {
     partial: Vec<(usize, u32)>,
     partial_want: u16,
     info: DeviceInfo,
+    /// The control queue and a buffer for one command and its ack (with `CTRL_VQ`).
+    ctrl: Option<(VirtQueue, DmaBuf)>,
     class: outboard_net::NetInfo,
     stats: NetDriverStats,
 }
@@ -141,10 +152,23 @@ impl VirtioNet {
         // A whole frame of the MTU behind its header, rounded to a cache line.
         let whole = (net::HDR_SIZE + usize::from(mtu) + net::ETH_HEADER + 4).next_multiple_of(64);
         let rx_slot_size = if mergeable { MERGEABLE_SLOT } else { whole };
-        let (device, mut queues) = n.finish(2, MAX_QUEUE_SIZE)?;
+        let has_ctrl = f & net::feature::CTRL_VQ != 0;
+        let (device, mut queues) = n.finish(if has_ctrl { 3 } else { 2 }, MAX_QUEUE_SIZE)?;
+        let dma = device.function().dma();
+        let ctrl = match has_ctrl {
+            true => {
+                let mut q = queues.pop().expect("three queues");
+                // Commands are waited for, not interrupted for.
+                q.disable_interrupts()?;
+                let area = dma
+                    .alloc(CTRL_AREA)
+                    .map_err(|e| VirtioError::Device(e.to_string()))?;
+                Some((q, area))
+            }
+            false => None,
+        };
         let tx = queues.pop().expect("two queues");
         let rx = queues.pop().expect("two queues");
-        let dma = device.function().dma();
         let rx_area = dma
             .alloc(rx.size() as usize * rx_slot_size)
             .map_err(|e| VirtioError::Device(e.to_string()))?;
@@ -163,6 +187,7 @@ impl VirtioNet {
             tx_slot_size: whole,
             partial: Vec::new(),
             partial_want: 0,
+            ctrl,
             info: DeviceInfo {
                 mac,
                 mtu,
@@ -287,6 +312,79 @@ impl VirtioNet {
         self.tx.publish()?;
         self.stats.tx_frames += sent as u64;
         Ok(sent)
+    }
+
+    /// Asks the device to hold receive interrupts back: until `max_packets` frames came or
+    /// `usecs` passed since the first (both 0: at once, the default). Refused by a device
+    /// without `NOTF_COAL`, or one that answers the command `ERR`.
+    pub fn set_rx_coalescing(&mut self, max_packets: u32, usecs: u32) -> Result<(), VirtioError> {
+        if self.device.features() & net::feature::NOTF_COAL == 0 {
+            return Err(VirtioError::Device(
+                "this NIC does not coalesce interrupts (no NOTF_COAL)".into(),
+            ));
+        }
+        let mut data = [0u8; net::ctrl::COAL_SIZE];
+        data[..4].copy_from_slice(&max_packets.to_le_bytes());
+        data[4..].copy_from_slice(&usecs.to_le_bytes());
+        self.command(
+            net::ctrl::CLASS_NOTF_COAL,
+            net::ctrl::NOTF_COAL_RX_SET,
+            &data,
+        )
+    }
+
+    /// Sends one control-queue command and waits (bounded) for the device's ack.
+    fn command(&mut self, class: u8, command: u8, data: &[u8]) -> Result<(), VirtioError> {
+        let Some((q, area)) = self.ctrl.as_mut() else {
+            return Err(VirtioError::Device("this NIC has no control queue".into()));
+        };
+        let len = 2 + data.len();
+        if len > CTRL_ACK as usize {
+            return Err(VirtioError::Device(format!("a command of {len} bytes")));
+        }
+        area.write(0, &[class, command])?;
+        area.write(2, data)?;
+        area.write(CTRL_ACK, &[net::ctrl::ERR])?;
+        let head = q
+            .add(&[
+                Buf {
+                    iova: area.iova(),
+                    len: len as u32,
+                    write: false,
+                },
+                Buf {
+                    iova: area.iova() + CTRL_ACK,
+                    len: 1,
+                    write: true,
+                },
+            ])?
+            .ok_or_else(|| VirtioError::Device("the control queue is full".into()))?;
+        q.publish()?;
+        let deadline = std::time::Instant::now() + CTRL_WAIT;
+        loop {
+            match q.pop_used()? {
+                Some((h, _)) if h == head => break,
+                Some((h, _)) => {
+                    return Err(VirtioError::Device(format!(
+                        "control queue: completion for idle chain {h}"
+                    )))
+                }
+                None if std::time::Instant::now() > deadline => {
+                    return Err(VirtioError::Device(format!(
+                        "control command {class}.{command} not answered in {CTRL_WAIT:?}"
+                    )))
+                }
+                None => std::thread::sleep(std::time::Duration::from_micros(50)),
+            }
+        }
+        let mut ack = [0u8; 1];
+        area.read(CTRL_ACK, &mut ack)?;
+        match ack[0] {
+            net::ctrl::OK => Ok(()),
+            a => Err(VirtioError::Device(format!(
+                "control command {class}.{command} refused (ack {a})"
+            ))),
+        }
     }
 
     /// Takes every frame the device has received, appended to `out`, and posts their buffers
@@ -482,6 +580,17 @@ impl NetDriver for VirtioNet {
         let n = self.tx_done.len();
         sent.append(&mut self.tx_done);
         Ok(n + self.receive_each(received).map_err(failure)?)
+    }
+
+    fn set_hold_off(&mut self, usecs: u32) -> Result<(), NetError> {
+        // A frame count as well: a burst that fills a quarter of the ring goes at once.
+        let packets = if usecs == 0 {
+            0
+        } else {
+            u32::from(self.rx.size() / 4)
+        };
+        self.set_rx_coalescing(packets, usecs)
+            .map_err(|e| NetError::Invalid(e.to_string()))
     }
 
     fn arm(&mut self) -> Result<bool, Failure> {

@@ -181,12 +181,36 @@ pub mod net {
         pub const MRG_RXBUF: u64 = 1 << 15;
         /// `status` is valid (link up or down).
         pub const STATUS: u64 = 1 << 16;
+        /// There is a control queue (§5.1.6.5).
+        pub const CTRL_VQ: u64 = 1 << 17;
+        /// The device coalesces used-buffer notifications on request (§5.1.6.5.9:
+        /// `VIRTIO_NET_CTRL_NOTF_COAL`).
+        pub const NOTF_COAL: u64 = 1 << 53;
     }
 
     /// The first receive queue (§5.1.2).
     pub const RECEIVEQ: u16 = 0;
     /// The first transmit queue.
     pub const TRANSMITQ: u16 = 1;
+    /// The control queue with one queue pair (index `2 * max_virtqueue_pairs`).
+    pub const CONTROLQ: u16 = 2;
+
+    /// The control queue's commands (§5.1.6.5): a device-readable `u8 class`, `u8 command`
+    /// and the command's data, then a device-writable `u8 ack`.
+    pub mod ctrl {
+        /// `ack`: done.
+        pub const OK: u8 = 0;
+        /// `ack`: refused.
+        pub const ERR: u8 = 1;
+        /// Class: notification coalescing.
+        pub const CLASS_NOTF_COAL: u8 = 6;
+        /// `VIRTIO_NET_CTRL_NOTF_COAL_TX_SET`: `le32 tx_max_packets; le32 tx_usecs`.
+        pub const NOTF_COAL_TX_SET: u8 = 0;
+        /// `VIRTIO_NET_CTRL_NOTF_COAL_RX_SET`: `le32 rx_max_packets; le32 rx_usecs`.
+        pub const NOTF_COAL_RX_SET: u8 = 1;
+        /// Bytes of a coalescing command's data.
+        pub const COAL_SIZE: usize = 8;
+    }
 
     /// Device configuration layout (§5.1.4): offsets and size.
     pub mod config {

@@ -328,7 +328,13 @@ pub enum NetOp {
     /// Give back every posted receive buffer of the session (each completes with
     /// [`NetError::Cancelled`]); the value is how many.
     Reclaim,
+    /// Ask the NIC to hold receive interrupts back up to `length` microseconds (0: none;
+    /// at most [`MAX_HOLD_OFF_US`]) — the device's setting, for every session.
+    HoldOff,
 }
+
+/// The longest receive-interrupt hold-off a client may ask for: one second.
+pub const MAX_HOLD_OFF_US: u32 = 1_000_000;
 
 impl NetOp {
     /// The wire opcode.
@@ -340,6 +346,7 @@ impl NetOp {
             NetOp::Mode => 4,
             NetOp::Multicast => 5,
             NetOp::Reclaim => 6,
+            NetOp::HoldOff => 7,
         }
     }
 
@@ -352,6 +359,7 @@ impl NetOp {
             4 => NetOp::Mode,
             5 => NetOp::Multicast,
             6 => NetOp::Reclaim,
+            7 => NetOp::HoldOff,
             _ => return None,
         })
     }
@@ -440,6 +448,15 @@ pub fn validate(r: &NetRequest, info: &NetInfo, buffer_size: u64) -> Result<(), 
         NetOp::Reclaim => {
             if r.buf_offset != 0 || r.length != 0 {
                 return Err(NetError::Invalid("reclaim takes no buffer".into()));
+            }
+            Ok(())
+        }
+        NetOp::HoldOff => {
+            if r.buf_offset != 0 || r.length > MAX_HOLD_OFF_US {
+                return Err(NetError::Invalid(format!(
+                    "a hold-off of {} µs (offset {}): 0 to {MAX_HOLD_OFF_US} µs",
+                    r.length, r.buf_offset
+                )));
             }
             Ok(())
         }

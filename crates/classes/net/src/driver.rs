@@ -34,6 +34,14 @@ pub trait NetDriver: Driver {
         sent: &mut Vec<(u64, Result<u32, NetError>)>,
         received: &mut dyn FnMut(&[u8]),
     ) -> Result<usize, Failure>;
+    /// Asks the device to hold receive interrupts back up to `usecs` (0: every frame at once):
+    /// fewer wake-ups under load, at that much latency. Refused if the device cannot.
+    fn set_hold_off(&mut self, usecs: u32) -> Result<(), NetError> {
+        let _ = usecs;
+        Err(NetError::Invalid(
+            "this NIC's driver cannot hold interrupts back".into(),
+        ))
+    }
     /// Arms the device's interrupts before the environment sleeps; true if work is already
     /// waiting.
     fn arm(&mut self) -> Result<bool, Failure>;

@@ -333,6 +333,11 @@ impl NetPort for ColocatedNic {
         Ok(())
     }
 
+    fn set_hold_off(&mut self, usecs: u32) -> Result<(), NetError> {
+        self.check(NetOp::HoldOff, usecs)?;
+        self.driver.set_hold_off(usecs)
+    }
+
     fn set_groups(&mut self, groups: &[[u8; 6]]) -> Result<(), NetError> {
         let bytes: Vec<u8> = groups.iter().flatten().copied().collect();
         self.check(NetOp::Multicast, bytes.len() as u32)?;

@@ -36,6 +36,9 @@ pub trait NetPort: Send {
     fn set_mode(&mut self, flags: u32) -> Result<(), NetError>;
     /// Joins exactly these multicast groups.
     fn set_groups(&mut self, groups: &[[u8; 6]]) -> Result<(), NetError>;
+    /// Asks the NIC to hold receive interrupts back up to `usecs` (0: none): fewer wake-ups
+    /// under load, at that much latency. The device's setting, for every user of the NIC.
+    fn set_hold_off(&mut self, usecs: u32) -> Result<(), NetError>;
     /// The next frame received, or `None` if none came within `timeout`.
     fn recv(&mut self, timeout: Duration) -> Result<Option<Vec<u8>>, NetError> {
         let mut buf = vec![0u8; self.info().max_frame() as usize];

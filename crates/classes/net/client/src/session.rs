@@ -106,6 +106,7 @@ pub struct NetClient {
     filter: Option<Vec<u8>>,
     mode: u32,
     groups: Vec<[u8; 6]>,
+    hold_off: Option<u32>,
     supervisor: Option<Supervisor>,
     resumes: u64,
 }
@@ -169,6 +170,7 @@ impl NetClient {
             filter: None,
             mode: 0,
             groups: Vec::new(),
+            hold_off: None,
             supervisor: None,
             resumes: 0,
         };
@@ -274,6 +276,10 @@ impl NetClient {
         if !groups.is_empty() {
             let bytes: Vec<u8> = groups.iter().flatten().copied().collect();
             self.control_with(NetOp::Multicast, &bytes)?;
+        }
+        // The device was reset with its driver: a hold-off this session asked for is lost.
+        if let Some(usecs) = self.hold_off {
+            self.control(NetOp::HoldOff, 0, usecs)?;
         }
         Ok(())
     }
@@ -568,6 +574,14 @@ impl NetClient {
         Ok(())
     }
 
+    /// Asks the NIC to hold receive interrupts back up to `usecs` (0: none). The device's
+    /// setting, for every session; set again on a new server after a restart.
+    pub fn set_hold_off(&mut self, usecs: u32) -> Result<(), NetError> {
+        self.control(NetOp::HoldOff, 0, usecs)?;
+        self.hold_off = Some(usecs);
+        Ok(())
+    }
+
     /// Joins exactly these multicast groups.
     pub fn set_groups(&mut self, groups: &[[u8; 6]]) -> Result<(), NetError> {
         let bytes: Vec<u8> = groups.iter().flatten().copied().collect();
@@ -633,6 +647,10 @@ impl crate::NetPort for NetClient {
 
     fn set_groups(&mut self, groups: &[[u8; 6]]) -> Result<(), NetError> {
         NetClient::set_groups(self, groups)
+    }
+
+    fn set_hold_off(&mut self, usecs: u32) -> Result<(), NetError> {
+        NetClient::set_hold_off(self, usecs)
     }
 
     fn resumes(&self) -> u64 {

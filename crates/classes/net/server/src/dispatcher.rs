@@ -218,6 +218,7 @@ impl NetDispatcher {
                 }
                 Some(Ok(n))
             }
+            NetOp::HoldOff => Some(self.driver.set_hold_off(r.length).map(|()| 0)),
             NetOp::Transmit => None,
         }
     }

@@ -188,6 +188,14 @@ fn two_nics_on_a_wire_carry_frames_from_send_to_recv() {
     assert_eq!(count("counters.rx-device-errors"), 0);
     assert!(stdout(&up.run(&["ls"])).contains("counters.rx-frames"));
 
+    // A receive hold-off is the device's: asked for by one client, within bounds.
+    let o = up.run(&["net", "hold-off", "nic1", "100us"]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    assert!(stdout(&o).contains("up to 100 µs"));
+    let o = up.run(&["net", "hold-off", "nic1", "5s"]);
+    assert!(!o.status.success());
+    assert!(String::from_utf8_lossy(&o.stderr).contains("at most 1s"));
+
     // A filter from `tcpdump -dd` output: only type 0x88b6 gets through.
     let filter = dir.path().join("only-88b6.bpf");
     std::fs::write(&filter, ONLY_88B6).unwrap();

@@ -12,6 +12,7 @@ pub mod exports;
 pub mod faults;
 pub mod fixture;
 pub mod model;
+pub mod netload;
 pub mod netns;
 pub mod pingpong;
 pub mod placement;
@@ -39,6 +40,7 @@ pub const TESTS: &[&str] = &[
     "faults",
     "echo",
     "combination",
+    "net-load",
 ];
 
 /// What a run needs.
@@ -109,6 +111,7 @@ pub fn run(tests: &[&str], opts: Options) -> Result<(), String> {
             "faults" => faults::faults_test(&ctx),
             "echo" => echo::echo(&ctx),
             "combination" => combination::combination(&ctx),
+            "net-load" => netload::net_load(&ctx),
             other => Err(format!(
                 "unknown test {other:?} (known: {})",
                 TESTS.join(", ")

@@ -133,6 +133,9 @@ pub fn peer(args: &[String]) -> Result<(), String> {
             }
             Ok(())
         }
-        _ => Err("bench-peer: eventfd RX TX N | cacheline MEMFD N".into()),
+        Some("udp-echo" | "udp-load") => crate::netload::peer(args),
+        _ => {
+            Err("bench-peer: eventfd RX TX N | cacheline MEMFD N | udp-echo … | udp-load …".into())
+        }
     }
 }

@@ -621,6 +621,7 @@ pub fn steps(test: &str, ctx: &Context) -> u64 {
         "faults" => crate::faults::steps(ctx),
         "echo" => crate::echo::steps(ctx),
         "combination" => crate::combination::steps(ctx),
+        "net-load" => crate::netload::steps(ctx),
         _ => 0,
     }
 }

@@ -108,6 +108,9 @@ pub struct EchoArgs {
     /// never).
     #[arg(long, value_parser = crate::up::parse_duration)]
     idle: Option<Duration>,
+    /// Ask the NIC to hold receive interrupts back this long first (see `net hold-off`).
+    #[arg(long, value_parser = parse_micros, value_name = "DURATION")]
+    hold_off: Option<u32>,
 }
 
 /// `10.0.0.2/24` as an address and a prefix length.
@@ -278,7 +281,10 @@ pub fn run(c: NetCommand, control: PathBuf) -> Result<ExitCode, String> {
             let (mut d, _) = open(&nic, &control)?;
             d.set_hold_off(duration)
                 .map_err(|e| format!("{}: {e}", nic.nic))?;
-            println!("{}: receive interrupts held back up to {duration} µs", nic.nic);
+            println!(
+                "{}: receive interrupts held back up to {duration} µs",
+                nic.nic
+            );
         }
         NetCommand::Recv(a) => {
             let filter = match &a.filter {
@@ -332,8 +338,11 @@ pub fn run(c: NetCommand, control: PathBuf) -> Result<ExitCode, String> {
 /// Answers datagrams until `count` are answered (or forever).
 fn echo(a: EchoArgs, control: &std::path::Path) -> Result<(), String> {
     let (addr, prefix) = parse_cidr(&a.address)?;
-    let (d, placement) = open(&a.nic, control)?;
+    let (mut d, placement) = open(&a.nic, control)?;
     let name = a.nic.nic;
+    if let Some(us) = a.hold_off {
+        d.set_hold_off(us).map_err(|e| format!("{name}: {e}"))?;
+    }
     let mut udp = outboard_net_client::Udp::bind(d, addr, prefix, a.port)
         .map_err(|e| format!("{name}: {e}"))?;
     eprintln!("{name}: echoing UDP on {addr}:{} ({placement})", a.port);

@@ -81,6 +81,18 @@ fn quick_bench_writes_complete_json_charts_and_report() {
             3,
             1,
         ),
+        (
+            "net-load",
+            vec![
+                "kernel",
+                "colocated, 0 µs",
+                "colocated, 100 µs",
+                "separate, 0 µs",
+                "separate, 100 µs",
+            ],
+            2,
+            6,
+        ),
     ];
     for (test, configs, figures, points) in expect {
         let v: serde_json::Value = serde_json::from_str(

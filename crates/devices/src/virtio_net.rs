@@ -117,18 +117,17 @@ fn nonblocking(fd: &OwnedFd) -> std::io::Result<()> {
     Ok(())
 }
 
-/// Waits a moment for `fd` to take more bytes, as a real link's pause would.
-fn pause(fd: &OwnedFd) {
-    let mut p = [rustix::event::PollFd::new(
-        fd,
-        rustix::event::PollFlags::OUT,
-    )];
-    let wait = rustix::time::Timespec {
-        tv_sec: 0,
-        tv_nsec: 5_000_000,
-    };
-    let _ = rustix::event::poll(&mut p, Some(&wait));
+/// What became of a frame handed to the wire.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Sent {
+    Taken,
+    /// The peer is behind: nothing more fits for now.
+    Full,
+    Gone,
 }
+
+/// How long a frame waits for a full wire (as a real link's pause would) before it is dropped.
+const WIRE_PAUSE: Duration = Duration::from_millis(5);
 
 impl Wire {
     /// A wire over `fd` (a `SOCK_SEQPACKET` or `SOCK_DGRAM` socket); made non-blocking.
@@ -164,38 +163,55 @@ impl Wire {
         Ok((Self::new(a)?, Self::new(b)?))
     }
 
-    /// Sends one frame; false if the wire could not take it within a short wait (the peer
-    /// does not read) or is gone.
-    fn send(&mut self, frame: &[u8]) -> bool {
+    /// Sends one frame without waiting: whether the wire took it, is full for now (the peer
+    /// is behind), or is gone.
+    fn send(&mut self, frame: &[u8]) -> Sent {
         use rustix::net::SendFlags;
         let flags = SendFlags::NOSIGNAL | SendFlags::DONTWAIT;
         match &mut self.framing {
-            Framing::Messages => {
-                for _ in 0..2 {
-                    match rustix::net::send(&self.fd, frame, flags) {
-                        Ok(_) => return true,
-                        Err(rustix::io::Errno::AGAIN) => pause(&self.fd),
-                        Err(rustix::io::Errno::INTR) => {}
-                        Err(_) => return false,
-                    }
+            Framing::Messages => loop {
+                match rustix::net::send(&self.fd, frame, flags) {
+                    Ok(_) => return Sent::Taken,
+                    Err(rustix::io::Errno::AGAIN) => return Sent::Full,
+                    Err(rustix::io::Errno::INTR) => {}
+                    Err(_) => return Sent::Gone,
                 }
-                false
-            }
+            },
             Framing::Stream { outbound, .. } => {
+                if !Self::flush(&self.fd, outbound) {
+                    return Sent::Gone;
+                }
                 if outbound.len() + 4 + frame.len() > STREAM_BACKLOG {
-                    // The peer is behind: give it a moment before this frame is dropped.
-                    pause(&self.fd);
-                    if !Self::flush(&self.fd, outbound) {
-                        return false;
-                    }
-                    if outbound.len() + 4 + frame.len() > STREAM_BACKLOG {
-                        return false;
-                    }
+                    return Sent::Full;
                 }
                 outbound.extend_from_slice(&(frame.len() as u32).to_be_bytes());
                 outbound.extend_from_slice(frame);
-                Self::flush(&self.fd, outbound)
+                match Self::flush(&self.fd, outbound) {
+                    true => Sent::Taken,
+                    false => Sent::Gone,
+                }
             }
+        }
+    }
+
+    /// Waits up to `timeout` until the wire can take more or has something to read:
+    /// (writable, readable).
+    fn wait(&self, timeout: Duration) -> (bool, bool) {
+        use rustix::event::{PollFd, PollFlags};
+        let mut p = [PollFd::new(&self.fd, PollFlags::OUT | PollFlags::IN)];
+        let ts = rustix::time::Timespec {
+            tv_sec: 0,
+            tv_nsec: timeout.as_nanos().min(999_999_999) as _,
+        };
+        match rustix::event::poll(&mut p, Some(&ts)) {
+            Ok(_) => {
+                let r = p[0].revents();
+                (
+                    r.intersects(PollFlags::OUT | PollFlags::ERR | PollFlags::HUP),
+                    r.intersects(PollFlags::IN | PollFlags::HUP),
+                )
+            }
+            Err(_) => (true, false),
         }
     }
 
@@ -308,6 +324,8 @@ pub struct VirtioNet {
     flap: Flap,
     /// Coalescing the driver asked for: receive, transmit.
     coalescing: [Coalescing; 2],
+    /// Work found while serving a queue, for the transport ([`VirtioDevice::deferred`]).
+    deferred: Arrived,
 }
 
 /// Where an injected link flap is.
@@ -343,6 +361,7 @@ impl VirtioNet {
             spare: Vec::new(),
             flap: Flap::default(),
             coalescing: [Coalescing::default(); 2],
+            deferred: Arrived::default(),
         }
     }
 
@@ -458,18 +477,102 @@ impl VirtioNet {
             self.stats.tx_dropped += 1;
             return;
         }
-        self.scratch.resize(total, 0);
-        if gather(dma, &chain.segments, &mut self.scratch).is_err() {
+        let mut scratch = std::mem::take(&mut self.scratch);
+        scratch.resize(total, 0);
+        if gather(dma, &chain.segments, &mut scratch).is_ok() {
+            self.put_on_wire(&scratch[net::HDR_SIZE..]);
+        } else {
             self.stats.tx_dropped += 1;
-            return;
         }
-        let frame = &self.scratch[net::HDR_SIZE..];
-        match self.wire.as_mut().is_some_and(|w| w.send(frame)) {
-            true => {
-                self.stats.tx_frames += 1;
-                self.stats.tx_bytes += frame.len() as u64;
+        self.scratch = scratch;
+    }
+
+    /// Sends `frame`; while the wire is full, takes what the peer sends meanwhile (so two
+    /// NICs each waiting to send to the other never wait on each other), for up to
+    /// [`WIRE_PAUSE`] before the frame is dropped.
+    fn put_on_wire(&mut self, frame: &[u8]) {
+        let mut until = None;
+        loop {
+            let Some(w) = self.wire.as_mut() else {
+                self.stats.tx_dropped += 1;
+                return;
+            };
+            match w.send(frame) {
+                Sent::Taken => {
+                    self.stats.tx_frames += 1;
+                    self.stats.tx_bytes += frame.len() as u64;
+                    return;
+                }
+                Sent::Gone => {
+                    self.stats.tx_dropped += 1;
+                    return;
+                }
+                Sent::Full => {
+                    let now = Instant::now();
+                    let until = *until.get_or_insert(now + WIRE_PAUSE);
+                    if now >= until {
+                        self.stats.tx_dropped += 1;
+                        return;
+                    }
+                    let (_, readable) = w.wait(until - now);
+                    if readable {
+                        let gone = self.take_from_wire();
+                        self.note_deferred(gone);
+                    }
+                }
             }
-            false => self.stats.tx_dropped += 1,
+        }
+    }
+
+    /// Takes what waits on the wire into the backlog (up to a budget, so the other sources
+    /// get a turn); whether the wire's other end is gone.
+    fn take_from_wire(&mut self) -> bool {
+        let max = self.opts.max_frame();
+        let mut gone = false;
+        for _ in 0..INPUT_BUDGET {
+            let Some(w) = self.wire.as_mut() else { break };
+            // Each frame is read behind room for its header, which the receive path fills in
+            // place: a frame is copied once, from the wire, and DMAed once.
+            let mut buf = self.spare.pop().unwrap_or_default();
+            buf.clear();
+            buf.resize(net::HDR_SIZE + max + 1, 0);
+            match w.recv(&mut buf[net::HDR_SIZE..]) {
+                Ok(Some(n)) if n > max || n < net::ETH_HEADER || !self.link_up => {
+                    self.stats.rx_dropped += 1;
+                    self.spare.push(buf);
+                }
+                Ok(Some(_)) if self.backlog.len() >= BACKLOG => {
+                    self.stats.rx_dropped += 1;
+                    self.spare.push(buf);
+                }
+                Ok(Some(n)) => {
+                    buf.truncate(net::HDR_SIZE + n);
+                    buf[..net::HDR_SIZE].fill(0);
+                    buf[net::HDR_GSO_TYPE] = net::GSO_NONE;
+                    self.backlog.push_back(buf);
+                }
+                Ok(None) => {
+                    self.spare.push(buf);
+                    break;
+                }
+                Err(_) => {
+                    gone = true;
+                    break;
+                }
+            }
+        }
+        gone
+    }
+
+    /// Records what reading the wire outside `input` found, for the transport to act on.
+    fn note_deferred(&mut self, gone: bool) {
+        if gone {
+            tracing::warn!("virtio-net: the wire's other end is gone; link down");
+            self.wire = None;
+            self.deferred.config_changed |= self.set_link(false);
+        }
+        if !self.backlog.is_empty() && !self.deferred.queues.contains(&net::RECEIVEQ) {
+            self.deferred.queues.push(net::RECEIVEQ);
         }
     }
 
@@ -627,6 +730,10 @@ impl VirtioDevice for VirtioNet {
         self.coalescing = [Coalescing::default(); 2];
     }
 
+    fn deferred(&mut self) -> Arrived {
+        std::mem::take(&mut self.deferred)
+    }
+
     fn coalescing(&self, q: u16) -> Coalescing {
         match q {
             net::RECEIVEQ => self.coalescing[0],
@@ -677,40 +784,7 @@ impl VirtioDevice for VirtioNet {
                 ..Arrived::default()
             };
         }
-        let max = self.opts.max_frame();
-        let mut gone = false;
-        for _ in 0..INPUT_BUDGET {
-            let Some(w) = self.wire.as_mut() else { break };
-            // Each frame is read behind room for its header, which the receive path fills in
-            // place: a frame is copied once, from the wire, and DMAed once.
-            let mut buf = self.spare.pop().unwrap_or_default();
-            buf.clear();
-            buf.resize(net::HDR_SIZE + max + 1, 0);
-            match w.recv(&mut buf[net::HDR_SIZE..]) {
-                Ok(Some(n)) if n > max || n < net::ETH_HEADER || !self.link_up => {
-                    self.stats.rx_dropped += 1;
-                    self.spare.push(buf);
-                }
-                Ok(Some(_)) if self.backlog.len() >= BACKLOG => {
-                    self.stats.rx_dropped += 1;
-                    self.spare.push(buf);
-                }
-                Ok(Some(n)) => {
-                    buf.truncate(net::HDR_SIZE + n);
-                    buf[..net::HDR_SIZE].fill(0);
-                    buf[net::HDR_GSO_TYPE] = net::GSO_NONE;
-                    self.backlog.push_back(buf);
-                }
-                Ok(None) => {
-                    self.spare.push(buf);
-                    break;
-                }
-                Err(_) => {
-                    gone = true;
-                    break;
-                }
-            }
-        }
+        let gone = self.take_from_wire();
         let mut arrived = Arrived::default();
         if gone {
             // The other end of the cable is gone: the link goes down and stays down.
@@ -1063,6 +1137,33 @@ mod tests {
             vec![(heads[0], 2049), (heads[1], (net::HDR_SIZE + 100) as u32)]
         );
         assert_eq!(b.stats().rx_frames, 1);
+    }
+
+    #[test]
+    fn a_nic_waiting_on_a_full_wire_takes_what_its_peer_sends_meanwhile() {
+        let (mut a, mut b) = nics(false);
+        // The peer has frames for us waiting in the cable.
+        for i in 0..10 {
+            b.put_on_wire(&frame(200, i));
+        }
+        // Our direction fills up (the peer reads nothing).
+        let f = frame(1514, 99);
+        let mut sent = 0;
+        while a.stats().tx_dropped == 0 {
+            a.put_on_wire(&f);
+            sent += 1;
+            assert!(sent < 10_000, "the wire never filled");
+        }
+        // Waiting to send, it took the peer's frames: two NICs each waiting on the other
+        // would otherwise both stall.
+        let d = a.deferred();
+        assert_eq!(d.queues, vec![net::RECEIVEQ]);
+        assert_eq!(a.backlog.len(), 10);
+        assert_eq!(a.deferred(), Arrived::default(), "reported once");
+        // And once the peer reads, frames go again.
+        b.take_from_wire();
+        a.put_on_wire(&f);
+        assert_eq!(a.stats().tx_frames, sent);
     }
 
     #[test]

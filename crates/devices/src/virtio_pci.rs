@@ -82,6 +82,12 @@ pub trait VirtioDevice: Send {
     fn input(&mut self, _id: usize) -> Arrived {
         Arrived::default()
     }
+    /// Work the device found while serving a queue that the transport must act on (a NIC
+    /// that read frames from its wire while waiting to send): queues to serve, a
+    /// configuration change. Asked after every notification and input.
+    fn deferred(&mut self) -> Arrived {
+        Arrived::default()
+    }
     /// How the driver asked the device to coalesce queue `q`'s used-buffer notifications
     /// (a NIC's `VIRTIO_NET_CTRL_NOTF_COAL`); the transport holds them accordingly.
     fn coalescing(&self, _q: u16) -> Coalescing {
@@ -426,6 +432,19 @@ impl<D: VirtioDevice> VirtioPci<D> {
             return;
         }
         self.serve(ctx, q);
+        self.catch_up(ctx);
+    }
+
+    /// Acts on the work the device deferred while it served (a few rounds at most: serving
+    /// may find more, and the rest waits for the next event).
+    fn catch_up(&mut self, ctx: &mut DeviceContext) {
+        for _ in 0..4 {
+            let a = self.dev.deferred();
+            if a == Arrived::default() {
+                return;
+            }
+            self.arrived(ctx, a);
+        }
     }
 
     /// Input came from outside: the device's configuration may have changed, and queues may
@@ -941,6 +960,7 @@ impl<D: VirtioDevice> DeviceBackend for VirtioPci<D> {
         }
         let a = self.dev.input(id);
         self.arrived(ctx, a);
+        self.catch_up(ctx);
     }
 
     fn before_unmap(&mut self, ctx: &mut DeviceContext, iova: u64, size: u64) {

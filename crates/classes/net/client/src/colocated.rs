@@ -236,8 +236,10 @@ impl NetPort for ColocatedNic {
         self.check(NetOp::Transmit, frame.len() as u32)?;
         let deadline = Instant::now() + self.timeout;
         let slot = loop {
-            if let Some(s) = self.free.pop().filter(|_| self.driver.has_room()) {
-                break s;
+            if self.driver.has_room() {
+                if let Some(s) = self.free.pop() {
+                    break s;
+                }
             }
             if self.poll()? == 0 {
                 if Instant::now() >= deadline {

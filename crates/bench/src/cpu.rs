@@ -31,6 +31,11 @@ pub fn reaped_children_secs() -> f64 {
     ticks as f64 / rustix::param::clock_ticks_per_second() as f64
 }
 
+/// CPU seconds process `pid` has used (all its threads).
+pub fn process_secs(pid: u32) -> Option<f64> {
+    Some(process_ticks(pid)? as f64 / rustix::param::clock_ticks_per_second() as f64)
+}
+
 fn machine_ticks() -> Option<u64> {
     let s = std::fs::read_to_string("/proc/stat").ok()?;
     let cpu = s.lines().next()?;

@@ -14,6 +14,7 @@ pub mod fixture;
 pub mod model;
 pub mod netload;
 pub mod netns;
+pub mod netraw;
 pub mod pingpong;
 pub mod placement;
 pub mod report;
@@ -41,6 +42,7 @@ pub const TESTS: &[&str] = &[
     "echo",
     "combination",
     "net-load",
+    "net-raw",
 ];
 
 /// What a run needs.
@@ -112,6 +114,7 @@ pub fn run(tests: &[&str], opts: Options) -> Result<(), String> {
             "echo" => echo::echo(&ctx),
             "combination" => combination::combination(&ctx),
             "net-load" => netload::net_load(&ctx),
+            "net-raw" => netraw::net_raw(&ctx),
             other => Err(format!(
                 "unknown test {other:?} (known: {})",
                 TESTS.join(", ")

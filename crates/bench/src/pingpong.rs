@@ -134,6 +134,7 @@ pub fn peer(args: &[String]) -> Result<(), String> {
             Ok(())
         }
         Some("udp-echo" | "udp-load") => crate::netload::peer(args),
+        Some("raw-source" | "raw-sink" | "raw-echo") => crate::netraw::peer(args),
         _ => {
             Err("bench-peer: eventfd RX TX N | cacheline MEMFD N | udp-echo … | udp-load …".into())
         }

@@ -622,6 +622,7 @@ pub fn steps(test: &str, ctx: &Context) -> u64 {
         "echo" => crate::echo::steps(ctx),
         "combination" => crate::combination::steps(ctx),
         "net-load" => crate::netload::steps(ctx),
+        "net-raw" => crate::netraw::steps(ctx),
         _ => 0,
     }
 }

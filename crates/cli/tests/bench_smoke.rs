@@ -93,6 +93,7 @@ fn quick_bench_writes_complete_json_charts_and_report() {
             2,
             6,
         ),
+        ("net-raw", vec!["kernel", "colocated", "separate"], 6, 6),
     ];
     for (test, configs, figures, points) in expect {
         let v: serde_json::Value = serde_json::from_str(

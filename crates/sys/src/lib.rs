@@ -6,6 +6,7 @@
 //! their parent, descriptors passed across exec, SIGPIPE.
 #![deny(missing_docs)]
 
+pub mod packet;
 pub mod poll;
 pub mod process;
 pub mod sockpath;

@@ -45,7 +45,7 @@ pub enum ExportCommand {
     ///   outboard export tap nic0 --name ob0 &
     ///   ip addr add 10.0.0.1/24 dev ob0; ip link set ob0 up
     #[command(verbatim_doc_comment)]
-    Tap(crate::net::ExportTapArgs),
+    Tap(outboard_manager::children::ExportTapArgs),
 }
 
 /// Runs an export command.

@@ -8,6 +8,7 @@ use std::time::{Duration, Instant};
 use clap::{Args, Subcommand};
 use outboard_devices::virtio_net::{NetOptions as ModelOptions, VirtioNet, Wire};
 use outboard_devices::virtio_pci::VirtioDevice;
+use outboard_manager::children::ExportTapArgs;
 use outboard_net::bpf::Program;
 use outboard_net::{mac_text, NetInfo, PROMISCUOUS};
 use outboard_net_client::{NetClient, NetOptions, NetPort};
@@ -447,26 +448,45 @@ pub fn serve_model(a: VirtioNetArgs) -> Result<ExitCode, String> {
     crate::device::serve(model, &a.listen, &a.confine, &what)
 }
 
-/// `outboard export tap`.
-#[derive(Args)]
-pub struct ExportTapArgs {
-    /// NIC name, e.g. nic0.
-    nic: String,
-    /// The interface's name (default: the kernel's next tapN).
-    #[arg(long, value_name = "IFNAME", default_value = "")]
-    name: String,
-}
-
 /// Joins NIC `a.nic` and a new TAP interface until the process ends: each frame the host
 /// writes to the interface is sent on the NIC, each frame the NIC receives (promiscuous: the
 /// host's interface has an address of its own) is written to the interface.
 pub fn export_tap(a: ExportTapArgs, control: PathBuf) -> Result<ExitCode, String> {
+    use outboard_client::Control;
     use std::os::fd::AsFd;
-    let (mut nic, _) = outboard_net_client::open_nic(&control, &a.nic, NetOptions::default())
-        .map_err(|e| format!("{}: {e}", a.nic))?;
+    // Started by the manager it gets the interface made and its questions answered on
+    // descriptors it inherits; started by hand it makes the interface and asks the control
+    // socket.
+    let (tap, ifname) = match a.tap_fd {
+        Some(fd) => {
+            let tap = outboard_sys::process::inherited_device(fd)?;
+            let flags = rustix::fs::fcntl_getfl(&tap).map_err(|e| e.to_string())?;
+            rustix::fs::fcntl_setfl(&tap, flags | rustix::fs::OFlags::NONBLOCK)
+                .map_err(|e| e.to_string())?;
+            (tap, a.name.clone())
+        }
+        None => outboard_sys::tap::open(&a.name)?,
+    };
+    let control = match a.broker_fd {
+        Some(fd) => Control::Broker(std::sync::Arc::new(outboard_client::Broker::new(
+            outboard_sys::process::inherited_socket(fd)?,
+        ))),
+        None => Control::Socket(control),
+    };
+    // What needed privilege (the interface) is done: every capability goes before any
+    // frame is read.
+    let dropped =
+        outboard_confine::privileges::drop_privileges(None, None).map_err(|e| e.to_string())?;
+    rustix::thread::set_no_new_privs(true).map_err(|e| format!("PR_SET_NO_NEW_PRIVS: {e}"))?;
+    tracing::info!("export tap: {dropped}, no_new_privs");
+    let (mut nic, _) = outboard_client::open_via(
+        &control,
+        &a.nic,
+        &outboard_net_client::Net(NetOptions::default()),
+    )
+    .map_err(|e| format!("{}: {e}", a.nic))?;
     nic.set_mode(PROMISCUOUS)
         .map_err(|e| format!("{}: {e}", a.nic))?;
-    let (tap, ifname) = outboard_sys::tap::open(&a.name)?;
     eprintln!("{}: exported as {ifname}", a.nic);
     let max = nic.info().max_frame() as usize;
     let mut buf = vec![0u8; 65536];

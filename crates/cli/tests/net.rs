@@ -708,6 +708,124 @@ fn ping_and_iperf3_between_namespaces_whose_only_link_is_two_outboard_nics() {
     }
 }
 
+/// Moves interface `ifname` (in the host's namespace) into `ns` with `addr`, up.
+fn adopt(ns: &Netns, ifname: &str, addr: &str) {
+    let o = Command::new("ip")
+        .args(["link", "set", ifname, "netns", &ns.0])
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    for args in [
+        vec!["ip", "addr", "add", addr, "dev", ifname],
+        vec!["ip", "link", "set", ifname, "up"],
+        vec!["ip", "link", "set", "lo", "up"],
+    ] {
+        let o = ns.run(&args, Duration::from_secs(10));
+        assert!(
+            o.status.success(),
+            "{args:?}: {}",
+            String::from_utf8_lossy(&o.stderr)
+        );
+    }
+}
+
+fn ping(ns: &Netns, to: &str, n: u32) -> bool {
+    let n = n.to_string();
+    let o = ns.run(
+        &["ping", "-c", &n, "-i", "0.2", "-W", "3", to],
+        Duration::from_secs(30),
+    );
+    o.status.success() && String::from_utf8_lossy(&o.stdout).contains(&format!("{n} received"))
+}
+
+#[test]
+fn exports_declared_in_the_machine_make_the_interfaces_and_outlive_an_export_crash() {
+    let dir = tempfile::tempdir().unwrap();
+    let id = std::process::id() % 100_000;
+    let (ia, ib) = (format!("obma{id}"), format!("obmb{id}"));
+    let machine = format!(
+        "{MACHINE}\n[[export]]\ndevice = \"nic0\"\nprotocol = \"tap\"\ninterface = \"{ia}\"\n\n[[export]]\ndevice = \"nic1\"\nprotocol = \"tap\"\ninterface = \"{ib}\"\n"
+    );
+    let up = Up::start(dir.path(), Some(&machine));
+    let exists = |i: &str| std::path::Path::new("/sys/class/net").join(i).exists();
+    assert!(
+        common::eventually(Duration::from_secs(20), || exists(&ia) && exists(&ib)),
+        "up made both interfaces"
+    );
+    let reg = registry(&up).to_string();
+    assert!(reg.contains(&format!("tap:{ia}")), "{reg}");
+    let (a, b) = (
+        Netns::new(format!("ob-ma-{id}")),
+        Netns::new(format!("ob-mb-{id}")),
+    );
+    adopt(&a, &ia, "10.78.0.1/24");
+    adopt(&b, &ib, "10.78.0.2/24");
+    assert!(
+        common::eventually(Duration::from_secs(20), || ping(&a, "10.78.0.2", 1)),
+        "ping through the declared exports"
+    );
+    // nic1's export crashes: the manager keeps the interface (its address stays in the
+    // namespace), starts the export again, and the link carries traffic again.
+    let up_pid = up.child.as_ref().unwrap().id();
+    let exports = children_with(up_pid, "export", &ib);
+    assert_eq!(exports.len(), 1, "nic1's export");
+    assert!(common::signal_child_of(
+        up_pid,
+        exports[0],
+        rustix::process::Signal::KILL
+    ));
+    assert!(
+        common::eventually(Duration::from_secs(30), || {
+            let now = children_with(up_pid, "export", &ib);
+            now.len() == 1 && now[0] != exports[0]
+        }),
+        "the export was started again"
+    );
+    assert!(
+        common::eventually(Duration::from_secs(30), || ping(&a, "10.78.0.2", 3)),
+        "ping after the export came back"
+    );
+}
+
+#[test]
+fn tap_exports_that_cannot_be_are_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let check = |machine: &str, words: &str| {
+        let p = dir.path().join("bad.toml");
+        std::fs::write(&p, machine).unwrap();
+        let o = common::run_bounded(
+            Command::new(env!("CARGO_BIN_EXE_outboard"))
+                .args(["up", "--machine"])
+                .arg(&p)
+                .env("OUTBOARD_CONTROL", dir.path().join("c.sock")),
+            Duration::from_secs(60),
+        );
+        assert!(!o.status.success(), "{machine}");
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert!(err.contains(words), "{words:?} in {err}");
+    };
+    let tap = |extra: &str| {
+        format!("{MACHINE}\n[[export]]\ndevice = \"nic0\"\nprotocol = \"tap\"\n{extra}\n")
+    };
+    check(
+        &tap("listen = \"127.0.0.1:10809\""),
+        "listen is an NBD export's",
+    );
+    check(&tap("interface = \"a-very-long-name0\""), "1 to 15 letters");
+    check(&tap("interface = \"a/b\""), "1 to 15 letters");
+    check(
+        &format!("{MACHINE}\n[[export]]\ndevice = \"nic0\"\ninterface = \"x\"\n"),
+        "interface is a TAP export's",
+    );
+    check(
+        &format!("{MACHINE}\n[[export]]\ndevice = \"nic0\"\nprotocol = \"iscsi\"\n"),
+        "\"nbd\" or \"tap\"",
+    );
+    // A disk is no NIC: refused when the machine comes up, with the class.
+    let disk = "[[device]]\nname = \"disk0\"\nmodel = \"virtio-blk\"\nbacking = \"mem:1M\"\n\n[[export]]\ndevice = \"disk0\"\nprotocol = \"tap\"\n";
+    check(disk, "a TAP export NICs");
+}
+
 #[test]
 fn nics_on_qemus_stream_netdevs_exchange_frames_through_qemu() {
     // QEMU (no guest: only its network layer) joins two `-netdev stream` servers on a hub;

@@ -673,6 +673,36 @@ impl ModelArgs {
     }
 }
 
+/// `outboard export tap`: a NIC made a host network interface.
+#[derive(Args, Debug, Clone, PartialEq)]
+pub struct ExportTapArgs {
+    /// NIC name, e.g. nic0.
+    pub nic: String,
+    /// The interface's name (default: the kernel's next tapN).
+    #[arg(long, value_name = "IFNAME", default_value = "")]
+    pub name: String,
+    /// (internal) The interface, made by the manager, on this inherited descriptor (the
+    /// export then needs no privilege to make it, and the interface outlives the export).
+    #[arg(long, hide = true, value_name = "FD")]
+    pub tap_fd: Option<i32>,
+    /// (internal) Ask the manager, and have it connect to the NIC's driver server, on this
+    /// inherited connection.
+    #[arg(long, hide = true, value_name = "FD")]
+    pub broker_fd: Option<i32>,
+}
+
+impl ExportTapArgs {
+    /// The command line after the program's name: `export tap` and its arguments.
+    pub fn command_line(&self) -> Vec<String> {
+        let mut a = Line::of(["export", "tap"]);
+        a.0.push(self.nic.clone());
+        a.opt("--name", Some(&self.name).filter(|n| !n.is_empty()));
+        a.opt("--tap-fd", self.tap_fd);
+        a.opt("--broker-fd", self.broker_fd);
+        a.0
+    }
+}
+
 /// A child's command line as it is written: each flag with its value, written only when it has
 /// one, the way the child's parser reads it back.
 struct Line(Vec<String>);
@@ -725,6 +755,7 @@ mod tests {
     #[derive(clap::Subcommand)]
     enum Export {
         Nbd(ExportNbdArgs),
+        Tap(ExportTapArgs),
     }
 
     fn parse(line: Vec<String>) -> Command {
@@ -734,6 +765,29 @@ mod tests {
         Cli::try_parse_from(&line)
             .unwrap_or_else(|e| panic!("{line:?}: {e}"))
             .command
+    }
+
+    #[test]
+    fn a_tap_export_the_manager_describes_parses_back_the_same() {
+        for a in [
+            ExportTapArgs {
+                nic: "nic0".into(),
+                name: String::new(),
+                tap_fd: None,
+                broker_fd: None,
+            },
+            ExportTapArgs {
+                nic: "nic1".into(),
+                name: "ob1".into(),
+                tap_fd: Some(3),
+                broker_fd: Some(4),
+            },
+        ] {
+            let Command::Export(Export::Tap(back)) = parse(a.command_line()) else {
+                panic!("not a TAP export")
+            };
+            assert_eq!(back, a);
+        }
     }
 
     #[test]

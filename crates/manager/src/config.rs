@@ -124,13 +124,28 @@ pub const DEFAULT_HANDSHAKE_TIMEOUT: std::time::Duration = std::time::Duration::
 /// How long a client may take no reply data before its connection is closed, by default.
 pub const DEFAULT_WRITE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(30);
 
-/// A validated `[[export]]`: a block device served over NBD while the machine is up.
+/// What an export speaks.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ExportProtocol {
+    /// A block device served over NBD (`protocol = "nbd"`, the default).
+    Nbd,
+    /// A NIC made a host network interface (`protocol = "tap"`): the interface's name.
+    Tap {
+        /// The interface's name (`interface`; default: the device's).
+        interface: String,
+    },
+}
+
+/// A validated `[[export]]`: a block device served over NBD, or a NIC made a host interface,
+/// while the machine is up.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ExportConfig {
     /// The export's name (default: the device's).
     pub name: String,
-    /// The block device.
+    /// The device.
     pub device: String,
+    /// NBD or TAP (the NBD keys below are an NBD export's only).
+    pub protocol: ExportProtocol,
     /// Where it listens.
     pub address: ExportAddress,
     /// Writes are refused.
@@ -184,6 +199,7 @@ struct RawExport {
     device: Spanned<String>,
     name: Option<Spanned<String>>,
     protocol: Option<Spanned<String>>,
+    interface: Option<Spanned<String>>,
     socket: Option<Spanned<String>>,
     listen: Option<Spanned<String>>,
     #[serde(default)]
@@ -598,13 +614,27 @@ impl Machine {
                 }
                 Some(_) => {}
             }
-            if let Some(p) = &e.protocol {
-                if p.get_ref() != "nbd" {
+            let protocol = match e
+                .protocol
+                .as_ref()
+                .map(|p| (p.get_ref().as_str(), p.span()))
+            {
+                None | Some(("nbd", _)) => ExportProtocol::Nbd,
+                Some(("tap", _)) => ExportProtocol::Tap {
+                    interface: tap_interface(&e, device).map_err(|(at, m)| err(at, m))?,
+                },
+                Some((other, at)) => {
                     return Err(err(
-                        p.span().start,
-                        format!("protocol {:?}: exports speak \"nbd\"", p.get_ref()),
-                    ));
+                        at.start,
+                        format!("protocol {other:?}: exports speak \"nbd\" or \"tap\""),
+                    ))
                 }
+            };
+            if let (ExportProtocol::Nbd, Some(i)) = (&protocol, &e.interface) {
+                return Err(err(
+                    i.span().start,
+                    "interface is a TAP export's (protocol = \"tap\")".into(),
+                ));
             }
             let name = e.name.as_ref().map_or(device, |n| n.get_ref()).clone();
             if name.is_empty() || name.len() > 256 || name.contains('\0') {
@@ -690,6 +720,7 @@ impl Machine {
             exports.push(ExportConfig {
                 name,
                 device: device.clone(),
+                protocol,
                 address,
                 read_only: e.read_only,
                 tls,
@@ -736,6 +767,61 @@ fn valid_name(name: &str) -> bool {
         && name
             .chars()
             .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_')
+}
+
+/// A TAP export's interface name, checked; the keys only an NBD export has are refused.
+/// An error is where (an offset into the text) and what.
+fn tap_interface(e: &RawExport, device: &str) -> Result<String, (usize, String)> {
+    let nbd_only: [(&str, Option<usize>); 11] = [
+        ("socket", e.socket.as_ref().map(|v| v.span().start)),
+        ("listen", e.listen.as_ref().map(|v| v.span().start)),
+        ("tls_cert", e.tls_cert.as_ref().map(|v| v.span().start)),
+        ("tls_key", e.tls_key.as_ref().map(|v| v.span().start)),
+        (
+            "tls_verify_peer",
+            e.tls_verify_peer.as_ref().map(|v| v.span().start),
+        ),
+        ("tls_psk", e.tls_psk.as_ref().map(|v| v.span().start)),
+        (
+            "max_connections",
+            e.max_connections.as_ref().map(|v| v.span().start),
+        ),
+        (
+            "handshake_timeout",
+            e.handshake_timeout.as_ref().map(|v| v.span().start),
+        ),
+        (
+            "idle_timeout",
+            e.idle_timeout.as_ref().map(|v| v.span().start),
+        ),
+        (
+            "write_timeout",
+            e.write_timeout.as_ref().map(|v| v.span().start),
+        ),
+        ("read_only", e.read_only.then_some(e.device.span().start)),
+    ];
+    if let Some((key, at)) = nbd_only.iter().find_map(|(k, at)| at.map(|a| (k, a))) {
+        return Err((
+            at,
+            format!("{key} is an NBD export's; a TAP export takes interface (and name)"),
+        ));
+    }
+    let (name, at) = match &e.interface {
+        Some(i) => (i.get_ref().clone(), i.span().start),
+        None => (device.to_string(), e.device.span().start),
+    };
+    let ok = !name.is_empty()
+        && name.len() < 16
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_' || b == b'.');
+    if !ok {
+        return Err((
+            at,
+            format!("interface {name:?}: 1 to 15 letters, digits, '-', '_' or '.'"),
+        ));
+    }
+    Ok(name)
 }
 
 #[cfg(test)]

@@ -429,11 +429,19 @@ impl Manager {
                 .driver_of(&e.device)
                 .and_then(|drv| outboard_drivers::by_name(&drv.name))
                 .map(|p| p.class.to_string());
-            if let Some(class) = class.filter(|c| c != ExportNbdArgs::CLASS) {
+            let wants = match &e.protocol {
+                ExportProtocol::Nbd => ExportNbdArgs::CLASS,
+                ExportProtocol::Tap { .. } => TAP_CLASS,
+            };
+            if let Some(class) = class.filter(|c| c != wants) {
                 return Err(ManagerError::ExportClass {
                     device: e.device.clone(),
                     class,
                 });
+            }
+            if let ExportProtocol::Tap { interface } = &e.protocol {
+                self.start_tap_export(e, interface)?;
+                continue;
             }
             let mut export = ExportNbdArgs::of(vec![e.device.clone()]);
             export.name = Some(e.name.clone());
@@ -510,6 +518,55 @@ impl Manager {
                         .with("state", State::Starting.word()),
                 );
             }
+        }
+        Ok(())
+    }
+}
+
+/// The class a TAP export carries (a NIC's frames).
+const TAP_CLASS: &str = "net";
+
+impl Manager {
+    /// Starts a TAP export: the manager makes the interface (it has the privilege; the export
+    /// does not) and keeps it for as long as it runs, so an export started again after a
+    /// crash finds the same interface, addresses and routes the host gave it; the export
+    /// joins it to the NIC through a session it asks the manager for.
+    fn start_tap_export(&mut self, e: &ExportConfig, interface: &str) -> Result<(), ManagerError> {
+        let (tap, made) = outboard_sys::tap::open(interface).map_err(|why| {
+            ManagerError::Export(format!("export {} (TAP {interface}): {why}", e.name))
+        })?;
+        let passing = supervisor::Passing {
+            keep: vec![tap],
+            broker: true,
+            ..Default::default()
+        };
+        let args = ExportTapArgs {
+            nic: e.device.clone(),
+            name: made.clone(),
+            tap_fd: Some(supervisor::EVENT_FD),
+            broker_fd: Some(passing.broker_fd()),
+        };
+        let log = self.created(self.rt().dir().join(format!("export-tap-{made}.log")));
+        let mut p = Process::spawn_passing(
+            &self.opts.exe,
+            &format!("export {}", e.name),
+            &args.command_line(),
+            log,
+            self.opts.verbose,
+            passing,
+        )?;
+        p.kind = supervisor::Kind::Export {
+            name: e.name.clone(),
+        };
+        let pid = p.pid();
+        self.procs.push(p);
+        if let Some(b) = self.class_device_mut(&e.device) {
+            b.children.push(
+                Node::new("export", &format!("tap:{made}"))
+                    .with("interface", made.as_str())
+                    .with("pid", pid)
+                    .with("state", State::Running.word()),
+            );
         }
         Ok(())
     }

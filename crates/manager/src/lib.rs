@@ -42,9 +42,9 @@ use outboard_session::{control, Code};
 
 use crate::api::{Reply, Request};
 use crate::children::{
-    ConfineArgs, DriverHostArgs, ExportNbdArgs, ModelArgs, ModelFaults, ModelListen,
+    ConfineArgs, DriverHostArgs, ExportNbdArgs, ExportTapArgs, ModelArgs, ModelFaults, ModelListen,
 };
-use crate::config::{ExportAddress, Machine, Placement};
+use crate::config::{ExportAddress, ExportConfig, ExportProtocol, Machine, Placement};
 use crate::registry::Node;
 use crate::supervisor::Process;
 
@@ -171,7 +171,7 @@ pub enum ManagerError {
     /// An export names a device of a class it does not serve.
     #[error(
         "export of {device}: {device} is of the {class} class; an NBD export serves block \
-         devices"
+         devices, a TAP export NICs (the net class)"
     )]
     ExportClass {
         /// The device.
@@ -179,6 +179,9 @@ pub enum ManagerError {
         /// Its class.
         class: String,
     },
+    /// An export's own resource (a TAP interface) could not be made.
+    #[error("{0}")]
+    Export(String),
     /// A socket the manager binds for a child could not be made.
     #[error("{device}: {why}")]
     Socket {

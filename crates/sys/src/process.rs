@@ -87,6 +87,16 @@ pub fn inherited_file(n: i32) -> Result<OwnedFd, String> {
     inherited(n, rustix::fs::FileType::RegularFile, "a file")
 }
 
+/// Takes ownership of fd `n` inherited from the parent, after checking that it is an open
+/// character device (a TAP interface the parent made).
+pub fn inherited_device(n: i32) -> Result<OwnedFd, String> {
+    inherited(
+        n,
+        rustix::fs::FileType::CharacterDevice,
+        "a character device",
+    )
+}
+
 fn inherited(n: i32, kind: rustix::fs::FileType, what: &str) -> Result<OwnedFd, String> {
     if n <= 2 {
         return Err(format!("fd {n}: not a descriptor a parent passes"));

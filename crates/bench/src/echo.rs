@@ -21,10 +21,10 @@ use outboard_net_client::{open_nic, NetOptions, Udp};
 
 use crate::cpu::{descendants, reaped_children_secs, CpuMeter};
 use crate::fixture::{machine, Proc};
-use crate::model::{Figure, Machine, Point, Series, Target, TestResult, Unavailable};
+use crate::model::{Figure, Machine, Target, TestResult, Twin, Unavailable};
 use crate::netns::{interface_exists, output_within, Netns, Running, VethPair};
 use crate::placement::{Pinned, Placement};
-use crate::stats::{median, Summary};
+use crate::stats::median;
 use crate::tests::{figure, ratio_target, WARM_UP};
 use crate::{pingpong, Context};
 
@@ -134,39 +134,8 @@ fn first_echo(udp: &mut Udp, to: (Ipv4Addr, u16), seq: &mut u64) -> Result<(), S
     Err("the echo peer never answered".into())
 }
 
-/// One configuration's latency and CPU series.
-struct Measured {
-    latency: Series,
-    cpu: Series,
-}
-
-impl Measured {
-    fn new(label: &str) -> Self {
-        let s = || Series {
-            label: label.into(),
-            points: Vec::new(),
-        };
-        Self {
-            latency: s(),
-            cpu: s(),
-        }
-    }
-
-    fn push(&mut self, size: usize, lat: &[f64], cpu: &[f64]) {
-        let x = size as f64;
-        self.latency.points.push(Point {
-            x,
-            y: Summary::of(lat, WARM_UP),
-        });
-        self.cpu.points.push(Point {
-            x,
-            y: Summary::of(cpu, WARM_UP),
-        });
-    }
-}
-
 /// `colocated` or `separate`: this process against `outboard net echo`.
-fn outboard_config(ctx: &Context, placement: &str, n: usize) -> Result<Measured, String> {
+fn outboard_config(ctx: &Context, placement: &str, n: usize) -> Result<Twin, String> {
     let dir =
         std::env::temp_dir().join(format!("outboard-echo-{}-{placement}", std::process::id()));
     let up = lan(&ctx.exe, &dir, placement)?;
@@ -180,7 +149,7 @@ fn outboard_config(ctx: &Context, placement: &str, n: usize) -> Result<Measured,
     first_echo(&mut udp, to, &mut seq)?;
     let mut pids = descendants(up.pid);
     pids.extend([up.pid, std::process::id()]);
-    let mut m = Measured::new(placement);
+    let mut m = Twin::new(placement);
     for size in SIZES {
         ctx.progress
             .set_message(format!("echo: {placement}, {size}-byte payloads"));
@@ -196,7 +165,7 @@ fn outboard_config(ctx: &Context, placement: &str, n: usize) -> Result<Measured,
             });
             ctx.progress.inc(1);
         }
-        m.push(size, &lat, &cpu);
+        m.push(size as f64, &lat, &cpu);
     }
     drop(udp);
     drop(up);
@@ -223,7 +192,7 @@ fn sockperf_config(
     server: &Netns,
     server_ip: &str,
     extra_pids: &[u32],
-) -> Result<Measured, String> {
+) -> Result<Twin, String> {
     let sockperf = Path::new("sockperf");
     let srv = Running(
         server
@@ -234,7 +203,7 @@ fn sockperf_config(
             .spawn()
             .map_err(|e| format!("sockperf: {e}"))?,
     );
-    let mut m = Measured::new(label);
+    let mut m = Twin::new(label);
     let secs = "1";
     for size in SIZES {
         ctx.progress
@@ -280,14 +249,14 @@ fn sockperf_config(
             run += 1;
             ctx.progress.inc(1);
         }
-        m.push(size, &lat, &cpu);
+        m.push(size as f64, &lat, &cpu);
     }
     Ok(m)
 }
 
 /// `tap`: two Outboard NICs (drivers in servers) exported as TAP interfaces into two
 /// namespaces, sockperf between them.
-fn tap_config(ctx: &Context) -> Result<Measured, String> {
+fn tap_config(ctx: &Context) -> Result<Twin, String> {
     let id = std::process::id() % 100_000;
     let dir = std::env::temp_dir().join(format!("outboard-echo-{}-tap", std::process::id()));
     let up = lan(&ctx.exe, &dir, "separate")?;
@@ -342,10 +311,10 @@ pub fn echo(ctx: &Context) -> Result<TestResult, String> {
         "line",
     );
     let mut unavailable = Vec::new();
-    let mut add = |config: &str, r: Result<Measured, String>| match r {
+    let mut add = |config: &str, r: Result<Twin, String>| match r {
         Ok(m) => {
-            lat.series.push(m.latency);
-            cpu.series.push(m.cpu);
+            lat.series.push(m.first);
+            cpu.series.push(m.second);
         }
         Err(reason) => unavailable.push(Unavailable {
             config: config.into(),

@@ -143,3 +143,44 @@ impl Series {
         self.points.iter().find(|p| p.x == x).map(|p| p.y.median)
     }
 }
+
+impl Series {
+    /// An empty series.
+    pub fn named(label: &str) -> Self {
+        Self {
+            label: label.into(),
+            points: Vec::new(),
+        }
+    }
+}
+
+/// Two series of one configuration measured together (a figure and its CPU beside it).
+pub struct Twin {
+    /// The measurement (latency, throughput).
+    pub first: Series,
+    /// The CPU busy time beside it.
+    pub second: Series,
+}
+
+impl Twin {
+    /// Both empty, under `label`.
+    pub fn new(label: &str) -> Self {
+        Self {
+            first: Series::named(label),
+            second: Series::named(label),
+        }
+    }
+
+    /// One point of each at `x`, from their runs (the warm-up discarded).
+    pub fn push(&mut self, x: f64, first: &[f64], second: &[f64]) {
+        let warm = crate::tests::WARM_UP;
+        self.first.points.push(Point {
+            x,
+            y: Summary::of(first, warm),
+        });
+        self.second.points.push(Point {
+            x,
+            y: Summary::of(second, warm),
+        });
+    }
+}

@@ -18,9 +18,8 @@ use outboard_net_client::{open_nic, NetOptions, Udp};
 
 use crate::cpu::{descendants, reaped_children_secs, CpuMeter};
 use crate::echo::lan;
-use crate::model::{Figure, Machine, Point, Series, Target, TestResult, Unavailable};
+use crate::model::{Figure, Machine, Series, Target, TestResult, Twin, Unavailable};
 use crate::netns::{output_within, Running, VethPair};
-use crate::stats::Summary;
 use crate::tests::{figure, ratio_target, WARM_UP};
 use crate::Context;
 
@@ -123,40 +122,7 @@ pub fn peer(args: &[String]) -> Result<(), String> {
     }
 }
 
-/// One configuration's throughput and CPU series.
-struct Measured {
-    label: String,
-    throughput: Series,
-    cpu: Series,
-}
-
-impl Measured {
-    fn new(label: &str) -> Self {
-        let s = || Series {
-            label: label.into(),
-            points: Vec::new(),
-        };
-        Self {
-            label: label.into(),
-            throughput: s(),
-            cpu: s(),
-        }
-    }
-
-    fn push(&mut self, rate: u32, tput: &[f64], cpu: &[f64]) {
-        let x = mbit(f64::from(rate));
-        self.throughput.points.push(Point {
-            x,
-            y: Summary::of(tput, WARM_UP),
-        });
-        self.cpu.points.push(Point {
-            x,
-            y: Summary::of(cpu, WARM_UP),
-        });
-    }
-}
-
-fn kernel(ctx: &Context, secs: f64) -> Result<Measured, String> {
+fn kernel(ctx: &Context, secs: f64) -> Result<Twin, String> {
     let id = std::process::id() % 100_000;
     let v = VethPair::new(&format!("ob-load-{id}"), 75)?;
     let echo = Running(
@@ -167,7 +133,7 @@ fn kernel(ctx: &Context, secs: f64) -> Result<Measured, String> {
             .spawn()
             .map_err(|e| format!("bench-peer: {e}"))?,
     );
-    let mut m = Measured::new("kernel");
+    let mut m = Twin::new("kernel");
     for rate in RATES {
         ctx.progress
             .set_message(format!("net-load: kernel, {rate} datagrams/s"));
@@ -200,12 +166,12 @@ fn kernel(ctx: &Context, secs: f64) -> Result<Measured, String> {
             cpu.push(meter.stop().processes + client);
             ctx.progress.inc(1);
         }
-        m.push(rate, &tput, &cpu);
+        m.push(mbit(f64::from(rate)), &tput, &cpu);
     }
     Ok(m)
 }
 
-fn outboard(ctx: &Context, placement: &str, hold_off: u32, secs: f64) -> Result<Measured, String> {
+fn outboard(ctx: &Context, placement: &str, hold_off: u32, secs: f64) -> Result<Twin, String> {
     let dir = std::env::temp_dir().join(format!(
         "outboard-load-{}-{placement}-{hold_off}",
         std::process::id()
@@ -255,7 +221,7 @@ fn outboard(ctx: &Context, placement: &str, hold_off: u32, secs: f64) -> Result<
     let mut pids = descendants(up.pid);
     pids.extend([up.pid, std::process::id()]);
     let label = format!("{placement}, {hold_off} µs");
-    let mut m = Measured::new(&label);
+    let mut m = Twin::new(&label);
     for rate in RATES {
         ctx.progress
             .set_message(format!("net-load: {label}, {rate} datagrams/s"));
@@ -282,7 +248,7 @@ fn outboard(ctx: &Context, placement: &str, hold_off: u32, secs: f64) -> Result<
             tput.push(mbit(got as f64 / took));
             ctx.progress.inc(1);
         }
-        m.push(rate, &tput, &cpu);
+        m.push(mbit(f64::from(rate)), &tput, &cpu);
     }
     drop(udp);
     drop(up);
@@ -346,8 +312,7 @@ pub fn net_load(ctx: &Context) -> Result<TestResult, String> {
         ..tput.clone()
     };
     let mut unavailable = Vec::new();
-    let mut runs: Vec<(String, Result<Measured, String>)> =
-        vec![("kernel".into(), kernel(ctx, secs))];
+    let mut runs: Vec<(String, Result<Twin, String>)> = vec![("kernel".into(), kernel(ctx, secs))];
     for placement in ["colocated", "separate"] {
         for h in HOLD_OFFS {
             runs.push((
@@ -359,9 +324,8 @@ pub fn net_load(ctx: &Context) -> Result<TestResult, String> {
     for (config, r) in runs {
         match r {
             Ok(m) => {
-                debug_assert_eq!(m.label, config);
-                tput.series.push(m.throughput);
-                cpu.series.push(m.cpu);
+                tput.series.push(m.first);
+                cpu.series.push(m.second);
             }
             Err(reason) => unavailable.push(Unavailable { config, reason }),
         }

@@ -18,9 +18,8 @@ use outboard_sys::packet::PacketSocket;
 
 use crate::cpu::{descendants, CpuMeter};
 use crate::echo::lan;
-use crate::model::{Figure, Machine, Point, Series, TestResult, Unavailable};
+use crate::model::{Figure, Machine, TestResult, Twin, Unavailable};
 use crate::netns::{Running, VethPair};
-use crate::stats::Summary;
 use crate::tests::{figure, ratio_target, WARM_UP};
 use crate::Context;
 
@@ -288,16 +287,7 @@ fn config(
     out: &mut [(Figure, Figure)],
 ) -> Result<(), String> {
     for (mi, mode) in MODES.iter().enumerate() {
-        let (mut tput_s, mut cpu_s) = (
-            Series {
-                label: label.into(),
-                points: Vec::new(),
-            },
-            Series {
-                label: label.into(),
-                points: Vec::new(),
-            },
-        );
+        let mut twin = Twin::new(label);
         for size in SIZES {
             ctx.progress
                 .set_message(format!("net-raw: {label}, {mode}, {size}-byte frames"));
@@ -308,17 +298,10 @@ fn config(
                 c.push(cpu);
                 ctx.progress.inc(1);
             }
-            tput_s.points.push(Point {
-                x: size as f64,
-                y: Summary::of(&t, WARM_UP),
-            });
-            cpu_s.points.push(Point {
-                x: size as f64,
-                y: Summary::of(&c, WARM_UP),
-            });
+            twin.push(size as f64, &t, &c);
         }
-        out[mi].0.series.push(tput_s);
-        out[mi].1.series.push(cpu_s);
+        out[mi].0.series.push(twin.first);
+        out[mi].1.series.push(twin.second);
     }
     Ok(())
 }

@@ -618,27 +618,7 @@ fn tap_into(up: &Up, nic: &str, ifname: &str, ns: &Netns, addr: &str) -> KillOnD
         );
     }
     std::thread::spawn(move || std::io::copy(&mut err, &mut std::io::sink()));
-    let ip = |args: &[&str]| {
-        let o = Command::new("ip").args(args).output().unwrap();
-        assert!(
-            o.status.success(),
-            "ip {args:?}: {}",
-            String::from_utf8_lossy(&o.stderr)
-        );
-    };
-    ip(&["link", "set", ifname, "netns", &ns.0]);
-    for args in [
-        vec!["ip", "addr", "add", addr, "dev", ifname],
-        vec!["ip", "link", "set", ifname, "up"],
-        vec!["ip", "link", "set", "lo", "up"],
-    ] {
-        let o = ns.run(&args, Duration::from_secs(10));
-        assert!(
-            o.status.success(),
-            "{args:?}: {}",
-            String::from_utf8_lossy(&o.stderr)
-        );
-    }
+    adopt(ns, ifname, addr);
     export
 }
 

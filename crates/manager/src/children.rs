@@ -754,7 +754,7 @@ mod tests {
 
     #[derive(clap::Subcommand)]
     enum Export {
-        Nbd(ExportNbdArgs),
+        Nbd(Box<ExportNbdArgs>),
         Tap(ExportTapArgs),
     }
 
@@ -796,7 +796,7 @@ mod tests {
         let Command::Export(Export::Nbd(back)) = parse(plain.command_line()) else {
             panic!("not an export")
         };
-        assert_eq!(back, plain);
+        assert_eq!(*back, plain);
         let mut full = ExportNbdArgs::of(vec!["disk0".into()]);
         full.listen = Some("127.0.0.1:10809".parse().unwrap());
         full.name = Some("boot".into());
@@ -817,7 +817,7 @@ mod tests {
         let Command::Export(Export::Nbd(back)) = parse(full.command_line()) else {
             panic!("not an export")
         };
-        assert_eq!(back, full);
+        assert_eq!(*back, full);
         let mut psk = ExportNbdArgs::of(vec!["disk0".into(), "disk1".into()]);
         psk.socket = Some("/run/x.nbd".into());
         psk.tls_psk = Some("/etc/keys.psk".into());
@@ -826,7 +826,7 @@ mod tests {
         let Command::Export(Export::Nbd(back)) = parse(psk.command_line()) else {
             panic!("not an export")
         };
-        assert_eq!(back, psk);
+        assert_eq!(*back, psk);
     }
 
     #[test]

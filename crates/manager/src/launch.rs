@@ -492,22 +492,10 @@ impl Manager {
             };
             export.broker_fd = Some(passing.broker_fd());
             let log = self.created(self.rt().dir().join(format!("export-{i}.log")));
-            let mut p = Process::spawn_passing(
-                &self.opts.exe,
-                &format!("export {}", e.name),
-                &export.command_line(),
-                log,
-                self.opts.verbose,
-                passing,
-            )?;
-            p.kind = supervisor::Kind::Export {
-                name: e.name.clone(),
-            };
             // Not waited for here: the export opens its device through this manager, which
             // answers only once it runs. It reports itself ready (its first client report),
             // and a crash before that shows in the registry like any other.
-            let pid = p.pid();
-            self.procs.push(p);
+            let pid = self.spawn_export(&e.name, &export.command_line(), log, passing)?;
             if let Some(b) = self.class_device_mut(&e.device) {
                 b.children.push(
                     Node::new("export", &format!("nbd:{}", e.name))
@@ -527,6 +515,28 @@ impl Manager {
 const TAP_CLASS: &str = "net";
 
 impl Manager {
+    /// Starts export `name`'s child (supervised: started again if it dies); its pid.
+    fn spawn_export(
+        &mut self,
+        name: &str,
+        args: &[String],
+        log: PathBuf,
+        passing: supervisor::Passing,
+    ) -> Result<u32, ManagerError> {
+        let mut p = Process::spawn_passing(
+            &self.opts.exe,
+            &format!("export {name}"),
+            args,
+            log,
+            self.opts.verbose,
+            passing,
+        )?;
+        p.kind = supervisor::Kind::Export { name: name.into() };
+        let pid = p.pid();
+        self.procs.push(p);
+        Ok(pid)
+    }
+
     /// Starts a TAP export: the manager makes the interface (it has the privilege; the export
     /// does not) and keeps it for as long as it runs, so an export started again after a
     /// crash finds the same interface, addresses and routes the host gave it; the export
@@ -547,19 +557,7 @@ impl Manager {
             broker_fd: Some(passing.broker_fd()),
         };
         let log = self.created(self.rt().dir().join(format!("export-tap-{made}.log")));
-        let mut p = Process::spawn_passing(
-            &self.opts.exe,
-            &format!("export {}", e.name),
-            &args.command_line(),
-            log,
-            self.opts.verbose,
-            passing,
-        )?;
-        p.kind = supervisor::Kind::Export {
-            name: e.name.clone(),
-        };
-        let pid = p.pid();
-        self.procs.push(p);
+        let pid = self.spawn_export(&e.name, &args.command_line(), log, passing)?;
         if let Some(b) = self.class_device_mut(&e.device) {
             b.children.push(
                 Node::new("export", &format!("tap:{made}"))

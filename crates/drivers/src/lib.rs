@@ -19,6 +19,7 @@ pub mod virtio_net;
 pub mod virtio_rng;
 
 pub use personality::{
-    by_name, candidates, personalities, probe_driver, restarter, start, Attachment, DriverFault,
-    Identity, Personality, Probe, Probed, StartError, StartOptions, Started,
+    by_name, candidates, personalities, probe_driver, restarter, start, start_colocated,
+    Attachment, DriverFault, Identity, Personality, Probe, Probed, StartError, StartOptions,
+    Started,
 };

@@ -354,6 +354,18 @@ pub fn restarter(
     })
 }
 
+/// Starts the best-matching driver on the device at `at` for a colocated client (the driver
+/// in the client's process): one queue, since a client in one thread has nothing to spread
+/// over several.
+pub fn start_colocated(name: &str, at: &Attachment) -> Result<Started, StartError> {
+    let opts = StartOptions {
+        name: name.into(),
+        queues: 1,
+        ..Default::default()
+    };
+    start(at, None, &opts)
+}
+
 /// Opens the device at `at` and starts `driver` on it — or, if `driver` is `None`, the
 /// personality that matches best. A named personality must still match the device.
 pub fn start(

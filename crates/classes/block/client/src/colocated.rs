@@ -12,7 +12,7 @@ use outboard_block::validate;
 use outboard_block::{
     BlockCompletion, BlockDevice, BlockDriver, BlockError, BlockInfo, BlockRequest,
 };
-use outboard_drivers::{Attachment, StartError, StartOptions, Started};
+use outboard_drivers::{Attachment, StartError, Started};
 use outboard_env::{DeviceEnv, Failure, Mapping, WaitError, Waiter};
 use outboard_shm::SharedMem;
 
@@ -45,14 +45,8 @@ impl Colocated {
     /// Opens the device at `at`, starts its driver here (the best match), and maps a buffer
     /// area of `buffer_size` bytes into the device's DMA space.
     pub fn open(name: &str, at: &Attachment, buffer_size: usize) -> Result<Self, BlockError> {
-        let opts = StartOptions {
-            name: name.into(),
-            // A client in one thread has nothing to spread over several queues.
-            queues: 1,
-            ..Default::default()
-        };
         let Started { driver, env, .. } =
-            outboard_drivers::start(at, None, &opts).map_err(start_error)?;
+            outboard_drivers::start_colocated(name, at).map_err(start_error)?;
         let d = outboard_block::unbind(driver).map_err(|e| BlockError::Protocol(e.to_string()))?;
         Self::with_driver(d, &env, buffer_size)
     }

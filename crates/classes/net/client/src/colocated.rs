@@ -13,7 +13,7 @@ use std::os::fd::{AsFd, BorrowedFd};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use outboard_drivers::{Attachment, StartError, StartOptions, Started};
+use outboard_drivers::{Attachment, StartError, Started};
 use outboard_env::{DeviceEnv, Failure, Mapping, WaitError, Waiter};
 use outboard_net::bpf::Program;
 use outboard_net::reception::Reception;
@@ -72,13 +72,8 @@ fn start_error(e: StartError) -> NetError {
 impl ColocatedNic {
     /// Opens the NIC at `at` and starts its driver here (the best match).
     pub fn open(name: &str, at: &Attachment) -> Result<Self, NetError> {
-        let opts = StartOptions {
-            name: name.into(),
-            queues: 1,
-            ..Default::default()
-        };
         let Started { driver, env, .. } =
-            outboard_drivers::start(at, None, &opts).map_err(start_error)?;
+            outboard_drivers::start_colocated(name, at).map_err(start_error)?;
         let d = outboard_net::unbind(driver).map_err(|e| NetError::Protocol(e.to_string()))?;
         Self::with_driver(d, &env)
     }

@@ -4,7 +4,7 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use outboard_drivers::{Attachment, StartOptions};
+use outboard_drivers::Attachment;
 use outboard_env::{Mapping, Waiter};
 use outboard_hw::DeviceSpec;
 use outboard_rng::{EntropyDevice, EntropyDriver, EntropyError, EntropyInfo};
@@ -22,12 +22,7 @@ pub struct Colocated {
 impl Colocated {
     /// Starts the entropy driver on the device at `device`, here.
     pub fn open(name: &str, device: DeviceSpec) -> Result<Self, EntropyError> {
-        let opts = StartOptions {
-            name: name.into(),
-            queues: 1,
-            ..Default::default()
-        };
-        let started = outboard_drivers::start(&Attachment::Pci(device), None, &opts)
+        let started = outboard_drivers::start_colocated(name, &Attachment::Pci(device))
             .map_err(|e| EntropyError::DeviceFailed(e.to_string()))?;
         let driver = outboard_rng::unbind(started.driver)
             .map_err(|e| EntropyError::Protocol(e.to_string()))?;

@@ -49,18 +49,27 @@ pub fn lan(exe: &Path, dir: &Path, placement: &str) -> Result<Proc, String> {
     )
 }
 
-/// `outboard net echo nic1` under the machine at `dir`.
-fn echo_peer(exe: &Path, dir: &Path, addr: &str) -> Result<Running, String> {
+/// `outboard net echo nic1 --address ADDR EXTRA…` under the machine at `dir`; what it says
+/// goes to `dir/echo-peer.log` ([`peer_said`]).
+pub fn echo_peer(exe: &Path, dir: &Path, addr: &str, extra: &[&str]) -> Result<Running, String> {
+    let log = std::fs::File::create(dir.join("echo-peer.log")).map_err(|e| e.to_string())?;
     Command::new(exe)
         .arg("--control")
         .arg(dir.join("control.sock"))
         .args(["net", "echo", "nic1", "--address", addr])
+        .args(extra)
         .stdin(Stdio::null())
         .stdout(Stdio::null())
-        .stderr(Stdio::null())
+        .stderr(log)
         .spawn()
         .map(Running)
         .map_err(|e| format!("net echo: {e}"))
+}
+
+/// What the echo peer under `dir` said, for an error.
+pub fn peer_said(dir: &Path) -> String {
+    let text = std::fs::read_to_string(dir.join("echo-peer.log")).unwrap_or_default();
+    format!("the echo peer said {:?}", text.trim())
 }
 
 /// A datagram of `size` bytes carrying `seq` first.
@@ -139,14 +148,14 @@ fn outboard_config(ctx: &Context, placement: &str, n: usize) -> Result<Twin, Str
     let dir =
         std::env::temp_dir().join(format!("outboard-echo-{}-{placement}", std::process::id()));
     let up = lan(&ctx.exe, &dir, placement)?;
-    let _peer = echo_peer(&ctx.exe, &dir, "10.71.0.2/24")?;
+    let _peer = echo_peer(&ctx.exe, &dir, "10.71.0.2/24", &[])?;
     let (port, _) = open_nic(&dir.join("control.sock"), "nic0", NetOptions::default())
         .map_err(|e| format!("nic0: {e}"))?;
     let mut udp =
         Udp::bind(port, Ipv4Addr::new(10, 71, 0, 1), 24, 4000).map_err(|e| format!("nic0: {e}"))?;
     let to = (Ipv4Addr::new(10, 71, 0, 2), PORT);
     let mut seq = 0;
-    first_echo(&mut udp, to, &mut seq)?;
+    first_echo(&mut udp, to, &mut seq).map_err(|e| format!("{e}; {}", peer_said(&dir)))?;
     let mut pids = descendants(up.pid);
     pids.extend([up.pid, std::process::id()]);
     let mut m = Twin::new(placement);

@@ -11,15 +11,15 @@
 //!   nic0, `outboard net echo --hold-off H` on nic1 (two NIC models on a wire).
 
 use std::net::{Ipv4Addr, SocketAddr, UdpSocket};
-use std::process::{Command, Stdio};
+
 use std::time::{Duration, Instant};
 
 use outboard_net_client::{open_nic, NetOptions, Udp};
 
 use crate::cpu::{descendants, reaped_children_secs, CpuMeter};
-use crate::echo::lan;
+use crate::echo::{echo_peer, lan, peer_said};
 use crate::model::{Figure, Machine, Series, Target, TestResult, Twin, Unavailable};
-use crate::netns::{output_within, Running, VethPair};
+use crate::netns::{output_within, VethPair};
 use crate::tests::{figure, ratio_target, WARM_UP};
 use crate::Context;
 
@@ -89,6 +89,7 @@ pub fn peer(args: &[String]) -> Result<(), String> {
     match args.first().map(String::as_str) {
         Some("udp-echo") => {
             let s = UdpSocket::bind(addr(1)?).map_err(|e| e.to_string())?;
+            println!("ready");
             let mut buf = vec![0u8; 65536];
             loop {
                 let (n, from) = s.recv_from(&mut buf).map_err(|e| e.to_string())?;
@@ -111,7 +112,15 @@ pub fn peer(args: &[String]) -> Result<(), String> {
                 },
                 |b| match s.recv(b) {
                     Ok(n) => Ok(Some(n)),
-                    Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => Ok(None),
+                    // Nothing yet; or an earlier datagram found no one listening (ICMP).
+                    Err(e)
+                        if matches!(
+                            e.kind(),
+                            std::io::ErrorKind::WouldBlock | std::io::ErrorKind::ConnectionRefused
+                        ) =>
+                    {
+                        Ok(None)
+                    }
                     Err(e) => Err(e.to_string()),
                 },
             )?;
@@ -125,14 +134,12 @@ pub fn peer(args: &[String]) -> Result<(), String> {
 fn kernel(ctx: &Context, secs: f64) -> Result<Twin, String> {
     let id = std::process::id() % 100_000;
     let v = VethPair::new(&format!("ob-load-{id}"), 75)?;
-    let echo = Running(
-        v.b.command(&ctx.exe)
-            .args(["bench-peer", "udp-echo", "10.75.0.2:7"])
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .map_err(|e| format!("bench-peer: {e}"))?,
-    );
+    // Listening before the first datagram is sent.
+    let echo = crate::netraw::start(
+        &ctx.exe,
+        Some(&v.b),
+        &["udp-echo".into(), "10.75.0.2:7".into()],
+    )?;
     let mut m = Twin::new("kernel");
     for rate in RATES {
         ctx.progress
@@ -177,18 +184,8 @@ fn outboard(ctx: &Context, placement: &str, hold_off: u32, secs: f64) -> Result<
         std::process::id()
     ));
     let up = lan(&ctx.exe, &dir, placement)?;
-    let _peer = Running(
-        Command::new(&ctx.exe)
-            .arg("--control")
-            .arg(dir.join("control.sock"))
-            .args(["net", "echo", "nic1", "--address", "10.76.0.2/24"])
-            .arg(format!("--hold-off={hold_off}us"))
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .map_err(|e| format!("net echo: {e}"))?,
-    );
+    let hold = format!("--hold-off={hold_off}us");
+    let _peer = echo_peer(&ctx.exe, &dir, "10.76.0.2/24", &[&hold])?;
     let (mut port, _) = open_nic(&dir.join("control.sock"), "nic0", NetOptions::default())
         .map_err(|e| format!("nic0: {e}"))?;
     port.set_hold_off(hold_off)
@@ -209,7 +206,7 @@ fn outboard(ctx: &Context, placement: &str, hold_off: u32, secs: f64) -> Result<
             break;
         }
         if Instant::now() > deadline {
-            return Err("the echo peer never answered".into());
+            return Err(format!("the echo peer never answered; {}", peer_said(&dir)));
         }
     }
     // Late echoes of the first tries.

@@ -159,8 +159,9 @@ pub fn peer(args: &[String]) -> Result<(), String> {
     Ok(())
 }
 
-/// A peer started; ready once it said so.
-fn start(
+/// `outboard bench-peer ARGS` started (in `netns`, if given); returned once it said
+/// `ready`.
+pub(crate) fn start(
     exe: &Path,
     netns: Option<&crate::netns::Netns>,
     args: &[String],

@@ -4,7 +4,8 @@
 //! The application's thread is the driver's environment: a [`Waiter`] on the driver's event
 //! sources stands in for the driver server's loop. Frames are sent from a buffer area mapped
 //! into the device's DMA space (the device reads each frame where it was written); a received
-//! frame is copied once, out of the driver's buffer into the caller's. The receive rule is the
+//! frame is copied twice: out of the driver's buffer into a queue (the driver shows a batch of
+//! frames at once and reposts their buffers), then into the caller's. The receive rule is the
 //! server's ([`Reception`]): the NIC's address, broadcast, the groups joined, the mode, then
 //! the filter.
 

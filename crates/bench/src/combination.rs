@@ -78,18 +78,8 @@ fn receiver(exe: &Path, dir: &Path) -> Result<Running, String> {
 }
 
 /// How many datagrams the receiver counted, once it stopped (bounded).
-fn received(mut r: Running) -> Result<u64, String> {
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while r.0.try_wait().map_err(|e| e.to_string())?.is_none() {
-        if Instant::now() > deadline {
-            return Err("the receiver never went idle".into());
-        }
-        std::thread::sleep(Duration::from_millis(10));
-    }
-    let mut out = String::new();
-    if let Some(s) = r.0.stdout.take() {
-        let _ = BufReader::new(s).read_line(&mut out);
-    }
+fn received(r: Running) -> Result<u64, String> {
+    let out = r.last_line(Duration::from_secs(20), "the receiver")?;
     out.split_whitespace()
         .next()
         .and_then(|n| n.parse().ok())

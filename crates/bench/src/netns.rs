@@ -117,6 +117,25 @@ impl VethPair {
 /// A child ended when dropped.
 pub struct Running(pub Child);
 
+impl Running {
+    /// Waits up to `limit` for the child to end, then the line it printed next on its piped
+    /// standard output; `what` names it in errors.
+    pub fn last_line(mut self, limit: Duration, what: &str) -> Result<String, String> {
+        let deadline = Instant::now() + limit;
+        while self.0.try_wait().map_err(|e| e.to_string())?.is_none() {
+            if Instant::now() > deadline {
+                return Err(format!("{what} never finished"));
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        let mut line = String::new();
+        if let Some(s) = self.0.stdout.take() {
+            let _ = std::io::BufRead::read_line(&mut std::io::BufReader::new(s), &mut line);
+        }
+        Ok(line)
+    }
+}
+
 impl Drop for Running {
     fn drop(&mut self) {
         let _ = self.0.kill();

@@ -194,18 +194,8 @@ pub(crate) fn start(
 }
 
 /// Waits (bounded) for a peer's `frames returned cpu` line.
-fn finish(mut r: Running) -> Result<(u64, u64, f64), String> {
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while r.0.try_wait().map_err(|e| e.to_string())?.is_none() {
-        if Instant::now() > deadline {
-            return Err("a bench-peer never finished".into());
-        }
-        std::thread::sleep(Duration::from_millis(5));
-    }
-    let mut line = String::new();
-    if let Some(s) = r.0.stdout.take() {
-        let _ = BufReader::new(s).read_line(&mut line);
-    }
+fn finish(r: Running) -> Result<(u64, u64, f64), String> {
+    let line = r.last_line(Duration::from_secs(30), "a bench-peer")?;
     let w: Vec<&str> = line.split_whitespace().collect();
     match w.as_slice() {
         [f, r, c] => Ok((

@@ -948,16 +948,28 @@ impl<D: VirtioDevice> DeviceBackend for VirtioPci<D> {
     }
 
     fn input_fds(&self) -> Vec<std::os::fd::BorrowedFd<'_>> {
-        // The device's own, then the transport's hold-off timer.
-        let mut v = self.dev.input_fds();
-        v.extend(self.held.timer.as_ref().map(|t| t.fd()));
+        // The transport's hold-off timer first (once made it stays), then the device's own:
+        // an input's id then says whose it is without asking the device for its list.
+        let mut v: Vec<_> = self
+            .held
+            .timer
+            .as_ref()
+            .map(|t| t.fd())
+            .into_iter()
+            .collect();
+        v.extend(self.dev.input_fds());
         v
     }
 
     fn input(&mut self, ctx: &mut DeviceContext, id: usize) {
-        if id >= self.dev.input_fds().len() && self.held.timer.is_some() {
-            return self.hold_off_over(ctx);
-        }
+        // A timer made during this round shifts the ids gathered before it by one: that
+        // round's device input is then taken as the timer (which raises only what is due)
+        // and the device's descriptor, still readable, is served in the next round.
+        let id = match (self.held.timer.is_some(), id) {
+            (true, 0) => return self.hold_off_over(ctx),
+            (true, i) => i - 1,
+            (false, i) => i,
+        };
         let a = self.dev.input(id);
         self.arrived(ctx, a);
         self.catch_up(ctx);

@@ -410,6 +410,24 @@ pub struct VirtioNetArgs {
 pub fn serve_model(a: VirtioNetArgs) -> Result<ExitCode, String> {
     let mac = outboard_manager::children::parse_mac(&a.own.mac)?;
     let wire = match &a.own.wire {
+        None if a.own.tap.is_some() => {
+            let tap = a.own.tap.as_deref().expect("checked");
+            let fd = match tap.strip_prefix("fd:") {
+                Some(n) => {
+                    let n: i32 = n
+                        .parse()
+                        .map_err(|_| format!("--tap {tap:?}: fd:N, N a number"))?;
+                    outboard_sys::process::inherited_device(n)
+                        .map_err(|e| format!("--tap {tap}: {e}"))?
+                }
+                None => {
+                    outboard_sys::tap::open(tap)
+                        .map_err(|e| format!("--tap {tap}: {e}"))?
+                        .0
+                }
+            };
+            Some(Wire::tap(fd).map_err(|e| format!("--tap {tap}: {e}"))?)
+        }
         None if a.own.stream.is_some() => {
             let path = a.own.stream.as_ref().expect("checked");
             let s = std::os::unix::net::UnixStream::connect(path)
@@ -431,10 +449,10 @@ pub fn serve_model(a: VirtioNetArgs) -> Result<ExitCode, String> {
         "virtio-net ({}, mtu {}, {})",
         a.own.mac,
         a.own.mtu,
-        if wire.is_some() {
-            "on a wire"
-        } else {
-            "no cable"
+        match (&wire, &a.own.tap) {
+            (Some(_), Some(_)) => "on a TAP interface",
+            (Some(_), None) => "on a wire",
+            (None, _) => "no cable",
         }
     );
     let opts = ModelOptions {

@@ -353,6 +353,13 @@ fn descriptions_that_cannot_be_are_refused_with_the_key() {
     ]
     .concat();
     check(&three, "a wire has two ends");
+    check(
+        &nic("n", "wire = \"w\"\ntap = \"t0\""),
+        "wire and tap: a NIC has one cable",
+    );
+    check(&nic("n", "tap = \"a/b\""), "tap = \"a/b\": 1 to 15 letters");
+    let two = [nic("a", "tap = \"t0\""), nic("b", "tap = \"t0\"")].concat();
+    check(&two, "another NIC's already");
 }
 
 #[test]
@@ -765,6 +772,68 @@ fn exports_declared_in_the_machine_make_the_interfaces_and_outlive_an_export_cra
         common::eventually(Duration::from_secs(30), || ping(&a, "10.78.0.2", 3)),
         "ping after the export came back"
     );
+}
+
+#[test]
+fn a_nic_whose_cable_is_a_tap_interface_talks_to_the_hosts_stack_and_keeps_it_across_a_model_crash()
+{
+    let dir = tempfile::tempdir().unwrap();
+    let id = std::process::id() % 100_000;
+    let ifname = format!("obc{id}");
+    let machine = format!(
+        "[[device]]\nname = \"nic0\"\nmodel = \"virtio-net\"\nmac = \"02:00:00:00:00:05\"\ntap = \"{ifname}\"\n"
+    );
+    let up = Up::start(dir.path(), Some(&machine));
+    let reg = registry(&up).to_string();
+    assert!(reg.contains(&format!("tap:{ifname}")), "{reg}");
+    let ns = Netns::new(format!("ob-c-{id}"));
+    adopt(&ns, &ifname, "10.79.0.1/24");
+    let index = |ns: &Netns| {
+        let o = ns.run(
+            &["cat", &format!("/sys/class/net/{ifname}/ifindex")],
+            Duration::from_secs(10),
+        );
+        stdout(&o).trim().to_string()
+    };
+    let before = index(&ns);
+    assert!(before.parse::<u32>().is_ok(), "ifindex {before:?}");
+    // smoltcp behind the driver answers ARP and ICMP for its address: the host's own ping,
+    // through the TAP interface, the model, the driver server and the session.
+    let echo = Command::new(env!("CARGO_BIN_EXE_outboard"))
+        .args(["net", "echo", "nic0", "--address", "10.79.0.2/24"])
+        .env("OUTBOARD_CONTROL", up.dir.join("control.sock"))
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let _echo = KillOnDrop(echo);
+    assert!(
+        common::eventually(Duration::from_secs(20), || ping(&ns, "10.79.0.2", 3)),
+        "the host's ping answered through a TAP-cabled NIC"
+    );
+    // The model crashes: the manager starts it again on the same interface (same index, its
+    // address and namespace kept), and the host reaches the NIC again.
+    let up_pid = up.child.as_ref().unwrap().id();
+    let models = children_with(up_pid, "virtio-net", "02:00:00:00:00:05");
+    assert_eq!(models.len(), 1, "nic0's model");
+    assert!(common::signal_child_of(
+        up_pid,
+        models[0],
+        rustix::process::Signal::KILL
+    ));
+    assert!(
+        common::eventually(Duration::from_secs(30), || {
+            let now = children_with(up_pid, "virtio-net", "02:00:00:00:00:05");
+            now.len() == 1 && now[0] != models[0]
+        }),
+        "the model was started again"
+    );
+    assert!(
+        common::eventually(Duration::from_secs(30), || ping(&ns, "10.79.0.2", 3)),
+        "ping after the model came back"
+    );
+    assert_eq!(index(&ns), before, "the same interface");
 }
 
 #[test]

@@ -7,8 +7,9 @@
 //!
 //! Frames leave and arrive through a [`Wire`]: a datagram-preserving socket (`SOCK_SEQPACKET`
 //! or `SOCK_DGRAM`) on which each message is one Ethernet frame without its check sequence,
-//! or a stream socket in QEMU's `-netdev stream` framing (a 4-byte big-endian length before
-//! each frame).
+//! a stream socket in QEMU's `-netdev stream` framing (a 4-byte big-endian length before
+//! each frame), or a host TAP interface (one frame a `read`/`write`), whose other end is the
+//! host's network stack.
 //! Two models joined by a socket pair are two NICs on one cable. The wire is non-blocking and
 //! polled by the model's server ([`VirtioDevice::input_fds`]): arriving frames wait in a
 //! bounded backlog until the driver posts receive buffers, and are dropped (and counted) when
@@ -88,6 +89,8 @@ impl NetOptions {
 /// - A stream socket speaking QEMU's `-netdev stream` (and `-netdev socket`) framing: each
 ///   frame behind its length as a 4-byte big-endian number ([`Wire::stream`]), so a QEMU VM's
 ///   NIC and an Outboard NIC can be joined.
+/// - A TAP interface's descriptor (`IFF_TAP | IFF_NO_PI`): one frame a `read` or `write`
+///   ([`Wire::tap`]); the frames go to and come from the host's network stack.
 #[derive(Debug)]
 pub struct Wire {
     fd: OwnedFd,
@@ -97,6 +100,10 @@ pub struct Wire {
 #[derive(Debug)]
 enum Framing {
     Messages,
+    /// A TAP interface: not a socket, so `read`/`write`; a read longer than the buffer is
+    /// cut short without saying so (the caller's buffer is one byte longer than any frame it
+    /// takes, so a cut frame shows as too long).
+    Tap,
     /// Bytes read and not yet a whole frame; bytes of frames not yet written.
     Stream {
         inbound: Vec<u8>,
@@ -123,6 +130,9 @@ enum Sent {
     Taken,
     /// The peer is behind: nothing more fits for now.
     Full,
+    /// The wire refused this frame alone (a TAP interface that is down drops what is
+    /// written to it): it is lost, the wire stays.
+    Refused,
     Gone,
 }
 
@@ -152,6 +162,16 @@ impl Wire {
         })
     }
 
+    /// A wire over a TAP interface's descriptor (see [`outboard_sys::tap::open`]); made
+    /// non-blocking.
+    pub fn tap(fd: OwnedFd) -> std::io::Result<Self> {
+        nonblocking(&fd)?;
+        Ok(Self {
+            fd,
+            framing: Framing::Tap,
+        })
+    }
+
     /// Two wires joined to each other: two NICs on one cable.
     pub fn pair() -> std::io::Result<(Self, Self)> {
         let (a, b) = rustix::net::socketpair(
@@ -174,6 +194,16 @@ impl Wire {
                     Ok(_) => return Sent::Taken,
                     Err(rustix::io::Errno::AGAIN) => return Sent::Full,
                     Err(rustix::io::Errno::INTR) => {}
+                    Err(_) => return Sent::Gone,
+                }
+            },
+            Framing::Tap => loop {
+                match rustix::io::write(&self.fd, frame) {
+                    Ok(_) => return Sent::Taken,
+                    Err(rustix::io::Errno::AGAIN) => return Sent::Full,
+                    Err(rustix::io::Errno::INTR) => {}
+                    // The interface is down, or the frame is not one it takes.
+                    Err(rustix::io::Errno::IO | rustix::io::Errno::INVAL) => return Sent::Refused,
                     Err(_) => return Sent::Gone,
                 }
             },
@@ -242,6 +272,15 @@ impl Wire {
                 {
                     Ok((_, 0)) => return Err(std::io::ErrorKind::UnexpectedEof.into()),
                     Ok((_, n)) => return Ok(Some(n)),
+                    Err(rustix::io::Errno::AGAIN) => return Ok(None),
+                    Err(rustix::io::Errno::INTR) => {}
+                    Err(e) => return Err(e.into()),
+                }
+            },
+            Framing::Tap => loop {
+                match rustix::io::read(&self.fd, &mut *buf) {
+                    Ok(0) => return Err(std::io::ErrorKind::UnexpectedEof.into()),
+                    Ok(n) => return Ok(Some(n)),
                     Err(rustix::io::Errno::AGAIN) => return Ok(None),
                     Err(rustix::io::Errno::INTR) => {}
                     Err(e) => return Err(e.into()),
@@ -503,7 +542,7 @@ impl VirtioNet {
                     self.stats.tx_bytes += frame.len() as u64;
                     return;
                 }
-                Sent::Gone => {
+                Sent::Gone | Sent::Refused => {
                     self.stats.tx_dropped += 1;
                     return;
                 }

@@ -554,6 +554,12 @@ pub struct VirtioNetOwn {
     /// anew).
     #[arg(long, value_name = "PATH", conflicts_with = "wire")]
     pub stream: Option<std::path::PathBuf>,
+    /// The cable is a host TAP interface: the host's network stack is at its other end.
+    /// `fd:N`: a TAP descriptor inherited as N (what the manager passes: the interface then
+    /// outlives the model); or an interface name, made at start and gone when the model ends
+    /// (needs CAP_NET_ADMIN).
+    #[arg(long, value_name = "fd:N|IFNAME", conflicts_with_all = ["wire", "stream"])]
+    pub tap: Option<String>,
 }
 
 /// A MAC address on the command line (`02:00:00:00:00:01`).
@@ -634,6 +640,7 @@ impl ModelOwn {
                 a.flag("--link-down", o.link_down);
                 a.opt("--wire", o.wire.as_ref());
                 a.opt("--stream", o.stream.as_ref().map(|p| p.display()));
+                a.opt("--tap", o.tap.as_ref());
             }
         }
     }

@@ -235,6 +235,7 @@ struct RawDevice {
     link: Option<Spanned<String>>,
     wire: Option<Spanned<String>>,
     stream: Option<Spanned<String>>,
+    tap: Option<Spanned<String>>,
     placement: Option<Spanned<String>>,
     server: Option<Spanned<String>>,
     request_deadline: Option<Spanned<String>>,
@@ -317,6 +318,9 @@ impl RawDevice {
         }
         if let Some(v) = &self.stream {
             put("stream", v.get_ref().clone(), v.span().start);
+        }
+        if let Some(v) = &self.tap {
+            put("tap", v.get_ref().clone(), v.span().start);
         }
         k
     }
@@ -810,18 +814,24 @@ fn tap_interface(e: &RawExport, device: &str) -> Result<String, (usize, String)>
         Some(i) => (i.get_ref().clone(), i.span().start),
         None => (device.to_string(), e.device.span().start),
     };
+    check_interface(&name).map_err(|why| (at, format!("interface {why}")))?;
+    Ok(name)
+}
+
+/// A host network interface's name as the manager makes one (a TAP export's, a NIC's TAP
+/// cable): 1 to 15 letters, digits, '-', '_' or '.'.
+pub(crate) fn check_interface(name: &str) -> Result<(), String> {
     let ok = !name.is_empty()
         && name.len() < 16
         && name
             .bytes()
             .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_' || b == b'.');
-    if !ok {
-        return Err((
-            at,
-            format!("interface {name:?}: 1 to 15 letters, digits, '-', '_' or '.'"),
-        ));
+    match ok {
+        true => Ok(()),
+        false => Err(format!(
+            "{name:?}: 1 to 15 letters, digits, '-', '_' or '.'"
+        )),
     }
-    Ok(name)
 }
 
 #[cfg(test)]

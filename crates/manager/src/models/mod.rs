@@ -79,6 +79,9 @@ pub enum ModelError {
     /// The model has no process (a virtual device): nothing to start.
     #[error("{0} is not a device model process")]
     NoProcess(String),
+    /// The NIC's cable (a wire, a TAP interface) could not be given to it.
+    #[error("cable: {0}")]
+    Cable(String),
 }
 
 /// How the manager starts an emulated model: `outboard device MODEL` with its own arguments,
@@ -143,7 +146,7 @@ pub static MODELS: &[Model] = &[
     Model {
         name: "virtio-net",
         kind: Kind::Emulated,
-        keys: &["mac", "mtu", "link", "wire", "stream"],
+        keys: &["mac", "mtu", "link", "wire", "stream", "tap"],
         colocated: true,
         settle: virtio_net::settle,
         launch: virtio_net::launch,

@@ -7,8 +7,13 @@
 //! and hands one end to each NIC's model. Or `stream`, a UNIX socket path: the NIC's cable is
 //! a connection to a QEMU VM's `-netdev stream` server, which its model makes at each start.
 //!
-//! The manager makes each cable once and hands one end to each NIC's model. It keeps the ends for as long as it runs, so a model
-//! started again after a crash gets the same end back: the cable outlives either NIC.
+//! Or `tap`, a host interface's name: the NIC's cable is a TAP interface the manager makes
+//! (its other end is the host's network stack; give it addresses with `ip`, move it into a
+//! namespace).
+//!
+//! The manager makes each cable (and TAP interface) once and keeps it for as long as it runs,
+//! so a model started again after a crash gets the same end back: the cable outlives either
+//! NIC, and the interface keeps what the host set on it.
 
 use std::collections::{BTreeMap, HashMap};
 use std::os::fd::OwnedFd;
@@ -54,8 +59,26 @@ pub(super) fn settle(keys: &Keys, _: usize, others: &[DeviceConfig]) -> Result<S
         }
         settings.insert("link".to_string(), l.value.clone());
     }
-    if let (Some(w), Some(_)) = (keys.get("wire"), keys.get("stream")) {
-        return Err((w.at, "wire and stream: a NIC has one cable".into()));
+    let cables: Vec<_> = ["wire", "stream", "tap"]
+        .into_iter()
+        .filter_map(|k| keys.get(k).map(|v| (k, v.at)))
+        .collect();
+    if let [(a, _), (b, at), ..] = cables[..] {
+        return Err((at, format!("{a} and {b}: a NIC has one cable")));
+    }
+    if let Some(t) = keys.get("tap") {
+        crate::config::check_interface(&t.value).map_err(|why| (t.at, format!("tap = {why}")))?;
+        let taken = others
+            .iter()
+            .any(|d| d.model == "virtio-net" && d.settings.get("tap") == Some(&t.value));
+        if taken {
+            return Err((t.at, format!("tap = {:?}: another NIC's already", t.value)));
+        }
+        settings.insert("tap".to_string(), t.value.clone());
+        return Ok(Settled {
+            backing: format!("tap:{}", t.value),
+            settings,
+        });
     }
     if let Some(p) = keys.get("stream") {
         if !p.value.starts_with('/') {
@@ -142,14 +165,32 @@ fn end(wire: &str, device: &str) -> Result<OwnedFd, ModelError> {
                 .ends
                 .iter()
                 .position(|(d, _)| d.is_none())
-                .ok_or_else(|| {
-                    ModelError::NoProcess(format!("wire {wire} has two NICs already"))
-                })?;
+                .ok_or_else(|| ModelError::Cable(format!("wire {wire} has two NICs already")))?;
             cable.ends[i].0 = Some(device.to_string());
             i
         }
     };
     cable.ends[i].1.try_clone().map_err(|e| ModelError::Os {
+        what: "dup",
+        err: e,
+    })
+}
+
+/// The TAP interfaces made so far, by name: made at a NIC model's first start and kept, so
+/// that a model started again gets the same interface back — with the addresses, routes and
+/// namespace the host gave it.
+static TAPS: Mutex<Option<HashMap<String, OwnedFd>>> = Mutex::new(None);
+
+/// A descriptor of TAP interface `name`: made the first time, the same one after.
+fn tap(name: &str) -> Result<OwnedFd, ModelError> {
+    let mut all = TAPS.lock().unwrap_or_else(|p| p.into_inner());
+    let taps = all.get_or_insert_with(HashMap::new);
+    if !taps.contains_key(name) {
+        let (fd, _) = outboard_sys::tap::open(name)
+            .map_err(|why| ModelError::Cable(format!("tap {name}: {why}")))?;
+        taps.insert(name.to_string(), fd);
+    }
+    taps[name].try_clone().map_err(|e| ModelError::Os {
         what: "dup",
         err: e,
     })
@@ -161,6 +202,13 @@ pub(super) fn launch(d: &DeviceConfig, first_fd: i32) -> Result<Launch, ModelErr
     let wire = match d.settings.get("wire") {
         Some(w) => {
             fds.push(end(w, &d.name)?);
+            Some(format!("fd:{first_fd}"))
+        }
+        None => None,
+    };
+    let tap = match d.settings.get("tap") {
+        Some(t) => {
+            fds.push(tap(t)?);
             Some(format!("fd:{first_fd}"))
         }
         None => None,
@@ -180,6 +228,7 @@ pub(super) fn launch(d: &DeviceConfig, first_fd: i32) -> Result<Launch, ModelErr
             link_down: d.settings.get("link").is_some_and(|l| l == "down"),
             wire,
             stream: d.settings.get("stream").map(std::path::PathBuf::from),
+            tap,
         }),
         fds,
     })

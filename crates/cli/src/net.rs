@@ -475,6 +475,7 @@ pub fn export_tap(a: ExportTapArgs, control: PathBuf) -> Result<ExitCode, String
     // Started by the manager it gets the interface made and its questions answered on
     // descriptors it inherits; started by hand it makes the interface and asks the control
     // socket.
+    let made_here = a.tap_fd.is_none();
     let (tap, ifname) = match a.tap_fd {
         Some(fd) => {
             let tap = outboard_sys::process::inherited_device(fd)?;
@@ -491,18 +492,23 @@ pub fn export_tap(a: ExportTapArgs, control: PathBuf) -> Result<ExitCode, String
         ))),
         None => Control::Socket(control),
     };
-    // What needed privilege (the interface) is done: every capability goes before any
-    // frame is read.
-    let dropped =
-        outboard_confine::privileges::drop_privileges(None, None).map_err(|e| e.to_string())?;
-    rustix::thread::set_no_new_privs(true).map_err(|e| format!("PR_SET_NO_NEW_PRIVS: {e}"))?;
-    tracing::info!("export tap: {dropped}, no_new_privs");
     let (mut nic, _) = outboard_client::open_via(
         &control,
         &a.nic,
         &outboard_net_client::Net(NetOptions::default()),
     )
     .map_err(|e| format!("{}: {e}", a.nic))?;
+    // An interface made here carries the NIC's frames whole (the manager sets the MTU of
+    // those it makes).
+    if made_here && nic.info().mtu != 1500 {
+        outboard_sys::tap::set_mtu(&ifname, nic.info().mtu)?;
+    }
+    // What needed privilege (the interface) is done: every capability goes before any
+    // frame is read.
+    let dropped =
+        outboard_confine::privileges::drop_privileges(None, None).map_err(|e| e.to_string())?;
+    rustix::thread::set_no_new_privs(true).map_err(|e| format!("PR_SET_NO_NEW_PRIVS: {e}"))?;
+    tracing::info!("export tap: {dropped}, no_new_privs");
     nic.set_mode(PROMISCUOUS)
         .map_err(|e| format!("{}: {e}", a.nic))?;
     eprintln!("{}: exported as {ifname}", a.nic);

@@ -537,8 +537,8 @@ pub struct VirtioNetOwn {
     /// The NIC's address (six bytes in hex, colon-separated).
     #[arg(long, value_name = "MAC", value_parser = parse_mac_arg)]
     pub mac: String,
-    /// Largest payload a frame carries, in bytes.
-    #[arg(long, value_name = "BYTES", default_value_t = 1500, value_parser = clap::value_parser!(u16).range(68..=1500))]
+    /// Largest payload a frame carries, in bytes (68 to 9000: above 1500, jumbo frames).
+    #[arg(long, value_name = "BYTES", default_value_t = 1500, value_parser = clap::value_parser!(u16).range(68..=9000))]
     pub mtu: u16,
     /// Start with the link down (a configuration interrupt tells the driver when it changes).
     #[arg(long)]

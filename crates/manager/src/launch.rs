@@ -542,9 +542,21 @@ impl Manager {
     /// crash finds the same interface, addresses and routes the host gave it; the export
     /// joins it to the NIC through a session it asks the manager for.
     fn start_tap_export(&mut self, e: &ExportConfig, interface: &str) -> Result<(), ManagerError> {
-        let (tap, made) = outboard_sys::tap::open(interface).map_err(|why| {
+        let failed = |why: String| {
             ManagerError::Export(format!("export {} (TAP {interface}): {why}", e.name))
-        })?;
+        };
+        let (tap, made) = outboard_sys::tap::open(interface).map_err(failed)?;
+        // The interface carries the NIC's frames whole: a jumbo NIC's MTU, not 1500.
+        let mtu = self
+            .machine
+            .devices
+            .iter()
+            .find(|d| d.name == e.device)
+            .and_then(|d| d.settings.get("mtu"))
+            .and_then(|m| m.parse::<u16>().ok());
+        if let Some(mtu) = mtu.filter(|&m| m != 1500) {
+            outboard_sys::tap::set_mtu(&made, mtu).map_err(failed)?;
+        }
         let passing = supervisor::Passing {
             keep: vec![tap],
             broker: true,

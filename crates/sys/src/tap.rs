@@ -60,3 +60,46 @@ pub fn open(name: &str) -> Result<(OwnedFd, String), String> {
         .map_err(|e| e.to_string())?;
     Ok((fd, String::from_utf8_lossy(&given).into_owned()))
 }
+
+/// `SIOCSIFMTU`: sets an interface's MTU.
+const SIOCSIFMTU: libc::c_ulong = 0x8922;
+
+/// `struct ifreq` as `SIOCSIFMTU` reads it: the name, then the MTU as an `int`.
+#[repr(C)]
+struct IfMtu {
+    name: [libc::c_char; libc::IFNAMSIZ],
+    mtu: libc::c_int,
+    _pad: [u8; 20],
+}
+
+/// Sets interface `name`'s MTU (a TAP interface starts at 1500 whatever the NIC behind it
+/// carries); needs CAP_NET_ADMIN.
+pub fn set_mtu(name: &str, mtu: u16) -> Result<(), String> {
+    if name.len() >= libc::IFNAMSIZ {
+        return Err(format!("{name:?}: not an interface name"));
+    }
+    let sock = rustix::net::socket(
+        rustix::net::AddressFamily::INET,
+        rustix::net::SocketType::DGRAM,
+        None,
+    )
+    .map_err(|e| format!("a socket to set {name}'s MTU: {e}"))?;
+    let mut req = IfMtu {
+        name: [0; libc::IFNAMSIZ],
+        mtu: libc::c_int::from(mtu),
+        _pad: [0; 20],
+    };
+    for (d, s) in req.name.iter_mut().zip(name.bytes()) {
+        *d = s as libc::c_char;
+    }
+    // SAFETY: SIOCSIFMTU reads one `struct ifreq`, which `IfMtu` lays out (name, then the
+    // `int` of its union, padded to the union's size); `req` lives across the call.
+    let rc = unsafe { libc::ioctl(sock.as_raw_fd(), SIOCSIFMTU, &mut req as *mut IfMtu) };
+    if rc < 0 {
+        return Err(format!(
+            "setting {name}'s MTU to {mtu}: {}",
+            std::io::Error::last_os_error()
+        ));
+    }
+    Ok(())
+}

@@ -1,5 +1,5 @@
 //! The virtio-net model: an emulated NIC. Its keys: `mac` (its address; default one derived
-//! from the device's name, locally administered), `mtu` (68 to 1500, default 1500), `link`
+//! from the device's name, locally administered), `mtu` (68 to 9000, default 1500; above 1500, jumbo frames), `link`
 //! (`up` or `down` at power-on) and `wire`, a cable's name: the two NICs that name the same
 //! wire are joined by it (frames one sends arrive at the other).
 //!
@@ -37,6 +37,10 @@ fn default_mac(name: &str) -> String {
     )
 }
 
+/// The largest MTU a NIC model is given: jumbo frames, whose frames a client's slot holds
+/// (`outboard_net_client::session::MAX_SLOT`).
+const MAX_MTU: u16 = 9000;
+
 pub(super) fn settle(keys: &Keys, _: usize, others: &[DeviceConfig]) -> Result<Settled, KeyError> {
     let mut settings = BTreeMap::new();
     if let Some(m) = keys.get("mac") {
@@ -49,8 +53,8 @@ pub(super) fn settle(keys: &Keys, _: usize, others: &[DeviceConfig]) -> Result<S
             .value
             .parse::<u16>()
             .ok()
-            .filter(|v| (68..=1500).contains(v));
-        let mtu = ok.ok_or_else(|| (m.at, format!("mtu = {}: 68 to 1500 bytes", m.value)))?;
+            .filter(|v| (68..=MAX_MTU).contains(v));
+        let mtu = ok.ok_or_else(|| (m.at, format!("mtu = {}: 68 to {MAX_MTU} bytes", m.value)))?;
         settings.insert("mtu".to_string(), mtu.to_string());
     }
     if let Some(l) = keys.get("link") {
@@ -181,13 +185,17 @@ fn end(wire: &str, device: &str) -> Result<OwnedFd, ModelError> {
 /// namespace the host gave it.
 static TAPS: Mutex<Option<HashMap<String, OwnedFd>>> = Mutex::new(None);
 
-/// A descriptor of TAP interface `name`: made the first time, the same one after.
-fn tap(name: &str) -> Result<OwnedFd, ModelError> {
+/// A descriptor of TAP interface `name` for a NIC of `mtu`: made the first time (with that
+/// MTU, so the host sends the NIC's frames whole), the same one after.
+fn tap(name: &str, mtu: u16) -> Result<OwnedFd, ModelError> {
     let mut all = TAPS.lock().unwrap_or_else(|p| p.into_inner());
     let taps = all.get_or_insert_with(HashMap::new);
     if !taps.contains_key(name) {
-        let (fd, _) = outboard_sys::tap::open(name)
-            .map_err(|why| ModelError::Cable(format!("tap {name}: {why}")))?;
+        let failed = |why| ModelError::Cable(format!("tap {name}: {why}"));
+        let (fd, _) = outboard_sys::tap::open(name).map_err(failed)?;
+        if mtu != 1500 {
+            outboard_sys::tap::set_mtu(name, mtu).map_err(failed)?;
+        }
         taps.insert(name.to_string(), fd);
     }
     taps[name].try_clone().map_err(|e| ModelError::Os {
@@ -206,9 +214,14 @@ pub(super) fn launch(d: &DeviceConfig, first_fd: i32) -> Result<Launch, ModelErr
         }
         None => None,
     };
+    let mtu = d
+        .settings
+        .get("mtu")
+        .and_then(|m| m.parse().ok())
+        .unwrap_or(1500);
     let tap = match d.settings.get("tap") {
         Some(t) => {
-            fds.push(tap(t)?);
+            fds.push(tap(t, mtu)?);
             Some(format!("fd:{first_fd}"))
         }
         None => None,
@@ -220,11 +233,7 @@ pub(super) fn launch(d: &DeviceConfig, first_fd: i32) -> Result<Launch, ModelErr
                 .get("mac")
                 .cloned()
                 .unwrap_or_else(|| default_mac(&d.name)),
-            mtu: d
-                .settings
-                .get("mtu")
-                .and_then(|m| m.parse().ok())
-                .unwrap_or(1500),
+            mtu,
             link_down: d.settings.get("link").is_some_and(|l| l == "down"),
             wire,
             stream: d.settings.get("stream").map(std::path::PathBuf::from),

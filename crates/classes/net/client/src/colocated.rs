@@ -21,7 +21,7 @@ use outboard_net::reception::Reception;
 use outboard_net::{validate, NetCounters, NetDriver, NetError, NetInfo, NetOp, NetRequest};
 use outboard_shm::SharedMem;
 
-use crate::session::SLOT;
+use crate::session::slot_for;
 use crate::NetPort;
 
 /// Transmit slots in the buffer area.
@@ -46,6 +46,8 @@ pub struct ColocatedNic {
     reception: Reception,
     counters: NetCounters,
     info: NetInfo,
+    /// Bytes of each transmit slot: a whole frame of the NIC's MTU.
+    slot: u64,
     timeout: Duration,
 }
 
@@ -82,22 +84,17 @@ impl ColocatedNic {
     /// Wraps a driver already started.
     pub fn with_driver(driver: Box<dyn NetDriver>, env: &DeviceEnv) -> Result<Self, NetError> {
         let io = |e: &dyn std::fmt::Display| NetError::Protocol(e.to_string());
+        let info = driver.info().clone();
+        let slot = slot_for(&info)?;
         let buffers = Arc::new(
             SharedMem::create(
                 "outboard-colocated-nic",
-                (u64::from(TRANSMIT_SLOTS) * SLOT) as usize,
+                (u64::from(TRANSMIT_SLOTS) * slot) as usize,
             )
             .map_err(|e| io(&e))?,
         );
         let dma = env.map(buffers.clone()).map_err(|e| io(&e))?;
         let waiter = Waiter::new(driver.sources()).map_err(|e| io(&e))?;
-        let info = driver.info().clone();
-        if u64::from(info.max_frame()) > SLOT {
-            return Err(NetError::Protocol(format!(
-                "a NIC with an MTU of {}: frames of up to {SLOT} bytes fit a transmit slot",
-                info.mtu
-            )));
-        }
         Ok(Self {
             driver,
             waiter,
@@ -111,6 +108,7 @@ impl ColocatedNic {
             reception: Reception::default(),
             counters: NetCounters::default(),
             info,
+            slot,
             timeout: Duration::from_secs(10),
         })
     }
@@ -244,7 +242,7 @@ impl NetPort for ColocatedNic {
                 self.sleep(deadline, None)?;
             }
         };
-        let offset = u64::from(slot) * SLOT;
+        let offset = u64::from(slot) * self.slot;
         let staged = self
             .buffers
             .write(offset, frame)

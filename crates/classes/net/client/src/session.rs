@@ -1,7 +1,8 @@
 //! A session with a NIC served by a driver server.
 //!
-//! The buffer area is cut into fixed slots of [`SLOT`] bytes (a whole frame of the largest
-//! MTU Outboard's NIC models offer fits in one): the first [`NetOptions::receive_buffers`]
+//! The buffer area is cut into fixed slots, each holding a whole frame of the NIC's MTU
+//! ([`SLOT`] bytes up to an MTU of 2,034, the next power of two above, up to [`MAX_SLOT`]
+//! for jumbo frames): the first [`NetOptions::receive_buffers`]
 //! are kept posted for receiving, the rest hold frames being sent. A frame is written once,
 //! into its slot; the device reads it there. A received frame is read out of its slot, which
 //! is then posted again. Requests carry the slot in their tag, so a completion names the
@@ -26,8 +27,23 @@ use outboard_net::bpf::Program;
 use outboard_net::{NetError, NetInfo, NetOp, NetRequest, Sqe, CLASS, RINGS};
 use outboard_session::Geometry;
 
-/// Bytes of one slot of the buffer area.
+/// Bytes of one slot of the buffer area, at least (a frame of a 1500-byte MTU fits).
 pub const SLOT: u64 = 2048;
+/// Bytes of one slot at most: a frame of a 9000-byte MTU (jumbo frames) fits. A NIC whose
+/// frames need more is refused rather than costing each session megabytes.
+pub const MAX_SLOT: u64 = 16384;
+
+/// The slot that holds a whole frame of `max_frame` bytes, or why none does.
+pub fn slot_for(info: &NetInfo) -> Result<u64, NetError> {
+    let slot = u64::from(info.max_frame()).next_power_of_two().max(SLOT);
+    if slot > MAX_SLOT {
+        return Err(NetError::Protocol(format!(
+            "a NIC with an MTU of {}: this client holds frames of up to {MAX_SLOT} bytes",
+            info.mtu
+        )));
+    }
+    Ok(slot)
+}
 /// Tags of receive buffers: the slot.
 const RECEIVE: u64 = 0;
 /// Tags of frames sent: this bit and the slot.
@@ -74,12 +90,7 @@ fn channel_err(e: ChannelError) -> NetError {
 pub fn parse_info(v: serde_json::Value) -> Result<NetInfo, NetError> {
     let info: NetInfo =
         serde_json::from_value(v).map_err(|e| NetError::Protocol(format!("device status: {e}")))?;
-    if u64::from(info.max_frame()) > SLOT {
-        return Err(NetError::Protocol(format!(
-            "a NIC with an MTU of {}: this client's slots hold frames of up to {SLOT} bytes",
-            info.mtu
-        )));
-    }
+    slot_for(&info)?;
     Ok(info)
 }
 
@@ -90,6 +101,8 @@ pub struct NetClient {
     device: String,
     info: NetInfo,
     opts: NetOptions,
+    /// Bytes of each slot of the buffer area.
+    slot: u64,
     /// Transmit slots free (slot numbers, after the receive slots).
     tx_free: Vec<u32>,
     /// Received frames not yet read: (slot, length or why not).
@@ -114,8 +127,8 @@ pub struct NetClient {
 impl NetClient {
     /// Opens `device` on the driver server at `server` and posts the receive buffers.
     pub fn open(server: &Path, device: &str, opts: NetOptions) -> Result<Self, NetError> {
-        let sock = outboard_client::link::connect_trusted(server).map_err(channel_err)?;
-        Self::open_on(sock, server, device, opts)
+        let connect = || outboard_client::link::connect_trusted(server).map_err(channel_err);
+        Self::open_on(&connect, server, device, opts)
     }
 
     /// Opens `device` on the driver server at `server`, connected to through `supervisor`'s
@@ -127,18 +140,23 @@ impl NetClient {
         device: &str,
         opts: NetOptions,
     ) -> Result<Self, NetError> {
-        let sock = supervisor
-            .control
-            .connect_server(server, device)
-            .map_err(channel_err)?;
-        let mut c = Self::open_on(sock, server, device, opts)?;
+        let connect = || {
+            supervisor
+                .control
+                .connect_server(server, device)
+                .map_err(channel_err)
+        };
+        let mut c = Self::open_on(&connect, server, device, opts)?;
         c.supervisor = Some(supervisor.clone());
         Ok(c)
     }
 
-    /// Opens `device` on `sock`, a connection to the driver server at `server`.
+    /// Opens `device` on a connection `connect` makes to the driver server at `server`. The
+    /// slots are sized for the NIC's MTU, which the server says when the session opens: a
+    /// NIC whose frames do not fit the smallest slots is opened again, on a new connection,
+    /// with slots that hold them.
     fn open_on(
-        sock: OwnedFd,
+        connect: &dyn Fn() -> Result<OwnedFd, NetError>,
         server: &Path,
         device: &str,
         opts: NetOptions,
@@ -151,12 +169,21 @@ impl NetClient {
         }
         // Every slot may have a completion waiting at once, and a control request besides.
         let depth = (slots + 1).next_power_of_two();
-        let geometry = Geometry::of_class(&RINGS, depth, u64::from(slots) * SLOT);
-        let (channel, info) =
-            Channel::open_on(sock, device, CLASS, geometry, opts.mode, opts.timeout)
-                .map_err(channel_err)?;
+        let mut slot = SLOT;
+        let (channel, info) = loop {
+            let geometry = Geometry::of_class(&RINGS, depth, u64::from(slots) * slot);
+            let (channel, info) =
+                Channel::open_on(connect()?, device, CLASS, geometry, opts.mode, opts.timeout)
+                    .map_err(channel_err)?;
+            let info = parse_info(info)?;
+            match slot_for(&info)? {
+                need if need > slot => slot = need,
+                _ => break (channel, info),
+            }
+        };
         let mut c = Self {
-            info: parse_info(info)?,
+            info,
+            slot,
             channel,
             server: server.to_owned(),
             device: device.to_owned(),
@@ -290,7 +317,7 @@ impl NetClient {
         self.stage(&NetRequest {
             op: NetOp::Transmit,
             tag: TRANSMIT | u64::from(slot),
-            buf_offset: u64::from(slot) * SLOT,
+            buf_offset: u64::from(slot) * self.slot,
             length: len,
         })?;
         self.sending.insert(slot, (position, len));
@@ -301,8 +328,8 @@ impl NetClient {
         self.stage(&NetRequest {
             op: NetOp::Receive,
             tag: RECEIVE | u64::from(slot),
-            buf_offset: u64::from(slot) * SLOT,
-            length: SLOT as u32,
+            buf_offset: u64::from(slot) * self.slot,
+            length: self.slot as u32,
         })
     }
 
@@ -365,7 +392,7 @@ impl NetClient {
         if let Some(e) = self.failed.pop_front() {
             return Err(e);
         }
-        if frame.len() as u64 > u64::from(self.info.max_frame()).min(SLOT) {
+        if frame.len() as u64 > u64::from(self.info.max_frame()).min(self.slot) {
             return Err(NetError::Invalid(format!(
                 "a frame of {} bytes: this NIC sends up to {}",
                 frame.len(),
@@ -382,7 +409,7 @@ impl NetClient {
                 return Err(NetError::Timeout);
             }
         };
-        let offset = u64::from(slot) * SLOT;
+        let offset = u64::from(slot) * self.slot;
         self.channel
             .buffers()
             .write(offset, frame)
@@ -423,7 +450,7 @@ impl NetClient {
             if let Some((slot, result)) = self.received.pop_front() {
                 let read = result.and_then(|len| {
                     let n = len as usize;
-                    if n > out.len() || u64::from(len) > SLOT {
+                    if n > out.len() || u64::from(len) > self.slot {
                         return Err(NetError::Truncated(format!(
                             "a frame of {n} bytes into {} bytes",
                             out.len()
@@ -431,7 +458,7 @@ impl NetClient {
                     }
                     self.channel
                         .buffers()
-                        .read(u64::from(slot) * SLOT, &mut out[..n])
+                        .read(u64::from(slot) * self.slot, &mut out[..n])
                         .map_err(|e| NetError::Protocol(e.to_string()))?;
                     Ok(n)
                 });
@@ -530,7 +557,7 @@ impl NetClient {
         };
         // A program longer than a slot spans the slots after it: only as many as are free
         // in a row; the server refuses anything past the buffer area.
-        let offset = u64::from(slot) * SLOT;
+        let offset = u64::from(slot) * self.slot;
         let written = self
             .channel
             .buffers()
@@ -550,10 +577,10 @@ impl NetClient {
                 self.filter = None;
                 Ok(())
             }
-            Some(p) if p.to_bytes().len() as u64 > SLOT => Err(NetError::BadFilter(format!(
+            Some(p) if p.to_bytes().len() as u64 > self.slot => Err(NetError::BadFilter(format!(
                 "{} instructions: this client sends up to {}",
                 p.insns().len(),
-                SLOT / 8
+                self.slot / 8
             ))),
             Some(p) => self.set_filter_bytes(&p.to_bytes()),
         }

@@ -12,14 +12,16 @@ use smoltcp::socket::udp;
 use smoltcp::wire::{EthernetAddress, HardwareAddress, IpAddress, IpCidr, IpEndpoint};
 
 use crate::port::IntoPort;
-use crate::session::SLOT;
 use crate::NetPort;
 use outboard_net::NetError;
 
 /// A NIC as `smoltcp`'s Ethernet device, wherever its driver runs.
 pub struct Nic {
     port: Box<dyn NetPort>,
+    /// A received frame is read here; a frame to send is built here (each as long as the
+    /// longest frame of the NIC's MTU).
     frame: Vec<u8>,
+    outgoing: Vec<u8>,
     /// Frames `smoltcp` sent that the NIC refused (they are lost, as on a wire).
     pub dropped: u64,
 }
@@ -27,9 +29,11 @@ pub struct Nic {
 impl Nic {
     /// The NIC behind a port.
     pub fn new(port: Box<dyn NetPort>) -> Self {
+        let longest = port.info().max_frame() as usize;
         Self {
             port,
-            frame: vec![0u8; SLOT as usize],
+            frame: vec![0u8; longest],
+            outgoing: vec![0u8; longest],
             dropped: 0,
         }
     }
@@ -46,6 +50,7 @@ pub struct Rx<'a>(&'a [u8]);
 /// Room for one frame to send.
 pub struct Tx<'a> {
     port: &'a mut dyn NetPort,
+    buf: &'a mut [u8],
     dropped: &'a mut u64,
 }
 
@@ -57,11 +62,10 @@ impl phy::RxToken for Rx<'_> {
 
 impl phy::TxToken for Tx<'_> {
     fn consume<R, F: FnOnce(&mut [u8]) -> R>(self, len: usize, f: F) -> R {
-        // Built on the stack, then written once into the session's transmit slot.
-        let mut buf = [0u8; SLOT as usize];
-        let len = len.min(buf.len());
-        let r = f(&mut buf[..len]);
-        match self.port.send(&buf[..len]) {
+        // Built here, then written once into the session's transmit slot.
+        let len = len.min(self.buf.len());
+        let r = f(&mut self.buf[..len]);
+        match self.port.send(&self.buf[..len]) {
             Ok(()) => {}
             // An earlier frame's fate across a driver restart: UDP does not retry; count it.
             Err(_) => *self.dropped += 1,
@@ -83,6 +87,7 @@ impl phy::Device for Nic {
             Rx(&self.frame[..n]),
             Tx {
                 port: self.port.as_mut(),
+                buf: &mut self.outgoing,
                 dropped: &mut self.dropped,
             },
         ))
@@ -91,6 +96,7 @@ impl phy::Device for Nic {
     fn transmit(&mut self, _: smoltcp::time::Instant) -> Option<Self::TxToken<'_>> {
         Some(Tx {
             port: self.port.as_mut(),
+            buf: &mut self.outgoing,
             dropped: &mut self.dropped,
         })
     }

@@ -112,6 +112,8 @@ pub struct EchoArgs {
     /// Ask the NIC to hold receive interrupts back this long first (see `net hold-off`).
     #[arg(long, value_parser = parse_micros, value_name = "DURATION")]
     hold_off: Option<u32>,
+    #[command(flatten)]
+    own: OwnArg,
 }
 
 /// `10.0.0.2/24` as an address and a prefix length.
@@ -174,6 +176,19 @@ pub struct RecvArgs {
     /// Also print each frame's bytes in hexadecimal.
     #[arg(long)]
     hex: bool,
+    #[command(flatten)]
+    own: OwnArg,
+}
+
+/// Receiving in place.
+#[derive(Args, Debug, Default, Clone, Copy)]
+pub struct OwnArg {
+    /// Take the NIC's receive path: the device writes each frame straight into this
+    /// command's buffers, with no copy in the driver server. Refused while another session
+    /// receives on the NIC (and, while held, other sessions may send but not receive). A NIC
+    /// driven in this process (colocated) has no server to copy: nothing changes.
+    #[arg(long)]
+    pub own: bool,
 }
 
 fn parse_u16(s: &str) -> Result<u16, String> {
@@ -185,7 +200,18 @@ fn parse_u16(s: &str) -> Result<u16, String> {
 }
 
 fn open(a: &NicArgs, control: &std::path::Path) -> Result<(Box<dyn NetPort>, String), String> {
-    let opts = NetOptions::default();
+    open_with(a, control, OwnArg::default())
+}
+
+fn open_with(
+    a: &NicArgs,
+    control: &std::path::Path,
+    own: OwnArg,
+) -> Result<(Box<dyn NetPort>, String), String> {
+    let opts = NetOptions {
+        own_receive: own.own,
+        ..NetOptions::default()
+    };
     let opened = match &a.server {
         Some(s) => NetClient::open(s, &a.nic, opts)
             .map(|c| (Box::new(c) as Box<dyn NetPort>, "server".to_string())),
@@ -238,6 +264,7 @@ pub fn run(c: NetCommand, control: PathBuf) -> Result<ExitCode, String> {
                     ("received frames", c.rx_frames),
                     ("received bytes", c.rx_bytes),
                     ("delivered to sessions", c.rx_delivered),
+                    ("of them in place", c.rx_in_place),
                     ("taken by no session", c.rx_unclaimed),
                     ("no buffer posted", c.rx_no_buffer),
                     ("truncated", c.rx_truncated),
@@ -303,7 +330,7 @@ pub fn run(c: NetCommand, control: PathBuf) -> Result<ExitCode, String> {
                     )
                 }
             };
-            let (mut d, _) = open(&a.nic, &control)?;
+            let (mut d, _) = open_with(&a.nic, &control, a.own)?;
             if let Some(p) = &filter {
                 d.set_filter(Some(p))
                     .map_err(|e| format!("{}: {e}", a.nic.nic))?;
@@ -339,7 +366,7 @@ pub fn run(c: NetCommand, control: PathBuf) -> Result<ExitCode, String> {
 /// Answers datagrams until `count` are answered (or forever).
 fn echo(a: EchoArgs, control: &std::path::Path) -> Result<(), String> {
     let (addr, prefix) = parse_cidr(&a.address)?;
-    let (mut d, placement) = open(&a.nic, control)?;
+    let (mut d, placement) = open_with(&a.nic, control, a.own)?;
     let name = a.nic.nic;
     if let Some(us) = a.hold_off {
         d.set_hold_off(us).map_err(|e| format!("{name}: {e}"))?;
@@ -495,7 +522,10 @@ pub fn export_tap(a: ExportTapArgs, control: PathBuf) -> Result<ExitCode, String
     let (mut nic, _) = outboard_client::open_via(
         &control,
         &a.nic,
-        &outboard_net_client::Net(NetOptions::default()),
+        &outboard_net_client::Net(NetOptions {
+            own_receive: a.own,
+            ..NetOptions::default()
+        }),
     )
     .map_err(|e| format!("{}: {e}", a.nic))?;
     // An interface made here carries the NIC's frames whole (the manager sets the MTU of

@@ -773,6 +773,12 @@ impl VirtioDevice for VirtioNet {
         std::mem::take(&mut self.deferred)
     }
 
+    fn ring_reset(&self) -> bool {
+        // Receive and transmit take a chain, serve it and give it back in one call; control
+        // commands too. Nothing of a queue is held between calls.
+        true
+    }
+
     fn coalescing(&self, q: u16) -> Coalescing {
         match q {
             net::RECEIVEQ => self.coalescing[0],

@@ -93,6 +93,12 @@ pub trait VirtioDevice: Send {
     fn coalescing(&self, _q: u16) -> Coalescing {
         Coalescing::default()
     }
+    /// Whether one queue may be reset alone (`VIRTIO_F_RING_RESET`, §2.6.1): true only for a
+    /// device that holds no chain of a queue between calls to [`VirtioDevice::process`], so
+    /// that forgetting the queue's rings forgets everything of it.
+    fn ring_reset(&self) -> bool {
+        false
+    }
 }
 
 /// Notification coalescing for one queue: a used-buffer notification waits until `max_packets`
@@ -136,6 +142,8 @@ struct QueueRegs {
     driver: u64,
     device: u64,
     live: Option<DeviceQueue>,
+    /// Reset alone (`queue_reset` reads 1) and not enabled again since.
+    reset: bool,
 }
 
 /// Counters a test or `outboard hw probe` may look at.
@@ -217,7 +225,13 @@ impl<D: VirtioDevice> VirtioPci<D> {
         let (b, _) = b.capability(pci::CAP_ID_MSIX, &msix_body, &[(1, 0xc0)]);
         let (b, _) = b.capability(
             pci::CAP_ID_VENDOR,
-            &vcap(cap::COMMON_CFG, 0, COMMON_OFFSET, common::SIZE as u32, &[]),
+            &vcap(
+                cap::COMMON_CFG,
+                0,
+                COMMON_OFFSET,
+                common::SIZE_V1_2 as u32,
+                &[],
+            ),
             &[],
         );
         let (b, _) = b.capability(
@@ -306,7 +320,25 @@ impl<D: VirtioDevice> VirtioPci<D> {
     }
 
     fn offered(&self) -> u64 {
-        self.dev.features() | feature::VERSION_1
+        let ring_reset = match self.dev.ring_reset() {
+            true => feature::RING_RESET,
+            false => 0,
+        };
+        self.dev.features() | feature::VERSION_1 | ring_reset
+    }
+
+    /// Queue `sel` as it is after a reset: its defaults, no rings, nothing held.
+    fn queue_defaults(&self) -> QueueRegs {
+        QueueRegs {
+            size: self.dev.max_queue_size(),
+            msix_vector: NO_VECTOR,
+            enabled: false,
+            desc: 0,
+            driver: 0,
+            device: 0,
+            live: None,
+            reset: false,
+        }
     }
 
     fn reset_transport(&mut self) {
@@ -319,19 +351,7 @@ impl<D: VirtioDevice> VirtioPci<D> {
         self.config_msix_vector = NO_VECTOR;
         self.queue_select = 0;
         self.isr = 0;
-        let max = self.dev.max_queue_size();
-        self.queues = vec![
-            QueueRegs {
-                size: max,
-                msix_vector: NO_VECTOR,
-                enabled: false,
-                desc: 0,
-                driver: 0,
-                device: 0,
-                live: None,
-            };
-            self.dev.num_queues() as usize
-        ];
+        self.queues = vec![self.queue_defaults(); self.dev.num_queues() as usize];
         self.dev.reset();
         self.publish_config();
     }
@@ -612,6 +632,8 @@ impl<D: VirtioDevice> VirtioPci<D> {
             common::QUEUE_DESC => q.map_or(0, |q| q.desc),
             common::QUEUE_DRIVER => q.map_or(0, |q| q.driver),
             common::QUEUE_DEVICE => q.map_or(0, |q| q.device),
+            common::QUEUE_NOTIFY_DATA => 0,
+            common::QUEUE_RESET => q.map_or(0, |q| q.reset as u64),
             // The upper halves of the 64-bit fields, for drivers that access them as two dwords.
             o if o == common::QUEUE_DESC + 4 => q.map_or(0, |q| q.desc >> 32),
             o if o == common::QUEUE_DRIVER + 4 => q.map_or(0, |q| q.driver >> 32),
@@ -673,7 +695,9 @@ impl<D: VirtioDevice> VirtioPci<D> {
                 // §4.1.4.3.2: queue registers may not change while the queue is enabled.
                 return Err(Errno::BUSY);
             }
-            o if sel >= self.queues.len() && (common::QUEUE_SIZE..common::SIZE).contains(&o) => {
+            o if sel >= self.queues.len()
+                && (common::QUEUE_SIZE..common::SIZE_V1_2).contains(&o) =>
+            {
                 return Err(Errno::INVAL)
             }
             common::QUEUE_SIZE => {
@@ -684,6 +708,25 @@ impl<D: VirtioDevice> VirtioPci<D> {
             common::QUEUE_ENABLE => {
                 if v == 1 && !live {
                     self.enable_queue(ctx, sel);
+                }
+            }
+            common::QUEUE_RESET => {
+                // §4.1.4.3: only with RING_RESET, and only 1 means anything. The queue
+                // forgets its rings and every chain in them (the device held none between
+                // calls: `VirtioDevice::ring_reset`), takes its defaults, and reads 1 until it
+                // is enabled again.
+                if self.driver_features & feature::RING_RESET == 0 || v != 1 {
+                    return Err(Errno::INVAL);
+                }
+                self.queues[sel] = QueueRegs {
+                    reset: true,
+                    ..self.queue_defaults()
+                };
+                if let Some(u) = self.held.used.get_mut(sel) {
+                    *u = 0;
+                }
+                if let Some(d) = self.held.due.get_mut(sel) {
+                    *d = None;
                 }
             }
             common::QUEUE_DESC => set_half(&mut self.queues[sel].desc, false),
@@ -705,6 +748,7 @@ impl<D: VirtioDevice> VirtioPci<D> {
             Ok(dq) => {
                 self.queues[sel].live = Some(dq);
                 self.queues[sel].enabled = true;
+                self.queues[sel].reset = false;
             }
             Err(e) => self.needs_reset(ctx, &e),
         }
@@ -740,7 +784,7 @@ impl<D: VirtioDevice> VirtioPci<D> {
     fn bar0_read(&mut self, offset: u64, buf: &mut [u8]) {
         buf.fill(0);
         match offset {
-            o if o < COMMON_OFFSET + common::SIZE => self.common_read(o - COMMON_OFFSET, buf),
+            o if o < COMMON_OFFSET + common::SIZE_V1_2 => self.common_read(o - COMMON_OFFSET, buf),
             ISR_OFFSET => {
                 // Reading the ISR clears it (§4.1.4.5).
                 if let Some(b) = buf.first_mut() {
@@ -761,7 +805,7 @@ impl<D: VirtioDevice> VirtioPci<D> {
         data: &[u8],
     ) -> Result<(), Errno> {
         match offset {
-            o if o < COMMON_OFFSET + common::SIZE => {
+            o if o < COMMON_OFFSET + common::SIZE_V1_2 => {
                 self.common_write(ctx, o - COMMON_OFFSET, data)
             }
             o if o >= NOTIFY_OFFSET

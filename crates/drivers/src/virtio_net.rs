@@ -49,7 +49,8 @@ pub const SUPPORTED_FEATURES: u64 = vfeature::VERSION_1
     | net::feature::MTU
     | net::feature::MRG_RXBUF
     | net::feature::CTRL_VQ
-    | net::feature::NOTF_COAL;
+    | net::feature::NOTF_COAL
+    | vfeature::RING_RESET;
 
 /// Whether `id` is a virtio network device (modern or transitional).
 pub fn matches(id: &PciIdentity) -> bool {
@@ -89,6 +90,12 @@ pub struct VirtioNet {
     tx_area: DmaBuf,
     /// The receive slot each posted chain (by head) is.
     rx_slot: Vec<Option<usize>>,
+    /// A client's buffer lent to the device (by head): its tag and length.
+    rx_lent: Vec<Option<(u64, u32)>>,
+    /// The receive queue holds lent buffers only (see [`NetDriver::set_lending`]).
+    lending: bool,
+    /// Lent buffers the device wrote into, not yet taken.
+    lent_done: Vec<(u64, Result<u32, NetError>)>,
     /// The transmit slot each chain in flight (by head) holds.
     tx_slot: Vec<Option<usize>>,
     /// A session's frame in flight (by head): its driver tag and length.
@@ -177,6 +184,9 @@ impl VirtioNet {
             .map_err(|e| VirtioError::Device(e.to_string()))?;
         let mut d = Self {
             rx_slot: vec![None; rx.size() as usize],
+            rx_lent: vec![None; rx.size() as usize],
+            lending: false,
+            lent_done: Vec::new(),
             tx_slot: vec![None; tx.size() as usize],
             tx_tag: vec![None; tx.size() as usize],
             tx_tagged: 0,
@@ -405,6 +415,23 @@ impl VirtioNet {
     fn receive_each(&mut self, each: &mut dyn FnMut(&[u8])) -> Result<usize, VirtioError> {
         let mut n = 0;
         while let Some((head, len)) = self.rx.pop_used()? {
+            if let Some((tag, room)) = self.rx_lent.get_mut(head as usize).and_then(Option::take) {
+                // A client's buffer: the frame is already where the client reads it. Only
+                // the length is checked (the driver cannot read the client's memory).
+                let whole = net::HDR_SIZE + net::ETH_HEADER;
+                let result = if (len as usize) < whole || len > room {
+                    self.rx_error();
+                    Err(NetError::Io(format!(
+                        "the device wrote {len} bytes into a {room}-byte buffer"
+                    )))
+                } else {
+                    self.stats.rx_frames += 1;
+                    Ok(len - net::HDR_SIZE as u32)
+                };
+                self.lent_done.push((tag, result));
+                n += 1;
+                continue;
+            }
             let slot = self
                 .rx_slot
                 .get_mut(head as usize)
@@ -568,6 +595,9 @@ impl NetDriver for VirtioNet {
     }
 
     fn kick(&mut self) -> Result<(), Failure> {
+        if self.lending {
+            self.rx.publish().map_err(failure)?;
+        }
         self.tx.publish().map(|_| ()).map_err(failure)
     }
 
@@ -597,6 +627,70 @@ impl NetDriver for VirtioNet {
         let rx = self.rx.enable_interrupts().map_err(failure)?;
         let tx = self.tx.enable_interrupts().map_err(failure)?;
         Ok(rx || tx)
+    }
+
+    fn lend_headroom(&self) -> Option<u32> {
+        // Taking the receive queue back from lent buffers needs resetting it alone.
+        (self.device.features() & vfeature::RING_RESET != 0).then_some(net::HDR_SIZE as u32)
+    }
+
+    fn set_lending(&mut self, on: bool, returned: &mut Vec<u64>) -> Result<(), NetError> {
+        if self.lend_headroom().is_none() {
+            return Err(NetError::Invalid(
+                "this NIC cannot reset its receive queue alone (no RING_RESET): it receives into the driver's buffers only".into(),
+            ));
+        }
+        let dead = |e: VirtioError| NetError::DeviceFailed(e.to_string());
+        self.device.reset_queue(&mut self.rx).map_err(dead)?;
+        returned.extend(
+            self.rx_lent
+                .iter_mut()
+                .filter_map(Option::take)
+                .map(|(t, _)| t),
+        );
+        self.rx_slot.fill(None);
+        self.partial.clear();
+        self.lending = on;
+        if !on {
+            for slot in 0..self.rx.size() as usize {
+                self.post_rx(slot).map_err(dead)?;
+            }
+            self.rx.publish().map_err(dead)?;
+        }
+        Ok(())
+    }
+
+    fn can_lend(&self) -> bool {
+        self.lending && self.rx.can_add(1)
+    }
+
+    fn lend(&mut self, iova: u64, len: u32, tag: u64) -> Result<(), NetError> {
+        if !self.lending {
+            return Err(NetError::Invalid("not lending".into()));
+        }
+        // The header and the longest frame the device may write (an 802.1Q tag included):
+        // one buffer always holds a whole frame, so a frame never spans two.
+        let need = (net::HDR_SIZE + usize::from(self.info.mtu) + net::ETH_HEADER + 4) as u32;
+        if len < need {
+            return Err(NetError::Invalid(format!(
+                "a lent buffer of {len} bytes: it must hold the header and a whole frame ({need})"
+            )));
+        }
+        let head = self
+            .rx
+            .add(&[Buf {
+                iova,
+                len,
+                write: true,
+            }])
+            .map_err(|e| NetError::DeviceFailed(e.to_string()))?
+            .ok_or(NetError::QueueFull)?;
+        self.rx_lent[head as usize] = Some((tag, len));
+        Ok(())
+    }
+
+    fn take_lent(&mut self, out: &mut Vec<(u64, Result<u32, NetError>)>) {
+        out.append(&mut self.lent_done);
     }
 }
 

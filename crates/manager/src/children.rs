@@ -696,6 +696,11 @@ pub struct ExportTapArgs {
     /// inherited connection.
     #[arg(long, hide = true, value_name = "FD")]
     pub broker_fd: Option<i32>,
+    /// Take the NIC's receive path: the device writes each frame straight into the export's
+    /// buffers (no copy in the driver server). Refused while another session receives on
+    /// the NIC; while held, other sessions may send but not receive.
+    #[arg(long)]
+    pub own: bool,
 }
 
 impl ExportTapArgs {
@@ -706,6 +711,7 @@ impl ExportTapArgs {
         a.opt("--name", Some(&self.name).filter(|n| !n.is_empty()));
         a.opt("--tap-fd", self.tap_fd);
         a.opt("--broker-fd", self.broker_fd);
+        a.flag("--own", self.own);
         a.0
     }
 }
@@ -782,12 +788,14 @@ mod tests {
                 name: String::new(),
                 tap_fd: None,
                 broker_fd: None,
+                own: false,
             },
             ExportTapArgs {
                 nic: "nic1".into(),
                 name: "ob1".into(),
                 tap_fd: Some(3),
                 broker_fd: Some(4),
+                own: true,
             },
         ] {
             let Command::Export(Export::Tap(back)) = parse(a.command_line()) else {

@@ -133,6 +133,9 @@ pub enum ExportProtocol {
     Tap {
         /// The interface's name (`interface`; default: the device's).
         interface: String,
+        /// The export takes the NIC's receive path (`own = true`): frames are written
+        /// straight into its buffers.
+        own: bool,
     },
 }
 
@@ -200,6 +203,7 @@ struct RawExport {
     name: Option<Spanned<String>>,
     protocol: Option<Spanned<String>>,
     interface: Option<Spanned<String>>,
+    own: Option<Spanned<bool>>,
     socket: Option<Spanned<String>>,
     listen: Option<Spanned<String>>,
     #[serde(default)]
@@ -626,6 +630,7 @@ impl Machine {
                 None | Some(("nbd", _)) => ExportProtocol::Nbd,
                 Some(("tap", _)) => ExportProtocol::Tap {
                     interface: tap_interface(&e, device).map_err(|(at, m)| err(at, m))?,
+                    own: e.own.as_ref().is_some_and(|o| *o.get_ref()),
                 },
                 Some((other, at)) => {
                     return Err(err(
@@ -634,6 +639,12 @@ impl Machine {
                     ))
                 }
             };
+            if let (ExportProtocol::Nbd, Some(o)) = (&protocol, &e.own) {
+                return Err(err(
+                    o.span().start,
+                    "own is a TAP export's (protocol = \"tap\")".into(),
+                ));
+            }
             if let (ExportProtocol::Nbd, Some(i)) = (&protocol, &e.interface) {
                 return Err(err(
                     i.span().start,

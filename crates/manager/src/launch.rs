@@ -439,8 +439,8 @@ impl Manager {
                     class,
                 });
             }
-            if let ExportProtocol::Tap { interface } = &e.protocol {
-                self.start_tap_export(e, interface)?;
+            if let ExportProtocol::Tap { interface, own } = &e.protocol {
+                self.start_tap_export(e, interface, *own)?;
                 continue;
             }
             let mut export = ExportNbdArgs::of(vec![e.device.clone()]);
@@ -541,7 +541,12 @@ impl Manager {
     /// does not) and keeps it for as long as it runs, so an export started again after a
     /// crash finds the same interface, addresses and routes the host gave it; the export
     /// joins it to the NIC through a session it asks the manager for.
-    fn start_tap_export(&mut self, e: &ExportConfig, interface: &str) -> Result<(), ManagerError> {
+    fn start_tap_export(
+        &mut self,
+        e: &ExportConfig,
+        interface: &str,
+        own: bool,
+    ) -> Result<(), ManagerError> {
         let failed = |why: String| {
             ManagerError::Export(format!("export {} (TAP {interface}): {why}", e.name))
         };
@@ -567,6 +572,7 @@ impl Manager {
             name: made.clone(),
             tap_fd: Some(supervisor::EVENT_FD),
             broker_fd: Some(passing.broker_fd()),
+            own,
         };
         let log = self.created(self.rt().dir().join(format!("export-tap-{made}.log")));
         let pid = self.spawn_export(&e.name, &args.command_line(), log, passing)?;

@@ -99,6 +99,13 @@ pub mod common {
     pub const QUEUE_DEVICE: u64 = 0x30;
     /// Size of the structure without the v1.2 `queue_notif_config_data`/`queue_reset` fields.
     pub const SIZE: u64 = 0x38;
+    /// le16 queue_notify_data (ro; with `NOTIF_CONFIG_DATA`).
+    pub const QUEUE_NOTIFY_DATA: u64 = 0x38;
+    /// le16 queue_reset (rw; with `RING_RESET`): 1 written resets the selected queue, 1 read
+    /// back says it is reset (§4.1.4.3).
+    pub const QUEUE_RESET: u64 = 0x3a;
+    /// Size of the structure with the v1.2 fields.
+    pub const SIZE_V1_2: u64 = 0x3c;
 }
 
 /// "No vector" value for MSI-X vector registers (§4.1.5.1.2).
@@ -139,6 +146,9 @@ pub mod feature {
     pub const IN_ORDER: u64 = 1 << 35;
     /// Notifications carry extra data.
     pub const NOTIFICATION_DATA: u64 = 1 << 38;
+    /// The driver may reset one queue alone (§2.6.1): the device forgets its buffers, and
+    /// the queue may be set up and enabled again.
+    pub const RING_RESET: u64 = 1 << 40;
 
     /// Name of a reserved feature bit, for probe output.
     pub fn name(bit: u32) -> Option<&'static str> {

@@ -259,6 +259,10 @@ pub struct NetCounters {
     /// right (a length past its buffer, a chain it never posted): the driver counts these.
     #[serde(default)]
     pub rx_device_errors: u64,
+    /// Frames the device wrote straight into a session's buffer (the session owns the
+    /// receive path, [`NetOp::Own`]): delivered without a copy in the server.
+    #[serde(default)]
+    pub rx_in_place: u64,
 }
 
 impl NetInfo {
@@ -331,6 +335,14 @@ pub enum NetOp {
     /// Ask the NIC to hold receive interrupts back up to `length` microseconds (0: none;
     /// at most [`MAX_HOLD_OFF_US`]) — the device's setting, for every session.
     HoldOff,
+    /// Take (`length` 1) or give back (0) the NIC's receive path. The owner's posted buffers
+    /// go into the device itself, which writes each frame where the client reads it: no copy
+    /// in the server. The value is the headroom: bytes the device writes before the frame in
+    /// each buffer (a received frame is at `buf_offset + headroom`). Refused (`busy`) while
+    /// another session receives; while it is owned, other sessions may send but not post
+    /// receive buffers. The owner's address rule and filter still decide which frames
+    /// complete; a frame it does not take leaves its buffer posted.
+    Own,
 }
 
 /// The longest receive-interrupt hold-off a client may ask for: one second.
@@ -347,6 +359,7 @@ impl NetOp {
             NetOp::Multicast => 5,
             NetOp::Reclaim => 6,
             NetOp::HoldOff => 7,
+            NetOp::Own => 8,
         }
     }
 
@@ -360,6 +373,7 @@ impl NetOp {
             5 => NetOp::Multicast,
             6 => NetOp::Reclaim,
             7 => NetOp::HoldOff,
+            8 => NetOp::Own,
             _ => return None,
         })
     }
@@ -448,6 +462,15 @@ pub fn validate(r: &NetRequest, info: &NetInfo, buffer_size: u64) -> Result<(), 
         NetOp::Reclaim => {
             if r.buf_offset != 0 || r.length != 0 {
                 return Err(NetError::Invalid("reclaim takes no buffer".into()));
+            }
+            Ok(())
+        }
+        NetOp::Own => {
+            if r.buf_offset != 0 || r.length > 1 {
+                return Err(NetError::Invalid(format!(
+                    "own takes 1 (take the receive path) or 0 (give it back), not {} (offset {})",
+                    r.length, r.buf_offset
+                )));
             }
             Ok(())
         }

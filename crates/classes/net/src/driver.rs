@@ -45,6 +45,41 @@ pub trait NetDriver: Driver {
     /// Arms the device's interrupts before the environment sleeps; true if work is already
     /// waiting.
     fn arm(&mut self) -> Result<bool, Failure>;
+
+    /// If this driver can lend receive buffers — put a client's buffer into the device's
+    /// receive queue, so the device writes the frame where the client reads it — the bytes
+    /// the device writes before each frame (its header). `None`: it cannot.
+    fn lend_headroom(&self) -> Option<u32> {
+        None
+    }
+    /// Starts (`on`) or stops lending. The device's receive queue is emptied either way:
+    /// the tag of every lent buffer still in it is appended to `returned` (the device will
+    /// not write it any more). Lending, the queue then holds only lent buffers; otherwise
+    /// the driver's own again. Frames the device completed before are still reported.
+    fn set_lending(&mut self, on: bool, returned: &mut Vec<u64>) -> Result<(), NetError> {
+        let _ = (on, returned);
+        Err(NetError::Invalid(
+            "this NIC's driver cannot receive into a client's buffers".into(),
+        ))
+    }
+    /// Whether another buffer may be lent now.
+    fn can_lend(&self) -> bool {
+        false
+    }
+    /// Lends the `len`-byte buffer at device address `iova` under `tag` (visible to the
+    /// device at the next [`NetDriver::kick`] or poll). It must hold the headroom and the
+    /// longest frame.
+    fn lend(&mut self, iova: u64, len: u32, tag: u64) -> Result<(), NetError> {
+        let _ = (iova, len, tag);
+        Err(NetError::Invalid(
+            "this NIC's driver cannot receive into a client's buffers".into(),
+        ))
+    }
+    /// Lent buffers the device wrote a frame into since the last call, appended to `out`:
+    /// the tag, and the frame's length after the headroom or why there is none.
+    fn take_lent(&mut self, out: &mut Vec<(u64, Result<u32, NetError>)>) {
+        let _ = out;
+    }
 }
 
 outboard_env::class_binding!(NetBinding, NetDriver, CLASS);

@@ -227,6 +227,27 @@ impl VirtioDevice {
         &self.transport
     }
 
+    /// Resets queue `vq` alone and sets it up again empty, on the same rings and vector
+    /// (§2.6.1): every buffer it held is forgotten by the device and by `vq`. Needs
+    /// `RING_RESET`.
+    pub fn reset_queue(&self, vq: &mut VirtQueue) -> Result<(), VirtioError> {
+        if self.features & vfeature::RING_RESET == 0 {
+            return Err(VirtioError::Device(
+                "this device cannot reset a queue alone (no RING_RESET)".into(),
+            ));
+        }
+        let index = vq.index();
+        self.transport.reset_queue(index)?;
+        vq.clear()?;
+        let (d, a, u) = vq.addresses();
+        let vector = if self.msix { index + 1 } else { NO_VECTOR };
+        vq.set_doorbell(
+            self.transport
+                .setup_queue(index, vq.size(), d, a, u, vector)?,
+        );
+        Ok(())
+    }
+
     /// Whether the device set DEVICE_NEEDS_RESET (virtio 1.2 §2.1.2): it has stopped, and
     /// what it holds will not complete. A trapped register read: call it on the configuration
     /// interrupt, never per request.

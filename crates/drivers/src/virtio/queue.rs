@@ -95,6 +95,20 @@ impl VirtQueue {
         })
     }
 
+    /// Forgets every request and zeroes the rings, as a queue just made: after the device
+    /// reset this queue alone (`VIRTIO_F_RING_RESET`), before it is enabled again.
+    pub fn clear(&mut self) -> Result<(), VirtioError> {
+        let len = self.used_off + split::used_ring_size(self.size);
+        self.ring.fill(0, len as usize, 0)?;
+        self.free = (0..self.size).rev().collect();
+        self.next.fill(0);
+        self.chain_len.fill(0);
+        self.avail_shadow = 0;
+        self.published = 0;
+        self.last_used = 0;
+        Ok(())
+    }
+
     /// Device addresses of the descriptor table, available ring and used ring.
     pub fn addresses(&self) -> (u64, u64, u64) {
         let base = self.ring.iova();

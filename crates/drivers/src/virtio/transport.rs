@@ -256,6 +256,28 @@ impl Transport {
         })
     }
 
+    /// Resets queue `index` alone (§2.6.1; the driver negotiated `RING_RESET`): the device
+    /// forgets its buffers. Waits, bounded, until the device reads back that it is done.
+    pub fn reset_queue(&self, index: u16) -> Result<(), VirtioError> {
+        if u64::from(self.common.length) < common::SIZE_V1_2 {
+            return Err(VirtioError::Device(
+                "the common configuration has no queue_reset".into(),
+            ));
+        }
+        self.w16(common::QUEUE_SELECT, index)?;
+        self.w16(common::QUEUE_RESET, 1)?;
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(1);
+        while self.c16(common::QUEUE_RESET)? != 1 {
+            if std::time::Instant::now() > deadline {
+                return Err(VirtioError::Device(format!(
+                    "queue {index} did not reset within a second"
+                )));
+            }
+            std::thread::sleep(std::time::Duration::from_micros(20));
+        }
+        Ok(())
+    }
+
     /// Routes configuration-change interrupts to `vector`.
     pub fn set_config_vector(&self, vector: u16) -> Result<(), VirtioError> {
         self.w16(common::CONFIG_MSIX_VECTOR, vector)?;

@@ -62,6 +62,10 @@ pub struct NetOptions {
     pub mode: WaitMode,
     /// How long a call waits for the server before it fails with a timeout.
     pub timeout: Duration,
+    /// Take the NIC's receive path ([`NetOp::Own`]): the device writes each frame straight
+    /// into this session's buffers, with no copy in the server. Refused (`busy`) while
+    /// another session receives on the NIC, and by a driver that cannot lend buffers.
+    pub own_receive: bool,
 }
 
 impl Default for NetOptions {
@@ -71,6 +75,7 @@ impl Default for NetOptions {
             transmit_buffers: 64,
             mode: WaitMode::Blocking,
             timeout: Duration::from_secs(10),
+            own_receive: false,
         }
     }
 }
@@ -105,8 +110,11 @@ pub struct NetClient {
     slot: u64,
     /// Transmit slots free (slot numbers, after the receive slots).
     tx_free: Vec<u32>,
-    /// Received frames not yet read: (slot, length or why not).
-    received: VecDeque<(u32, Result<u32, NetError>)>,
+    /// Received frames not yet read: (slot, where the frame starts in it, length or why not).
+    received: VecDeque<(u32, u32, Result<u32, NetError>)>,
+    /// Where a frame starts in a receive buffer: the device's header before it while this
+    /// session owns the receive path, else 0.
+    headroom: u32,
     /// Answers to control requests not yet collected.
     answers: Vec<(u64, Result<u32, NetError>)>,
     /// Frames whose sending failed, not yet reported.
@@ -200,12 +208,37 @@ impl NetClient {
             hold_off: None,
             supervisor: None,
             resumes: 0,
+            headroom: 0,
         };
+        // Owned before any buffer is posted: every buffer is then the device's own.
+        if opts.own_receive {
+            c.headroom = c.take_receive_path()?;
+        }
         for slot in 0..opts.receive_buffers {
             c.post(slot)?;
         }
         c.channel.kick();
         Ok(c)
+    }
+
+    /// Asks for the receive path; the headroom. A slot must hold the headroom and the
+    /// longest frame (with an 802.1Q tag): if it cannot, the path is given back.
+    fn take_receive_path(&mut self) -> Result<u32, NetError> {
+        let headroom = self.control(NetOp::Own, 0, 1)?;
+        let need = u64::from(headroom) + u64::from(self.info.max_frame()) + 4;
+        if need > self.slot {
+            self.control(NetOp::Own, 0, 0)?;
+            return Err(NetError::Invalid(format!(
+                "receiving in place needs {need}-byte buffers; this session's are {}",
+                self.slot
+            )));
+        }
+        Ok(headroom)
+    }
+
+    /// Whether the device writes received frames straight into this session's buffers.
+    pub fn owns_receive(&self) -> bool {
+        self.headroom > 0
     }
 
     /// The NIC's status as it was when the session opened.
@@ -276,6 +309,18 @@ impl NetClient {
     /// others sent again; every receive buffer not holding an unread frame posted again; the
     /// filter, mode and groups set again.
     fn restore(&mut self, taken: u32) -> Result<(), NetError> {
+        // The receive path first, before a buffer is posted on the new server. If it is not
+        // granted there (another session posted first), frames are copied, as before.
+        if self.opts.own_receive {
+            self.headroom = match self.take_receive_path() {
+                Ok(h) => h,
+                Err(e @ (NetError::DeviceGone | NetError::Timeout)) => return Err(e),
+                Err(e) => {
+                    tracing::warn!("{}: the receive path on the new server: {e}", self.device);
+                    0
+                }
+            };
+        }
         let mut sending: Vec<(u32, (u32, u32))> = self.sending.drain().collect();
         sending.sort_by_key(|&(_, (pos, _))| pos.wrapping_sub(taken) as i32);
         for (slot, (position, len)) in sending {
@@ -286,7 +331,7 @@ impl NetClient {
                 self.transmit(slot, len)?;
             }
         }
-        let unread: Vec<u32> = self.received.iter().map(|&(slot, _)| slot).collect();
+        let unread: Vec<u32> = self.received.iter().map(|&(slot, _, _)| slot).collect();
         for slot in 0..self.opts.receive_buffers {
             if !unread.contains(&slot) {
                 self.post(slot)?;
@@ -359,7 +404,7 @@ impl NetClient {
                     self.failed.push_back(e);
                 }
             } else if tag < u64::from(self.opts.receive_buffers) {
-                self.received.push_back((tag as u32, result));
+                self.received.push_back((tag as u32, self.headroom, result));
             } else {
                 return Err(NetError::Protocol(format!(
                     "a completion for tag {tag:#x}, which this client never used"
@@ -447,10 +492,10 @@ impl NetClient {
     ) -> Result<Option<usize>, NetError> {
         let deadline = Instant::now() + timeout;
         loop {
-            if let Some((slot, result)) = self.received.pop_front() {
+            if let Some((slot, headroom, result)) = self.received.pop_front() {
                 let read = result.and_then(|len| {
                     let n = len as usize;
-                    if n > out.len() || u64::from(len) > self.slot {
+                    if n > out.len() || u64::from(len) + u64::from(headroom) > self.slot {
                         return Err(NetError::Truncated(format!(
                             "a frame of {n} bytes into {} bytes",
                             out.len()
@@ -458,7 +503,10 @@ impl NetClient {
                     }
                     self.channel
                         .buffers()
-                        .read(u64::from(slot) * self.slot, &mut out[..n])
+                        .read(
+                            u64::from(slot) * self.slot + u64::from(headroom),
+                            &mut out[..n],
+                        )
                         .map_err(|e| NetError::Protocol(e.to_string()))?;
                     Ok(n)
                 });

@@ -502,3 +502,114 @@ fn udp_echo(a: impl NetPort + 'static, b: impl NetPort + 'static) {
     assert_eq!(echo.join().unwrap(), sizes.len());
     assert_eq!(a.dropped(), 0);
 }
+
+fn owning(rig: &Rig, nic: &str) -> Result<NetClient, NetError> {
+    let opts = NetOptions {
+        own_receive: true,
+        ..NetOptions::default()
+    };
+    NetClient::open(&rig.sock, nic, opts)
+}
+
+#[test]
+fn a_session_owning_the_receive_path_gets_frames_written_in_place_intact_and_in_order() {
+    let rig = Rig::start();
+    let mut a = rig.open("nic0");
+    let mut b = owning(&rig, "nic1").unwrap();
+    assert!(b.owns_receive());
+    // Every size, more frames than buffers: each buffer is written by the device, read in
+    // place, and lent again.
+    let sizes: Vec<usize> = (60..=1514).step_by(11).chain([1514, 60]).collect();
+    let frames: Vec<Vec<u8>> = sizes
+        .iter()
+        .enumerate()
+        .map(|(i, &n)| frame(B, A, 0x88b5, n, 1000 + i as u64))
+        .collect();
+    let mut got = Vec::new();
+    for chunk in frames.chunks(32) {
+        for f in chunk {
+            a.send(f).unwrap();
+        }
+        a.flush().unwrap();
+        while got.len() < frames.len() {
+            match b.recv(Duration::from_millis(500)).unwrap() {
+                Some(f) => got.push(f),
+                None => break,
+            }
+        }
+    }
+    assert_eq!(got.len(), frames.len(), "every frame arrived");
+    for (i, (g, f)) in got.iter().zip(&frames).enumerate() {
+        assert!(g == f, "frame {i} ({} bytes) differs", f.len());
+    }
+    // Another station's frame is not the owner's: its buffer goes back to the device.
+    a.send(&frame([2, 0, 0, 0, 0, 9], A, 0x88b5, 64, 7))
+        .unwrap();
+    // The owner's filter still decides.
+    b.set_filter(Some(&only(0x88b6))).unwrap();
+    a.send(&frame(B, A, 0x88b5, 80, 8)).unwrap();
+    let wanted = frame(B, A, 0x88b6, 90, 9);
+    a.send(&wanted).unwrap();
+    a.flush().unwrap();
+    assert_eq!(b.recv(WAIT).unwrap().as_deref(), Some(&wanted[..]));
+    assert_eq!(b.recv(Duration::from_millis(300)).unwrap(), None);
+    let c = NetClient::status(&rig.sock, "nic1").unwrap().counters;
+    assert_eq!(c.rx_in_place, frames.len() as u64 + 1, "{c:?}");
+    assert_eq!(c.rx_delivered, c.rx_in_place, "no frame was copied: {c:?}");
+    assert_eq!(c.rx_unclaimed, 2, "{c:?}");
+    rig.stop();
+}
+
+#[test]
+fn while_the_receive_path_is_owned_others_send_but_cannot_receive_and_get_it_back_after() {
+    let rig = Rig::start();
+    let mut a = rig.open("nic0");
+    let owner = owning(&rig, "nic1").unwrap();
+    // A second owner, and a session that posts buffers, are refused with the reason.
+    match owning(&rig, "nic1") {
+        Err(NetError::Busy(why)) => assert!(why.contains("owns"), "{why}"),
+        Err(e) => panic!("a second owner: {e}"),
+        Ok(_) => panic!("a second owner was let in"),
+    }
+    let mut other = rig.open("nic1");
+    match other.recv(WAIT) {
+        Err(NetError::Busy(why)) => assert!(why.contains("owns"), "{why}"),
+        r => panic!("a receive buffer on an owned NIC: {r:?}"),
+    }
+    // It sends all the same.
+    let f = frame(A, B, 0x88b5, 200, 1);
+    other.send(&f).unwrap();
+    other.flush().unwrap();
+    assert_eq!(a.recv(WAIT).unwrap().as_deref(), Some(&f[..]));
+    // A NIC where a session receives already cannot be owned.
+    let _listener = rig.open("nic0");
+    match owning(&rig, "nic0") {
+        Err(NetError::Busy(why)) => assert!(why.contains("shared"), "{why}"),
+        r => panic!("owning a shared receive path: {:?}", r.map(|_| ())),
+    }
+    // The owner leaves: the driver's own buffers are back in the device, and a new session
+    // receives by copy.
+    drop(owner);
+    drop(other);
+    let deadline = std::time::Instant::now() + WAIT;
+    let mut late = loop {
+        let mut c = rig.open("nic1");
+        let f = frame(B, A, 0x88b5, 300, 2);
+        a.send(&f).unwrap();
+        a.flush().unwrap();
+        match c.recv(Duration::from_millis(500)) {
+            Ok(Some(g)) => {
+                assert_eq!(g, f);
+                break c;
+            }
+            r => assert!(
+                std::time::Instant::now() < deadline,
+                "nic1 never received by copy again: {r:?}"
+            ),
+        }
+    };
+    let c = NetClient::status(&rig.sock, "nic1").unwrap().counters;
+    assert!(c.rx_delivered > c.rx_in_place, "{c:?}");
+    assert!(late.recv(Duration::from_millis(100)).is_ok());
+    rig.stop();
+}

@@ -6,12 +6,23 @@
 //! oldest posted buffer of each session that takes it (the server must look at a frame to
 //! know whose it is, so a frame is copied once per session that takes it).
 //!
+//! **Owning the receive path** ([`NetOp::Own`]): one session may take the NIC's receive path
+//! when no other session receives. Its posted buffers are then lent to the driver, which puts
+//! them in the device's receive queue (emptied of the driver's own buffers first), so the
+//! device writes each frame where the client reads it — after the device's header, the
+//! headroom the answer says. The server reads only what the owner's address rule and filter
+//! need (the destination; the whole frame only for a filter); a frame the owner does not take
+//! goes back to the device in the same buffer. Other sessions may send, but posting receive
+//! buffers is refused (`busy`) while the path is owned. A driver that cannot lend (no queue
+//! reset) refuses ownership; if the device is brought back by a driver that cannot, frames
+//! are copied into the owner's buffers at the same headroom, so the client reads them alike.
+//!
 //! Deadlines: a frame in the transmit queue has one (a NIC sends promptly or has stalled); a
 //! posted receive buffer has none — it waits for traffic — and is not in the device: it
 //! survives the device failing and being brought back. A failure answers the frames in the
 //! device (`timed out`, `restarting`, `device failed`).
 
-use std::collections::{HashSet, VecDeque};
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::time::Instant;
 
 use outboard_env::{AnyDriver, Driver, Failure};
@@ -54,6 +65,11 @@ struct PerSession {
     posted: VecDeque<Posted>,
     /// Its mode, groups and filter.
     reception: Reception,
+    /// Its buffers lent to the device, by tag (it owns the receive path).
+    lent: HashMap<u64, Posted>,
+    /// Where in each of its buffers a frame starts (the device's header before it when it
+    /// owns the receive path; 0 otherwise).
+    headroom: u32,
 }
 
 /// One NIC being served.
@@ -64,6 +80,12 @@ pub struct NetDispatcher {
     sessions: Vec<Option<PerSession>>,
     sent: Vec<(u64, Result<u32, NetError>)>,
     counters: NetCounters,
+    /// The session that owns the receive path, if one does.
+    owner: Option<usize>,
+    /// Lent buffers the device wrote into, being handled.
+    lent_done: Vec<(u64, Result<u32, NetError>)>,
+    /// The start of a frame in a lent buffer, read for the owner's address rule and filter.
+    peek: Vec<u8>,
 }
 
 fn complete(s: &mut Session, stats: &mut HostStats, tag: u64, result: Result<u32, NetError>) {
@@ -103,6 +125,9 @@ impl NetDispatcher {
             sessions: Vec::new(),
             sent: Vec::new(),
             counters: NetCounters::default(),
+            owner: None,
+            lent_done: Vec::new(),
+            peek: Vec::new(),
         }
     }
 
@@ -181,6 +206,9 @@ impl NetDispatcher {
         let s = cx.sessions[si].as_mut()?;
         let ps = self.sessions.get_mut(si)?.as_mut()?;
         match r.op {
+            NetOp::Receive if self.owner.is_some_and(|o| o != si) => Some(Err(NetError::Busy(
+                "another session owns this NIC's receive path".into(),
+            ))),
             NetOp::Receive => {
                 ps.tags.insert(r.tag);
                 ps.posted.push_back(Posted {
@@ -211,14 +239,36 @@ impl NetDispatcher {
                 0
             })),
             NetOp::Reclaim => {
-                let n = ps.posted.len() as u32;
+                // Lent buffers come out of the device first (it empties its receive queue).
+                let mut back = Vec::new();
+                if self.owner == Some(si) && !ps.lent.is_empty() {
+                    if let Err(e) = self.driver.set_lending(true, &mut back) {
+                        return Some(Err(e));
+                    }
+                }
+                let mut n = 0;
+                for tag in back {
+                    if ps.lent.remove(&tag).is_some() {
+                        ps.tags.remove(&tag);
+                        complete(s, cx.stats, tag, Err(NetError::Cancelled));
+                        n += 1;
+                    }
+                }
                 for p in ps.posted.drain(..) {
                     ps.tags.remove(&p.tag);
                     complete(s, cx.stats, p.tag, Err(NetError::Cancelled));
+                    n += 1;
                 }
                 Some(Ok(n))
             }
             NetOp::HoldOff => Some(self.driver.set_hold_off(r.length).map(|()| 0)),
+            NetOp::Own if r.length == 1 => Some(self.take_ownership(si)),
+            NetOp::Own => {
+                if self.owner == Some(si) {
+                    self.give_back(si);
+                }
+                Some(Ok(0))
+            }
             NetOp::Transmit => None,
         }
     }
@@ -253,14 +303,15 @@ impl NetDispatcher {
                 continue;
             };
             ps.tags.remove(&p.tag);
-            let n = take.min(p.len as usize);
-            let result = match s.region.buffers.write(p.offset, &frame[..n]) {
+            let room = p.len.saturating_sub(ps.headroom) as usize;
+            let n = take.min(room);
+            let at = p.offset + u64::from(ps.headroom);
+            let result = match s.region.buffers.write(at, &frame[..n]) {
                 Err(e) => Err(NetError::Io(format!("the receive buffer: {e}"))),
                 Ok(()) if n < take => {
                     counters.rx_truncated += 1;
                     Err(NetError::Truncated(format!(
-                        "a frame of {take} bytes into a buffer of {}",
-                        p.len
+                        "a frame of {take} bytes into a buffer of {room}"
                     )))
                 }
                 Ok(()) => {
@@ -272,6 +323,166 @@ impl NetDispatcher {
         }
         if !claimed {
             counters.rx_unclaimed += 1;
+        }
+    }
+}
+
+impl NetDispatcher {
+    /// Session `si` asks for the receive path: granted when no other session receives and
+    /// the driver can lend; the answer is the headroom.
+    fn take_ownership(&mut self, si: usize) -> Result<u32, NetError> {
+        match self.owner {
+            Some(o) if o == si => {
+                return Ok(self.sessions[si].as_ref().map_or(0, |ps| ps.headroom));
+            }
+            Some(_) => {
+                return Err(NetError::Busy(
+                    "another session owns this NIC's receive path".into(),
+                ))
+            }
+            None => {}
+        }
+        let Some(headroom) = self.driver.lend_headroom() else {
+            return Err(NetError::Invalid(
+                "this NIC's driver cannot receive into a client's buffers".into(),
+            ));
+        };
+        let others = self
+            .sessions
+            .iter()
+            .enumerate()
+            .any(|(i, ps)| i != si && ps.as_ref().is_some_and(|ps| !ps.posted.is_empty()));
+        if others {
+            return Err(NetError::Busy(
+                "other sessions receive on this NIC: its receive path is shared".into(),
+            ));
+        }
+        // The driver's own buffers leave the device: frames in them not yet taken are
+        // dropped, as on a NIC being reconfigured.
+        let mut back = Vec::new();
+        self.driver.set_lending(true, &mut back)?;
+        self.owner = Some(si);
+        if let Some(ps) = self.sessions[si].as_mut() {
+            ps.headroom = headroom;
+        }
+        Ok(headroom)
+    }
+
+    /// Session `o`'s lent buffers are no longer in the device (it failed, or was replaced):
+    /// they wait among its posted ones, oldest first.
+    fn unlend_all(&mut self, o: usize) {
+        if let Some(ps) = self.sessions.get_mut(o).and_then(Option::as_mut) {
+            let mut lent: Vec<Posted> = ps.lent.drain().map(|(_, p)| p).collect();
+            lent.sort_by_key(|p| p.offset);
+            for p in lent.into_iter().rev() {
+                ps.posted.push_front(p);
+            }
+        }
+    }
+
+    /// The owner gives the receive path back (or is gone): the device's receive queue gets
+    /// the driver's own buffers again; the owner's lent buffers wait among its posted ones.
+    fn give_back(&mut self, si: usize) {
+        self.owner = None;
+        let mut back = Vec::new();
+        if let Err(e) = self.driver.set_lending(false, &mut back) {
+            tracing::warn!("net: taking the receive queue back from lent buffers: {e}");
+        }
+        self.unlend_all(si);
+        if let Some(ps) = self.sessions.get_mut(si).and_then(Option::as_mut) {
+            ps.headroom = 0;
+        }
+    }
+
+    /// Lends the owner's posted buffers to the driver while it has room (one doorbell).
+    fn lend_posted(&mut self, cx: &mut Ctx<'_>) -> Result<(), Failure> {
+        let Some(o) = self.owner else { return Ok(()) };
+        let Some(base) = cx.iova(o) else {
+            return Ok(());
+        };
+        let Some(ps) = self.sessions.get_mut(o).and_then(Option::as_mut) else {
+            return Ok(());
+        };
+        let mut lent = false;
+        while self.driver.can_lend() {
+            let Some(p) = ps.posted.pop_front() else {
+                break;
+            };
+            match self.driver.lend(base + p.offset, p.len, p.tag) {
+                Ok(()) => {
+                    ps.lent.insert(p.tag, p);
+                    lent = true;
+                }
+                Err(NetError::DeviceFailed(why)) => {
+                    ps.posted.push_front(p);
+                    return Err(Failure::Driver(why));
+                }
+                Err(e) => {
+                    // This buffer cannot be lent (too small): it fails alone.
+                    ps.tags.remove(&p.tag);
+                    if let Some(s) = cx.sessions[o].as_mut() {
+                        complete(s, cx.stats, p.tag, Err(e));
+                    }
+                }
+            }
+        }
+        if lent {
+            self.driver.kick()?;
+        }
+        Ok(())
+    }
+
+    /// Frames the device wrote into the owner's buffers: each completes where it is if the
+    /// owner takes it, or its buffer is lent again.
+    fn reap_lent(&mut self, cx: &mut Ctx<'_>) {
+        self.driver.take_lent(&mut self.lent_done);
+        let mac = self.driver.info().mac;
+        for (tag, result) in self.lent_done.drain(..) {
+            let Some(o) = self.owner else { continue };
+            let (Some(ps), Some(s)) = (
+                self.sessions.get_mut(o).and_then(Option::as_mut),
+                cx.sessions.get_mut(o).and_then(Option::as_mut),
+            ) else {
+                continue;
+            };
+            // A buffer given back or reclaimed meanwhile is no longer the device's.
+            let Some(p) = ps.lent.remove(&tag) else {
+                continue;
+            };
+            let len = match result {
+                Ok(len) => len,
+                Err(e) => {
+                    ps.tags.remove(&tag);
+                    complete(s, cx.stats, tag, Err(e));
+                    continue;
+                }
+            };
+            self.counters.rx_frames += 1;
+            self.counters.rx_bytes += u64::from(len);
+            // What the rule and filter need: the destination, or the whole frame for a filter.
+            let need = match ps.reception.filter {
+                Some(_) => len as usize,
+                None => (outboard_net::ETH_HEADER as usize).min(len as usize),
+            };
+            self.peek.resize(need, 0);
+            let at = p.offset + u64::from(ps.headroom);
+            let take = match s.region.buffers.read(at, &mut self.peek) {
+                Ok(()) if ps.reception.filter.is_some() => ps.reception.takes(&self.peek, &mac),
+                Ok(()) => match ps.reception.takes(&self.peek, &mac) {
+                    0 => 0,
+                    _ => len,
+                },
+                Err(_) => 0,
+            };
+            if take == 0 {
+                self.counters.rx_unclaimed += 1;
+                ps.posted.push_front(p);
+                continue;
+            }
+            ps.tags.remove(&tag);
+            self.counters.rx_delivered += 1;
+            self.counters.rx_in_place += 1;
+            complete(s, cx.stats, tag, Ok(take.min(len)));
         }
     }
 }
@@ -308,6 +519,15 @@ impl Dispatcher for NetDispatcher {
 
     fn replace(&mut self, driver: Box<dyn AnyDriver>) -> Result<(), outboard_env::WrongClass> {
         self.driver = outboard_net::unbind(driver)?;
+        // The new driver lends the owner's buffers again if it can; if it cannot, frames are
+        // copied into them at the same headroom.
+        if let Some(o) = self.owner {
+            self.unlend_all(o);
+            if let Err(e) = self.driver.set_lending(true, &mut Vec::new()) {
+                tracing::warn!("net: the driver brought back cannot lend receive buffers: {e}");
+                self.owner = None;
+            }
+        }
         Ok(())
     }
 
@@ -402,7 +622,8 @@ impl Dispatcher for NetDispatcher {
             cx.stats.cut_off += 1;
             s.cut_off();
         }
-        lost.map(|()| taken > 0)
+        // Buffers the owner posted go into the device together: one doorbell.
+        lost.and_then(|()| self.lend_posted(cx)).map(|()| taken > 0)
     }
 
     fn progress(&mut self, cx: &mut Ctx<'_>) -> Result<bool, Failure> {
@@ -421,6 +642,8 @@ impl Dispatcher for NetDispatcher {
         let n = driver.poll(sent, &mut |frame| {
             Self::deliver(frame, &mac, sessions, counters, cx)
         })?;
+        self.reap_lent(cx);
+        self.lend_posted(cx)?;
         let sent_any = !self.sent.is_empty();
         let mut done = std::mem::take(&mut self.sent);
         for (slot, result) in done.drain(..) {
@@ -468,6 +691,10 @@ impl Dispatcher for NetDispatcher {
             }
         }
         // Posted receive buffers are not in the device: they wait for the device to come back.
+        // Lent ones were, and went with it: they wait among the posted ones, to be lent again.
+        if let Some(o) = self.owner {
+            self.unlend_all(o);
+        }
     }
 
     fn outstanding(&self, slot: usize) -> usize {
@@ -478,6 +705,11 @@ impl Dispatcher for NetDispatcher {
     }
 
     fn close(&mut self, slot: usize) {
+        // An owner that left gives the receive path back: the device must not write into its
+        // buffers any more.
+        if self.owner == Some(slot) {
+            self.give_back(slot);
+        }
         // The client left: its posted buffers will never be answered, nor need to be.
         if let Some(ps) = self.sessions.get_mut(slot).and_then(Option::as_mut) {
             for p in ps.posted.drain(..) {

@@ -211,9 +211,19 @@ impl VirtQueue {
             )?;
             self.chain_len[head as usize] = 1;
         } else {
-            let ids: Vec<u16> = (0..bufs.len())
-                .map(|_| self.free.pop().expect("can_add checked"))
-                .collect();
+            // The descriptors of the chain: on the stack for the usual short chain (no
+            // allocation per request), on the heap for a long one.
+            let mut short = [0u16; 8];
+            let mut long = Vec::new();
+            let ids: &mut [u16] = if bufs.len() <= short.len() {
+                &mut short[..bufs.len()]
+            } else {
+                long.resize(bufs.len(), 0);
+                &mut long
+            };
+            for id in ids.iter_mut() {
+                *id = self.free.pop().expect("can_add checked");
+            }
             for (i, b) in bufs.iter().enumerate() {
                 let next = ids.get(i + 1).copied();
                 let flags = if next.is_some() {

@@ -613,3 +613,44 @@ fn while_the_receive_path_is_owned_others_send_but_cannot_receive_and_get_it_bac
     assert!(late.recv(Duration::from_millis(100)).is_ok());
     rig.stop();
 }
+
+/// Not a check: a fixed workload for counting the driver server's instructions per frame by
+/// hand (`docs/net.md`, "Instructions per frame"): `FRAMES` (default 10000) frames of
+/// `FRAME_SIZE` bytes (default 64) from nic0 to nic1 through one driver server, received by
+/// copy or in place (`OWN=1`).
+#[test]
+#[ignore]
+fn workload_for_counting_instructions_per_frame() {
+    let n: usize = std::env::var("FRAMES")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(10_000);
+    let own = std::env::var("OWN").is_ok_and(|v| v == "1");
+    let size: usize = std::env::var("FRAME_SIZE")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(64);
+    let rig = Rig::start();
+    let mut a = rig.open("nic0");
+    let mut b = if own {
+        owning(&rig, "nic1").unwrap()
+    } else {
+        rig.open("nic1")
+    };
+    let f = frame(B, A, 0x88b5, size, 1);
+    let mut got = 0;
+    for chunk in 0..n.div_ceil(32) {
+        for _ in 0..32.min(n - chunk * 32) {
+            a.send(&f).unwrap();
+        }
+        a.flush().unwrap();
+        while got < (chunk + 1) * 32 && got < n {
+            match b.recv(WAIT).unwrap() {
+                Some(_) => got += 1,
+                None => break,
+            }
+        }
+    }
+    eprintln!("{got} of {n} frames arrived");
+    rig.stop();
+}

@@ -22,7 +22,7 @@
 //! survives the device failing and being brought back. A failure answers the frames in the
 //! device (`timed out`, `restarting`, `device failed`).
 
-use std::collections::{HashMap, HashSet, VecDeque};
+use std::collections::{HashSet, VecDeque};
 use std::time::Instant;
 
 use outboard_env::{AnyDriver, Driver, Failure};
@@ -57,6 +57,47 @@ struct Posted {
     len: u32,
 }
 
+/// The owner's buffers in the device, by the driver tag each was lent under: an index here,
+/// so a frame costs no hashing.
+#[derive(Default)]
+struct Lent {
+    slots: Vec<Option<Posted>>,
+    free: Vec<usize>,
+    count: usize,
+}
+
+impl Lent {
+    /// Keeps `p`; the driver tag to lend it under.
+    fn insert(&mut self, p: Posted) -> u64 {
+        let i = self.free.pop().unwrap_or_else(|| {
+            self.slots.push(None);
+            self.slots.len() - 1
+        });
+        self.slots[i] = Some(p);
+        self.count += 1;
+        i as u64
+    }
+
+    /// The buffer lent under `key`, no longer lent.
+    fn remove(&mut self, key: u64) -> Option<Posted> {
+        let p = self.slots.get_mut(usize::try_from(key).ok()?)?.take()?;
+        self.free.push(key as usize);
+        self.count -= 1;
+        Some(p)
+    }
+
+    fn is_empty(&self) -> bool {
+        self.count == 0
+    }
+
+    /// Every buffer lent, no longer lent.
+    fn drain(&mut self) -> Vec<Posted> {
+        self.free.clear();
+        self.count = 0;
+        self.slots.drain(..).flatten().collect()
+    }
+}
+
 /// What the dispatcher keeps of one session.
 #[derive(Default)]
 struct PerSession {
@@ -65,8 +106,8 @@ struct PerSession {
     posted: VecDeque<Posted>,
     /// Its mode, groups and filter.
     reception: Reception,
-    /// Its buffers lent to the device, by tag (it owns the receive path).
-    lent: HashMap<u64, Posted>,
+    /// Its buffers lent to the device (it owns the receive path).
+    lent: Lent,
     /// Where in each of its buffers a frame starts (the device's header before it when it
     /// owns the receive path; 0 otherwise).
     headroom: u32,
@@ -247,10 +288,10 @@ impl NetDispatcher {
                     }
                 }
                 let mut n = 0;
-                for tag in back {
-                    if ps.lent.remove(&tag).is_some() {
-                        ps.tags.remove(&tag);
-                        complete(s, cx.stats, tag, Err(NetError::Cancelled));
+                for key in back {
+                    if let Some(p) = ps.lent.remove(key) {
+                        ps.tags.remove(&p.tag);
+                        complete(s, cx.stats, p.tag, Err(NetError::Cancelled));
                         n += 1;
                     }
                 }
@@ -372,7 +413,7 @@ impl NetDispatcher {
     /// they wait among its posted ones, oldest first.
     fn unlend_all(&mut self, o: usize) {
         if let Some(ps) = self.sessions.get_mut(o).and_then(Option::as_mut) {
-            let mut lent: Vec<Posted> = ps.lent.drain().map(|(_, p)| p).collect();
+            let mut lent = ps.lent.drain();
             lent.sort_by_key(|p| p.offset);
             for p in lent.into_iter().rev() {
                 ps.posted.push_front(p);
@@ -408,16 +449,16 @@ impl NetDispatcher {
             let Some(p) = ps.posted.pop_front() else {
                 break;
             };
-            match self.driver.lend(base + p.offset, p.len, p.tag) {
-                Ok(()) => {
-                    ps.lent.insert(p.tag, p);
-                    lent = true;
-                }
+            let key = ps.lent.insert(p);
+            match self.driver.lend(base + p.offset, p.len, key) {
+                Ok(()) => lent = true,
                 Err(NetError::DeviceFailed(why)) => {
+                    ps.lent.remove(key);
                     ps.posted.push_front(p);
                     return Err(Failure::Driver(why));
                 }
                 Err(e) => {
+                    ps.lent.remove(key);
                     // This buffer cannot be lent (too small): it fails alone.
                     ps.tags.remove(&p.tag);
                     if let Some(s) = cx.sessions[o].as_mut() {
@@ -437,7 +478,7 @@ impl NetDispatcher {
     fn reap_lent(&mut self, cx: &mut Ctx<'_>) {
         self.driver.take_lent(&mut self.lent_done);
         let mac = self.driver.info().mac;
-        for (tag, result) in self.lent_done.drain(..) {
+        for (key, result) in self.lent_done.drain(..) {
             let Some(o) = self.owner else { continue };
             let (Some(ps), Some(s)) = (
                 self.sessions.get_mut(o).and_then(Option::as_mut),
@@ -446,9 +487,10 @@ impl NetDispatcher {
                 continue;
             };
             // A buffer given back or reclaimed meanwhile is no longer the device's.
-            let Some(p) = ps.lent.remove(&tag) else {
+            let Some(p) = ps.lent.remove(key) else {
                 continue;
             };
+            let tag = p.tag;
             let len = match result {
                 Ok(len) => len,
                 Err(e) => {

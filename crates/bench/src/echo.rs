@@ -9,6 +9,9 @@
 //! - `tap`: `sockperf` over the host's stack, through the two Outboard NICs exported as TAP
 //!   interfaces into two namespaces.
 //!
+//! Beside it, `iperf3` (TCP) through the host's stack over the veth pair and over the TAP
+//! exports: how much bulk traffic the user-level path carries.
+//!
 //! Each run is `n` round trips of one size; its figure is their median (a shared machine's
 //! scheduler adds a long tail that a mean would let decide).
 
@@ -21,10 +24,10 @@ use outboard_net_client::{open_nic, NetOptions, Udp};
 
 use crate::cpu::{descendants, reaped_children_secs, CpuMeter};
 use crate::fixture::{machine, Proc};
-use crate::model::{Figure, Machine, Target, TestResult, Twin, Unavailable};
+use crate::model::{Figure, Machine, Point, Series, Target, TestResult, Twin, Unavailable};
 use crate::netns::{interface_exists, output_within, Netns, Running, VethPair};
 use crate::placement::{Pinned, Placement};
-use crate::stats::median;
+use crate::stats::{median, Summary};
 use crate::tests::{figure, ratio_target, WARM_UP};
 use crate::{pingpong, Context};
 
@@ -263,9 +266,56 @@ fn sockperf_config(
     Ok(m)
 }
 
+/// TCP throughput (Mbit/s, one sample a run) from `client` to an `iperf3` server at
+/// `server_ip` in `server`: how much the host's stack gets through a link.
+fn iperf3(
+    ctx: &Context,
+    client: &Netns,
+    server: &Netns,
+    server_ip: &str,
+) -> Result<Summary, String> {
+    let iperf3 = Path::new("iperf3");
+    let _srv = Running(
+        server
+            .command(iperf3)
+            .args(["-s", "-B", server_ip, "-p", "5211"])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .map_err(|e| format!("iperf3: {e}"))?,
+    );
+    let secs = if ctx.quick { "1" } else { "3" };
+    let (mut samples, mut tries) = (Vec::new(), 0);
+    while samples.len() < ctx.runs {
+        ctx.progress
+            .set_message(format!("echo: iperf3 to {server_ip}"));
+        let mut cmd = client.command(iperf3);
+        cmd.args(["-c", server_ip, "-p", "5211", "-t", secs, "-J"]);
+        let out = output_within(&mut cmd, Duration::from_secs(30))?;
+        let bps = serde_json::from_slice::<serde_json::Value>(&out.stdout)
+            .ok()
+            .and_then(|j| j["end"]["sum_received"]["bits_per_second"].as_f64());
+        match bps {
+            Some(b) => samples.push(b / 1e6),
+            // The server may still be starting: a few tries, then the output is the error.
+            None if tries < 10 => {
+                tries += 1;
+                std::thread::sleep(Duration::from_millis(200));
+            }
+            None => {
+                return Err(format!(
+                    "iperf3 -c {server_ip}: {}",
+                    String::from_utf8_lossy(&out.stdout).trim()
+                ))
+            }
+        }
+    }
+    Ok(Summary::of(&samples, WARM_UP))
+}
+
 /// `tap`: two Outboard NICs (drivers in servers) exported as TAP interfaces into two
-/// namespaces, sockperf between them.
-fn tap_config(ctx: &Context) -> Result<Twin, String> {
+/// namespaces, sockperf between them (and iperf3, for TCP throughput).
+fn tap_config(ctx: &Context) -> Result<(Twin, Result<Summary, String>), String> {
     let id = std::process::id() % 100_000;
     let dir = std::env::temp_dir().join(format!("outboard-echo-{}-tap", std::process::id()));
     let up = lan(&ctx.exe, &dir, "separate")?;
@@ -278,7 +328,8 @@ fn tap_config(ctx: &Context) -> Result<Twin, String> {
             Command::new(&ctx.exe)
                 .arg("--control")
                 .arg(dir.join("control.sock"))
-                .args(["export", "tap", nic, "--name", &ifname])
+                // Each export is its NIC's only receiver: frames are written in place.
+                .args(["export", "tap", nic, "--name", &ifname, "--own"])
                 .stdin(Stdio::null())
                 .stdout(Stdio::null())
                 .stderr(Stdio::null())
@@ -293,7 +344,8 @@ fn tap_config(ctx: &Context) -> Result<Twin, String> {
     let mut pids = descendants(up.pid);
     pids.push(up.pid);
     pids.extend(exports.iter().map(|e| e.0.id()));
-    let m = sockperf_config(ctx, "tap", &a, &b, "10.72.0.2", &pids);
+    let m = sockperf_config(ctx, "tap", &a, &b, "10.72.0.2", &pids)
+        .map(|m| (m, iperf3(ctx, &a, &b, "10.72.0.2")));
     drop(exports);
     drop((a, b, up));
     let _ = std::fs::remove_dir_all(&dir);
@@ -319,11 +371,31 @@ pub fn echo(ctx: &Context) -> Result<TestResult, String> {
         false,
         "line",
     );
+    let mut tcp = figure(
+        "tcp",
+        "TCP (iperf3): veth pair vs two Outboard NICs as TAP",
+        "",
+        "Mbit/s",
+        false,
+        "bar",
+    );
     let mut unavailable = Vec::new();
-    let mut add = |config: &str, r: Result<Twin, String>| match r {
-        Ok(m) => {
+    let mut add = |config: &str, r: Result<(Twin, Option<Result<Summary, String>>), String>| match r
+    {
+        Ok((m, t)) => {
             lat.series.push(m.first);
             cpu.series.push(m.second);
+            match t {
+                Some(Ok(y)) => tcp.series.push(Series {
+                    label: config.into(),
+                    points: vec![Point { x: 0.0, y }],
+                }),
+                Some(Err(reason)) => unavailable.push(Unavailable {
+                    config: format!("{config} (iperf3)"),
+                    reason,
+                }),
+                None => {}
+            }
         }
         Err(reason) => unavailable.push(Unavailable {
             config: config.into(),
@@ -331,12 +403,20 @@ pub fn echo(ctx: &Context) -> Result<TestResult, String> {
         }),
     };
     let id = std::process::id() % 100_000;
-    let kernel = VethPair::new(&format!("ob-echo-{id}"), 70)
-        .and_then(|v| sockperf_config(ctx, "kernel", &v.a, &v.b, "10.70.0.2", &[]));
+    let kernel = VethPair::new(&format!("ob-echo-{id}"), 70).and_then(|v| {
+        let m = sockperf_config(ctx, "kernel", &v.a, &v.b, "10.70.0.2", &[])?;
+        Ok((m, Some(iperf3(ctx, &v.a, &v.b, "10.70.0.2"))))
+    });
     add("kernel", kernel);
-    add("colocated", outboard_config(ctx, "colocated", n));
-    add("separate", outboard_config(ctx, "separate", n));
-    add("tap", tap_config(ctx));
+    add(
+        "colocated",
+        outboard_config(ctx, "colocated", n).map(|m| (m, None)),
+    );
+    add(
+        "separate",
+        outboard_config(ctx, "separate", n).map(|m| (m, None)),
+    );
+    add("tap", tap_config(ctx).map(|(m, t)| (m, Some(t))));
     // The floor a driver server adds at most: one eventfd round trip, here, now.
     let eventfd = match Pinned::new(Placement::TwoCores)? {
         Some(pin) => Some(median(&mut pingpong::eventfd(&ctx.exe, 10_000, &pin)?)),
@@ -363,9 +443,10 @@ pub fn echo(ctx: &Context) -> Result<TestResult, String> {
             "payload_sizes": SIZES,
             "round_trips_per_run": n,
             "sockperf_seconds_per_run": 1,
+            "iperf3_seconds_per_run": if ctx.quick { 1 } else { 3 },
             "eventfd_round_trip_us": eventfd,
         }),
-        figures: vec![lat, cpu],
+        figures: vec![lat, cpu, tcp],
         unavailable,
         targets,
         machine: Machine::here(),

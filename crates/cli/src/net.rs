@@ -476,10 +476,11 @@ pub fn serve_model(a: VirtioNetArgs) -> Result<ExitCode, String> {
         "virtio-net ({}, mtu {}, {})",
         a.own.mac,
         a.own.mtu,
-        match (&wire, &a.own.tap) {
-            (Some(_), Some(_)) => "on a TAP interface",
-            (Some(_), None) => "on a wire",
-            (None, _) => "no cable",
+        match (&wire, &a.own.tap, &a.own.stream_listen) {
+            (Some(_), Some(_), _) => "on a TAP interface",
+            (Some(_), None, _) => "on a wire",
+            (None, _, Some(_)) => "listening for a peer",
+            (None, _, None) => "no cable",
         }
     );
     let opts = ModelOptions {
@@ -487,8 +488,35 @@ pub fn serve_model(a: VirtioNetArgs) -> Result<ExitCode, String> {
         mtu: a.own.mtu,
         link_up: !a.own.link_down,
     };
-    let model = outboard_devices::virtio_pci::VirtioPci::new(VirtioNet::new(opts, wire))
-        .map_err(|e| e.to_string())?;
+    // A cable plugged in from the other end: the listening socket (and, if bound here, its
+    // path, removed when the model ends).
+    let mut _bound = None;
+    let nic = match &a.own.stream_listen {
+        Some(l) => {
+            let fd = match l.strip_prefix("fd:") {
+                Some(n) => {
+                    let n: i32 = n
+                        .parse()
+                        .map_err(|_| format!("--stream-listen {l:?}: fd:N, N a number"))?;
+                    outboard_sys::process::inherited_socket(n)
+                        .map_err(|e| format!("--stream-listen {l}: {e}"))?
+                }
+                None => {
+                    let (fd, path) = outboard_sys::sockpath::bind_listener(
+                        std::path::Path::new(l),
+                        rustix::net::SocketType::STREAM,
+                        1,
+                    )
+                    .map_err(|e| format!("--stream-listen: {e}"))?;
+                    _bound = Some(path);
+                    fd
+                }
+            };
+            VirtioNet::listening(opts, fd).map_err(|e| format!("--stream-listen {l}: {e}"))?
+        }
+        None => VirtioNet::new(opts, wire),
+    };
+    let model = outboard_devices::virtio_pci::VirtioPci::new(nic).map_err(|e| e.to_string())?;
     let _faults = crate::device::start_faults(a.faults, model.device().faults())?;
     crate::device::serve(model, &a.listen, &a.confine, &what)
 }

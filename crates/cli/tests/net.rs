@@ -942,6 +942,63 @@ fn tap_exports_that_cannot_be_are_refused() {
 }
 
 #[test]
+fn qemu_plugs_its_stream_netdevs_into_listening_nics_under_the_manager() {
+    // The other way round: the NICs' cables listen (the manager binds the sockets), and
+    // QEMU's netdevs connect to them (server=off), joined on QEMU's hub.
+    let dir = tempfile::tempdir().unwrap();
+    let (pa, pb) = (dir.path().join("la.sock"), dir.path().join("lb.sock"));
+    let machine = format!(
+        "[[device]]\nname = \"nic0\"\nmodel = \"virtio-net\"\nmac = \"02:00:00:00:00:01\"\nstream_listen = \"{}\"\n\n\
+         [[device]]\nname = \"nic1\"\nmodel = \"virtio-net\"\nmac = \"02:00:00:00:00:02\"\nstream_listen = \"{}\"\n",
+        pa.display(),
+        pb.display()
+    );
+    let up = Up::start(dir.path(), Some(&machine));
+    let info = stdout(&up.run(&["net", "info", "nic1"]));
+    assert!(info.contains("link         down"), "no peer yet: {info}");
+    let stream = |id: &str, p: &std::path::Path| {
+        format!(
+            "stream,id={id},server=off,addr.type=unix,addr.path={}",
+            p.display()
+        )
+    };
+    let _qemu = KillOnDrop(
+        Command::new("qemu-system-x86_64")
+            .args(["-M", "none", "-nodefaults", "-display", "none"])
+            .args(["-netdev", &stream("a", &pa), "-netdev", &stream("b", &pb)])
+            .args(["-netdev", "hubport,id=ha,hubid=0,netdev=a"])
+            .args(["-netdev", "hubport,id=hb,hubid=0,netdev=b"])
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .spawn()
+            .expect("qemu-system-x86_64"),
+    );
+    assert!(
+        common::eventually(Duration::from_secs(20), || {
+            stdout(&up.run(&["net", "info", "nic1"])).contains("link         up")
+        }),
+        "QEMU plugged in: the link came up"
+    );
+    let recv = listening(&up, &["nic1", "--count", "3", "--hex", "--timeout", "10s"]);
+    send(
+        &up,
+        &[
+            "nic0",
+            "--to",
+            "02:00:00:00:00:02",
+            "--payload",
+            "into qemu",
+            "--count",
+            "3",
+        ],
+    );
+    let o = common::run_bounded_child(recv, Duration::from_secs(30));
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let via: String = b"into qemu".iter().map(|b| format!("{b:02x}")).collect();
+    assert_eq!(stdout(&o).matches(&via).count(), 3, "{}", stdout(&o));
+}
+
+#[test]
 fn nics_on_qemus_stream_netdevs_exchange_frames_through_qemu() {
     // QEMU (no guest: only its network layer) joins two `-netdev stream` servers on a hub;
     // each Outboard NIC's model connects to one, so every frame crosses QEMU's parser.

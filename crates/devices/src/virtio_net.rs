@@ -346,6 +346,9 @@ pub struct NetStats {
 pub struct VirtioNet {
     opts: NetOptions,
     wire: Option<Wire>,
+    /// A listening UNIX stream socket: while no wire is plugged in, the first peer to connect
+    /// becomes the wire (QEMU's `-netdev stream,server=off` plugging into this NIC).
+    listener: Option<OwnedFd>,
     link_up: bool,
     mergeable: bool,
     backlog: VecDeque<Vec<u8>>,
@@ -367,6 +370,14 @@ pub struct VirtioNet {
     deferred: Arrived,
 }
 
+/// What an input descriptor of the model is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Input {
+    Wire,
+    Listener,
+    Flap,
+}
+
 /// Where an injected link flap is.
 #[derive(Debug, Default)]
 struct Flap {
@@ -386,6 +397,7 @@ impl VirtioNet {
             link_up: opts.link_up && wire.is_some(),
             opts,
             wire,
+            listener: None,
             mergeable: false,
             backlog: VecDeque::new(),
             faults: std::sync::Arc::new(std::sync::Mutex::new(Faults {
@@ -401,6 +413,57 @@ impl VirtioNet {
             flap: Flap::default(),
             coalescing: [Coalescing::default(); 2],
             deferred: Arrived::default(),
+        }
+    }
+
+    /// A NIC whose cable is plugged in from the other end: `listener` (a listening UNIX stream
+    /// socket) is polled while no wire is plugged in, and the first peer to connect becomes
+    /// the wire, in QEMU's stream framing — the link goes up (with a configuration
+    /// interrupt). When that peer goes, the link goes down and the next peer is taken.
+    pub fn listening(opts: NetOptions, listener: OwnedFd) -> std::io::Result<Self> {
+        nonblocking(&listener)?;
+        let mut nic = Self::new(opts, None);
+        nic.listener = Some(listener);
+        Ok(nic)
+    }
+
+    /// The inputs polled now, in the order [`VirtioDevice::input_fds`] gives them.
+    fn inputs(&self) -> Vec<(Input, BorrowedFd<'_>)> {
+        let wire = self.wire.as_ref().map(|w| (Input::Wire, w.fd.as_fd()));
+        let listener = match wire {
+            Some(_) => None,
+            None => self.listener.as_ref().map(|l| (Input::Listener, l.as_fd())),
+        };
+        let timer = self
+            .flap
+            .timer
+            .as_ref()
+            .map(|t| (Input::Flap, Timer::fd(t)));
+        wire.into_iter().chain(listener).chain(timer).collect()
+    }
+
+    /// A peer connected to the listener: it is the wire now, and the link comes up.
+    fn plug_in(&mut self) -> bool {
+        let Some(l) = self.listener.as_ref() else {
+            return false;
+        };
+        use rustix::net::SocketFlags;
+        match rustix::net::accept_with(l, SocketFlags::CLOEXEC) {
+            Ok(fd) => match Wire::stream(fd) {
+                Ok(w) => {
+                    tracing::info!("virtio-net: a peer plugged into the listening cable");
+                    self.wire = Some(w);
+                    self.opts.link_up && self.set_link(true)
+                }
+                Err(e) => {
+                    tracing::warn!("virtio-net: a peer that connected: {e}");
+                    false
+                }
+            },
+            Err(e) => {
+                tracing::debug!("virtio-net: accept on the listening cable: {e}");
+                false
+            }
         }
     }
 
@@ -816,23 +879,31 @@ impl VirtioDevice for VirtioNet {
     }
 
     fn input_fds(&self) -> Vec<BorrowedFd<'_>> {
-        // The wire first (input 0 while there is one), then a link flap's timer.
-        let wire = self.wire.as_ref().map(|w| w.fd.as_fd());
-        let timer = self.flap.timer.as_ref().map(Timer::fd);
-        wire.into_iter().chain(timer).collect()
+        // The wire (or, while none is plugged in, the listener), then a link flap's timer.
+        self.inputs().into_iter().map(|(_, fd)| fd).collect()
     }
 
     fn input(&mut self, id: usize) -> Arrived {
-        if id > 0 || self.wire.is_none() {
-            return Arrived {
-                config_changed: self.flap_step(),
-                ..Arrived::default()
-            };
+        match self.inputs().get(id).map(|(kind, _)| *kind) {
+            Some(Input::Wire) => {}
+            Some(Input::Listener) => {
+                return Arrived {
+                    config_changed: self.plug_in(),
+                    ..Arrived::default()
+                }
+            }
+            Some(Input::Flap) | None => {
+                return Arrived {
+                    config_changed: self.flap_step(),
+                    ..Arrived::default()
+                }
+            }
         }
         let gone = self.take_from_wire();
         let mut arrived = Arrived::default();
         if gone {
-            // The other end of the cable is gone: the link goes down and stays down.
+            // The other end of the cable is gone: the link goes down and stays down (until a
+            // new peer plugs in, if the cable listens).
             tracing::warn!("virtio-net: the wire's other end is gone; link down");
             self.wire = None;
             arrived.config_changed = self.set_link(false);

@@ -560,6 +560,12 @@ pub struct VirtioNetOwn {
     /// (needs CAP_NET_ADMIN).
     #[arg(long, value_name = "fd:N|IFNAME", conflicts_with_all = ["wire", "stream"])]
     pub tap: Option<String>,
+    /// The cable is plugged in from the other end: listen on a UNIX stream socket (a path,
+    /// bound at start; or `fd:N`, a listening socket inherited, what the manager passes) for a
+    /// QEMU VM's `-netdev stream,server=off,addr.type=unix,addr.path=PATH` (QEMU's framing).
+    /// The link is down until a peer connects, and again when it goes, until the next.
+    #[arg(long, value_name = "PATH|fd:N", conflicts_with_all = ["wire", "stream", "tap"])]
+    pub stream_listen: Option<String>,
 }
 
 /// A MAC address on the command line (`02:00:00:00:00:01`).
@@ -641,6 +647,7 @@ impl ModelOwn {
                 a.opt("--wire", o.wire.as_ref());
                 a.opt("--stream", o.stream.as_ref().map(|p| p.display()));
                 a.opt("--tap", o.tap.as_ref());
+                a.opt("--stream-listen", o.stream_listen.as_ref());
             }
         }
     }

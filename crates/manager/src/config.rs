@@ -240,6 +240,7 @@ struct RawDevice {
     wire: Option<Spanned<String>>,
     stream: Option<Spanned<String>>,
     tap: Option<Spanned<String>>,
+    stream_listen: Option<Spanned<String>>,
     placement: Option<Spanned<String>>,
     server: Option<Spanned<String>>,
     request_deadline: Option<Spanned<String>>,
@@ -325,6 +326,9 @@ impl RawDevice {
         }
         if let Some(v) = &self.tap {
             put("tap", v.get_ref().clone(), v.span().start);
+        }
+        if let Some(v) = &self.stream_listen {
+            put("stream_listen", v.get_ref().clone(), v.span().start);
         }
         k
     }

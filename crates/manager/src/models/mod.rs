@@ -146,7 +146,15 @@ pub static MODELS: &[Model] = &[
     Model {
         name: "virtio-net",
         kind: Kind::Emulated,
-        keys: &["mac", "mtu", "link", "wire", "stream", "tap"],
+        keys: &[
+            "mac",
+            "mtu",
+            "link",
+            "wire",
+            "stream",
+            "tap",
+            "stream_listen",
+        ],
         colocated: true,
         settle: virtio_net::settle,
         launch: virtio_net::launch,

@@ -7,6 +7,9 @@
 //! and hands one end to each NIC's model. Or `stream`, a UNIX socket path: the NIC's cable is
 //! a connection to a QEMU VM's `-netdev stream` server, which its model makes at each start.
 //!
+//! Or `stream_listen`, a UNIX socket path the manager listens on: a QEMU VM's
+//! `-netdev stream,server=off` plugs in from its end (the link is down until it connects).
+//!
 //! Or `tap`, a host interface's name: the NIC's cable is a TAP interface the manager makes
 //! (its other end is the host's network stack; give it addresses with `ip`, move it into a
 //! namespace).
@@ -63,12 +66,37 @@ pub(super) fn settle(keys: &Keys, _: usize, others: &[DeviceConfig]) -> Result<S
         }
         settings.insert("link".to_string(), l.value.clone());
     }
-    let cables: Vec<_> = ["wire", "stream", "tap"]
+    let cables: Vec<_> = ["wire", "stream", "tap", "stream_listen"]
         .into_iter()
         .filter_map(|k| keys.get(k).map(|v| (k, v.at)))
         .collect();
     if let [(a, _), (b, at), ..] = cables[..] {
         return Err((at, format!("{a} and {b}: a NIC has one cable")));
+    }
+    if let Some(p) = keys.get("stream_listen") {
+        if !p.value.starts_with('/') {
+            return Err((
+                p.at,
+                format!(
+                    "stream_listen = {:?}: an absolute path for a UNIX socket",
+                    p.value
+                ),
+            ));
+        }
+        let taken = others
+            .iter()
+            .any(|d| d.model == "virtio-net" && d.settings.get("stream_listen") == Some(&p.value));
+        if taken {
+            return Err((
+                p.at,
+                format!("stream_listen = {:?}: another NIC's already", p.value),
+            ));
+        }
+        settings.insert("stream_listen".to_string(), p.value.clone());
+        return Ok(Settled {
+            backing: format!("stream-listen:{}", p.value),
+            settings,
+        });
     }
     if let Some(t) = keys.get("tap") {
         crate::config::check_interface(&t.value).map_err(|why| (t.at, format!("tap = {why}")))?;
@@ -204,6 +232,32 @@ fn tap(name: &str, mtu: u16) -> Result<OwnedFd, ModelError> {
     })
 }
 
+/// The listening sockets made so far, by path, with the path's guard: bound at a NIC model's
+/// first start and kept for as long as the manager runs, so a QEMU VM that reconnects finds
+/// the same socket whether or not the model was started again meanwhile. (The file stays
+/// after the manager; the next start replaces it as a stale socket.)
+static LISTENERS: Mutex<Option<HashMap<String, (OwnedFd, outboard_sys::sockpath::SocketPath)>>> =
+    Mutex::new(None);
+
+/// A listening socket at `path` for a NIC whose cable is plugged in from the other end.
+fn listener(path: &str) -> Result<OwnedFd, ModelError> {
+    let mut all = LISTENERS.lock().unwrap_or_else(|p| p.into_inner());
+    let listeners = all.get_or_insert_with(HashMap::new);
+    if !listeners.contains_key(path) {
+        let bound = outboard_sys::sockpath::bind_listener(
+            std::path::Path::new(path),
+            rustix::net::SocketType::STREAM,
+            1,
+        )
+        .map_err(|e| ModelError::Cable(format!("stream_listen {path}: {e}")))?;
+        listeners.insert(path.to_string(), bound);
+    }
+    listeners[path].0.try_clone().map_err(|e| ModelError::Os {
+        what: "dup",
+        err: e,
+    })
+}
+
 pub(super) fn launch(d: &DeviceConfig, first_fd: i32) -> Result<Launch, ModelError> {
     // The keys were checked when the description was read.
     let mut fds = Vec::new();
@@ -226,6 +280,13 @@ pub(super) fn launch(d: &DeviceConfig, first_fd: i32) -> Result<Launch, ModelErr
         }
         None => None,
     };
+    let stream_listen = match d.settings.get("stream_listen") {
+        Some(p) => {
+            fds.push(listener(p)?);
+            Some(format!("fd:{first_fd}"))
+        }
+        None => None,
+    };
     Ok(Launch {
         own: ModelOwn::VirtioNet(VirtioNetOwn {
             mac: d
@@ -238,6 +299,7 @@ pub(super) fn launch(d: &DeviceConfig, first_fd: i32) -> Result<Launch, ModelErr
             wire,
             stream: d.settings.get("stream").map(std::path::PathBuf::from),
             tap,
+            stream_listen,
         }),
         fds,
     })

@@ -567,6 +567,24 @@ pub fn export_tap(a: ExportTapArgs, control: PathBuf) -> Result<ExitCode, String
         outboard_confine::privileges::drop_privileges(None, None).map_err(|e| e.to_string())?;
     rustix::thread::set_no_new_privs(true).map_err(|e| format!("PR_SET_NO_NEW_PRIVS: {e}"))?;
     tracing::info!("export tap: {dropped}, no_new_privs");
+    // From here it reads frames the host and the NIC send: it opens no file and reaches
+    // nothing but its session (and, started by hand, the manager's socket) — the NBD export's
+    // confinement.
+    if !a.no_confine {
+        let dials = matches!(control, Control::Socket(_));
+        let report = outboard_confine::confine(
+            outboard_confine::Role::Export { dials },
+            outboard_confine::limits::Caps::default(),
+        )
+        .map_err(|e| e.to_string())?;
+        tracing::info!("export tap: {report}");
+        if !report.landlock_complete && a.require_confinement {
+            return Err(format!(
+                "--require-confinement: Landlock is not complete here (landlock {})",
+                report.landlock
+            ));
+        }
+    }
     nic.set_mode(PROMISCUOUS)
         .map_err(|e| format!("{}: {e}", a.nic))?;
     eprintln!("{}: exported as {ifname}", a.nic);

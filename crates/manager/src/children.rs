@@ -708,6 +708,12 @@ pub struct ExportTapArgs {
     /// the NIC; while held, other sessions may send but not receive.
     #[arg(long)]
     pub own: bool,
+    /// Serve unconfined: no seccomp filter, no Landlock (debugging only).
+    #[arg(long)]
+    pub no_confine: bool,
+    /// Refuse to serve unless every layer of confinement holds in full.
+    #[arg(long, conflicts_with = "no_confine")]
+    pub require_confinement: bool,
 }
 
 impl ExportTapArgs {
@@ -719,6 +725,8 @@ impl ExportTapArgs {
         a.opt("--tap-fd", self.tap_fd);
         a.opt("--broker-fd", self.broker_fd);
         a.flag("--own", self.own);
+        a.flag("--no-confine", self.no_confine);
+        a.flag("--require-confinement", self.require_confinement);
         a.0
     }
 }
@@ -796,6 +804,8 @@ mod tests {
                 tap_fd: None,
                 broker_fd: None,
                 own: false,
+                no_confine: true,
+                require_confinement: false,
             },
             ExportTapArgs {
                 nic: "nic1".into(),
@@ -803,6 +813,8 @@ mod tests {
                 tap_fd: Some(3),
                 broker_fd: Some(4),
                 own: true,
+                no_confine: false,
+                require_confinement: true,
             },
         ] {
             let Command::Export(Export::Tap(back)) = parse(a.command_line()) else {

@@ -573,6 +573,8 @@ impl Manager {
             tap_fd: Some(supervisor::EVENT_FD),
             broker_fd: Some(passing.broker_fd()),
             own,
+            no_confine: false,
+            require_confinement: self.opts.require_confinement,
         };
         let log = self.created(self.rt().dir().join(format!("export-tap-{made}.log")));
         let pid = self.spawn_export(&e.name, &args.command_line(), log, passing)?;

@@ -394,6 +394,27 @@ fn server_of(up_pid: u32, nic: &str) -> Vec<u32> {
     children_with(up_pid, "driver-host", &format!("{nic}="))
 }
 
+/// Kills `nic`'s driver server (a child of `up_pid`) every 100 ms until `stop` is set; the
+/// thread's value is how many kills landed.
+fn kill_every_100ms(
+    up_pid: u32,
+    nic: &'static str,
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+) -> std::thread::JoinHandle<u32> {
+    std::thread::spawn(move || {
+        let mut kills = 0;
+        while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+            std::thread::sleep(Duration::from_millis(100));
+            for pid in server_of(up_pid, nic) {
+                if common::signal_child_of(up_pid, pid, rustix::process::Signal::KILL) {
+                    kills += 1;
+                }
+            }
+        }
+        kills
+    })
+}
+
 /// What a stream from nic0 to nic1 came to while `victim`'s driver server was killed every
 /// 100 ms: frames sent, sequence numbers received in order, frames interrupted, kills, and the
 /// resumes of the sender and the receiver.
@@ -425,21 +446,7 @@ fn stream_while_killing(victim: &'static str) -> Stream {
     });
     let (mut tx, _) = open_nic(&control, "nic0", NetOptions::default()).unwrap();
     let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
-    let killer = {
-        let stop = stop.clone();
-        std::thread::spawn(move || {
-            let mut kills = 0;
-            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
-                std::thread::sleep(Duration::from_millis(100));
-                for pid in server_of(up_pid, victim) {
-                    if common::signal_child_of(up_pid, pid, rustix::process::Signal::KILL) {
-                        kills += 1;
-                    }
-                }
-            }
-            kills
-        })
-    };
+    let killer = kill_every_100ms(up_pid, victim, stop.clone());
     let (mut sent, mut interrupted) = (0u64, 0u64);
     // 3 s under kills, then 2 s of calm: what is sent in the calm must get through.
     let mut calm_from = None;
@@ -598,21 +605,7 @@ fn a_verified_udp_stream_goes_on_while_the_receivers_driver_server_is_killed_eve
     let mut tx = Udp::bind(tx, Ipv4Addr::new(10, 9, 0, 1), 24, 9001).unwrap();
     let to = (Ipv4Addr::new(10, 9, 0, 2), 9000);
     let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
-    let killer = {
-        let stop = stop.clone();
-        std::thread::spawn(move || {
-            let mut kills = 0;
-            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
-                std::thread::sleep(Duration::from_millis(100));
-                for pid in server_of(up_pid, "nic1") {
-                    if common::signal_child_of(up_pid, pid, rustix::process::Signal::KILL) {
-                        kills += 1;
-                    }
-                }
-            }
-            kills
-        })
-    };
+    let killer = kill_every_100ms(up_pid, "nic1", stop.clone());
     // 3 s under kills, then 2 s of calm; what is sent from 1 s into the calm (the last
     // server killed is back by then) must all arrive.
     let (mut sent, mut calm_from) = (0u64, None);
@@ -1068,6 +1061,52 @@ fn tap_exports_that_cannot_be_are_refused() {
     check(disk, "a TAP export NICs");
 }
 
+/// `net send` of three frames carrying `payload` from nic0 to nic1, and `net recv` on nic1
+/// sees all three.
+fn three_frames_from_nic0_reach_nic1(up: &Up, payload: &str) {
+    let recv = listening(up, &["nic1", "--count", "3", "--hex", "--timeout", "10s"]);
+    send(
+        up,
+        &[
+            "nic0",
+            "--to",
+            "02:00:00:00:00:02",
+            "--payload",
+            payload,
+            "--count",
+            "3",
+        ],
+    );
+    let o = common::run_bounded_child(recv, Duration::from_secs(30));
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let hex: String = payload.bytes().map(|b| format!("{b:02x}")).collect();
+    assert_eq!(stdout(&o).matches(&hex).count(), 3, "{}", stdout(&o));
+}
+
+/// QEMU with no guest (only its network layer): two `-netdev stream` on UNIX sockets `a`
+/// and `b`, joined on a hub. `listen`: QEMU listens on them (server=on); otherwise it
+/// connects to them (server=off). Ended when dropped.
+fn qemu_hub(listen: bool, a: &std::path::Path, b: &std::path::Path) -> KillOnDrop {
+    let server = if listen { "on" } else { "off" };
+    let stream = |id: &str, p: &std::path::Path| {
+        format!(
+            "stream,id={id},server={server},addr.type=unix,addr.path={}",
+            p.display()
+        )
+    };
+    KillOnDrop(
+        Command::new("qemu-system-x86_64")
+            .args(["-M", "none", "-nodefaults", "-display", "none"])
+            .args(["-netdev", &stream("a", a), "-netdev", &stream("b", b)])
+            .args(["-netdev", "hubport,id=ha,hubid=0,netdev=a"])
+            .args(["-netdev", "hubport,id=hb,hubid=0,netdev=b"])
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .spawn()
+            .expect("qemu-system-x86_64"),
+    )
+}
+
 #[test]
 fn qemu_plugs_its_stream_netdevs_into_listening_nics_under_the_manager() {
     // The other way round: the NICs' cables listen (the manager binds the sockets), and
@@ -1083,46 +1122,14 @@ fn qemu_plugs_its_stream_netdevs_into_listening_nics_under_the_manager() {
     let up = Up::start(dir.path(), Some(&machine));
     let info = stdout(&up.run(&["net", "info", "nic1"]));
     assert!(info.contains("link         down"), "no peer yet: {info}");
-    let stream = |id: &str, p: &std::path::Path| {
-        format!(
-            "stream,id={id},server=off,addr.type=unix,addr.path={}",
-            p.display()
-        )
-    };
-    let _qemu = KillOnDrop(
-        Command::new("qemu-system-x86_64")
-            .args(["-M", "none", "-nodefaults", "-display", "none"])
-            .args(["-netdev", &stream("a", &pa), "-netdev", &stream("b", &pb)])
-            .args(["-netdev", "hubport,id=ha,hubid=0,netdev=a"])
-            .args(["-netdev", "hubport,id=hb,hubid=0,netdev=b"])
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .spawn()
-            .expect("qemu-system-x86_64"),
-    );
+    let _qemu = qemu_hub(false, &pa, &pb);
     assert!(
         common::eventually(Duration::from_secs(20), || {
             stdout(&up.run(&["net", "info", "nic1"])).contains("link         up")
         }),
         "QEMU plugged in: the link came up"
     );
-    let recv = listening(&up, &["nic1", "--count", "3", "--hex", "--timeout", "10s"]);
-    send(
-        &up,
-        &[
-            "nic0",
-            "--to",
-            "02:00:00:00:00:02",
-            "--payload",
-            "into qemu",
-            "--count",
-            "3",
-        ],
-    );
-    let o = common::run_bounded_child(recv, Duration::from_secs(30));
-    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
-    let via: String = b"into qemu".iter().map(|b| format!("{b:02x}")).collect();
-    assert_eq!(stdout(&o).matches(&via).count(), 3, "{}", stdout(&o));
+    three_frames_from_nic0_reach_nic1(&up, "into qemu");
 }
 
 #[test]
@@ -1131,23 +1138,7 @@ fn nics_on_qemus_stream_netdevs_exchange_frames_through_qemu() {
     // each Outboard NIC's model connects to one, so every frame crosses QEMU's parser.
     let dir = tempfile::tempdir().unwrap();
     let (pa, pb) = (dir.path().join("qa.sock"), dir.path().join("qb.sock"));
-    let stream = |id: &str, p: &std::path::Path| {
-        format!(
-            "stream,id={id},server=on,addr.type=unix,addr.path={}",
-            p.display()
-        )
-    };
-    let _qemu = KillOnDrop(
-        Command::new("qemu-system-x86_64")
-            .args(["-M", "none", "-nodefaults", "-display", "none"])
-            .args(["-netdev", &stream("a", &pa), "-netdev", &stream("b", &pb)])
-            .args(["-netdev", "hubport,id=ha,hubid=0,netdev=a"])
-            .args(["-netdev", "hubport,id=hb,hubid=0,netdev=b"])
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .spawn()
-            .expect("qemu-system-x86_64"),
-    );
+    let _qemu = qemu_hub(true, &pa, &pb);
     let deadline = Instant::now() + Duration::from_secs(20);
     while !(pa.exists() && pb.exists()) {
         assert!(Instant::now() < deadline, "QEMU never listened");
@@ -1160,23 +1151,7 @@ fn nics_on_qemus_stream_netdevs_exchange_frames_through_qemu() {
         pb.display()
     );
     let up = Up::start(dir.path(), Some(&machine));
-    let recv = listening(&up, &["nic1", "--count", "3", "--hex", "--timeout", "10s"]);
-    send(
-        &up,
-        &[
-            "nic0",
-            "--to",
-            "02:00:00:00:00:02",
-            "--payload",
-            "via qemu",
-            "--count",
-            "3",
-        ],
-    );
-    let o = common::run_bounded_child(recv, Duration::from_secs(30));
-    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
-    let via: String = b"via qemu".iter().map(|b| format!("{b:02x}")).collect();
-    assert_eq!(stdout(&o).matches(&via).count(), 3, "{}", stdout(&o));
+    three_frames_from_nic0_reach_nic1(&up, "via qemu");
 
     // nic1's model is killed: its successor connects to QEMU anew, and frames flow again.
     kill_nic1s_model_and_see_frames_again(&up);

@@ -63,6 +63,29 @@ fn nic(mac: u8, path: &Path) -> Nic {
     }
 }
 
+/// QEMU with no guest (only its network layer): two `-netdev stream` on UNIX sockets `a`
+/// and `b`, joined on a hub; `listen`: QEMU listens (server=on), else it connects.
+fn qemu_hub(listen: bool, a: &Path, b: &Path) -> Qemu {
+    let server = if listen { "on" } else { "off" };
+    let stream = |id: &str, p: &Path| {
+        format!(
+            "stream,id={id},server={server},addr.type=unix,addr.path={}",
+            p.display()
+        )
+    };
+    Qemu(
+        Command::new("qemu-system-x86_64")
+            .args(["-M", "none", "-nodefaults", "-display", "none"])
+            .args(["-netdev", &stream("a", a), "-netdev", &stream("b", b)])
+            .args(["-netdev", "hubport,id=ha,hubid=0,netdev=a"])
+            .args(["-netdev", "hubport,id=hb,hubid=0,netdev=b"])
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .spawn()
+            .expect("qemu-system-x86_64"),
+    )
+}
+
 /// A NIC whose cable listens at `path` for QEMU to plug in.
 fn listening_nic(mac: u8, path: &Path) -> Nic {
     let listener = std::os::unix::net::UnixListener::bind(path).unwrap();
@@ -128,23 +151,7 @@ fn qemus_stream_netdevs_plug_into_listening_nics_and_carry_frames() {
         !a.driver.link_up().unwrap(),
         "no peer yet: the link is down"
     );
-    let stream = |id: &str, p: &Path| {
-        format!(
-            "stream,id={id},server=off,addr.type=unix,addr.path={}",
-            p.display()
-        )
-    };
-    let _qemu = Qemu(
-        Command::new("qemu-system-x86_64")
-            .args(["-M", "none", "-nodefaults", "-display", "none"])
-            .args(["-netdev", &stream("a", &pa), "-netdev", &stream("b", &pb)])
-            .args(["-netdev", "hubport,id=ha,hubid=0,netdev=a"])
-            .args(["-netdev", "hubport,id=hb,hubid=0,netdev=b"])
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .spawn()
-            .expect("qemu-system-x86_64"),
-    );
+    let _qemu = qemu_hub(false, &pa, &pb);
     // QEMU plugs in: each link comes up.
     let deadline = Instant::now() + Duration::from_secs(20);
     while !(a.driver.link_up().unwrap() && b.driver.link_up().unwrap()) {
@@ -160,23 +167,7 @@ fn qemus_stream_netdevs_plug_into_listening_nics_and_carry_frames() {
 fn frames_cross_qemus_stream_netdevs_intact_and_in_order() {
     let dir = tempfile::tempdir().unwrap();
     let (pa, pb) = (dir.path().join("a.sock"), dir.path().join("b.sock"));
-    let stream = |id: &str, p: &Path| {
-        format!(
-            "stream,id={id},server=on,addr.type=unix,addr.path={}",
-            p.display()
-        )
-    };
-    let _qemu = Qemu(
-        Command::new("qemu-system-x86_64")
-            .args(["-M", "none", "-nodefaults", "-display", "none"])
-            .args(["-netdev", &stream("a", &pa), "-netdev", &stream("b", &pb)])
-            .args(["-netdev", "hubport,id=ha,hubid=0,netdev=a"])
-            .args(["-netdev", "hubport,id=hb,hubid=0,netdev=b"])
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .spawn()
-            .expect("qemu-system-x86_64"),
-    );
+    let _qemu = qemu_hub(true, &pa, &pb);
     let mut a = nic(1, &pa);
     let mut b = nic(2, &pb);
     exchange(&mut a, &mut b);

@@ -692,6 +692,18 @@ impl NetDriver for VirtioNet {
     fn take_lent(&mut self, out: &mut Vec<(u64, Result<u32, NetError>)>) {
         out.append(&mut self.lent_done);
     }
+
+    fn lent_pieces(&self, headroom: &[u8]) -> u16 {
+        // With mergeable buffers the header says how many buffers the frame took (a device
+        // may spread a frame longer than the MTU over several); without, always one.
+        match (
+            self.info.mergeable,
+            headroom.get(net::HDR_NUM_BUFFERS..net::HDR_NUM_BUFFERS + 2),
+        ) {
+            (true, Some(b)) => u16::from_le_bytes([b[0], b[1]]),
+            _ => 1,
+        }
+    }
 }
 
 /// The catalog's entry for virtio-net.

@@ -80,6 +80,14 @@ pub trait NetDriver: Driver {
     fn take_lent(&mut self, out: &mut Vec<(u64, Result<u32, NetError>)>) {
         let _ = out;
     }
+    /// Checks the headroom the device wrote before a frame in a lent buffer (the driver
+    /// cannot read a client's memory; the server reads it and asks): how many buffers the
+    /// frame spans — 1 for a whole frame; more means the device spread a frame longer than
+    /// any buffer over the next ones, which are not frames of their own.
+    fn lent_pieces(&self, headroom: &[u8]) -> u16 {
+        let _ = headroom;
+        1
+    }
 }
 
 outboard_env::class_binding!(NetBinding, NetDriver, CLASS);

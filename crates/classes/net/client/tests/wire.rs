@@ -654,3 +654,38 @@ fn workload_for_counting_instructions_per_frame() {
     eprintln!("{got} of {n} frames arrived");
     rig.stop();
 }
+
+#[test]
+fn a_device_error_in_a_lent_buffer_is_dropped_and_counted_and_the_owner_receives_on() {
+    let rig = Rig::start();
+    let mut a = rig.open("nic0");
+    let mut b = owning(&rig, "nic1").unwrap();
+    let nic1 = &rig.models[1].faults;
+    // Two frames the device claims are longer than the client's buffers: the driver catches
+    // them; the buffers go back to the device and the owner never sees an error.
+    lock(nic1).arm("long-frame=2".parse().unwrap());
+    for i in 0..10 {
+        a.send(&frame(B, A, 0x88b5, 100 + i, i as u64)).unwrap();
+        if i == 0 {
+            a.flush().unwrap();
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+    a.flush().unwrap();
+    let mut got = Vec::new();
+    while let Some(f) = b.recv(Duration::from_millis(500)).unwrap() {
+        got.push(f);
+    }
+    let want: Vec<Vec<u8>> = (2..10)
+        .map(|i| frame(B, A, 0x88b5, 100 + i, i as u64))
+        .collect();
+    assert!(
+        got == want,
+        "8 of 10 frames, whole and in order: got {}",
+        got.len()
+    );
+    let c = NetClient::status(&rig.sock, "nic1").unwrap().counters;
+    assert_eq!(c.rx_device_errors, 2, "{c:?}");
+    assert_eq!(c.rx_in_place, 8, "{c:?}");
+    rig.stop();
+}

@@ -127,6 +127,14 @@ pub struct NetDispatcher {
     lent_done: Vec<(u64, Result<u32, NetError>)>,
     /// The start of a frame in a lent buffer, read for the owner's address rule and filter.
     peek: Vec<u8>,
+    /// Lent buffers still to come that hold the rest of a frame the device spread over
+    /// several (not frames of their own): each goes back to the device.
+    pieces_left: u16,
+    /// The device could not be given back its receive queue (a queue reset failed): it must
+    /// be failed, and the owner's lent buffers stay counted until it is reset.
+    broken: Option<String>,
+    /// The device is out of service (failed, not yet replaced): the driver is not used.
+    out: bool,
 }
 
 fn complete(s: &mut Session, stats: &mut HostStats, tag: u64, result: Result<u32, NetError>) {
@@ -169,6 +177,9 @@ impl NetDispatcher {
             owner: None,
             lent_done: Vec::new(),
             peek: Vec::new(),
+            pieces_left: 0,
+            broken: None,
+            out: false,
         }
     }
 
@@ -282,8 +293,9 @@ impl NetDispatcher {
             NetOp::Reclaim => {
                 // Lent buffers come out of the device first (it empties its receive queue).
                 let mut back = Vec::new();
-                if self.owner == Some(si) && !ps.lent.is_empty() {
+                if self.owner == Some(si) && !ps.lent.is_empty() && !self.out {
                     if let Err(e) = self.driver.set_lending(true, &mut back) {
+                        self.broken = Some(format!("emptying the receive queue: {e}"));
                         return Some(Err(e));
                     }
                 }
@@ -306,7 +318,12 @@ impl NetDispatcher {
             NetOp::Own if r.length == 1 => Some(self.take_ownership(si)),
             NetOp::Own => {
                 if self.owner == Some(si) {
-                    self.give_back(si);
+                    if let Err(e) = self.give_back(si) {
+                        return Some(Err(e));
+                    }
+                }
+                if let Some(ps) = self.sessions.get_mut(si).and_then(Option::as_mut) {
+                    ps.headroom = 0;
                 }
                 Some(Ok(0))
             }
@@ -398,10 +415,16 @@ impl NetDispatcher {
                 "other sessions receive on this NIC: its receive path is shared".into(),
             ));
         }
+        if self.out {
+            return Err(NetError::Restarting);
+        }
         // The driver's own buffers leave the device: frames in them not yet taken are
         // dropped, as on a NIC being reconfigured.
         let mut back = Vec::new();
-        self.driver.set_lending(true, &mut back)?;
+        if let Err(e) = self.driver.set_lending(true, &mut back) {
+            self.broken = Some(format!("taking the receive queue for lending: {e}"));
+            return Err(e);
+        }
         self.owner = Some(si);
         if let Some(ps) = self.sessions[si].as_mut() {
             ps.headroom = headroom;
@@ -410,7 +433,7 @@ impl NetDispatcher {
     }
 
     /// Session `o`'s lent buffers are no longer in the device (it failed, or was replaced):
-    /// they wait among its posted ones, oldest first.
+    /// they wait among its posted ones, in the order of their place in the buffer area.
     fn unlend_all(&mut self, o: usize) {
         if let Some(ps) = self.sessions.get_mut(o).and_then(Option::as_mut) {
             let mut lent = ps.lent.drain();
@@ -423,20 +446,36 @@ impl NetDispatcher {
 
     /// The owner gives the receive path back (or is gone): the device's receive queue gets
     /// the driver's own buffers again; the owner's lent buffers wait among its posted ones.
-    fn give_back(&mut self, si: usize) {
-        self.owner = None;
-        let mut back = Vec::new();
-        if let Err(e) = self.driver.set_lending(false, &mut back) {
-            tracing::warn!("net: taking the receive queue back from lent buffers: {e}");
+    /// If the device cannot be made to forget them, it is failed (at the next turn) and they
+    /// stay lent — counted as the session's, so its memory stays mapped until the device is
+    /// reset.
+    fn give_back(&mut self, si: usize) -> Result<(), NetError> {
+        // Out of service: the device was reset and the buffers are back among the posted.
+        if !self.out {
+            let mut back = Vec::new();
+            if let Err(e) = self.driver.set_lending(false, &mut back) {
+                self.broken = Some(format!(
+                    "taking the receive queue back from lent buffers: {e}"
+                ));
+                return Err(e);
+            }
         }
+        self.owner = None;
         self.unlend_all(si);
         if let Some(ps) = self.sessions.get_mut(si).and_then(Option::as_mut) {
             ps.headroom = 0;
         }
+        Ok(())
     }
 
     /// Lends the owner's posted buffers to the driver while it has room (one doorbell).
     fn lend_posted(&mut self, cx: &mut Ctx<'_>) -> Result<(), Failure> {
+        if let Some(why) = self.broken.take() {
+            return Err(Failure::Driver(why));
+        }
+        if self.out {
+            return Ok(());
+        }
         let Some(o) = self.owner else { return Ok(()) };
         let Some(base) = cx.iova(o) else {
             return Ok(());
@@ -491,14 +530,30 @@ impl NetDispatcher {
                 continue;
             };
             let tag = p.tag;
-            let len = match result {
-                Ok(len) => len,
-                Err(e) => {
-                    ps.tags.remove(&tag);
-                    complete(s, cx.stats, tag, Err(e));
-                    continue;
-                }
+            // A buffer the device wrote wrongly (counted by the driver), or one holding the
+            // rest of a frame it spread over several: not a frame; lent again.
+            let Ok(len) = result else {
+                ps.posted.push_front(p);
+                continue;
             };
+            if self.pieces_left > 0 {
+                self.pieces_left -= 1;
+                ps.posted.push_front(p);
+                continue;
+            }
+            let mut head = [0u8; 64];
+            let head = &mut head[..(ps.headroom as usize).min(64)];
+            let pieces = match s.region.buffers.read(p.offset, head) {
+                Ok(()) => self.driver.lent_pieces(head),
+                Err(_) => 1,
+            };
+            if pieces != 1 {
+                // Longer than a buffer holds (past the MTU): dropped whole, as truncated.
+                self.counters.rx_truncated += 1;
+                self.pieces_left = pieces.saturating_sub(1);
+                ps.posted.push_front(p);
+                continue;
+            }
             self.counters.rx_frames += 1;
             self.counters.rx_bytes += u64::from(len);
             // What the rule and filter need: the destination, or the whole frame for a filter.
@@ -561,6 +616,9 @@ impl Dispatcher for NetDispatcher {
 
     fn replace(&mut self, driver: Box<dyn AnyDriver>) -> Result<(), outboard_env::WrongClass> {
         self.driver = outboard_net::unbind(driver)?;
+        self.out = false;
+        self.broken = None;
+        self.pieces_left = 0;
         // The new driver lends the owner's buffers again if it can; if it cannot, frames are
         // copied into them at the same headroom.
         if let Some(o) = self.owner {
@@ -733,9 +791,26 @@ impl Dispatcher for NetDispatcher {
             }
         }
         // Posted receive buffers are not in the device: they wait for the device to come back.
-        // Lent ones were, and went with it: they wait among the posted ones, to be lent again.
+        // Lent ones were (the device was reset before this): they wait among the posted ones,
+        // to be lent again — or, if their session has left, are forgotten.
+        self.out = true;
+        self.broken = None;
+        self.pieces_left = 0;
         if let Some(o) = self.owner {
             self.unlend_all(o);
+            let gone = cx
+                .sessions
+                .get(o)
+                .and_then(Option::as_ref)
+                .is_none_or(|s| s.closing());
+            if gone {
+                self.owner = None;
+                if let Some(ps) = self.sessions.get_mut(o).and_then(Option::as_mut) {
+                    for p in ps.posted.drain(..) {
+                        ps.tags.remove(&p.tag);
+                    }
+                }
+            }
         }
     }
 
@@ -749,8 +824,15 @@ impl Dispatcher for NetDispatcher {
     fn close(&mut self, slot: usize) {
         // An owner that left gives the receive path back: the device must not write into its
         // buffers any more.
-        if self.owner == Some(slot) {
-            self.give_back(slot);
+        if self.owner == Some(slot) && self.give_back(slot).is_err() {
+            // The device may still write into the lent buffers: they stay counted (the session
+            // is not released, its memory stays mapped) until the device is failed and reset.
+            if let Some(ps) = self.sessions.get_mut(slot).and_then(Option::as_mut) {
+                for p in ps.posted.drain(..) {
+                    ps.tags.remove(&p.tag);
+                }
+            }
+            return;
         }
         // The client left: its posted buffers will never be answered, nor need to be.
         if let Some(ps) = self.sessions.get_mut(slot).and_then(Option::as_mut) {

@@ -21,10 +21,10 @@ use outboard_net_client::{open_nic, NetOptions, Udp};
 
 use crate::cpu::{descendants, CpuMeter};
 use crate::fixture::{machine, Fixture};
-use crate::model::{Figure, Machine, Point, Series, TestResult, Unavailable};
+use crate::model::{Figure, Machine, TestResult, Unavailable};
 use crate::netns::Running;
 use crate::stats::Summary;
-use crate::tests::{figure, ratio_target, WARM_UP};
+use crate::tests::{bar, figure, ratio_target, WARM_UP};
 use crate::Context;
 
 /// The configurations: name, disk0's placement keys, nic0's.
@@ -213,10 +213,6 @@ pub fn combination(ctx: &Context) -> Result<TestResult, String> {
         ..bw.clone()
     };
     let mut unavailable = Vec::new();
-    let bar = |label: &str, y: Summary| Series {
-        label: label.into(),
-        points: vec![Point { x: 0.0, y }],
-    };
     for (name, disk, nic) in CONFIGS {
         ctx.progress.set_message(format!("combination: {name}"));
         match config(ctx, &fx, name, disk, nic, total) {

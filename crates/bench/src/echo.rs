@@ -24,11 +24,11 @@ use outboard_net_client::{open_nic, NetOptions, Udp};
 
 use crate::cpu::{descendants, reaped_children_secs, CpuMeter};
 use crate::fixture::{machine, Proc};
-use crate::model::{Figure, Machine, Point, Series, Target, TestResult, Twin, Unavailable};
+use crate::model::{Figure, Machine, Target, TestResult, Twin, Unavailable};
 use crate::netns::{interface_exists, output_within, Netns, Running, VethPair};
 use crate::placement::{Pinned, Placement};
 use crate::stats::{median, Summary};
-use crate::tests::{figure, ratio_target, WARM_UP};
+use crate::tests::{bar, figure, ratio_target, WARM_UP};
 use crate::{pingpong, Context};
 
 /// Payload sizes (the thesis's 64…1472, the largest that fits a 1500-byte MTU).
@@ -386,10 +386,7 @@ pub fn echo(ctx: &Context) -> Result<TestResult, String> {
             lat.series.push(m.first);
             cpu.series.push(m.second);
             match t {
-                Some(Ok(y)) => tcp.series.push(Series {
-                    label: config.into(),
-                    points: vec![Point { x: 0.0, y }],
-                }),
+                Some(Ok(y)) => tcp.series.push(bar(config, y)),
                 Some(Err(reason)) => unavailable.push(Unavailable {
                     config: format!("{config} (iperf3)"),
                     reason,

@@ -44,6 +44,14 @@ pub(crate) fn figure(id: &str, title: &str, x: &str, y: &str, log_x: bool, kind:
     }
 }
 
+/// A bar chart's one bar: `label` at `y`.
+pub(crate) fn bar(label: &str, y: Summary) -> Series {
+    Series {
+        label: label.into(),
+        points: vec![Point { x: 0.0, y }],
+    }
+}
+
 /// A ratio target: `num / den` over the x values in `xs` where both were measured (and `den`
 /// is non-zero), judged at its worst point against `bound` (≥ if `at_least`, else ≤).
 pub(crate) fn ratio_target(
@@ -502,10 +510,6 @@ pub fn null_rtt(ctx: &Context) -> Result<TestResult, String> {
         false,
         "bar",
     );
-    let bar = |label: &str, y: Summary| Series {
-        label: label.into(),
-        points: vec![Point { x: 0.0, y }],
-    };
 
     let mut unavailable = Vec::new();
     let one_cpu = |config: &str| Unavailable {

@@ -148,6 +148,33 @@ fn only(ethertype: u16) -> Program {
 
 const WAIT: Duration = Duration::from_secs(5);
 
+/// Ten frames from `a` to `b` of which the device claims the first two are longer than
+/// their buffers (`long-frame=2` on `b`'s model): what `b` received, and the eight it should.
+fn two_long_frames_in_ten(
+    a: &mut NetClient,
+    b: &mut NetClient,
+    faults: &FaultHandle,
+) -> (Vec<Vec<u8>>, Vec<Vec<u8>>) {
+    lock(faults).arm("long-frame=2".parse().unwrap());
+    for i in 0..10 {
+        a.send(&frame(B, A, 0x88b5, 100 + i, i as u64)).unwrap();
+        if i == 0 {
+            // One at a time at first, so the two faulty ones are the first two.
+            a.flush().unwrap();
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+    a.flush().unwrap();
+    let mut got = Vec::new();
+    while let Some(f) = b.recv(Duration::from_millis(500)).unwrap() {
+        got.push(f);
+    }
+    let want = (2..10)
+        .map(|i| frame(B, A, 0x88b5, 100 + i, i as u64))
+        .collect();
+    (got, want)
+}
+
 #[test]
 fn frames_of_every_size_cross_the_wire_intact_and_in_order() {
     let rig = Rig::start();
@@ -425,23 +452,7 @@ fn a_nics_own_faults_are_caught_by_the_driver_and_traffic_goes_on() {
     let nic1 = &rig.models[1].faults;
     // Two frames the device claims are longer than their buffers: dropped and counted by the
     // driver, and the frames around them arrive whole and in order.
-    lock(nic1).arm("long-frame=2".parse().unwrap());
-    for i in 0..10 {
-        a.send(&frame(B, A, 0x88b5, 100 + i, i as u64)).unwrap();
-        if i == 0 {
-            // One at a time at first, so the two faulty ones are the first two.
-            a.flush().unwrap();
-            std::thread::sleep(Duration::from_millis(20));
-        }
-    }
-    a.flush().unwrap();
-    let mut got = Vec::new();
-    while let Some(f) = b.recv(Duration::from_millis(500)).unwrap() {
-        got.push(f);
-    }
-    let want: Vec<Vec<u8>> = (2..10)
-        .map(|i| frame(B, A, 0x88b5, 100 + i, i as u64))
-        .collect();
+    let (got, want) = two_long_frames_in_ten(&mut a, &mut b, nic1);
     assert_eq!(got.len(), 8, "8 of 10 frames arrive");
     assert!(got == want, "whole and in order");
     let s = NetClient::status(&rig.sock, "nic1").unwrap();
@@ -663,22 +674,7 @@ fn a_device_error_in_a_lent_buffer_is_dropped_and_counted_and_the_owner_receives
     let nic1 = &rig.models[1].faults;
     // Two frames the device claims are longer than the client's buffers: the driver catches
     // them; the buffers go back to the device and the owner never sees an error.
-    lock(nic1).arm("long-frame=2".parse().unwrap());
-    for i in 0..10 {
-        a.send(&frame(B, A, 0x88b5, 100 + i, i as u64)).unwrap();
-        if i == 0 {
-            a.flush().unwrap();
-            std::thread::sleep(Duration::from_millis(20));
-        }
-    }
-    a.flush().unwrap();
-    let mut got = Vec::new();
-    while let Some(f) = b.recv(Duration::from_millis(500)).unwrap() {
-        got.push(f);
-    }
-    let want: Vec<Vec<u8>> = (2..10)
-        .map(|i| frame(B, A, 0x88b5, 100 + i, i as u64))
-        .collect();
+    let (got, want) = two_long_frames_in_ten(&mut a, &mut b, nic1);
     assert!(
         got == want,
         "8 of 10 frames, whole and in order: got {}",

@@ -57,18 +57,27 @@ struct Posted {
     len: u32,
 }
 
-/// The owner's buffers in the device, by the driver tag each was lent under: an index here,
-/// so a frame costs no hashing.
-#[derive(Default)]
-struct Lent {
-    slots: Vec<Option<Posted>>,
+/// What is in the device, by the driver tag it went in under (frames being sent, the owner's
+/// lent buffers): the tag is an index here, so a frame costs no hashing.
+struct Slab<T> {
+    slots: Vec<Option<T>>,
     free: Vec<usize>,
     count: usize,
 }
 
-impl Lent {
-    /// Keeps `p`; the driver tag to lend it under.
-    fn insert(&mut self, p: Posted) -> u64 {
+impl<T> Default for Slab<T> {
+    fn default() -> Self {
+        Self {
+            slots: Vec::new(),
+            free: Vec::new(),
+            count: 0,
+        }
+    }
+}
+
+impl<T> Slab<T> {
+    /// Keeps `p`; the driver tag it goes in under.
+    fn insert(&mut self, p: T) -> u64 {
         let i = self.free.pop().unwrap_or_else(|| {
             self.slots.push(None);
             self.slots.len() - 1
@@ -78,8 +87,8 @@ impl Lent {
         i as u64
     }
 
-    /// The buffer lent under `key`, no longer lent.
-    fn remove(&mut self, key: u64) -> Option<Posted> {
+    /// What went in under `key`, no longer kept.
+    fn remove(&mut self, key: u64) -> Option<T> {
         let p = self.slots.get_mut(usize::try_from(key).ok()?)?.take()?;
         self.free.push(key as usize);
         self.count -= 1;
@@ -90,11 +99,15 @@ impl Lent {
         self.count == 0
     }
 
-    /// Every buffer lent, no longer lent.
-    fn drain(&mut self) -> Vec<Posted> {
+    /// Everything kept, no longer kept.
+    fn drain(&mut self) -> Vec<T> {
         self.free.clear();
         self.count = 0;
         self.slots.drain(..).flatten().collect()
+    }
+
+    fn iter(&self) -> impl Iterator<Item = &T> {
+        self.slots.iter().flatten()
     }
 }
 
@@ -107,7 +120,7 @@ struct PerSession {
     /// Its mode, groups and filter.
     reception: Reception,
     /// Its buffers lent to the device (it owns the receive path).
-    lent: Lent,
+    lent: Slab<Posted>,
     /// Where in each of its buffers a frame starts (the device's header before it when it
     /// owns the receive path; 0 otherwise).
     headroom: u32,
@@ -116,8 +129,8 @@ struct PerSession {
 /// One NIC being served.
 pub struct NetDispatcher {
     driver: Box<dyn NetDriver>,
-    tags: Vec<Option<InFlight>>,
-    free_tags: Vec<usize>,
+    /// Frames in the transmit queue.
+    in_flight: Slab<InFlight>,
     sessions: Vec<Option<PerSession>>,
     sent: Vec<(u64, Result<u32, NetError>)>,
     counters: NetCounters,
@@ -169,8 +182,7 @@ impl NetDispatcher {
     pub fn new(driver: Box<dyn NetDriver>) -> Self {
         Self {
             driver,
-            tags: Vec::new(),
-            free_tags: Vec::new(),
+            in_flight: Slab::default(),
             sessions: Vec::new(),
             sent: Vec::new(),
             counters: NetCounters::default(),
@@ -211,16 +223,14 @@ impl NetDispatcher {
         if cx.isolated() {
             cx.entering(si, fingerprint(r));
         }
-        let slot = self.free_tags.pop().unwrap_or_else(|| {
-            self.tags.push(None);
-            self.tags.len() - 1
+        let key = self.in_flight.insert(InFlight {
+            session: si,
+            tag: r.tag,
+            since: Instant::now(),
         });
-        match self
-            .driver
-            .transmit(base + r.buf_offset, r.length, slot as u64)
-        {
+        match self.driver.transmit(base + r.buf_offset, r.length, key) {
             Err(e) if !matches!(e, NetError::DeviceFailed(_)) => {
-                self.free_tags.push(slot);
+                self.in_flight.remove(key);
                 cx.stats.rejected += 1;
                 if let Some(s) = cx.sessions[si].as_mut() {
                     complete(s, cx.stats, r.tag, Err(e));
@@ -230,11 +240,6 @@ impl NetDispatcher {
             // Taken, or the submission revealed the device dead: either way the frame counts
             // as in the device (and fails with it).
             outcome => {
-                self.tags[slot] = Some(InFlight {
-                    session: si,
-                    tag: r.tag,
-                    since: Instant::now(),
-                });
                 if let Some(ps) = self.sessions.get_mut(si).and_then(Option::as_mut) {
                     ps.tags.insert(r.tag);
                 }
@@ -747,12 +752,9 @@ impl Dispatcher for NetDispatcher {
         let sent_any = !self.sent.is_empty();
         let mut done = std::mem::take(&mut self.sent);
         for (slot, result) in done.drain(..) {
-            let Some(InFlight { session, tag, .. }) =
-                self.tags.get_mut(slot as usize).and_then(Option::take)
-            else {
+            let Some(InFlight { session, tag, .. }) = self.in_flight.remove(slot) else {
                 continue;
             };
-            self.free_tags.push(slot as usize);
             if let Some(ps) = self.sessions.get_mut(session).and_then(Option::as_mut) {
                 ps.tags.remove(&tag);
             }
@@ -773,7 +775,7 @@ impl Dispatcher for NetDispatcher {
     }
 
     fn oldest_due(&self) -> Option<Instant> {
-        self.tags.iter().flatten().map(|t| t.since).min()
+        self.in_flight.iter().map(|t| t.since).min()
     }
 
     fn fail_all(&mut self, fate: &Fate, cx: &mut Ctx<'_>) {
@@ -781,8 +783,7 @@ impl Dispatcher for NetDispatcher {
             Fate::TimedOut => NetError::Timeout,
             Fate::Out(o) => outage_error(o),
         };
-        self.free_tags.clear();
-        for t in self.tags.drain(..).flatten() {
+        for t in self.in_flight.drain() {
             if let Some(ps) = self.sessions.get_mut(t.session).and_then(Option::as_mut) {
                 ps.tags.remove(&t.tag);
             }

@@ -47,6 +47,9 @@ if ! command -v cargo >/dev/null; then
 fi
 command -v cargo >/dev/null || { echo "test.sh: Rust (cargo) is required: https://rustup.rs" >&2; exit 1; }
 
+# No incremental caches: this is a one-shot build, and they would double the disk it takes.
+export CARGO_INCREMENTAL=0
+
 # Formatting and lints first: cheap, and they fail fast.
 rustup component list --installed 2>/dev/null | grep -q rustfmt || rustup component add rustfmt
 rustup component list --installed 2>/dev/null | grep -q clippy || rustup component add clippy
@@ -61,6 +64,8 @@ fi
 if cargo +nightly miri --version >/dev/null 2>&1; then
     MIRIFLAGS=-Zmiri-disable-isolation PROPTEST_CASES=4 \
         cargo +nightly miri test --locked -p outboard-shm -p outboard-session --lib
+    # Miri's and the fuzzers' builds are used once here; the disk they hold goes to the tests.
+    rm -rf target/miri
 else
     echo "test.sh: no nightly toolchain with Miri here: the Miri run is skipped"
 fi
@@ -69,6 +74,7 @@ fi
 if cargo +nightly --version >/dev/null 2>&1 &&
     { command -v cargo-fuzz >/dev/null || cargo install cargo-fuzz --locked; }; then
     scripts/fuzz.sh "${OUTBOARD_FUZZ_SECONDS:-20}"
+    rm -rf fuzz/target
 else
     echo "test.sh: no nightly toolchain or cargo-fuzz here: the fuzz run is skipped"
 fi

@@ -70,6 +70,12 @@ enum Command {
     /// gone now), or a running one. Clients carry on: their requests are replayed. A memory
     /// disk keeps its bytes. Waits until it serves. Example: outboard restart disk0
     Restart(up::RestartArgs),
+    /// Move a device's driver, live, into another driver server: one that runs for other
+    /// devices (they share it from then on) or a new one of its own. Both servers finish what
+    /// is in their devices first; clients carry on with nothing sent twice. Waits until the
+    /// device serves from its new server. The machine description is not changed: the next
+    /// `up` places it as it says. Example: outboard move disk1 --server disk0-server
+    Move(up::MoveArgs),
     /// Hot-plug a device into the running machine: one its description declares with
     /// `attached = false` (or detached earlier), by name, or new ones described in a file of
     /// `[[device]]` tables. The catalog matches its driver, which starts; its class device
@@ -239,6 +245,7 @@ fn main() -> ExitCode {
         Command::Fault(a) => fault(a, control),
         Command::Power(a) => up::power(a, control),
         Command::Restart(a) => up::restart(a, control),
+        Command::Move(a) => up::move_device(a, control),
         Command::Attach(a) => up::attach(a, control),
         Command::Detach(a) => up::detach(a, control),
         Command::Export(c) => export::run(c, control),

@@ -102,6 +102,19 @@ pub struct RestartArgs {
 }
 
 #[derive(Args)]
+pub struct MoveArgs {
+    /// Class device name, e.g. disk1.
+    device: String,
+    /// The driver server to run it in: the name of one that runs (see `server` in
+    /// `outboard ls`), or a new name for a server of its own.
+    #[arg(long, value_name = "NAME")]
+    server: String,
+    /// How long to wait for it to serve from its new server.
+    #[arg(long, default_value = "30s", value_parser = parse_duration)]
+    timeout: std::time::Duration,
+}
+
+#[derive(Args)]
 pub struct DetachArgs {
     /// Class device name, e.g. disk1.
     device: String,
@@ -310,6 +323,21 @@ pub fn restart(a: RestartArgs, control: PathBuf) -> Result<ExitCode, String> {
         Ok(n) if n.state() == Some(State::Serving) => Ok(Some(format!(
             "{} again after {:.1} ms",
             State::Serving,
+            started.elapsed().as_secs_f64() * 1e3
+        ))),
+        Ok(n) if n.state() == Some(State::GaveUp) => Err(state_of(n).to_string()),
+        Ok(_) => Ok(None),
+        Err(e) => Err(e.to_string()),
+    })
+}
+
+pub fn move_device(a: MoveArgs, control: PathBuf) -> Result<ExitCode, String> {
+    let started = std::time::Instant::now();
+    let first = outboard_client::manager::move_device(&control, &a.device, &a.server);
+    settle(&control, &a.device, a.timeout, first, |r| match r {
+        Ok(n) if n.state() == Some(State::Serving) => Ok(Some(format!(
+            "serving from driver server {:?} after {:.1} ms",
+            a.server,
             started.elapsed().as_secs_f64() * 1e3
         ))),
         Ok(n) if n.state() == Some(State::GaveUp) => Err(state_of(n).to_string()),

@@ -436,3 +436,117 @@ fn restart_by_hand_works_even_where_automatic_restarts_are_off() {
     let r = up.run(&["blk", "read", "disk0", "--offset", "0", "--length", "7"]);
     assert_eq!(r.stdout, b"by hand");
 }
+
+/// The driver node that drives class device `device`.
+fn driver_of(n: &serde_json::Value, device: &str) -> Option<serde_json::Value> {
+    let drives = n["children"]
+        .as_array()
+        .is_some_and(|c| c.iter().any(|c| c["name"] == device));
+    if n["kind"] == "driver" && drives {
+        return Some(n.clone());
+    }
+    n["children"]
+        .as_array()?
+        .iter()
+        .find_map(|c| driver_of(c, device))
+}
+
+/// `outboard move` under load: disk0's driver moves into the server disk1's driver runs in,
+/// then into a new server of its own, then back into the one it started in. No client of
+/// either disk sees an error or a replay; `ls` shows each driver where it runs; what cannot
+/// move is refused with the reason.
+#[test]
+fn a_driver_moves_between_servers_under_load_without_an_error_or_a_replay() {
+    const MACHINE: &str = r#"
+name = "move"
+[[device]]
+name = "disk0"
+model = "virtio-blk"
+backing = "mem:16M"
+[[device]]
+name = "disk1"
+model = "virtio-blk"
+backing = "mem:16M"
+server = "shared"
+[[device]]
+name = "rng0"
+model = "virtio-rng"
+placement = "colocated"
+"#;
+    let dir = tempfile::tempdir().unwrap();
+    let up = Up::start(dir.path(), Some(MACHINE));
+    let up_pid = up.child.as_ref().unwrap().id();
+    let (stop0, disk0) = common::under_load(&up, "disk0", 1..4, 16, 128);
+    let (stop1, disk1) = common::under_load(&up, "disk1", 1..2, 16, 128);
+    let placed = |device: &str| {
+        let ls = up.run(&["ls", "--json"]);
+        let tree: serde_json::Value = serde_json::from_slice(&ls.stdout).unwrap();
+        let d = driver_of(&tree, device).unwrap();
+        let server = d["props"]["server"]
+            .as_str()
+            .unwrap_or_default()
+            .to_string();
+        (server, d["props"]["pid"].as_u64())
+    };
+    std::thread::sleep(Duration::from_millis(200));
+    for (to, servers) in [("shared", 1), ("alone", 2), ("disk0-server", 2)] {
+        let r = up.run_within(&["move", "disk0", "--server", to], Duration::from_secs(40));
+        assert!(r.status.success(), "move into {to}: {r:?}");
+        let said = String::from_utf8_lossy(&r.stdout);
+        assert!(
+            said.contains(&format!("serving from driver server {to:?}")),
+            "{said}"
+        );
+        println!("{}", said.trim());
+        assert!(
+            eventually(Duration::from_secs(10), || {
+                let (s0, pid0) = placed("disk0");
+                let (s1, pid1) = placed("disk1");
+                s0 == to && s1 == "shared" && pid0.is_some() && (pid0 == pid1) == (to == "shared")
+            }),
+            "after moving into {to}: disk0 {:?}, disk1 {:?}",
+            placed("disk0"),
+            placed("disk1")
+        );
+        let running = common::children_running(up_pid, "driver-host");
+        assert_eq!(
+            running.len(),
+            servers,
+            "after moving into {to}: {running:?}"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    // Refused, with the reason.
+    for (args, why) in [
+        (["move", "disk0", "--server", "disk0-server"], "already"),
+        (["move", "disk0", "--server", "../x"], "server name"),
+        (["move", "rng0", "--server", "shared"], "colocated"),
+        (["move", "disk9", "--server", "shared"], "no device named"),
+    ] {
+        let r = up.run(&args);
+        assert!(!r.status.success(), "{args:?}");
+        let e = String::from_utf8_lossy(&r.stderr);
+        assert!(e.contains(why), "{args:?}: {e}");
+    }
+    std::thread::sleep(Duration::from_millis(200));
+    stop0.store(true, Ordering::Relaxed);
+    stop1.store(true, Ordering::Relaxed);
+    let reports: Vec<_> = common::verified_clean(disk0)
+        .into_iter()
+        .chain(common::verified_clean(disk1))
+        .collect();
+    let completed: u64 = reports.iter().map(|r| r.completed).sum();
+    assert!(completed > 1000, "the clients ran: {completed} requests");
+    let replayed: u64 = reports.iter().map(|r| r.replayed).sum();
+    let requeued: u64 = reports.iter().map(|r| r.requeued).sum();
+    assert_eq!(replayed, 0, "{requeued} requeued");
+    let longest = reports
+        .iter()
+        .flat_map(|r| r.resumes.iter().map(|(gone, back)| *back - *gone))
+        .max()
+        .unwrap_or_default();
+    println!(
+        "three moves: {completed} requests, 0 replayed, {requeued} sent on from the old \
+         servers' rings, longest pause (server gone → session resumed) {longest:?}"
+    );
+}

@@ -76,6 +76,18 @@ pub enum Request {
         #[serde(default, skip_serializing_if = "Option::is_none")]
         exe: Option<std::path::PathBuf>,
     },
+    /// Moves class device `name`'s driver, live, into driver server `server`: one that runs
+    /// for other devices (they share it from then on) or a new one of its own. Both servers
+    /// drain first, as for a graceful restart, then start again with their new devices;
+    /// clients resume on the device's new server with nothing to replay. The reply is its
+    /// registry entry at once (`restarting`); it says `serving` once the move is done. The
+    /// machine description is not rewritten: the next `up` places the device as it says.
+    Move {
+        /// Device name.
+        name: String,
+        /// Name of the driver server to run it in.
+        server: String,
+    },
     /// A connection to the driver server of class device `name`, made by the manager and
     /// passed with the reply ([`Reply::Connected`]). Only on a broker connection, for a
     /// device the manager gave that child (see [`crate::link`]).

@@ -122,6 +122,18 @@ pub fn restart_with(
     )?)
 }
 
+/// Moves class device `name`'s driver into driver server `server` (see [`Request::Move`]);
+/// returns its registry entry at once (state `restarting`).
+pub fn move_device(control_path: &Path, name: &str, server: &str) -> Result<Node, Refusal> {
+    node_reply(ask(
+        control_path,
+        &Request::Move {
+            name: name.into(),
+            server: server.into(),
+        },
+    )?)
+}
+
 /// Attaches a declared device (`name`) or new ones (`description`, `[[device]]` tables);
 /// returns the class device's registry entry once it serves.
 pub fn attach(

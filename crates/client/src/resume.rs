@@ -61,15 +61,31 @@ pub struct Resume<'a> {
     pub timeout: Duration,
 }
 
-/// Waits for the supervisor's new server and opens the session on it: the new channel and the
-/// device's status, or why the session cannot go on (the manager gave the driver up, the
-/// device was detached, the server did not come back in time, the new server refused).
+/// A session opened again on the supervisor's new server.
+#[derive(Debug)]
+pub struct Reconnected {
+    /// The new channel.
+    pub channel: Channel,
+    /// The device's status, as the new server answered the resume.
+    pub info: serde_json::Value,
+    /// Where the device is served now: the same socket, or another server's after the
+    /// device was moved (`outboard move`); the next resume starts there.
+    pub server: std::path::PathBuf,
+}
+
+/// Waits for the supervisor's new server and opens the session on it, or says why the
+/// session cannot go on (the manager gave the driver up, the device was detached, the server
+/// did not come back in time, the new server refused). A device that moved to another
+/// server is followed there: when its old socket is gone or the server there no longer
+/// serves it, the manager is asked where it is served now.
 pub fn reconnect(
     sup: &Supervisor,
     r: &Resume<'_>,
     give_up: Instant,
-) -> Result<(Channel, serde_json::Value), Refusal> {
+) -> Result<Reconnected, Refusal> {
+    let mut server = r.server.to_path_buf();
     let mut next_question = Instant::now();
+    let mut next_lookup = Instant::now();
     loop {
         // The manager first: while it has given the device up, the server's socket (which
         // the manager keeps bound) still takes a connection, and a resume sent there would
@@ -83,7 +99,7 @@ pub fn reconnect(
         }
         let opened = sup
             .control
-            .connect_server(r.server, r.device)
+            .connect_server(&server, r.device)
             .and_then(|sock| {
                 Channel::resume_on(
                     sock,
@@ -96,15 +112,31 @@ pub fn reconnect(
                     r.timeout,
                 )
             });
-        match opened {
-            Ok(opened) => return Ok(opened),
-            Err(ChannelError::Connect(_) | ChannelError::Gone | ChannelError::Timeout) => {}
-            Err(ChannelError::Refused(e)) if e.code == Code::Restarting => {}
+        let moved = match opened {
+            Ok((channel, info)) => {
+                return Ok(Reconnected {
+                    channel,
+                    info,
+                    server,
+                })
+            }
+            Err(ChannelError::Connect(_)) => true,
+            Err(ChannelError::Refused(e)) if e.code == Code::NoSuchDevice => true,
+            Err(ChannelError::Gone | ChannelError::Timeout) => false,
+            Err(ChannelError::Refused(e)) if e.code == Code::Restarting => false,
             Err(e) => {
                 // Refused by the new server: the manager may know why (the device was
                 // detached, or given up), which says more than the server can.
                 return Err(verdict(&sup.control, r.device).unwrap_or_else(|| e.into()));
             }
+        };
+        // Not at the socket it was: moved, perhaps (asked at most every 10 ms; until the
+        // move is done the manager answers "restarting").
+        if moved && Instant::now() >= next_lookup {
+            if let Some(now_at) = served_at(&sup.control, r.device) {
+                server = now_at;
+            }
+            next_lookup = Instant::now() + Duration::from_millis(10);
         }
         if Instant::now() >= give_up {
             return Err(Refusal::new(
@@ -116,6 +148,16 @@ pub fn reconnect(
             ));
         }
         std::thread::sleep(Duration::from_millis(1));
+    }
+}
+
+/// The socket of the driver server that serves `device` now, if the manager says.
+fn served_at(control: &Control, device: &str) -> Option<std::path::PathBuf> {
+    match control.ask(&crate::api::Request::Open {
+        name: device.into(),
+    }) {
+        Ok(crate::api::Reply::Open { server, .. }) => server,
+        _ => None,
     }
 }
 

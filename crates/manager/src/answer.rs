@@ -133,6 +133,7 @@ impl Manager {
                 graceful,
                 exe,
             } => self.restart_by_hand(&name, graceful, exe),
+            Request::Move { name, server } => self.move_device(&name, &server),
             Request::List => Reply::Registry {
                 tree: self.registry.clone(),
             },

@@ -159,6 +159,10 @@ mod tests {
                 graceful: false,
                 exe: Some("/tmp/x".into()),
             },
+            Request::Move {
+                name: "disk0".into(),
+                server: "s".into(),
+            },
         ] {
             assert!(ask(req).is_err());
         }

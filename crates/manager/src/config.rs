@@ -780,7 +780,7 @@ pub fn parse_duration(s: &str) -> Option<std::time::Duration> {
 }
 
 /// A name that is safe as part of a file name: 1-32 letters, digits, `-` or `_`.
-fn valid_name(name: &str) -> bool {
+pub(crate) fn valid_name(name: &str) -> bool {
     !name.is_empty()
         && name.len() <= 32
         && name

@@ -284,41 +284,11 @@ impl Manager {
     /// Its other devices' clients see their server go and come back: they resume and replay,
     /// as after a crash.
     pub(crate) fn shed_device(&mut self, s: usize, name: &str, work: &mut WorkLoop<Source>) {
-        let supervisor::Kind::Server {
-            name: server,
-            devices,
-        } = self.procs[s].kind.clone()
-        else {
-            return;
-        };
-        let rest: Vec<String> = devices.into_iter().filter(|d| d != name).collect();
-        let machine = self.machine.devices.clone();
-        let (args, connect) = self.server_launch(&rest, &machine);
-        let p = &mut self.procs[s];
-        let _ = work.remove(p.fd());
-        if let Some(ev) = p.events.take() {
-            let _ = work.remove(ev.as_fd());
-        }
-        p.heartbeat = None;
-        p.stop(Duration::from_secs(5));
-        p.set_server(args, connect);
-        for n in &rest {
-            if self.suspended.contains(n) || self.detaching.contains(n) {
-                if let Some(a) = self.procs[s].server.as_mut() {
-                    a.set_quiesced(n, true);
-                }
-            }
-        }
-        self.procs[s].kind = supervisor::Kind::Server {
-            name: server,
-            devices: rest.clone(),
-        };
-        self.procs[s].down_since = Some(std::time::Instant::now());
-        self.set_state(
-            &rest,
-            (State::Restarting, Detail::Note("a device was detached")),
-            (State::Restarting, Detail::None),
-        );
+        let rest: Vec<String> = Self::devices_of(&self.procs[s].kind)
+            .into_iter()
+            .filter(|d| d != name)
+            .collect();
+        self.reseat(s, rest, "a device was detached", work);
     }
 
     /// Starts stopped driver server `s` again (its `Serving` event completes the restart).
@@ -338,6 +308,7 @@ impl Manager {
         }
         let _ = work.add(p.fd(), Source::Child(s));
         p.watch(work, s);
+        self.show_server(s);
     }
 
     /// `outboard power NAME suspend|resume`.

@@ -20,6 +20,7 @@ mod hotplug;
 mod launch;
 pub mod models;
 mod nodes;
+mod relocate;
 pub mod restart;
 pub mod runtime;
 mod supervise;
@@ -132,6 +133,8 @@ pub struct Manager {
     /// Children were renumbered (attach, detach): the rest of a batch of ready sources
     /// names old numbers and is dropped (the work loop is level-triggered: they come again).
     renumbered: bool,
+    /// A device being moved into another driver server (`outboard move`).
+    moving: Option<relocate::Move>,
 }
 
 fn size_text(n: u64) -> String {
@@ -249,6 +252,7 @@ impl Manager {
             suspended: Default::default(),
             detaching: Default::default(),
             renumbered: false,
+            moving: None,
         };
         if let Err(e) = m.bring_up() {
             m.shutdown();

@@ -109,7 +109,8 @@ impl Manager {
                 }
             }
             Ok((control::Event::Quiesced { device }, _)) => {
-                if self.procs[i].graceful.is_some() {
+                if self.move_drained(&device) {
+                } else if self.procs[i].graceful.is_some() {
                     self.drained(i, &device);
                 } else if self.detaching.contains(&device) {
                     self.finish_detach(&device, work);
@@ -482,6 +483,7 @@ impl Manager {
     /// restarted models that do not come into service.
     pub(crate) fn supervise(&mut self, work: &mut WorkLoop<Source>) {
         let now = std::time::Instant::now();
+        self.advance_move(now, work);
         // A graceful restart whose devices did not drain in time: restarted anyway (its
         // clients replay what was in the device).
         for i in 0..self.procs.len() {

@@ -305,14 +305,14 @@ impl BlockClient {
             mode: self.channel.mode(),
             timeout: self.timeout,
         };
-        let (channel, info) = match reconnect(sup, &how, give_up) {
-            Ok(opened) => opened,
+        let back = match reconnect(sup, &how, give_up) {
+            Ok(back) => back,
             Err(e) => {
                 self.given_up = e.code == Code::GivenUp;
                 return self.end(e.into()).map(|_| Resumed::Yes);
             }
         };
-        let info = parse_info(info)?;
+        let info = parse_info(back.info)?;
         if info.capacity != self.info.capacity || info.block_size != self.info.block_size {
             let why = format!(
                 "the restarted driver serves another disk ({} blocks of {}, was {} of {})",
@@ -324,7 +324,8 @@ impl BlockClient {
         }
         // What the dead server took, read from the ring it left, before it is dropped.
         let taken = self.channel.taken(0);
-        self.channel = channel;
+        self.channel = back.channel;
+        self.server = back.server;
         self.replay(taken)
     }
 

@@ -293,10 +293,11 @@ impl NetClient {
                 mode: self.channel.mode(),
                 timeout: self.opts.timeout,
             };
-            let (channel, info) =
+            let back =
                 reconnect(&sup, &how, Instant::now() + sup.patience).map_err(NetError::from)?;
-            self.info = parse_info(info)?;
-            self.channel = channel;
+            self.info = parse_info(back.info)?;
+            self.channel = back.channel;
+            self.server = back.server;
             self.resumes += 1;
             match self.restore(taken) {
                 Err(NetError::DeviceGone) => continue,

@@ -120,10 +120,11 @@ impl RngClient {
             mode: self.channel.mode(),
             timeout: Duration::from_secs(10),
         };
-        let (channel, info) =
+        let back =
             reconnect(&sup, &how, Instant::now() + sup.patience).map_err(EntropyError::from)?;
-        self.info = parse_info(info)?;
-        self.channel = channel;
+        self.info = parse_info(back.info)?;
+        self.channel = back.channel;
+        self.server = back.server;
         Ok(())
     }
 

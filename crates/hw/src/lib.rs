@@ -192,6 +192,30 @@ pub struct PciFunction {
     identity: PciIdentity,
     policy: ConfigPolicy,
     dma: DmaSpace,
+    /// The standard configuration space (256 bytes) as read once at open: the capability
+    /// list and the capabilities' own fields never change, so walking them again costs no
+    /// more trips to the device (over vfio-user each read is a round trip to the model, and
+    /// they were a third of a driver's start-up messages).
+    header: Box<[u8; pci::CONFIG_SPACE_SIZE]>,
+    /// The capability list, walked once over `header`.
+    caps: Vec<Capability>,
+    /// The BARs' sizes, asked once (they are fixed; a probe and a start both want them).
+    bar_sizes: std::sync::OnceLock<[u64; 6]>,
+}
+
+/// Copies `buf.len()` bytes at `offset` of a configuration space snapshot.
+fn snapshot_read(head: &[u8; pci::CONFIG_SPACE_SIZE], offset: u64, buf: &mut [u8]) -> Result<()> {
+    let at = usize::try_from(offset).unwrap_or(usize::MAX);
+    match at.checked_add(buf.len()).and_then(|end| head.get(at..end)) {
+        Some(bytes) => {
+            buf.copy_from_slice(bytes);
+            Ok(())
+        }
+        None => Err(HwError::Backend(format!(
+            "configuration read of {} bytes at {offset:#x} is past the standard header",
+            buf.len()
+        ))),
+    }
 }
 
 impl std::fmt::Debug for PciFunction {
@@ -250,8 +274,8 @@ impl PciFunction {
 
     /// Wraps a backend (used by the in-process backend and tests).
     pub fn with_backend(spec: String, backend: Arc<dyn Backend>) -> Result<Self> {
-        let mut head = [0u8; 0x40];
-        backend.config_read(0, &mut head)?;
+        let mut head = Box::new([0u8; pci::CONFIG_SPACE_SIZE]);
+        backend.config_read(0, &mut head[..])?;
         let u16_at = |o: usize| u16::from_le_bytes([head[o], head[o + 1]]);
         let identity = PciIdentity {
             vendor: u16_at(pci::VENDOR_ID as usize),
@@ -269,16 +293,18 @@ impl PciFunction {
                 why: "configuration space reads as all ones (no device)".into(),
             });
         }
+        let caps = config::walk_capabilities(|o, b| snapshot_read(&head, o, b))?;
         let dma = DmaSpace::new(backend.clone());
-        let mut f = Self {
+        Ok(Self {
             spec,
             backend,
             identity,
-            policy: ConfigPolicy::default(),
+            policy: ConfigPolicy::for_capabilities(&caps),
             dma,
-        };
-        f.policy = ConfigPolicy::for_capabilities(&f.capabilities()?);
-        Ok(f)
+            header: head,
+            caps,
+            bar_sizes: std::sync::OnceLock::new(),
+        })
     }
 
     /// How the device was named.
@@ -340,9 +366,17 @@ impl PciFunction {
         self.config_write(pci::COMMAND, &cmd.to_le_bytes())
     }
 
-    /// Walks the capability list (bounded, so a looping list cannot hang us).
+    /// The capability list, as walked at open (bounded, so a looping list cannot hang us).
     pub fn capabilities(&self) -> Result<Vec<Capability>> {
-        config::walk_capabilities(|o, b| self.backend.config_read(o, b))
+        Ok(self.caps.clone())
+    }
+
+    /// Reads the standard configuration space (the first 256 bytes) as it was at open,
+    /// without asking the device: for what does not change, such as a capability's own
+    /// fields. Registers a device or driver changes (command, status, MSI-X control) are
+    /// read with [`PciFunction::config_read`].
+    pub fn config_read_at_open(&self, offset: u64, buf: &mut [u8]) -> Result<()> {
+        snapshot_read(&self.header, offset, buf)
     }
 
     /// BAR `bar` as a region.
@@ -353,13 +387,16 @@ impl PciFunction {
         self.backend.region(bar)
     }
 
-    /// Sizes of all BARs (0 where absent), without mapping them.
+    /// Sizes of all BARs (0 where absent), without mapping them; asked of the device once.
     pub fn bar_sizes(&self) -> Result<[u64; 6]> {
+        if let Some(s) = self.bar_sizes.get() {
+            return Ok(*s);
+        }
         let mut s = [0u64; 6];
         for (bar, size) in s.iter_mut().enumerate() {
             *size = self.backend.region_size(bar as u8)?;
         }
-        Ok(s)
+        Ok(*self.bar_sizes.get_or_init(|| s))
     }
 
     /// The device's DMA address space.

@@ -369,7 +369,9 @@ impl Client {
     /// reached by trapped accesses instead.
     pub fn region_info(&mut self, index: u32) -> Result<RegionInfo> {
         const MAX_ARGSZ: u32 = 64 << 10;
-        let mut argsz = wire::RegionInfo::SIZE as u32;
+        // Room for a capability list of a few dozen sparse areas at once: a server whose
+        // reply fits answers in one round trip instead of saying how much to ask for first.
+        let mut argsz = 1024;
         let mut fd: Option<OwnedFd> = None;
         for _ in 0..3 {
             let (payload, mut fds) = self.call(
@@ -415,7 +417,8 @@ impl Client {
 
     /// The ioeventfds of region `index` (empty if the server offers none).
     pub fn region_io_fds(&mut self, index: u32) -> Result<Vec<IoEventFd>> {
-        let mut argsz = wire::IoFdsRequest::SIZE as u32;
+        // Room for 16 sub-regions at once (one round trip for any device of ours).
+        let mut argsz = (wire::IoFdsRequest::SIZE + 16 * wire::IoFdsReply::SUB_SIZE) as u32;
         for _ in 0..2 {
             let req = wire::IoFdsRequest {
                 argsz,

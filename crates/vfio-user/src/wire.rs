@@ -689,7 +689,8 @@ pub struct IoFdsReply {
 }
 
 impl IoFdsReply {
-    const SUB_SIZE: usize = 40;
+    /// Encoded size of one sub-region.
+    pub const SUB_SIZE: usize = 40;
     /// Encodes, leaving out the array if `max` is too small for it.
     pub fn encode(index: u32, subs: &[IoFdSubRegion], max: u32) -> Vec<u8> {
         let full = (IoFdsRequest::SIZE + Self::SUB_SIZE * subs.len()) as u32;

@@ -49,7 +49,9 @@ pub fn virtio_caps(func: &PciFunction) -> Result<Vec<VirtioCap>, VirtioError> {
         }
         let at = c.offset as u64;
         let mut raw = [0u8; cap::NOTIFY_SIZE as usize];
-        func.config_read(at, &mut raw)?;
+        // A virtio capability's fields are fixed: read as they were at open, no trip to
+        // the device.
+        func.config_read_at_open(at, &mut raw)?;
         let le32 = |o: u64| {
             u32::from_le_bytes(raw[o as usize..o as usize + 4].try_into().expect("4 bytes"))
         };
@@ -85,9 +87,19 @@ impl Transport {
     /// each type whose BAR the driver can use).
     pub fn new(func: &PciFunction) -> Result<Self, VirtioError> {
         let caps = virtio_caps(func)?;
-        let find = |t: u8| -> Result<Option<(Structure, u32)>, VirtioError> {
+        // Each BAR is set up once, however many structures it holds (usually all four):
+        // over vfio-user, setting one up is several round trips to the model.
+        let mut bars: Vec<(u8, Region)> = Vec::new();
+        let mut find = |t: u8| -> Result<Option<(Structure, u32)>, VirtioError> {
             if let Some(c) = caps.iter().find(|c| c.cfg_type == t && c.bar <= 5) {
-                let region = func.region(c.bar)?;
+                let region = match bars.iter().find(|(b, _)| *b == c.bar) {
+                    Some((_, r)) => r.clone(),
+                    None => {
+                        let r = func.region(c.bar)?;
+                        bars.push((c.bar, r.clone()));
+                        r
+                    }
+                };
                 if (c.offset as u64)
                     .checked_add(c.length as u64)
                     .is_none_or(|e| e > region.size())
@@ -297,6 +309,30 @@ impl Transport {
     /// Reads `buf.len()` bytes of device configuration at `offset`, retrying until the
     /// configuration generation is stable (§4.1.4.3.1).
     pub fn read_config(&self, offset: u64, buf: &mut [u8]) -> Result<(), VirtioError> {
+        self.consistently(|| self.read_config_field(offset, buf))
+    }
+
+    /// Runs `read` (reads of device configuration fields with
+    /// [`Transport::read_config_field`]) until the configuration generation is the same before
+    /// and after it (§4.1.4.3.1): several fields read as one consistent set, for two reads of
+    /// the generation instead of two per field.
+    pub fn consistently<R>(
+        &self,
+        mut read: impl FnMut() -> Result<R, VirtioError>,
+    ) -> Result<R, VirtioError> {
+        for _ in 0..16 {
+            let before = self.c8(common::CONFIG_GENERATION)?;
+            let got = read()?;
+            if self.c8(common::CONFIG_GENERATION)? == before {
+                return Ok(got);
+            }
+        }
+        Err(VirtioError::Device("configuration keeps changing".into()))
+    }
+
+    /// Reads `buf.len()` bytes of device configuration at `offset` once, without looking at
+    /// the generation: only inside [`Transport::consistently`].
+    pub fn read_config_field(&self, offset: u64, buf: &mut [u8]) -> Result<(), VirtioError> {
         let dev = self
             .device
             .as_ref()
@@ -307,31 +343,25 @@ impl Transport {
                 dev.length
             )));
         }
-        for _ in 0..16 {
-            let before = self.c8(common::CONFIG_GENERATION)?;
-            // Natural widths (§4.1.3.1): a 16-bit field with one 16-bit access, 32- and
-            // 64-bit fields with 32-bit accesses, bytes alone only where nothing wider fits.
-            let mut i = 0;
-            while i < buf.len() {
-                let at = dev.offset + offset + i as u64;
-                let left = buf.len() - i;
-                let n = if left >= 4 && (offset + i as u64).is_multiple_of(4) {
-                    buf[i..i + 4].copy_from_slice(&dev.region.read32(at)?.to_le_bytes());
-                    4
-                } else if left >= 2 && (offset + i as u64).is_multiple_of(2) {
-                    buf[i..i + 2].copy_from_slice(&dev.region.read16(at)?.to_le_bytes());
-                    2
-                } else {
-                    buf[i] = dev.region.read8(at)?;
-                    1
-                };
-                i += n;
-            }
-            if self.c8(common::CONFIG_GENERATION)? == before {
-                return Ok(());
-            }
+        // Natural widths (§4.1.3.1): a 16-bit field with one 16-bit access, 32- and 64-bit
+        // fields with 32-bit accesses, bytes alone only where nothing wider fits.
+        let mut i = 0;
+        while i < buf.len() {
+            let at = dev.offset + offset + i as u64;
+            let left = buf.len() - i;
+            let n = if left >= 4 && (offset + i as u64).is_multiple_of(4) {
+                buf[i..i + 4].copy_from_slice(&dev.region.read32(at)?.to_le_bytes());
+                4
+            } else if left >= 2 && (offset + i as u64).is_multiple_of(2) {
+                buf[i..i + 2].copy_from_slice(&dev.region.read16(at)?.to_le_bytes());
+                2
+            } else {
+                buf[i] = dev.region.read8(at)?;
+                1
+            };
+            i += n;
         }
-        Err(VirtioError::Device("configuration keeps changing".into()))
+        Ok(())
     }
 
     /// Length of the device configuration structure.

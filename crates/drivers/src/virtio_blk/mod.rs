@@ -265,43 +265,48 @@ impl VirtioBlk {
         let n = Negotiation::begin(func, "virtio-blk", SUPPORTED_FEATURES)?;
         let features = n.features();
         let t = n.transport();
-        // 7: device-specific set-up.
+        // 7: device-specific set-up: the fields it uses, read as one consistent set.
         let cfg_u32 = |off: u64| -> Result<u32, VirtioError> {
             let mut b = [0u8; 4];
-            t.read_config(off, &mut b)?;
+            t.read_config_field(off, &mut b)?;
             Ok(u32::from_le_bytes(b))
         };
-        let mut cap = [0u8; 8];
-        t.read_config(config::CAPACITY, &mut cap)?;
-        let capacity = u64::from_le_bytes(cap);
-        let block_size = if features & feature::BLK_SIZE != 0 {
-            cfg_u32(config::BLK_SIZE)?
-        } else {
-            512
-        };
+        let (capacity, block_size, size_max, seg_max, device_queues) = t.consistently(|| {
+            let mut cap = [0u8; 8];
+            t.read_config_field(config::CAPACITY, &mut cap)?;
+            let block_size = match features & feature::BLK_SIZE != 0 {
+                true => cfg_u32(config::BLK_SIZE)?,
+                false => 512,
+            };
+            let size_max = match features & feature::SIZE_MAX != 0 {
+                true => cfg_u32(config::SIZE_MAX)?.max(4096),
+                false => u32::MAX,
+            };
+            let seg_max = match features & feature::SEG_MAX != 0 {
+                true => cfg_u32(config::SEG_MAX)?.max(1),
+                false => MAX_SEGMENTS as u32,
+            };
+            let device_queues = if features & feature::MQ != 0 {
+                let mut b = [0u8; 2];
+                t.read_config_field(config::NUM_QUEUES, &mut b)?;
+                u16::from_le_bytes(b).max(1)
+            } else {
+                1
+            };
+            Ok((
+                u64::from_le_bytes(cap),
+                block_size,
+                size_max,
+                seg_max,
+                device_queues,
+            ))
+        })?;
         if block_size < 512 || !block_size.is_power_of_two() {
             n.fail();
             return Err(BlkError::Device(format!(
                 "device reports block size {block_size}"
             )));
         }
-        let size_max = if features & feature::SIZE_MAX != 0 {
-            cfg_u32(config::SIZE_MAX)?.max(4096)
-        } else {
-            u32::MAX
-        };
-        let seg_max = if features & feature::SEG_MAX != 0 {
-            cfg_u32(config::SEG_MAX)?.max(1)
-        } else {
-            MAX_SEGMENTS as u32
-        };
-        let device_queues = if features & feature::MQ != 0 {
-            let mut b = [0u8; 2];
-            t.read_config(config::NUM_QUEUES, &mut b)?;
-            u16::from_le_bytes(b).max(1)
-        } else {
-            1
-        };
         let nq = opts
             .queues
             .clamp(1, device_queues.min(t.num_queues()?.max(1)));

@@ -60,6 +60,22 @@ fn driver(up: &Up) -> serde_json::Value {
     find_node(&tree, "driver").cloned().unwrap_or_default()
 }
 
+/// Checks that no client replayed a request (a planned hand-over: what was in the device
+/// finished before the server ended; what waited in its ring went to the next one for the
+/// first time); returns how many requests went on that way, and the longest pause a client
+/// saw (its server gone → its session resumed).
+fn nothing_replayed(reports: &[outboard_bench::verified::ClientReport]) -> (u64, Duration) {
+    let replayed: u64 = reports.iter().map(|r| r.replayed).sum();
+    let requeued: u64 = reports.iter().map(|r| r.requeued).sum();
+    assert_eq!(replayed, 0, "{requeued} requeued");
+    let longest = reports
+        .iter()
+        .flat_map(|r| r.resumes.iter().map(|(gone, back)| *back - *gone))
+        .max()
+        .unwrap_or_default();
+    (requeued, longest)
+}
+
 fn state(n: &serde_json::Value) -> String {
     n["props"]["state"].as_str().unwrap_or_default().to_string()
 }
@@ -270,14 +286,7 @@ fn a_graceful_restart_under_load_fails_nothing_and_can_change_the_program() {
     assert!(completed > 1000, "the clients ran: {completed} requests");
     // Nothing was replayed: what was in the device finished before the server ended; what
     // waited in its ring went to the new server for the first time.
-    let replayed: u64 = reports.iter().map(|r| r.replayed).sum();
-    let requeued: u64 = reports.iter().map(|r| r.requeued).sum();
-    assert_eq!(replayed, 0, "{requeued} requeued");
-    let longest = reports
-        .iter()
-        .flat_map(|r| r.resumes.iter().map(|(gone, back)| *back - *gone))
-        .max()
-        .unwrap_or_default();
+    let (requeued, longest) = nothing_replayed(&reports);
     println!(
         "graceful restarts: {completed} requests, 0 replayed, {requeued} sent on from the old \
          server's ring, longest resume {longest:?}"
@@ -537,14 +546,7 @@ placement = "colocated"
         .collect();
     let completed: u64 = reports.iter().map(|r| r.completed).sum();
     assert!(completed > 1000, "the clients ran: {completed} requests");
-    let replayed: u64 = reports.iter().map(|r| r.replayed).sum();
-    let requeued: u64 = reports.iter().map(|r| r.requeued).sum();
-    assert_eq!(replayed, 0, "{requeued} requeued");
-    let longest = reports
-        .iter()
-        .flat_map(|r| r.resumes.iter().map(|(gone, back)| *back - *gone))
-        .max()
-        .unwrap_or_default();
+    let (requeued, longest) = nothing_replayed(&reports);
     println!(
         "three moves: {completed} requests, 0 replayed, {requeued} sent on from the old \
          servers' rings, longest pause (server gone → session resumed) {longest:?}"

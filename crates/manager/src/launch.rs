@@ -111,6 +111,44 @@ impl Manager {
         (args, connect)
     }
 
+    /// Binds driver server `name`'s socket and starts the server for `names` (of `devices`).
+    /// The manager binds the socket and connects it to its devices: the server opens nothing
+    /// itself, and the socket outlives each incarnation (clients that connect during a
+    /// restart wait in its backlog instead of being refused).
+    pub(crate) fn spawn_driver_server(
+        &mut self,
+        name: &str,
+        names: &[String],
+        devices: &[DeviceConfig],
+    ) -> Result<Process, ManagerError> {
+        let sock = self.rt().server_socket(name);
+        let (listener, path) = control::listen(&sock).map_err(|e| ManagerError::Socket {
+            device: name.to_string(),
+            why: e.to_string(),
+        })?;
+        let (args, connect) = self.server_launch(names, devices);
+        let log = self.created(self.rt().server_log(name));
+        let mut p = Process::spawn_server(
+            &self.opts.exe,
+            &format!("driver server {name}"),
+            args,
+            log,
+            self.opts.verbose,
+            supervisor::Passing {
+                events: true,
+                keep: vec![listener],
+                connect,
+                paths: vec![path],
+                broker: false,
+            },
+        )?;
+        p.kind = supervisor::Kind::Server {
+            name: name.to_string(),
+            devices: names.to_vec(),
+        };
+        Ok(p)
+    }
+
     /// Adds `bus` to the registry, or its children to the bus already there.
     pub(crate) fn merge_bus(&mut self, bus: Node) {
         if bus.children.is_empty() {
@@ -357,34 +395,8 @@ impl Manager {
         }
         for (server, names) in servers {
             let sock = self.rt().server_socket(&server);
-            // The manager binds the server's socket and connects it to its devices: the server
-            // opens nothing itself, and the socket outlives each incarnation (clients that
-            // connect during a restart wait in its backlog instead of being refused).
-            let (listener, path) = control::listen(&sock).map_err(|e| ManagerError::Socket {
-                device: server.clone(),
-                why: e.to_string(),
-            })?;
-            let (args, connect) = self.server_launch(&names, devices);
-            let log = self.created(self.rt().server_log(&server));
-            let mut p = Process::spawn_server(
-                &self.opts.exe,
-                &format!("driver server {server}"),
-                args,
-                log,
-                self.opts.verbose,
-                supervisor::Passing {
-                    events: true,
-                    keep: vec![listener],
-                    connect,
-                    paths: vec![path],
-                    broker: false,
-                },
-            )?;
+            let mut p = self.spawn_driver_server(&server, &names, devices)?;
             let heartbeat = p.wait_serving(Duration::from_secs(30))?;
-            p.kind = supervisor::Kind::Server {
-                name: server.clone(),
-                devices: names.clone(),
-            };
             let pid = p.pid();
             self.procs.push(p);
             self.serving(self.procs.len() - 1, heartbeat, Vec::new());

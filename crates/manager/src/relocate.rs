@@ -254,30 +254,10 @@ impl Manager {
         devices: Vec<String>,
         work: &mut WorkLoop<Source>,
     ) -> Result<(), String> {
-        let sock = self.rt().server_socket(name);
-        let (listener, path) = control::listen(&sock).map_err(|e| e.to_string())?;
         let machine = self.machine.devices.clone();
-        let (args, connect) = self.server_launch(&devices, &machine);
-        let log = self.created(self.rt().server_log(name));
-        let mut p = Process::spawn_server(
-            &self.opts.exe,
-            &format!("driver server {name}"),
-            args,
-            log,
-            self.opts.verbose,
-            supervisor::Passing {
-                events: true,
-                keep: vec![listener],
-                connect,
-                paths: vec![path],
-                broker: false,
-            },
-        )
-        .map_err(|e| e.to_string())?;
-        p.kind = supervisor::Kind::Server {
-            name: name.to_string(),
-            devices,
-        };
+        let p = self
+            .spawn_driver_server(name, &devices, &machine)
+            .map_err(|e| e.to_string())?;
         self.procs.push(p);
         let i = self.procs.len() - 1;
         let _ = work.add(self.procs[i].fd(), Source::Child(i));

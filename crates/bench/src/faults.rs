@@ -327,6 +327,9 @@ struct Tally {
     examples: Vec<String>,
     duplicates: u64,
     replayed: u64,
+    /// The first few failures the policy does not allow, with when they were sent and
+    /// answered against the faults around them, for people.
+    unexplained: Vec<String>,
 }
 
 /// Runs the campaign: `faults` faults under the verified load.
@@ -386,14 +389,56 @@ fn campaign(
         );
         t.duplicates += r.duplicates;
         t.replayed += r.replayed;
+        let injected: Vec<(Instant, Kind)> = done.iter().map(|d| (d.at, d.kind)).collect();
         for f in r.failed {
-            // The fault it followed: the last one injected before it completed.
-            let after = done.iter().rev().find(|d| d.at <= f.at).map(|d| d.kind);
-            let allowed = after.is_some_and(|k| k.allows().contains(&f.kind));
+            let (after, allowed) = blame(&injected, f.sent, f.at, f.kind);
             *t.failed.entry((after, f.kind, allowed)).or_default() += 1;
+            if !allowed && t.unexplained.len() < 10 {
+                t.unexplained.push(timeline(&injected, &f));
+            }
         }
     }
     result.map(|()| (done, t))
+}
+
+/// Which fault a request that failed with `kind` answers to, and whether the policy allows
+/// the failure. `injected`: the faults in the order they were injected. A request lives
+/// through the fault in force when it was sent (the last one injected before, e.g. a model
+/// still stopped) and every fault injected before its answer came; the failure is allowed if
+/// any of them allows it (a stall's timeouts can arrive after the next fault was injected),
+/// and is then counted against that fault; otherwise against the last one before its answer.
+fn blame(
+    injected: &[(Instant, Kind)],
+    sent: Instant,
+    at: Instant,
+    kind: &str,
+) -> (Option<Kind>, bool) {
+    let last_before = |t: Instant| injected.iter().rposition(|(when, _)| *when <= t);
+    let Some(last) = last_before(at) else {
+        return (None, false);
+    };
+    let first = last_before(sent).unwrap_or(0);
+    match injected[first..=last]
+        .iter()
+        .rev()
+        .find(|(_, k)| k.allows().contains(&kind))
+    {
+        Some((_, k)) => (Some(*k), true),
+        None => (Some(injected[last].1), false),
+    }
+}
+
+/// A failure the policy does not allow, told against the faults injected around it.
+fn timeline(injected: &[(Instant, Kind)], f: &verified::Failed) -> String {
+    let near = |t: Instant| match injected.iter().rposition(|(when, _)| *when <= t) {
+        Some(i) => format!(
+            "{:.1} ms after {}",
+            (t - injected[i].0).as_secs_f64() * 1e3,
+            injected[i].1.label()
+        ),
+        None => "before any fault".into(),
+    };
+    format!("{}: sent {}, answered {}", f.what, near(f.sent), near(f.at))
 }
 
 /// How many faults: `--faults N`, else 24 quick and 240 otherwise.
@@ -512,6 +557,7 @@ pub fn faults_test(ctx: &Context) -> Result<TestResult, String> {
             "requests_failed_not_allowed": not_allowed,
             "mismatches": t.mismatches,
             "mismatch_examples": t.examples,
+            "not_allowed_examples": t.unexplained,
             "duplicates": t.duplicates,
             "replayed": t.replayed,
             "restart_median_ms": percentile(&all_recoveries, 0.5),
@@ -537,4 +583,39 @@ pub fn faults_test(ctx: &Context) -> Result<TestResult, String> {
 /// Progress steps.
 pub fn steps(ctx: &Context) -> u64 {
     count(ctx)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_failure_answers_to_every_fault_its_request_lived_through() {
+        let t0 = Instant::now();
+        let ms = |n: u64| t0 + Duration::from_millis(n);
+        let injected = [
+            (ms(0), Kind::StopModel),
+            (ms(900), Kind::KillServer),
+            (ms(2000), Kind::CorruptId),
+        ];
+        // Sent while the model was stopped, timed out after the next fault was injected: the
+        // stop allows it.
+        assert_eq!(
+            blame(&injected, ms(100), ms(950), "timeout"),
+            (Some(Kind::StopModel), true)
+        );
+        // Sent after the kill, with nothing before its answer that stalls a device: not
+        // allowed, counted against the last fault before it.
+        assert_eq!(
+            blame(&injected, ms(1000), ms(2100), "timeout"),
+            (Some(Kind::CorruptId), false)
+        );
+        // An error no fault it lived through allows.
+        assert_eq!(
+            blame(&injected, ms(100), ms(950), "io"),
+            (Some(Kind::KillServer), false)
+        );
+        // Before any fault was injected: nothing allows it.
+        assert_eq!(blame(&[], ms(1), ms(2), "timeout"), (None, false));
+    }
 }

@@ -55,6 +55,8 @@ pub struct ClientReport {
 /// A request that failed.
 #[derive(Debug, Clone)]
 pub struct Failed {
+    /// When it was submitted.
+    pub sent: Instant,
     /// When its completion arrived.
     pub at: Instant,
     /// The kind of error ([`error_kind`]).
@@ -194,6 +196,9 @@ pub fn run_client(
     // acknowledged is.
     let mut failed = vec![0u64; w.blocks as usize];
     let mut slots: Vec<Option<Op>> = (0..w.depth).map(|_| None).collect();
+    // When each slot's request was submitted: a failure is weighed against every fault it
+    // lived through, not only the last one before its answer.
+    let mut sent_at = vec![Instant::now(); w.depth];
     let mut r = ClientReport::default();
     let mut rng = xorshift(id.wrapping_add(1).wrapping_mul(0x2545_f491_4f6c_dd1d));
     let mut out: Vec<BlockCompletion> = Vec::new();
@@ -279,6 +284,7 @@ pub fn run_client(
             dev.submit(&req).map_err(|e| format!("submit: {e}"))?;
             submitted += 1;
             slots[slot] = Some(op);
+            sent_at[slot] = Instant::now();
         }
         dev.kick().map_err(|e| e.to_string())?;
         if slots.iter().all(Option::is_none) {
@@ -296,6 +302,7 @@ pub fn run_client(
             let b = op.block as usize;
             if let Err(e) = &c.result {
                 r.failed.push(Failed {
+                    sent: sent_at[c.tag as usize],
                     at: Instant::now(),
                     kind: error_kind(e),
                     what: format!("{:?} of block {}: {e}", op.op, first + op.block),

@@ -206,15 +206,7 @@ fn sockperf_config(
     extra_pids: &[u32],
 ) -> Result<Twin, String> {
     let sockperf = Path::new("sockperf");
-    let srv = Running(
-        server
-            .command(sockperf)
-            .args(["server", "-i", server_ip, "-p", "11111"])
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .map_err(|e| format!("sockperf: {e}"))?,
-    );
+    let srv = server.serve_quietly("sockperf", &["server", "-i", server_ip, "-p", "11111"])?;
     let mut m = Twin::new(label);
     let secs = "1";
     for size in SIZES {
@@ -275,15 +267,7 @@ fn iperf3(
     server_ip: &str,
 ) -> Result<Summary, String> {
     let iperf3 = Path::new("iperf3");
-    let _srv = Running(
-        server
-            .command(iperf3)
-            .args(["-s", "-B", server_ip, "-p", "5211"])
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .map_err(|e| format!("iperf3: {e}"))?,
-    );
+    let _srv = server.serve_quietly("iperf3", &["-s", "-B", server_ip, "-p", "5211"])?;
     let secs = if ctx.quick { "1" } else { "3" };
     let (mut samples, mut tries) = (Vec::new(), 0);
     while samples.len() < ctx.runs {

@@ -59,6 +59,18 @@ impl Netns {
         c.stdin(Stdio::null());
         c
     }
+
+    /// Starts `program args…` inside the namespace with its output discarded (a peer
+    /// server a measurement talks to), stopped when the result is dropped.
+    pub fn serve_quietly(&self, program: &str, args: &[&str]) -> Result<Running, String> {
+        self.command(Path::new(program))
+            .args(args)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .map(Running)
+            .map_err(|e| format!("{program}: {e}"))
+    }
 }
 
 impl Drop for Netns {

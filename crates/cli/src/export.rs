@@ -158,15 +158,7 @@ pub fn run(c: ExportCommand, control: PathBuf) -> Result<ExitCode, String> {
             files: a.max_files,
             memory: a.max_memory,
         };
-        let report = outboard_confine::confine(outboard_confine::Role::Export { dials }, caps)
-            .map_err(|e| e.to_string())?;
-        tracing::info!("export: {report}");
-        if !report.landlock_complete && a.require_confinement {
-            return Err(format!(
-                "--require-confinement: Landlock is not complete here (landlock {})",
-                report.landlock
-            ));
-        }
+        let report = confine_export("export", dials, caps, a.require_confinement)?;
         if !report.landlock_complete {
             outboard_sys::errln!(
                 "outboard: warning: Landlock is not complete here (landlock {}); the seccomp \
@@ -195,4 +187,24 @@ pub fn run(c: ExportCommand, control: PathBuf) -> Result<ExitCode, String> {
     }
     server.run(&stop).map_err(|e| e.to_string())?;
     Ok(ExitCode::SUCCESS)
+}
+
+/// Confines an export (`who` names it in the log) for the rest of its life; with
+/// `require`, a Landlock that is not complete here is an error rather than a warning.
+pub fn confine_export(
+    who: &str,
+    dials: bool,
+    caps: outboard_confine::limits::Caps,
+    require: bool,
+) -> Result<outboard_confine::Report, String> {
+    let report = outboard_confine::confine(outboard_confine::Role::Export { dials }, caps)
+        .map_err(|e| e.to_string())?;
+    tracing::info!("{who}: {report}");
+    if !report.landlock_complete && require {
+        return Err(format!(
+            "--require-confinement: Landlock is not complete here (landlock {})",
+            report.landlock
+        ));
+    }
+    Ok(report)
 }

@@ -433,20 +433,27 @@ pub struct VirtioNetArgs {
     pub confine: ConfineArgs,
 }
 
+/// `fd:N` (a descriptor the manager passed) as `N`; anything else (a path, an interface
+/// name) as `None`.
+fn inherited_fd_number(flag: &str, value: &str) -> Result<Option<i32>, String> {
+    value
+        .strip_prefix("fd:")
+        .map(|n| {
+            n.parse()
+                .map_err(|_| format!("{flag} {value:?}: fd:N, N a number"))
+        })
+        .transpose()
+}
+
 /// Serves a virtio-net model.
 pub fn serve_model(a: VirtioNetArgs) -> Result<ExitCode, String> {
     let mac = outboard_manager::children::parse_mac(&a.own.mac)?;
     let wire = match &a.own.wire {
         None if a.own.tap.is_some() => {
             let tap = a.own.tap.as_deref().expect("checked");
-            let fd = match tap.strip_prefix("fd:") {
-                Some(n) => {
-                    let n: i32 = n
-                        .parse()
-                        .map_err(|_| format!("--tap {tap:?}: fd:N, N a number"))?;
-                    outboard_sys::process::inherited_device(n)
-                        .map_err(|e| format!("--tap {tap}: {e}"))?
-                }
+            let fd = match inherited_fd_number("--tap", tap)? {
+                Some(n) => outboard_sys::process::inherited_device(n)
+                    .map_err(|e| format!("--tap {tap}: {e}"))?,
                 None => {
                     outboard_sys::tap::open(tap)
                         .map_err(|e| format!("--tap {tap}: {e}"))?
@@ -493,14 +500,9 @@ pub fn serve_model(a: VirtioNetArgs) -> Result<ExitCode, String> {
     let mut _bound = None;
     let nic = match &a.own.stream_listen {
         Some(l) => {
-            let fd = match l.strip_prefix("fd:") {
-                Some(n) => {
-                    let n: i32 = n
-                        .parse()
-                        .map_err(|_| format!("--stream-listen {l:?}: fd:N, N a number"))?;
-                    outboard_sys::process::inherited_socket(n)
-                        .map_err(|e| format!("--stream-listen {l}: {e}"))?
-                }
+            let fd = match inherited_fd_number("--stream-listen", l)? {
+                Some(n) => outboard_sys::process::inherited_socket(n)
+                    .map_err(|e| format!("--stream-listen {l}: {e}"))?,
                 None => {
                     let (fd, path) = outboard_sys::sockpath::bind_listener(
                         std::path::Path::new(l),
@@ -572,18 +574,12 @@ pub fn export_tap(a: ExportTapArgs, control: PathBuf) -> Result<ExitCode, String
     // confinement.
     if !a.no_confine {
         let dials = matches!(control, Control::Socket(_));
-        let report = outboard_confine::confine(
-            outboard_confine::Role::Export { dials },
+        crate::export::confine_export(
+            "export tap",
+            dials,
             outboard_confine::limits::Caps::default(),
-        )
-        .map_err(|e| e.to_string())?;
-        tracing::info!("export tap: {report}");
-        if !report.landlock_complete && a.require_confinement {
-            return Err(format!(
-                "--require-confinement: Landlock is not complete here (landlock {})",
-                report.landlock
-            ));
-        }
+            a.require_confinement,
+        )?;
     }
     nic.set_mode(PROMISCUOUS)
         .map_err(|e| format!("{}: {e}", a.nic))?;

@@ -22,7 +22,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::os::fd::OwnedFd;
 use std::sync::Mutex;
 
-use super::{KeyError, Keys, Launch, ModelError, Settled};
+use super::{Given, KeyError, Keys, Launch, ModelError, Settled};
 use crate::children::{parse_mac, ModelOwn, VirtioNetOwn};
 use crate::config::DeviceConfig;
 
@@ -83,15 +83,7 @@ pub(super) fn settle(keys: &Keys, _: usize, others: &[DeviceConfig]) -> Result<S
                 ),
             ));
         }
-        let taken = others
-            .iter()
-            .any(|d| d.model == "virtio-net" && d.settings.get("stream_listen") == Some(&p.value));
-        if taken {
-            return Err((
-                p.at,
-                format!("stream_listen = {:?}: another NIC's already", p.value),
-            ));
-        }
+        held_by_another(others, "stream_listen", p)?;
         settings.insert("stream_listen".to_string(), p.value.clone());
         return Ok(Settled {
             backing: format!("stream-listen:{}", p.value),
@@ -100,12 +92,7 @@ pub(super) fn settle(keys: &Keys, _: usize, others: &[DeviceConfig]) -> Result<S
     }
     if let Some(t) = keys.get("tap") {
         crate::config::check_interface(&t.value).map_err(|why| (t.at, format!("tap = {why}")))?;
-        let taken = others
-            .iter()
-            .any(|d| d.model == "virtio-net" && d.settings.get("tap") == Some(&t.value));
-        if taken {
-            return Err((t.at, format!("tap = {:?}: another NIC's already", t.value)));
-        }
+        held_by_another(others, "tap", t)?;
         settings.insert("tap".to_string(), t.value.clone());
         return Ok(Settled {
             backing: format!("tap:{}", t.value),
@@ -161,6 +148,21 @@ struct Cable {
 }
 
 /// This device's end of cable `wire`: made with the cable the first time, the same one after.
+/// A cable only one NIC may hold (a TAP interface, a listening socket): refused if another
+/// NIC of the machine holds `key = given` already.
+fn held_by_another(others: &[DeviceConfig], key: &str, given: &Given) -> Result<(), KeyError> {
+    let taken = others
+        .iter()
+        .any(|d| d.model == "virtio-net" && d.settings.get(key) == Some(&given.value));
+    match taken {
+        true => Err((
+            given.at,
+            format!("{key} = {:?}: another NIC's already", given.value),
+        )),
+        false => Ok(()),
+    }
+}
+
 fn end(wire: &str, device: &str) -> Result<OwnedFd, ModelError> {
     let os = |what| {
         move |e: rustix::io::Errno| ModelError::Os {

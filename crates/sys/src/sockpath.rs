@@ -12,6 +12,9 @@
 //! - anything else (a regular file, a directory, a symlink, a FIFO): refuse
 //!   ([`SockPathError::NotASocket`]), touching nothing.
 //!
+//! The socket is bound under a private name beside the path and renamed to it once it
+//! listens, so whoever sees the path can connect at once.
+//!
 //! The bound socket's identity (device and inode) is remembered, so [`SocketPath`] removes the
 //! path on drop only while it still names *our* socket: a server that lost its path to someone
 //! else does not delete theirs.
@@ -183,18 +186,26 @@ pub fn bind_listener(
     // here, so the socket is born owner-only whatever the umask, with no window in which
     // another user could connect.
     rustix::fs::fchmod(&fd, Mode::from_raw_mode(SOCKET_MODE)).map_err(|e| os("fchmod", e))?;
-    rustix::net::bind(&fd, &addr).map_err(|e| match e {
+    // Bound under a private name and renamed into place once it listens: a client that waits
+    // for the path and connects as soon as it is there is never refused (bound at the path
+    // itself, a connect between `bind` and `listen` is).
+    let private = private_name(path);
+    let at = private.as_deref().unwrap_or(path);
+    let addr_at = SocketAddrUnix::new(at).map_err(|e| os("address", e))?;
+    rustix::net::bind(&fd, &addr_at).map_err(|e| match e {
         // Someone bound it between our check and our bind.
-        Errno::ADDRINUSE => SockPathError::InUse { path: shown() },
+        Errno::ADDRINUSE if private.is_none() => SockPathError::InUse { path: shown() },
         e => os("bind", e),
     })?;
-    let inode = rustix::fs::open(
-        path,
-        OFlags::PATH | OFlags::NOFOLLOW | OFlags::CLOEXEC,
-        Mode::empty(),
-    )
-    .map_err(|e| os("open", e))?;
-    rustix::net::listen(&fd, backlog).map_err(|e| os("listen", e))?;
+    let published = publish(&fd, at, path, private.is_some(), backlog);
+    if published.is_err() && private.is_some() {
+        let _ = std::fs::remove_file(at);
+    }
+    let inode = published.map_err(|(op, e)| match (op, e) {
+        // Someone bound the path between our check and our rename.
+        ("rename", Errno::EXIST) => SockPathError::InUse { path: shown() },
+        (op, e) => os(op, e),
+    })?;
     Ok((
         fd,
         SocketPath {
@@ -202,6 +213,53 @@ pub fn bind_listener(
             inode,
         },
     ))
+}
+
+/// A name beside `path` for this process to bind before the socket listens, or `None` if
+/// such a name would not fit in a socket address (the path is then bound directly).
+fn private_name(path: &Path) -> Option<PathBuf> {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static NEXT: AtomicU64 = AtomicU64::new(0);
+    let name = format!(
+        ".{}.{}.binding",
+        std::process::id(),
+        NEXT.fetch_add(1, Ordering::Relaxed)
+    );
+    let private = path.with_file_name(name);
+    SocketAddrUnix::new(&private).ok().map(|_| private)
+}
+
+/// Holds the inode of the socket bound at `at`, listens, and (if `at` is a private name)
+/// renames it to `path`, never over anything there. Returns the inode handle, or the
+/// operation that failed.
+fn publish(
+    fd: &OwnedFd,
+    at: &Path,
+    path: &Path,
+    renamed: bool,
+    backlog: i32,
+) -> Result<OwnedFd, (&'static str, Errno)> {
+    let inode = rustix::fs::open(
+        at,
+        OFlags::PATH | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+        Mode::empty(),
+    )
+    .map_err(|e| ("open", e))?;
+    rustix::net::listen(fd, backlog).map_err(|e| ("listen", e))?;
+    if renamed {
+        use rustix::fs::{renameat_with, RenameFlags, CWD};
+        match renameat_with(CWD, at, CWD, path, RenameFlags::NOREPLACE) {
+            Ok(()) => {}
+            // A file system without RENAME_NOREPLACE: a hard link is as atomic, and as
+            // unwilling to replace.
+            Err(Errno::INVAL) => {
+                rustix::fs::link(at, path).map_err(|e| ("rename", e))?;
+                let _ = rustix::fs::unlink(at);
+            }
+            Err(e) => return Err(("rename", e)),
+        }
+    }
+    Ok(inode)
 }
 
 #[cfg(test)]
@@ -291,6 +349,31 @@ mod tests {
         drop(fd);
         assert!(p.exists() && !is_live(&p));
         let (_fd, _guard) = bind(&p).unwrap();
+    }
+
+    /// A client that waits for the socket file and connects as soon as it is live is never
+    /// refused: the path appears only once the socket listens. (Bound at the path and then
+    /// listening, a connect in between was refused: an export's test client met that.)
+    #[test]
+    fn a_socket_is_listening_once_its_path_is_live() {
+        let dir = tempfile::tempdir().unwrap();
+        for round in 0..300 {
+            let p = dir.path().join(format!("s{round}.sock"));
+            std::thread::scope(|s| {
+                let watcher = s.spawn(|| {
+                    let t = std::time::Instant::now();
+                    while !is_live(&p) {
+                        assert!(t.elapsed() < std::time::Duration::from_secs(10));
+                        std::hint::spin_loop();
+                    }
+                    std::os::unix::net::UnixStream::connect(&p).map(drop)
+                });
+                let bound = bind_listener(&p, SocketType::STREAM, 4).unwrap();
+                let connected = watcher.join().unwrap();
+                assert!(connected.is_ok(), "round {round}: {connected:?}");
+                drop(bound);
+            });
+        }
     }
 
     #[test]

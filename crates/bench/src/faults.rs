@@ -12,8 +12,7 @@
 //!   campaign's own session, which must fail alone as quarantined while the clients go on.
 //!
 //! Reported: faults by kind, requests verified, requests failed and whether each failure is
-//! one the policy allows (an I/O error the device reported, a request in a device stalled past
-//! its deadline, a quarantined request), reads that saw data other than acknowledged (a lost
+//! one the policy allows (an I/O error the device reported, a quarantined request), reads that saw data other than acknowledged (a lost
 //! write), duplicated completions, and per kind the time from the fault to a new driver server
 //! serving.
 
@@ -119,12 +118,13 @@ impl Kind {
     }
 
     /// The errors a verified client may see because of this fault: what the device itself
-    /// answered (an I/O error, a completion it cut short), and what was in a device stalled
-    /// past its deadline. Anything else is a failure the policy does not allow.
+    /// answered (an I/O error, a completion it cut short). Anything else is a failure the
+    /// policy does not allow: a device stalled past its deadline, or a model stopped, is
+    /// restarted and what it held is sent again.
     fn allows(self) -> &'static [&'static str] {
         match self {
             Kind::DeviceError | Kind::CorruptLen => &["io"],
-            Kind::Stall | Kind::StopModel => &["timeout"],
+            // A model stalled past the deadline is restarted and its requests sent again.
             _ => &[],
         }
     }
@@ -405,7 +405,7 @@ fn campaign(
 /// the failure. `injected`: the faults in the order they were injected. A request lives
 /// through the fault in force when it was sent (the last one injected before, e.g. a model
 /// still stopped) and every fault injected before its answer came; the failure is allowed if
-/// any of them allows it (a stall's timeouts can arrive after the next fault was injected),
+/// any of them allows it (an armed error can fire after the next fault was injected),
 /// and is then counted against that fault; otherwise against the last one before its answer.
 fn blame(
     injected: &[(Instant, Kind)],
@@ -594,25 +594,25 @@ mod tests {
         let t0 = Instant::now();
         let ms = |n: u64| t0 + Duration::from_millis(n);
         let injected = [
-            (ms(0), Kind::StopModel),
+            (ms(0), Kind::DeviceError),
             (ms(900), Kind::KillServer),
             (ms(2000), Kind::CorruptId),
         ];
-        // Sent while the model was stopped, timed out after the next fault was injected: the
-        // stop allows it.
+        // Sent while the error was armed, answered after the next fault was injected: the
+        // armed error allows it.
         assert_eq!(
-            blame(&injected, ms(100), ms(950), "timeout"),
-            (Some(Kind::StopModel), true)
+            blame(&injected, ms(100), ms(950), "io"),
+            (Some(Kind::DeviceError), true)
         );
-        // Sent after the kill, with nothing before its answer that stalls a device: not
+        // Sent after the kill, with nothing before its answer that makes an I/O error: not
         // allowed, counted against the last fault before it.
         assert_eq!(
-            blame(&injected, ms(1000), ms(2100), "timeout"),
+            blame(&injected, ms(1000), ms(2100), "io"),
             (Some(Kind::CorruptId), false)
         );
         // An error no fault it lived through allows.
         assert_eq!(
-            blame(&injected, ms(100), ms(950), "io"),
+            blame(&injected, ms(100), ms(950), "timeout"),
             (Some(Kind::KillServer), false)
         );
         // Before any fault was injected: nothing allows it.

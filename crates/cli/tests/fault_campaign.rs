@@ -336,8 +336,10 @@ fn every_fault_kind_mid_run_fails_specifically_or_recovers_and_harms_nobody_else
     }
     // A device that stopped working ends its (restartable) server; the manager resets the
     // device by starting the server again, and the clients replay what was in flight: no
-    // error at all — only a delay.
-    for f in ["corrupt-used=id", "needs-reset", "crash"] {
+    // error at all — only a delay. A stall past the deadline too: answered "timed out" by the
+    // old server, its requests could be carried out by the model after their clients had
+    // reused the buffers.
+    for f in ["corrupt-used=id", "needs-reset", "crash", "stall=3s"] {
         assert!(
             row(f).victim.errors.is_empty(),
             "{f}: a restart must not fail requests\n{table}"
@@ -347,16 +349,4 @@ fn every_fault_kind_mid_run_fails_specifically_or_recovers_and_harms_nobody_else
             "{f}: the driver should have been restarted\n{table}"
         );
     }
-    // A request in a stalled device times out (it waited past its deadline, and says so);
-    // then the server is restarted and nothing else fails.
-    let stall = row("stall=3s");
-    assert!(stall.victim.errors.contains_key("timeout"), "{table}");
-    assert!(
-        stall.victim.errors.keys().all(|k| k == "timeout"),
-        "stall=3s: only the stalled requests may fail\n{table}"
-    );
-    assert!(
-        stall.final_state.starts_with("running (restarted"),
-        "{table}"
-    );
 }

@@ -465,3 +465,95 @@ fn a_read_past_the_end_is_refused_before_its_output_file_is_touched() {
         assert_eq!(std::fs::read(&out).unwrap(), b"do not truncate");
     }
 }
+
+/// A request a stalled device held is answered only once the device can no longer carry it
+/// out. Answered at the deadline while the model slept on, the client took its buffer back and
+/// wrote other bytes there; the model woke, carried the old write out with those bytes, and a
+/// block the client never wrote them to held them (the fault campaign's "no valid stamp").
+/// A driver server run by hand (not restartable) answers "timed out" once the model is back and
+/// has reset; the block then holds what the write carried, or what it held before.
+#[test]
+fn a_write_a_stalled_device_held_is_answered_only_once_the_device_cannot_carry_it_out() {
+    use outboard_block::{BlockDevice, BlockError, BlockOp, BlockRequest};
+    let dir = tempfile::tempdir().unwrap();
+    let faults = dir.path().join("faults.sock");
+    let model = common::DeviceProcess::virtio_blk(
+        dir.path(),
+        "mem:1M",
+        &["--faults-socket", faults.to_str().unwrap()],
+    );
+    let listen = dir.path().join("host.sock");
+    let host = Command::new(EXE)
+        .args(["driver-host", "--deadline-ms", "300", "--listen"])
+        .arg(&listen)
+        .arg("--device")
+        .arg(format!("disk0=vfio-user:{}", model.socket.display()))
+        .stdin(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let _host = common::DeviceProcess {
+        child: host,
+        socket: listen.clone(),
+    };
+    assert!(outboard_sys::wait::eventually(
+        Duration::from_secs(10),
+        || { outboard_sys::is_live(&listen) && outboard_sys::is_live(&faults) }
+    ));
+    let opts = outboard_block_client::SessionOptions {
+        depth: 2,
+        buffer_size: 8192,
+        ..Default::default()
+    };
+    let mut d = outboard_block_client::BlockClient::open(&listen, "disk0", opts).unwrap();
+    let sectors = 4096 / d.info().block_size;
+    let written = common::pattern(1, 4096);
+    let theirs = common::pattern(2, 4096);
+    // Arm the stall: the model sleeps at the write's doorbell, past the deadline.
+    let arm = rustix::net::socket(
+        rustix::net::AddressFamily::UNIX,
+        rustix::net::SocketType::SEQPACKET,
+        None,
+    )
+    .unwrap();
+    rustix::net::connect(&arm, &rustix::net::SocketAddrUnix::new(&faults).unwrap()).unwrap();
+    rustix::net::send(&arm, b"stall=2s", rustix::net::SendFlags::empty()).unwrap();
+    let mut ok = [0u8; 16];
+    let (n, _) = rustix::net::recv(&arm, &mut ok, rustix::net::RecvFlags::empty()).unwrap();
+    assert_eq!(&ok[..n], b"ok");
+    d.buffers().write(0, &written).unwrap();
+    let t = std::time::Instant::now();
+    d.submit(&BlockRequest {
+        op: BlockOp::Write,
+        lba: 0,
+        blocks: sectors,
+        buf_offset: 0,
+        tag: 1,
+    })
+    .unwrap();
+    d.kick().unwrap();
+    let mut out = Vec::new();
+    while out.is_empty() {
+        assert!(t.elapsed() < Duration::from_secs(20), "no answer");
+        let _ = d.wait(&mut out, Duration::from_secs(1));
+    }
+    let answered = t.elapsed();
+    assert_eq!(out[0].result, Err(BlockError::Timeout), "{out:?}");
+    // The buffer is the client's again: it reuses it at once, as any client would.
+    d.buffers().write(0, &theirs).unwrap();
+    // Read block 0 once the device serves again (after the stall, whenever the answer came).
+    std::thread::sleep(Duration::from_millis(2500).saturating_sub(t.elapsed()));
+    let mut back = vec![0u8; 4096];
+    let read = outboard_sys::wait::eventually(Duration::from_secs(20), || {
+        d.read_blocks(0, &mut back).is_ok()
+    });
+    assert!(read, "the device did not serve again");
+    assert!(
+        back == written || back.iter().all(|b| *b == 0),
+        "block 0 holds bytes the client never wrote to it (answered after {answered:?})"
+    );
+    assert!(
+        answered >= Duration::from_secs(2),
+        "answered after {answered:?}, while the device still held the write"
+    );
+}

@@ -5,7 +5,7 @@
 use std::os::fd::BorrowedFd;
 
 use outboard_block::{BlockDriver, BlockError, BlockInfo, BlockOp, BlockRequest};
-use outboard_env::{DeviceEvent, Driver, Failure};
+use outboard_env::{DeviceEvent, Driver, Failure, Fence};
 use outboard_spec::virtio_blk::feature;
 
 use crate::virtio_blk::{BlkCompletion, BlkError, BlkOp, BlkRequestRef, VirtioBlk, MAX_SEGMENTS};
@@ -174,8 +174,12 @@ impl Driver for VirtioBlock {
         self.driver.handle_event(event)
     }
 
-    fn abandon(&mut self) {
-        self.driver.function().abandon()
+    fn abandon(&mut self) -> Fence {
+        if self.driver.function().abandon() {
+            Fence::Now
+        } else {
+            Fence::AtReopen
+        }
     }
 }
 

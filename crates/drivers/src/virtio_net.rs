@@ -21,7 +21,7 @@
 
 use std::os::fd::BorrowedFd;
 
-use outboard_env::{AnyDriver, DeviceEvent, Driver, Failure};
+use outboard_env::{AnyDriver, DeviceEvent, Driver, Failure, Fence};
 use outboard_hw::{DmaBuf, PciFunction, PciIdentity};
 use outboard_net::{NetDriver, NetError};
 use outboard_spec::virtio::{self, feature as vfeature, net};
@@ -529,9 +529,14 @@ impl Driver for VirtioNet {
         Ok(())
     }
 
-    fn abandon(&mut self) {
-        if let Err(e) = self.device.stop() {
-            tracing::warn!("virtio-net: reset on abandon failed: {e}");
+    fn abandon(&mut self) -> Fence {
+        match self.device.stop() {
+            // The device read back reset: it reaches nothing it was given any more.
+            Ok(()) => Fence::Now,
+            Err(e) => {
+                tracing::warn!("virtio-net: reset on abandon failed: {e}");
+                Fence::AtReopen
+            }
         }
     }
 }

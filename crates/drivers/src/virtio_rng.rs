@@ -8,7 +8,7 @@
 
 use std::os::fd::BorrowedFd;
 
-use outboard_env::{AnyDriver, DeviceEvent, Driver, Failure};
+use outboard_env::{AnyDriver, DeviceEvent, Driver, Failure, Fence};
 use outboard_hw::{PciFunction, PciIdentity};
 use outboard_rng::{EntropyDriver, EntropyError, EntropyInfo};
 use outboard_spec::virtio::{self, feature as vfeature};
@@ -105,9 +105,14 @@ impl Driver for VirtioRng {
         self.device.handle(event)
     }
 
-    fn abandon(&mut self) {
-        if let Err(e) = self.device.stop() {
-            tracing::warn!("virtio-rng: reset on abandon failed: {e}");
+    fn abandon(&mut self) -> Fence {
+        match self.device.stop() {
+            // The device read back reset: it reaches nothing it was given any more.
+            Ok(()) => Fence::Now,
+            Err(e) => {
+                tracing::warn!("virtio-rng: reset on abandon failed: {e}");
+                Fence::AtReopen
+            }
         }
     }
 }

@@ -63,9 +63,25 @@ pub trait Driver: Send {
     /// Handles one event. An error means the device failed.
     fn handle(&mut self, event: DeviceEvent) -> Result<(), Failure>;
 
-    /// Gives the device up after a failure: from now on it must not reach memory it was
-    /// given (its DMA mappings are dropped, a vfio-user connection is closed).
-    fn abandon(&mut self) {}
+    /// Gives the device up after a failure, without waiting on it: from now on it must not
+    /// reach memory it was given (a function reset, a vfio-user connection closed). Says
+    /// whether that is certain now: the requests the device held are answered only once it
+    /// is, since their clients take their buffers back with the answer.
+    fn abandon(&mut self) -> Fence {
+        Fence::Now
+    }
+}
+
+/// Whether a device given up ([`Driver::abandon`]) can still carry out requests it was given.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Fence {
+    /// It cannot: it was reset, or it never reached memory of its own (a device the driver
+    /// server answers for).
+    Now,
+    /// It may, until it is opened again: a vfio-user model that stalled sees its client leave
+    /// only when it wakes, and carries out first what its queues held. Its requests are
+    /// answered once it is back (it reset) or given up.
+    AtReopen,
 }
 
 /// Why the environment could not provide something.

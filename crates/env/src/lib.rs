@@ -14,7 +14,9 @@ pub mod timer;
 pub mod workloop;
 
 pub use bound::{downcast, AnyDriver, WrongClass};
-pub use driver::{DeviceEnv, DeviceEvent, Driver, EnvError, Failure, Mapping, WaitError, Waiter};
+pub use driver::{
+    DeviceEnv, DeviceEvent, Driver, EnvError, Failure, Fence, Mapping, WaitError, Waiter,
+};
 pub use timer::Timer;
 pub use workloop::{LoopError, WorkLoop};
 

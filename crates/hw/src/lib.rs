@@ -448,8 +448,9 @@ impl PciFunction {
 
     /// Gives the device up after a failure without waiting on it, so that it stops reaching
     /// memory through its DMA mappings (vfio-user: the connection is closed and the model
-    /// resets the device; VFIO: a function reset).
-    pub fn abandon(&self) {
+    /// resets the device when it sees that; VFIO: a function reset). Returns whether the
+    /// device is certain not to reach them any more.
+    pub fn abandon(&self) -> bool {
         self.backend.abandon()
     }
 }

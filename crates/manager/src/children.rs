@@ -196,7 +196,8 @@ pub struct DriverHostArgs {
     #[arg(long, value_name = "FD")]
     pub notify_fd: Option<i32>,
     /// Milliseconds a request may stay in a device before the device counts as stalled and
-    /// is given up (its requests fail with "device failed").
+    /// is given up: its requests fail with "timed out" once it cannot carry them out (it was
+    /// reset, or re-opened); with --restartable the server ends and they are sent again.
     #[arg(long, default_value_t = 30_000, value_parser = clap::value_parser!(u64).range(1..))]
     pub deadline_ms: u64,
     /// A supervisor restarts this server and its clients resume their sessions: a device that

@@ -7,12 +7,16 @@
 //!
 //! - a failure (an event or a call revealed [`Failure`], or the oldest request with a deadline
 //!   is older than the deadline: [`Failure::Stalled`]) takes the device out of service at once:
-//!   its sources are removed, the driver abandons the device (it must stop reaching session
-//!   memory before that memory can be reused), and the dispatcher answers everything the
-//!   device held — "timed out" if it stalled, else the outage;
-//! - in a server a supervisor restarts, a failure other than a stall ends the process instead
+//!   its sources are removed, the driver abandons the device, and the dispatcher answers
+//!   everything the device held — "timed out" if it stalled, else the outage — but only once
+//!   the device cannot carry it out any more: a client takes its buffers back with the answer,
+//!   and a device still reaching them would write other bytes than the client's, or read
+//!   into memory the client uses again. A reset device cannot ([`Fence::Now`]); a vfio-user
+//!   model that stalled may, until it wakes and sees its client leave, so its requests are
+//!   answered when it is open again, or given up ([`Fence::AtReopen`]);
+//! - in a server a supervisor restarts, every failure (a stall too) ends the process instead
 //!   (exit [`crate::host::EXIT_DEVICE_FAILED`]), leaving the requests unanswered for clients
-//!   to resume on the next server;
+//!   to resume on the next server, after the supervisor reset the device;
 //! - otherwise the device is opened again in the background ([`crate::recovery`]); meanwhile
 //!   new requests and opens are answered "restarting", and "device failed" with the reason
 //!   once recovery gives up. When the device is back, the new driver is swapped into the
@@ -23,7 +27,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use outboard_env::{
-    AnyDriver, DeviceEnv, DeviceEvent, Driver, Failure, LoopError, Mapping, WorkLoop,
+    AnyDriver, DeviceEnv, DeviceEvent, Driver, Failure, Fence, LoopError, Mapping, WorkLoop,
 };
 use outboard_session::control;
 use outboard_shm::SharedMem;
@@ -99,6 +103,9 @@ pub(crate) struct Device {
     /// Why it failed (kept while it restarts, for the final reason).
     why: Option<String>,
     recovery: Option<Recovery<Reopened>>,
+    /// What the requests the device held at its failure get, while they wait for the device
+    /// to be unable to carry them out ([`Fence::AtReopen`]).
+    unanswered: Option<Fate>,
     watch: Watch,
 }
 
@@ -131,6 +138,7 @@ impl Device {
             outage: None,
             why: None,
             recovery: None,
+            unanswered: None,
             watch: Watch::default(),
         }
     }
@@ -256,13 +264,17 @@ impl Device {
         let stalled = matches!(failure, Failure::Stalled(_));
         let why = failure.to_string();
         let name = self.name().to_string();
-        if core.restartable && !stalled {
+        if core.restartable {
+            // Every failure, a stall too: the requests in the device stay unanswered and the
+            // clients send them again to the next server, once the supervisor has reset the
+            // device (an emulated one by starting its model again). Answered here, a stalled
+            // model could still carry them out after their clients took their buffers back.
             core.end_for_restart(&name, &why);
         }
         tracing::error!("device {name}: {why}; giving it up");
         core.stats.device_failures += 1;
         core.unwatch(self.class.driver());
-        self.class.driver_mut().abandon();
+        let fence = self.class.driver_mut().abandon();
         self.recovery = self.reopen.clone().map(Recovery::new);
         let outage = match self.recovery {
             Some(_) => Outage::Restarting,
@@ -280,15 +292,32 @@ impl Device {
             Fate::Out(outage.clone())
         };
         self.outage = Some(outage);
-        self.class.fail_all(&fate, &mut cx!(self, core));
-        if core.restartable {
-            // A stalled device's requests have their answer (they waited past their deadline);
-            // everything else is served by the next server, on a reset device.
-            for s in core.sessions.iter_mut().flatten() {
-                s.flush();
+        match fence {
+            Fence::Now => self.class.fail_all(&fate, &mut cx!(self, core)),
+            // The answers wait until the device cannot carry the requests out: it is back
+            // (it reset) or given up.
+            Fence::AtReopen if self.recovery.is_some() => {
+                tracing::warn!(
+                    "device {name}: its requests are answered once it is back (it may still \
+                     carry them out until it resets)"
+                );
+                self.unanswered = Some(fate);
             }
-            core.end_for_restart(&name, &why);
+            Fence::AtReopen => self.class.fail_all(&fate, &mut cx!(self, core)),
         }
+    }
+
+    /// Answers the requests the device held at its failure, if they still wait: it can no
+    /// longer carry them out. `gave_up` replaces an outage's answer with the final one.
+    fn answer_unanswered(&mut self, gave_up: bool, core: &mut Core<'_>) {
+        let Some(fate) = self.unanswered.take() else {
+            return;
+        };
+        let fate = match (fate, &self.outage) {
+            (Fate::Out(_), Some(o)) if gave_up => Fate::Out(o.clone()),
+            (fate, _) => fate,
+        };
+        self.class.fail_all(&fate, &mut cx!(self, core));
     }
 
     /// Advances the recovery; when the device is open again, swaps the new driver in and maps
@@ -305,6 +334,8 @@ impl Device {
                 return true;
             }
         };
+        // Open again, the device was reset: what the old one held is answered first.
+        self.answer_unanswered(false, core);
         let name = self.name().to_string();
         if new.class() != self.class.class() {
             let why = format!("the re-opened device serves the {} class", new.class());
@@ -360,6 +391,9 @@ impl Device {
             why,
             restarting: false,
         });
+        // Not certain it cannot carry them out (a model that never came back may yet wake),
+        // but nothing will open it again to make it so: the clients are told now.
+        self.answer_unanswered(true, core);
     }
 
     #[inline]

@@ -638,12 +638,10 @@ pub trait BlockDevice {
         }
     }
 
-    /// Runs one request to completion (needs nothing else in flight).
-    ///
-    /// A synchronous call that failed (timed out, device gone) may leave its request in
-    /// flight; the next call first waits for it, so it answers with the same error while the
-    /// cause lasts (never "handle busy"), and recovers once the request completes.
-    fn execute(&mut self, r: &BlockRequest) -> Result<u32, BlockError> {
+    /// Waits until no request of the helpers below is in flight: one that timed out is
+    /// still in the device, which may yet read the buffer area or write into it, so neither
+    /// the next request nor the caller may touch the area before it is answered.
+    fn settle(&mut self) -> Result<(), BlockError> {
         let mut out = Vec::with_capacity(1);
         while self.in_flight() != 0 {
             out.clear();
@@ -655,7 +653,17 @@ pub trait BlockDevice {
                 ));
             }
         }
-        out.clear();
+        Ok(())
+    }
+
+    /// Runs one request to completion (needs nothing else in flight).
+    ///
+    /// A synchronous call that failed (timed out, device gone) may leave its request in
+    /// flight; the next call first waits for it, so it answers with the same error while the
+    /// cause lasts (never "handle busy"), and recovers once the request completes.
+    fn execute(&mut self, r: &BlockRequest) -> Result<u32, BlockError> {
+        self.settle()?;
+        let mut out = Vec::with_capacity(1);
         self.submit(r)?;
         self.kick()?;
         while out.is_empty() {
@@ -718,6 +726,7 @@ pub trait BlockDevice {
         let (bs, chunk) = chunking(self.info(), self.buffers(), data.len())?;
         for (i, part) in data.chunks(chunk).enumerate() {
             let at = lba + (i * chunk / bs) as u64;
+            self.settle()?;
             self.buffers()
                 .write(0, part)
                 .map_err(|e| BlockError::Protocol(e.to_string()))?;
@@ -815,6 +824,82 @@ mod tests {
             max_transfer: 0,
             supports: Default::default(),
         }
+    }
+
+    /// A device whose requests complete only at the second wait after their submission: the
+    /// first wait of a synchronous helper times out with the request still in the device.
+    struct Slow {
+        info: BlockInfo,
+        buffers: outboard_shm::SharedMem,
+        pending: Option<(BlockRequest, u32)>,
+        /// What each write carried when the device carried it out.
+        carried: Vec<Vec<u8>>,
+    }
+
+    impl BlockDevice for Slow {
+        fn info(&self) -> &BlockInfo {
+            &self.info
+        }
+        fn buffers(&self) -> &outboard_shm::SharedMem {
+            &self.buffers
+        }
+        fn submit(&mut self, r: &BlockRequest) -> Result<(), BlockError> {
+            self.pending = Some((*r, 0));
+            Ok(())
+        }
+        fn kick(&mut self) -> Result<(), BlockError> {
+            Ok(())
+        }
+        fn poll(&mut self, _: &mut Vec<BlockCompletion>) -> Result<usize, BlockError> {
+            Ok(0)
+        }
+        fn wait(
+            &mut self,
+            out: &mut Vec<BlockCompletion>,
+            _: Duration,
+        ) -> Result<usize, BlockError> {
+            let Some((r, waits)) = self.pending.as_mut() else {
+                return Ok(0);
+            };
+            *waits += 1;
+            if *waits < 2 {
+                return Err(BlockError::Timeout);
+            }
+            let mut data = vec![0u8; r.blocks as usize * 512];
+            self.buffers.read(r.buf_offset, &mut data).unwrap();
+            self.carried.push(data);
+            out.push(BlockCompletion {
+                tag: r.tag,
+                result: Ok(r.blocks * 512),
+            });
+            self.pending = None;
+            Ok(1)
+        }
+        fn block_until(&mut self, _: std::time::Instant) -> Result<(), BlockError> {
+            Ok(())
+        }
+        fn in_flight(&self) -> usize {
+            usize::from(self.pending.is_some())
+        }
+    }
+
+    /// A write that timed out is still in the device: the next write's bytes wait until it
+    /// is answered, so the device carries out each write with its own bytes.
+    #[test]
+    fn a_helper_write_never_overwrites_the_bytes_of_one_still_in_the_device() {
+        let mut d = Slow {
+            info: info(),
+            buffers: outboard_shm::SharedMem::create("slow", 4096).unwrap(),
+            pending: None,
+            carried: Vec::new(),
+        };
+        let (first, second) = (vec![1u8; 512], vec![2u8; 512]);
+        assert_eq!(d.write_blocks(0, &first), Err(BlockError::Timeout));
+        assert_eq!(d.write_blocks(0, &second), Err(BlockError::Timeout));
+        d.settle().unwrap();
+        let firsts: Vec<u8> = d.carried.iter().map(|c| c[0]).collect();
+        assert_eq!(firsts, [1, 2], "the bytes each write carried");
+        assert!(d.carried == [first, second]);
     }
 
     #[test]

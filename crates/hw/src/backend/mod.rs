@@ -39,9 +39,10 @@ pub trait Backend: Send + Sync {
         None
     }
     /// Gives the device up after a failure, without waiting on it: the device must stop
-    /// reaching memory through its DMA mappings. Default: a reset.
-    fn abandon(&self) {
-        let _ = self.reset();
+    /// reaching memory through its DMA mappings. Returns whether that is certain now.
+    /// Default: a reset, certain once it succeeded.
+    fn abandon(&self) -> bool {
+        self.reset().is_ok()
     }
 }
 

@@ -214,8 +214,11 @@ impl Backend for VfioUserBackend {
 
     /// Closing the connection is the one thing that needs nothing from a stalled model: the
     /// model resets the device and drops every DMA mapping when it sees its client leave.
-    fn abandon(&self) {
+    /// Not certain now: a model that stalled sees it only when it wakes, and may first carry
+    /// out what its queues held (with whatever the buffers hold by then).
+    fn abandon(&self) -> bool {
         let _ = rustix::net::shutdown(&self.watch, rustix::net::Shutdown::Both);
+        false
     }
 }
 

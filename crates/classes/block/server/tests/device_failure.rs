@@ -49,7 +49,6 @@ impl Driver for Broken {
     fn handle(&mut self, _: DeviceEvent) -> Result<(), Failure> {
         Ok(())
     }
-    fn abandon(&mut self) {}
 }
 
 impl BlockDriver for Broken {

@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Instant;
 
-use crate::fixture::{spawn, Proc};
+use crate::fixture::{spawn_foreign, Proc};
 use crate::model::{Figure, Machine, Point, Series, Target, TestResult, Unavailable};
 use crate::stats::Summary;
 use crate::Context;
@@ -61,7 +61,7 @@ fn start(which: &str, exe: &Path, dir: &Path, size: u64) -> Result<Server, Strin
                 "memory".into(),
                 size.to_string(),
             ];
-            let p = spawn(Path::new("nbdkit"), &args, &sock)?;
+            let p = spawn_foreign(Path::new("nbdkit"), &args, &sock)?;
             Ok(Server {
                 _procs: vec![p],
                 uri: format!("nbd+unix:///?socket={}", sock.display()),
@@ -86,7 +86,7 @@ fn start(which: &str, exe: &Path, dir: &Path, size: u64) -> Result<Server, Strin
                 "--export".into(),
                 "type=nbd,id=e0,node-name=disk,name=disk0,writable=on".into(),
             ];
-            let p = spawn(Path::new("qemu-storage-daemon"), &args, &sock);
+            let p = spawn_foreign(Path::new("qemu-storage-daemon"), &args, &sock);
             // The image is in the daemon's hands (or the start failed): unlinked at once either
             // way, so nothing is left in /dev/shm.
             let _ = std::fs::remove_file(&img);

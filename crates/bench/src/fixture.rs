@@ -50,8 +50,19 @@ fn listening(path: &Path) -> bool {
     })
 }
 
-/// Runs `exe args…` and waits for `ready` to exist (and, for a socket, to listen).
+/// Runs Outboard (`exe args…`) and waits for `ready` to exist: Outboard's sockets appear at
+/// their paths only once they listen.
 pub fn spawn(exe: &Path, args: &[String], ready: &Path) -> Result<Proc, String> {
+    start(exe, args, ready, false)
+}
+
+/// Runs another program (`exe args…`) and waits for `ready` to exist and, for a socket, to
+/// listen: it may bind at the path before it listens.
+pub fn spawn_foreign(exe: &Path, args: &[String], ready: &Path) -> Result<Proc, String> {
+    start(exe, args, ready, true)
+}
+
+fn start(exe: &Path, args: &[String], ready: &Path, foreign: bool) -> Result<Proc, String> {
     let _ = std::fs::remove_file(ready);
     let mut child = Command::new(exe)
         .args(args)
@@ -63,8 +74,9 @@ pub fn spawn(exe: &Path, args: &[String], ready: &Path) -> Result<Proc, String> 
     let deadline = Instant::now() + Duration::from_secs(30);
     let is_ready = || {
         ready.exists()
-            && (!std::fs::metadata(ready)
-                .is_ok_and(|m| std::os::unix::fs::FileTypeExt::is_socket(&m.file_type()))
+            && (!foreign
+                || !std::fs::metadata(ready)
+                    .is_ok_and(|m| std::os::unix::fs::FileTypeExt::is_socket(&m.file_type()))
                 || listening(ready))
     };
     while !is_ready() {

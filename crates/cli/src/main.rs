@@ -58,7 +58,8 @@ enum Command {
     ///
     /// Faults: error=START-END (sectors fail), error-next=N, drop-irq=N, duplicate-irq=N,
     /// spurious-irq=N, corrupt-used=id|len, stall=DURATION (e.g. 500ms, 2s), needs-reset,
-    /// crash, clear (disarm all); a NIC also link-flap=DURATION (down that long, then up) and
+    /// crash, abort-on=SECTOR and hang-on=SECTOR (every request touching it crashes or hangs
+    /// the model), clear (disarm all); a NIC also link-flap=DURATION (down that long, then up) and
     /// long-frame=N (frames reported longer than their buffers). Disk-only and NIC-only faults
     /// are refused by the other models. Example: outboard fault disk0 drop-irq=3 error-next=1
     Fault(FaultArgs),

@@ -345,6 +345,13 @@ fn a_request_that_crashes_the_device_every_time_fails_alone_after_three_crashes(
     poisoned_request_fails_alone("faults = [\"abort-on=8192\"]");
 }
 
+/// A request that hangs the model every time: past the deadline the server ends, the model is
+/// started again and the request replayed, as after a crash; the quarantine counts these ends.
+#[test]
+fn a_request_that_hangs_the_device_every_time_fails_alone_after_three_hangs() {
+    poisoned_request_fails_alone("request_deadline = \"300ms\"\nfaults = [\"hang-on=8192\"]");
+}
+
 #[test]
 fn a_request_that_crashes_the_driver_every_time_fails_alone_after_three_crashes() {
     poisoned_request_fails_alone("driver_abort_on = 8192");

@@ -42,6 +42,10 @@ pub enum Fault {
     /// The device model process aborts whenever a request touches this sector, every time:
     /// a request that kills its device (`abort-on=SECTOR`).
     AbortOn(u64),
+    /// The device stops answering whenever a request touches this sector, every time (for an
+    /// hour, or until its process is killed): a request that hangs its device
+    /// (`hang-on=SECTOR`).
+    HangOn(u64),
     /// A NIC's link goes down at its next notification and comes back up this long after,
     /// each with a configuration interrupt (`link-flap=200ms`).
     LinkFlap(Duration),
@@ -64,6 +68,7 @@ pub const KINDS: &[&str] = &[
     "needs-reset",
     "crash",
     "abort-on=SECTOR",
+    "hang-on=SECTOR",
     "link-flap=DURATION",
     "long-frame=N",
     "clear",
@@ -136,6 +141,10 @@ impl FromStr for Fault {
                 .and_then(|v| v.parse().ok())
                 .map(Fault::AbortOn)
                 .ok_or_else(|| "abort-on=SECTOR: which sector?".into()),
+            "hang-on" => value
+                .and_then(|v| v.parse().ok())
+                .map(Fault::HangOn)
+                .ok_or_else(|| "hang-on=SECTOR: which sector?".into()),
             "link-flap" => value
                 .and_then(duration)
                 .map(Fault::LinkFlap)
@@ -164,6 +173,7 @@ impl fmt::Display for Fault {
             Fault::NeedsReset => f.write_str("needs-reset"),
             Fault::Crash => f.write_str("crash"),
             Fault::AbortOn(s) => write!(f, "abort-on={s}"),
+            Fault::HangOn(s) => write!(f, "hang-on={s}"),
             Fault::LinkFlap(d) => write!(f, "link-flap={}ms", d.as_millis()),
             Fault::LongFrame(n) => write!(f, "long-frame={n}"),
             Fault::Clear => f.write_str("clear"),
@@ -203,12 +213,14 @@ pub struct Faults {
     pub crash: bool,
     /// Abort the process whenever a request touches this sector.
     pub abort_on: Option<u64>,
+    /// Stop answering whenever a request touches this sector.
+    pub hang_on: Option<u64>,
     /// A link flap to take at the next notification: down for this long.
     pub link_flap: Option<Duration>,
     /// Received frames still to report longer than their buffers.
     pub long_frames: u32,
     /// Whether this model fires the faults of a disk's requests (`error`, `error-next`,
-    /// `abort-on`): the block model does. The transport's faults (interrupts, the used ring,
+    /// `abort-on`, `hang-on`): the block model does. The transport's faults (interrupts, the used ring,
     /// stalls, needs-reset, crash) hold for every virtio model; a model without sectors
     /// (virtio-rng) refuses the rest rather than arm what it would never fire.
     pub sector_faults: bool,
@@ -221,7 +233,7 @@ impl Faults {
     pub fn check(&self, f: &Fault) -> Result<(), String> {
         let sectors = matches!(
             f,
-            Fault::FailSectors(_) | Fault::FailNext(_) | Fault::AbortOn(_)
+            Fault::FailSectors(_) | Fault::FailNext(_) | Fault::AbortOn(_) | Fault::HangOn(_)
         );
         let nic = matches!(f, Fault::LinkFlap(_) | Fault::LongFrame(_));
         let what = if sectors && !self.sector_faults {
@@ -233,7 +245,7 @@ impl Faults {
         };
         let mut own = Vec::new();
         if self.sector_faults {
-            own.push("error, error-next, abort-on");
+            own.push("error, error-next, abort-on, hang-on");
         }
         if self.nic_faults {
             own.push("link-flap, long-frame");
@@ -262,6 +274,7 @@ impl Faults {
             Fault::NeedsReset => self.needs_reset = true,
             Fault::Crash => self.crash = true,
             Fault::AbortOn(s) => self.abort_on = Some(s),
+            Fault::HangOn(s) => self.hang_on = Some(s),
             Fault::LinkFlap(d) => self.link_flap = Some(d),
             Fault::LongFrame(n) => self.long_frames = self.long_frames.saturating_add(n),
             Fault::Clear => {
@@ -311,6 +324,7 @@ mod tests {
             "needs-reset",
             "crash",
             "abort-on=2048",
+            "hang-on=4096",
             "link-flap=200ms",
             "long-frame=2",
             "clear",

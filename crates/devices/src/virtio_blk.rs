@@ -133,14 +133,20 @@ impl VirtioBlk {
         if end > self.capacity_sectors() {
             return Err(status::IOERR);
         }
+        let touches = |s: Option<u64>| s.is_some_and(|s| sector <= s && s < end.max(sector + 1));
         let mut faults = crate::faults::lock(&self.faults);
-        if faults
-            .abort_on
-            .is_some_and(|s| sector <= s && s < end.max(sector + 1))
-        {
+        if touches(faults.abort_on) {
             // The fault injected: this request kills the device, every time it comes.
             eprintln!("outboard: injected fault: a request touched sector {sector}..{end}: abort");
             std::process::abort();
+        }
+        if touches(faults.hang_on) {
+            drop(faults);
+            // The fault injected: this request hangs the device, every time it comes (the
+            // fault socket still answers: it has its own lock and thread).
+            eprintln!("outboard: injected fault: a request touched sector {sector}..{end}: hang");
+            std::thread::sleep(std::time::Duration::from_secs(3600));
+            return Err(status::IOERR);
         }
         if let Some(f) = &faults.fail_sectors {
             if sector < f.end && f.start < end.max(sector + 1) {

@@ -216,17 +216,23 @@ pub fn bind_listener(
 }
 
 /// A name beside `path` for this process to bind before the socket listens, or `None` if
-/// such a name would not fit in a socket address (the path is then bound directly).
+/// none fits in a socket address (the path is then bound directly). The kernel keeps the name
+/// bound as the socket's address (`ss -x`, `/proc/net/unix` show it), so it carries the
+/// path's own file name where that fits: `.control.sock.1234.0` beside `control.sock`.
 fn private_name(path: &Path) -> Option<PathBuf> {
     use std::sync::atomic::{AtomicU64, Ordering};
     static NEXT: AtomicU64 = AtomicU64::new(0);
-    let name = format!(
-        ".{}.{}.binding",
+    let tag = format!(
+        "{}.{}",
         std::process::id(),
         NEXT.fetch_add(1, Ordering::Relaxed)
     );
-    let private = path.with_file_name(name);
-    SocketAddrUnix::new(&private).ok().map(|_| private)
+    let own = path
+        .file_name()
+        .map(|n| path.with_file_name(format!(".{}.{tag}", n.to_string_lossy())));
+    own.into_iter()
+        .chain([path.with_file_name(format!(".{tag}"))])
+        .find(|p| SocketAddrUnix::new(p).is_ok())
 }
 
 /// Holds the inode of the socket bound at `at`, listens, and (if `at` is a private name)

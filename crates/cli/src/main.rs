@@ -238,7 +238,12 @@ fn main() -> ExitCode {
         .clone()
         .unwrap_or_else(outboard_manager::default_control);
     let result = match cli.command {
-        Command::Up(a) => up::up(a, control, cli.verbose),
+        // Its control socket goes in its runtime directory unless --control (or
+        // OUTBOARD_CONTROL) says where.
+        Command::Up(a) => {
+            let control = up::control_of(&a, cli.control.clone());
+            up::up(a, control, cli.verbose)
+        }
         Command::Ls(a) => up::ls(a, control),
         Command::Blk(c) => blk::run(c, control),
         Command::Rng(c) => rng::run(c, control),

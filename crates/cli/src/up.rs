@@ -18,7 +18,9 @@ pub struct UpArgs {
     /// virtio-blk disk, disk0, with its driver in its own server.
     #[arg(long, value_name = "FILE")]
     machine: Option<PathBuf>,
-    /// Directory for sockets and logs [default: $XDG_RUNTIME_DIR/outboard or /tmp/outboard-$UID].
+    /// Directory for sockets and logs, the control socket's included unless --control says
+    /// where [default: the control socket's directory: $XDG_RUNTIME_DIR/outboard or
+    /// /tmp/outboard-$UID].
     #[arg(long, value_name = "DIR")]
     runtime_dir: Option<PathBuf>,
     /// Print the built-in default machine description and exit.
@@ -157,6 +159,14 @@ pub fn stop_flag() -> Result<Arc<AtomicBool>, String> {
         signal_hook::flag::register(sig, stop.clone()).map_err(|e| e.to_string())?;
     }
     Ok(stop)
+}
+
+/// The control socket of `outboard up`: where --control (or `OUTBOARD_CONTROL`) says, else
+/// `control.sock` in --runtime-dir if given, else the default.
+pub fn control_of(a: &UpArgs, control: Option<PathBuf>) -> PathBuf {
+    control
+        .or_else(|| a.runtime_dir.as_ref().map(|d| d.join("control.sock")))
+        .unwrap_or_else(outboard_manager::default_control)
 }
 
 pub fn up(a: UpArgs, control: PathBuf, verbose: u8) -> Result<ExitCode, String> {

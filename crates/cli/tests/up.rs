@@ -289,3 +289,87 @@ fn a_null_block_device_is_a_real_device_type() {
         .status
         .success());
 }
+
+/// `outboard up --runtime-dir DIR` puts its control socket in DIR too, unless `--control` (or
+/// `OUTBOARD_CONTROL`) says where: a second machine in a directory of its own is reached there.
+#[test]
+fn the_runtime_directory_holds_the_control_socket_unless_told_otherwise() {
+    let dir = tempfile::tempdir().unwrap();
+    let rt = dir.path().join("rt");
+    // Where the default would put it, kept inside the test's own directory.
+    let xdg = dir.path().join("xdg");
+    std::fs::create_dir(&xdg).unwrap();
+    let child = Command::new(EXE)
+        .arg("up")
+        .arg("--runtime-dir")
+        .arg(&rt)
+        .env_remove("OUTBOARD_CONTROL")
+        .env("XDG_RUNTIME_DIR", &xdg)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut up = common::DeviceProcess {
+        child,
+        socket: rt.join("control.sock"),
+    };
+    let control = rt.join("control.sock");
+    let default = xdg.join("outboard/control.sock");
+    assert!(
+        outboard_sys::wait::eventually(Duration::from_secs(30), || {
+            outboard_sys::is_live(&control) || outboard_sys::is_live(&default) || !up.alive()
+        }),
+        "outboard up did not come up"
+    );
+    assert!(
+        outboard_sys::is_live(&control),
+        "no control socket in the runtime directory (the default's: {})",
+        default.exists()
+    );
+    let ls = Command::new(EXE)
+        .arg("--control")
+        .arg(&control)
+        .arg("ls")
+        .env_remove("OUTBOARD_CONTROL")
+        .output()
+        .unwrap();
+    assert!(ls.status.success(), "{ls:?}");
+    assert!(String::from_utf8_lossy(&ls.stdout).contains("disk0"));
+    assert!(!default.exists());
+    rustix::process::kill_process(
+        rustix::process::Pid::from_child(&up.child),
+        rustix::process::Signal::TERM,
+    )
+    .unwrap();
+    assert!(
+        outboard_sys::wait::eventually(Duration::from_secs(20), || !up.alive()),
+        "outboard up did not stop"
+    );
+    assert!(!control.exists(), "the control socket outlived the machine");
+}
+
+/// `outboard up --print-default` prints the machine it runs without a description, with every
+/// key a disk takes commented out at its default: a file to start from.
+#[test]
+fn print_default_shows_every_key_of_a_disk_at_its_default() {
+    let out = Command::new(EXE)
+        .args(["up", "--print-default"])
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    let text = String::from_utf8(out.stdout).unwrap();
+    for key in [
+        "# read_only = false",
+        "# queues = 1",
+        "# request_deadline = \"30s\"",
+        "# restarts = 5",
+        "# heartbeat = \"1s\"",
+        "# max_files = 4096",
+        "# [[export]]",
+    ] {
+        assert!(text.contains(key), "{key:?} missing from:\n{text}");
+    }
+    assert!(text.contains("backing = \"mem:64M\"\n") || text.contains("backing = \"mem:64M\" "));
+}

@@ -10,8 +10,9 @@
 //! create = "1G"           # create the file sparse with this size if missing (optional)
 //! read_only = false
 //! queues = 1
-//! placement = "separate"  # "separate": driver in a server; "colocated": driver in the client
-//! server = "blk0"         # devices naming the same server share it ("grouped")
+//! placement = "separate"  # "separate": driver in a server; "grouped": in one shared with
+//!                         # the devices naming the same server; "colocated": in the client
+//! server = "blk0"         # devices naming the same server share it
 //! request_deadline = "30s" # a request still in the device after this fails the device
 //! restarts = 5            # crashes in a row without serving (over at least 5 s) before it is
 //!                         # given up (0: no automatic restart); one that serves between
@@ -37,22 +38,48 @@
 //! null-blk's: each model declares its keys (`crate::models`), and a key of another model is
 //! an error that lists the model's own. The rest are every device's.
 //!
-//! Every error names the file, the line and the problem.
+//! Every error names the file, the line and the problem. `docs/machine.md` is the reference
+//! for every key (a test holds it to the parser).
 
 use std::path::Path;
 
 use serde::Deserialize;
 use toml::Spanned;
 
-/// The machine `outboard up` runs when given no description.
+/// The machine `outboard up` runs when given no description, as `outboard up --print-default`
+/// prints it: every key a disk takes is there, commented out at its default where it has one
+/// (docs/machine.md lists every key of every model and of exports).
 pub const DEFAULT_MACHINE: &str = r#"# Outboard's embedded default machine: one emulated disk, its driver in its own server.
+# A key commented out shows its default; docs/machine.md lists every key of every model.
 name = "default"
 
 [[device]]
-name = "disk0"
-model = "virtio-blk"
-backing = "mem:64M"
-placement = "separate"
+name = "disk0"                # the name clients open: outboard blk read disk0
+model = "virtio-blk"          # also null-blk, virtio-rng, virtio-net (each has keys of its own)
+backing = "mem:64M"           # a memory disk, or a file's path
+# create = "1G"               # create the file, sparse, with this size if it is missing
+# read_only = false
+# queues = 1                  # request queues, 1 to 16
+placement = "separate"        # its driver in a server process of its own; "grouped" (with
+                              # server = NAME) shares one; "colocated" links it into each client
+# server = "disk0-server"     # devices naming the same server share its process
+# request_deadline = "30s"    # a request in the device longer than this: its model and server
+                              # are restarted, and clients send the request again
+# restarts = 5                # crashes in a row without serving before it is given up
+# restart_window = "60s"      # crashes without serving older than this are forgotten
+# retry_after_give_up = "60s" # a given-up device is tried again, at most this far apart
+# heartbeat = "1s"            # a driver server whose loop stops this long is hung: restarted
+# attached = true             # false: declared only, started by outboard attach disk0
+# fault_injection = false     # true: a fault socket, for outboard fault disk0 stall=2s
+# faults = []                 # faults armed from the start, e.g. ["drop-irq=2"]
+# driver_abort_on = 8192      # the driver aborts when a request touches this sector (a test)
+# max_memory = "16G"          # address space of its model and of its driver server
+# max_files = 4096            # descriptors of each
+
+# Export it over NBD while the machine is up (nbdcopy, qemu-img, nbd-client):
+# [[export]]
+# device = "disk0"
+# socket = "/run/outboard/disk0.nbd"  # default: export-0.nbd in the runtime directory
 "#;
 
 /// A configuration error, located.
@@ -111,7 +138,8 @@ pub const DEFAULT_MAX_MEMORY: u64 = 16 << 30;
 /// Where an export listens.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum ExportAddress {
-    /// A UNIX socket (default: `<name>.nbd` in the runtime directory).
+    /// A UNIX socket (default: `export-N.nbd` in the runtime directory, N counting the
+    /// `[[export]]` tables from 0).
     Socket(Option<std::path::PathBuf>),
     /// TCP.
     Tcp(std::net::SocketAddr),
@@ -500,10 +528,23 @@ impl Machine {
             {
                 None | Some(("separate", _)) => Placement::Separate,
                 Some(("colocated", _)) => Placement::Colocated,
+                // Separate, in a server other devices name too: it says which.
+                Some(("grouped", at)) if d.server.is_none() => {
+                    return Err(err(
+                        at,
+                        "placement \"grouped\" needs server = NAME: the devices that name the \
+                         same server share its process"
+                            .into(),
+                    ))
+                }
+                Some(("grouped", _)) => Placement::Separate,
                 Some((other, at)) => {
                     return Err(err(
                         at,
-                        format!("placement {other:?}: use \"separate\" or \"colocated\""),
+                        format!(
+                            "placement {other:?}: use \"separate\", \"grouped\" (with server = \
+                             NAME) or \"colocated\""
+                        ),
                     ))
                 }
             };
@@ -960,6 +1001,125 @@ mod tests {
         assert_eq!(m.devices.len(), 1);
         assert_eq!(m.devices[0].name, "disk0");
         assert_eq!(m.devices[0].placement, Placement::Separate);
+    }
+
+    /// The keys serde takes for `T`, as its derived `Deserialize` asks for them.
+    fn keys_of<T: serde::de::DeserializeOwned>() -> &'static [&'static str] {
+        use serde::de::Visitor;
+        #[derive(Debug)]
+        struct Stop;
+        impl std::fmt::Display for Stop {
+            fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("only the fields were wanted")
+            }
+        }
+        impl std::error::Error for Stop {}
+        impl serde::de::Error for Stop {
+            fn custom<M: std::fmt::Display>(_: M) -> Self {
+                Stop
+            }
+        }
+        struct Fields(std::cell::Cell<&'static [&'static str]>);
+        impl<'de> serde::Deserializer<'de> for &Fields {
+            type Error = Stop;
+            fn deserialize_any<V: Visitor<'de>>(self, _: V) -> Result<V::Value, Stop> {
+                Err(Stop)
+            }
+            fn deserialize_struct<V: Visitor<'de>>(
+                self,
+                _: &'static str,
+                fields: &'static [&'static str],
+                _: V,
+            ) -> Result<V::Value, Stop> {
+                self.0.set(fields);
+                Err(Stop)
+            }
+            serde::forward_to_deserialize_any! {
+                bool i8 i16 i32 i64 i128 u8 u16 u32 u64 u128 f32 f64 char str string bytes
+                byte_buf option unit unit_struct newtype_struct seq tuple tuple_struct map enum
+                identifier ignored_any
+            }
+        }
+        let f = Fields(std::cell::Cell::new(&[]));
+        let _ = T::deserialize(&f);
+        f.0.get()
+    }
+
+    /// `docs/machine.md` is the reference: a heading for every key the parser takes (of the
+    /// machine, of every `[[device]]` and model, of every `[[export]]`), the embedded default
+    /// as `outboard up --print-default` prints it, and a complete example the parser takes.
+    #[test]
+    fn the_configuration_reference_names_every_key_and_its_example_parses() {
+        let doc = std::fs::read_to_string(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../../docs/machine.md"
+        ))
+        .unwrap();
+        let headings: Vec<&str> = doc.lines().filter(|l| l.starts_with('#')).collect();
+        let keys = keys_of::<RawMachine>()
+            .iter()
+            .chain(keys_of::<RawDevice>())
+            .chain(keys_of::<RawExport>())
+            .chain(crate::models::MODELS.iter().flat_map(|m| m.keys));
+        let mut seen = 0;
+        for k in keys {
+            seen += 1;
+            let named = format!("`{k}`");
+            assert!(
+                headings.iter().any(|h| h.contains(&named)),
+                "docs/machine.md has no heading for {named}"
+            );
+        }
+        assert!(seen > 40, "only {seen} keys found");
+        assert!(
+            doc.contains(DEFAULT_MACHINE),
+            "the default machine as printed"
+        );
+        let example = doc
+            .split("## A complete example")
+            .nth(1)
+            .and_then(|rest| rest.split("```toml\n").nth(1))
+            .and_then(|block| block.split("```").next())
+            .expect("a complete example");
+        let m = Machine::parse(example, "docs/machine.md").unwrap();
+        assert!(m.devices.len() > 5 && m.exports.len() > 3);
+        // Everything the default names, commented out, is a key the default takes.
+        let uncommented: String = DEFAULT_MACHINE
+            .lines()
+            .map(|l| {
+                l.strip_prefix("# ")
+                    .filter(|r| r.contains(" = ") || r.starts_with("[["))
+                    .unwrap_or(l)
+            })
+            .collect::<Vec<_>>()
+            .join("\n");
+        Machine::parse(&uncommented, "uncommented default").unwrap();
+    }
+
+    /// Every placement the README names is a placement the description takes: "grouped" is
+    /// a separate placement in a server that other devices name too, so it needs the name.
+    #[test]
+    fn grouped_devices_share_the_server_they_name() {
+        let two = |placement: &str, server: &str| {
+            format!(
+                "[[device]]\nname = \"a\"\nmodel = \"virtio-blk\"\nbacking = \"mem:1M\"\n\
+                 placement = \"{placement}\"\n{server}\n[[device]]\nname = \"b\"\n\
+                 model = \"virtio-blk\"\nbacking = \"mem:1M\"\nplacement = \"{placement}\"\n\
+                 {server}\n"
+            )
+        };
+        let m = Machine::parse(&two("grouped", "server = \"pair\""), "g.toml").unwrap();
+        for d in &m.devices {
+            assert_eq!(
+                (d.placement, d.server.as_str()),
+                (Placement::Separate, "pair")
+            );
+        }
+        let e = Machine::parse(&two("grouped", ""), "g.toml").unwrap_err();
+        assert_eq!(e.line, 5, "{e}");
+        assert!(e.message.contains("needs server = NAME"), "{e}");
+        let e = Machine::parse(&two("shared", ""), "g.toml").unwrap_err();
+        assert!(e.message.contains("\"grouped\""), "{e}");
     }
 
     #[test]

@@ -15,6 +15,8 @@ pub enum BlkCommand {
     Info {
         /// Device name, e.g. disk0.
         device: String,
+        #[command(flatten)]
+        wait: Wait,
     },
     /// Read bytes from a device to stdout or a file.
     Read(ReadArgs),
@@ -38,6 +40,8 @@ pub struct ReadArgs {
     /// Write to this file instead of stdout.
     #[arg(short, long, value_name = "FILE")]
     output: Option<PathBuf>,
+    #[command(flatten)]
+    wait: Wait,
 }
 
 #[derive(Args)]
@@ -50,6 +54,18 @@ pub struct WriteArgs {
     /// Read from this file instead of stdin.
     #[arg(short, long, value_name = "FILE")]
     input: Option<PathBuf>,
+    #[command(flatten)]
+    wait: Wait,
+}
+
+/// How long a command waits on its device.
+#[derive(Args)]
+pub struct Wait {
+    /// Give up after this long (e.g. 30s, 500ms), saying how far the transfer got; exit
+    /// status 124, as timeout(1)'s. Without it the command waits as long as the device keeps
+    /// it waiting (suspended, restarting), and says once why after a second without progress.
+    #[arg(long, value_name = "DURATION", value_parser = crate::up::parse_duration)]
+    pub timeout: Option<std::time::Duration>,
 }
 
 fn size(s: &str) -> Result<u64, String> {
@@ -64,9 +80,21 @@ fn e(x: BlockError) -> String {
 const CHUNK: u64 = 1 << 20;
 
 pub fn run(c: BlkCommand, control: PathBuf) -> Result<ExitCode, String> {
+    let watch = |what: &str, device: &str, wait: &Wait, verb: &'static str| {
+        // A remote disk (an NBD URI) has no registry entry to say why it waits.
+        let named = (!outboard_block_client::remote::is_uri(device)).then(|| device.to_string());
+        crate::watch::start(
+            format!("blk {what} {device}"),
+            control.clone(),
+            named,
+            verb,
+            wait.timeout,
+        )
+    };
     match c {
         BlkCommand::Bench(a) => return crate::blkbench::run(a),
-        BlkCommand::Info { device } => {
+        BlkCommand::Info { device, wait } => {
+            let _watch = watch("info", &device, &wait, "");
             // A remote disk (an NBD URI) has no registry entry here.
             let node = if outboard_block_client::remote::is_uri(&device) {
                 None
@@ -85,6 +113,7 @@ pub fn run(c: BlkCommand, control: PathBuf) -> Result<ExitCode, String> {
             println!("  queue depth  {}", i.queue_depth);
         }
         BlkCommand::Read(a) => {
+            let w = watch("read", &a.device, &a.wait, "read");
             let mut d = outboard_block_client::open_block(&control, &a.device).map_err(e)?;
             let total = d.info().bytes();
             // Checked once, before the output file is created: a bad range must not truncate it.
@@ -106,7 +135,17 @@ pub fn run(c: BlkCommand, control: PathBuf) -> Result<ExitCode, String> {
                 Some(f) => f.as_fd(),
                 None => stdout.as_fd(),
             };
-            d.read_out(range, fd).map_err(e)?;
+            let progress = w.progress.with_total(range.len());
+            // A piece at a time, counted: a read cut off (a timeout, a detach) says how far
+            // it got.
+            let (mut at, end) = (range.offset(), range.offset() + range.len());
+            while at < end {
+                let n = CHUNK.min(end - at);
+                let piece = d.info().byte_range(at, n).map_err(e)?;
+                d.read_out(piece, fd).map_err(|x| progress.cut_off(e(x)))?;
+                progress.add(n);
+                at += n;
+            }
         }
         BlkCommand::Write(a) => {
             let mut data = Vec::new();
@@ -119,6 +158,7 @@ pub fn run(c: BlkCommand, control: PathBuf) -> Result<ExitCode, String> {
                     .read_to_end(&mut data)
                     .map_err(|x| x.to_string())?,
             };
+            let w = watch("write", &a.device, &a.wait, "written");
             let mut d = outboard_block_client::open_block(&control, &a.device).map_err(e)?;
             let total = d.info().bytes();
             if a.offset
@@ -132,10 +172,13 @@ pub fn run(c: BlkCommand, control: PathBuf) -> Result<ExitCode, String> {
                     a.device
                 ));
             }
+            let progress = w.progress.with_total(data.len() as u64);
             for (i, piece) in data.chunks(CHUNK as usize).enumerate() {
-                write_range(d.as_mut(), a.offset + i as u64 * CHUNK, piece)?;
+                write_range(d.as_mut(), a.offset + i as u64 * CHUNK, piece)
+                    .map_err(|x| progress.cut_off(x))?;
+                progress.add(piece.len() as u64);
             }
-            d.flush().map_err(e)?;
+            d.flush().map_err(|x| progress.cut_off(e(x)))?;
             eprintln!(
                 "wrote {} bytes at offset {} to {}",
                 data.len(),

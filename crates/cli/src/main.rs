@@ -11,6 +11,7 @@ mod latency;
 mod net;
 mod rng;
 mod up;
+mod watch;
 
 use std::process::ExitCode;
 

@@ -41,6 +41,8 @@ pub struct ReadArgs {
     /// device is (a driver server started by hand, `outboard driver-host`).
     #[arg(long, value_name = "SOCKET")]
     server: Option<PathBuf>,
+    #[command(flatten)]
+    wait: crate::blk::Wait,
 }
 
 /// Most bytes one command reads: a client asking for more wants a file, not this.
@@ -62,6 +64,14 @@ pub fn run(c: RngCommand, control: PathBuf) -> Result<ExitCode, String> {
             if a.length == 0 || a.length > MOST {
                 return Err(format!("--length {}: from 1 byte to {MOST}", a.length));
             }
+            let w = crate::watch::start(
+                format!("rng read {}", a.device),
+                control.clone(),
+                a.server.is_none().then(|| a.device.clone()),
+                "read",
+                a.wait.timeout,
+            );
+            let progress = w.progress.with_total(a.length);
             let opened: Result<Box<dyn EntropyDevice>, _> = match &a.server {
                 Some(server) => outboard_rng_client::RngClient::open(server, &a.device)
                     .map(|c| Box::new(c) as Box<dyn EntropyDevice>),
@@ -73,7 +83,9 @@ pub fn run(c: RngCommand, control: PathBuf) -> Result<ExitCode, String> {
             let mut out = std::io::stdout().lock();
             while left > 0 {
                 let piece = &mut buf[..left.min(1 << 20)];
-                d.read(piece).map_err(|e| format!("{}: {e}", a.device))?;
+                d.read(piece)
+                    .map_err(|e| progress.cut_off(format!("{}: {e}", a.device)))?;
+                progress.add(piece.len() as u64);
                 let written = if a.hex {
                     let text: String = piece.iter().map(|b| format!("{b:02x}")).collect();
                     out.write_all(text.as_bytes())

@@ -117,3 +117,69 @@ fn power_names_what_it_cannot_do() {
     assert!(!r.status.success());
     assert!(String::from_utf8_lossy(&r.stderr).contains("possible values: suspend, resume"));
 }
+
+/// No silent hang: a client command on a suspended device says once, after a second without
+/// progress, why it waits and what lets it through; `--timeout` ends it with exit status 124
+/// and how far its transfer got.
+#[test]
+fn a_command_kept_waiting_says_why_and_its_timeout_ends_it_with_what_it_did() {
+    let dir = tempfile::tempdir().unwrap();
+    let up = Up::start(dir.path(), None);
+    let s = up.run(&["power", "disk0", "suspend"]);
+    assert!(s.status.success(), "{}", String::from_utf8_lossy(&s.stderr));
+    let t = Instant::now();
+    let r = up.run_within(
+        &[
+            "blk",
+            "read",
+            "disk0",
+            "--length",
+            "4096",
+            "--timeout",
+            "2s",
+        ],
+        Duration::from_secs(30),
+    );
+    let took = t.elapsed();
+    let err = String::from_utf8_lossy(&r.stderr);
+    assert_eq!(r.status.code(), Some(124), "{err}");
+    assert!(
+        took >= Duration::from_secs(2) && took < Duration::from_secs(20),
+        "{took:?}"
+    );
+    assert_eq!(
+        err.matches("waiting: disk0 is suspended").count(),
+        1,
+        "said once: {err}"
+    );
+    assert!(err.contains("`outboard power disk0 resume`"), "{err}");
+    assert!(
+        err.contains("blk read disk0: timed out after 2s: 0 of 4096 bytes read"),
+        "{err}"
+    );
+    assert!(r.stdout.is_empty());
+    let s = up.run(&["power", "disk0", "resume"]);
+    assert!(s.status.success(), "{}", String::from_utf8_lossy(&s.stderr));
+}
+
+/// A transfer cut off by a detach says how many bytes it had moved.
+#[test]
+fn a_write_cut_off_by_a_detach_says_how_far_it_got() {
+    let dir = tempfile::tempdir().unwrap();
+    let up = Up::start(dir.path(), None);
+    let data = common::pattern(3, 4 << 20);
+    // The write waits on the suspended device; the device is detached under it.
+    let s = up.run(&["power", "disk0", "suspend"]);
+    assert!(s.status.success(), "{}", String::from_utf8_lossy(&s.stderr));
+    let writer = up.spawn_write("disk0", 0, &data);
+    std::thread::sleep(Duration::from_millis(300));
+    let d = up.run_within(&["detach", "disk0"], Duration::from_secs(30));
+    assert!(d.status.success(), "{}", String::from_utf8_lossy(&d.stderr));
+    let out = common::run_bounded_child(writer, Duration::from_secs(30));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{err}");
+    assert!(
+        err.contains(&format!("(after 0 of {} bytes written)", data.len())),
+        "{err}"
+    );
+}

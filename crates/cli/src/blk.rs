@@ -11,10 +11,13 @@ use outboard_devices::backing::parse_size;
 
 #[derive(Subcommand)]
 pub enum BlkCommand {
-    /// Capacity, block size, read-only, queue depth.
+    /// State, capacity, block size, read-only, queue depth.
     Info {
         /// Device name, e.g. disk0.
         device: String,
+        /// One JSON object, numbers as numbers (capacity in bytes), for scripts.
+        #[arg(long)]
+        json: bool,
         #[command(flatten)]
         wait: Wait,
     },
@@ -93,7 +96,7 @@ pub fn run(c: BlkCommand, control: PathBuf) -> Result<ExitCode, String> {
     };
     match c {
         BlkCommand::Bench(a) => return crate::blkbench::run(a),
-        BlkCommand::Info { device, wait } => {
+        BlkCommand::Info { device, json, wait } => {
             let _watch = watch("info", &device, &wait, "");
             // A remote disk (an NBD URI) has no registry entry here.
             let node = if outboard_block_client::remote::is_uri(&device) {
@@ -103,8 +106,24 @@ pub fn run(c: BlkCommand, control: PathBuf) -> Result<ExitCode, String> {
             };
             let d = outboard_block_client::open_block(&control, &device).map_err(e)?;
             let i = d.info();
+            let state = node.as_ref().and_then(|n| n.props.get("state"));
+            if json {
+                let info = serde_json::json!({
+                    "name": i.name,
+                    "state": state,
+                    "capacity_bytes": i.bytes(),
+                    "blocks": i.capacity,
+                    "block_size": i.block_size,
+                    "read_only": i.read_only,
+                    "queue_depth": i.queue_depth,
+                    "max_transfer_bytes": i.max_transfer,
+                    "supports": i.supports,
+                });
+                println!("{info}");
+                return Ok(ExitCode::SUCCESS);
+            }
             println!("{}", i.name);
-            if let Some(state) = node.as_ref().and_then(|n| n.props.get("state")) {
+            if let Some(state) = state {
                 println!("  state        {}", state.as_str().unwrap_or_default());
             }
             println!("  capacity     {} bytes ({} blocks)", i.bytes(), i.capacity);

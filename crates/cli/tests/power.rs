@@ -158,6 +158,15 @@ fn a_command_kept_waiting_says_why_and_its_timeout_ends_it_with_what_it_did() {
         "{err}"
     );
     assert!(r.stdout.is_empty());
+    // What keeps it waiting shows in `blk info`, for people and for scripts.
+    let info = up.run_within(&["blk", "info", "disk0"], Duration::from_secs(30));
+    assert!(stdout(&info).contains("state        suspended"), "{info:?}");
+    let info = up.run_within(&["blk", "info", "disk0", "--json"], Duration::from_secs(30));
+    let j: serde_json::Value = serde_json::from_slice(&info.stdout).unwrap();
+    assert_eq!(j["state"], "suspended", "{j}");
+    assert_eq!(j["capacity_bytes"], 64u64 << 20, "{j}");
+    assert_eq!(j["block_size"], 512, "{j}");
+    assert_eq!(j["read_only"], false, "{j}");
     let s = up.run(&["power", "disk0", "resume"]);
     assert!(s.status.success(), "{}", String::from_utf8_lossy(&s.stderr));
 }

@@ -35,10 +35,10 @@ pub struct ReadArgs {
     /// Device name.
     device: String,
     /// Byte offset to start at (K/M/G suffixes allowed).
-    #[arg(long, default_value = "0", value_parser = size)]
+    #[arg(long, default_value = "0", value_parser = size, allow_negative_numbers = true)]
     offset: u64,
     /// Bytes to read [default: to the end of the device].
-    #[arg(long, value_parser = size)]
+    #[arg(long, value_parser = size, allow_negative_numbers = true)]
     length: Option<u64>,
     /// Write to this file instead of stdout.
     #[arg(short, long, value_name = "FILE")]
@@ -52,7 +52,7 @@ pub struct WriteArgs {
     /// Device name.
     device: String,
     /// Byte offset to start at (K/M/G suffixes allowed).
-    #[arg(long, default_value = "0", value_parser = size)]
+    #[arg(long, default_value = "0", value_parser = size, allow_negative_numbers = true)]
     offset: u64,
     /// Read from this file instead of stdin.
     #[arg(short, long, value_name = "FILE")]

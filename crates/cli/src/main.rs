@@ -8,6 +8,7 @@ mod device;
 mod export;
 mod hw;
 mod latency;
+mod manual;
 mod net;
 mod rng;
 mod up;
@@ -93,6 +94,11 @@ enum Command {
     /// Bring-up tools for one device: probe it, self-test its driver.
     #[command(subcommand)]
     Hw(hw::HwCommand),
+    /// Print a shell completion script: outboard completions bash > /etc/bash_completion.d/outboard
+    Completions(manual::CompletionsArgs),
+    /// Print the manual page (roff), or write one per command with --dir: outboard man --dir
+    /// /usr/local/share/man/man1
+    Man(manual::ManArgs),
     /// Run the evaluation suite: configurations side by side, repeated runs, JSON, charts and
     /// bench-results/REPORT.md with each target and how far this run is from it.
     Bench(BenchArgs),
@@ -139,13 +145,13 @@ struct BenchArgs {
     #[arg(long)]
     quick: bool,
     /// Runs per measurement, the first discarded as warm-up [default: 11; --quick: 2].
-    #[arg(long, default_value_t = 0)]
-    runs: usize,
+    #[arg(long, value_parser = clap::value_parser!(u64).range(2..), allow_negative_numbers = true)]
+    runs: Option<u64>,
     /// Data size: bytes read per run (disk-read), or disk size (iops, exports), e.g. 64M, 1G.
     #[arg(long, value_parser = |s: &str| outboard_devices::backing::parse_size(s).ok_or("not a size"))]
     size: Option<u64>,
     /// Faults the fault campaign injects, one after another [default: 240; --quick: 24].
-    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..))]
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..), allow_negative_numbers = true)]
     faults: Option<u64>,
     /// Where results go.
     #[arg(long, default_value = "bench-results")]
@@ -162,7 +168,7 @@ fn bench(a: BenchArgs) -> Result<ExitCode, String> {
         &tests,
         outboard_bench::Options {
             exe: std::env::current_exe().map_err(|e| e.to_string())?,
-            runs: a.runs,
+            runs: a.runs.unwrap_or(0) as usize,
             quick: a.quick,
             size: a.size,
             faults: a.faults,
@@ -263,6 +269,8 @@ fn main() -> ExitCode {
         }
         Command::Device(c) => device::run(c),
         Command::Hw(c) => hw::run(c),
+        Command::Completions(a) => manual::completions(a, <Cli as clap::CommandFactory>::command()),
+        Command::Man(a) => manual::man(a, <Cli as clap::CommandFactory>::command()),
     };
     match result {
         Ok(code) => code,

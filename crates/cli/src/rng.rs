@@ -32,7 +32,7 @@ pub struct ReadArgs {
     /// Device name, e.g. rng0.
     device: String,
     /// How many bytes (a count with an optional K/M suffix).
-    #[arg(long, short = 'n', value_parser = outboard_manager::children::parse_size_arg)]
+    #[arg(long, short = 'n', value_parser = outboard_manager::children::parse_size_arg, allow_negative_numbers = true)]
     length: u64,
     /// Print hexadecimal (two digits a byte, one line) instead of raw bytes.
     #[arg(long)]

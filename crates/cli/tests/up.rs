@@ -373,3 +373,87 @@ fn print_default_shows_every_key_of_a_disk_at_its_default() {
     }
     assert!(text.contains("backing = \"mem:64M\"\n") || text.contains("backing = \"mem:64M\" "));
 }
+
+/// Shell completions and manual pages are made from the command line itself: bash takes the
+/// script, and every command has its page with its options.
+#[test]
+fn completions_and_manual_pages_come_from_the_command_line() {
+    let run = |args: &[&str]| {
+        let out = Command::new(EXE)
+            .args(args)
+            .stdin(Stdio::null())
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{args:?}: {out:?}");
+        String::from_utf8(out.stdout).unwrap()
+    };
+    let bash = run(&["completions", "bash"]);
+    assert!(bash.contains("_outboard") && bash.contains("blk"), "{bash}");
+    let dir = tempfile::tempdir().unwrap();
+    let script = dir.path().join("outboard.bash");
+    std::fs::write(&script, &bash).unwrap();
+    let syntax = Command::new("bash")
+        .arg("-n")
+        .arg(&script)
+        .output()
+        .unwrap();
+    assert!(syntax.status.success(), "{syntax:?}");
+    assert!(run(&["completions", "zsh"]).starts_with("#compdef outboard"));
+    let bad = Command::new(EXE)
+        .args(["completions", "tcsh"])
+        .output()
+        .unwrap();
+    assert!(!bad.status.success());
+    assert!(
+        String::from_utf8_lossy(&bad.stderr).contains("bash"),
+        "{bad:?}"
+    );
+    let page = run(&["man"]);
+    assert!(page.contains(".TH outboard 1"), "{page}");
+    let pages = dir.path().join("man1");
+    run(&["man", "--dir", pages.to_str().unwrap()]);
+    let read = std::fs::read_to_string(pages.join("outboard-blk-read.1")).unwrap();
+    assert!(
+        read.contains("timeout") && read.contains("offset"),
+        "{read}"
+    );
+    for page in [
+        "outboard.1",
+        "outboard-up.1",
+        "outboard-export-nbd.1",
+        "outboard-completions.1",
+    ] {
+        assert!(pages.join(page).exists(), "{page}");
+    }
+    // The internal peer of the ping-pong measurements has no page.
+    assert!(!pages.join("outboard-bench-peer.1").exists());
+}
+
+/// A negative number is a bad value, said as such (not "unexpected argument"), and a
+/// default is shown once.
+#[test]
+fn negative_numbers_are_refused_as_values_and_defaults_are_shown_once() {
+    for args in [
+        &["blk", "read", "disk0", "--offset", "-5"][..],
+        &["blk", "read", "disk0", "--length", "-1"],
+        &["rng", "read", "rng0", "--length", "-1"],
+        &["bench", "faults", "--faults", "-3"],
+    ] {
+        let out = Command::new(EXE)
+            .args(args)
+            .env("OUTBOARD_CONTROL", "/nonexistent/control.sock")
+            .stdin(Stdio::null())
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {err}");
+        assert!(err.contains("invalid value '-"), "{args:?}: {err}");
+    }
+    let help = Command::new(EXE)
+        .args(["bench", "--help"])
+        .output()
+        .unwrap();
+    let help = String::from_utf8_lossy(&help.stdout);
+    let runs = help.lines().find(|l| l.contains("--runs")).unwrap();
+    assert_eq!(runs.matches("default").count(), 1, "{runs}");
+}

@@ -11,6 +11,7 @@ mod latency;
 mod manual;
 mod net;
 mod rng;
+mod sdnotify;
 mod up;
 mod watch;
 
@@ -88,6 +89,10 @@ enum Command {
     /// finishes the ones in flight, then the driver server and device model stop and the
     /// device shows as detached. Waits until it is. Example: outboard detach disk1
     Detach(up::DetachArgs),
+    /// Stop the machine, as Ctrl-C on `outboard up` does (for a service: systemd's ExecStop):
+    /// every export, driver server and device model stops, their sockets go. Waits until
+    /// the control socket is gone. Only the manager's user or root may.
+    Down(up::DownArgs),
     /// Run an emulated device model standalone, serving vfio-user on a socket.
     #[command(subcommand)]
     Device(device::DeviceCommand),
@@ -261,6 +266,7 @@ fn main() -> ExitCode {
         Command::Move(a) => up::move_device(a, control),
         Command::Attach(a) => up::attach(a, control),
         Command::Detach(a) => up::detach(a, control),
+        Command::Down(a) => up::down(a, control),
         Command::Export(c) => export::run(c, control),
         Command::DriverHost(a) => up::driver_host(a),
         Command::Bench(a) => bench(a),

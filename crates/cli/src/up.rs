@@ -161,6 +161,28 @@ pub fn stop_flag() -> Result<Arc<AtomicBool>, String> {
     Ok(stop)
 }
 
+/// `outboard down`.
+#[derive(Args)]
+pub struct DownArgs {
+    /// How long to wait for the machine to be gone.
+    #[arg(long, default_value = "30s", value_parser = parse_duration)]
+    timeout: std::time::Duration,
+}
+
+/// Asks the manager at `control` to stop, and waits until its control socket is gone.
+pub fn down(a: DownArgs, control: PathBuf) -> Result<ExitCode, String> {
+    outboard_client::manager::down(&control).map_err(|r| r.to_string())?;
+    if !outboard_sys::wait::eventually(a.timeout, || !control.exists()) {
+        return Err(format!(
+            "the manager said it stops, but {} is still there after {:?}",
+            control.display(),
+            a.timeout
+        ));
+    }
+    outboard_sys::outln!("outboard: stopped");
+    Ok(ExitCode::SUCCESS)
+}
+
 /// The control socket of `outboard up`: where --control (or `OUTBOARD_CONTROL`) says, else
 /// `control.sock` in --runtime-dir if given, else the default.
 pub fn control_of(a: &UpArgs, control: Option<PathBuf>) -> PathBuf {
@@ -224,8 +246,16 @@ pub fn up(a: UpArgs, control: PathBuf, verbose: u8) -> Result<ExitCode, String> 
             }
         }
     }
-    outboard_sys::outln!("Ctrl-C stops every device and driver.");
-    m.run(&stop).map_err(|e| e.to_string())?;
+    outboard_sys::outln!("Ctrl-C (or outboard down) stops every device and driver.");
+    crate::sdnotify::notify(&format!(
+        "READY=1\nSTATUS=serving {} device(s); control socket {}\nMAINPID={}",
+        devices.len(),
+        control.display(),
+        std::process::id()
+    ));
+    let ran = m.run(&stop).map_err(|e| e.to_string());
+    crate::sdnotify::notify("STOPPING=1");
+    ran?;
     m.shutdown();
     outboard_sys::outln!("outboard: stopped");
     Ok(ExitCode::SUCCESS)

@@ -457,3 +457,102 @@ fn negative_numbers_are_refused_as_values_and_defaults_are_shown_once() {
     let runs = help.lines().find(|l| l.contains("--runs")).unwrap();
     assert_eq!(runs.matches("default").count(), 1, "{runs}");
 }
+
+/// As a service: `outboard up` tells the service manager it is ready (`READY=1` on
+/// `$NOTIFY_SOCKET`, sd_notify's protocol; a socket of the test's here) and that it stops;
+/// `outboard down` stops every process it started and removes every socket.
+#[test]
+fn as_a_service_up_says_ready_and_down_stops_everything() {
+    let dir = tempfile::tempdir().unwrap();
+    let rt = dir.path().join("rt");
+    let notify = dir.path().join("notify.sock");
+    let service_manager = std::os::unix::net::UnixDatagram::bind(&notify).unwrap();
+    service_manager
+        .set_read_timeout(Some(Duration::from_secs(30)))
+        .unwrap();
+    let child = Command::new(EXE)
+        .arg("up")
+        .arg("--runtime-dir")
+        .arg(&rt)
+        .env_remove("OUTBOARD_CONTROL")
+        .env("NOTIFY_SOCKET", &notify)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let pid = child.id();
+    let mut up = common::DeviceProcess {
+        child,
+        socket: rt.join("control.sock"),
+    };
+    let mut said = [0u8; 512];
+    let n = service_manager
+        .recv(&mut said)
+        .expect("READY=1 within 30 s");
+    let ready = String::from_utf8_lossy(&said[..n]).to_string();
+    assert!(ready.contains("READY=1"), "{ready}");
+    assert!(ready.contains(&format!("MAINPID={pid}")), "{ready}");
+    let control = rt.join("control.sock");
+    assert!(
+        outboard_sys::is_live(&control),
+        "ready before its control socket listens"
+    );
+    let children = children_of(pid);
+    assert!(!children.is_empty(), "no model or driver server");
+    let down = common::run_bounded(
+        Command::new(EXE).arg("--control").arg(&control).arg("down"),
+        Duration::from_secs(40),
+    );
+    assert!(down.status.success(), "{down:?}");
+    assert_eq!(stdout(&down).trim(), "outboard: stopped");
+    assert!(
+        outboard_sys::wait::eventually(Duration::from_secs(20), || !up.alive()),
+        "outboard up did not stop"
+    );
+    assert_eq!(up.child.wait().unwrap().code(), Some(0));
+    let n = service_manager.recv(&mut said).expect("STOPPING=1");
+    assert!(String::from_utf8_lossy(&said[..n]).contains("STOPPING=1"));
+    for c in children {
+        assert!(
+            common::wait_gone(c, Duration::from_secs(10)),
+            "child {c} outlived the machine"
+        );
+    }
+    let sockets: Vec<_> = std::fs::read_dir(&rt)
+        .map(|d| {
+            d.flatten()
+                .filter(|e| {
+                    e.file_type()
+                        .is_ok_and(|t| std::os::unix::fs::FileTypeExt::is_socket(&t))
+                })
+                .map(|e| e.file_name())
+                .collect()
+        })
+        .unwrap_or_default();
+    assert!(sockets.is_empty(), "left behind: {sockets:?}");
+}
+
+/// The systemd unit in contrib/ starts and stops Outboard with arguments this build takes.
+#[test]
+fn the_service_unit_runs_commands_this_build_accepts() {
+    let unit = std::fs::read_to_string(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../../contrib/outboard.service"
+    ))
+    .unwrap();
+    assert!(unit.contains("Type=notify"));
+    for key in ["ExecStart=", "ExecStop="] {
+        let line = unit.lines().find(|l| l.starts_with(key)).unwrap();
+        let mut words = line[key.len()..].split_whitespace();
+        assert_eq!(words.next(), Some("/usr/local/bin/outboard"), "{line}");
+        // --help after the arguments: clap checks every argument before it, then prints help.
+        let out = Command::new(EXE)
+            .args(words)
+            .arg("--help")
+            .stdin(Stdio::null())
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{line}: {out:?}");
+    }
+}

@@ -88,6 +88,10 @@ pub enum Request {
         /// Name of the driver server to run it in.
         server: String,
     },
+    /// Stop the machine, as Ctrl-C on `outboard up` does: every export, driver server and
+    /// device model stops, and their sockets and the control socket go. The reply
+    /// ([`Reply::Stopping`]) comes first. Only the manager's user or root may ask.
+    Down,
     /// A connection to the driver server of class device `name`, made by the manager and
     /// passed with the reply ([`Reply::Connected`]). Only on a broker connection, for a
     /// device the manager gave that child (see [`crate::link`]).
@@ -120,6 +124,8 @@ pub enum Reply {
     },
     /// The connection asked for with [`Request::Connect`] is the reply's one descriptor.
     Connected,
+    /// The machine stops ([`Request::Down`]).
+    Stopping,
     /// A registry entry.
     Status {
         /// The class device's node.

@@ -122,6 +122,16 @@ pub fn restart_with(
     )?)
 }
 
+/// Asks the manager to stop the machine (see [`Request::Down`]); returns once it said it
+/// stops, before it has.
+pub fn down(control_path: &Path) -> Result<(), Refusal> {
+    match ask(control_path, &Request::Down)? {
+        Reply::Stopping => Ok(()),
+        Reply::Error { code, message } => Err(Refusal::new(code, message)),
+        other => Err(unexpected(&other)),
+    }
+}
+
 /// Moves class device `name`'s driver into driver server `server` (see [`Request::Move`]);
 /// returns its registry entry at once (state `restarting`).
 pub fn move_device(control_path: &Path, name: &str, server: &str) -> Result<Node, Refusal> {

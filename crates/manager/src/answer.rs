@@ -99,6 +99,12 @@ impl Manager {
                 Code::Denied,
                 "only the manager's user or root may choose the program a driver server runs",
             ),
+            // Stopping everything is the manager's user's or root's alone, not a control
+            // group's, as sending it SIGTERM is.
+            Ok((Request::Down, _)) if !own_user(conn.as_fd()) => refuse(
+                Code::Denied,
+                "only the manager's user or root may stop the machine",
+            ),
             Ok((req, _)) => self.answer(req, work),
             Err(outboard_session::SessionError::Timeout) => return,
             Err(outboard_session::SessionError::Invalid(m)) => refuse(Code::Invalid, m),
@@ -134,6 +140,11 @@ impl Manager {
                 exe,
             } => self.restart_by_hand(&name, graceful, exe),
             Request::Move { name, server } => self.move_device(&name, &server),
+            Request::Down => {
+                tracing::info!("outboard down: stopping the machine");
+                self.down = true;
+                Reply::Stopping
+            }
             Request::List => Reply::Registry {
                 tree: self.registry.clone(),
             },

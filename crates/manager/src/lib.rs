@@ -133,6 +133,8 @@ pub struct Manager {
     /// Children were renumbered (attach, detach): the rest of a batch of ready sources
     /// names old numbers and is dropped (the work loop is level-triggered: they come again).
     renumbered: bool,
+    /// `outboard down` asked the machine to stop: [`Manager::run`] returns.
+    down: bool,
     /// A device being moved into another driver server (`outboard move`).
     moving: Option<relocate::Move>,
 }
@@ -252,6 +254,7 @@ impl Manager {
             suspended: Default::default(),
             detaching: Default::default(),
             renumbered: false,
+            down: false,
             moving: None,
         };
         if let Err(e) = m.bring_up() {

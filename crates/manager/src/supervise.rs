@@ -20,7 +20,7 @@ impl Manager {
             p.watch(&mut work, i);
         }
         let mut ready = Vec::new();
-        while !stop.load(Ordering::Relaxed) {
+        while !stop.load(Ordering::Relaxed) && !self.down {
             ready.clear();
             work.wait(Some(self.next_check()), &mut ready)?;
             self.renumbered = false;

@@ -197,18 +197,37 @@ fn init_logging(verbose: u8) {
     tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(|| LogWriter)
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+        .with_ansi(LOG_FILE.get().is_none() && std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
 }
 
-/// Standard error for the log, where a failed write is dropped: the subscriber would report
-/// one with `eprintln!`, which panics when stderr is a closed pipe — a manager whose terminal
-/// went away would die on its next log line instead of supervising on.
+/// Where `outboard up --log FILE` sends the manager's log instead of standard error.
+static LOG_FILE: std::sync::OnceLock<std::fs::File> = std::sync::OnceLock::new();
+
+/// Opens `path` for `--log`: appended to, created owner-only.
+fn open_log(path: &std::path::Path) -> Result<(), String> {
+    use std::os::unix::fs::OpenOptionsExt;
+    let f = std::fs::OpenOptions::new()
+        .append(true)
+        .create(true)
+        .mode(0o600)
+        .open(path)
+        .map_err(|e| format!("--log {}: {e}", path.display()))?;
+    let _ = LOG_FILE.set(f);
+    Ok(())
+}
+
+/// Standard error (or `--log`'s file) for the log, where a failed write is dropped: the
+/// subscriber would report one with `eprintln!`, which panics when stderr is a closed pipe — a
+/// manager whose terminal went away would die on its next log line instead of supervising on.
 struct LogWriter;
 
 impl std::io::Write for LogWriter {
     fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-        let _ = std::io::stderr().write_all(buf);
+        let _ = match LOG_FILE.get() {
+            Some(mut f) => f.write_all(buf),
+            None => std::io::stderr().write_all(buf),
+        };
         Ok(buf.len())
     }
     fn flush(&mut self) -> std::io::Result<()> {
@@ -243,6 +262,14 @@ fn main() -> ExitCode {
     } else {
         // A filter (`outboard blk read … | head -c 10`) ends quietly when its reader goes.
         outboard_sys::process::restore_sigpipe();
+    }
+    if let Command::Up(a) = &cli.command {
+        if let Some(path) = a.log_file() {
+            if let Err(e) = open_log(path) {
+                outboard_sys::errln!("outboard: {e}");
+                return ExitCode::from(2);
+            }
+        }
     }
     init_logging(cli.verbose);
     let control = cli

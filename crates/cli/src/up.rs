@@ -26,6 +26,10 @@ pub struct UpArgs {
     /// Print the built-in default machine description and exit.
     #[arg(long)]
     print_default: bool,
+    /// Append the manager's log to FILE (created owner-only) instead of standard error; each
+    /// child keeps its own log in the runtime directory.
+    #[arg(long, value_name = "FILE")]
+    log: Option<PathBuf>,
     /// Let members of this group (a name or a number) use the control socket too. Without
     /// it, only the user running `outboard up` and root are answered (the manager checks each
     /// client's credentials); the socket is 0600 and the runtime directory 0700.
@@ -159,6 +163,13 @@ pub fn stop_flag() -> Result<Arc<AtomicBool>, String> {
         signal_hook::flag::register(sig, stop.clone()).map_err(|e| e.to_string())?;
     }
     Ok(stop)
+}
+
+impl UpArgs {
+    /// Where `--log` sends the manager's log, if given.
+    pub fn log_file(&self) -> Option<&std::path::Path> {
+        self.log.as_deref()
+    }
 }
 
 /// `outboard down`.

@@ -460,20 +460,23 @@ fn negative_numbers_are_refused_as_values_and_defaults_are_shown_once() {
 
 /// As a service: `outboard up` tells the service manager it is ready (`READY=1` on
 /// `$NOTIFY_SOCKET`, sd_notify's protocol; a socket of the test's here) and that it stops;
-/// `outboard down` stops every process it started and removes every socket.
+/// `outboard down` stops every process it started and removes every socket; with `--log`
+/// the manager's log goes to a file of its own.
 #[test]
 fn as_a_service_up_says_ready_and_down_stops_everything() {
     let dir = tempfile::tempdir().unwrap();
     let rt = dir.path().join("rt");
+    let log = dir.path().join("manager.log");
     let notify = dir.path().join("notify.sock");
     let service_manager = std::os::unix::net::UnixDatagram::bind(&notify).unwrap();
     service_manager
         .set_read_timeout(Some(Duration::from_secs(30)))
         .unwrap();
     let child = Command::new(EXE)
-        .arg("up")
-        .arg("--runtime-dir")
+        .args(["-v", "up", "--runtime-dir"])
         .arg(&rt)
+        .arg("--log")
+        .arg(&log)
         .env_remove("OUTBOARD_CONTROL")
         .env("NOTIFY_SOCKET", &notify)
         .stdin(Stdio::null())
@@ -531,6 +534,14 @@ fn as_a_service_up_says_ready_and_down_stops_everything() {
         })
         .unwrap_or_default();
     assert!(sockets.is_empty(), "left behind: {sockets:?}");
+    let logged = std::fs::read_to_string(&log).unwrap();
+    assert!(
+        logged.contains("outboard down: stopping the machine"),
+        "{logged}"
+    );
+    use std::os::unix::fs::PermissionsExt;
+    let mode = std::fs::metadata(&log).unwrap().permissions().mode();
+    assert_eq!(mode & 0o777, 0o600);
 }
 
 /// The systemd unit in contrib/ starts and stops Outboard with arguments this build takes.

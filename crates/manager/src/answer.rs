@@ -222,7 +222,7 @@ impl Manager {
                 }
             }
         }
-        tracing::warn!(
+        tracing::info!(
             "{name}: restarted by hand{}",
             if graceful { ", gracefully" } else { "" }
         );

@@ -142,7 +142,7 @@ impl Manager {
                 if let Some(m) = self.machine.devices.iter_mut().find(|m| m.name == d.name) {
                     m.attached = true;
                 }
-                tracing::warn!("{}: attached", d.name);
+                tracing::info!("{}: attached", d.name);
                 match self.class_device(&d.name) {
                     Some(node) => Reply::Status { node: node.clone() },
                     None => refuse(
@@ -276,7 +276,7 @@ impl Manager {
             let d = d.clone();
             self.detached_node(&d, None);
         }
-        tracing::warn!("{name}: detached (its driver server and model stopped)");
+        tracing::info!("{name}: detached (its driver server and model stopped)");
     }
 
     /// Stops driver server `s`, which serves `name` and other devices, and sets it up to

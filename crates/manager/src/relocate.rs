@@ -84,7 +84,7 @@ impl Manager {
             .collect();
         // Already quiet, or no server to tell: nothing to wait for.
         waiting.retain(|d| self.command(d, control::Command::Quiesce { device: d.clone() }));
-        tracing::warn!("{name}: moving into driver server {to:?}");
+        tracing::info!("{name}: moving into driver server {to:?}");
         self.moving = Some(Move {
             device: name.to_string(),
             to: to.to_string(),
@@ -202,7 +202,7 @@ impl Manager {
                 }
             }
         }
-        tracing::warn!("{device}: moved into driver server {to:?}");
+        tracing::info!("{device}: moved into driver server {to:?}");
     }
 
     /// Ends driver server `s` and sets it up to start again serving `devices` (its clients

@@ -122,7 +122,7 @@ impl Manager {
                 }
             }
             Ok((control::Event::DeviceRecovered { device }, _)) => {
-                tracing::warn!("{device}: its driver brought the device back");
+                tracing::info!("{device}: its driver brought the device back");
                 if let Some(drv) = self.driver_of_mut(&device) {
                     drv.set_state(State::Running, Detail::Note("recovered"));
                 }
@@ -640,7 +640,7 @@ impl Manager {
         p.restarts.served();
         let (pid, down) = (p.pid(), p.down_since.take().map(|t| t.elapsed()));
         if let supervisor::Kind::Model { device } = p.kind.clone() {
-            tracing::warn!(
+            tracing::info!(
                 "device model for {device} restarted (pid {pid}) in {:?}",
                 down.unwrap_or_default()
             );
@@ -672,7 +672,7 @@ impl Manager {
         let down = p.down_since.take().map(|t| t.elapsed());
         let devices = Self::devices_of(&p.kind.clone());
         if let Some(down) = down {
-            tracing::warn!("{role} (pid {pid}) serves again, {down:?} after it went down");
+            tracing::info!("{role} (pid {pid}) serves again, {down:?} after it went down");
             for n in &devices {
                 if let Some(drv) = self.driver_of_mut(n) {
                     drv.set("last-restart-ms", down.as_secs_f64() * 1e3);

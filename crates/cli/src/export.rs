@@ -89,6 +89,7 @@ pub fn run(c: ExportCommand, control: PathBuf) -> Result<ExitCode, String> {
     };
     // Started by the manager, it asks it, and has it connect to driver servers, on the
     // connection it was given; started by hand, it uses the control socket.
+    let control_path = control.clone();
     let control = match a.broker_fd {
         Some(fd) => Control::Broker(Arc::new(outboard_client::Broker::new(
             outboard_sys::process::inherited_socket(fd)?,
@@ -151,6 +152,21 @@ pub fn run(c: ExportCommand, control: PathBuf) -> Result<ExitCode, String> {
     if let Some(fd) = a.notify_fd {
         server = server.notify(outboard_sys::process::inherited_socket(fd)?);
     }
+    let uris: Vec<(String, String)> = server
+        .exports()
+        .iter()
+        .map(|e| {
+            let s = if tls { "s" } else { "" };
+            let uri = match &listen {
+                Listen::Unix(p) => format!("nbd{s}+unix:///{}?socket={}", e.name, p.display()),
+                Listen::Tcp(addr) => format!("nbd{s}://{addr}/{}", e.name),
+            };
+            (e.name.clone(), uri)
+        })
+        .collect();
+    if dials {
+        server = register_by_hand(server, &control_path, &specs, &uris);
+    }
     // From here it parses what any client sends: it opens no file and reaches nothing but
     // UNIX sockets (sessions with driver servers, the manager), on every thread.
     if !a.no_confine {
@@ -167,12 +183,7 @@ pub fn run(c: ExportCommand, control: PathBuf) -> Result<ExitCode, String> {
             );
         }
     }
-    for e in server.exports() {
-        let s = if tls { "s" } else { "" };
-        let uri = match &listen {
-            Listen::Unix(p) => format!("nbd{s}+unix:///{}?socket={}", e.name, p.display()),
-            Listen::Tcp(addr) => format!("nbd{s}://{addr}/{}", e.name),
-        };
+    for (e, (_, uri)) in server.exports().iter().zip(&uris) {
         outboard_sys::outln!(
             "exporting {} ({} bytes, {}-byte blocks{}) at {uri}",
             e.name,
@@ -187,6 +198,42 @@ pub fn run(c: ExportCommand, control: PathBuf) -> Result<ExitCode, String> {
     }
     server.run(&stop).map_err(|e| e.to_string())?;
     Ok(ExitCode::SUCCESS)
+}
+
+/// An export started by hand registers each of its exports with the manager at `control`
+/// (before it is confined: a connection of its own), which shows them in the registry, with
+/// their clients as they come and go, for as long as the export runs. A manager that cannot
+/// be told costs a warning, not the export.
+fn register_by_hand(
+    server: NbdServer,
+    control: &std::path::Path,
+    specs: &[ExportSpec],
+    uris: &[(String, String)],
+) -> NbdServer {
+    let registered: Vec<outboard_client::manager::Registration> = uris
+        .iter()
+        .filter_map(|(name, uri)| {
+            let device = &specs.iter().find(|s| &s.name == name)?.device;
+            outboard_client::manager::Registration::new(control, name, device, uri)
+                .map_err(|e| {
+                    outboard_sys::errln!(
+                        "outboard: warning: export {name} is not in the registry: {e}; it serves \
+                         anyway"
+                    )
+                })
+                .ok()
+        })
+        .collect();
+    if registered.is_empty() {
+        return server;
+    }
+    server.on_clients(Box::new(move |export, clients| {
+        if let Some(r) = registered.iter().find(|r| r.name() == export) {
+            if let Err(e) = r.clients(clients) {
+                tracing::debug!("export {export}: the manager was not told its clients: {e}");
+            }
+        }
+    }))
 }
 
 /// Confines an export (`who` names it in the log) for the rest of its life; with

@@ -538,3 +538,48 @@ fn a_managed_export_of_a_colocated_device_serves_it() {
     assert!(eventually(Duration::from_secs(20), running));
     round_trip(&common::nbd::export_socket(&up, "disk0"), 1 << 20, 13);
 }
+
+/// An export started by hand shows in the registry — its URI, its pid, its clients as they
+/// come and go — for as long as it runs, and not after.
+#[test]
+fn an_export_started_by_hand_shows_in_the_registry_with_its_clients_while_it_runs() {
+    let dir = tempfile::tempdir().unwrap();
+    let up = Up::start(dir.path(), Some(MACHINE));
+    let mut ex = Export::start(&up, &[]);
+    let node = || common::nbd::export_node(&up, "disk0");
+    assert!(
+        eventually(Duration::from_secs(10), || node()["props"]["state"]
+            == "running"),
+        "{}",
+        node()
+    );
+    let n = node();
+    assert_eq!(n["props"]["pid"], ex.child.id(), "{n}");
+    assert_eq!(n["props"]["started"], "by hand", "{n}");
+    assert!(
+        n["props"]["uri"]
+            .as_str()
+            .is_some_and(|u| u.contains(&*ex.socket.to_string_lossy())),
+        "{n}"
+    );
+    assert_eq!(n["props"]["clients"], 0, "{n}");
+    let client = Raw::go(&ex.socket);
+    assert!(
+        eventually(Duration::from_secs(10), || node()["props"]["clients"] == 1),
+        "{}",
+        node()
+    );
+    drop(client);
+    assert!(
+        eventually(Duration::from_secs(10), || node()["props"]["clients"] == 0),
+        "a client that left is still counted: {}",
+        node()
+    );
+    ex.alive().unwrap();
+    drop(ex);
+    assert!(
+        eventually(Duration::from_secs(10), || node().is_null()),
+        "the export is gone, its node is not: {}",
+        node()
+    );
+}

@@ -88,6 +88,20 @@ pub enum Request {
         /// Name of the driver server to run it in.
         server: String,
     },
+    /// An export started by hand (`outboard export nbd`) says it serves `device` at `uri`, and
+    /// says it again whenever its clients (`clients`: their addresses) change. It shows in
+    /// the registry under the device as `export nbd:NAME` for as long as this connection
+    /// stays open. The reply is [`Reply::Noted`].
+    ExportUp {
+        /// The export's name.
+        name: String,
+        /// The class device it serves.
+        device: String,
+        /// Where clients reach it.
+        uri: String,
+        /// Its clients now.
+        clients: Vec<String>,
+    },
     /// Stop the machine, as Ctrl-C on `outboard up` does: every export, driver server and
     /// device model stops, and their sockets and the control socket go. The reply
     /// ([`Reply::Stopping`]) comes first. Only the manager's user or root may ask.
@@ -126,6 +140,8 @@ pub enum Reply {
     Connected,
     /// The machine stops ([`Request::Down`]).
     Stopping,
+    /// Taken into the registry ([`Request::ExportUp`]).
+    Noted,
     /// A registry entry.
     Status {
         /// The class device's node.

@@ -122,6 +122,57 @@ pub fn restart_with(
     )?)
 }
 
+/// An export started by hand, registered with the manager for as long as it lives (see
+/// [`Request::ExportUp`]): dropping it (or the process ending) takes it out of the registry.
+pub struct Registration {
+    conn: std::sync::Mutex<std::os::fd::OwnedFd>,
+    name: String,
+    device: String,
+    uri: String,
+}
+
+impl Registration {
+    /// Registers export `name` of `device` at `uri` with the manager at `control_path`.
+    pub fn new(control_path: &Path, name: &str, device: &str, uri: &str) -> Result<Self, Refusal> {
+        let sock = control::connect(control_path)
+            .map_err(|e| Refusal::new(Code::Unreachable, format!("the manager: {e}")))?;
+        manager_is_trusted(std::os::fd::AsFd::as_fd(&sock), control_path)?;
+        let r = Self {
+            conn: std::sync::Mutex::new(sock),
+            name: name.into(),
+            device: device.into(),
+            uri: uri.into(),
+        };
+        r.clients(Vec::new())?;
+        Ok(r)
+    }
+
+    /// The export's name.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// Tells the manager the export's clients now.
+    pub fn clients(&self, clients: Vec<String>) -> Result<(), Refusal> {
+        let req = Request::ExportUp {
+            name: self.name.clone(),
+            device: self.device.clone(),
+            uri: self.uri.clone(),
+            clients,
+        };
+        // One request and its answer at a time, whichever connection thread tells.
+        let conn = self.conn.lock().unwrap_or_else(|p| p.into_inner());
+        let fd = std::os::fd::AsFd::as_fd(&*conn);
+        control::send(fd, &req, &[]).map_err(|e| Refusal::new(Code::Protocol, e.to_string()))?;
+        match control::recv(fd, Some(Duration::from_secs(2))) {
+            Ok((Reply::Noted, _)) => Ok(()),
+            Ok((Reply::Error { code, message }, _)) => Err(Refusal::new(code, message)),
+            Ok((other, _)) => Err(unexpected(&other)),
+            Err(e) => Err(Refusal::new(Code::Protocol, e.to_string())),
+        }
+    }
+}
+
 /// Asks the manager to stop the machine (see [`Request::Down`]); returns once it said it
 /// stops, before it has.
 pub fn down(control_path: &Path) -> Result<(), Refusal> {

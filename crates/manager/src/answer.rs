@@ -105,6 +105,20 @@ impl Manager {
                 Code::Denied,
                 "only the manager's user or root may stop the machine",
             ),
+            Ok((
+                Request::ExportUp {
+                    name,
+                    device,
+                    uri,
+                    clients,
+                },
+                _,
+            )) => {
+                let pid = rustix::net::sockopt::socket_peercred(conn.as_fd())
+                    .map(|c| c.pid.as_raw_nonzero().get())
+                    .unwrap_or(0);
+                self.export_up(i, pid, name, device, uri, clients)
+            }
             Ok((req, _)) => self.answer(req, work),
             Err(outboard_session::SessionError::Timeout) => return,
             Err(outboard_session::SessionError::Invalid(m)) => refuse(Code::Invalid, m),
@@ -125,8 +139,77 @@ impl Manager {
         if let Some(conn) = self.conns.get_mut(i).and_then(Option::take) {
             let _ = work.remove(conn.as_fd());
         }
+        // An export started by hand is in the registry for as long as its connection.
+        if let Some((device, name)) = self.hand_exports.remove(&i) {
+            if let Some(d) = self.class_device_mut(&device) {
+                d.children
+                    .retain(|c| !(c.kind == "export" && c.name == format!("nbd:{name}")));
+            }
+            tracing::info!("export {name} (started by hand) left");
+        }
         self.accepted.retain(|&s| s != i);
         self.denied.remove(&i);
+    }
+
+    /// An export started by hand on control connection `i` (its process `pid`) says it
+    /// serves `device` at `uri`, with `clients`: its registry node, made or brought up to
+    /// date. The connection is then kept however many others come (it is the export's life
+    /// in the registry).
+    fn export_up(
+        &mut self,
+        i: usize,
+        pid: i32,
+        name: String,
+        device: String,
+        uri: String,
+        clients: Vec<String>,
+    ) -> Reply {
+        const MOST: usize = 64;
+        let node_name = format!("nbd:{name}");
+        let ours = self.hand_exports.get(&i) == Some(&(device.clone(), name.clone()));
+        if !ours {
+            if self.hand_exports.contains_key(&i) {
+                return refuse(Code::Invalid, "this connection registered another export");
+            }
+            if self.hand_exports.len() >= MOST {
+                return refuse(
+                    Code::Resources,
+                    format!("at most {MOST} exports started by hand are registered"),
+                );
+            }
+        }
+        let Some(d) = self.class_device_mut(&device) else {
+            return refuse(Code::NoSuchDevice, format!("no class device {device}"));
+        };
+        let existing = d
+            .children
+            .iter_mut()
+            .find(|c| c.kind == "export" && c.name == node_name);
+        let node = match existing {
+            Some(n) if ours => n,
+            Some(_) => {
+                return refuse(
+                    Code::Invalid,
+                    format!("an export named {name} of {device} is registered already"),
+                )
+            }
+            None => {
+                d.children.push(Node::new("export", &node_name));
+                d.children.last_mut().expect("pushed")
+            }
+        };
+        node.set("uri", uri);
+        node.set("pid", pid);
+        node.set("started", "by hand");
+        node.set("clients", clients.len());
+        node.set("peers", clients.join(", "));
+        node.set_state(State::Running, Detail::None);
+        if !ours {
+            tracing::info!("export {name} of {device} (started by hand, pid {pid}) registered");
+            self.hand_exports.insert(i, (device, name));
+            self.accepted.retain(|&s| s != i);
+        }
+        Reply::Noted
     }
 
     pub(crate) fn answer(&mut self, req: Request, work: &mut WorkLoop<Source>) -> Reply {
@@ -140,6 +223,10 @@ impl Manager {
                 exe,
             } => self.restart_by_hand(&name, graceful, exe),
             Request::Move { name, server } => self.move_device(&name, &server),
+            Request::ExportUp { name, .. } => refuse(
+                Code::Invalid,
+                format!("export {name}: registered on a control connection, not through a child's"),
+            ),
             Request::Down => {
                 tracing::info!("outboard down: stopping the machine");
                 self.down = true;

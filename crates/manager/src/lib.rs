@@ -135,6 +135,9 @@ pub struct Manager {
     renumbered: bool,
     /// `outboard down` asked the machine to stop: [`Manager::run`] returns.
     down: bool,
+    /// Exports started by hand, by the control connection they registered on: (device,
+    /// export name). Each shows in the registry while its connection is open.
+    hand_exports: std::collections::HashMap<usize, (String, String)>,
     /// A device being moved into another driver server (`outboard move`).
     moving: Option<relocate::Move>,
 }
@@ -255,6 +258,7 @@ impl Manager {
             detaching: Default::default(),
             renumbered: false,
             down: false,
+            hand_exports: std::collections::HashMap::new(),
             moving: None,
         };
         if let Err(e) = m.bring_up() {

@@ -77,9 +77,13 @@ impl Listener {
     }
 }
 
+/// Who is told an export's clients (its name, their addresses) as they come and go.
+pub type ClientsHook = Box<dyn Fn(&str, Vec<String>) + Send + Sync>;
+
 /// The clients in transmission, per export, told to the manager as they come and go.
 struct Clients {
     notify: Option<std::os::fd::OwnedFd>,
+    hook: Option<ClientsHook>,
     /// (id, export, peer).
     list: std::sync::Mutex<Vec<(u64, String, String)>>,
     next: std::sync::atomic::AtomicU64,
@@ -104,13 +108,19 @@ impl Clients {
     }
 
     fn report(&self, export: &str) {
-        let Some(fd) = &self.notify else { return };
-        let clients = self
+        if self.notify.is_none() && self.hook.is_none() {
+            return;
+        }
+        let clients: Vec<String> = self
             .lock()
             .iter()
             .filter(|(_, e, _)| e == export)
             .map(|(_, _, p)| p.clone())
             .collect();
+        if let Some(hook) = &self.hook {
+            hook(export, clients.clone());
+        }
+        let Some(fd) = &self.notify else { return };
         let ev = outboard_session::control::Event::ExportClients {
             export: export.to_string(),
             clients,
@@ -269,6 +279,7 @@ impl NbdServer {
             deadlines: Default::default(),
             clients: Arc::new(Clients {
                 notify: None,
+                hook: None,
                 list: Default::default(),
                 next: Default::default(),
             }),
@@ -303,6 +314,15 @@ impl NbdServer {
         }
         for e in &self.exports.list {
             self.clients.report(&e.name);
+        }
+        self
+    }
+
+    /// Calls `hook` with an export's clients whenever they change (an export started by
+    /// hand tells the manager so).
+    pub fn on_clients(mut self, hook: ClientsHook) -> Self {
+        if let Some(c) = Arc::get_mut(&mut self.clients) {
+            c.hook = Some(hook);
         }
         self
     }

@@ -290,6 +290,24 @@ fn a_null_block_device_is_a_real_device_type() {
         .success());
 }
 
+/// `outboard ARGS --runtime-dir RT` (ARGS: `up` by default) with no `OUTBOARD_CONTROL`,
+/// `customize` applied; killed on drop.
+fn up_in(rt: &Path, args: &[&str], customize: impl FnOnce(&mut Command)) -> common::DeviceProcess {
+    let mut c = Command::new(EXE);
+    c.args(if args.is_empty() { &["up"][..] } else { args })
+        .arg("--runtime-dir")
+        .arg(rt)
+        .env_remove("OUTBOARD_CONTROL")
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null());
+    customize(&mut c);
+    common::DeviceProcess {
+        child: c.spawn().unwrap(),
+        socket: rt.join("control.sock"),
+    }
+}
+
 /// `outboard up --runtime-dir DIR` puts its control socket in DIR too, unless `--control` (or
 /// `OUTBOARD_CONTROL`) says where: a second machine in a directory of its own is reached there.
 #[test]
@@ -299,21 +317,9 @@ fn the_runtime_directory_holds_the_control_socket_unless_told_otherwise() {
     // Where the default would put it, kept inside the test's own directory.
     let xdg = dir.path().join("xdg");
     std::fs::create_dir(&xdg).unwrap();
-    let child = Command::new(EXE)
-        .arg("up")
-        .arg("--runtime-dir")
-        .arg(&rt)
-        .env_remove("OUTBOARD_CONTROL")
-        .env("XDG_RUNTIME_DIR", &xdg)
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    let mut up = common::DeviceProcess {
-        child,
-        socket: rt.join("control.sock"),
-    };
+    let mut up = up_in(&rt, &[], |c| {
+        c.env("XDG_RUNTIME_DIR", &xdg);
+    });
     let control = rt.join("control.sock");
     let default = xdg.join("outboard/control.sock");
     assert!(
@@ -472,23 +478,10 @@ fn as_a_service_up_says_ready_and_down_stops_everything() {
     service_manager
         .set_read_timeout(Some(Duration::from_secs(30)))
         .unwrap();
-    let child = Command::new(EXE)
-        .args(["-v", "up", "--runtime-dir"])
-        .arg(&rt)
-        .arg("--log")
-        .arg(&log)
-        .env_remove("OUTBOARD_CONTROL")
-        .env("NOTIFY_SOCKET", &notify)
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    let pid = child.id();
-    let mut up = common::DeviceProcess {
-        child,
-        socket: rt.join("control.sock"),
-    };
+    let mut up = up_in(&rt, &["-v", "up", "--log", log.to_str().unwrap()], |c| {
+        c.env("NOTIFY_SOCKET", &notify);
+    });
+    let pid = up.child.id();
     let mut said = [0u8; 512];
     let n = service_manager
         .recv(&mut said)

@@ -106,14 +106,7 @@ impl Driver for VirtioRng {
     }
 
     fn abandon(&mut self) -> Fence {
-        match self.device.stop() {
-            // The device read back reset: it reaches nothing it was given any more.
-            Ok(()) => Fence::Now,
-            Err(e) => {
-                tracing::warn!("virtio-rng: reset on abandon failed: {e}");
-                Fence::AtReopen
-            }
-        }
+        self.device.abandon("virtio-rng")
     }
 }
 

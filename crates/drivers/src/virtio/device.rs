@@ -12,7 +12,7 @@
 
 use std::os::fd::BorrowedFd;
 
-use outboard_env::{DeviceEvent, Failure};
+use outboard_env::{DeviceEvent, Failure, Fence};
 use outboard_hw::{Irq, IrqKind, PciFunction};
 use outboard_spec::virtio::{feature as vfeature, DeviceStatus, NO_VECTOR};
 
@@ -327,6 +327,19 @@ impl VirtioDevice {
         }
         self.stopped = true;
         self.transport.reset()
+    }
+
+    /// Gives the device up after a failure ([`outboard_env::Driver::abandon`]) by a reset:
+    /// fenced once the device read back reset (it reaches nothing it was given any more),
+    /// not before. `who` names the driver in the log.
+    pub fn abandon(&mut self, who: &str) -> Fence {
+        match self.stop() {
+            Ok(()) => Fence::Now,
+            Err(e) => {
+                tracing::warn!("{who}: reset on abandon failed: {e}");
+                Fence::AtReopen
+            }
+        }
     }
 }
 

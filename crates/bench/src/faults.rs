@@ -183,9 +183,10 @@ struct Injected {
     quarantined: Option<bool>,
 }
 
-/// Sends `sigs`, a millisecond apart, to `pid` only if it is a child of `parent` (the machine
-/// this campaign started): through one pidfd, so the pid checked is the one signalled even if
-/// it is reused, and a signal after one that killed it reaches nobody.
+/// Sends `sigs` to `pid` only if it is a child of `parent` (the machine this campaign
+/// started): through one pidfd, so the pid checked is the one signalled even if it is reused,
+/// and a signal after one that killed it reaches nobody. Each signal after the first waits
+/// until the one before was taken: two of a kind pending at once are one.
 fn signal_child_of(parent: u32, pid: i32, sigs: &[Signal]) -> Result<(), String> {
     let p = rustix::process::Pid::from_raw(pid).ok_or("no such pid")?;
     let fd = rustix::process::pidfd_open(p, rustix::process::PidfdFlags::empty())
@@ -199,8 +200,9 @@ fn signal_child_of(parent: u32, pid: i32, sigs: &[Signal]) -> Result<(), String>
         return Err(format!("pid {pid} is not the machine's child"));
     }
     for (i, sig) in sigs.iter().enumerate() {
-        if i > 0 {
-            std::thread::sleep(Duration::from_millis(1));
+        if i > 0 && !taken(pid, &fd, sigs[i - 1]) {
+            // It died of the one before.
+            return Ok(());
         }
         match rustix::process::pidfd_send_signal(&fd, *sig) {
             Ok(()) => {}
@@ -210,6 +212,36 @@ fn signal_child_of(parent: u32, pid: i32, sigs: &[Signal]) -> Result<(), String>
         }
     }
     Ok(())
+}
+
+/// Waits (up to a second) until process `pid` (held by `fd`) has taken the `sig` sent to it:
+/// no longer pending, and no longer caught (Rust's runtime resets SIGSEGV's handler in it).
+/// False if it died meanwhile.
+fn taken(pid: i32, fd: &std::os::fd::OwnedFd, sig: Signal) -> bool {
+    let bit = 1u64 << (sig.as_raw() - 1);
+    let field = |status: &str, name: &str| {
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix(name))
+            .and_then(|v| u64::from_str_radix(v.trim(), 16).ok())
+            .unwrap_or(0)
+    };
+    let until = Instant::now() + Duration::from_secs(1);
+    while Instant::now() < until {
+        let mut p = [rustix::event::PollFd::new(fd, rustix::event::PollFlags::IN)];
+        if rustix::event::poll(&mut p, Some(&rustix::time::Timespec::default())) == Ok(1) {
+            return false;
+        }
+        let Ok(status) = std::fs::read_to_string(format!("/proc/{pid}/status")) else {
+            return false;
+        };
+        let pending = field(&status, "SigPnd:") | field(&status, "ShdPnd:");
+        if pending & bit == 0 && field(&status, "SigCgt:") & bit == 0 {
+            return true;
+        }
+        std::thread::sleep(Duration::from_micros(200));
+    }
+    true
 }
 
 /// Arms `fault` in disk0's model, as an operator would (`outboard fault`).

@@ -356,16 +356,16 @@ impl Manager {
         // backing. It is reaped here, so the server cannot start before it is back.
         // So is one that hung (most often in a call to a model that stopped answering) or
         // crashed before it served (it could not bring its device up). One killed from
-        // outside before it served says nothing about the device. Also when the server is
-        // given up: its clients then fail what they had in flight and reuse the buffers, which
-        // a model that stalled must not reach when it wakes.
+        // outside before it served says nothing about the device. (Not when the server is
+        // given up: the model's restart would report the device restarting, and its clients
+        // would wait for it instead of being told it was given up.)
         let p = &self.procs[i];
         let device_failed = p.exited.and_then(|s| s.code())
             == Some(outboard_server::host::EXIT_DEVICE_FAILED)
             || p.hung
             || (!p.served && death == supervisor::Death::Crash);
         let device_failed = device_failed && matches!(kind, supervisor::Kind::Server { .. });
-        if device_failed {
+        if device_failed && delay.is_some() {
             // A model started after this server is a new one already: the failure was the
             // old one's.
             let server_started = self.procs[i].started;

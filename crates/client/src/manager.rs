@@ -10,8 +10,9 @@ use outboard_session::{control, Code, Refusal};
 use crate::api::{Reply, Request};
 use crate::registry::Node;
 
-/// Sends one request to the manager.
-pub fn ask(control_path: &Path, req: &Request) -> Result<Reply, Refusal> {
+/// A connection to the manager at `control_path`, once it is known to run as this user or
+/// root.
+fn connect_manager(control_path: &Path) -> Result<std::os::fd::OwnedFd, Refusal> {
     let sock = control::connect(control_path).map_err(|e| {
         Refusal::new(
             Code::Unreachable,
@@ -21,8 +22,14 @@ pub fn ask(control_path: &Path, req: &Request) -> Result<Reply, Refusal> {
         ),
         )
     })?;
+    manager_is_trusted(std::os::fd::AsFd::as_fd(&sock), control_path)?;
+    Ok(sock)
+}
+
+/// Sends one request to the manager.
+pub fn ask(control_path: &Path, req: &Request) -> Result<Reply, Refusal> {
+    let sock = connect_manager(control_path)?;
     let fd = std::os::fd::AsFd::as_fd(&sock);
-    manager_is_trusted(fd, control_path)?;
     if let Err(e) = control::send(fd, req, &[]) {
         // A manager that does not serve this user answers at once and hangs up: its refusal
         // may be waiting even though the request could not be sent.
@@ -67,8 +74,7 @@ pub(crate) fn manager_is_trusted(
 pub fn registry(control_path: &Path) -> Result<Node, Refusal> {
     match ask(control_path, &Request::List)? {
         Reply::Registry { tree } => Ok(tree),
-        Reply::Error { code, message } => Err(Refusal::new(code, message)),
-        other => Err(unexpected(&other)),
+        other => Err(refusal(other)),
     }
 }
 
@@ -76,8 +82,15 @@ pub fn registry(control_path: &Path) -> Result<Node, Refusal> {
 pub(crate) fn node_reply(reply: Reply) -> Result<Node, Refusal> {
     match reply {
         Reply::Status { node } => Ok(node),
-        Reply::Error { code, message } => Err(Refusal::new(code, message)),
-        other => Err(unexpected(&other)),
+        other => Err(refusal(other)),
+    }
+}
+
+/// A reply other than the one asked for: the manager's refusal, or a protocol error.
+fn refusal(reply: Reply) -> Refusal {
+    match reply {
+        Reply::Error { code, message } => Refusal::new(code, message),
+        other => unexpected(&other),
     }
 }
 
@@ -134,11 +147,8 @@ pub struct Registration {
 impl Registration {
     /// Registers export `name` of `device` at `uri` with the manager at `control_path`.
     pub fn new(control_path: &Path, name: &str, device: &str, uri: &str) -> Result<Self, Refusal> {
-        let sock = control::connect(control_path)
-            .map_err(|e| Refusal::new(Code::Unreachable, format!("the manager: {e}")))?;
-        manager_is_trusted(std::os::fd::AsFd::as_fd(&sock), control_path)?;
         let r = Self {
-            conn: std::sync::Mutex::new(sock),
+            conn: std::sync::Mutex::new(connect_manager(control_path)?),
             name: name.into(),
             device: device.into(),
             uri: uri.into(),
@@ -166,8 +176,7 @@ impl Registration {
         control::send(fd, &req, &[]).map_err(|e| Refusal::new(Code::Protocol, e.to_string()))?;
         match control::recv(fd, Some(Duration::from_secs(2))) {
             Ok((Reply::Noted, _)) => Ok(()),
-            Ok((Reply::Error { code, message }, _)) => Err(Refusal::new(code, message)),
-            Ok((other, _)) => Err(unexpected(&other)),
+            Ok((other, _)) => Err(refusal(other)),
             Err(e) => Err(Refusal::new(Code::Protocol, e.to_string())),
         }
     }
@@ -178,8 +187,7 @@ impl Registration {
 pub fn down(control_path: &Path) -> Result<(), Refusal> {
     match ask(control_path, &Request::Down)? {
         Reply::Stopping => Ok(()),
-        Reply::Error { code, message } => Err(Refusal::new(code, message)),
-        other => Err(unexpected(&other)),
+        other => Err(refusal(other)),
     }
 }
 

@@ -292,18 +292,16 @@ impl Device {
             Fate::Out(outage.clone())
         };
         self.outage = Some(outage);
-        match fence {
-            Fence::Now => self.class.fail_all(&fate, &mut cx!(self, core)),
-            // The answers wait until the device cannot carry the requests out: it is back
-            // (it reset) or given up.
-            Fence::AtReopen if self.recovery.is_some() => {
-                tracing::warn!(
-                    "device {name}: its requests are answered once it is back (it may still \
-                     carry them out until it resets)"
-                );
-                self.unanswered = Some(fate);
-            }
-            Fence::AtReopen => self.class.fail_all(&fate, &mut cx!(self, core)),
+        // Unfenced, the answers wait until the device cannot carry the requests out: it is
+        // back (it reset) or given up. A device nothing will re-open is given up now.
+        if fence == Fence::AtReopen && self.recovery.is_some() {
+            tracing::warn!(
+                "device {name}: its requests are answered once it is back (it may still \
+                 carry them out until it resets)"
+            );
+            self.unanswered = Some(fate);
+        } else {
+            self.class.fail_all(&fate, &mut cx!(self, core));
         }
     }
 

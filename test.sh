@@ -32,6 +32,10 @@ command -v ping >/dev/null || need_apt+=(iputils-ping)
 command -v iperf3 >/dev/null || need_apt+=(iperf3)
 # The echo benchmark's kernel baseline and TAP configuration: sockperf between two namespaces.
 command -v sockperf >/dev/null || need_apt+=(sockperf)
+# The metrics endpoint's test reads it with a scraper's own parser (prometheus_client's
+# OpenMetrics parser).
+/usr/bin/python3 -c "import prometheus_client.openmetrics.parser" 2>/dev/null \
+    || need_apt+=(python3-prometheus-client)
 if [ ${#need_apt[@]} -gt 0 ]; then
     if [ "$(id -u)" = 0 ]; then
         export DEBIAN_FRONTEND=noninteractive

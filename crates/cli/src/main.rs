@@ -9,9 +9,12 @@ mod export;
 mod hw;
 mod latency;
 mod manual;
+mod metrics;
 mod net;
 mod rng;
+mod sample;
 mod sdnotify;
+mod top;
 mod up;
 mod watch;
 
@@ -42,8 +45,14 @@ enum Command {
     /// Bring a machine up: start its device models and driver servers, keep the registry,
     /// answer clients. Runs in the foreground; Ctrl-C stops everything.
     Up(up::UpArgs),
-    /// Print the registry (machine, buses, functions, drivers, class devices) like ioreg.
+    /// Print the registry (machine, buses, functions, drivers, class devices) like ioreg, with
+    /// what each device has done (requests, bytes, errors, latency) and each process's CPU
+    /// time and memory.
     Ls(up::LsArgs),
+    /// Watch the machine live, like spdk_top: per device IOPS, bandwidth, queue depth, latency
+    /// percentiles, errors, restarts, sessions; per process CPU and memory; exports and their
+    /// clients. Refreshes each second; --once --json for scripts.
+    Top(top::TopArgs),
     /// Use a block device by name: info, read, write.
     #[command(subcommand)]
     Blk(blk::BlkCommand),
@@ -284,6 +293,7 @@ fn main() -> ExitCode {
             up::up(a, control, cli.verbose)
         }
         Command::Ls(a) => up::ls(a, control),
+        Command::Top(a) => top::run(a, control),
         Command::Blk(c) => blk::run(c, control),
         Command::Rng(c) => rng::run(c, control),
         Command::Net(c) => net::run(c, control),

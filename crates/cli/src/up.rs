@@ -30,6 +30,12 @@ pub struct UpArgs {
     /// child keeps its own log in the runtime directory.
     #[arg(long, value_name = "FILE")]
     log: Option<PathBuf>,
+    /// Serve the counters (per device requests, bytes, errors, latency, restarts; per process
+    /// CPU and memory) in the OpenMetrics text format at /metrics, for Prometheus and its kin:
+    /// on a TCP address (127.0.0.1:9100; anyone who can reach it may read them) or a UNIX
+    /// socket (a path with a /).
+    #[arg(long, value_name = "ADDR|PATH", value_parser = crate::metrics::parse_endpoint)]
+    metrics: Option<crate::metrics::Endpoint>,
     /// Let members of this group (a name or a number) use the control socket too. Without
     /// it, only the user running `outboard up` and root are answered (the manager checks each
     /// client's credentials); the socket is 0600 and the runtime directory 0700.
@@ -236,6 +242,12 @@ pub fn up(a: UpArgs, control: PathBuf, verbose: u8) -> Result<ExitCode, String> 
         );
     }
     let mut m = Manager::start(machine, opts).map_err(|e| e.to_string())?;
+    if let Some(at) = &a.metrics {
+        if let Err(e) = crate::metrics::serve(at, control.clone()) {
+            m.shutdown();
+            return Err(e);
+        }
+    }
     let mut devices = Vec::new();
     class_devices(m.registry(), &mut devices);
     outboard_sys::outln!("{}", m.registry().render());

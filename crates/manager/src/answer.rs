@@ -233,7 +233,7 @@ impl Manager {
                 Reply::Stopping
             }
             Request::List => Reply::Registry {
-                tree: self.registry.clone(),
+                tree: self.registry_with_counts(),
             },
             Request::Open { name } => self.open(&name),
             Request::Connect { name } => refuse(

@@ -25,6 +25,7 @@ pub mod restart;
 pub mod runtime;
 mod supervise;
 pub mod supervisor;
+mod tally;
 
 pub use outboard_client::{api, manager as open, registry};
 use registry::{Detail, State};
@@ -140,6 +141,8 @@ pub struct Manager {
     hand_exports: std::collections::HashMap<usize, (String, String)>,
     /// A device being moved into another driver server (`outboard move`).
     moving: Option<relocate::Move>,
+    /// Per class device, the counts of driver server incarnations that ended.
+    carried: std::collections::BTreeMap<String, outboard_server::counters::Record>,
 }
 
 fn size_text(n: u64) -> String {
@@ -260,6 +263,7 @@ impl Manager {
             down: false,
             hand_exports: std::collections::HashMap::new(),
             moving: None,
+            carried: Default::default(),
         };
         if let Err(e) = m.bring_up() {
             m.shutdown();

@@ -226,6 +226,8 @@ impl Manager {
         }
         p.heartbeat = None;
         p.stop(Duration::from_secs(5));
+        self.retire_counters(s);
+        let p = &mut self.procs[s];
         p.set_server(args, connect);
         for n in &devices {
             if self.suspended.contains(n) || self.detaching.contains(n) {

@@ -248,6 +248,7 @@ impl Manager {
             self.weigh_for_quarantine(i, fault, blame, death);
         }
         self.procs[i].heartbeat = None;
+        self.retire_counters(i);
         self.procs[i].planned = false;
         let kind = self.procs[i].kind.clone();
         if let supervisor::Kind::Export { name } = &kind {
@@ -663,10 +664,18 @@ impl Manager {
         }
         p.served = true;
         p.restarts.served();
-        match fds.into_iter().next().map(supervisor::Heartbeat::new) {
+        let mut fds = fds.into_iter();
+        match fds.next().map(supervisor::Heartbeat::new) {
             Some(Ok(hb)) => p.heartbeat = Some(hb),
             Some(Err(e)) => tracing::warn!("{}: {e}", p.role),
             None => tracing::warn!("{}: no heartbeat page", p.role),
+        }
+        // A server that keeps no counts sends no page; a bad page is not read.
+        if let Some(fd) = fds.next() {
+            match outboard_server::counters::Reader::new(fd) {
+                Ok(c) => p.counters = Some(c),
+                Err(e) => tracing::warn!("{}: its counters: {e}", p.role),
+            }
         }
         let (role, pid, total) = (p.role.clone(), p.pid(), p.restarts.total);
         let down = p.down_since.take().map(|t| t.elapsed());

@@ -55,6 +55,8 @@ pub struct Process {
     pub gave_up: Option<String>,
     /// Its heartbeat, once it serves (driver servers).
     pub heartbeat: Option<Heartbeat>,
+    /// Its counters page, once it serves (driver servers; `outboard_server::counters`).
+    pub counters: Option<outboard_server::counters::Reader>,
     /// This incarnation reported that it serves.
     pub served: bool,
     /// This incarnation was killed because its heartbeat stopped (a driver server), or because
@@ -567,6 +569,7 @@ impl Process {
             restart_at: None,
             gave_up: None,
             heartbeat: None,
+            counters: None,
             served: false,
             hung: false,
             serve_by: None,

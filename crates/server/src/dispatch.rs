@@ -116,6 +116,10 @@ pub trait Dispatcher: Send {
     fn class(&self) -> &'static str;
     /// The rings the class declares; a session must have exactly these.
     fn rings(&self) -> &'static [RingShape];
+    /// The names of the class's error kinds, for counters: code `-k`'s at `k - 1`.
+    fn error_kinds(&self) -> &'static [&'static str] {
+        &[]
+    }
     /// The class status a client gets on `Status` and `Open`.
     fn status(&self) -> serde_json::Value;
     /// The driver's environment side (event sources, events, abandon).

@@ -6,6 +6,7 @@
 #![deny(missing_docs)]
 
 pub mod blame;
+pub mod counters;
 mod device;
 pub mod dispatch;
 pub mod host;

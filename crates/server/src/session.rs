@@ -5,6 +5,9 @@
 //! inbound ring `n` and posts to outbound ring `n` (block: ring 0 of each).
 
 use std::os::fd::OwnedFd;
+use std::time::Duration;
+
+use crate::counters::Tally;
 
 use outboard_session::completion::{Completion, WireError, REASON_SENT};
 use outboard_session::doorbell::peer_sleeping;
@@ -29,6 +32,8 @@ pub struct Session {
     dirty: bool,
     /// The client broke the protocol (or its session cannot go on): the multiplexer closes it.
     cut: bool,
+    /// Its counts and its device's ([`crate::counters`]), if the server keeps them.
+    tally: Option<Tally>,
 }
 
 impl Session {
@@ -39,6 +44,7 @@ impl Session {
         region: Region,
         server_bell: Doorbell,
         client_bell: Doorbell,
+        tally: Option<Tally>,
     ) -> Self {
         Self {
             id,
@@ -51,6 +57,7 @@ impl Session {
             client_bell,
             dirty: false,
             cut: false,
+            tally,
         }
     }
 
@@ -82,7 +89,13 @@ impl Session {
     /// Takes the next entry of inbound ring `ring` into `e`; false if there is none.
     #[inline]
     pub fn pop(&mut self, ring: usize, e: &mut [u8]) -> Result<bool, RingError> {
-        self.inbound[ring].pop(e)
+        let popped = self.inbound[ring].pop(e)?;
+        if popped {
+            if let Some(t) = &self.tally {
+                t.taken();
+            }
+        }
+        Ok(popped)
     }
 
     /// Whether entries wait in any inbound ring (a corrupt ring counts as waiting, so it is
@@ -131,7 +144,33 @@ impl Session {
     /// reasons ring, so that the client gets the words and not only the code.
     #[inline]
     pub fn complete<E: WireError>(&mut self, ring: usize, tag: u64, result: &Result<u32, E>) {
+        self.answer(ring, tag, result, None);
+    }
+
+    /// [`Session::complete`] for a request the class timed: `latency` since it was taken.
+    #[inline]
+    pub fn complete_timed<E: WireError>(
+        &mut self,
+        ring: usize,
+        tag: u64,
+        result: &Result<u32, E>,
+        latency: Duration,
+    ) {
+        self.answer(ring, tag, result, Some(latency));
+    }
+
+    #[inline]
+    fn answer<E: WireError>(
+        &mut self,
+        ring: usize,
+        tag: u64,
+        result: &Result<u32, E>,
+        latency: Option<Duration>,
+    ) {
         let mut c = Completion::of(tag, result);
+        if let Some(t) = &self.tally {
+            t.answered(c.status, c.value, latency);
+        }
         if let Err(e) = result {
             if e.reason().is_some_and(|why| self.post_reason(tag, why)) {
                 c.value = REASON_SENT;

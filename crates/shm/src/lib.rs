@@ -12,10 +12,13 @@
 #![deny(missing_docs)]
 
 mod guard;
+mod words;
+
+pub use words::Words;
 
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
 use std::ptr::NonNull;
-use std::sync::atomic::{AtomicU16, AtomicU32};
+use std::sync::atomic::{AtomicU16, AtomicU32, AtomicU64};
 
 use rustix::fs::MemfdFlags;
 use rustix::mm::{MapFlags, ProtFlags};
@@ -540,6 +543,23 @@ impl SharedMem {
         let ptr = self.atomic_ptr(offset, 4)?;
         // SAFETY: as for `atomic_u16`, with 4-byte alignment checked.
         Ok(unsafe { AtomicU32::from_ptr(ptr.cast()) })
+    }
+
+    /// `n` consecutive 64-bit atomics shared with the peer, from `offset` (counters one side
+    /// writes and the other reads). On a read-only mapping, only load from them.
+    #[inline]
+    pub fn atomics_u64(&self, offset: u64, n: usize) -> Result<&[AtomicU64]> {
+        let bytes = n.checked_mul(8).ok_or(ShmError::OutOfBounds {
+            offset,
+            len: u64::MAX,
+            size: self.len as u64,
+        })?;
+        self.check(offset, bytes.max(8))?;
+        let ptr = self.atomic_ptr(offset, 8)?;
+        // SAFETY: `n` words from `ptr` are in bounds (checked above) and 8-byte aligned; the
+        // mapping lives as long as `&self`. AtomicU64 has the layout of u64 and tolerates
+        // concurrent access from the peer; no `&mut` to this memory is ever handed out.
+        Ok(unsafe { std::slice::from_raw_parts(ptr.cast::<AtomicU64>(), n) })
     }
 
     /// One exact-width volatile load, as device registers require (a BAR mapped from VFIO must

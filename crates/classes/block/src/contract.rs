@@ -200,6 +200,28 @@ pub const POLICY: outboard_session::control::Policy = outboard_session::control:
 /// failed instead of sent again ([`BlockError::Quarantined`]); the restart protocol's.
 pub use outboard_session::control::QUARANTINE_AFTER;
 
+/// Each error kind's name by its code (code `-k` at `k - 1`), for counters.
+pub const ERROR_KINDS: &[&str] = &[
+    "invalid",
+    "out-of-range",
+    "read-only",
+    "io",
+    "unsupported",
+    "device-gone",
+    "restarting",
+    "duplicate-tag",
+    "bad-buffer",
+    "queue-full",
+    "timeout",
+    "protocol",
+    "no-such-device",
+    "device-failed",
+    "busy",
+    "unreachable",
+    "quarantined",
+    "refused",
+];
+
 impl BlockError {
     /// Wire status code (negative; 0 is success).
     pub fn code(&self) -> i32 {
@@ -1007,5 +1029,21 @@ mod tests {
             }
             let _ = Cqe(bytes[..16].try_into().unwrap()).decode();
         }
+    }
+}
+
+#[cfg(test)]
+mod kind_names {
+    use super::*;
+    use outboard_session::completion::WireError;
+
+    #[test]
+    fn every_code_has_a_kind_name_and_no_name_is_left_over() {
+        for (k, _) in ERROR_KINDS.iter().enumerate() {
+            let code = -(k as i32) - 1;
+            assert_eq!(BlockError::from_wire(code, Some("x".into())).code(), code);
+        }
+        let beyond = -(ERROR_KINDS.len() as i32) - 1;
+        assert_ne!(BlockError::from_wire(beyond, None).code(), beyond);
     }
 }

@@ -72,6 +72,25 @@ pub enum EntropyError {
     },
 }
 
+/// Each error kind's name by its code (code `-k` at `k - 1`), for counters.
+pub const ERROR_KINDS: &[&str] = &[
+    "invalid",
+    "bad-buffer",
+    "duplicate-tag",
+    "queue-full",
+    "io",
+    "timeout",
+    "restarting",
+    "device-failed",
+    "device-gone",
+    "quarantined",
+    "no-such-device",
+    "busy",
+    "unreachable",
+    "protocol",
+    "refused",
+];
+
 impl EntropyError {
     /// The code a completion carries (0 is success).
     pub fn code(&self) -> i32 {
@@ -363,5 +382,21 @@ mod tests {
                 prop_assert!(u64::from(off) + u64::from(len) <= size);
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod kind_names {
+    use super::*;
+    use outboard_session::completion::WireError;
+
+    #[test]
+    fn every_code_has_a_kind_name_and_no_name_is_left_over() {
+        for (k, _) in ERROR_KINDS.iter().enumerate() {
+            let code = -(k as i32) - 1;
+            assert_eq!(EntropyError::from_wire(code, Some("x".into())).code(), code);
+        }
+        let beyond = -(ERROR_KINDS.len() as i32) - 1;
+        assert_ne!(EntropyError::from_wire(beyond, None).code(), beyond);
     }
 }

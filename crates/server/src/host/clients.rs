@@ -171,7 +171,22 @@ impl DriverHost {
         }
         let id = self.next_session;
         self.next_session += 1;
-        self.sessions[slot] = Some(Session::new(id, d, sock, region, server_bell, client_bell));
+        let tally = self.counters.as_ref().and_then(|c| {
+            let pid = self.conns[conn]
+                .as_ref()
+                .and_then(|c| rustix::net::sockopt::socket_peercred(&c.0).ok())
+                .map_or(0, |cred| cred.pid.as_raw_nonzero().get() as u32);
+            c.open(d, id, pid)
+        });
+        self.sessions[slot] = Some(Session::new(
+            id,
+            d,
+            sock,
+            region,
+            server_bell,
+            client_bell,
+            tally,
+        ));
         if let Some(c) = self.conns[conn].as_mut() {
             c.1 = Some(slot);
         }

@@ -26,6 +26,7 @@ use outboard_session::doorbell::{announce_sleep, cancel_sleep};
 use outboard_session::{Direction, Doorbell, Geometry, Region, SessionError};
 use outboard_sys::SocketPath;
 
+use crate::counters::{Counters, Described};
 use crate::device::{Core, Device};
 use crate::dispatch::{Code, Dispatcher, Refusal};
 use crate::recovery::Reopen;
@@ -166,6 +167,8 @@ pub struct DriverHost {
     /// Per device: quiescing (its sessions' new requests wait in their rings), and whether
     /// that it has drained was reported.
     quiesce: Vec<Option<Quiesce>>,
+    /// Per device and session counts, shared with the manager ([`crate::counters`]).
+    counters: Option<Counters>,
 }
 
 /// A device being quiesced.
@@ -243,8 +246,25 @@ impl DriverHost {
             heartbeat: None,
             limits: Limits::default(),
             quiesce: Vec::new(),
+            counters: None,
         };
         h.quiesce = vec![None; h.devices.len()];
+        let described: Vec<Described> = h
+            .devices
+            .iter()
+            .map(|d| Described {
+                name: d.class.name().to_string(),
+                class: d.class.class().to_string(),
+                kinds: d.class.error_kinds().to_vec(),
+            })
+            .collect();
+        h.counters = match Counters::create(&described) {
+            Ok(c) => Some(c),
+            Err(e) => {
+                tracing::warn!("counting nothing: {e}");
+                None
+            }
+        };
         for d in 0..h.devices.len() {
             h.with_device(d, |dev, cx| dev.start(cx))?;
         }
@@ -254,6 +274,12 @@ impl DriverHost {
     /// Runs `f` on device `d` with what it needs from the host (disjoint fields of the host).
     fn with_device<R>(&mut self, d: usize, f: impl FnOnce(&mut Device, &mut Core<'_>) -> R) -> R {
         f(&mut self.devices[d], &mut core!(self))
+    }
+
+    /// Keeps no per-device or per-session counts (to measure what keeping them costs):
+    /// sessions opened from now on are not counted, and the manager gets no counters page.
+    pub fn without_counters(&mut self) {
+        self.counters = None;
     }
 
     /// Counters.

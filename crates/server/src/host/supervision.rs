@@ -18,7 +18,10 @@ impl DriverHost {
         let fd = beat.fd().expect("a memfd");
         let mut startup = startup;
         startup.push(("heartbeat".into(), control::monotonic_ns()));
-        control::send(notify.as_fd(), &control::Event::Serving { startup }, &[fd])?;
+        // The counters page goes second, if the server keeps counts.
+        let mut fds = vec![fd];
+        fds.extend(self.counters.as_ref().and_then(|c| c.page().fd()));
+        control::send(notify.as_fd(), &control::Event::Serving { startup }, &fds)?;
         self.heartbeat = Some(Arc::new(beat));
         Ok(())
     }

@@ -233,9 +233,14 @@ impl BlockDispatcher {
         // The scratch vector is taken and put back, keeping its capacity: no allocation per
         // reap.
         let mut done = std::mem::take(&mut self.scratch);
+        // One clock read times every completion of the round (they were all found now).
+        let now = if n > 0 { Some(Instant::now()) } else { None };
         for (slot, result) in done.drain(..) {
             let Some(InFlight {
-                session: si, tag, ..
+                session: si,
+                tag,
+                since,
+                ..
             }) = self.tags.get_mut(slot as usize).and_then(Option::take)
             else {
                 continue;
@@ -245,7 +250,9 @@ impl BlockDispatcher {
                 ps.tags.remove(&tag);
             }
             if let Some(s) = cx.sessions[si].as_mut() {
-                complete(s, cx.stats, tag, result);
+                cx.stats.completed += 1;
+                let latency = now.map_or(Duration::ZERO, |t| t.saturating_duration_since(since));
+                s.complete_timed(COMPLETIONS, tag, &result, latency);
             }
         }
         self.scratch = done;
@@ -263,6 +270,10 @@ impl Dispatcher for BlockDispatcher {
 
     fn class(&self) -> &'static str {
         CLASS
+    }
+
+    fn error_kinds(&self) -> &'static [&'static str] {
+        outboard_block::ERROR_KINDS
     }
 
     fn rings(&self) -> &'static [RingShape] {

@@ -598,6 +598,10 @@ impl Dispatcher for NetDispatcher {
         CLASS
     }
 
+    fn error_kinds(&self) -> &'static [&'static str] {
+        outboard_net::ERROR_KINDS
+    }
+
     fn rings(&self) -> &'static [RingShape] {
         &RINGS
     }

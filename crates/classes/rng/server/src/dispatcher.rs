@@ -147,6 +147,10 @@ impl Dispatcher for EntropyDispatcher {
         CLASS
     }
 
+    fn error_kinds(&self) -> &'static [&'static str] {
+        outboard_rng::ERROR_KINDS
+    }
+
     fn rings(&self) -> &'static [RingShape] {
         &RINGS
     }

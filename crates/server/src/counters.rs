@@ -1,0 +1,578 @@
+//! Counters a driver server keeps per device and per session, in a memfd it shares with the
+//! manager, which reads them on demand (`outboard ls --json`, `outboard top`, the metrics
+//! endpoint): requests taken and answered, bytes, errors by kind, and a latency histogram.
+//!
+//! Free on the hot path: one thread (the server's loop) writes every record, so a count is a
+//! plain load and store, no locked instruction; the reader takes whatever it finds (a snapshot
+//! a few nanoseconds old is fine for counters). The page is the server's: a client never sees
+//! it, so a client cannot forge another's counts. When a server dies the page outlives it in
+//! the manager's mapping, which adds the last counts to what it carries across restarts: a
+//! crash loses no count. Session records belong to one incarnation (a resumed session gets a
+//! new record in the next server).
+//!
+//! Layout (little-endian words; pinned by the tests below):
+//!
+//! | offset | field |
+//! |---|---|
+//! | 0 | magic u64 ([`MAGIC`]) |
+//! | 8 | version u32, devices u32 |
+//! | 16 | session records per device u32, words per record u32 |
+//! | 4096 + [`DEVICE_BYTES`]·d | device d: name (64 bytes), class (32), error kind names (16 × 32) |
+//! | … + 1024 | its own record, then [`SESSIONS`] session records, [`RECORD_WORDS`] words each |
+//!
+//! A record: session id (0: a free slot; the device's own record: 0), client pid, requests
+//! taken, requests answered, bytes (what successes returned: block and entropy count bytes),
+//! errors, errors by kind ([`KINDS`]: the class's code `-k` at `k`, any other at 0), latency
+//! samples, their sum in ns, the largest, then [`BUCKETS`] histogram buckets.
+//!
+//! Latency is measured for the requests a class times (block: those that entered the device,
+//! from entering it to the server finding their completion).
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use outboard_shm::{Access, SharedMem, ShmError, Words};
+
+/// "OBCOUNTS".
+pub const MAGIC: u64 = u64::from_le_bytes(*b"OBCOUNTS");
+/// Layout version.
+pub const VERSION: u32 = 1;
+/// Most devices one page describes.
+pub const MAX_DEVICES: usize = 64;
+/// Session records per device; sessions beyond these count in their device only.
+pub const SESSIONS: usize = 32;
+/// Error kinds counted apart (codes `-1` to `-(KINDS - 1)`; others together at 0).
+pub const KINDS: usize = 24;
+/// Histogram buckets: 8 per power of two (12.5% wide), from 1 ns to about 18 minutes.
+pub const BUCKETS: usize = 304;
+
+mod w {
+    pub const ID: usize = 0;
+    pub const PID: usize = 1;
+    pub const TAKEN: usize = 2;
+    pub const ANSWERED: usize = 3;
+    pub const BYTES: usize = 4;
+    pub const ERRORS: usize = 5;
+    pub const KINDS: usize = 6;
+    pub const SAMPLES: usize = KINDS + super::KINDS;
+    pub const SUM: usize = SAMPLES + 1;
+    pub const MAX: usize = SUM + 1;
+    pub const HIST: usize = MAX + 1;
+}
+
+/// Words per record (rounded to whole cache lines).
+pub const RECORD_WORDS: usize = (w::HIST + BUCKETS).div_ceil(8) * 8;
+const HEADER_BYTES: u64 = 4096;
+const NAME: usize = 64;
+const CLASS: usize = 32;
+const KIND_NAME: usize = 32;
+const DESCRIPTOR_BYTES: u64 = 1024;
+/// Bytes per device: its descriptor, its record and its sessions', whole pages.
+pub const DEVICE_BYTES: u64 =
+    (DESCRIPTOR_BYTES + ((1 + SESSIONS) * RECORD_WORDS * 8) as u64).div_ceil(4096) * 4096;
+
+/// The bytes of a page for `devices` devices.
+pub fn page_bytes(devices: usize) -> u64 {
+    HEADER_BYTES + DEVICE_BYTES * devices as u64
+}
+
+fn device_at(d: usize) -> u64 {
+    HEADER_BYTES + DEVICE_BYTES * d as u64
+}
+
+fn record_at(d: usize, r: usize) -> u64 {
+    device_at(d) + DESCRIPTOR_BYTES + (r * RECORD_WORDS * 8) as u64
+}
+
+/// The histogram bucket of `ns`.
+#[inline]
+pub fn bucket(ns: u64) -> usize {
+    if ns < 8 {
+        return ns as usize;
+    }
+    let e = 63 - ns.leading_zeros() as usize;
+    ((e - 2) * 8 + ((ns >> (e - 3)) & 7) as usize).min(BUCKETS - 1)
+}
+
+/// The smallest value bucket `i` holds.
+pub fn bucket_floor(i: usize) -> u64 {
+    if i < 8 {
+        return i as u64;
+    }
+    let (e, m) = (i / 8 + 2, (i % 8) as u64);
+    (8 + m) << (e - 3)
+}
+
+/// One writer's increment (no other thread writes the word).
+#[inline]
+fn add(word: &AtomicU64, by: u64) {
+    word.store(
+        word.load(Ordering::Relaxed).wrapping_add(by),
+        Ordering::Relaxed,
+    );
+}
+
+/// What a device is, for the descriptor.
+#[derive(Debug, Clone)]
+pub struct Described {
+    /// Its class device name.
+    pub name: String,
+    /// Its class.
+    pub class: String,
+    /// Its class's error kinds: the name of code `-k` at `k - 1`.
+    pub kinds: Vec<&'static str>,
+}
+
+/// The server's page: written by its loop.
+pub struct Counters {
+    page: Arc<SharedMem>,
+    devices: usize,
+}
+
+fn put_str(page: &SharedMem, at: u64, room: usize, s: &str) -> Result<(), ShmError> {
+    let mut b = vec![0u8; room];
+    let n = s.len().min(room - 1);
+    b[..n].copy_from_slice(&s.as_bytes()[..n]);
+    page.write(at, &b)
+}
+
+impl Counters {
+    /// A new page describing `devices`, sealed against resizing (the manager maps it).
+    pub fn create(devices: &[Described]) -> Result<Self, ShmError> {
+        let n = devices.len().min(MAX_DEVICES);
+        let page = SharedMem::create("outboard-counters", page_bytes(n) as usize)?;
+        page.seal_size()?;
+        page.write_u64(0, MAGIC)?;
+        page.write_u32(8, VERSION)?;
+        page.write_u32(12, n as u32)?;
+        page.write_u32(16, SESSIONS as u32)?;
+        page.write_u32(20, RECORD_WORDS as u32)?;
+        for (d, dev) in devices.iter().take(n).enumerate() {
+            let at = device_at(d);
+            put_str(&page, at, NAME, &dev.name)?;
+            put_str(&page, at + NAME as u64, CLASS, &dev.class)?;
+            for (k, kind) in dev.kinds.iter().take(KINDS - 1).enumerate() {
+                let off = at + (NAME + CLASS + (k + 1) * KIND_NAME) as u64;
+                put_str(&page, off, KIND_NAME, kind)?;
+            }
+        }
+        Ok(Self {
+            page: Arc::new(page),
+            devices: n,
+        })
+    }
+
+    /// The page, to pass to the manager.
+    pub fn page(&self) -> &SharedMem {
+        &self.page
+    }
+
+    /// The tally for a new session `id` of device `d` (client `pid`): its own record if one
+    /// is free, else its device's only.
+    pub fn open(&self, d: usize, id: u64, pid: u32) -> Option<Tally> {
+        if d >= self.devices {
+            return None;
+        }
+        let words = |r: usize| Words::new(self.page.clone(), record_at(d, r), RECORD_WORDS).ok();
+        let device = words(0)?;
+        let session = (1..=SESSIONS).find_map(|r| {
+            let rec = words(r)?;
+            if rec.get()[w::ID].load(Ordering::Relaxed) != 0 {
+                return None;
+            }
+            for word in rec.get() {
+                word.store(0, Ordering::Relaxed);
+            }
+            rec.get()[w::PID].store(u64::from(pid), Ordering::Relaxed);
+            // The id last: a reader sees a slot in use only once it is clean.
+            rec.get()[w::ID].store(id.max(1), Ordering::Release);
+            Some(rec)
+        });
+        Some(Tally { device, session })
+    }
+}
+
+/// One session's counts, written to its record and its device's.
+pub struct Tally {
+    device: Words,
+    session: Option<Words>,
+}
+
+impl Tally {
+    #[inline]
+    fn each(&self, mut f: impl FnMut(&[AtomicU64])) {
+        f(self.device.get());
+        if let Some(s) = &self.session {
+            f(s.get());
+        }
+    }
+
+    /// A request was taken.
+    #[inline]
+    pub fn taken(&self) {
+        self.each(|r| add(&r[w::TAKEN], 1));
+    }
+
+    /// A request was answered with `code` (0, or the class's negative code) and, for a
+    /// success, `value`; `latency` if the class timed it.
+    #[inline]
+    pub fn answered(&self, code: i32, value: u32, latency: Option<Duration>) {
+        let kind = match code.unsigned_abs() as usize {
+            k @ 1..KINDS => k,
+            _ => 0,
+        };
+        let ns = latency.map(|l| u64::try_from(l.as_nanos()).unwrap_or(u64::MAX));
+        let b = ns.map(bucket);
+        self.each(|r| {
+            add(&r[w::ANSWERED], 1);
+            if code == 0 {
+                add(&r[w::BYTES], u64::from(value));
+            } else {
+                add(&r[w::ERRORS], 1);
+                add(&r[w::KINDS + kind], 1);
+            }
+            if let (Some(ns), Some(b)) = (ns, b) {
+                add(&r[w::SAMPLES], 1);
+                add(&r[w::SUM], ns);
+                add(&r[w::HIST + b], 1);
+                if ns > r[w::MAX].load(Ordering::Relaxed) {
+                    r[w::MAX].store(ns, Ordering::Relaxed);
+                }
+            }
+        });
+    }
+}
+
+impl Drop for Tally {
+    fn drop(&mut self) {
+        // The session is released: its slot is free (its counts stay in its device's record).
+        if let Some(s) = &self.session {
+            s.get()[w::ID].store(0, Ordering::Release);
+        }
+    }
+}
+
+/// One record's numbers, as read.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct Record {
+    /// Session id (0 for a device's own record).
+    pub id: u64,
+    /// The client's pid (0 if unknown or a device's record).
+    pub pid: u64,
+    /// Requests taken.
+    pub taken: u64,
+    /// Requests answered.
+    pub answered: u64,
+    /// Bytes successes returned.
+    pub bytes: u64,
+    /// Requests answered with an error.
+    pub errors: u64,
+    /// Errors by kind (code `-k` at `k`; others at 0).
+    pub kinds: Vec<u64>,
+    /// Latency samples.
+    pub samples: u64,
+    /// Their sum, ns.
+    pub sum_ns: u64,
+    /// The largest, ns.
+    pub max_ns: u64,
+    /// Histogram ([`bucket`]).
+    pub hist: Vec<u64>,
+}
+
+impl Record {
+    fn read(words: &[AtomicU64]) -> Self {
+        let g = |i: usize| words[i].load(Ordering::Relaxed);
+        Self {
+            id: g(w::ID),
+            pid: g(w::PID),
+            taken: g(w::TAKEN),
+            answered: g(w::ANSWERED),
+            bytes: g(w::BYTES),
+            errors: g(w::ERRORS),
+            kinds: (0..KINDS).map(|k| g(w::KINDS + k)).collect(),
+            samples: g(w::SAMPLES),
+            sum_ns: g(w::SUM),
+            max_ns: g(w::MAX),
+            hist: (0..BUCKETS).map(|b| g(w::HIST + b)).collect(),
+        }
+    }
+
+    /// Requests taken and not yet answered.
+    pub fn in_flight(&self) -> u64 {
+        self.taken.saturating_sub(self.answered)
+    }
+
+    /// Adds `other`'s counts (a dead incarnation's, carried over).
+    pub fn add(&mut self, other: &Record) {
+        let sum = |a: &mut Vec<u64>, b: &[u64]| {
+            a.resize(a.len().max(b.len()), 0);
+            for (x, y) in a.iter_mut().zip(b) {
+                *x = x.saturating_add(*y);
+            }
+        };
+        self.taken = self.taken.saturating_add(other.taken);
+        self.answered = self.answered.saturating_add(other.answered);
+        self.bytes = self.bytes.saturating_add(other.bytes);
+        self.errors = self.errors.saturating_add(other.errors);
+        sum(&mut self.kinds, &other.kinds);
+        self.samples = self.samples.saturating_add(other.samples);
+        self.sum_ns = self.sum_ns.saturating_add(other.sum_ns);
+        self.max_ns = self.max_ns.max(other.max_ns);
+        sum(&mut self.hist, &other.hist);
+    }
+
+    /// The latency (ns) below which fraction `q` of the samples lie: the middle of the
+    /// bucket the `q`-th sample falls in; `None` without samples.
+    pub fn percentile(&self, q: f64) -> Option<u64> {
+        let total: u64 = self.hist.iter().sum();
+        if total == 0 {
+            return None;
+        }
+        let rank = ((q * total as f64).ceil() as u64).clamp(1, total);
+        let mut seen = 0;
+        for (i, n) in self.hist.iter().enumerate() {
+            seen += n;
+            if seen >= rank {
+                let (lo, hi) = (bucket_floor(i), bucket_floor(i + 1));
+                return Some((lo + hi.max(lo + 1) - 1) / 2);
+            }
+        }
+        None
+    }
+}
+
+/// One device's counters, as read.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DeviceCounters {
+    /// Class device name.
+    pub name: String,
+    /// Its class.
+    pub class: String,
+    /// Its class's error kinds by code: `-k` at `k` (empty where unnamed).
+    pub kinds: Vec<String>,
+    /// Its totals.
+    pub total: Record,
+    /// Its sessions with records.
+    pub sessions: Vec<Record>,
+}
+
+impl DeviceCounters {
+    /// The name of error kind `k` (code `-k`), or a name made of the code.
+    pub fn kind_name(&self, k: usize) -> String {
+        match self.kinds.get(k).filter(|n| !n.is_empty()) {
+            Some(n) => n.clone(),
+            None if k == 0 => "other".into(),
+            None => format!("code-{k}"),
+        }
+    }
+}
+
+fn get_str(page: &SharedMem, at: u64, room: usize) -> Result<String, ShmError> {
+    let mut b = vec![0u8; room];
+    page.read(at, &mut b)?;
+    let end = b.iter().position(|&c| c == 0).unwrap_or(room);
+    Ok(String::from_utf8_lossy(&b[..end]).into_owned())
+}
+
+/// Why a page could not be read.
+#[derive(Debug, thiserror::Error)]
+pub enum BadPage {
+    /// Not a counters page of this version.
+    #[error("not an Outboard counters page (magic {magic:#x}, version {version})")]
+    Foreign {
+        /// What it starts with.
+        magic: u64,
+        /// Its version.
+        version: u32,
+    },
+    /// Its header describes a layout other than this one, or more than it holds.
+    #[error("counters page header out of bounds: {0}")]
+    Layout(String),
+    /// It could not be mapped or read.
+    #[error(transparent)]
+    Shm(#[from] ShmError),
+}
+
+/// The manager's view of a server's page (untrusted: every field is checked).
+pub struct Reader {
+    page: Arc<SharedMem>,
+    devices: usize,
+}
+
+impl Reader {
+    /// Maps the page a server passed (read-only; a shrink by the server cannot fault the
+    /// reader) and checks its header.
+    pub fn new(fd: std::os::fd::OwnedFd) -> Result<Self, BadPage> {
+        let size = rustix::fs::fstat(&fd).map_err(|e| ShmError::Os {
+            op: "fstat",
+            errno: e,
+        })?;
+        let len = usize::try_from(size.st_size).unwrap_or(0);
+        if len < HEADER_BYTES as usize {
+            return Err(BadPage::Layout(format!("{len} bytes")));
+        }
+        let page = Arc::new(SharedMem::map_peer_owned(fd, 0, len, Access::ReadOnly)?);
+        let magic = page.read_u64(0)?;
+        let version = page.read_u32(8)?;
+        if magic != MAGIC || version != VERSION {
+            return Err(BadPage::Foreign { magic, version });
+        }
+        let devices = page.read_u32(12)? as usize;
+        let (sessions, words) = (page.read_u32(16)? as usize, page.read_u32(20)? as usize);
+        if sessions != SESSIONS || words != RECORD_WORDS {
+            return Err(BadPage::Layout(format!(
+                "{sessions} sessions of {words} words"
+            )));
+        }
+        if devices > MAX_DEVICES || page_bytes(devices) > len as u64 {
+            return Err(BadPage::Layout(format!("{devices} devices in {len} bytes")));
+        }
+        Ok(Self { page, devices })
+    }
+
+    /// Every device's counters now.
+    pub fn read(&self) -> Result<Vec<DeviceCounters>, BadPage> {
+        (0..self.devices).map(|d| self.device(d)).collect()
+    }
+
+    fn device(&self, d: usize) -> Result<DeviceCounters, BadPage> {
+        let at = device_at(d);
+        let record = |r: usize| -> Result<Record, BadPage> {
+            let words = self.page.atomics_u64(record_at(d, r), RECORD_WORDS)?;
+            Ok(Record::read(words))
+        };
+        let mut sessions = Vec::new();
+        for r in 1..=SESSIONS {
+            let rec = record(r)?;
+            if rec.id != 0 {
+                sessions.push(rec);
+            }
+        }
+        let mut kinds = vec![String::new()];
+        for k in 1..KINDS {
+            kinds.push(get_str(
+                &self.page,
+                at + (NAME + CLASS + k * KIND_NAME) as u64,
+                KIND_NAME,
+            )?);
+        }
+        Ok(DeviceCounters {
+            name: get_str(&self.page, at, NAME)?,
+            class: get_str(&self.page, at + NAME as u64, CLASS)?,
+            kinds,
+            total: record(0)?,
+            sessions,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn disk() -> Described {
+        Described {
+            name: "disk0".into(),
+            class: "block".into(),
+            kinds: vec!["invalid", "out-of-range"],
+        }
+    }
+
+    fn reader(c: &Counters) -> Reader {
+        let fd = rustix::io::fcntl_dupfd_cloexec(c.page().fd().expect("memfd"), 0).unwrap();
+        Reader::new(fd).unwrap()
+    }
+
+    #[test]
+    fn buckets_are_contiguous_and_each_value_falls_in_its_own() {
+        for i in 0..BUCKETS - 1 {
+            assert!(bucket_floor(i) < bucket_floor(i + 1), "bucket {i}");
+            assert_eq!(bucket(bucket_floor(i)), i);
+            assert_eq!(bucket(bucket_floor(i + 1) - 1), i);
+        }
+        assert_eq!(bucket(u64::MAX), BUCKETS - 1);
+        // 12.5% wide above 8 ns.
+        let i = bucket(1_000_000);
+        let (lo, hi) = (bucket_floor(i), bucket_floor(i + 1));
+        assert!(lo <= 1_000_000 && 1_000_000 < hi && (hi - lo) * 8 <= lo);
+    }
+
+    #[test]
+    fn counts_reach_the_session_and_its_device_and_survive_the_session() {
+        let c = Counters::create(&[disk()]).unwrap();
+        let r = reader(&c);
+        let t = c.open(0, 7, 1234).unwrap();
+        for _ in 0..3 {
+            t.taken();
+        }
+        t.answered(0, 4096, Some(Duration::from_micros(10)));
+        t.answered(-2, 0, Some(Duration::from_micros(20)));
+        let d = &r.read().unwrap()[0];
+        assert_eq!((d.name.as_str(), d.class.as_str()), ("disk0", "block"));
+        assert_eq!(d.kind_name(2), "out-of-range");
+        assert_eq!(d.kind_name(9), "code-9");
+        for rec in [&d.total, &d.sessions[0]] {
+            assert_eq!((rec.taken, rec.answered, rec.in_flight()), (3, 2, 1));
+            assert_eq!((rec.bytes, rec.errors, rec.kinds[2]), (4096, 1, 1));
+            assert_eq!((rec.samples, rec.sum_ns, rec.max_ns), (2, 30_000, 20_000));
+        }
+        assert_eq!((d.sessions[0].id, d.sessions[0].pid), (7, 1234));
+        let p50 = d.total.percentile(0.5).unwrap();
+        assert!((9_000..11_000).contains(&p50), "{p50}");
+        drop(t);
+        let d = &r.read().unwrap()[0];
+        assert!(d.sessions.is_empty());
+        assert_eq!(d.total.answered, 2);
+    }
+
+    #[test]
+    fn sessions_beyond_the_records_count_in_their_device() {
+        let c = Counters::create(&[disk()]).unwrap();
+        let tallies: Vec<Tally> = (1..=SESSIONS as u64 + 3)
+            .map(|id| c.open(0, id, 1).unwrap())
+            .collect();
+        for t in &tallies {
+            t.answered(0, 1, None);
+        }
+        let d = &reader(&c).read().unwrap()[0];
+        assert_eq!(d.sessions.len(), SESSIONS);
+        assert_eq!(d.total.bytes, SESSIONS as u64 + 3);
+        assert!(c.open(1, 1, 1).is_none(), "no such device");
+    }
+
+    #[test]
+    fn a_page_that_is_not_one_or_lies_about_its_layout_is_refused() {
+        let junk = SharedMem::create("junk", 8192).unwrap();
+        let dup = || rustix::io::fcntl_dupfd_cloexec(junk.fd().unwrap(), 0).unwrap();
+        assert!(matches!(Reader::new(dup()), Err(BadPage::Foreign { .. })));
+        junk.write_u64(0, MAGIC).unwrap();
+        junk.write_u32(8, VERSION).unwrap();
+        junk.write_u32(12, 5).unwrap();
+        junk.write_u32(16, SESSIONS as u32).unwrap();
+        junk.write_u32(20, RECORD_WORDS as u32).unwrap();
+        assert!(matches!(Reader::new(dup()), Err(BadPage::Layout(_))));
+    }
+
+    #[test]
+    fn carried_counts_add_up() {
+        let mut a = Record {
+            taken: 2,
+            hist: vec![1, 0],
+            kinds: vec![0; KINDS],
+            ..Default::default()
+        };
+        let b = Record {
+            taken: 3,
+            max_ns: 9,
+            hist: vec![0; BUCKETS],
+            kinds: vec![1; KINDS],
+            ..Default::default()
+        };
+        a.add(&b);
+        assert_eq!(
+            (a.taken, a.max_ns, a.hist.len(), a.kinds[3]),
+            (5, 9, BUCKETS, 1)
+        );
+    }
+}

@@ -156,8 +156,19 @@ impl Fixture {
 
     /// Starts a driver server for `device` (`NAME=SPEC`) with the given adaptive spin.
     pub fn host(&self, device: &str, spin_us: u64) -> Result<(Proc, PathBuf), String> {
-        let sock = self.dir.join("host.sock");
-        let args = [
+        self.host_named("host", device, spin_us, &[])
+    }
+
+    /// [`Fixture::host`] on socket `NAME.sock`, with `extra` arguments.
+    pub fn host_named(
+        &self,
+        name: &str,
+        device: &str,
+        spin_us: u64,
+        extra: &[&str],
+    ) -> Result<(Proc, PathBuf), String> {
+        let sock = self.dir.join(format!("{name}.sock"));
+        let mut args = vec![
             "driver-host".to_string(),
             "--listen".into(),
             sock.display().to_string(),
@@ -166,6 +177,7 @@ impl Fixture {
             "--spin-us".into(),
             spin_us.to_string(),
         ];
+        args.extend(extra.iter().map(|a| a.to_string()));
         let p = spawn(&self.exe, &args, &sock)?;
         Ok((p, sock))
     }

@@ -6,6 +6,7 @@
 
 pub mod charts;
 pub mod combination;
+pub mod counting;
 pub mod cpu;
 pub mod echo;
 pub mod exports;
@@ -35,6 +36,7 @@ pub const TESTS: &[&str] = &[
     "disk-read",
     "iops",
     "null-rtt",
+    "counters",
     "trace",
     "exports",
     "restart",
@@ -107,6 +109,7 @@ pub fn run(tests: &[&str], opts: Options) -> Result<(), String> {
             "disk-read" => tests::disk_read(&ctx),
             "iops" => tests::iops(&ctx),
             "null-rtt" => tests::null_rtt(&ctx),
+            "counters" => counting::counters(&ctx),
             "exports" => exports::exports(&ctx),
             "trace" => trace::trace_test(&ctx),
             "restart" => restart::restart_test(&ctx),

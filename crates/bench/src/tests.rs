@@ -619,6 +619,7 @@ pub fn steps(test: &str, ctx: &Context) -> u64 {
             (c + 1 + c) * q * r
         }
         "null-rtt" => 9 * r,
+        "counters" => crate::counting::steps(ctx),
         "exports" => crate::exports::steps(ctx),
         "trace" => crate::trace::steps(ctx),
         "restart" => crate::restart::steps(ctx),

@@ -533,6 +533,9 @@ pub fn driver_host(a: DriverHostArgs) -> Result<ExitCode, String> {
     }
     server.resume_grace(std::time::Duration::from_millis(a.resume_grace_ms));
     server.set_spin(std::time::Duration::from_micros(a.spin_us));
+    if a.no_counters {
+        server.without_counters();
+    }
     server.set_deadline(std::time::Duration::from_millis(a.deadline_ms));
     // A confined server cannot open its device again: a failure ends it, for its supervisor.
     server.set_restartable(a.restartable || a.confine.confined());

@@ -111,7 +111,10 @@ fn ls_top_and_the_metrics_endpoint_agree_with_the_io_done_across_a_driver_crash(
     let p = &disk["props"];
     assert_eq!(p["requests"], requests, "{p}");
     assert_eq!(p["bytes"], bytes, "{p}");
-    assert_eq!((p["errors"].as_u64(), p["in-flight"].as_u64()), (Some(0), Some(0)));
+    assert_eq!(
+        (p["errors"].as_u64(), p["in-flight"].as_u64()),
+        (Some(0), Some(0))
+    );
     assert!(p["capacity"].is_u64(), "capacity is a number: {p}");
     // Every one of them entered the device, and was timed.
     assert_eq!(p["latency-ns.samples"], requests, "{p}");
@@ -126,15 +129,28 @@ fn ls_top_and_the_metrics_endpoint_agree_with_the_io_done_across_a_driver_crash(
     );
     let driver = find_node(&tree, "driver").unwrap();
     assert!(driver["props"]["cpu-seconds"].is_f64(), "{driver}");
-    assert!(driver["props"]["rss-bytes"].as_u64().unwrap() > 1 << 20, "{driver}");
+    assert!(
+        driver["props"]["rss-bytes"].as_u64().unwrap() > 1 << 20,
+        "{driver}"
+    );
     assert_ne!(driver["props"]["pid"].as_u64().unwrap() as u32, pid);
 
     let top = up.run(&["top", "--once", "--json", "--interval", "200ms"]);
-    assert!(top.status.success(), "{}", String::from_utf8_lossy(&top.stderr));
+    assert!(
+        top.status.success(),
+        "{}",
+        String::from_utf8_lossy(&top.stderr)
+    );
     let top: serde_json::Value = serde_json::from_slice(&top.stdout).unwrap();
     let d = &top["devices"][0];
-    assert_eq!((d["name"].as_str(), d["requests"].as_u64()), (Some("disk0"), Some(requests)));
-    assert_eq!((d["bytes"].as_u64(), d["restarts"].as_u64()), (Some(bytes), Some(1)));
+    assert_eq!(
+        (d["name"].as_str(), d["requests"].as_u64()),
+        (Some("disk0"), Some(requests))
+    );
+    assert_eq!(
+        (d["bytes"].as_u64(), d["restarts"].as_u64()),
+        (Some(bytes), Some(1))
+    );
     assert_eq!(d["latency"]["p99"].as_u64(), Some(p99));
     assert_eq!(d["iops"], 0.0, "nothing ran during the interval");
     let roles: Vec<&str> = top["processes"]
@@ -143,11 +159,20 @@ fn ls_top_and_the_metrics_endpoint_agree_with_the_io_done_across_a_driver_crash(
         .iter()
         .filter_map(|p| p["role"].as_str())
         .collect();
-    assert!(roles.contains(&"model disk0") && roles.contains(&"server disk0-server"), "{roles:?}");
+    assert!(
+        roles.contains(&"model disk0") && roles.contains(&"server disk0-server"),
+        "{roles:?}"
+    );
 
     let m = scrape(&sock);
-    assert_eq!(metric(&m, "outboard_device_requests_total", "disk0"), requests as f64);
-    assert_eq!(metric(&m, "outboard_device_bytes_total", "disk0"), bytes as f64);
+    assert_eq!(
+        metric(&m, "outboard_device_requests_total", "disk0"),
+        requests as f64
+    );
+    assert_eq!(
+        metric(&m, "outboard_device_bytes_total", "disk0"),
+        bytes as f64
+    );
     assert_eq!(metric(&m, "outboard_device_errors_total", "disk0"), 0.0);
     assert_eq!(metric(&m, "outboard_device_restarts_total", "disk0"), 1.0);
     assert_eq!(
@@ -183,7 +208,7 @@ fn a_metrics_endpoint_answers_bad_requests_with_an_error_and_keeps_serving() {
     assert!(ask(b"GET /secrets HTTP/1.1\r\n\r\n").starts_with("HTTP/1.1 404"));
     assert!(ask(&vec![b'x'; 20000]).starts_with("HTTP/1.1 431"));
     assert!(ask(b"GET /met").starts_with("HTTP/1.1 400"));
-    assert_eq!(scrape(&sock).is_empty(), false);
+    assert!(!scrape(&sock).is_empty(), "the endpoint still answers");
     // A second `up` cannot take a live endpoint's socket.
     let other = tempfile::tempdir().unwrap();
     let r = std::process::Command::new(common::EXE)

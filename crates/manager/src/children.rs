@@ -192,6 +192,10 @@ pub struct DriverHostArgs {
     /// (0: sleep at once). Saves a wake-up per request for busy clients; idle cost is nil.
     #[arg(long, default_value_t = 20)]
     pub spin_us: u64,
+    /// Keep no per-device or per-session counters (they cost nothing measurable; this is for
+    /// measuring that: `outboard bench counters`).
+    #[arg(long)]
+    pub no_counters: bool,
     /// An inherited SEQPACKET socket to report events (device failures) to the manager on.
     #[arg(long, value_name = "FD")]
     pub notify_fd: Option<i32>,
@@ -238,6 +242,7 @@ impl DriverHostArgs {
             drivers: Vec::new(),
             driver_abort_on: Vec::new(),
             spin_us: 20,
+            no_counters: false,
             notify_fd: None,
             deadline_ms: 30_000,
             restartable: false,
@@ -258,6 +263,7 @@ impl DriverHostArgs {
         a.each("--driver", &self.drivers);
         a.each("--driver-abort-on", &self.driver_abort_on);
         a.opt("--spin-us", Some(self.spin_us));
+        a.flag("--no-counters", self.no_counters);
         a.opt("--notify-fd", self.notify_fd);
         a.opt("--deadline-ms", Some(self.deadline_ms));
         a.flag("--restartable", self.restartable);

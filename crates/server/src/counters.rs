@@ -3,8 +3,10 @@
 //! endpoint): requests taken and answered, bytes, errors by kind, and a latency histogram.
 //!
 //! Free on the hot path: one thread (the server's loop) writes every record, so a count is a
-//! plain load and store, no locked instruction; the reader takes whatever it finds (a snapshot
-//! a few nanoseconds old is fine for counters). The page is the server's: a client never sees
+//! plain load and store, no locked instruction, and a request is counted once, in its
+//! session's record; the reader adds the live sessions to their device's record, into which a
+//! released session's counts move (under a sequence word, so a reader never counts them twice
+//! or not at all). The page is the server's: a client never sees
 //! it, so a client cannot forge another's counts. When a server dies the page outlives it in
 //! the manager's mapping, which adds the last counts to what it carries across restarts: a
 //! crash loses no count. Session records belong to one incarnation (a resumed session gets a
@@ -20,17 +22,18 @@
 //! | 4096 + [`DEVICE_BYTES`]·d | device d: name (64 bytes), class (32), error kind names (16 × 32) |
 //! | … + 1024 | its own record, then [`SESSIONS`] session records, [`RECORD_WORDS`] words each |
 //!
-//! A record: session id (0: a free slot; the device's own record: 0), client pid, requests
+//! A record: session id (0: a free slot; the device's own record: 0), client pid, a sequence
+//! word (the device's record's; odd while a released session's counts move in), requests
 //! taken, requests answered, bytes (what successes returned: block and entropy count bytes),
-//! errors, errors by kind ([`KINDS`]: the class's code `-k` at `k`, any other at 0), latency
-//! samples, their sum in ns, the largest, then [`BUCKETS`] histogram buckets.
+//! the sum of the latencies timed in ns, errors, errors by kind ([`KINDS`]: the
+//! class's code `-k` at `k`, any other at 0), then [`BUCKETS`] histogram buckets (whose sum is
+//! the number of latencies timed, and whose highest non-empty one bounds the largest).
 //!
 //! Latency is measured for the requests a class times (block: those that entered the device,
 //! from entering it to the server finding their completion).
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{fence, AtomicU64, Ordering};
 use std::sync::Arc;
-use std::time::Duration;
 
 use outboard_shm::{Access, SharedMem, ShmError, Words};
 
@@ -48,17 +51,18 @@ pub const KINDS: usize = 24;
 pub const BUCKETS: usize = 304;
 
 mod w {
+    //! Word indices in a record; what every answer touches first, on one cache line.
     pub const ID: usize = 0;
     pub const PID: usize = 1;
-    pub const TAKEN: usize = 2;
-    pub const ANSWERED: usize = 3;
-    pub const BYTES: usize = 4;
-    pub const ERRORS: usize = 5;
-    pub const KINDS: usize = 6;
-    pub const SAMPLES: usize = KINDS + super::KINDS;
-    pub const SUM: usize = SAMPLES + 1;
-    pub const MAX: usize = SUM + 1;
-    pub const HIST: usize = MAX + 1;
+    /// The device record's sequence word: odd while a released session's counts move in.
+    pub const SEQ: usize = 2;
+    pub const TAKEN: usize = 3;
+    pub const ANSWERED: usize = 4;
+    pub const BYTES: usize = 5;
+    pub const SUM: usize = 6;
+    pub const ERRORS: usize = 7;
+    pub const KINDS: usize = 8;
+    pub const HIST: usize = KINDS + super::KINDS;
 }
 
 /// Words per record (rounded to whole cache lines).
@@ -169,7 +173,7 @@ impl Counters {
     }
 
     /// The tally for a new session `id` of device `d` (client `pid`): its own record if one
-    /// is free, else its device's only.
+    /// is free, else its device's.
     pub fn open(&self, d: usize, id: u64, pid: u32) -> Option<Tally> {
         if d >= self.devices {
             return None;
@@ -189,67 +193,78 @@ impl Counters {
             rec.get()[w::ID].store(id.max(1), Ordering::Release);
             Some(rec)
         });
-        Some(Tally { device, session })
+        Some(match session {
+            Some(record) => Tally {
+                record,
+                device: Some(device),
+            },
+            None => Tally {
+                record: device,
+                device: None,
+            },
+        })
     }
 }
 
-/// One session's counts, written to its record and its device's.
+/// One session's counts. A request is counted once, in the session's record (or, for a
+/// session beyond the records, its device's); the reader adds the live sessions to their
+/// device, and a released session's counts move into its device's record.
 pub struct Tally {
-    device: Words,
-    session: Option<Words>,
+    record: Words,
+    /// The device's record, when `record` is the session's own.
+    device: Option<Words>,
 }
 
 impl Tally {
-    #[inline]
-    fn each(&self, mut f: impl FnMut(&[AtomicU64])) {
-        f(self.device.get());
-        if let Some(s) = &self.session {
-            f(s.get());
-        }
-    }
-
     /// A request was taken.
     #[inline]
     pub fn taken(&self) {
-        self.each(|r| add(&r[w::TAKEN], 1));
+        add(&self.record.get()[w::TAKEN], 1);
     }
 
     /// A request was answered with `code` (0, or the class's negative code) and, for a
-    /// success, `value`; `latency` if the class timed it.
+    /// success, `value`; `latency_ns` if the class timed it.
     #[inline]
-    pub fn answered(&self, code: i32, value: u32, latency: Option<Duration>) {
-        let kind = match code.unsigned_abs() as usize {
-            k @ 1..KINDS => k,
-            _ => 0,
-        };
-        let ns = latency.map(|l| u64::try_from(l.as_nanos()).unwrap_or(u64::MAX));
-        let b = ns.map(bucket);
-        self.each(|r| {
-            add(&r[w::ANSWERED], 1);
-            if code == 0 {
-                add(&r[w::BYTES], u64::from(value));
-            } else {
-                add(&r[w::ERRORS], 1);
-                add(&r[w::KINDS + kind], 1);
-            }
-            if let (Some(ns), Some(b)) = (ns, b) {
-                add(&r[w::SAMPLES], 1);
-                add(&r[w::SUM], ns);
-                add(&r[w::HIST + b], 1);
-                if ns > r[w::MAX].load(Ordering::Relaxed) {
-                    r[w::MAX].store(ns, Ordering::Relaxed);
-                }
-            }
-        });
+    pub fn answered(&self, code: i32, value: u32, latency_ns: Option<u64>) {
+        let r = self.record.get();
+        add(&r[w::ANSWERED], 1);
+        if code == 0 {
+            add(&r[w::BYTES], u64::from(value));
+        } else {
+            let kind = match code.unsigned_abs() as usize {
+                k @ 1..KINDS => k,
+                _ => 0,
+            };
+            add(&r[w::ERRORS], 1);
+            add(&r[w::KINDS + kind], 1);
+        }
+        if let Some(ns) = latency_ns {
+            add(&r[w::SUM], ns);
+            add(&r[w::HIST + bucket(ns)], 1);
+        }
     }
 }
 
 impl Drop for Tally {
+    /// The session is released: its counts move into its device's record and its slot is
+    /// free, inside one write of the device's sequence word (odd while it moves), so that a
+    /// reader never counts them twice or not at all. Requests it took and never answered (a
+    /// client that left with requests parked) are not carried as in flight.
     fn drop(&mut self) {
-        // The session is released: its slot is free (its counts stay in its device's record).
-        if let Some(s) = &self.session {
-            s.get()[w::ID].store(0, Ordering::Release);
+        let Some(device) = &self.device else {
+            return;
+        };
+        let (s, d) = (self.record.get(), device.get());
+        let seq = d[w::SEQ].load(Ordering::Relaxed);
+        d[w::SEQ].store(seq.wrapping_add(1), Ordering::Relaxed);
+        fence(Ordering::Release);
+        let answered = s[w::ANSWERED].load(Ordering::Relaxed);
+        add(&d[w::TAKEN], answered);
+        for i in w::ANSWERED..RECORD_WORDS {
+            add(&d[i], s[i].load(Ordering::Relaxed));
         }
+        s[w::ID].store(0, Ordering::Relaxed);
+        d[w::SEQ].store(seq.wrapping_add(2), Ordering::Release);
     }
 }
 
@@ -270,11 +285,11 @@ pub struct Record {
     pub errors: u64,
     /// Errors by kind (code `-k` at `k`; others at 0).
     pub kinds: Vec<u64>,
-    /// Latency samples.
+    /// Latencies timed (the histogram's sum).
     pub samples: u64,
     /// Their sum, ns.
     pub sum_ns: u64,
-    /// The largest, ns.
+    /// A bound on the largest, ns: the top of the highest non-empty bucket.
     pub max_ns: u64,
     /// Histogram ([`bucket`]).
     pub hist: Vec<u64>,
@@ -283,7 +298,7 @@ pub struct Record {
 impl Record {
     fn read(words: &[AtomicU64]) -> Self {
         let g = |i: usize| words[i].load(Ordering::Relaxed);
-        Self {
+        let mut r = Self {
             id: g(w::ID),
             pid: g(w::PID),
             taken: g(w::TAKEN),
@@ -291,11 +306,23 @@ impl Record {
             bytes: g(w::BYTES),
             errors: g(w::ERRORS),
             kinds: (0..KINDS).map(|k| g(w::KINDS + k)).collect(),
-            samples: g(w::SAMPLES),
+            samples: 0,
             sum_ns: g(w::SUM),
-            max_ns: g(w::MAX),
+            max_ns: 0,
             hist: (0..BUCKETS).map(|b| g(w::HIST + b)).collect(),
-        }
+        };
+        r.summarise();
+        r
+    }
+
+    /// Samples and the bound on the largest, from the histogram.
+    fn summarise(&mut self) {
+        self.samples = self.hist.iter().fold(0u64, |a, n| a.saturating_add(*n));
+        self.max_ns = match self.hist.iter().rposition(|&n| n > 0) {
+            Some(i) if i + 1 < BUCKETS => bucket_floor(i + 1) - 1,
+            Some(_) => u64::MAX,
+            None => 0,
+        };
     }
 
     /// Requests taken and not yet answered.
@@ -316,10 +343,9 @@ impl Record {
         self.bytes = self.bytes.saturating_add(other.bytes);
         self.errors = self.errors.saturating_add(other.errors);
         sum(&mut self.kinds, &other.kinds);
-        self.samples = self.samples.saturating_add(other.samples);
         self.sum_ns = self.sum_ns.saturating_add(other.sum_ns);
-        self.max_ns = self.max_ns.max(other.max_ns);
         sum(&mut self.hist, &other.hist);
+        self.summarise();
     }
 
     /// The latency (ns) below which fraction `q` of the samples lie: the middle of the
@@ -438,17 +464,36 @@ impl Reader {
 
     fn device(&self, d: usize) -> Result<DeviceCounters, BadPage> {
         let at = device_at(d);
-        let record = |r: usize| -> Result<Record, BadPage> {
-            let words = self.page.atomics_u64(record_at(d, r), RECORD_WORDS)?;
-            Ok(Record::read(words))
-        };
-        let mut sessions = Vec::new();
-        for r in 1..=SESSIONS {
-            let rec = record(r)?;
-            if rec.id != 0 {
-                sessions.push(rec);
+        let words = |r: usize| self.page.atomics_u64(record_at(d, r), RECORD_WORDS);
+        let seq = &words(0)?[w::SEQ];
+        // A consistent look: the device's record and its live sessions' between two reads
+        // of the sequence word that agree (and are even). A server that keeps it odd gets
+        // what a look finds after the last try.
+        let look = || -> Result<(Record, Vec<Record>, bool), BadPage> {
+            let before = seq.load(Ordering::Acquire);
+            let mut total = Record::read(words(0)?);
+            let mut sessions = Vec::new();
+            for r in 1..=SESSIONS {
+                let rec = Record::read(words(r)?);
+                if rec.id != 0 {
+                    total.add(&rec);
+                    sessions.push(rec);
+                }
             }
+            fence(Ordering::Acquire);
+            let after = seq.load(Ordering::Relaxed);
+            Ok((total, sessions, before == after && before % 2 == 0))
+        };
+        let (mut total, mut sessions, mut whole) = look()?;
+        for _ in 0..LOOKS {
+            if whole {
+                break;
+            }
+            std::thread::yield_now();
+            (total, sessions, whole) = look()?;
         }
+        total.id = 0;
+        total.pid = 0;
         let mut kinds = vec![String::new()];
         for k in 1..KINDS {
             kinds.push(get_str(
@@ -461,11 +506,14 @@ impl Reader {
             name: get_str(&self.page, at, NAME)?,
             class: get_str(&self.page, at + NAME as u64, CLASS)?,
             kinds,
-            total: record(0)?,
+            total,
             sessions,
         })
     }
 }
+
+/// Tries at a consistent look at a device's counters.
+const LOOKS: usize = 100;
 
 #[cfg(test)]
 mod tests {
@@ -506,8 +554,8 @@ mod tests {
         for _ in 0..3 {
             t.taken();
         }
-        t.answered(0, 4096, Some(Duration::from_micros(10)));
-        t.answered(-2, 0, Some(Duration::from_micros(20)));
+        t.answered(0, 4096, Some(10_000));
+        t.answered(-2, 0, Some(20_000));
         let d = &r.read().unwrap()[0];
         assert_eq!((d.name.as_str(), d.class.as_str()), ("disk0", "block"));
         assert_eq!(d.kind_name(2), "out-of-range");
@@ -515,7 +563,12 @@ mod tests {
         for rec in [&d.total, &d.sessions[0]] {
             assert_eq!((rec.taken, rec.answered, rec.in_flight()), (3, 2, 1));
             assert_eq!((rec.bytes, rec.errors, rec.kinds[2]), (4096, 1, 1));
-            assert_eq!((rec.samples, rec.sum_ns, rec.max_ns), (2, 30_000, 20_000));
+            assert_eq!((rec.samples, rec.sum_ns), (2, 30_000));
+            assert!(
+                (20_000..20_000 * 9 / 8).contains(&rec.max_ns),
+                "{}",
+                rec.max_ns
+            );
         }
         assert_eq!((d.sessions[0].id, d.sessions[0].pid), (7, 1234));
         let p50 = d.total.percentile(0.5).unwrap();
@@ -555,6 +608,61 @@ mod tests {
     }
 
     #[test]
+    fn a_reader_never_sees_counts_go_back_while_sessions_come_and_go() {
+        let c = Counters::create(&[disk()]).unwrap();
+        let r = reader(&c);
+        let done = std::sync::atomic::AtomicBool::new(false);
+        std::thread::scope(|scope| {
+            let reading = scope.spawn(|| {
+                let mut last = 0;
+                let mut looks = 0;
+                while !done.load(Ordering::Acquire) || looks == 0 {
+                    let d = &r.read().unwrap()[0];
+                    assert!(
+                        d.total.answered >= last,
+                        "{} after {last}",
+                        d.total.answered
+                    );
+                    assert!(d.total.in_flight() <= 1, "{:?}", d.total.in_flight());
+                    last = d.total.answered;
+                    looks += 1;
+                }
+            });
+            for id in 1..=3000 {
+                let t = c.open(0, id, 1).unwrap();
+                for _ in 0..3 {
+                    t.taken();
+                    t.answered(0, 512, Some(id));
+                }
+                drop(t);
+            }
+            done.store(true, Ordering::Release);
+            reading.join().unwrap();
+        });
+        let d = &r.read().unwrap()[0];
+        assert_eq!(
+            (d.total.answered, d.total.taken, d.total.bytes),
+            (9000, 9000, 9000 * 512)
+        );
+        assert_eq!(d.total.samples, 9000);
+        assert_eq!(d.total.max_ns, bucket_floor(bucket(3000) + 1) - 1);
+    }
+
+    #[test]
+    fn a_session_that_left_with_requests_unanswered_does_not_leave_them_in_flight() {
+        let c = Counters::create(&[disk()]).unwrap();
+        let t = c.open(0, 1, 1).unwrap();
+        t.taken();
+        t.taken();
+        t.answered(0, 1, None);
+        let r = reader(&c);
+        assert_eq!(r.read().unwrap()[0].total.in_flight(), 1);
+        drop(t);
+        assert_eq!(r.read().unwrap()[0].total.in_flight(), 0);
+        assert_eq!(r.read().unwrap()[0].total.answered, 1);
+    }
+
+    #[test]
     fn carried_counts_add_up() {
         let mut a = Record {
             taken: 2,
@@ -562,17 +670,16 @@ mod tests {
             kinds: vec![0; KINDS],
             ..Default::default()
         };
+        let mut hist = vec![0; BUCKETS];
+        hist[9] = 2;
         let b = Record {
             taken: 3,
-            max_ns: 9,
-            hist: vec![0; BUCKETS],
+            hist,
             kinds: vec![1; KINDS],
             ..Default::default()
         };
         a.add(&b);
-        assert_eq!(
-            (a.taken, a.max_ns, a.hist.len(), a.kinds[3]),
-            (5, 9, BUCKETS, 1)
-        );
+        assert_eq!((a.taken, a.hist.len(), a.kinds[3]), (5, BUCKETS, 1));
+        assert_eq!((a.samples, a.max_ns), (3, bucket_floor(10) - 1));
     }
 }

@@ -46,6 +46,8 @@ pub(crate) struct Core<'a> {
     pub notify: Option<BorrowedFd<'a>>,
     /// A supervisor restarts the server: a failed device ends the process.
     pub restartable: bool,
+    /// The loop's turn clock.
+    pub clock: &'a crate::dispatch::TurnClock,
 }
 
 impl Core<'_> {
@@ -118,6 +120,7 @@ macro_rules! cx {
             maps: &$dev.maps,
             outage: $dev.outage.as_ref(),
             watch: &mut $dev.watch,
+            clock: $core.clock,
         }
     };
 }

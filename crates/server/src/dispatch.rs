@@ -12,6 +12,7 @@
 use std::time::{Duration, Instant};
 
 use outboard_env::{AnyDriver, Driver, Failure, Mapping};
+use outboard_session::completion::WireError;
 use outboard_session::RingShape;
 
 use crate::blame::session_key;
@@ -38,6 +39,63 @@ pub enum Fate {
     Out(Outage),
 }
 
+/// The time of the server loop's current turn, read once, when first asked: every request
+/// that enters a device and every completion found in one turn share one clock read (about
+/// 30 ns each on a VM), and are stamped to within a turn. Besides the instant (for
+/// deadlines) it gives nanoseconds since the server started (a latency is then one
+/// subtraction).
+#[derive(Debug)]
+pub struct TurnClock {
+    base: Instant,
+    now: std::cell::Cell<Option<(Instant, u64)>>,
+}
+
+impl Default for TurnClock {
+    fn default() -> Self {
+        Self {
+            base: Instant::now(),
+            now: std::cell::Cell::new(None),
+        }
+    }
+}
+
+impl TurnClock {
+    #[inline]
+    fn read(&self) -> (Instant, u64) {
+        match self.now.get() {
+            Some(t) => t,
+            None => {
+                let at = Instant::now();
+                let d = at.saturating_duration_since(self.base);
+                let t = (
+                    at,
+                    d.as_secs() * 1_000_000_000 + u64::from(d.subsec_nanos()),
+                );
+                self.now.set(Some(t));
+                t
+            }
+        }
+    }
+
+    /// Now, as of this turn.
+    #[inline]
+    pub fn now(&self) -> Instant {
+        self.read().0
+    }
+
+    /// Now, as of this turn, in nanoseconds since the server started.
+    #[inline]
+    pub fn now_ns(&self) -> u64 {
+        self.read().1
+    }
+
+    /// A new turn: the next [`TurnClock::now`] reads the clock.
+    #[inline]
+    pub fn turn(&self) {
+        self.now.set(None);
+    }
+}
+
 /// What a dispatcher may reach while it works: the sessions (it touches only its own), the
 /// counters, each session's buffer area in the device, and what the core decided about the
 /// device (out of service, isolated, quarantined requests).
@@ -49,9 +107,48 @@ pub struct Ctx<'a> {
     pub(crate) maps: &'a [Option<Mapping>],
     pub(crate) outage: Option<&'a Outage>,
     pub(crate) watch: &'a mut crate::blame::Watch,
+    pub(crate) clock: &'a TurnClock,
 }
 
 impl Ctx<'_> {
+    /// Now, as of the loop's current turn (see [`TurnClock`]): when a request entered the
+    /// device, when its completion was found.
+    #[inline]
+    pub fn now(&self) -> Instant {
+        self.clock.now()
+    }
+
+    /// The same, in nanoseconds since the server started: what a class keeps to time a
+    /// request ([`Ctx::answer_timed`]).
+    #[inline]
+    pub fn now_ns(&self) -> u64 {
+        self.clock.now_ns()
+    }
+
+    /// Posts the answer to request `tag` of session `slot` on its outbound ring `ring`, timed
+    /// from `since_ns` ([`Ctx::now_ns`] when it entered the device) if the session keeps
+    /// counts. False if the session is gone.
+    #[inline]
+    pub fn answer_timed<E: WireError>(
+        &mut self,
+        slot: usize,
+        ring: usize,
+        tag: u64,
+        result: &Result<u32, E>,
+        since_ns: u64,
+    ) -> bool {
+        let Some(s) = self.sessions.get_mut(slot).and_then(Option::as_mut) else {
+            return false;
+        };
+        if s.counting() {
+            let latency = self.clock.now_ns().saturating_sub(since_ns);
+            s.complete_timed(ring, tag, result, latency);
+        } else {
+            s.complete(ring, tag, result);
+        }
+        true
+    }
+
     /// The device address of session `slot`'s buffer area.
     #[inline]
     pub fn iova(&self, slot: usize) -> Option<u64> {

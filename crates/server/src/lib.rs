@@ -13,6 +13,6 @@ pub mod host;
 pub mod recovery;
 pub mod session;
 
-pub use dispatch::{Code, Ctx, Dispatcher, Fate, Outage, Refusal};
+pub use dispatch::{Code, Ctx, Dispatcher, Fate, Outage, Refusal, TurnClock};
 pub use host::{DriverHost, HostError, HostStats, Limits, Served};
 pub use recovery::{Reopen, ReopenError};

@@ -5,7 +5,6 @@
 //! inbound ring `n` and posts to outbound ring `n` (block: ring 0 of each).
 
 use std::os::fd::OwnedFd;
-use std::time::Duration;
 
 use crate::counters::Tally;
 
@@ -147,16 +146,24 @@ impl Session {
         self.answer(ring, tag, result, None);
     }
 
-    /// [`Session::complete`] for a request the class timed: `latency` since it was taken.
+    /// Whether the server keeps this session's counts: a class times its requests for
+    /// [`Session::complete_timed`] only then.
+    #[inline]
+    pub fn counting(&self) -> bool {
+        self.tally.is_some()
+    }
+
+    /// [`Session::complete`] for a request the class timed: `latency_ns` since it entered
+    /// the device.
     #[inline]
     pub fn complete_timed<E: WireError>(
         &mut self,
         ring: usize,
         tag: u64,
         result: &Result<u32, E>,
-        latency: Duration,
+        latency_ns: u64,
     ) {
-        self.answer(ring, tag, result, Some(latency));
+        self.answer(ring, tag, result, Some(latency_ns));
     }
 
     #[inline]
@@ -165,11 +172,11 @@ impl Session {
         ring: usize,
         tag: u64,
         result: &Result<u32, E>,
-        latency: Option<Duration>,
+        latency_ns: Option<u64>,
     ) {
         let mut c = Completion::of(tag, result);
         if let Some(t) = &self.tally {
-            t.answered(c.status, c.value, latency);
+            t.answered(c.status, c.value, latency_ns);
         }
         if let Err(e) = result {
             if e.reason().is_some_and(|why| self.post_reason(tag, why)) {

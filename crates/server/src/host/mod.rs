@@ -28,7 +28,7 @@ use outboard_sys::SocketPath;
 
 use crate::counters::{Counters, Described};
 use crate::device::{Core, Device};
-use crate::dispatch::{Code, Dispatcher, Refusal};
+use crate::dispatch::{Code, Dispatcher, Refusal, TurnClock};
 use crate::recovery::Reopen;
 use crate::session::Session;
 
@@ -169,6 +169,8 @@ pub struct DriverHost {
     quiesce: Vec<Option<Quiesce>>,
     /// Per device and session counts, shared with the manager ([`crate::counters`]).
     counters: Option<Counters>,
+    /// The time of the loop's turn, read once a turn if at all.
+    clock: TurnClock,
 }
 
 /// A device being quiesced.
@@ -204,6 +206,7 @@ macro_rules! core {
             work: &mut $self.work,
             notify: $self.notify.as_ref().map(|n| n.as_fd()),
             restartable: $self.restartable,
+            clock: &$self.clock,
         }
     };
 }
@@ -247,6 +250,7 @@ impl DriverHost {
             limits: Limits::default(),
             quiesce: Vec::new(),
             counters: None,
+            clock: TurnClock::default(),
         };
         h.quiesce = vec![None; h.devices.len()];
         let described: Vec<Described> = h
@@ -389,6 +393,7 @@ impl DriverHost {
 
     /// One pass over all rings and devices; returns whether anything happened.
     fn round(&mut self) -> bool {
+        self.clock.turn();
         let mut progress = false;
         // Each round starts at the next session: a device with room for one request only
         // (an isolated one, after a crash) would otherwise always take the first session's,
@@ -509,6 +514,8 @@ impl DriverHost {
     }
 
     fn event(&mut self, source: Source) -> Result<(), HostError> {
+        // An event may come after a sleep: the turn's time is read again.
+        self.clock.turn();
         match source {
             Source::Listener => {
                 if let Ok(sock) = control::accept(self.listener.as_fd()) {

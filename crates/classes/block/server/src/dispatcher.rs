@@ -39,6 +39,8 @@ struct InFlight {
     tag: u64,
     /// When it entered the device (for the deadline).
     since: Instant,
+    /// The same, in the turn clock's nanoseconds (to time it).
+    since_ns: u64,
     /// The blocks it changes, if it is a write (a lock waits for it).
     writes: Option<Range>,
 }
@@ -139,6 +141,7 @@ impl BlockDispatcher {
         r: &BlockRequest,
         iova: u64,
         stats: &mut HostStats,
+        now: (Instant, u64),
     ) -> Result<(), Failure> {
         let Some(ps) = self.sessions.get_mut(si).and_then(Option::as_mut) else {
             return Ok(());
@@ -157,7 +160,8 @@ impl BlockDispatcher {
                 self.tags[slot] = Some(InFlight {
                     session: si,
                     tag: r.tag,
-                    since: Instant::now(),
+                    since: now.0,
+                    since_ns: now.1,
                     writes: r.op.modifies().then(|| range_of(r)).flatten(),
                 });
                 ps.tags.insert(r.tag);
@@ -180,10 +184,11 @@ impl BlockDispatcher {
         if cx.isolated() {
             cx.entering(si, fingerprint(r));
         }
+        let now = (cx.now(), cx.now_ns());
         let Some(s) = cx.sessions[si].as_mut() else {
             return Ok(());
         };
-        self.send_to_device(s, si, r, iova, cx.stats)
+        self.send_to_device(s, si, r, iova, cx.stats, now)
     }
 
     /// Lets parked requests go on as far as their conflicts have ended.
@@ -233,13 +238,11 @@ impl BlockDispatcher {
         // The scratch vector is taken and put back, keeping its capacity: no allocation per
         // reap.
         let mut done = std::mem::take(&mut self.scratch);
-        // One clock read times every completion of the round (they were all found now).
-        let now = if n > 0 { Some(Instant::now()) } else { None };
         for (slot, result) in done.drain(..) {
             let Some(InFlight {
                 session: si,
                 tag,
-                since,
+                since_ns,
                 ..
             }) = self.tags.get_mut(slot as usize).and_then(Option::take)
             else {
@@ -249,10 +252,8 @@ impl BlockDispatcher {
             if let Some(ps) = self.per_session(si) {
                 ps.tags.remove(&tag);
             }
-            if let Some(s) = cx.sessions[si].as_mut() {
+            if cx.answer_timed(si, COMPLETIONS, tag, &result, since_ns) {
                 cx.stats.completed += 1;
-                let latency = now.map_or(Duration::ZERO, |t| t.saturating_duration_since(since));
-                s.complete_timed(COMPLETIONS, tag, &result, latency);
             }
         }
         self.scratch = done;

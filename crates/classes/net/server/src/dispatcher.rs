@@ -226,7 +226,7 @@ impl NetDispatcher {
         let key = self.in_flight.insert(InFlight {
             session: si,
             tag: r.tag,
-            since: Instant::now(),
+            since: cx.now(),
         });
         match self.driver.transmit(base + r.buf_offset, r.length, key) {
             Err(e) if !matches!(e, NetError::DeviceFailed(_)) => {

@@ -26,6 +26,8 @@ struct InFlight {
     session: usize,
     tag: u64,
     since: Instant,
+    /// The same, in the turn clock's nanoseconds (to time it).
+    since_ns: u64,
 }
 
 /// One entropy device being served.
@@ -124,7 +126,8 @@ impl EntropyDispatcher {
                 self.tags[slot] = Some(InFlight {
                     session: si,
                     tag,
-                    since: Instant::now(),
+                    since: cx.now(),
+                    since_ns: cx.now_ns(),
                 });
                 if let Some(t) = self.sessions.get_mut(si).and_then(Option::as_mut) {
                     t.insert(tag);
@@ -271,8 +274,12 @@ impl Dispatcher for EntropyDispatcher {
         let n = self.scratch.len();
         let mut done = std::mem::take(&mut self.scratch);
         for (slot, result) in done.drain(..) {
-            let Some(InFlight { session, tag, .. }) =
-                self.tags.get_mut(slot as usize).and_then(Option::take)
+            let Some(InFlight {
+                session,
+                tag,
+                since_ns,
+                ..
+            }) = self.tags.get_mut(slot as usize).and_then(Option::take)
             else {
                 continue;
             };
@@ -280,8 +287,8 @@ impl Dispatcher for EntropyDispatcher {
             if let Some(t) = self.sessions.get_mut(session).and_then(Option::as_mut) {
                 t.remove(&tag);
             }
-            if let Some(s) = cx.sessions[session].as_mut() {
-                complete(s, cx.stats, tag, result);
+            if cx.answer_timed(session, COMPLETIONS, tag, &result, since_ns) {
+                cx.stats.completed += 1;
             }
         }
         self.scratch = done;

@@ -80,9 +80,8 @@ pub fn counters(ctx: &Context) -> Result<TestResult, String> {
         mode: WaitMode::Adaptive(Duration::from_micros(SPIN_US)),
         ..Default::default()
     };
-    let open = |sock: &std::path::Path| {
-        BlockClient::open(sock, "null0", opts).map_err(|e| e.to_string())
-    };
+    let open =
+        |sock: &std::path::Path| BlockClient::open(sock, "null0", opts).map_err(|e| e.to_string());
     let mut clients = [open(&with_sock)?, open(&without_sock)?];
     let mut lat: [Vec<f64>; 2] = [Vec::new(), Vec::new()];
     let mut iops: [Vec<f64>; 2] = [Vec::new(), Vec::new()];

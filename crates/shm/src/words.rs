@@ -49,3 +49,31 @@ impl std::fmt::Debug for Words {
         f.debug_struct("Words").field("len", &self.len).finish()
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::Ordering;
+
+    #[test]
+    fn a_window_is_checked_once_and_reaches_the_mapping() {
+        // Heap memory: the same accessors, and Miri can run it.
+        let mem = Arc::new(SharedMem::heap(4096).unwrap());
+        let w = Words::new(mem.clone(), 64, 8).unwrap();
+        w.get()[7].store(0x1122, Ordering::Relaxed);
+        assert_eq!(mem.read_u64(64 + 56).unwrap(), 0x1122);
+        assert_eq!(w.get().len(), 8);
+        assert!(
+            Words::new(mem.clone(), 4096 - 8, 2).is_err(),
+            "past the end"
+        );
+        assert!(Words::new(mem.clone(), 4, 1).is_err(), "misaligned");
+        assert!(
+            Words::new(mem.clone(), 0, usize::MAX).is_err(),
+            "overflowing"
+        );
+        // The window keeps the mapping alive after its other owners are gone.
+        drop(mem);
+        assert_eq!(w.get()[7].load(Ordering::Relaxed), 0x1122);
+    }
+}

@@ -32,39 +32,82 @@ struct Cli {
     /// More log output (-v: info, -vv: debug, -vvv: trace). RUST_LOG overrides.
     #[arg(short, long, action = clap::ArgAction::Count, global = true)]
     verbose: u8,
-    /// The manager's control socket [default: $XDG_RUNTIME_DIR/outboard/control.sock or
-    /// /tmp/outboard-$UID/control.sock].
-    #[arg(long, env = "OUTBOARD_CONTROL", global = true, value_name = "PATH")]
+    /// `--control` before the command (`outboard --control PATH ls`), as earlier versions
+    /// took it: still accepted, not shown; each command that talks to the manager shows its
+    /// own.
+    #[arg(long, value_name = "PATH", hide = true)]
     control: Option<std::path::PathBuf>,
     #[command(subcommand)]
     command: Command,
+}
+
+/// `--control`, on the commands that talk to a running machine's manager (and `up`, which
+/// is one).
+#[derive(clap::Args)]
+struct ControlArg {
+    /// The manager's control socket [default: $OUTBOARD_CONTROL, else
+    /// $XDG_RUNTIME_DIR/outboard/control.sock or /tmp/outboard-$UID/control.sock].
+    #[arg(long, global = true, value_name = "PATH")]
+    control: Option<std::path::PathBuf>,
+}
+
+impl ControlArg {
+    /// The socket asked for: this command's `--control`, else one given before the
+    /// command, else `$OUTBOARD_CONTROL`.
+    fn asked(&self, before: &Option<std::path::PathBuf>) -> Option<std::path::PathBuf> {
+        self.control
+            .clone()
+            .or_else(|| before.clone())
+            .or_else(|| std::env::var_os("OUTBOARD_CONTROL").map(Into::into))
+    }
+
+    /// The socket: the one asked for, else the default.
+    fn or(&self, before: &Option<std::path::PathBuf>) -> std::path::PathBuf {
+        self.asked(before)
+            .unwrap_or_else(outboard_manager::default_control)
+    }
+}
+
+/// A command's own arguments and `--control`.
+#[derive(clap::Args)]
+struct Ctl<A: clap::Args> {
+    #[command(flatten)]
+    args: A,
+    #[command(flatten)]
+    ctl: ControlArg,
+}
+
+/// A family of commands (`blk read`, `blk write`, …) and `--control`, which each of them
+/// takes.
+#[derive(clap::Args)]
+struct CtlFamily<C: clap::Subcommand> {
+    #[command(subcommand)]
+    command: C,
+    #[command(flatten)]
+    ctl: ControlArg,
 }
 
 #[derive(Subcommand)]
 enum Command {
     /// Bring a machine up: start its device models and driver servers, keep the registry,
     /// answer clients. Runs in the foreground; Ctrl-C stops everything.
-    Up(up::UpArgs),
+    Up(Ctl<up::UpArgs>),
     /// Print the registry (machine, buses, functions, drivers, class devices) like ioreg, with
     /// what each device has done (requests, bytes, errors, latency) and each process's CPU
     /// time and memory.
-    Ls(up::LsArgs),
+    Ls(Ctl<up::LsArgs>),
     /// Watch the machine live, like spdk_top: per device IOPS, bandwidth, queue depth, latency
     /// percentiles, errors, restarts, sessions; per process CPU and memory; exports and their
     /// clients. Refreshes each second; --once --json for scripts.
-    Top(top::TopArgs),
+    Top(Ctl<top::TopArgs>),
     /// Use a block device by name: info, read, write.
-    #[command(subcommand)]
-    Blk(blk::BlkCommand),
+    Blk(CtlFamily<blk::BlkCommand>),
     /// Entropy devices (class `entropy`): read random bytes, whatever the placement.
-    #[command(subcommand)]
-    Rng(rng::RngCommand),
+    Rng(CtlFamily<rng::RngCommand>),
     /// NICs (class `net`): status, counters, send and receive Ethernet frames.
-    #[command(subcommand)]
-    Net(net::NetCommand),
+    Net(CtlFamily<net::NetCommand>),
     /// Serve a machine's block devices to ordinary tools (NBD).
-    #[command(subcommand)]
-    Export(export::ExportCommand),
+    Export(CtlFamily<export::ExportCommand>),
     /// Inject faults into a running device's model: bad hardware on demand, to see what its
     /// driver and clients do.
     ///
@@ -74,34 +117,34 @@ enum Command {
     /// the model), clear (disarm all); a NIC also link-flap=DURATION (down that long, then up) and
     /// long-frame=N (frames reported longer than their buffers). Disk-only and NIC-only faults
     /// are refused by the other models. Example: outboard fault disk0 drop-irq=3 error-next=1
-    Fault(FaultArgs),
+    Fault(Ctl<FaultArgs>),
     /// Suspend a class device (its driver finishes what is in flight and takes nothing new;
     /// clients' requests wait, they do not fail) or resume it. Waits until the device is
     /// quiet. Example: outboard power disk0 suspend
-    Power(up::PowerArgs),
+    Power(Ctl<up::PowerArgs>),
     /// Start a device's driver again: one the manager gave up (a crash loop whose cause is
     /// gone now), or a running one. Clients carry on: their requests are replayed. A memory
     /// disk keeps its bytes. Waits until it serves. Example: outboard restart disk0
-    Restart(up::RestartArgs),
+    Restart(Ctl<up::RestartArgs>),
     /// Move a device's driver, live, into another driver server: one that runs for other
     /// devices (they share it from then on) or a new one of its own. Both servers finish what
     /// is in their devices first; clients carry on with nothing sent twice. Waits until the
     /// device serves from its new server. The machine description is not changed: the next
     /// `up` places it as it says. Example: outboard move disk1 --server disk0-server
-    Move(up::MoveArgs),
+    Move(Ctl<up::MoveArgs>),
     /// Hot-plug a device into the running machine: one its description declares with
     /// `attached = false` (or detached earlier), by name, or new ones described in a file of
     /// `[[device]]` tables. The catalog matches its driver, which starts; its class device
     /// appears in the registry. Examples: outboard attach disk1; outboard attach --file d.toml
-    Attach(up::AttachArgs),
+    Attach(Ctl<up::AttachArgs>),
     /// Hot-unplug a device: its driver takes no new request (those get "device gone"),
     /// finishes the ones in flight, then the driver server and device model stop and the
     /// device shows as detached. Waits until it is. Example: outboard detach disk1
-    Detach(up::DetachArgs),
+    Detach(Ctl<up::DetachArgs>),
     /// Stop the machine, as Ctrl-C on `outboard up` does (for a service: systemd's ExecStop):
     /// every export, driver server and device model stops, their sockets go. Waits until
     /// the control socket is gone. Only the manager's user or root may.
-    Down(up::DownArgs),
+    Down(Ctl<up::DownArgs>),
     /// Run an emulated device model standalone, serving vfio-user on a socket.
     #[command(subcommand)]
     Device(device::DeviceCommand),
@@ -273,7 +316,7 @@ fn main() -> ExitCode {
         outboard_sys::process::restore_sigpipe();
     }
     if let Command::Up(a) = &cli.command {
-        if let Some(path) = a.log_file() {
+        if let Some(path) = a.args.log_file() {
             if let Err(e) = open_log(path) {
                 outboard_sys::errln!("outboard: {e}");
                 return ExitCode::from(2);
@@ -281,30 +324,27 @@ fn main() -> ExitCode {
         }
     }
     init_logging(cli.verbose);
-    let control = cli
-        .control
-        .clone()
-        .unwrap_or_else(outboard_manager::default_control);
+    let before = cli.control.clone();
     let result = match cli.command {
         // Its control socket goes in its runtime directory unless --control (or
         // OUTBOARD_CONTROL) says where.
         Command::Up(a) => {
-            let control = up::control_of(&a, cli.control.clone());
-            up::up(a, control, cli.verbose)
+            let control = up::control_of(&a.args, a.ctl.asked(&before));
+            up::up(a.args, control, cli.verbose)
         }
-        Command::Ls(a) => up::ls(a, control),
-        Command::Top(a) => top::run(a, control),
-        Command::Blk(c) => blk::run(c, control),
-        Command::Rng(c) => rng::run(c, control),
-        Command::Net(c) => net::run(c, control),
-        Command::Fault(a) => fault(a, control),
-        Command::Power(a) => up::power(a, control),
-        Command::Restart(a) => up::restart(a, control),
-        Command::Move(a) => up::move_device(a, control),
-        Command::Attach(a) => up::attach(a, control),
-        Command::Detach(a) => up::detach(a, control),
-        Command::Down(a) => up::down(a, control),
-        Command::Export(c) => export::run(c, control),
+        Command::Ls(a) => up::ls(a.args, a.ctl.or(&before)),
+        Command::Top(a) => top::run(a.args, a.ctl.or(&before)),
+        Command::Blk(c) => blk::run(c.command, c.ctl.or(&before)),
+        Command::Rng(c) => rng::run(c.command, c.ctl.or(&before)),
+        Command::Net(c) => net::run(c.command, c.ctl.or(&before)),
+        Command::Fault(a) => fault(a.args, a.ctl.or(&before)),
+        Command::Power(a) => up::power(a.args, a.ctl.or(&before)),
+        Command::Restart(a) => up::restart(a.args, a.ctl.or(&before)),
+        Command::Move(a) => up::move_device(a.args, a.ctl.or(&before)),
+        Command::Attach(a) => up::attach(a.args, a.ctl.or(&before)),
+        Command::Detach(a) => up::detach(a.args, a.ctl.or(&before)),
+        Command::Down(a) => up::down(a.args, a.ctl.or(&before)),
+        Command::Export(c) => export::run(c.command, c.ctl.or(&before)),
         Command::DriverHost(a) => up::driver_host(a),
         Command::Bench(a) => bench(a),
         Command::BenchPeer { args } => {

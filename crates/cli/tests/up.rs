@@ -435,6 +435,85 @@ fn completions_and_manual_pages_come_from_the_command_line() {
     assert!(!pages.join("outboard-bench-peer.1").exists());
 }
 
+/// `--control` shows on the commands that talk to the manager and on no other; it is taken
+/// after the command (also inside a family: `blk read … --control`), before it as earlier
+/// versions took it, and an explicit one beats `$OUTBOARD_CONTROL`.
+#[test]
+fn control_shows_only_on_commands_that_talk_to_the_manager() {
+    let help = |args: &[&str]| {
+        let out = Command::new(EXE)
+            .args(args)
+            .arg("--help")
+            .env_remove("OUTBOARD_CONTROL")
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{args:?}: {out:?}");
+        String::from_utf8(out.stdout).unwrap()
+    };
+    for uses in [
+        &["up"][..],
+        &["ls"],
+        &["top"],
+        &["blk", "read"],
+        &["rng", "read"],
+        &["net", "stats"],
+        &["export", "nbd"],
+        &["fault"],
+        &["power"],
+        &["restart"],
+        &["move"],
+        &["attach"],
+        &["detach"],
+        &["down"],
+    ] {
+        assert!(help(uses).contains("--control <PATH>"), "{uses:?}");
+    }
+    for not in [
+        &[][..],
+        &["hw", "probe"],
+        &["device", "virtio-blk"],
+        &["bench"],
+        &["completions"],
+        &["man"],
+        &["driver-host"],
+    ] {
+        assert!(!help(not).contains("--control"), "{not:?}");
+    }
+    let said = |args: &[&str]| {
+        let out = Command::new(EXE)
+            .args(args)
+            .env("OUTBOARD_CONTROL", "/nonexistent/from-env.sock")
+            .stdin(Stdio::null())
+            .output()
+            .unwrap();
+        assert!(!out.status.success(), "{args:?}");
+        String::from_utf8_lossy(&out.stderr).into_owned()
+    };
+    for args in [
+        &["ls", "--control", "/nonexistent/after.sock"][..],
+        &["--control", "/nonexistent/after.sock", "ls"],
+        &[
+            "blk",
+            "info",
+            "disk0",
+            "--control",
+            "/nonexistent/after.sock",
+        ],
+        &[
+            "blk",
+            "--control",
+            "/nonexistent/after.sock",
+            "info",
+            "disk0",
+        ],
+    ] {
+        let err = said(args);
+        assert!(err.contains("/nonexistent/after.sock"), "{args:?}: {err}");
+    }
+    let err = said(&["ls"]);
+    assert!(err.contains("/nonexistent/from-env.sock"), "{err}");
+}
+
 /// A negative number is a bad value, said as such (not "unexpected argument"), and a
 /// default is shown once.
 #[test]

@@ -298,6 +298,22 @@ pub fn render(s: &Sample) -> String {
         |d: &crate::sample::Device| d.restarts
     );
     per_device!(
+        "outboard_device_resumes",
+        "counter",
+        "",
+        "Client sessions resumed after a restart of the device's driver server.",
+        "_total",
+        |d: &crate::sample::Device| d.resumes
+    );
+    per_device!(
+        "outboard_device_replays",
+        "counter",
+        "",
+        "Requests clients sent again after a restart (the class's replay).",
+        "_total",
+        |d: &crate::sample::Device| d.replays
+    );
+    per_device!(
         "outboard_device_sessions",
         "gauge",
         "",

@@ -33,6 +33,10 @@ pub struct Device {
     pub errors_by_kind: Vec<(String, u64)>,
     /// Requests in the server now.
     pub in_flight: u64,
+    /// Sessions resumed after a restart of its driver server.
+    pub resumes: u64,
+    /// Requests their clients sent again after a restart.
+    pub replays: u64,
     /// Latency since the machine came up.
     pub latency: Latency,
     /// Sessions open now.
@@ -183,6 +187,8 @@ impl Sample {
                 .filter_map(|(k, v)| Some((k.strip_prefix("errors.")?.to_string(), v.as_u64()?)))
                 .collect(),
             in_flight: num(n, "in-flight"),
+            resumes: num(n, "resumes"),
+            replays: num(n, "replays"),
             latency: Latency {
                 p50: pct("p50"),
                 p99: pct("p99"),

@@ -216,6 +216,7 @@ pub fn render(v: &View) -> String {
                 latency(d.latency.p999),
                 format!("{:.0}", r.errors_per_second),
                 d.restarts.to_string(),
+                d.replays.to_string(),
                 d.sessions.to_string(),
             ]
         })
@@ -334,6 +335,8 @@ mod tests {
             errors: 0,
             errors_by_kind: Vec::new(),
             in_flight: 0,
+            resumes: 0,
+            replays: 0,
             latency: crate::sample::Latency {
                 p50: Some(1500),
                 ..Default::default()

@@ -115,7 +115,11 @@ fn ls_top_and_the_metrics_endpoint_agree_with_the_io_done_across_a_driver_crash(
         (p["errors"].as_u64(), p["in-flight"].as_u64()),
         (Some(0), Some(0))
     );
-    assert!(p["capacity"].is_u64(), "capacity is a number: {p}");
+    assert_eq!(
+        p["capacity-bytes"],
+        64u64 << 20,
+        "the default disk's size in bytes: {p}"
+    );
     // Every one of them entered the device, and was timed.
     assert_eq!(p["latency-ns.samples"], requests, "{p}");
     let (p50, p99, p999) = (

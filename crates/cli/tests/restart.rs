@@ -66,13 +66,31 @@ fn kill_repeatedly(target: &str, kills: usize) {
     stop.store(true, Ordering::Relaxed);
     let mut completed = 0;
     let mut resumes = 0;
+    let mut resent = 0;
     for r in common::verified_clean(clients) {
         completed += r.completed;
         resumes += r.resumes.len();
+        resent += r.replayed + r.requeued;
     }
     assert!(completed > 1000, "only {completed} requests completed");
     assert!(resumes >= kills, "{resumes} resumes for {kills} kills");
     let reg = registry(&up);
+    // The servers counted every resume and every request sent again (a resume whose new
+    // server died before the replay was answered counts there and again at the next).
+    let disk = &find_node(&reg, "block-device").unwrap()["props"];
+    let counted = |k: &str| disk[k].as_u64().unwrap_or_else(|| panic!("no {k}: {disk}"));
+    assert!(
+        counted("resumes") >= resumes as u64,
+        "{resumes} resumes: {disk}"
+    );
+    assert!(
+        counted("replays") >= resent,
+        "{resent} requests sent again: {disk}"
+    );
+    assert!(
+        counted("requests") >= completed,
+        "{completed} completed: {disk}"
+    );
     let restarts = if target == "driver" {
         find_node(&reg, "driver").unwrap()["props"]["restarts"].as_u64()
     } else {

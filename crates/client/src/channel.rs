@@ -137,7 +137,8 @@ impl Channel {
 
     /// Resumes a session with a restarted server on `sock`, a connection to it: a new session
     /// around the buffer area this client kept (so buffers in use stay valid), claiming back
-    /// `kept`, the class's own state (opaque here; block: the ranges it held locked).
+    /// `kept`, the class's own state (opaque here; block: the ranges it held locked), and
+    /// saying how many requests it will send again (`replaying`, for the server's counters).
     #[allow(clippy::too_many_arguments)]
     pub fn resume_on(
         sock: OwnedFd,
@@ -146,6 +147,7 @@ impl Channel {
         geometry: Geometry,
         buffers: Arc<SharedMem>,
         kept: serde_json::Value,
+        replaying: u32,
         mode: WaitMode,
         timeout: Duration,
     ) -> Result<(Self, serde_json::Value), ChannelError> {
@@ -154,6 +156,7 @@ impl Channel {
             class: class.into(),
             geometry: geometry.clone(),
             kept,
+            replaying,
         };
         Self::establish(sock, &req, geometry, Some(buffers), mode, timeout)
     }

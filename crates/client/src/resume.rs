@@ -55,6 +55,8 @@ pub struct Resume<'a> {
     pub buffers: Arc<SharedMem>,
     /// The class's kept state.
     pub kept: serde_json::Value,
+    /// How many requests the class will send again once resumed (counted by the server).
+    pub replaying: u32,
     /// How the new channel waits.
     pub mode: WaitMode,
     /// Control round-trip timeout.
@@ -108,6 +110,7 @@ pub fn reconnect(
                     r.geometry.clone(),
                     r.buffers.clone(),
                     r.kept.clone(),
+                    r.replaying,
                     r.mode,
                     r.timeout,
                 )

@@ -100,6 +100,8 @@ fn set_record(n: &mut Node, r: &Record, device: &DeviceCounters) {
     n.set("in-flight", r.in_flight());
     n.set("bytes", r.bytes);
     n.set("errors", r.errors);
+    n.set("resumes", r.resumes);
+    n.set("replays", r.replays);
     for (k, count) in r.kinds.iter().enumerate() {
         if *count > 0 {
             n.set(&format!("errors.{}", device.kind_name(k)), *count);

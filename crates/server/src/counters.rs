@@ -25,7 +25,8 @@
 //! A record: session id (0: a free slot; the device's own record: 0), client pid, a sequence
 //! word (the device's record's; odd while a released session's counts move in), requests
 //! taken, requests answered, bytes (what successes returned: block and entropy count bytes),
-//! the sum of the latencies timed in ns, errors, errors by kind ([`KINDS`]: the
+//! the sum of the latencies timed in ns, errors, sessions resumed after a restart, requests
+//! their clients said they sent again (the class's replay), errors by kind ([`KINDS`]: the
 //! class's code `-k` at `k`, any other at 0), then [`BUCKETS`] histogram buckets (whose sum is
 //! the number of latencies timed, and whose highest non-empty one bounds the largest).
 //!
@@ -61,7 +62,9 @@ mod w {
     pub const BYTES: usize = 5;
     pub const SUM: usize = 6;
     pub const ERRORS: usize = 7;
-    pub const KINDS: usize = 8;
+    pub const RESUMES: usize = 8;
+    pub const REPLAYS: usize = 9;
+    pub const KINDS: usize = 10;
     pub const HIST: usize = KINDS + super::KINDS;
 }
 
@@ -216,6 +219,14 @@ pub struct Tally {
 }
 
 impl Tally {
+    /// The session was resumed after a restart, its client about to send `replaying`
+    /// requests again.
+    pub fn resumed(&self, replaying: u32) {
+        let r = self.record.get();
+        add(&r[w::RESUMES], 1);
+        add(&r[w::REPLAYS], u64::from(replaying));
+    }
+
     /// A request was taken.
     #[inline]
     pub fn taken(&self) {
@@ -283,6 +294,10 @@ pub struct Record {
     pub bytes: u64,
     /// Requests answered with an error.
     pub errors: u64,
+    /// Sessions resumed after a restart.
+    pub resumes: u64,
+    /// Requests their clients sent again after a restart.
+    pub replays: u64,
     /// Errors by kind (code `-k` at `k`; others at 0).
     pub kinds: Vec<u64>,
     /// Latencies timed (the histogram's sum).
@@ -305,6 +320,8 @@ impl Record {
             answered: g(w::ANSWERED),
             bytes: g(w::BYTES),
             errors: g(w::ERRORS),
+            resumes: g(w::RESUMES),
+            replays: g(w::REPLAYS),
             kinds: (0..KINDS).map(|k| g(w::KINDS + k)).collect(),
             samples: 0,
             sum_ns: g(w::SUM),
@@ -342,6 +359,8 @@ impl Record {
         self.answered = self.answered.saturating_add(other.answered);
         self.bytes = self.bytes.saturating_add(other.bytes);
         self.errors = self.errors.saturating_add(other.errors);
+        self.resumes = self.resumes.saturating_add(other.resumes);
+        self.replays = self.replays.saturating_add(other.replays);
         sum(&mut self.kinds, &other.kinds);
         self.sum_ns = self.sum_ns.saturating_add(other.sum_ns);
         sum(&mut self.hist, &other.hist);
@@ -551,6 +570,7 @@ mod tests {
         let c = Counters::create(&[disk()]).unwrap();
         let r = reader(&c);
         let t = c.open(0, 7, 1234).unwrap();
+        t.resumed(5);
         for _ in 0..3 {
             t.taken();
         }
@@ -563,6 +583,7 @@ mod tests {
         for rec in [&d.total, &d.sessions[0]] {
             assert_eq!((rec.taken, rec.answered, rec.in_flight()), (3, 2, 1));
             assert_eq!((rec.bytes, rec.errors, rec.kinds[2]), (4096, 1, 1));
+            assert_eq!((rec.resumes, rec.replays), (1, 5));
             assert_eq!((rec.samples, rec.sum_ns), (2, 30_000));
             assert!(
                 (20_000..20_000 * 9 / 8).contains(&rec.max_ns),

@@ -60,6 +60,10 @@ pub enum Request {
         /// The class's kept state (`null` if it keeps none).
         #[serde(default)]
         kept: serde_json::Value,
+        /// How many requests the client is about to send again (its class's replay), for the
+        /// server's counters.
+        #[serde(default)]
+        replaying: u32,
     },
     /// Status of a device.
     Status {

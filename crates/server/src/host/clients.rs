@@ -70,6 +70,7 @@ impl DriverHost {
                 class,
                 geometry,
                 kept,
+                replaying,
             } => {
                 let [buffers]: [OwnedFd; 1] = fds.try_into().map_err(|v: Vec<OwnedFd>| {
                     Refusal::new(
@@ -77,13 +78,20 @@ impl DriverHost {
                         format!("resume carries the buffer area: 1 fd, not {}", v.len()),
                     )
                 })?;
-                self.open_session(conn, &device, &class, geometry, Some((buffers, kept)))
+                self.open_session(
+                    conn,
+                    &device,
+                    &class,
+                    geometry,
+                    Some((buffers, kept, replaying)),
+                )
             }
         }
     }
 
-    /// Opens a session: a new one, or (`resumed`: the client's buffer area and the locks it
-    /// held) one the client had with a previous server.
+    /// Opens a session: a new one, or (`resumed`: the client's buffer area, the class's state
+    /// it kept, and how many requests it will send again) one the client had with a previous
+    /// server.
     #[allow(clippy::type_complexity)]
     pub(super) fn open_session(
         &mut self,
@@ -91,7 +99,7 @@ impl DriverHost {
         device: &str,
         class: &str,
         geometry: Geometry,
-        resumed: Option<(OwnedFd, serde_json::Value)>,
+        resumed: Option<(OwnedFd, serde_json::Value, u32)>,
     ) -> Result<(Reply, Vec<OwnedFd>), Refusal> {
         let d = self.find(device)?;
         let dev = &self.devices[d].class;
@@ -129,12 +137,13 @@ impl DriverHost {
         self.admit(geometry.buffer_size)?;
         let resources = |e: &dyn std::fmt::Display| Refusal::new(Code::Resources, e.to_string());
         let resuming = resumed.is_some();
+        let replaying = resumed.as_ref().map_or(0, |r| r.2);
         let (region, kept) = match resumed {
             None => (
                 Region::create(geometry.clone()).map_err(|e| resources(&e))?,
                 None,
             ),
-            Some((buffers, kept)) => (
+            Some((buffers, kept, _)) => (
                 Region::resume(geometry.clone(), buffers).map_err(|e| match e {
                     SessionError::Invalid(m) => Refusal::new(Code::Invalid, m),
                     e => resources(&e),
@@ -176,7 +185,11 @@ impl DriverHost {
                 .as_ref()
                 .and_then(|c| rustix::net::sockopt::socket_peercred(&c.0).ok())
                 .map_or(0, |cred| cred.pid.as_raw_nonzero().get() as u32);
-            c.open(d, id, pid)
+            let t = c.open(d, id, pid)?;
+            if resuming {
+                t.resumed(replaying);
+            }
+            Some(t)
         });
         self.sessions[slot] = Some(Session::new(
             id,

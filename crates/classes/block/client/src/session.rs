@@ -295,6 +295,8 @@ impl BlockClient {
         let kept = outboard_block::Kept {
             locks: self.pending.locks().to_vec(),
         };
+        // What the replay will send, told to the new server for its counters.
+        let replaying = self.pending.replay(self.channel.taken(0)).0.len();
         let how = Resume {
             server: &self.server,
             device: &self.device,
@@ -302,6 +304,7 @@ impl BlockClient {
             geometry: self.channel.geometry().clone(),
             buffers: self.channel.shared_buffers(),
             kept: serde_json::to_value(kept).expect("serialisable"),
+            replaying: u32::try_from(replaying).unwrap_or(u32::MAX),
             mode: self.channel.mode(),
             timeout: self.timeout,
         };

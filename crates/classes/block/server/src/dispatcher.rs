@@ -282,7 +282,12 @@ impl Dispatcher for BlockDispatcher {
     }
 
     fn status(&self) -> serde_json::Value {
-        serde_json::to_value(self.driver.info()).expect("serialisable")
+        let info = self.driver.info();
+        let mut status = serde_json::to_value(info).expect("serialisable");
+        // For people and programs reading the registry: the size in bytes beside the blocks
+        // (a reader of `BlockInfo` ignores it).
+        status["capacity_bytes"] = (info.capacity * u64::from(info.block_size)).into();
+        status
     }
 
     fn driver(&self) -> &dyn Driver {

@@ -290,6 +290,9 @@ impl NetClient {
                 geometry: self.channel.geometry().clone(),
                 buffers: self.channel.shared_buffers(),
                 kept: serde_json::Value::Null,
+                // Not counted as replays: entropy asks again for what it still wants; net
+                // sends nothing twice.
+                replaying: 0,
                 mode: self.channel.mode(),
                 timeout: self.opts.timeout,
             };

@@ -117,6 +117,8 @@ impl RngClient {
             geometry: self.channel.geometry().clone(),
             buffers: self.channel.shared_buffers(),
             kept: serde_json::Value::Null,
+            // Not counted as a replay: entropy asks again for what it still wants.
+            replaying: 0,
             mode: self.channel.mode(),
             timeout: Duration::from_secs(10),
         };

@@ -198,7 +198,7 @@ fn label(v: &str) -> String {
 /// One metric family being written.
 struct Family<'a> {
     out: &'a mut String,
-    name: &'static str,
+    name: &'a str,
 }
 
 impl<'a> Family<'a> {
@@ -223,6 +223,16 @@ impl<'a> Family<'a> {
         ));
     }
 }
+
+/// A family of per-process samples: name, type, unit, help, sample suffix, the value.
+type ProcessFamily = (
+    &'static str,
+    &'static str,
+    &'static str,
+    &'static str,
+    &'static str,
+    fn(&crate::sample::Process) -> f64,
+);
 
 /// A sample in the OpenMetrics text format.
 pub fn render(s: &Sample) -> String {
@@ -346,30 +356,29 @@ pub fn render(s: &Sample) -> String {
             f.sample("_count", &labels, d.latency.samples);
         }
     }
-    {
-        let mut f = Family::new(
-            &mut out,
+    let processes: [ProcessFamily; 2] = [
+        (
             "outboard_process_cpu_seconds",
             "counter",
             "seconds",
             "CPU time (user and system) of each process of the machine.",
-        );
-        for p in &s.processes {
-            let pid = p.pid.to_string();
-            f.sample("_total", &[("role", &p.role), ("pid", &pid)], p.cpu_seconds);
-        }
-    }
-    {
-        let mut f = Family::new(
-            &mut out,
+            "_total",
+            |p| p.cpu_seconds,
+        ),
+        (
             "outboard_process_resident_memory_bytes",
             "gauge",
             "bytes",
             "Resident memory of each process of the machine.",
-        );
+            "",
+            |p| p.rss_bytes as f64,
+        ),
+    ];
+    for (name, kind, unit, help, suffix, value) in processes {
+        let mut f = Family::new(&mut out, name, kind, unit, help);
         for p in &s.processes {
             let pid = p.pid.to_string();
-            f.sample("", &[("role", &p.role), ("pid", &pid)], p.rss_bytes);
+            f.sample(suffix, &[("role", &p.role), ("pid", &pid)], value(p));
         }
     }
     {

@@ -39,9 +39,10 @@ pub enum Fate {
     Out(Outage),
 }
 
-/// The time of the server loop's current turn, read once, when first asked: every request
-/// that enters a device and every completion found in one turn share one clock read (about
-/// 30 ns each on a VM), and are stamped to within a turn. Besides the instant (for
+/// The time of the server loop's current phase, read once, when first asked: every request
+/// that enters a device in a turn of the loop shares one clock read (about 30 ns each on a
+/// VM), and so does every completion found after them in the turn; each is stamped to within
+/// its phase. Besides the instant (for
 /// deadlines) it gives nanoseconds since the server started (a latency is then one
 /// subtraction).
 #[derive(Debug)]

@@ -27,6 +27,26 @@ pub trait WireError: Sized {
     fn from_wire(code: i32, reason: Option<String>) -> Self;
 }
 
+/// Checks a class's table of error kind names (code `-k`'s at `k - 1`, for counters) against
+/// its codes: every name stands for a code the class knows, and the code after the last is
+/// not one. For each class's tests.
+pub fn check_kind_names<E: WireError>(names: &[&str]) -> Result<(), String> {
+    for (k, name) in names.iter().enumerate() {
+        let code = -(k as i32) - 1;
+        let back = E::from_wire(code, Some("x".into())).code();
+        if back != code {
+            return Err(format!(
+                "{name:?} names code {code}, which reads back as {back}"
+            ));
+        }
+    }
+    let beyond = -(names.len() as i32) - 1;
+    if E::from_wire(beyond, None).code() == beyond {
+        return Err(format!("code {beyond} has no name"));
+    }
+    Ok(())
+}
+
 /// One completion entry.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Completion {

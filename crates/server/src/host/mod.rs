@@ -412,6 +412,9 @@ impl DriverHost {
             };
             progress |= self.with_device(d, |dev, cx| dev.take(i, cx));
         }
+        // Completions are found after the requests of this turn went in (a vfio-user model
+        // may have finished one before its doorbell returned): they read the clock anew.
+        self.clock.turn();
         for d in 0..self.devices.len() {
             progress |= self.with_device(d, |dev, cx| dev.progress(cx));
         }

@@ -120,8 +120,10 @@ fn ls_top_and_the_metrics_endpoint_agree_with_the_io_done_across_a_driver_crash(
         64u64 << 20,
         "the default disk's size in bytes: {p}"
     );
-    // Every one of them entered the device, and was timed.
-    assert_eq!(p["latency-ns.samples"], requests, "{p}");
+    // Every one of them entered the device; a sample of them was timed (all, at this pace,
+    // but for one that went in within 20 µs of the last timing).
+    let samples = p["latency-ns.samples"].as_u64().unwrap();
+    assert!(requests / 2 <= samples && samples <= requests, "{p}");
     let (p50, p99, p999) = (
         p["latency-ns.p50"].as_u64().unwrap(),
         p["latency-ns.p99"].as_u64().unwrap(),
@@ -181,7 +183,7 @@ fn ls_top_and_the_metrics_endpoint_agree_with_the_io_done_across_a_driver_crash(
     assert_eq!(metric(&m, "outboard_device_restarts_total", "disk0"), 1.0);
     assert_eq!(
         metric(&m, "outboard_device_latency_seconds_count", "disk0"),
-        requests as f64
+        samples as f64
     );
     let q99 = m
         .iter()

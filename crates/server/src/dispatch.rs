@@ -18,6 +18,7 @@ use outboard_session::RingShape;
 use crate::blame::session_key;
 use crate::host::HostStats;
 use crate::session::Session;
+pub use crate::turn_clock::TurnClock;
 
 pub use outboard_session::{Code, Refusal};
 
@@ -37,64 +38,6 @@ pub enum Fate {
     TimedOut,
     /// The device went out of service under them.
     Out(Outage),
-}
-
-/// The time of the server loop's current phase, read once, when first asked: every request
-/// that enters a device in a turn of the loop shares one clock read (about 30 ns each on a
-/// VM), and so does every completion found after them in the turn; each is stamped to within
-/// its phase. Besides the instant (for
-/// deadlines) it gives nanoseconds since the server started (a latency is then one
-/// subtraction).
-#[derive(Debug)]
-pub struct TurnClock {
-    base: Instant,
-    now: std::cell::Cell<Option<(Instant, u64)>>,
-}
-
-impl Default for TurnClock {
-    fn default() -> Self {
-        Self {
-            base: Instant::now(),
-            now: std::cell::Cell::new(None),
-        }
-    }
-}
-
-impl TurnClock {
-    #[inline]
-    fn read(&self) -> (Instant, u64) {
-        match self.now.get() {
-            Some(t) => t,
-            None => {
-                let at = Instant::now();
-                let d = at.saturating_duration_since(self.base);
-                let t = (
-                    at,
-                    d.as_secs() * 1_000_000_000 + u64::from(d.subsec_nanos()),
-                );
-                self.now.set(Some(t));
-                t
-            }
-        }
-    }
-
-    /// Now, as of this turn.
-    #[inline]
-    pub fn now(&self) -> Instant {
-        self.read().0
-    }
-
-    /// Now, as of this turn, in nanoseconds since the server started.
-    #[inline]
-    pub fn now_ns(&self) -> u64 {
-        self.read().1
-    }
-
-    /// A new turn: the next [`TurnClock::now`] reads the clock.
-    #[inline]
-    pub fn turn(&self) {
-        self.now.set(None);
-    }
 }
 
 /// What a dispatcher may reach while it works: the sessions (it touches only its own), the
@@ -128,7 +71,8 @@ impl Ctx<'_> {
 
     /// Posts the answer to request `tag` of session `slot` on its outbound ring `ring`, timed
     /// from `since_ns` ([`Ctx::now_ns`] when it entered the device) if the session keeps
-    /// counts. False if the session is gone.
+    /// counts and the turn is timed ([`TurnClock::completion_ns`]). False if the session is
+    /// gone.
     #[inline]
     pub fn answer_timed<E: WireError>(
         &mut self,
@@ -141,11 +85,9 @@ impl Ctx<'_> {
         let Some(s) = self.sessions.get_mut(slot).and_then(Option::as_mut) else {
             return false;
         };
-        if s.counting() {
-            let latency = self.clock.now_ns().saturating_sub(since_ns);
-            s.complete_timed(ring, tag, result, latency);
-        } else {
-            s.complete(ring, tag, result);
+        match s.counting().then(|| self.clock.completion_ns()).flatten() {
+            Some(now) => s.complete_timed(ring, tag, result, now.saturating_sub(since_ns)),
+            None => s.complete(ring, tag, result),
         }
         true
     }

@@ -12,6 +12,7 @@ pub mod dispatch;
 pub mod host;
 pub mod recovery;
 pub mod session;
+pub mod turn_clock;
 
 pub use dispatch::{Code, Ctx, Dispatcher, Fate, Outage, Refusal, TurnClock};
 pub use host::{DriverHost, HostError, HostStats, Limits, Served};

@@ -412,9 +412,9 @@ impl DriverHost {
             };
             progress |= self.with_device(d, |dev, cx| dev.take(i, cx));
         }
-        // Completions are found after the requests of this turn went in (a vfio-user model
-        // may have finished one before its doorbell returned): they read the clock anew.
-        self.clock.turn();
+        // Completions are found after the requests of this turn went in: they read the clock
+        // anew, when they are timed (`crate::turn_clock`).
+        self.clock.completions();
         for d in 0..self.devices.len() {
             progress |= self.with_device(d, |dev, cx| dev.progress(cx));
         }

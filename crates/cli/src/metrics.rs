@@ -3,7 +3,8 @@
 //! socket (a path).
 //!
 //! A thread of `outboard up` serves it, one connection at a time: it reads one request
-//! (bounded in size and time, so a slow or hostile client costs it at most a few seconds),
+//! (at most 8 KiB of head within 2 s in all, so a slow or hostile client holds it at most
+//! that long),
 //! asks the manager for the registry on the control socket — as `outboard ls` does, so the
 //! numbers are the same — and answers. The manager's loop never waits for a scraper.
 
@@ -106,17 +107,33 @@ fn bind_unix(path: &Path) -> Result<UnixListener, String> {
     UnixListener::bind(path).map_err(|e| format!("--metrics {}: {e}", path.display()))
 }
 
-/// Reads the request head: up to the blank line, at most [`MAX_REQUEST`] bytes.
-fn read_head(c: &mut impl Read) -> Result<String, u16> {
+/// Reads the request head: up to the blank line, at most [`MAX_REQUEST`] bytes, within
+/// [`IO_TIMEOUT`] in all (each read waits only what is left of it, so a client sending a
+/// byte at a time cannot hold the endpoint).
+fn read_head(c: &mut impl Conn) -> Result<String, u16> {
+    let deadline = std::time::Instant::now() + IO_TIMEOUT;
     let mut buf = Vec::with_capacity(512);
     let mut chunk = [0u8; 1024];
     while !buf.windows(4).any(|w| w == b"\r\n\r\n") && !buf.windows(2).any(|w| w == b"\n\n") {
         if buf.len() > MAX_REQUEST {
             return Err(431);
         }
+        let left = deadline.saturating_duration_since(std::time::Instant::now());
+        if left.is_zero() || c.timeouts(left).is_err() {
+            return Err(408);
+        }
         match c.read(&mut chunk) {
-            Ok(0) | Err(_) => return Err(400),
+            Ok(0) => return Err(400),
             Ok(n) => buf.extend_from_slice(&chunk[..n]),
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                ) =>
+            {
+                return Err(408)
+            }
+            Err(_) => return Err(400),
         }
     }
     String::from_utf8(buf).map_err(|_| 400)
@@ -133,12 +150,12 @@ fn respond(head: &str, scrape: impl FnOnce() -> Result<String, String>) -> (u16,
     if !version.starts_with("HTTP/1.") {
         return (505, plain, "HTTP/1.x only\n".into());
     }
+    if method != "GET" && method != "HEAD" {
+        return (405, plain, "GET only\n".into());
+    }
     let path = target.split('?').next().unwrap_or("");
     if path != "/metrics" && path != "/" {
         return (404, plain, "the metrics are at /metrics\n".into());
-    }
-    if method != "GET" && method != "HEAD" {
-        return (405, plain, "GET only\n".into());
     }
     match scrape() {
         Ok(body) => (
@@ -156,6 +173,7 @@ fn reason(status: u16) -> &'static str {
         400 => "Bad Request",
         404 => "Not Found",
         405 => "Method Not Allowed",
+        408 => "Request Timeout",
         431 => "Request Header Fields Too Large",
         503 => "Service Unavailable",
         505 => "HTTP Version Not Supported",
@@ -167,19 +185,25 @@ fn answer(mut c: impl Conn, control: &Path) {
     if c.timeouts(IO_TIMEOUT).is_err() {
         return;
     }
-    let (status, kind, body) = match read_head(&mut c) {
+    let (status, kind, body, head_only) = match read_head(&mut c) {
         Ok(head) => {
-            let head_only = head.starts_with("HEAD ");
             let (s, k, b) = respond(&head, || scrape(control));
-            (s, k, if head_only { String::new() } else { b })
+            (s, k, b, head.starts_with("HEAD "))
         }
-        Err(status) => (status, "text/plain".into(), "bad request\n".into()),
+        Err(status) => (
+            status,
+            "text/plain".into(),
+            format!("{}\n", reason(status)),
+            false,
+        ),
     };
+    // A HEAD answer says the length a GET's body would have, and sends none.
     let _ = write!(
         c,
-        "HTTP/1.1 {status} {}\r\nContent-Type: {kind}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        "HTTP/1.1 {status} {}\r\nContent-Type: {kind}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{}",
         reason(status),
-        body.len()
+        body.len(),
+        if head_only { "" } else { &body }
     );
 }
 
@@ -420,12 +444,19 @@ mod tests {
             .contains("HOST:PORT"));
     }
 
+    impl Conn for std::io::Cursor<Vec<u8>> {
+        fn timeouts(&self, _: Duration) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+
     #[test]
     fn requests_get_the_right_status() {
         let ok = || Ok("x".to_string());
         assert_eq!(respond("GET /metrics HTTP/1.1\r\n", ok).0, 200);
         assert_eq!(respond("GET /other HTTP/1.1\r\n", ok).0, 404);
         assert_eq!(respond("POST /metrics HTTP/1.1\r\n", ok).0, 405);
+        assert_eq!(respond("POST /other HTTP/1.1\r\n", ok).0, 405);
         assert_eq!(respond("GET /metrics SPDY/3\r\n", ok).0, 505);
         assert_eq!(respond("nonsense\r\n", ok).0, 400);
         assert_eq!(

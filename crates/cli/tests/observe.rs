@@ -214,6 +214,42 @@ fn a_metrics_endpoint_answers_bad_requests_with_an_error_and_keeps_serving() {
     assert!(ask(b"GET /secrets HTTP/1.1\r\n\r\n").starts_with("HTTP/1.1 404"));
     assert!(ask(&vec![b'x'; 20000]).starts_with("HTTP/1.1 431"));
     assert!(ask(b"GET /met").starts_with("HTTP/1.1 400"));
+    // A client sending a byte at a time holds the endpoint no longer than its 2 s.
+    let started = Instant::now();
+    let mut slow = std::os::unix::net::UnixStream::connect(&sock).unwrap();
+    slow.set_read_timeout(Some(Duration::from_secs(10)))
+        .unwrap();
+    let mut trickle = slow.try_clone().unwrap();
+    let writer = std::thread::spawn(move || {
+        for b in b"GET /metrics HTTP/1.1\r\nX-Slow: aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa" {
+            if trickle.write_all(&[*b]).is_err() {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(200));
+        }
+    });
+    let mut answer = String::new();
+    let _ = slow.read_to_string(&mut answer);
+    assert!(answer.starts_with("HTTP/1.1 408"), "{answer}");
+    assert!(
+        started.elapsed() < Duration::from_secs(5),
+        "{:?}",
+        started.elapsed()
+    );
+    writer.join().unwrap();
+    let head = ask(b"HEAD /metrics HTTP/1.1\r\n\r\n");
+    assert!(head.starts_with("HTTP/1.1 200"), "{head}");
+    let length: usize = head
+        .lines()
+        .find_map(|l| l.strip_prefix("Content-Length: "))
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    assert!(
+        length > 100 && head.ends_with("\r\n\r\n"),
+        "HEAD: a length, no body: {head}"
+    );
     assert!(!scrape(&sock).is_empty(), "the endpoint still answers");
     // A second `up` cannot take a live endpoint's socket.
     let other = tempfile::tempdir().unwrap();

@@ -141,8 +141,15 @@ pub struct Manager {
     hand_exports: std::collections::HashMap<usize, (String, String)>,
     /// A device being moved into another driver server (`outboard move`).
     moving: Option<relocate::Move>,
-    /// Per class device, the counts of driver server incarnations that ended.
-    carried: std::collections::BTreeMap<String, outboard_server::counters::Record>,
+    /// Per class device, the counts of driver server incarnations that ended, and the last
+    /// description of it a page gave (its class, its error kinds' names).
+    carried: std::collections::BTreeMap<
+        String,
+        (
+            outboard_server::counters::Record,
+            outboard_server::counters::DeviceCounters,
+        ),
+    >,
 }
 
 fn size_text(n: u64) -> String {

@@ -13,46 +13,59 @@ use super::*;
 const PERCENTILES: [(f64, &str); 3] = [(0.5, "p50"), (0.99, "p99"), (0.999, "p999")];
 
 impl Manager {
-    /// Driver server `i` ended (or is being replaced): what its counters page says now is
-    /// final, and is carried into its devices' totals.
-    pub(crate) fn retire_counters(&mut self, i: usize) {
-        let Some(page) = self.procs[i].counters.take() else {
-            return;
+    /// What driver server `i`'s counters page says now, of the devices the manager gave it
+    /// (a page is the server's: a device it names that is not its own is not read).
+    fn page_of(&self, i: usize) -> Vec<DeviceCounters> {
+        let p = &self.procs[i];
+        let Some(page) = &p.counters else {
+            return Vec::new();
         };
+        let own = Self::devices_of(&p.kind);
         match page.read() {
-            Ok(devices) => {
-                for d in devices {
-                    self.carried.entry(d.name).or_default().add(&d.total);
-                }
+            Ok(devices) => devices
+                .into_iter()
+                .filter(|d| own.contains(&d.name))
+                .collect(),
+            Err(e) => {
+                tracing::warn!("{}: its counters: {e}", p.role);
+                Vec::new()
             }
-            Err(e) => tracing::warn!("{}: its last counts: {e}", self.procs[i].role),
         }
     }
 
-    /// Every class device's counters now: carried plus its live server's, with its live
-    /// sessions.
+    /// Driver server `i` ended (or is being replaced): what its counters page says now is
+    /// final, and is carried into its devices' totals. What it had taken and not answered
+    /// is not carried as in flight: its clients send it again to the next server.
+    pub(crate) fn retire_counters(&mut self, i: usize) {
+        for mut d in self.page_of(i) {
+            d.total.taken = d.total.answered;
+            d.sessions.clear();
+            let carried = self
+                .carried
+                .entry(d.name.clone())
+                .or_insert_with(|| (Record::default(), d.clone()));
+            carried.0.add(&d.total);
+            carried.1 = d;
+        }
+        self.procs[i].counters = None;
+    }
+
+    /// Every class device's counters now: what ended incarnations carried plus its live
+    /// server's, with its live sessions. A device whose server is restarting, given up or
+    /// gone keeps showing what it did.
     pub(crate) fn counts(&self) -> BTreeMap<String, (Record, Vec<Record>, DeviceCounters)> {
-        let mut out: BTreeMap<String, (Record, Vec<Record>, DeviceCounters)> = BTreeMap::new();
-        for p in &self.procs {
-            let Some(page) = &p.counters else { continue };
-            let devices = match page.read() {
-                Ok(d) => d,
-                Err(e) => {
-                    tracing::warn!("{}: its counters: {e}", p.role);
-                    continue;
-                }
-            };
-            for d in devices {
+        let mut out: BTreeMap<String, (Record, Vec<Record>, DeviceCounters)> = self
+            .carried
+            .iter()
+            .map(|(name, (r, d))| (name.clone(), (r.clone(), Vec::new(), d.clone())))
+            .collect();
+        for i in 0..self.procs.len() {
+            for d in self.page_of(i) {
                 let e = out
                     .entry(d.name.clone())
                     .or_insert_with(|| (Record::default(), Vec::new(), d.clone()));
                 e.0.add(&d.total);
                 e.1.extend(d.sessions.iter().cloned());
-            }
-        }
-        for (name, carried) in &self.carried {
-            if let Some(e) = out.get_mut(name) {
-                e.0.add(carried);
             }
         }
         out

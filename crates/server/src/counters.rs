@@ -10,7 +10,8 @@
 //! it, so a client cannot forge another's counts. When a server dies the page outlives it in
 //! the manager's mapping, which adds the last counts to what it carries across restarts: a
 //! crash loses no count. Session records belong to one incarnation (a resumed session gets a
-//! new record in the next server).
+//! new record in the next server). (A server killed within the few nanoseconds of moving a
+//! released session's counts leaves them half moved; its last counts are then inexact.)
 //!
 //! Layout (little-endian words; pinned by the tests below):
 //!
@@ -188,12 +189,19 @@ impl Counters {
             if rec.get()[w::ID].load(Ordering::Relaxed) != 0 {
                 return None;
             }
+            // A reused slot still holds the counts of the session released from it (they
+            // are in the device's record now): cleaned inside a write of the sequence word,
+            // so that no reader sees the new id beside the old counts.
+            let seq = &device.get()[w::SEQ];
+            let n = seq.load(Ordering::Relaxed);
+            seq.store(n.wrapping_add(1), Ordering::Relaxed);
+            fence(Ordering::Release);
             for word in rec.get() {
                 word.store(0, Ordering::Relaxed);
             }
             rec.get()[w::PID].store(u64::from(pid), Ordering::Relaxed);
-            // The id last: a reader sees a slot in use only once it is clean.
-            rec.get()[w::ID].store(id.max(1), Ordering::Release);
+            rec.get()[w::ID].store(id.max(1), Ordering::Relaxed);
+            seq.store(n.wrapping_add(2), Ordering::Release);
             Some(rec)
         });
         Some(match session {
@@ -370,14 +378,15 @@ impl Record {
     /// The latency (ns) below which fraction `q` of the samples lie: the middle of the
     /// bucket the `q`-th sample falls in; `None` without samples.
     pub fn percentile(&self, q: f64) -> Option<u64> {
-        let total: u64 = self.hist.iter().sum();
+        // Saturating: the buckets are a server's words, whatever it wrote.
+        let total = self.hist.iter().fold(0u64, |a, n| a.saturating_add(*n));
         if total == 0 {
             return None;
         }
         let rank = ((q * total as f64).ceil() as u64).clamp(1, total);
-        let mut seen = 0;
+        let mut seen = 0u64;
         for (i, n) in self.hist.iter().enumerate() {
-            seen += n;
+            seen = seen.saturating_add(*n);
             if seen >= rank {
                 let (lo, hi) = (bucket_floor(i), bucket_floor(i + 1));
                 return Some((lo + hi.max(lo + 1) - 1) / 2);
@@ -488,8 +497,11 @@ impl Reader {
         // A consistent look: the device's record and its live sessions' between two reads
         // of the sequence word that agree (and are even). A server that keeps it odd gets
         // what a look finds after the last try.
+        // Relaxed loads and fences only: the mapping is read-only, where an atomic load
+        // stronger than relaxed is not allowed.
         let look = || -> Result<(Record, Vec<Record>, bool), BadPage> {
-            let before = seq.load(Ordering::Acquire);
+            let before = seq.load(Ordering::Relaxed);
+            fence(Ordering::Acquire);
             let mut total = Record::read(words(0)?);
             let mut sessions = Vec::new();
             for r in 1..=SESSIONS {
@@ -681,6 +693,21 @@ mod tests {
         drop(t);
         assert_eq!(r.read().unwrap()[0].total.in_flight(), 0);
         assert_eq!(r.read().unwrap()[0].total.answered, 1);
+    }
+
+    #[test]
+    fn a_histogram_a_server_filled_with_huge_counts_gives_a_percentile_not_a_panic() {
+        let mut hist = vec![0; BUCKETS];
+        hist[3] = u64::MAX;
+        hist[200] = u64::MAX;
+        let r = Record {
+            hist,
+            ..Default::default()
+        };
+        assert!(r.percentile(0.999).is_some());
+        let mut sum = r.clone();
+        sum.add(&r);
+        assert_eq!(sum.samples, u64::MAX);
     }
 
     #[test]

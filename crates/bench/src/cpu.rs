@@ -3,14 +3,7 @@
 
 use std::time::Instant;
 
-fn process_ticks(pid: u32) -> Option<u64> {
-    let s = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    // Fields after the command name, which may contain spaces, ends at the last ')'.
-    let rest = s.rsplit(')').next()?;
-    let f: Vec<&str> = rest.split_whitespace().collect();
-    // rest starts at field 3 (state); utime and stime are fields 14 and 15.
-    Some(f.get(11)?.parse::<u64>().ok()? + f.get(12)?.parse::<u64>().ok()?)
-}
+use outboard_sys::process::cpu_ticks as process_ticks;
 
 /// CPU seconds of this process's children that ended and were waited for (`cutime` and
 /// `cstime`): what a short-lived helper (a `sockperf` client) used, read after it ended.
@@ -32,9 +25,7 @@ pub fn reaped_children_secs() -> f64 {
 }
 
 /// CPU seconds process `pid` has used (all its threads).
-pub fn process_secs(pid: u32) -> Option<f64> {
-    Some(process_ticks(pid)? as f64 / rustix::param::clock_ticks_per_second() as f64)
-}
+pub use outboard_sys::process::cpu_seconds as process_secs;
 
 fn machine_ticks() -> Option<u64> {
     let s = std::fs::read_to_string("/proc/stat").ok()?;

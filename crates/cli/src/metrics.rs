@@ -248,6 +248,30 @@ impl<'a> Family<'a> {
     }
 }
 
+/// A family of per-device samples: name, type, unit, help, sample suffix, the value.
+type DeviceFamily = (
+    &'static str,
+    &'static str,
+    &'static str,
+    &'static str,
+    &'static str,
+    fn(&crate::sample::Device) -> u64,
+);
+
+/// Writes `families`, a sample per device each, labelled with the device and its class.
+fn per_device(out: &mut String, s: &Sample, families: &[DeviceFamily]) {
+    for &(name, kind, unit, help, suffix, value) in families {
+        let mut f = Family::new(out, name, kind, unit, help);
+        for d in &s.devices {
+            f.sample(
+                suffix,
+                &[("device", &d.name), ("class", &d.class)],
+                value(d),
+            );
+        }
+    }
+}
+
 /// A family of per-process samples: name, type, unit, help, sample suffix, the value.
 type ProcessFamily = (
     &'static str,
@@ -261,42 +285,33 @@ type ProcessFamily = (
 /// A sample in the OpenMetrics text format.
 pub fn render(s: &Sample) -> String {
     let mut out = String::new();
-    let dev = |d: &crate::sample::Device| [("device", d.name.clone()), ("class", d.class.clone())];
-    macro_rules! per_device {
-        ($name:literal, $kind:literal, $unit:literal, $help:literal, $suffix:literal, $value:expr) => {{
-            let mut f = Family::new(&mut out, $name, $kind, $unit, $help);
-            for d in &s.devices {
-                let l = dev(d);
-                let labels: Vec<(&str, &str)> = l.iter().map(|(k, v)| (*k, v.as_str())).collect();
-                #[allow(clippy::redundant_closure_call)]
-                f.sample($suffix, &labels, ($value)(d));
-            }
-        }};
-    }
-    per_device!(
-        "outboard_device_requests",
-        "counter",
-        "",
-        "Requests answered.",
-        "_total",
-        |d: &crate::sample::Device| d.requests
-    );
-    per_device!(
-        "outboard_device_bytes",
-        "counter",
-        "bytes",
-        "Bytes moved by the requests that succeeded.",
-        "_total",
-        |d: &crate::sample::Device| d.bytes
-    );
-    per_device!(
-        "outboard_device_errors",
-        "counter",
-        "",
-        "Requests answered with an error.",
-        "_total",
-        |d: &crate::sample::Device| d.errors
-    );
+    let devices: [DeviceFamily; 3] = [
+        (
+            "outboard_device_requests",
+            "counter",
+            "",
+            "Requests answered.",
+            "_total",
+            |d| d.requests,
+        ),
+        (
+            "outboard_device_bytes",
+            "counter",
+            "bytes",
+            "Bytes moved by the requests that succeeded.",
+            "_total",
+            |d| d.bytes,
+        ),
+        (
+            "outboard_device_errors",
+            "counter",
+            "",
+            "Requests answered with an error.",
+            "_total",
+            |d| d.errors,
+        ),
+    ];
+    per_device(&mut out, s, &devices);
     {
         let mut f = Family::new(
             &mut out,
@@ -315,46 +330,49 @@ pub fn render(s: &Sample) -> String {
             }
         }
     }
-    per_device!(
-        "outboard_device_in_flight",
-        "gauge",
-        "",
-        "Requests taken by the driver server and not yet answered.",
-        "",
-        |d: &crate::sample::Device| d.in_flight
-    );
-    per_device!(
-        "outboard_device_restarts",
-        "counter",
-        "",
-        "Restarts of the device's driver server.",
-        "_total",
-        |d: &crate::sample::Device| d.restarts
-    );
-    per_device!(
-        "outboard_device_resumes",
-        "counter",
-        "",
-        "Client sessions resumed after a restart of the device's driver server.",
-        "_total",
-        |d: &crate::sample::Device| d.resumes
-    );
-    per_device!(
-        "outboard_device_replays",
-        "counter",
-        "",
-        "Requests clients sent again after a restart (the class's replay).",
-        "_total",
-        |d: &crate::sample::Device| d.replays
-    );
-    per_device!(
-        "outboard_device_sessions",
-        "gauge",
-        "",
-        "Client sessions open on the device.",
-        "",
-        |d: &crate::sample::Device| d.sessions
-    );
+    let devices: [DeviceFamily; 5] = [
+        (
+            "outboard_device_in_flight",
+            "gauge",
+            "",
+            "Requests taken by the driver server and not yet answered.",
+            "",
+            |d| d.in_flight,
+        ),
+        (
+            "outboard_device_restarts",
+            "counter",
+            "",
+            "Restarts of the device's driver server.",
+            "_total",
+            |d| d.restarts,
+        ),
+        (
+            "outboard_device_resumes",
+            "counter",
+            "",
+            "Client sessions resumed after a restart of the device's driver server.",
+            "_total",
+            |d| d.resumes,
+        ),
+        (
+            "outboard_device_replays",
+            "counter",
+            "",
+            "Requests clients sent again after a restart (the class's replay).",
+            "_total",
+            |d| d.replays,
+        ),
+        (
+            "outboard_device_sessions",
+            "gauge",
+            "",
+            "Client sessions open on the device.",
+            "",
+            |d| d.sessions,
+        ),
+    ];
+    per_device(&mut out, s, &devices);
     {
         let mut f = Family::new(
             &mut out,

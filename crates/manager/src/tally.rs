@@ -96,10 +96,12 @@ fn annotate(n: &mut Node, counts: &BTreeMap<String, (Record, Vec<Record>, Device
             }
         }
     }
-    if let Some(pid) = n.props.get("pid").and_then(serde_json::Value::as_u64) {
-        if let Some(u) = usage(pid) {
-            n.set("cpu-seconds", u.cpu_seconds);
-            n.set("rss-bytes", u.rss_bytes);
+    let pid = n.props.get("pid").and_then(serde_json::Value::as_u64);
+    if let Some(pid) = pid.and_then(|p| u32::try_from(p).ok()) {
+        use outboard_sys::process::{cpu_seconds, resident_bytes};
+        if let (Some(cpu), Some(rss)) = (cpu_seconds(pid), resident_bytes(pid)) {
+            n.set("cpu-seconds", cpu);
+            n.set("rss-bytes", rss);
         }
     }
     for c in &mut n.children {
@@ -130,63 +132,5 @@ fn set_record(n: &mut Node, r: &Record, device: &DeviceCounters) {
         n.set("latency-ns.sum", r.sum_ns);
         n.set("latency-ns.max", r.max_ns);
         n.set("latency-ns.samples", r.samples);
-    }
-}
-
-/// A process's CPU time and resident memory.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct Usage {
-    /// User and system time, seconds.
-    pub cpu_seconds: f64,
-    /// Resident set, bytes.
-    pub rss_bytes: u64,
-}
-
-/// Process `pid`'s usage, from `/proc` (`None` if it is gone).
-pub fn usage(pid: u64) -> Option<Usage> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    let statm = std::fs::read_to_string(format!("/proc/{pid}/statm")).ok()?;
-    parse_usage(
-        &stat,
-        &statm,
-        rustix::param::clock_ticks_per_second(),
-        rustix::param::page_size() as u64,
-    )
-}
-
-/// Reads `/proc/PID/stat` (utime and stime, fields 14 and 15, after the command name, which
-/// may hold spaces and parentheses: the fields start after the last `)`) and
-/// `/proc/PID/statm` (resident pages, the second field).
-fn parse_usage(stat: &str, statm: &str, ticks: u64, page: u64) -> Option<Usage> {
-    let after = &stat[stat.rfind(')')? + 1..];
-    let f: Vec<&str> = after.split_whitespace().collect();
-    // `after` starts at field 3 (state): utime is field 14, stime 15.
-    let utime: u64 = f.get(11)?.parse().ok()?;
-    let stime: u64 = f.get(12)?.parse().ok()?;
-    let resident: u64 = statm.split_whitespace().nth(1)?.parse().ok()?;
-    Some(Usage {
-        cpu_seconds: (utime + stime) as f64 / ticks.max(1) as f64,
-        rss_bytes: resident * page,
-    })
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn usage_reads_past_a_command_name_with_spaces_and_parentheses() {
-        let stat = "42 (a (b) c) S 1 42 42 0 -1 4194560 100 0 0 0 250 50 0 0 20 0 1 0 5 1000 77";
-        let u = parse_usage(stat, "1000 77 10 1 0 20 0", 100, 4096).unwrap();
-        assert_eq!(u.cpu_seconds, 3.0);
-        assert_eq!(u.rss_bytes, 77 * 4096);
-        assert!(parse_usage("42 (x", "1 2", 100, 4096).is_none());
-        assert!(parse_usage("42 (x) S 1", "1 2", 100, 4096).is_none());
-    }
-
-    #[test]
-    fn this_process_has_usage() {
-        let u = usage(u64::from(std::process::id())).unwrap();
-        assert!(u.rss_bytes > 0);
     }
 }

@@ -175,3 +175,55 @@ pub fn peer_groups(conn: std::os::fd::BorrowedFd<'_>) -> std::io::Result<Vec<u32
         return Err(e);
     }
 }
+
+/// User and system clock ticks process `pid` has used, all its threads (`None` if it is
+/// gone).
+pub fn cpu_ticks(pid: u32) -> Option<u64> {
+    stat_ticks(&std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?)
+}
+
+/// The same in seconds.
+pub fn cpu_seconds(pid: u32) -> Option<f64> {
+    Some(cpu_ticks(pid)? as f64 / rustix::param::clock_ticks_per_second().max(1) as f64)
+}
+
+/// Process `pid`'s resident memory in bytes (`None` if it is gone).
+pub fn resident_bytes(pid: u32) -> Option<u64> {
+    let statm = std::fs::read_to_string(format!("/proc/{pid}/statm")).ok()?;
+    statm_resident_pages(&statm).map(|p| p * rustix::param::page_size() as u64)
+}
+
+/// utime + stime from a `/proc/PID/stat` line: fields 14 and 15, counted after the command
+/// name, which may hold spaces and parentheses (the fields go on after the last `)`).
+fn stat_ticks(stat: &str) -> Option<u64> {
+    let after = &stat[stat.rfind(')')? + 1..];
+    let f: Vec<&str> = after.split_whitespace().collect();
+    // `after` starts at field 3 (state).
+    Some(f.get(11)?.parse::<u64>().ok()? + f.get(12)?.parse::<u64>().ok()?)
+}
+
+/// Resident pages, the second field of `/proc/PID/statm`.
+fn statm_resident_pages(statm: &str) -> Option<u64> {
+    statm.split_whitespace().nth(1)?.parse().ok()
+}
+
+#[cfg(test)]
+mod usage_tests {
+    use super::*;
+
+    #[test]
+    fn stat_is_read_past_a_command_name_with_spaces_and_parentheses() {
+        let stat = "42 (a (b) c) S 1 42 42 0 -1 4194560 100 0 0 0 250 50 0 0 20 0 1 0 5 1000 77";
+        assert_eq!(stat_ticks(stat), Some(300));
+        assert_eq!(stat_ticks("42 (x"), None);
+        assert_eq!(stat_ticks("42 (x) S 1"), None);
+        assert_eq!(statm_resident_pages("1000 77 10 1 0 20 0"), Some(77));
+        assert_eq!(statm_resident_pages("1"), None);
+    }
+
+    #[test]
+    fn this_process_has_usage() {
+        assert!(resident_bytes(std::process::id()).unwrap() > 0);
+        assert!(cpu_seconds(std::process::id()).is_some());
+    }
+}

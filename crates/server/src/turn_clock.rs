@@ -87,6 +87,14 @@ impl TurnClock {
         self.turns.set(self.turns.get().wrapping_add(1));
     }
 
+    /// The loop slept: the next completions found are timed, however few turns ago the last
+    /// were (a server at a human pace sleeps between requests, and times every one).
+    #[inline]
+    pub fn slept(&self) {
+        self.last_timed.set(None);
+        self.last_timed_turn.set(None);
+    }
+
     /// The turn's requests went in; completions are found from here on, read anew (a
     /// vfio-user model may finish a request before its doorbell returns).
     #[inline]
@@ -153,6 +161,12 @@ mod tests {
         for _ in 0..SAMPLE_TURNS {
             c.turn();
         }
+        c.completions();
+        assert!(c.completion_ns().is_some());
+        // After a sleep, timed however soon.
+        c.slept();
+        c.turn();
+        c.now_ns();
         c.completions();
         assert!(c.completion_ns().is_some());
         // After a pause longer than the gap, timed again.

@@ -363,6 +363,8 @@ impl DriverHost {
                 // device's recovery attempt is noticed.
                 self.work
                     .wait(Some(Duration::from_millis(100)), &mut ready)?;
+                // Time passed while it slept: what it finds next is timed.
+                self.clock.slept();
                 self.wake();
                 self.check_deadlines();
                 for source in ready.drain(..) {

@@ -172,6 +172,7 @@ pub fn exports(ctx: &Context) -> Result<TestResult, String> {
         log_x: false,
         log_y: false,
         kind: "bar".into(),
+        references: SERVERS[1..].iter().map(|s| s.to_string()).collect(),
         series: Vec::new(),
     };
     let mut copy = Figure {

@@ -587,6 +587,7 @@ pub fn faults_test(ctx: &Context) -> Result<TestResult, String> {
             log_x: false,
             log_y: true,
             kind: "bar".into(),
+            references: Vec::new(),
             series,
         }],
         unavailable: Vec::new(),

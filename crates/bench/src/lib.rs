@@ -6,6 +6,7 @@
 
 pub mod charts;
 pub mod combination;
+pub mod compare;
 pub mod counting;
 pub mod cpu;
 pub mod echo;

@@ -49,6 +49,10 @@ pub struct Figure {
     pub kind: String,
     /// The series.
     pub series: Vec<Series>,
+    /// Labels of the series that run none of Outboard's code (the kernel, a bare ping-pong):
+    /// the machine's floor, and in a comparison of two builds the measure of its noise.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub references: Vec<String>,
 }
 
 /// One configuration's curve (or bar).
@@ -131,6 +135,15 @@ impl Machine {
 }
 
 impl Figure {
+    /// Marks the series whose labels `is_reference` accepts as references (code not Outboard's).
+    pub fn references_where(mut self, is_reference: impl Fn(&str) -> bool) -> Self {
+        self.references = (self.series.iter())
+            .map(|s| s.label.clone())
+            .filter(|l| is_reference(l))
+            .collect();
+        self
+    }
+
     /// The series with this label.
     pub fn series(&self, label: &str) -> Option<&Series> {
         self.series.iter().find(|s| s.label == label)

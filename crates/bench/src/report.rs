@@ -5,7 +5,8 @@ use std::path::Path;
 
 use crate::model::TestResult;
 
-fn fmt(v: f64) -> String {
+/// A number with as many decimals as its size needs.
+pub(crate) fn fmt(v: f64) -> String {
     if v.fract() == 0.0 && v.abs() < 1e15 {
         return format!("{v:.0}");
     }

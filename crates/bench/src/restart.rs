@@ -97,6 +97,7 @@ fn phases(kill_ns: u64, stamps: &[(String, u64)], first_completion_ns: u64) -> V
         let name = match step.as_str() {
             "down" => "death noticed",
             "respawn" => "restart delay",
+            "taken" => "hand-over to the standby",
             "exec" => "fork, exec, start-up to main",
             "arguments" => "argument parsing, logging",
             "privileges" => "privileges dropped",
@@ -271,6 +272,7 @@ fn phase_figure(all: &[Vec<(String, f64)>]) -> (Figure, Vec<serde_json::Value>) 
         log_x: false,
         log_y: false,
         kind: "bar".into(),
+        references: Vec::new(),
         series: names
             .iter()
             .zip(&medians)
@@ -312,6 +314,7 @@ pub fn restart_test(ctx: &Context) -> Result<TestResult, String> {
         log_x: true,
         log_y: false,
         kind: "line".into(),
+        references: Vec::new(),
         series: Vec::new(),
     };
     let mut tput = Figure {

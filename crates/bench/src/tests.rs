@@ -40,6 +40,7 @@ pub(crate) fn figure(id: &str, title: &str, x: &str, y: &str, log_x: bool, kind:
         log_x,
         log_y: false,
         kind: kind.into(),
+        references: Vec::new(),
         series: Vec::new(),
     }
 }
@@ -271,7 +272,10 @@ pub fn disk_read(ctx: &Context) -> Result<TestResult, String> {
         runs: ctx.runs,
         discarded: WARM_UP,
         params: serde_json::json!({ "bytes_per_run": total, "queue_depth": 1, "transfer_sizes": sizes }),
-        figures: vec![bw, cpu, machine],
+        figures: vec![bw, cpu, machine]
+            .into_iter()
+            .map(|f| f.references_where(|label| label == "kernel"))
+            .collect(),
         unavailable,
         targets,
         machine: Machine::here(),
@@ -439,7 +443,7 @@ pub fn iops(ctx: &Context) -> Result<TestResult, String> {
         runs: ctx.runs,
         discarded: WARM_UP,
         params: serde_json::json!({ "disk_bytes": disk, "block": 4096, "queue_depths": qds, "clients": clients, "seconds_per_run": secs }),
-        figures: vec![fig],
+        figures: vec![fig.references_where(|label| label.starts_with("kernel"))],
         unavailable,
         targets,
         machine: Machine::here(),
@@ -602,7 +606,9 @@ pub fn null_rtt(ctx: &Context) -> Result<TestResult, String> {
         runs: ctx.runs,
         discarded: WARM_UP,
         params: serde_json::json!({ "round_trips_per_run": n, "batch_queue_depth": 32, "seconds_per_throughput_run": secs }),
-        figures: vec![lat, tput],
+        figures: [lat, tput]
+            .map(|f| f.references_where(|label| label.contains("ping-pong")))
+            .into(),
         unavailable,
         targets,
         machine: Machine::here(),

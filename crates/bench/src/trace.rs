@@ -487,6 +487,7 @@ pub fn trace_test(ctx: &crate::Context) -> Result<crate::model::TestResult, Stri
         log_x: false,
         log_y: false,
         kind: "bar".into(),
+        references: Vec::new(),
         series: results
             .iter()
             .map(|r| Series {

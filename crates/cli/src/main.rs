@@ -213,6 +213,25 @@ struct BenchArgs {
     /// Where results go.
     #[arg(long, default_value = "bench-results")]
     out: std::path::PathBuf,
+    /// Compare this build with another: both `outboard` executables run the tests in
+    /// alternating rounds (ABBA, so drift falls on both alike), each round into OUT/baseline/ or
+    /// OUT/this/, and OUT/COMPARE.md gives every point's change with the references' moves as
+    /// the run's noise.
+    #[arg(long, value_name = "EXE")]
+    baseline: Option<std::path::PathBuf>,
+    /// With --baseline: rounds per build.
+    #[arg(long, default_value_t = 6, value_parser = clap::value_parser!(u64).range(1..1000), allow_negative_numbers = true)]
+    rounds: u64,
+    /// With --baseline: how much worse, in percent, a point may be before it counts as worse.
+    #[arg(long, value_name = "PERCENT", default_value_t = 5.0, value_parser = percent)]
+    tolerance: f64,
+}
+
+fn percent(s: &str) -> Result<f64, String> {
+    match s.trim_end_matches('%').parse::<f64>() {
+        Ok(p) if (0.0..100.0).contains(&p) => Ok(p),
+        _ => Err("a percentage from 0 to 100, e.g. 5".into()),
+    }
 }
 
 fn bench(a: BenchArgs) -> Result<ExitCode, String> {
@@ -221,6 +240,9 @@ fn bench(a: BenchArgs) -> Result<ExitCode, String> {
     } else {
         a.tests.iter().map(String::as_str).collect()
     };
+    if let Some(baseline) = &a.baseline {
+        return bench_against(baseline, &tests, &a);
+    }
     outboard_bench::run(
         &tests,
         outboard_bench::Options {
@@ -233,6 +255,42 @@ fn bench(a: BenchArgs) -> Result<ExitCode, String> {
         },
     )?;
     println!("results: {}", a.out.join("REPORT.md").display());
+    Ok(ExitCode::SUCCESS)
+}
+
+/// `bench --baseline EXE`: both builds, alternating rounds, one comparison.
+fn bench_against(
+    baseline: &std::path::Path,
+    tests: &[&str],
+    a: &BenchArgs,
+) -> Result<ExitCode, String> {
+    use outboard_bench::compare;
+    // What both builds' bench get, written as each parses it.
+    let mut args = Vec::new();
+    if a.quick {
+        args.push("--quick".to_string());
+    }
+    for (flag, value) in [
+        ("--runs", a.runs),
+        ("--size", a.size),
+        ("--faults", a.faults),
+    ] {
+        if let Some(v) = value {
+            args.extend([flag.to_string(), v.to_string()]);
+        }
+    }
+    let comparison = compare::compare(&compare::Options {
+        baseline: baseline.to_path_buf(),
+        this: std::env::current_exe().map_err(|e| e.to_string())?,
+        tests: tests.iter().map(|t| t.to_string()).collect(),
+        args,
+        rounds: a.rounds as usize,
+        tolerance: a.tolerance / 100.0,
+        out: a.out.clone(),
+        round_limit: std::time::Duration::from_secs(4 * 3600),
+    })?;
+    println!("{}", compare::summary(&comparison));
+    println!("every point: {}", a.out.join("COMPARE.md").display());
     Ok(ExitCode::SUCCESS)
 }
 

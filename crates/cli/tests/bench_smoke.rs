@@ -178,3 +178,71 @@ fn quick_bench_writes_complete_json_charts_and_report() {
         }
     }
 }
+
+/// `--baseline` runs both builds in alternating rounds and pairs every point: here the same
+/// program twice, so every point is measured by both and the ping-pongs are references.
+#[test]
+fn two_builds_compared_pair_every_point_and_name_the_references() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("compared");
+    let exe = env!("CARGO_BIN_EXE_outboard");
+    let o = Command::new(exe)
+        .args([
+            "bench",
+            "null-rtt",
+            "--quick",
+            "--rounds",
+            "2",
+            "--baseline",
+            exe,
+            "--out",
+        ])
+        .arg(&out)
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let said = String::from_utf8_lossy(&o.stdout);
+    assert!(
+        said.contains("points of Outboard's code compared"),
+        "{said}"
+    );
+    for build in ["baseline", "this"] {
+        for round in 0..2 {
+            let json = out.join(format!("{build}/round-{round}/null-rtt.json"));
+            assert!(json.exists(), "{}", json.display());
+        }
+    }
+    let c: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(out.join("compare.json")).unwrap()).unwrap();
+    let rows = c["rows"].as_array().unwrap();
+    assert!(rows.len() >= 4, "{c:#}");
+    for r in rows {
+        assert_eq!(r["paired"].as_array().unwrap().len(), 2, "{r}");
+        let reference = r["series"].as_str().unwrap().contains("ping-pong");
+        assert_eq!(r["reference"], reference, "{r}");
+        assert!(r["better"].is_string(), "{r}");
+    }
+    assert!(std::fs::read_to_string(out.join("COMPARE.md"))
+        .unwrap()
+        .contains("| null-rtt | latency (µs) |"));
+
+    let missing = Command::new(exe)
+        .args([
+            "bench",
+            "null-rtt",
+            "--quick",
+            "--baseline",
+            "/nonexistent/outboard",
+        ])
+        .arg("--out")
+        .arg(dir.path().join("none"))
+        .output()
+        .unwrap();
+    assert!(!missing.status.success());
+    assert!(
+        String::from_utf8_lossy(&missing.stderr)
+            .contains("/nonexistent/outboard: no such executable"),
+        "{}",
+        String::from_utf8_lossy(&missing.stderr)
+    );
+}

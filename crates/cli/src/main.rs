@@ -169,6 +169,10 @@ enum Command {
     /// (internal) A driver server: drives devices and serves their class devices to sessions.
     /// The manager starts these; run one by hand to test a driver.
     DriverHost(up::DriverHostArgs),
+    /// (internal) A standby driver server: started and confined ahead of need, it waits for
+    /// the manager to hand it the place of a driver server that died.
+    #[command(hide = true)]
+    DriverStandby(outboard_manager::standby::StandbyArgs),
 }
 
 /// `outboard fault`.
@@ -351,7 +355,11 @@ impl Command {
     fn serves_others(&self) -> bool {
         matches!(
             self,
-            Command::Up(_) | Command::Export(_) | Command::DriverHost(_) | Command::Device(_)
+            Command::Up(_)
+                | Command::Export(_)
+                | Command::DriverHost(_)
+                | Command::DriverStandby(_)
+                | Command::Device(_)
         )
     }
 }
@@ -404,6 +412,7 @@ fn main() -> ExitCode {
         Command::Down(a) => up::down(a.args, a.ctl.or(&before)),
         Command::Export(c) => export::run(c.command, c.ctl.or(&before)),
         Command::DriverHost(a) => up::driver_host(a),
+        Command::DriverStandby(a) => up::driver_standby(a),
         Command::Bench(a) => bench(a),
         Command::BenchPeer { args } => {
             outboard_bench::pingpong::peer(&args).map(|()| ExitCode::SUCCESS)

@@ -457,15 +457,46 @@ pub fn driver_host(a: DriverHostArgs) -> Result<ExitCode, String> {
             outboard_session::control::monotonic_ns(),
         ),
     ];
-    let mut step =
-        |name: &str| startup.push((name.into(), outboard_session::control::monotonic_ns()));
     let vfio = a.devices.iter().any(|d| {
         d.split_once('=')
             .is_some_and(|(_, s)| s.starts_with("vfio:"))
     });
     // Before any thread exists: none ever holds a capability.
     a.confine.drop_privileges(vfio).map_err(|e| e.to_string())?;
-    step("privileges");
+    startup.push((
+        "privileges".into(),
+        outboard_session::control::monotonic_ns(),
+    ));
+    serve_devices(a, startup, vfio)
+}
+
+/// `outboard driver-standby`: drops its privileges as a driver server without a VFIO function
+/// does, then waits for the manager to hand it a dead server's place, and serves it.
+pub fn driver_standby(s: outboard_manager::standby::StandbyArgs) -> Result<ExitCode, String> {
+    use outboard_manager::standby::{wait_for_place, StandbyError};
+    // Its privileges dropped before it waits, as a server's are before it starts drivers;
+    // the rest of its confinement comes where a server's does, once its drivers have started
+    // (a vfio-user connection starts a thread, which a confined server may not).
+    s.confine
+        .drop_privileges(false)
+        .map_err(|e| e.to_string())?;
+    match wait_for_place(s.take_fd, &s.confine) {
+        Ok((a, taken)) => serve_devices(a, vec![("taken".to_string(), taken)], false),
+        // Stopped before it was needed: nothing went wrong.
+        Err(StandbyError::NotNeeded) => Ok(ExitCode::SUCCESS),
+        Err(e) => Err(e.to_string()),
+    }
+}
+
+/// A driver server from the point where its privileges are dropped: starts its drivers,
+/// serves their devices until stopped. `startup`: the steps so far, with when each ended.
+fn serve_devices(
+    a: DriverHostArgs,
+    mut startup: Vec<(String, u64)>,
+    vfio: bool,
+) -> Result<ExitCode, String> {
+    let mut step =
+        |name: &str| startup.push((name.into(), outboard_session::control::monotonic_ns()));
     let stop = stop_flag()?;
     let mut served: Vec<Served> = Vec::new();
     let mut names = Vec::new();

@@ -461,7 +461,7 @@ fn a_managed_export_carries_its_clients_through_a_driver_restart() {
     assert_eq!(c.reply(0).0, 0, "write");
     let up_pid = up.child.as_ref().unwrap().id();
     for round in 0..3u64 {
-        let servers = common::children_running(up_pid, "driver-host");
+        let servers = common::driver_servers(&up.control, None);
         assert!(common::signal_child_of(
             up_pid,
             servers[0],

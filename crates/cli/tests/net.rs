@@ -6,6 +6,7 @@
 mod common;
 
 use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -389,15 +390,16 @@ fn children_with(up_pid: u32, word: &str, mention: &str) -> Vec<u32> {
         .collect()
 }
 
-/// The driver server of `nic` (a child of `up` running `driver-host` for it).
-fn server_of(up_pid: u32, nic: &str) -> Vec<u32> {
-    children_with(up_pid, "driver-host", &format!("{nic}="))
+/// The driver server of `nic`, as the registry of the machine on `control` names it.
+fn server_of(control: &Path, nic: &str) -> Vec<u32> {
+    common::driver_servers(control, Some(nic))
 }
 
 /// Kills `nic`'s driver server (a child of `up_pid`) every 100 ms until `stop` is set; the
 /// thread's value is how many kills landed.
 fn kill_every_100ms(
     up_pid: u32,
+    control: PathBuf,
     nic: &'static str,
     stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
 ) -> std::thread::JoinHandle<u32> {
@@ -405,7 +407,7 @@ fn kill_every_100ms(
         let mut kills = 0;
         while !stop.load(std::sync::atomic::Ordering::Relaxed) {
             std::thread::sleep(Duration::from_millis(100));
-            for pid in server_of(up_pid, nic) {
+            for pid in server_of(&control, nic) {
                 if common::signal_child_of(up_pid, pid, rustix::process::Signal::KILL) {
                     kills += 1;
                 }
@@ -446,7 +448,7 @@ fn stream_while_killing(victim: &'static str) -> Stream {
     });
     let (mut tx, _) = open_nic(&control, "nic0", NetOptions::default()).unwrap();
     let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
-    let killer = kill_every_100ms(up_pid, victim, stop.clone());
+    let killer = kill_every_100ms(up_pid, up.control.clone(), victim, stop.clone());
     let (mut sent, mut interrupted) = (0u64, 0u64);
     // 3 s under kills, then 2 s of calm: what is sent in the calm must get through.
     let mut calm_from = None;
@@ -605,7 +607,7 @@ fn a_verified_udp_stream_goes_on_while_the_receivers_driver_server_is_killed_eve
     let mut tx = Udp::bind(tx, Ipv4Addr::new(10, 9, 0, 1), 24, 9001).unwrap();
     let to = (Ipv4Addr::new(10, 9, 0, 2), 9000);
     let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
-    let killer = kill_every_100ms(up_pid, "nic1", stop.clone());
+    let killer = kill_every_100ms(up_pid, up.control.clone(), "nic1", stop.clone());
     // 3 s under kills, then 2 s of calm; what is sent from 1 s into the calm (the last
     // server killed is back by then) must all arrive.
     let (mut sent, mut calm_from) = (0u64, None);
@@ -879,7 +881,7 @@ fn exports_declared_in_the_machine_make_the_interfaces_and_outlive_an_export_cra
     // nic1's driver server is killed: the confined export resumes its session on the new
     // server (through the manager), takes the receive path again, and traffic goes on.
     let serving = children_with(up_pid, "export", &ib);
-    let servers = server_of(up_pid, "nic1");
+    let servers = server_of(&up.control, "nic1");
     assert_eq!(servers.len(), 1, "nic1's driver server");
     assert!(common::signal_child_of(
         up_pid,

@@ -98,7 +98,11 @@ fn a_killed_manager_takes_its_children_with_it() {
     let mut up = Up::start(dir.path(), None);
     let pid = up.child.as_ref().unwrap().id();
     let kids = common::children_of(pid);
-    assert_eq!(kids.len(), 2, "a device model and a driver server");
+    assert_eq!(
+        kids.len(),
+        3,
+        "a device model, a driver server and its standby"
+    );
     up.child.as_mut().unwrap().kill().unwrap();
     up.child.take().unwrap().wait().unwrap();
     for k in kids {

@@ -107,9 +107,14 @@ fn kill_repeatedly(target: &str, kills: usize) {
     assert_eq!(steps.first(), Some(&"down"), "{steps:?}");
     assert_eq!(steps.last(), Some(&"serving"), "{steps:?}");
     if target == "driver" {
-        for step in ["respawn", "exec", "driver disk0", "listening"] {
+        for step in ["respawn", "driver disk0", "listening"] {
             assert!(steps.contains(&step), "{step} missing: {steps:?}");
         }
+        // A standby took the place (handed over), or none was ready and a server started.
+        assert!(
+            steps.contains(&"taken") != steps.contains(&"exec"),
+            "{steps:?}"
+        );
     }
     assert!(
         stamps.windows(2).all(|w| w[0].1 <= w[1].1),
@@ -125,6 +130,99 @@ fn killing_the_driver_server_at_random_loses_and_fails_nothing() {
 #[test]
 fn killing_the_device_model_at_random_loses_and_fails_nothing() {
     kill_repeatedly("pci-function", 6);
+}
+
+fn standby_of(up: &Up) -> Option<u32> {
+    let reg = registry(up);
+    find_node(&reg, "driver")?["props"]["standby-pid"]
+        .as_u64()
+        .map(|p| p as u32)
+}
+
+/// The standby, once there is one (within 10 s).
+fn wait_standby(up: &Up) -> Option<u32> {
+    let mut standby = None;
+    common::eventually(Duration::from_secs(10), || {
+        standby = standby_of(up);
+        standby.is_some()
+    });
+    standby
+}
+
+/// What a restart's steps were, by name.
+fn last_restart_steps(up: &Up) -> Vec<String> {
+    let reg = registry(up);
+    let stamps: Vec<(String, u64)> = serde_json::from_value(
+        find_node(&reg, "driver").unwrap()["props"]["last-restart-stamps"].clone(),
+    )
+    .unwrap_or_else(|e| panic!("no restart stamps ({e}): {reg:#}"));
+    stamps.into_iter().map(|(s, _)| s).collect()
+}
+
+/// The manager keeps a standby driver server (started, confined, waiting): at the server's
+/// death the standby takes its place — the same process serves next, with no exec on the
+/// restart's path — the clients lose nothing, and a new standby waits for the next death.
+#[test]
+fn a_standby_takes_the_place_of_a_killed_driver_server() {
+    let dir = tempfile::tempdir().unwrap();
+    let up = Up::start(dir.path(), Some(MACHINE));
+    let manager = up.child.as_ref().unwrap().id();
+    let (stop, clients) = common::under_load(&up, "disk0", 0..2, 16, 256);
+    for round in 0..3 {
+        let standby = wait_standby(&up)
+            .unwrap_or_else(|| panic!("no standby in round {round}: {:#}", registry(&up)));
+        let (server, _) = pid_of(&up, "driver").unwrap();
+        // One standby waiting, the one the registry names (a server that was a standby
+        // still has `driver-standby` on its command line).
+        let waiting: Vec<u32> = common::children_running(manager, "driver-standby")
+            .into_iter()
+            .filter(|&p| p != server as u32)
+            .collect();
+        assert_eq!(waiting, vec![standby], "round {round}");
+        std::thread::sleep(Duration::from_millis(100));
+        assert!(common::signal_child_of(
+            manager,
+            server as u32,
+            Signal::KILL
+        ));
+        wait_serving(&up, server);
+        let (now, _) = pid_of(&up, "driver").unwrap();
+        assert_eq!(now as u32, standby, "the standby took the place");
+        let steps = last_restart_steps(&up);
+        assert!(steps.contains(&"taken".to_string()), "{steps:?}");
+        assert!(!steps.contains(&"exec".to_string()), "{steps:?}");
+    }
+    std::thread::sleep(Duration::from_millis(200));
+    stop.store(true, Ordering::Relaxed);
+    let reports = common::verified_clean(clients);
+    assert!(reports.iter().map(|r| r.completed).sum::<u64>() > 500);
+    let last = wait_standby(&up).expect("a standby after the last restart");
+    drop(up);
+    assert!(
+        common::wait_gone(last, Duration::from_secs(10)),
+        "the standby outlived the machine"
+    );
+}
+
+/// `standby = false`: no standby waits, and a restart starts a server afresh.
+#[test]
+fn without_a_standby_a_restart_starts_a_server() {
+    let dir = tempfile::tempdir().unwrap();
+    let up = Up::start(dir.path(), Some(&format!("{MACHINE}standby = false\n")));
+    let manager = up.child.as_ref().unwrap().id();
+    let (server, _) = pid_of(&up, "driver").unwrap();
+    std::thread::sleep(Duration::from_millis(300));
+    assert_eq!(standby_of(&up), None, "{:#}", registry(&up));
+    assert!(common::children_running(manager, "driver-standby").is_empty());
+    assert!(common::signal_child_of(
+        manager,
+        server as u32,
+        Signal::KILL
+    ));
+    wait_serving(&up, server);
+    let steps = last_restart_steps(&up);
+    assert!(steps.contains(&"exec".to_string()), "{steps:?}");
+    assert_eq!(standby_of(&up), None);
 }
 
 /// A server that stops (SIGSTOP: its loop never turns) is found by its heartbeat, killed and

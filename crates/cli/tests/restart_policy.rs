@@ -25,7 +25,7 @@ fn kill_servers(up: &Up, kills: usize, every: Duration) -> usize {
     let up_pid = up.child.as_ref().unwrap().id();
     let mut done = 0;
     for _ in 0..kills {
-        for pid in common::children_running(up_pid, "driver-host") {
+        for pid in common::driver_servers(&up.control, None) {
             if common::signal_child_of(up_pid, pid, Signal::KILL) {
                 done += 1;
             }
@@ -369,7 +369,7 @@ fn a_driver_that_hangs_now_and_then_but_serves_between_is_never_given_up() {
         wait_running(&up, &format!("round {round}"));
         // It serves a while, then stops answering (SIGSTOP: the heartbeat stops too).
         std::thread::sleep(Duration::from_millis(400));
-        let servers = common::children_running(up_pid, "driver-host");
+        let servers = common::driver_servers(&up.control, None);
         assert_eq!(servers.len(), 1);
         assert!(common::signal_child_of(up_pid, servers[0], Signal::STOP));
         let killed = eventually(Duration::from_secs(10), || {

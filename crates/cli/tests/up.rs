@@ -56,7 +56,11 @@ fn the_default_machine_serves_disk0_and_stops_cleanly() {
     // Ctrl-C leaves no process and no socket behind.
     let pid = up.child.as_ref().unwrap().id();
     let kids = children_of(pid);
-    assert_eq!(kids.len(), 2, "a device model and a driver server");
+    assert_eq!(
+        kids.len(),
+        3,
+        "a device model, a driver server and its standby"
+    );
     let out = up.interrupt();
     assert!(out.status.success());
     assert!(stdout(&out).contains("outboard: stopped"));

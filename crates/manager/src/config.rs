@@ -20,6 +20,9 @@
 //! restart_window = "60s"  # crashes without serving older than this are forgotten
 //! retry_after_give_up = "60s" # a given-up device is tried again after 1 s, 2 s, … up to this
 //! heartbeat = "1s"        # a driver server whose loop stops this long is hung: restarted
+//! standby = true          # a standby driver server waits, started and its privileges
+//!                         # dropped, to take the place of one that dies (false: one process
+//!                         # fewer, a slower restart)
 //! fault_injection = false # true: a fault socket for `outboard fault`
 //! driver_abort_on = 8192  # the driver aborts its server when a request touches this sector
 //!                         # (virtio-blk; refused for a driver that cannot)
@@ -69,6 +72,7 @@ placement = "separate"        # its driver in a server process of its own; "grou
 # restart_window = "60s"      # crashes without serving older than this are forgotten
 # retry_after_give_up = "60s" # a given-up device is tried again, at most this far apart
 # heartbeat = "1s"            # a driver server whose loop stops this long is hung: restarted
+# standby = true              # a standby driver server waits to take the place of one that dies
 # attached = true             # false: declared only, started by outboard attach disk0
 # fault_injection = false     # true: a fault socket, for outboard fault disk0 stall=2s
 # faults = []                 # faults armed from the start, e.g. ["drop-irq=2"]
@@ -276,6 +280,7 @@ struct RawDevice {
     restart_window: Option<Spanned<String>>,
     retry_after_give_up: Option<Spanned<String>>,
     heartbeat: Option<Spanned<String>>,
+    standby: Option<bool>,
     #[serde(default)]
     faults: Vec<Spanned<String>>,
     attached: Option<bool>,
@@ -297,6 +302,7 @@ const COMMON_KEYS: &[&str] = &[
     "restart_window",
     "retry_after_give_up",
     "heartbeat",
+    "standby",
     "faults",
     "attached",
     "fault_injection",
@@ -588,6 +594,7 @@ impl Machine {
             restart.window = duration("restart_window", &d.restart_window, restart.window)?;
             restart.heartbeat = duration("heartbeat", &d.heartbeat, restart.heartbeat)?;
             restart.retry = duration("retry_after_give_up", &d.retry_after_give_up, restart.retry)?;
+            restart.standby = d.standby.unwrap_or(restart.standby);
             if let Some(n) = &d.restarts {
                 restart.limit = u32::try_from(*n.get_ref()).map_err(|_| {
                     err(

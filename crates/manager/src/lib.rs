@@ -23,6 +23,7 @@ mod nodes;
 mod relocate;
 pub mod restart;
 pub mod runtime;
+pub mod standby;
 mod supervise;
 pub mod supervisor;
 mod tally;
@@ -102,6 +103,11 @@ const RESUME_GRACE: Duration = Duration::from_millis(250);
 /// How long a restarted device model has to come into service before it is killed (and the
 /// attempt counted as a crash without progress).
 const MODEL_START_TIME: Duration = Duration::from_secs(10);
+
+/// How long after a restarted server serves its next standby is started: its clients resume
+/// and replay meanwhile (a few ms; the standby's own start-up would take a CPU from them on a
+/// small machine). A server that dies again sooner is started afresh.
+const STANDBY_AFTER_RESTART: Duration = Duration::from_millis(20);
 
 /// A running machine.
 pub struct Manager {

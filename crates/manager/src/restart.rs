@@ -33,6 +33,9 @@ pub struct RestartPolicy {
     pub heartbeat: Duration,
     /// A device given up is tried again after this long (`outboard restart` tries at once).
     pub retry: Duration,
+    /// A standby driver server waits to take the place of one that dies (a process more,
+    /// a fork, exec and start-up fewer on a restart: `crate::standby`).
+    pub standby: bool,
 }
 
 impl Default for RestartPolicy {
@@ -45,6 +48,7 @@ impl Default for RestartPolicy {
             max_backoff: Duration::from_secs(2),
             heartbeat: Duration::from_secs(1),
             retry: Duration::from_secs(60),
+            standby: true,
         }
     }
 }

@@ -155,6 +155,9 @@ impl Manager {
             if p.heartbeat.is_some() {
                 wait = wait.min(Duration::from_millis(50));
             }
+            if let Some(at) = p.standby_at {
+                wait = wait.min(at.saturating_duration_since(now));
+            }
         }
         wait
     }
@@ -523,6 +526,12 @@ impl Manager {
                     }
                 }
             }
+            if self.procs[i].standby_at.is_some_and(|at| at <= now)
+                && self.procs[i].exited.is_none()
+            {
+                self.procs[i].standby_at = None;
+                self.prepare_standby(i);
+            }
             let p = &mut self.procs[i];
             if p.serve_by.is_some_and(|by| by <= now) && p.exited.is_none() && !p.hung {
                 p.kill_as_hung(&format!(
@@ -557,10 +566,20 @@ impl Manager {
         p.timeline.push(("respawn".into(), control::monotonic_ns()));
         // No stamp when `respawn` returns: the child may reach `main` before it does; its own
         // first stamp is the next step.
-        if let Err(e) = p.respawn(
-            p.exe.clone().as_deref().unwrap_or(&self.opts.exe),
-            self.opts.verbose,
-        ) {
+        let exe = p.exe.clone().unwrap_or_else(|| self.opts.exe.clone());
+        let started = if p.standby_suits(&exe) {
+            let standby = p.standby.take().expect("it suits");
+            p.take_over(standby).or_else(|e| {
+                tracing::warn!(
+                    "{}: its standby could not take over ({e}); starting anew",
+                    p.role
+                );
+                p.respawn(&exe, self.opts.verbose)
+            })
+        } else {
+            p.respawn(&exe, self.opts.verbose)
+        };
+        if let Err(e) = started {
             tracing::error!("{e}");
             // Counted as another crash: back-off, and in the end giving up, apply.
             p.exited = None;
@@ -620,6 +639,9 @@ impl Manager {
                 if let Some(drv) = self.driver_of_mut(n) {
                     drv.set("pid", pid);
                     drv.set("restarts", total);
+                    // A standby that took over is the server now; the next one comes once
+                    // it serves.
+                    drv.props.remove("standby-pid");
                 }
             }
             self.set_state(
@@ -723,6 +745,52 @@ impl Manager {
             .collect();
         for n in suspended {
             self.command(&n, control::Command::Quiesce { device: n.clone() });
+        }
+        // At the first start at once; after a restart once the clients are back, so that the
+        // standby's own start-up does not take the CPU their resume needs.
+        if down.is_some() {
+            self.procs[i].standby_at = Some(std::time::Instant::now() + STANDBY_AFTER_RESTART);
+        } else {
+            self.prepare_standby(i);
+        }
+    }
+
+    /// Driver server `i` serves: unless its devices say otherwise (`standby = false`), a
+    /// standby waits to take its place at its next death. Started once the server serves, so
+    /// that its own start-up is off this restart's path.
+    pub(crate) fn prepare_standby(&mut self, i: usize) {
+        let kind = self.procs[i].kind.clone();
+        let wanted = matches!(kind, supervisor::Kind::Server { .. }) && self.policy(&kind).standby;
+        let exe = (self.procs[i].exe.clone()).unwrap_or_else(|| self.opts.exe.clone());
+        let verbose = self.opts.verbose;
+        let p = &mut self.procs[i];
+        if !wanted {
+            p.standby = None;
+        } else if !p.standby_suits(&exe) {
+            if let Some(args) = p.server.as_ref().filter(|a| crate::standby::may_serve(a)) {
+                let role = format!("standby for {}", p.role);
+                match crate::standby::Standby::spawn(
+                    &exe,
+                    &role,
+                    &args.confine,
+                    p.log.clone(),
+                    verbose,
+                ) {
+                    Ok(s) => p.standby = Some(s),
+                    Err(e) => tracing::warn!("{}: no standby: {e}", p.role),
+                }
+            }
+        }
+        let pid = p.standby.as_ref().map(|s| s.pid());
+        for n in Self::devices_of(&kind) {
+            if let Some(drv) = self.driver_of_mut(&n) {
+                match pid {
+                    Some(pid) => drv.set("standby-pid", pid),
+                    None => {
+                        drv.props.remove("standby-pid");
+                    }
+                }
+            }
         }
     }
 

@@ -83,6 +83,11 @@ pub struct Process {
     /// A graceful restart under way: the devices still draining, and when to stop waiting
     /// for them.
     pub graceful: Option<(Vec<String>, Instant)>,
+    /// A driver server's standby, waiting to take its place at its death
+    /// ([`crate::standby`]).
+    pub standby: Option<crate::standby::Standby>,
+    /// When to start its next standby (after a restart, once its clients are back).
+    pub standby_at: Option<Instant>,
 }
 
 /// What a supervised process is, which decides what its death means.
@@ -309,8 +314,21 @@ impl Passing {
         };
         let (ours, theirs) = pair(self.events, "its event channel")?;
         let (broker, child_broker) = pair(self.broker, "its broker connection")?;
-        let conns = self
-            .connect
+        let conns = self.connections(role)?;
+        Ok(Incarnation {
+            events: ours,
+            broker,
+            fresh: theirs
+                .into_iter()
+                .chain(conns)
+                .chain(child_broker)
+                .collect(),
+        })
+    }
+
+    /// A fresh connection to each device model in `connect`.
+    fn connections(&self, role: &str) -> Result<Vec<OwnedFd>, SpawnError> {
+        self.connect
             .iter()
             .map(|p| {
                 std::os::unix::net::UnixStream::connect(p)
@@ -321,16 +339,7 @@ impl Passing {
                         err,
                     })
             })
-            .collect::<Result<Vec<_>, _>>()?;
-        Ok(Incarnation {
-            events: ours,
-            broker,
-            fresh: theirs
-                .into_iter()
-                .chain(conns)
-                .chain(child_broker)
-                .collect(),
-        })
+            .collect()
     }
 
     /// What the child gets, as numbered by [`fd_layout`]: channel, `keep`, connections,
@@ -457,7 +466,7 @@ impl Process {
         if let Some(server) = &self.server {
             self.args = server.command_line();
         }
-        let mut next = Self::spawn_with(
+        let next = Self::spawn_with(
             exe,
             &self.role,
             &self.args,
@@ -466,6 +475,51 @@ impl Process {
             &self.passing,
             true,
         )?;
+        self.succeed(next);
+        Ok(())
+    }
+
+    /// A driver server's next incarnation is its standby, handed this one's place: its
+    /// arguments, listener and fresh connections to its models, at the numbers a restarted
+    /// server would have found them.
+    pub fn take_over(&mut self, standby: crate::standby::Standby) -> Result<(), SpawnError> {
+        let Some(server) = &self.server else {
+            return Err(SpawnError::NoEvents(self.role.clone()));
+        };
+        let conns = self.passing.connections(&self.role)?;
+        let (keep_slots, conn_slots) = fd_layout(true, self.passing.keep.len(), conns.len());
+        let fds: Vec<(i32, BorrowedFd<'_>)> =
+            (keep_slots.into_iter().zip(self.passing.keep.iter()))
+                .chain(conn_slots.into_iter().zip(conns.iter()))
+                .map(|(slot, fd)| (slot, fd.as_fd()))
+                .collect();
+        let mut next = standby.take(server, &fds)?;
+        drop(fds);
+        next.role = self.role.clone();
+        // This incarnation starts now, with the place: what happened to its device before (a
+        // model started since the standby was) is not its doing.
+        next.started = Instant::now();
+        self.args = server.command_line();
+        self.succeed(next);
+        Ok(())
+    }
+
+    /// Whether its standby can take its place at the next restart, run by `exe` (and drops a
+    /// standby that cannot: another program, other arguments, or dead).
+    pub fn standby_suits(&mut self, exe: &Path) -> bool {
+        let fds = self.passing.keep.len() + self.passing.connect.len();
+        let suits = match (&mut self.standby, &self.server) {
+            (Some(s), Some(args)) => s.suits(exe, args, fds),
+            _ => false,
+        };
+        if !suits {
+            self.standby = None;
+        }
+        suits
+    }
+
+    /// `next` is its new incarnation: what the supervisor knows of it carries over.
+    fn succeed(&mut self, mut next: Process) {
         next.passing = std::mem::take(&mut self.passing);
         *self = Self {
             kind: self.kind.clone(),
@@ -475,9 +529,23 @@ impl Process {
             suspect: self.suspect.take(),
             server: self.server.take(),
             exe: self.exe.take(),
+            standby: self.standby.take(),
+            log: self.log.clone(),
             ..next
         };
-        Ok(())
+    }
+
+    /// Starts `exe args…` as [`Process::spawn_passing`] does, its output appended to `log`
+    /// (a standby writes into its server's log).
+    pub(crate) fn spawn_appending(
+        exe: &Path,
+        role: &str,
+        args: &[String],
+        log: PathBuf,
+        verbose: u8,
+        passing: &Passing,
+    ) -> Result<Self, SpawnError> {
+        Self::spawn_with(exe, role, args, log, verbose, passing, true)
     }
 
     /// Starts `exe args…` with its output in `log` and an event channel: the child finds its
@@ -580,6 +648,8 @@ impl Process {
             started: Instant::now(),
             exe: None,
             graceful: None,
+            standby: None,
+            standby_at: None,
         })
     }
 

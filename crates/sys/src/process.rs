@@ -97,6 +97,19 @@ pub fn inherited_device(n: i32) -> Result<OwnedFd, String> {
     )
 }
 
+/// Takes the socket inherited as fd `n` and moves it to the lowest free number from `min`
+/// up, leaving `n` free for a descriptor [`place`] puts there later (a standby's hand-over
+/// socket, in the way of the numbers its hand-over fills).
+pub fn inherited_socket_moved(n: i32, min: i32) -> Result<OwnedFd, String> {
+    let fd = inherited(n, rustix::fs::FileType::Socket, "a socket")?;
+    let moved = rustix::io::fcntl_dupfd_cloexec(&fd, min).map_err(|e| format!("fd {n}: {e}"))?;
+    drop(fd);
+    // The number is free again, to be taken once more.
+    let mut taken = TAKEN.lock().unwrap_or_else(|p| p.into_inner());
+    taken.retain(|&t| t != n);
+    Ok(moved)
+}
+
 fn inherited(n: i32, kind: rustix::fs::FileType, what: &str) -> Result<OwnedFd, String> {
     if n <= 2 {
         return Err(format!("fd {n}: not a descriptor a parent passes"));
@@ -121,6 +134,45 @@ fn inherited(n: i32, kind: rustix::fs::FileType, what: &str) -> Result<OwnedFd, 
     rustix::io::fcntl_setfd(&fd, rustix::io::FdFlags::CLOEXEC)
         .map_err(|e| format!("fd {n}: {e}"))?;
     Ok(fd)
+}
+
+/// Puts each of `fds` at the number `slots` gives it, where a child started with them
+/// would have found them, for [`inherited_socket`] and the like to take over: a standby
+/// process handed descriptors over a socket after it started. Each slot must be above 2 and
+/// free in this process (nothing is closed to make room). Call it while this process has one
+/// thread, as at start-up: another thread could open a slot between the check and the copy.
+pub fn place(fds: Vec<OwnedFd>, slots: &[i32]) -> Result<(), String> {
+    if fds.len() != slots.len() {
+        return Err(format!(
+            "{} descriptors for {} places",
+            fds.len(),
+            slots.len()
+        ));
+    }
+    // Out of the way first: a descriptor may have arrived where another one goes.
+    let staged = fds
+        .iter()
+        .map(|fd| rustix::io::fcntl_dupfd_cloexec(fd, 3 + MAX_PASSED as i32))
+        .collect::<Result<Vec<OwnedFd>, _>>()
+        .map_err(|e| format!("moving a received descriptor: {e}"))?;
+    drop(fds);
+    for (i, (fd, &slot)) in staged.iter().zip(slots).enumerate() {
+        if slot <= 2 || slots[..i].contains(&slot) {
+            return Err(format!("fd {slot}: not a place for a passed descriptor"));
+        }
+        // SAFETY: only borrowed to ask whether the number is open; nothing is closed
+        // through it.
+        if rustix::io::fcntl_getfd(unsafe { BorrowedFd::borrow_raw(slot) }).is_ok() {
+            return Err(format!("fd {slot}: in use already"));
+        }
+        // SAFETY: a plain system call on numbers: `fd` is open and owned by `staged`, and
+        // `slot` was checked to be free, so no owner of it exists in this process for the
+        // copy to alias; the copy is owned by whoever takes `slot` over afterwards.
+        if unsafe { libc::dup3(fd.as_raw_fd(), slot, libc::O_CLOEXEC) } < 0 {
+            return Err(format!("fd {slot}: {}", std::io::Error::last_os_error()));
+        }
+    }
+    Ok(())
 }
 
 /// Restores SIGPIPE's default action. Rust starts programs with it ignored, so a command-line
@@ -225,5 +277,39 @@ mod usage_tests {
     fn this_process_has_usage() {
         assert!(resident_bytes(std::process::id()).unwrap() > 0);
         assert!(cpu_seconds(std::process::id()).is_some());
+    }
+}
+
+#[cfg(test)]
+mod place_tests {
+    use super::*;
+    use std::io::{Read, Write};
+
+    #[test]
+    fn descriptors_land_where_they_are_sent_and_an_open_number_is_refused() {
+        let (a, b) = std::os::unix::net::UnixStream::pair().unwrap();
+        // Numbers this test process does not use; given in the opposite order to how they
+        // were made.
+        place(vec![b.into(), a.into()], &[931, 930]).unwrap();
+        let mut a = std::os::unix::net::UnixStream::from(inherited_socket(930).unwrap());
+        let mut b = std::os::unix::net::UnixStream::from(inherited_socket(931).unwrap());
+        a.write_all(b"x").unwrap();
+        let mut got = [0u8; 1];
+        b.read_exact(&mut got).unwrap();
+        assert_eq!(&got, b"x");
+        let (c, _d) = std::os::unix::net::UnixStream::pair().unwrap();
+        let err = place(vec![c.into()], &[a.as_raw_fd()]).unwrap_err();
+        assert!(err.contains("in use already"), "{err}");
+        let (e, _f) = std::os::unix::net::UnixStream::pair().unwrap();
+        assert!(place(vec![e.into()], &[2]).is_err());
+        // A socket moved out of the way leaves its number free, to be placed and taken again.
+        let (g, _h) = std::os::unix::net::UnixStream::pair().unwrap();
+        place(vec![g.into()], &[932]).unwrap();
+        let moved = inherited_socket_moved(932, 950).unwrap();
+        assert!(moved.as_raw_fd() >= 950);
+        let (i, _j) = std::os::unix::net::UnixStream::pair().unwrap();
+        place(vec![i.into()], &[932]).unwrap();
+        assert!(inherited_socket(932).is_ok());
+        assert!(place(Vec::new(), &[940]).is_err());
     }
 }

@@ -287,6 +287,31 @@ pub fn registry(up: &Up) -> serde_json::Value {
     serde_json::from_slice(&up.run(&["ls", "--json"]).stdout).expect("ls --json")
 }
 
+/// The driver servers of the machine on `control` (of `device` only, if given), as its
+/// registry names them. A server that began as a standby has `driver-standby` on its command
+/// line, so the command line does not tell which process serves.
+#[allow(dead_code)]
+pub fn driver_servers(control: &Path, device: Option<&str>) -> Vec<u32> {
+    fn walk(n: &outboard_client::registry::Node, device: Option<&str>, out: &mut Vec<u32>) {
+        let serves = |d: &str| n.children.iter().any(|c| c.name == d);
+        if n.kind == "driver" && device.is_none_or(serves) {
+            if let Some(pid) = n.props.get("pid").and_then(|p| p.as_u64()) {
+                if !out.contains(&(pid as u32)) {
+                    out.push(pid as u32);
+                }
+            }
+        }
+        for c in &n.children {
+            walk(c, device, out);
+        }
+    }
+    let mut out = Vec::new();
+    if let Ok(tree) = outboard_client::manager::registry(control) {
+        walk(&tree, device, &mut out);
+    }
+    out
+}
+
 /// The first node of `kind` in a registry tree.
 pub fn find_node<'a>(n: &'a serde_json::Value, kind: &str) -> Option<&'a serde_json::Value> {
     if n["kind"] == kind {

@@ -97,7 +97,7 @@ fn phases(kill_ns: u64, stamps: &[(String, u64)], first_completion_ns: u64) -> V
         let name = match step.as_str() {
             "down" => "death noticed",
             "respawn" => "restart delay",
-            "taken" => "hand-over to the standby",
+            "taken" => HAND_OVER,
             "exec" => "fork, exec, start-up to main",
             "arguments" => "argument parsing, logging",
             "privileges" => "privileges dropped",
@@ -231,6 +231,23 @@ pub(crate) fn percentile(v: &[f64], p: f64) -> f64 {
         return f64::NAN;
     }
     v[((v.len() - 1) as f64 * p).round() as usize]
+}
+
+/// The phase of a restart handed to a standby driver server.
+const HAND_OVER: &str = "hand-over to the standby";
+
+/// Restarts that went one way: how many, kill to first completion (the sum of their phases,
+/// median and p99, ms), and each phase's median and p99.
+fn path_summary(restarts: &[Vec<(String, f64)>]) -> serde_json::Value {
+    let totals: Vec<f64> = (restarts.iter())
+        .map(|p| p.iter().map(|(_, v)| v).sum())
+        .collect();
+    serde_json::json!({
+        "restarts": restarts.len(),
+        "kill_to_first_completion_median_ms": percentile(&totals, 0.5),
+        "kill_to_first_completion_p99_ms": percentile(&totals, 0.99),
+        "phases": phase_figure(restarts).1,
+    })
 }
 
 /// Where a driver server's restart goes: the median and p99 of each phase over every kill,
@@ -440,6 +457,13 @@ pub fn restart_test(ctx: &Context) -> Result<TestResult, String> {
         });
     }
     let (by_phase, phase_rows) = phase_figure(&driver_phases);
+    // The two ways back, apart: handed to a standby, or started afresh (no standby was ready).
+    let (handed, fresh): (Vec<_>, Vec<_>) =
+        (driver_phases.iter().cloned()).partition(|p| p.iter().any(|(n, _)| n == HAND_OVER));
+    let by_path = serde_json::json!({
+        "standby": path_summary(&handed),
+        "fresh": path_summary(&fresh),
+    });
     let worst = all_medians.iter().copied().fold(0.0, f64::max);
     targets.push(Target {
         target: "restart: kill-to-first-completion median ≤ 50 ms (worst interval)".into(),
@@ -465,6 +489,7 @@ pub fn restart_test(ctx: &Context) -> Result<TestResult, String> {
             "seconds_per_interval": secs,
             "rows": table,
             "driver_restart_phases": phase_rows,
+            "driver_restarts_by_path": by_path,
         }),
         figures: vec![latency, tput, by_phase],
         unavailable: Vec::new(),

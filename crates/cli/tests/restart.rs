@@ -204,6 +204,39 @@ fn a_standby_takes_the_place_of_a_killed_driver_server() {
     );
 }
 
+/// A standby that dies while it waits (killed here) is noticed and replaced, and the new one
+/// takes the server's place at its death.
+#[test]
+fn a_standby_that_dies_is_replaced() {
+    let dir = tempfile::tempdir().unwrap();
+    let up = Up::start(dir.path(), Some(MACHINE));
+    let manager = up.child.as_ref().unwrap().id();
+    let first = wait_standby(&up).expect("a standby");
+    assert!(common::signal_child_of(manager, first, Signal::KILL));
+    let mut second = None;
+    assert!(
+        common::eventually(Duration::from_secs(10), || {
+            second = standby_of(&up).filter(|&p| p != first);
+            second.is_some()
+        }),
+        "no new standby: {:#}",
+        registry(&up)
+    );
+    let second = second.unwrap();
+    assert!(
+        common::wait_gone(first, Duration::from_secs(5)),
+        "the dead standby was reaped"
+    );
+    let (server, _) = pid_of(&up, "driver").unwrap();
+    assert!(common::signal_child_of(
+        manager,
+        server as u32,
+        Signal::KILL
+    ));
+    wait_serving(&up, server);
+    assert_eq!(pid_of(&up, "driver").unwrap().0 as u32, second);
+}
+
 /// `standby = false`: no standby waits, and a restart starts a server afresh.
 #[test]
 fn without_a_standby_a_restart_starts_a_server() {

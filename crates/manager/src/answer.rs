@@ -286,6 +286,9 @@ impl Manager {
             p.restarts.forgive();
             if server && exe.is_some() {
                 p.exe = exe.clone();
+                // The program asked for runs next, even from a path whose file was replaced
+                // since the standby was started from it.
+                p.standby = None;
             }
             if p.gave_up.is_some() || p.exited.is_some() {
                 p.gave_up = None;

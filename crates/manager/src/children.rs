@@ -49,6 +49,20 @@ pub struct ConfineArgs {
     pub max_memory: Option<u64>,
 }
 
+impl Default for ConfineArgs {
+    /// Not confined, with the command line's defaults (a process run by hand).
+    fn default() -> Self {
+        Self {
+            confine: false,
+            check_confinement: None,
+            user: None,
+            require_confinement: false,
+            max_files: outboard_confine::limits::MAX_FILES,
+            max_memory: None,
+        }
+    }
+}
+
 /// Why a child could not confine itself as asked: it ends with this message.
 #[derive(Debug, thiserror::Error)]
 pub enum ConfineFailed {
@@ -901,17 +915,7 @@ mod tests {
         };
         assert_eq!(back, a, "{line:?}");
         // And the defaults: a server as plain as the command line makes it.
-        let plain = DriverHostArgs::on_fd(
-            4,
-            ConfineArgs {
-                confine: false,
-                check_confinement: None,
-                user: None,
-                require_confinement: false,
-                max_files: outboard_confine::limits::MAX_FILES,
-                max_memory: None,
-            },
-        );
+        let plain = DriverHostArgs::on_fd(4, ConfineArgs::default());
         let mut minimal = vec![
             "outboard".to_string(),
             "driver-host".into(),

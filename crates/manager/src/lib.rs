@@ -109,6 +109,9 @@ const MODEL_START_TIME: Duration = Duration::from_secs(10);
 /// small machine). A server that dies again sooner is started afresh.
 const STANDBY_AFTER_RESTART: Duration = Duration::from_millis(20);
 
+/// How long after a standby died (killed, or failing at its own start) the next is started.
+const STANDBY_RETRY: Duration = Duration::from_secs(1);
+
 /// A running machine.
 pub struct Manager {
     machine: Machine,

@@ -169,6 +169,14 @@ impl Standby {
         })
     }
 
+    /// Whether it is still waiting (a standby that died, killed or failing at its start, is
+    /// reaped here).
+    pub fn alive(&mut self) -> bool {
+        self.process
+            .as_mut()
+            .is_some_and(|p| p.exited.is_none() && !p.reap())
+    }
+
     /// Its process id.
     pub fn pid(&self) -> u32 {
         self.process.as_ref().map_or(0, |p| p.pid())
@@ -178,12 +186,11 @@ impl Standby {
     /// descriptors: alive, the same program and confinement, no VFIO device, few enough
     /// descriptors for one message.
     pub fn suits(&mut self, exe: &Path, args: &DriverHostArgs, fds: usize) -> bool {
-        let alive = self.process.as_mut().is_some_and(|p| !p.reap());
-        alive
+        self.alive()
             && self.exe == exe
             && self.confine == args.confine
             && may_serve(args)
-            && fds <= outboard_session::control::MAX_FDS
+            && fds <= outboard_session::control::MAX_FDS.min(outboard_sys::process::MAX_PASSED)
     }
 
     /// Hands it the place of a server started from `args`, with `fds` at the numbers given;
@@ -228,14 +235,7 @@ mod tests {
     use super::*;
 
     fn unconfined() -> ConfineArgs {
-        ConfineArgs {
-            confine: false,
-            check_confinement: None,
-            user: None,
-            require_confinement: false,
-            max_files: outboard_confine::limits::MAX_FILES,
-            max_memory: None,
-        }
+        ConfineArgs::default()
     }
 
     /// Hands `line` (with one socket at `slot`) to a standby waiting on `take_fd`.

@@ -155,7 +155,8 @@ impl Manager {
             if p.heartbeat.is_some() {
                 wait = wait.min(Duration::from_millis(50));
             }
-            if let Some(at) = p.standby_at {
+            // A dead server's standby comes after its restart (which resets the timer).
+            if let Some(at) = p.standby_at.filter(|_| p.exited.is_none()) {
                 wait = wait.min(at.saturating_duration_since(now));
             }
         }
@@ -526,6 +527,16 @@ impl Manager {
                     }
                 }
             }
+            let p = &mut self.procs[i];
+            if p.exited.is_none() && p.standby.as_mut().is_some_and(|s| !s.alive()) {
+                tracing::warn!(
+                    "{}: its standby died; another starts in {STANDBY_RETRY:?}",
+                    p.role
+                );
+                p.standby = None;
+                p.standby_at = Some(now + STANDBY_RETRY);
+                self.show_standby(i);
+            }
             if self.procs[i].standby_at.is_some_and(|at| at <= now)
                 && self.procs[i].exited.is_none()
             {
@@ -598,6 +609,8 @@ impl Manager {
                     self.set_state(&Self::devices_of(&kind), given_up, given_up);
                 }
             }
+            // Its standby may have been used up by an attempt that failed.
+            self.show_standby(i);
             return;
         }
         p.gave_up = None;
@@ -639,11 +652,10 @@ impl Manager {
                 if let Some(drv) = self.driver_of_mut(n) {
                     drv.set("pid", pid);
                     drv.set("restarts", total);
-                    // A standby that took over is the server now; the next one comes once
-                    // it serves.
-                    drv.props.remove("standby-pid");
                 }
             }
+            // A standby that took over is the server now; the next one comes once it serves.
+            self.show_standby(i);
             self.set_state(
                 &devices,
                 (State::Starting, Detail::None),
@@ -781,8 +793,13 @@ impl Manager {
                 }
             }
         }
-        let pid = p.standby.as_ref().map(|s| s.pid());
-        for n in Self::devices_of(&kind) {
+        self.show_standby(i);
+    }
+
+    /// The registry names server `i`'s standby (`standby-pid` on its drivers), or none.
+    pub(crate) fn show_standby(&mut self, i: usize) {
+        let pid = self.procs[i].standby.as_ref().map(|s| s.pid());
+        for n in Self::devices_of(&self.procs[i].kind.clone()) {
             if let Some(drv) = self.driver_of_mut(&n) {
                 match pid {
                     Some(pid) => drv.set("standby-pid", pid),

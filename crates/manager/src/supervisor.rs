@@ -499,8 +499,11 @@ impl Process {
         // This incarnation starts now, with the place: what happened to its device before (a
         // model started since the standby was) is not its doing.
         next.started = Instant::now();
-        self.args = server.command_line();
         self.succeed(next);
+        // Its arguments are the line it serves by, not the standby's own.
+        if let Some(server) = &self.server {
+            self.args = server.command_line();
+        }
         Ok(())
     }
 

@@ -149,10 +149,12 @@ pub fn place(fds: Vec<OwnedFd>, slots: &[i32]) -> Result<(), String> {
             slots.len()
         ));
     }
-    // Out of the way first: a descriptor may have arrived where another one goes.
+    // Out of the way first, above every slot: a descriptor may have arrived where another one
+    // goes.
+    let above = slots.iter().copied().max().unwrap_or(2).max(2) + 1;
     let staged = fds
         .iter()
-        .map(|fd| rustix::io::fcntl_dupfd_cloexec(fd, 3 + MAX_PASSED as i32))
+        .map(|fd| rustix::io::fcntl_dupfd_cloexec(fd, above))
         .collect::<Result<Vec<OwnedFd>, _>>()
         .map_err(|e| format!("moving a received descriptor: {e}"))?;
     drop(fds);
@@ -160,9 +162,10 @@ pub fn place(fds: Vec<OwnedFd>, slots: &[i32]) -> Result<(), String> {
         if slot <= 2 || slots[..i].contains(&slot) {
             return Err(format!("fd {slot}: not a place for a passed descriptor"));
         }
-        // SAFETY: only borrowed to ask whether the number is open; nothing is closed
+        // SAFETY: a plain system call on a number, which may well be closed (then it answers
+        // EBADF); no Rust object is made for it, so nothing can be owned, borrowed or closed
         // through it.
-        if rustix::io::fcntl_getfd(unsafe { BorrowedFd::borrow_raw(slot) }).is_ok() {
+        if unsafe { libc::fcntl(slot, libc::F_GETFD) } >= 0 {
             return Err(format!("fd {slot}: in use already"));
         }
         // SAFETY: a plain system call on numbers: `fd` is open and owned by `staged`, and

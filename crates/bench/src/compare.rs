@@ -334,7 +334,9 @@ fn rows(out: &Path, tests: &[String], rounds: usize) -> Result<Vec<Row>, String>
             }
         }
     }
-    let mut rows: Vec<Row> = (seen.into_values())
+    // The map's order is the report's: tests as asked, then figure, series and x (the bits of a
+    // non-negative float sort as its value).
+    let rows: Vec<Row> = (seen.into_values())
         .map(|(mut row, [this, baseline])| {
             for (k, &b) in &this {
                 let Some(&a) = baseline.get(k) else { continue };
@@ -351,13 +353,6 @@ fn rows(out: &Path, tests: &[String], rounds: usize) -> Result<Vec<Row>, String>
             row
         })
         .collect();
-    // The map kept tests in order; within a figure, series by name and x by value.
-    rows.sort_by(|a, b| {
-        let place = |r: &Row| tests.iter().position(|t| *t == r.test);
-        (place(a), &a.figure, &a.series)
-            .cmp(&(place(b), &b.figure, &b.series))
-            .then(a.x.total_cmp(&b.x))
-    });
     Ok(rows)
 }
 

@@ -26,7 +26,7 @@ use outboard_block::{BlockDevice, BlockError, BlockOp, BlockRequest};
 use rustix::process::Signal;
 
 use crate::model::{Figure, Machine, Point, Series, Target, TestResult};
-use crate::restart::{percentile, pid_and_serving};
+use crate::restart::{percentile, pids_of};
 use crate::stats::Summary;
 use crate::verified::{self, Workload};
 use crate::Context;
@@ -44,14 +44,16 @@ const RECOVERY: Duration = Duration::from_secs(30);
 const DRIVER_POISON_BLOCK: u64 = 16_000;
 const MODEL_POISON_BLOCK: u64 = 16_100;
 
-/// The machine: one disk under the default restart policy, with fault injection, a short
-/// deadline and heartbeat (a hang is noticed in well under a second), and two poisoned
-/// sectors.
-fn machine() -> String {
-    format!(
-        r#"name = "fault-campaign"
+/// The machine: `disks` disks (`disk0`, `disk1`, …) under the default restart policy, each
+/// with fault injection, a short deadline and heartbeat (a hang is noticed in well under a
+/// second), and two poisoned sectors.
+fn machine(disks: u64) -> String {
+    let mut m = String::from("name = \"fault-campaign\"\n");
+    for d in 0..disks {
+        m.push_str(&format!(
+            r#"
 [[device]]
-name = "disk0"
+name = "disk{d}"
 model = "virtio-blk"
 backing = "mem:64M"
 queues = 2
@@ -61,10 +63,12 @@ fault_injection = true
 faults = ["abort-on={}"]
 driver_abort_on = {}
 "#,
-        DEADLINE.as_millis(),
-        MODEL_POISON_BLOCK * 8,
-        DRIVER_POISON_BLOCK * 8
-    )
+            DEADLINE.as_millis(),
+            MODEL_POISON_BLOCK * 8,
+            DRIVER_POISON_BLOCK * 8
+        ));
+    }
+    m
 }
 
 /// A kind of fault.
@@ -135,19 +139,19 @@ impl Kind {
         !matches!(self, Kind::CorruptLen | Kind::DeviceError)
     }
 
-    /// The signals to send, and to which process (`driver` or `pci-function` node). A
+    /// The signals to send, and to which process (the driver server, else the model). A
     /// segmentation fault is two SIGSEGVs: Rust's runtime catches the first to tell a stack
     /// overflow from other faults and returns from it, and a real faulting access then faults
     /// again, which kills; one sent from outside faults nothing, so the second is sent too.
-    fn signal(self) -> Option<(&'static str, &'static [Signal])> {
+    fn signal(self) -> Option<(bool, &'static [Signal])> {
         const SEGFAULT: &[Signal] = &[Signal::SEGV, Signal::SEGV];
         match self {
-            Kind::KillServer => Some(("driver", &[Signal::KILL])),
-            Kind::SegvServer => Some(("driver", SEGFAULT)),
-            Kind::StopServer => Some(("driver", &[Signal::STOP])),
-            Kind::KillModel => Some(("pci-function", &[Signal::KILL])),
-            Kind::SegvModel => Some(("pci-function", SEGFAULT)),
-            Kind::StopModel => Some(("pci-function", &[Signal::STOP])),
+            Kind::KillServer => Some((true, &[Signal::KILL])),
+            Kind::SegvServer => Some((true, SEGFAULT)),
+            Kind::StopServer => Some((true, &[Signal::STOP])),
+            Kind::KillModel => Some((false, &[Signal::KILL])),
+            Kind::SegvModel => Some((false, SEGFAULT)),
+            Kind::StopModel => Some((false, &[Signal::STOP])),
             _ => None,
         }
     }
@@ -183,73 +187,12 @@ struct Injected {
     quarantined: Option<bool>,
 }
 
-/// Sends `sigs` to `pid` only if it is a child of `parent` (the machine this campaign
-/// started): through one pidfd, so the pid checked is the one signalled even if it is reused,
-/// and a signal after one that killed it reaches nobody. Each signal after the first waits
-/// until the one before was taken: two of a kind pending at once are one.
-fn signal_child_of(parent: u32, pid: i32, sigs: &[Signal]) -> Result<(), String> {
-    let p = rustix::process::Pid::from_raw(pid).ok_or("no such pid")?;
-    let fd = rustix::process::pidfd_open(p, rustix::process::PidfdFlags::empty())
-        .map_err(|e| format!("pidfd_open {pid}: {e}"))?;
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).map_err(|e| e.to_string())?;
-    let ppid = stat
-        .rsplit_once(')')
-        .and_then(|(_, rest)| rest.split_whitespace().nth(1))
-        .and_then(|s| s.parse::<u32>().ok());
-    if ppid != Some(parent) {
-        return Err(format!("pid {pid} is not the machine's child"));
-    }
-    for (i, sig) in sigs.iter().enumerate() {
-        if i > 0 && !taken(pid, &fd, sigs[i - 1]) {
-            // It died of the one before.
-            return Ok(());
-        }
-        match rustix::process::pidfd_send_signal(&fd, *sig) {
-            Ok(()) => {}
-            // The one before killed it.
-            Err(rustix::io::Errno::SRCH) if i > 0 => return Ok(()),
-            Err(e) => return Err(format!("signal {pid}: {e}")),
-        }
-    }
-    Ok(())
-}
-
-/// Waits (up to a second) until process `pid` (held by `fd`) has taken the `sig` sent to it:
-/// no longer pending, and no longer caught (Rust's runtime resets SIGSEGV's handler in it).
-/// False if it died meanwhile.
-fn taken(pid: i32, fd: &std::os::fd::OwnedFd, sig: Signal) -> bool {
-    let bit = 1u64 << (sig.as_raw() - 1);
-    let field = |status: &str, name: &str| {
-        status
-            .lines()
-            .find_map(|l| l.strip_prefix(name))
-            .and_then(|v| u64::from_str_radix(v.trim(), 16).ok())
-            .unwrap_or(0)
-    };
-    let until = Instant::now() + Duration::from_secs(1);
-    while Instant::now() < until {
-        let mut p = [rustix::event::PollFd::new(fd, rustix::event::PollFlags::IN)];
-        if rustix::event::poll(&mut p, Some(&rustix::time::Timespec::default())) == Ok(1) {
-            return false;
-        }
-        let Ok(status) = std::fs::read_to_string(format!("/proc/{pid}/status")) else {
-            return false;
-        };
-        let pending = field(&status, "SigPnd:") | field(&status, "ShdPnd:");
-        if pending & bit == 0 && field(&status, "SigCgt:") & bit == 0 {
-            return true;
-        }
-        std::thread::sleep(Duration::from_micros(200));
-    }
-    true
-}
-
-/// Arms `fault` in disk0's model, as an operator would (`outboard fault`).
-fn arm(exe: &Path, control: &Path, fault: &str) -> Result<(), String> {
+/// Arms `fault` in `disk`'s model, as an operator would (`outboard fault`).
+fn arm(exe: &Path, control: &Path, disk: &str, fault: &str) -> Result<(), String> {
     let out = std::process::Command::new(exe)
         .arg("--control")
         .arg(control)
-        .args(["fault", "disk0", fault])
+        .args(["fault", disk, fault])
         .stdin(std::process::Stdio::null())
         .output()
         .map_err(|e| format!("{}: {e}", exe.display()))?;
@@ -257,7 +200,7 @@ fn arm(exe: &Path, control: &Path, fault: &str) -> Result<(), String> {
         Ok(())
     } else {
         Err(format!(
-            "outboard fault disk0 {fault}: {}",
+            "outboard fault {disk} {fault}: {}",
             String::from_utf8_lossy(&out.stderr).trim()
         ))
     }
@@ -265,8 +208,8 @@ fn arm(exe: &Path, control: &Path, fault: &str) -> Result<(), String> {
 
 /// Reads `block` (of 4 KiB) through the campaign's own session and says whether it failed
 /// as quarantined.
-fn poisoned_read(control: &Path, block: u64) -> Result<bool, String> {
-    let mut dev = verified::open(control, "disk0", 1)?;
+fn poisoned_read(control: &Path, disk: &str, block: u64) -> Result<bool, String> {
+    let mut dev = verified::open(control, disk, 1)?;
     let sectors = verified::BLOCK / dev.info().block_size as u64;
     let req = BlockRequest {
         op: BlockOp::Read,
@@ -286,30 +229,36 @@ fn poisoned_read(control: &Path, block: u64) -> Result<bool, String> {
     ))
 }
 
-/// Injects one fault of `kind` and waits until the machine serves again.
-fn inject(exe: &Path, control: &Path, up: u32, kind: Kind) -> Result<Injected, String> {
-    let (server, _) = pid_and_serving(control, "driver").ok_or("no driver server")?;
+/// Injects one fault of `kind` into `disk` and waits until it is served again.
+fn inject(exe: &Path, control: &Path, up: u32, disk: &str, kind: Kind) -> Result<Injected, String> {
+    let before = pids_of(control, disk).ok_or_else(|| format!("{disk}: no driver server"))?;
     let at = Instant::now();
     let mut quarantined = None;
-    if let Some((node, sigs)) = kind.signal() {
-        let (pid, _) = pid_and_serving(control, node).ok_or("no process to signal")?;
-        signal_child_of(up, pid, sigs)?;
+    if let Some((server, sigs)) = kind.signal() {
+        let pid = if server {
+            before.server
+        } else {
+            before
+                .model
+                .ok_or_else(|| format!("{disk}: no device model"))?
+        };
+        crate::fixture::signal_child_of(up, pid, sigs)?;
     } else if let Some(f) = kind.device_fault() {
-        arm(exe, control, &f)?;
+        arm(exe, control, disk, &f)?;
     } else if let Some(block) = kind.poison() {
-        quarantined = Some(poisoned_read(control, block)?);
+        quarantined = Some(poisoned_read(control, disk, block)?);
     }
     let mut recovered_ms = None;
     if kind.replaces_server() {
         loop {
-            match pid_and_serving(control, "driver") {
-                Some((p, true)) if p != server => {
+            match pids_of(control, disk) {
+                Some(p) if p.serving && p.server != before.server => {
                     recovered_ms = Some(at.elapsed().as_secs_f64() * 1e3);
                     break;
                 }
                 _ if Instant::now() > at + RECOVERY => {
                     return Err(format!(
-                        "{}: no new driver server served within {RECOVERY:?}",
+                        "{disk}: {}: no new driver server served within {RECOVERY:?}",
                         kind.label()
                     ))
                 }
@@ -348,11 +297,32 @@ struct Tally {
     unexplained: Vec<String>,
 }
 
-/// Runs the campaign: `faults` faults under the verified load.
+impl Tally {
+    /// Adds another disk's counts.
+    fn merge(&mut self, o: Tally) {
+        self.verified += o.verified;
+        for (k, c) in o.failed {
+            *self.failed.entry(k).or_default() += c;
+        }
+        self.mismatches += o.mismatches;
+        let room = 10usize.saturating_sub(self.examples.len());
+        self.examples.extend(o.examples.into_iter().take(room));
+        self.duplicates += o.duplicates;
+        self.replayed += o.replayed;
+        let room = 10usize.saturating_sub(self.unexplained.len());
+        self.unexplained
+            .extend(o.unexplained.into_iter().take(room));
+    }
+}
+
+/// One disk's campaign: `faults` faults into `disk` under the verified load of clients `ids`
+/// (regions of their own), each failure weighed against this disk's faults.
 fn campaign(
     ctx: &Context,
     control: &Path,
     up: u32,
+    disk: &str,
+    ids: std::ops::Range<u64>,
     faults: u64,
 ) -> Result<(Vec<Injected>, Tally), String> {
     let w = Workload {
@@ -361,9 +331,9 @@ fn campaign(
         flush_every: 64,
     };
     let stop = Arc::new(AtomicBool::new(false));
-    let clients = verified::spawn_clients(control, "disk0", 0..CLIENTS, w, &stop)?;
+    let clients = verified::spawn_clients(control, disk, ids.clone(), w, &stop)?;
     // Each kind in turn, in an order shuffled per round, at a random instant.
-    let mut rng = 0x9e37_79b9_7f4a_7c15u64 ^ u64::from(std::process::id());
+    let mut rng = 0x9e37_79b9_7f4a_7c15u64 ^ u64::from(std::process::id()) ^ (ids.start << 32);
     let mut order = Kind::ALL.to_vec();
     let mut done = Vec::new();
     let mut result = Ok(());
@@ -377,12 +347,9 @@ fn campaign(
         }
         rng = xorshift(rng);
         std::thread::sleep(Duration::from_millis(10 + rng % 50));
-        ctx.progress.set_message(format!(
-            "faults: {} ({}/{faults})",
-            order[slot].label(),
-            i + 1
-        ));
-        match inject(&ctx.exe, control, up, order[slot]) {
+        ctx.progress
+            .set_message(format!("faults: {disk}: {}", order[slot].label()));
+        match inject(&ctx.exe, control, up, disk, order[slot]) {
             Ok(f) => done.push(f),
             Err(e) => {
                 result = Err(e);
@@ -393,6 +360,7 @@ fn campaign(
     }
     stop.store(true, Ordering::Relaxed);
     let mut t = Tally::default();
+    let injected: Vec<(Instant, Kind)> = done.iter().map(|d| (d.at, d.kind)).collect();
     for c in clients {
         let r = c.join().map_err(|_| "a client panicked")??;
         t.verified += r.completed - r.failed.len() as u64;
@@ -401,20 +369,63 @@ fn campaign(
             r.mismatches
                 .iter()
                 .take(10 - t.examples.len().min(10))
-                .cloned(),
+                .map(|m| format!("{disk}: {m}")),
         );
         t.duplicates += r.duplicates;
         t.replayed += r.replayed;
-        let injected: Vec<(Instant, Kind)> = done.iter().map(|d| (d.at, d.kind)).collect();
         for f in r.failed {
             let (after, allowed) = blame(&injected, f.sent, f.at, f.kind);
             *t.failed.entry((after, f.kind, allowed)).or_default() += 1;
             if !allowed && t.unexplained.len() < 10 {
-                t.unexplained.push(timeline(&injected, &f));
+                t.unexplained
+                    .push(format!("{disk}: {}", timeline(&injected, &f)));
             }
         }
     }
     result.map(|()| (done, t))
+}
+
+/// The disks to inject into at once: `--fault-disks`, else one, or four for a campaign of
+/// more than 1,000 faults (one disk at a time would take hours).
+fn disks(ctx: &Context) -> u64 {
+    ctx.fault_disks
+        .unwrap_or(if count(ctx) > 1000 { 4 } else { 1 })
+        .clamp(1, count(ctx))
+}
+
+/// Every disk's campaign at once, each in its own thread with its share of the faults and of
+/// the clients (at least one each); the faults injected, in time order, and the counts.
+fn campaigns(
+    ctx: &Context,
+    control: &Path,
+    up: u32,
+    faults: u64,
+    disks: u64,
+) -> Result<(Vec<Injected>, Tally), String> {
+    let per_disk = CLIENTS.div_ceil(disks).max(1);
+    let outcomes: Vec<Result<(Vec<Injected>, Tally), String>> = std::thread::scope(|s| {
+        let runs: Vec<_> = (0..disks)
+            .map(|d| {
+                let share = faults / disks + u64::from(d < faults % disks);
+                let ids = d * per_disk..(d + 1) * per_disk;
+                s.spawn(move || campaign(ctx, control, up, &format!("disk{d}"), ids, share))
+            })
+            .collect();
+        runs.into_iter()
+            .map(|r| {
+                r.join()
+                    .unwrap_or_else(|_| Err("a campaign panicked".into()))
+            })
+            .collect()
+    });
+    let (mut done, mut tally) = (Vec::new(), Tally::default());
+    for o in outcomes {
+        let (d, t) = o?;
+        done.extend(d);
+        tally.merge(t);
+    }
+    done.sort_by_key(|d| d.at);
+    Ok((done, tally))
 }
 
 /// Which fault a request that failed with `kind` answers to, and whether the policy allows
@@ -467,12 +478,13 @@ fn count(ctx: &Context) -> u64 {
 /// Runs the test.
 pub fn faults_test(ctx: &Context) -> Result<TestResult, String> {
     let n = count(ctx);
+    let disks = disks(ctx);
     let dir = std::env::temp_dir().join(format!("outboard-bench-faults-{}", std::process::id()));
     std::fs::create_dir_all(&dir).map_err(|e| e.to_string())?;
-    let up = crate::fixture::machine(&ctx.exe, &dir, &machine(), &[])?;
+    let up = crate::fixture::machine(&ctx.exe, &dir, &machine(disks), &[])?;
     let control = dir.join("control.sock");
     let started = Instant::now();
-    let outcome = campaign(ctx, &control, up.pid, n);
+    let outcome = campaigns(ctx, &control, up.pid, n, disks);
     let elapsed = started.elapsed().as_secs_f64();
     drop(up);
     let _ = std::fs::remove_dir_all(&dir);
@@ -564,7 +576,8 @@ pub fn faults_test(ctx: &Context) -> Result<TestResult, String> {
         params: serde_json::json!({
             "faults": done.len(),
             "seconds": elapsed,
-            "clients": CLIENTS,
+            "disks": disks,
+            "clients": CLIENTS.div_ceil(disks).max(1) * disks,
             "queue_depth": 16,
             "request_deadline_ms": DEADLINE.as_millis() as u64,
             "requests_verified": t.verified,

@@ -262,6 +262,71 @@ pub fn machine(
     Ok(up)
 }
 
+/// Sends `sigs` to `pid` only if it is a child of `parent` (the machine the benchmark
+/// started): through one pidfd, so the pid checked is the one signalled even if it is reused,
+/// and a signal after one that killed it reaches nobody. Each signal after the first waits
+/// until the one before was taken: two of a kind pending at once are one.
+pub fn signal_child_of(
+    parent: u32,
+    pid: i32,
+    sigs: &[rustix::process::Signal],
+) -> Result<(), String> {
+    let p = rustix::process::Pid::from_raw(pid).ok_or("no such pid")?;
+    let fd = rustix::process::pidfd_open(p, rustix::process::PidfdFlags::empty())
+        .map_err(|e| format!("pidfd_open {pid}: {e}"))?;
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).map_err(|e| e.to_string())?;
+    let ppid = stat
+        .rsplit_once(')')
+        .and_then(|(_, rest)| rest.split_whitespace().nth(1))
+        .and_then(|s| s.parse::<u32>().ok());
+    if ppid != Some(parent) {
+        return Err(format!("pid {pid} is not the machine's child"));
+    }
+    for (i, sig) in sigs.iter().enumerate() {
+        if i > 0 && !taken(pid, &fd, sigs[i - 1]) {
+            // It died of the one before.
+            return Ok(());
+        }
+        match rustix::process::pidfd_send_signal(&fd, *sig) {
+            Ok(()) => {}
+            // The one before killed it.
+            Err(rustix::io::Errno::SRCH) if i > 0 => return Ok(()),
+            Err(e) => return Err(format!("signal {pid}: {e}")),
+        }
+    }
+    Ok(())
+}
+
+/// Waits (up to a second) until process `pid` (held by `fd`) has taken the `sig` sent to it:
+/// no longer pending, and no longer caught (Rust's runtime resets SIGSEGV's handler in it).
+/// False if it died meanwhile.
+fn taken(pid: i32, fd: &std::os::fd::OwnedFd, sig: rustix::process::Signal) -> bool {
+    let bit = 1u64 << (sig.as_raw() - 1);
+    let field = |status: &str, name: &str| {
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix(name))
+            .and_then(|v| u64::from_str_radix(v.trim(), 16).ok())
+            .unwrap_or(0)
+    };
+    let until = Instant::now() + Duration::from_secs(1);
+    while Instant::now() < until {
+        let mut p = [rustix::event::PollFd::new(fd, rustix::event::PollFlags::IN)];
+        if rustix::event::poll(&mut p, Some(&rustix::time::Timespec::default())) == Ok(1) {
+            return false;
+        }
+        let Ok(status) = std::fs::read_to_string(format!("/proc/{pid}/status")) else {
+            return false;
+        };
+        let pending = field(&status, "SigPnd:") | field(&status, "ShdPnd:");
+        if pending & bit == 0 && field(&status, "SigCgt:") & bit == 0 {
+            return true;
+        }
+        std::thread::sleep(Duration::from_micros(200));
+    }
+    true
+}
+
 #[cfg(test)]
 mod listening_tests {
     use super::listening;

@@ -21,6 +21,7 @@ pub mod pingpong;
 pub mod placement;
 pub mod report;
 pub mod restart;
+pub mod restart_net;
 pub mod stats;
 pub mod tests;
 pub mod trace;
@@ -60,6 +61,8 @@ pub struct Context {
     pub size: Option<u64>,
     /// Faults to inject (`faults`; default 240, quick 24).
     pub faults: Option<u64>,
+    /// Disks the fault campaign injects into at once (default 1; 4 above 1,000 faults).
+    pub fault_disks: Option<u64>,
     /// Progress.
     pub progress: ProgressBar,
 }
@@ -76,6 +79,8 @@ pub struct Options {
     pub size: Option<u64>,
     /// Faults to inject in the fault campaign.
     pub faults: Option<u64>,
+    /// Disks the fault campaign injects into at once.
+    pub fault_disks: Option<u64>,
     /// Output directory.
     pub out: PathBuf,
 }
@@ -96,6 +101,7 @@ pub fn run(tests: &[&str], opts: Options) -> Result<(), String> {
         quick: opts.quick,
         size: opts.size,
         faults: opts.faults,
+        fault_disks: opts.fault_disks,
         progress: ProgressBar::hidden(),
     };
     let total: u64 = tests.iter().map(|t| tests::steps(t, &ctx)).sum();

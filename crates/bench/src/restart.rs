@@ -1,4 +1,4 @@
-//! Evaluation test 8: restarts under load. The verified workload ([`crate::verified`]) runs
+//! Evaluation test 8: restarts under load (the network class's part: [`crate::restart_net`]). The verified workload ([`crate::verified`]) runs
 //! with several clients while the block driver server — or, separately, its device model — is
 //! killed with SIGKILL again and again. Reported per kill interval: the time from each kill to
 //! the first completion from the restarted server (median, p99, max), failed requests, data
@@ -73,6 +73,42 @@ pub(crate) fn pid_and_serving(control: &Path, kind: &str) -> Option<(i32, bool)>
     let serving =
         first_of(&tree, "block-device")?.state() == Some(outboard_client::registry::State::Serving);
     Some((pid, serving))
+}
+
+/// The processes behind one device, as the registry shows them.
+pub(crate) struct DevicePids {
+    /// Its driver server.
+    pub server: i32,
+    /// Its device model (an emulated device's).
+    pub model: Option<i32>,
+    /// Whether its driver serves it.
+    pub serving: bool,
+}
+
+/// The driver server and device model of `device`, and whether it is served.
+pub(crate) fn pids_of(control: &Path, device: &str) -> Option<DevicePids> {
+    use outboard_client::registry::{Node, State};
+    fn pid(n: &Node) -> Option<i32> {
+        Some(n.props.get("pid")?.as_i64()? as i32)
+    }
+    fn driver<'a>(n: &'a Node, device: &str) -> Option<&'a Node> {
+        if n.kind == "driver" && n.children.iter().any(|c| c.name == device) {
+            return Some(n);
+        }
+        n.children.iter().find_map(|c| driver(c, device))
+    }
+    let tree = outboard_client::manager::registry(control).ok()?;
+    let server = driver(&tree, device)?;
+    Some(DevicePids {
+        server: pid(server)?,
+        model: tree
+            .find("pci-function", &format!("{device}@vfio-user"))
+            .and_then(pid),
+        serving: server
+            .children
+            .iter()
+            .any(|c| c.name == device && c.state() == Some(State::Serving)),
+    })
 }
 
 /// The manager's stamps of the last restart of the first driver (`last-restart-stamps`:
@@ -456,6 +492,9 @@ pub fn restart_test(ctx: &Context) -> Result<TestResult, String> {
                 .collect(),
         });
     }
+    // The network class under the same kills.
+    let net = crate::restart_net::net_restart(ctx)?;
+    targets.extend(net.targets);
     let (by_phase, phase_rows) = phase_figure(&driver_phases);
     // The two ways back, apart: handed to a standby, or started afresh (no standby was ready).
     let (handed, fresh): (Vec<_>, Vec<_>) =
@@ -490,8 +529,9 @@ pub fn restart_test(ctx: &Context) -> Result<TestResult, String> {
             "rows": table,
             "driver_restart_phases": phase_rows,
             "driver_restarts_by_path": by_path,
+            "net_rows": net.rows,
         }),
-        figures: vec![latency, tput, by_phase],
+        figures: [vec![latency, tput, by_phase], net.figures].concat(),
         unavailable: Vec::new(),
         targets,
         machine: Machine::here(),
@@ -500,5 +540,5 @@ pub fn restart_test(ctx: &Context) -> Result<TestResult, String> {
 
 /// Progress steps.
 pub fn steps(ctx: &Context) -> u64 {
-    2 * (1 + if ctx.quick { 2 } else { 5 })
+    2 * (1 + if ctx.quick { 2 } else { 5 }) + crate::restart_net::steps(ctx)
 }

@@ -214,6 +214,11 @@ struct BenchArgs {
     /// Faults the fault campaign injects, one after another [default: 240; --quick: 24].
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..), allow_negative_numbers = true)]
     faults: Option<u64>,
+    /// Disks the fault campaign injects into at once, each with its own driver server and
+    /// model and its share of the four verified clients; the faults are shared out among them
+    /// [default: 1; 4 with more than 1,000 faults].
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..=16), allow_negative_numbers = true)]
+    fault_disks: Option<u64>,
     /// Where results go.
     #[arg(long, default_value = "bench-results")]
     out: std::path::PathBuf,
@@ -255,6 +260,7 @@ fn bench(a: BenchArgs) -> Result<ExitCode, String> {
             quick: a.quick,
             size: a.size,
             faults: a.faults,
+            fault_disks: a.fault_disks,
             out: a.out.clone(),
         },
     )?;
@@ -278,6 +284,7 @@ fn bench_against(
         ("--runs", a.runs),
         ("--size", a.size),
         ("--faults", a.faults),
+        ("--fault-disks", a.fault_disks),
     ] {
         if let Some(v) = value {
             args.extend([flag.to_string(), v.to_string()]);

@@ -177,6 +177,30 @@ fn quick_bench_writes_complete_json_charts_and_report() {
             assert!(t["met"].is_boolean() || t["met"].is_null());
         }
     }
+    // The restart test kills the NIC's driver servers too: a row per victim, with frames
+    // counted, and its two charts.
+    let v: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(out.join("restart.json")).unwrap()).unwrap();
+    let rows = v["params"]["net_rows"].as_array().unwrap();
+    let victims: Vec<&str> = rows.iter().map(|r| r["victim"].as_str().unwrap()).collect();
+    assert_eq!(
+        victims,
+        [
+            "net: sender's driver server killed",
+            "net: receiver's driver server killed"
+        ]
+    );
+    for r in rows {
+        assert!(r["kills"].as_u64().unwrap() > 0, "{r}");
+        assert!(r["sent"].as_u64().unwrap() > 0, "{r}");
+        assert!(
+            r["arrived"].as_u64().unwrap() <= r["sent"].as_u64().unwrap(),
+            "{r}"
+        );
+    }
+    for id in ["net-outage", "net-delivered"] {
+        assert!(report.contains(&format!("(restart-{id}.png)")), "{id}");
+    }
 }
 
 /// `--baseline` runs both builds in alternating rounds and pairs every point: here the same

@@ -79,6 +79,9 @@ pub struct NetDriverStats {
     pub rx_frames: u64,
     /// Received frames dropped: the device wrote something that cannot be right.
     pub rx_errors: u64,
+    /// Notifications sent to the device on the transmit queue: one per batch at most (none
+    /// while the device said it is still working through the queue).
+    pub tx_doorbells: u64,
 }
 
 /// The driver for one virtio-net function.
@@ -319,7 +322,9 @@ impl VirtioNet {
             self.tx_slot[head as usize] = Some(slot);
             sent += 1;
         }
-        self.tx.publish()?;
+        if self.tx.publish()? {
+            self.stats.tx_doorbells += 1;
+        }
         self.stats.tx_frames += sent as u64;
         Ok(sent)
     }
@@ -596,7 +601,10 @@ impl NetDriver for VirtioNet {
         if self.lending {
             self.rx.publish().map_err(failure)?;
         }
-        self.tx.publish().map(|_| ()).map_err(failure)
+        if self.tx.publish().map_err(failure)? {
+            self.stats.tx_doorbells += 1;
+        }
+        Ok(())
     }
 
     fn poll(

@@ -106,6 +106,25 @@ fn frames_of_every_size_cross_intact_and_in_order_both_ways() {
 }
 
 #[test]
+fn a_batch_of_frames_rings_the_doorbell_once() {
+    let (mut a, mut b) = pair(1500);
+    for round in 0..4u64 {
+        let frames: Vec<Vec<u8>> = (0..32)
+            .map(|i| frame(60 + i * 40, round * 100 + i as u64))
+            .collect();
+        let refs: Vec<&[u8]> = frames.iter().map(|f| &f[..]).collect();
+        let before = a.driver.stats().tx_doorbells;
+        assert_eq!(a.driver.send(&refs).unwrap(), 32);
+        assert_eq!(
+            a.driver.stats().tx_doorbells - before,
+            1,
+            "32 frames, one notification"
+        );
+        assert_eq!(receive(&mut b, 32), frames);
+    }
+}
+
+#[test]
 fn jumbo_frames_span_mergeable_buffers() {
     let (mut a, mut b) = pair(9000);
     for len in [1515usize, 2048, 4000, 9014] {

@@ -10,6 +10,7 @@
 //! | [`machine_description`] | a machine description (TOML) | the user |
 //! | [`nbd_stream`] | an NBD client's whole stream: negotiation, then requests and payloads | any NBD client |
 //! | [`packet_filter`] | a classic BPF program (as attached, and as `tcpdump -dd` text) and a frame to run it on | a net session's client, the user |
+//! | [`net_stream`] | frames in QEMU's `-netdev stream` framing | the NIC model's peer on a stream cable (a QEMU VM, another NIC) |
 //!
 //! `cargo fuzz run <target>` (in `fuzz/`) explores; `fuzz/corpus/<target>/` keeps what it
 //! found, and `tests/corpus.rs` replays that corpus on stable in every test run.
@@ -40,6 +41,7 @@ pub const TARGETS: &[(&str, Target)] = &[
     ("machine_description", machine_description),
     ("nbd_stream", nbd_stream),
     ("packet_filter", packet_filter),
+    ("net_stream", net_stream),
 ];
 
 fn stream_pair() -> (OwnedFd, OwnedFd) {
@@ -174,6 +176,14 @@ pub fn session_ring(data: &[u8]) {
         max_read: 4096,
         queue_depth: 8,
     };
+    let net_info = outboard_net::NetInfo {
+        name: "fuzz".into(),
+        mac: [2, 0, 0, 0, 0, 1],
+        mtu: 1500,
+        link_up: true,
+        queue_depth: 8,
+        counters: Default::default(),
+    };
     let mut sq = region.consumers(Direction::ToServer).remove(0);
     let mut cq = region.producers(Direction::ToClient).remove(0);
     let size = g.control_size();
@@ -200,6 +210,10 @@ pub fn session_ring(data: &[u8]) {
                     // dispatcher does.
                     let rng = outboard_rng::Sqe(e[..16].try_into().expect("16 bytes")).decode();
                     let _ = outboard_rng::validate(&rng, &rng_info, g.buffer_size);
+                    // And as the net class's.
+                    if let Ok(r) = outboard_net::Sqe(e).decode() {
+                        let _ = outboard_net::validate(&r, &net_info, g.buffer_size);
+                    }
                 }
             }
             // The server completes a request.
@@ -215,7 +229,8 @@ pub fn session_ring(data: &[u8]) {
                     let words = reason::decode(e.try_into().expect("a reason's size"));
                     let c = Completion::decode(e[..16].try_into().expect("16 bytes"));
                     let _ = c.result::<outboard_block::BlockError>(words.clone().map(|w| w.1));
-                    let _ = c.result::<outboard_rng::EntropyError>(words.map(|w| w.1));
+                    let _ = c.result::<outboard_rng::EntropyError>(words.clone().map(|w| w.1));
+                    let _ = c.result::<outboard_net::NetError>(words.map(|w| w.1));
                 }
             }
         }
@@ -282,6 +297,45 @@ pub fn packet_filter(data: &[u8]) {
             let _ = p.run(frame);
         }
     }
+}
+
+/// A peer's byte stream on a NIC model's stream cable (QEMU's `-netdev stream` framing: a
+/// 4-byte big-endian length before each frame), written in pieces and then closed. The model
+/// must take the frames the link carries, drop and count the rest, and unplug the cable at a
+/// length no link carries or at the end — never panic or hang. The first byte of the input
+/// sets the size of the pieces, so frames straddle reads.
+pub fn net_stream(data: &[u8]) {
+    use outboard_devices::virtio_net::{NetOptions, VirtioNet, Wire};
+    use outboard_devices::virtio_pci::VirtioDevice;
+    let Some((&piece, data)) = data.split_first() else {
+        return;
+    };
+    let data = &data[..data.len().min(64 << 10)];
+    let (ours, theirs) = stream_pair();
+    let Ok(wire) = Wire::stream(ours) else {
+        return;
+    };
+    let mut nic = VirtioNet::new(NetOptions::default(), Some(wire));
+    let piece = usize::from(piece).max(1) * 16;
+    for chunk in data.chunks(piece) {
+        // A stream socket pair holds far more than 64 KiB: every write is taken whole.
+        if rustix::io::write(&theirs, chunk).is_err() {
+            return;
+        }
+        nic.input(0);
+    }
+    drop(theirs);
+    // At most one frame of 4 bytes' framing per 4 bytes, 64 a call: bounded.
+    for _ in 0..(data.len() / 4 / 64 + 2) {
+        if nic.input_fds().is_empty() {
+            break;
+        }
+        nic.input(0);
+    }
+    assert!(
+        nic.input_fds().is_empty(),
+        "the cable is unplugged once the peer has hung up"
+    );
 }
 
 /// An NBD client's whole stream, sent to the export's negotiation and then its transmission

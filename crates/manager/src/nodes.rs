@@ -27,7 +27,6 @@ impl Manager {
     }
 
     /// The driver node serving class device `name`.
-    /// The driver node serving class device `name`.
     pub(crate) fn driver_of(&self, name: &str) -> Option<&Node> {
         fn find<'a>(n: &'a Node, name: &str) -> Option<&'a Node> {
             if n.kind == "driver" && n.children.iter().any(|c| c.name == name) {

@@ -309,9 +309,9 @@ impl NetClient {
         }
     }
 
-    /// Puts the session back on a new server: frames the dead one took are interrupted, the
-    /// others sent again; every receive buffer not holding an unread frame posted again; the
-    /// filter, mode and groups set again.
+    /// Puts the session back on a new server: the filter, mode and groups set again; frames
+    /// the dead one took are interrupted, the others sent again; every receive buffer not
+    /// holding an unread frame posted again.
     fn restore(&mut self, taken: u32) -> Result<(), NetError> {
         // The receive path first, before a buffer is posted on the new server. If it is not
         // granted there (another session posted first), frames are copied, as before.
@@ -324,6 +324,19 @@ impl NetClient {
                     0
                 }
             };
+        }
+        // What the session receives, before a buffer is posted: a frame that came between a
+        // posted buffer and the filter would reach it unfiltered.
+        let (filter, mode, groups) = (self.filter.clone(), self.mode, self.groups.clone());
+        if let Some(p) = filter {
+            self.control_with(NetOp::Filter, &p)?;
+        }
+        if mode != 0 {
+            self.control(NetOp::Mode, 0, mode)?;
+        }
+        if !groups.is_empty() {
+            let bytes: Vec<u8> = groups.iter().flatten().copied().collect();
+            self.control_with(NetOp::Multicast, &bytes)?;
         }
         let mut sending: Vec<(u32, (u32, u32))> = self.sending.drain().collect();
         sending.sort_by_key(|&(_, (pos, _))| pos.wrapping_sub(taken) as i32);
@@ -342,17 +355,6 @@ impl NetClient {
             }
         }
         self.channel.kick();
-        let (filter, mode, groups) = (self.filter.clone(), self.mode, self.groups.clone());
-        if let Some(p) = filter {
-            self.control_with(NetOp::Filter, &p)?;
-        }
-        if mode != 0 {
-            self.control(NetOp::Mode, 0, mode)?;
-        }
-        if !groups.is_empty() {
-            let bytes: Vec<u8> = groups.iter().flatten().copied().collect();
-            self.control_with(NetOp::Multicast, &bytes)?;
-        }
         // The device was reset with its driver: a hold-off this session asked for is lost.
         if let Some(usecs) = self.hold_off {
             self.control(NetOp::HoldOff, 0, usecs)?;

@@ -188,9 +188,9 @@ fn frames_of_every_size_cross_the_wire_intact_and_in_order() {
     assert_eq!(a.info().mac, A);
     assert_eq!(b.info().mtu, 1500);
     assert!(a.info().link_up);
-    // Every size from the smallest Ethernet frame to the largest, several times over (more
-    // than the posted buffers and transmit slots at once: they are reused under load).
-    let sizes: Vec<usize> = (60..=1514).step_by(7).chain([1514, 60, 1514]).collect();
+    // Every size from the smallest Ethernet frame to the largest, each once (far more than
+    // the posted buffers and transmit slots at once: they are reused under load).
+    let sizes: Vec<usize> = (60..=1514).chain([1514, 60, 1514]).collect();
     let frames: Vec<Vec<u8>> = sizes
         .iter()
         .enumerate()
@@ -353,6 +353,26 @@ fn sessions_sharing_a_nic_get_the_frames_their_filters_take() {
         "no filter: every frame to the NIC, not the other station's"
     );
     assert!(gd.is_empty());
+    // The frame to another station no session took: counted as unclaimed and dropped.
+    let s = NetClient::status(&rig.sock, "nic1").unwrap();
+    assert_eq!(s.counters.rx_frames, 21);
+    assert_eq!(s.counters.rx_unclaimed, 1);
+    // A multicast group: only the session that joined it gets its frames (its filter still
+    // applies); sessions that did not join see none.
+    let group = [0x01, 0x00, 0x5e, 0x00, 0x00, 0x42];
+    two.set_groups(&[group]).unwrap();
+    a.send(&frame(group, A, 0x88b6, 80, 200)).unwrap();
+    a.send(&frame(group, A, 0x88b5, 81, 201)).unwrap();
+    a.flush().unwrap();
+    let g2 = drain(&mut two);
+    assert_eq!(g2.len(), 1, "the group's 0x88b6 frame, not its 0x88b5 one");
+    assert_eq!(g2[0], frame(group, A, 0x88b6, 80, 200));
+    assert!(drain(&mut all).is_empty(), "not joined: no group frames");
+    assert!(drain(&mut one).is_empty(), "not joined: no group frames");
+    two.set_groups(&[]).unwrap();
+    a.send(&frame(group, A, 0x88b6, 82, 202)).unwrap();
+    a.flush().unwrap();
+    assert!(drain(&mut two).is_empty(), "left the group");
     all.set_mode(PROMISCUOUS).unwrap();
     a.send(&frame([2, 0, 0, 0, 0, 9], A, 0x88b5, 64, 100))
         .unwrap();
@@ -386,6 +406,34 @@ fn bad_requests_and_filters_fail_alone_with_their_reasons() {
             Err(NetError::BadFilter(r)) if r.contains(why) => {}
             other => panic!("{why}: {other:?}"),
         }
+    }
+    // Programs the checker takes that fail at run time: a load past the end of every frame,
+    // a division by an X of zero. Each ends the program and rejects the frame (as the
+    // kernel's filter does; the accept after it is never reached), the session lives on, and
+    // the other sessions keep their traffic.
+    let mut odd = rig.open("nic1");
+    for (text, what) in [
+        (
+            "{ 0x20, 0, 0, 100000 }, { 0x06, 0, 0, 0xffff }",
+            "a load past the end",
+        ),
+        (
+            "{ 0x00, 0, 0, 1000 }, { 0x01, 0, 0, 0 }, { 0x3c, 0, 0, 0 }, { 0x06, 0, 0, 0xffff }",
+            "a division by zero",
+        ),
+    ] {
+        let p = Program::from_text(text).unwrap_or_else(|e| panic!("{what}: {e}"));
+        odd.set_filter(Some(&p))
+            .unwrap_or_else(|e| panic!("{what}: {e}"));
+        let f = frame(B, A, 0x88b5, 120, 3);
+        a.send(&f).unwrap();
+        a.flush().unwrap();
+        assert_eq!(b.recv(WAIT).unwrap().as_deref(), Some(&f[..]), "{what}");
+        assert_eq!(
+            odd.recv(Duration::from_millis(100)).unwrap(),
+            None,
+            "{what}"
+        );
     }
     // Frames the server refuses: too short, too long.
     assert!(

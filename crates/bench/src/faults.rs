@@ -71,6 +71,43 @@ driver_abort_on = {}
     m
 }
 
+/// The kinds by name, in [`Kind::ALL`]'s order (`--fault-kinds`).
+pub const FAULT_KINDS: &[&str] = &[
+    "kill-server",
+    "segv-server",
+    "stop-server",
+    "kill-model",
+    "segv-model",
+    "stop-model",
+    "stall",
+    "corrupt-id",
+    "corrupt-len",
+    "io-error",
+    "poison-driver",
+    "poison-model",
+];
+
+/// The kinds the campaign injects: `--fault-kinds`, else every kind.
+fn kinds(ctx: &Context) -> Result<Vec<Kind>, String> {
+    let Some(names) = &ctx.fault_kinds else {
+        return Ok(Kind::ALL.to_vec());
+    };
+    names
+        .iter()
+        .map(|n| {
+            Kind::ALL
+                .into_iter()
+                .find(|k| k.name() == n)
+                .ok_or_else(|| {
+                    format!(
+                        "no fault kind {n:?}; the kinds are {}",
+                        FAULT_KINDS.join(", ")
+                    )
+                })
+        })
+        .collect()
+}
+
 /// A kind of fault.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 enum Kind {
@@ -103,6 +140,11 @@ impl Kind {
         Kind::PoisonDriver,
         Kind::PoisonModel,
     ];
+
+    /// The kind's name on the command line (`--fault-kinds`).
+    fn name(self) -> &'static str {
+        FAULT_KINDS[Kind::ALL.iter().position(|&k| k == self).expect("listed")]
+    }
 
     fn label(self) -> &'static str {
         match self {
@@ -229,9 +271,25 @@ fn poisoned_read(control: &Path, disk: &str, block: u64) -> Result<bool, String>
     ))
 }
 
+/// `disk`'s processes once it is served (waiting up to [`RECOVERY`]).
+fn serving(control: &Path, disk: &str) -> Result<crate::restart::DevicePids, String> {
+    let until = Instant::now() + RECOVERY;
+    loop {
+        match pids_of(control, disk) {
+            Some(p) if p.serving => return Ok(p),
+            _ if Instant::now() > until => {
+                return Err(format!("{disk}: not served within {RECOVERY:?}"))
+            }
+            _ => std::thread::sleep(Duration::from_millis(1)),
+        }
+    }
+}
+
 /// Injects one fault of `kind` into `disk` and waits until it is served again.
 fn inject(exe: &Path, control: &Path, up: u32, disk: &str, kind: Kind) -> Result<Injected, String> {
-    let before = pids_of(control, disk).ok_or_else(|| format!("{disk}: no driver server"))?;
+    // A crash series may still run (a poisoned request crashes three servers in a row):
+    // the fault goes to a server that serves.
+    let before = serving(control, disk)?;
     let at = Instant::now();
     let mut quarantined = None;
     if let Some((server, sigs)) = kind.signal() {
@@ -334,11 +392,12 @@ fn campaign(
     let clients = verified::spawn_clients(control, disk, ids.clone(), w, &stop)?;
     // Each kind in turn, in an order shuffled per round, at a random instant.
     let mut rng = 0x9e37_79b9_7f4a_7c15u64 ^ u64::from(std::process::id()) ^ (ids.start << 32);
-    let mut order = Kind::ALL.to_vec();
+    let mut order = kinds(ctx)?;
+
     let mut done = Vec::new();
     let mut result = Ok(());
     for i in 0..faults {
-        let slot = (i % Kind::ALL.len() as u64) as usize;
+        let slot = (i % order.len() as u64) as usize;
         if slot == 0 {
             for j in (1..order.len()).rev() {
                 rng = xorshift(rng);
@@ -369,7 +428,7 @@ fn campaign(
             r.mismatches
                 .iter()
                 .take(10 - t.examples.len().min(10))
-                .map(|m| format!("{disk}: {m}")),
+                .map(|m| format!("{disk}: {}", timeline(&injected, m))),
         );
         t.duplicates += r.duplicates;
         t.replayed += r.replayed;
@@ -457,12 +516,20 @@ fn blame(
 
 /// A failure the policy does not allow, told against the faults injected around it.
 fn timeline(injected: &[(Instant, Kind)], f: &verified::Failed) -> String {
+    // The last two faults before `t`, nearest first.
     let near = |t: Instant| match injected.iter().rposition(|(when, _)| *when <= t) {
-        Some(i) => format!(
-            "{:.1} ms after {}",
-            (t - injected[i].0).as_secs_f64() * 1e3,
-            injected[i].1.label()
-        ),
+        Some(i) => injected[i.saturating_sub(1)..=i]
+            .iter()
+            .rev()
+            .map(|(when, kind)| {
+                format!(
+                    "{:.1} ms after {}",
+                    (t - *when).as_secs_f64() * 1e3,
+                    kind.label()
+                )
+            })
+            .collect::<Vec<_>>()
+            .join(", "),
         None => "before any fault".into(),
     };
     format!("{}: sent {}, answered {}", f.what, near(f.sent), near(f.at))
@@ -577,6 +644,7 @@ pub fn faults_test(ctx: &Context) -> Result<TestResult, String> {
             "faults": done.len(),
             "seconds": elapsed,
             "disks": disks,
+            "kinds": kinds(ctx)?.iter().map(|k| k.name()).collect::<Vec<_>>(),
             "clients": CLIENTS.div_ceil(disks).max(1) * disks,
             "queue_depth": 16,
             "request_deadline_ms": DEADLINE.as_millis() as u64,

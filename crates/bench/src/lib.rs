@@ -63,6 +63,8 @@ pub struct Context {
     pub faults: Option<u64>,
     /// Disks the fault campaign injects into at once (default 1; 4 above 1,000 faults).
     pub fault_disks: Option<u64>,
+    /// The fault kinds the campaign injects ([`faults::FAULT_KINDS`]; default all).
+    pub fault_kinds: Option<Vec<String>>,
     /// Progress.
     pub progress: ProgressBar,
 }
@@ -81,6 +83,8 @@ pub struct Options {
     pub faults: Option<u64>,
     /// Disks the fault campaign injects into at once.
     pub fault_disks: Option<u64>,
+    /// The fault kinds the campaign injects.
+    pub fault_kinds: Option<Vec<String>>,
     /// Output directory.
     pub out: PathBuf,
 }
@@ -102,6 +106,7 @@ pub fn run(tests: &[&str], opts: Options) -> Result<(), String> {
         size: opts.size,
         faults: opts.faults,
         fault_disks: opts.fault_disks,
+        fault_kinds: opts.fault_kinds,
         progress: ProgressBar::hidden(),
     };
     let total: u64 = tests.iter().map(|t| tests::steps(t, &ctx)).sum();

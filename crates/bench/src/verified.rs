@@ -41,7 +41,7 @@ pub struct ClientReport {
     /// Requests that failed: when, what kind of error, and what.
     pub failed: Vec<Failed>,
     /// Reads that returned data inconsistent with the acknowledged writes.
-    pub mismatches: Vec<String>,
+    pub mismatches: Vec<Failed>,
     /// Completions for a request that had already completed.
     pub duplicates: u64,
     /// Each resume on a restarted server: found gone, replay answered.
@@ -125,6 +125,25 @@ fn version_of(client: u64, block: u64, data: &[u8]) -> Option<u64> {
     let mut want = vec![0; data.len()];
     stamp(client, block, v, &mut want);
     (want == data).then_some(v)
+}
+
+/// What bytes that are no version of the block hold, for people: another block's or
+/// client's whole version (a transfer that landed in the wrong place), or neither (torn).
+fn describe(data: &[u8]) -> String {
+    let word = |i: usize| u64::from_le_bytes(data[i * 8..i * 8 + 8].try_into().expect("8"));
+    let (client, block, v) = (word(0), word(1), word(2));
+    let mut want = vec![0; data.len()];
+    stamp(client, block, v, &mut want);
+    if want == data {
+        return format!("client {client}'s block {block} version {v}, whole");
+    }
+    let same = want.iter().zip(data).filter(|(a, b)| a == b).count();
+    let zeros = data.iter().filter(|b| **b == 0).count();
+    format!(
+        "no whole version: headed client {client} block {block} version {v}, {same} of {} bytes \
+         match that, {zeros} zero",
+        data.len()
+    )
 }
 
 /// Opens `device` through the manager at `control` as a session that resumes across restarts.
@@ -330,13 +349,23 @@ pub fn run_client(
                         || seen == Some(acked[b])
                         || seen.is_some_and(|v| v > acked[b] && v <= failed[b]);
                     if !ok || !exact {
-                        r.mismatches.push(format!(
-                            "block {}: read version {seen:?}, acknowledged {} (at submission {}), newest {}",
-                            first + op.block,
-                            acked[b],
-                            op.floor,
-                            newest[b]
-                        ));
+                        let what = match seen {
+                            Some(_) => String::new(),
+                            None => format!(" ({})", describe(&buf)),
+                        };
+                        r.mismatches.push(Failed {
+                            sent: sent_at[c.tag as usize],
+                            at: Instant::now(),
+                            kind: "mismatch",
+                            what: format!(
+                                "block {}: read version {seen:?}{what}, acknowledged {} (at submission {}), newest {}, {}",
+                                first + op.block,
+                                acked[b],
+                                op.floor,
+                                newest[b],
+                                if verify_from.is_some() { "read back at the end" } else { "under load" }
+                            ),
+                        });
                     }
                 }
                 _ => {}

@@ -219,6 +219,11 @@ struct BenchArgs {
     /// [default: 1; 4 with more than 1,000 faults].
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..=16), allow_negative_numbers = true)]
     fault_disks: Option<u64>,
+    /// The fault kinds the campaign injects, by name, comma-separated [default: all]:
+    /// kill-server, segv-server, stop-server, kill-model, segv-model, stop-model, stall,
+    /// corrupt-id, corrupt-len, io-error, poison-driver, poison-model.
+    #[arg(long, value_name = "KINDS", value_delimiter = ',', value_parser = clap::builder::PossibleValuesParser::new(outboard_bench::faults::FAULT_KINDS))]
+    fault_kinds: Option<Vec<String>>,
     /// Where results go.
     #[arg(long, default_value = "bench-results")]
     out: std::path::PathBuf,
@@ -261,6 +266,7 @@ fn bench(a: BenchArgs) -> Result<ExitCode, String> {
             size: a.size,
             faults: a.faults,
             fault_disks: a.fault_disks,
+            fault_kinds: a.fault_kinds.clone(),
             out: a.out.clone(),
         },
     )?;
@@ -289,6 +295,9 @@ fn bench_against(
         if let Some(v) = value {
             args.extend([flag.to_string(), v.to_string()]);
         }
+    }
+    if let Some(kinds) = &a.fault_kinds {
+        args.extend(["--fault-kinds".to_string(), kinds.join(",")]);
     }
     let comparison = compare::compare(&compare::Options {
         baseline: baseline.to_path_buf(),

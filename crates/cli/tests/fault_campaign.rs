@@ -350,3 +350,49 @@ fn every_fault_kind_mid_run_fails_specifically_or_recovers_and_harms_nobody_else
         );
     }
 }
+
+/// Requests that crash their driver (or its model) every time, read again and again by a
+/// session of their own while four verified clients run (`outboard bench faults` with only
+/// those kinds): each fails alone as quarantined after its crashes, and no client reads data
+/// other than what was acknowledged. A server that died while a client replayed its requests
+/// once left the replay's answers (tagged by their place in the replay) to be taken for the
+/// client's own requests: reads completed without their data and acknowledged writes that were
+/// never made, found by this campaign.
+#[test]
+fn requests_that_crash_their_server_cost_the_other_clients_no_data() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("results");
+    let o = Command::new(EXE)
+        .args([
+            "bench",
+            "faults",
+            "--faults",
+            "120",
+            "--fault-disks",
+            "2",
+            "--fault-kinds",
+            "poison-driver,poison-model",
+            "--out",
+        ])
+        .arg(&out)
+        .stdin(std::process::Stdio::null())
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let v: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(out.join("faults.json")).unwrap()).unwrap();
+    let p = &v["params"];
+    assert_eq!(p["faults"], 120);
+    assert!(p["requests_verified"].as_u64().unwrap() > 1000, "{p}");
+    assert_eq!(p["mismatches"], 0, "{}", p["mismatch_examples"]);
+    assert_eq!(p["duplicates"], 0);
+    assert_eq!(
+        p["requests_failed_not_allowed"].as_array().unwrap().len(),
+        0,
+        "{}",
+        p["not_allowed_examples"]
+    );
+    for t in v["targets"].as_array().unwrap() {
+        assert_eq!(t["met"], true, "{t}");
+    }
+}

@@ -258,16 +258,24 @@ impl BlockClient {
             sup.patience
         };
         let give_up = started + patience;
+        // Whether the channel is a replay's: its answers are tagged by their place in the
+        // replay, not by slot, and must never be taken for the slots' own.
+        let mut replaying = false;
         loop {
             // What the old server answered before it died is answered.
-            let mut done = Vec::new();
-            let reaped = self.reap(&mut done);
-            self.ready.extend(done);
-            reaped?;
+            if !replaying {
+                let mut done = Vec::new();
+                let reaped = self.reap(&mut done);
+                self.ready.extend(done);
+                reaped?;
+            }
             match self.resume(&sup, give_up)? {
                 Resumed::Yes => break,
-                // The new server died too while the replay ran: go again.
-                Resumed::GoneAgain => continue,
+                // The new server died too while the replay ran: go again. What it answered
+                // stays unread on the replay's channel; every request is still pending and is
+                // sent again (nothing new was sent meanwhile, so a write done twice is the
+                // same write).
+                Resumed::GoneAgain => replaying = true,
             }
         }
         let took = started.elapsed();
@@ -435,7 +443,13 @@ impl BlockClient {
     /// `ready`) or ended (so are the errors): either way the next poll hands them over; an
     /// error here only when the session ended with nothing left to hand over.
     fn after_hang_up(&mut self) -> Result<(), BlockError> {
-        let _ = self.server_gone();
+        // A resume that failed without ending the session (a server answering a request it
+        // was not sent) ends it, with that error: swallowed, it would leave requests waiting.
+        if let Err(e) = self.server_gone() {
+            if self.ended.is_none() {
+                let _ = self.end(e);
+            }
+        }
         match &self.ended {
             Some(e) if self.ready.is_empty() => Err(e.clone()),
             _ => Ok(()),

@@ -134,6 +134,8 @@ fn transfer(
 struct Measured {
     bandwidth: Summary,
     cpu: Summary,
+    /// The receiving side's: the far NIC's model and server, and the receiver.
+    cpu_far: Summary,
     delivered: Summary,
 }
 
@@ -164,18 +166,18 @@ fn config(
             })
             .unwrap_or(true)
     };
-    let mut pids: Vec<u32> = descendants(up.pid)
-        .into_iter()
-        .filter(|p| !far(p))
-        .collect();
+    let (far_pids, mut pids): (Vec<u32>, Vec<u32>) = descendants(up.pid).into_iter().partition(far);
     pids.extend([up.pid, std::process::id()]);
     let datagrams = total.div_ceil(PAYLOAD as u64);
-    let (mut bw, mut cpu, mut delivered) = (Vec::new(), Vec::new(), Vec::new());
+    let (mut bw, mut cpu, mut cpu_far, mut delivered) =
+        (Vec::new(), Vec::new(), Vec::new(), Vec::new());
     for _ in 0..ctx.runs {
         let r = receiver(&ctx.exe, &dir)?;
         let meter = CpuMeter::start(&pids);
+        let far_meter = CpuMeter::start(&[far_pids.as_slice(), &[r.0.id()]].concat());
         let secs = transfer(d.as_mut(), &mut udp, total)?;
         cpu.push(meter.stop().processes);
+        cpu_far.push(far_meter.stop().processes);
         bw.push(total as f64 / secs / 1e6);
         delivered.push(100.0 * received(r)? as f64 / datagrams as f64);
         ctx.progress.inc(1);
@@ -183,6 +185,7 @@ fn config(
     Ok(Measured {
         bandwidth: Summary::of(&bw, WARM_UP),
         cpu: Summary::of(&cpu, WARM_UP),
+        cpu_far: Summary::of(&cpu_far, WARM_UP),
         delivered: Summary::of(&delivered, WARM_UP),
     })
 }
@@ -206,6 +209,12 @@ pub fn combination(ctx: &Context) -> Result<TestResult, String> {
         y_label: "CPU cores busy".into(),
         ..bw.clone()
     };
+    let mut cpu_far = Figure {
+        id: "cpu-far".into(),
+        title: "Combination: CPU busy, receiving side (far NIC, receiver)".into(),
+        y_label: "CPU cores busy".into(),
+        ..bw.clone()
+    };
     let mut delivered = Figure {
         id: "delivered".into(),
         title: "Combination: datagrams that reached the far NIC".into(),
@@ -219,6 +228,7 @@ pub fn combination(ctx: &Context) -> Result<TestResult, String> {
             Ok(m) => {
                 bw.series.push(bar(name, m.bandwidth));
                 cpu.series.push(bar(name, m.cpu));
+                cpu_far.series.push(bar(name, m.cpu_far));
                 delivered.series.push(bar(name, m.delivered));
             }
             Err(reason) => unavailable.push(Unavailable {
@@ -247,7 +257,7 @@ pub fn combination(ctx: &Context) -> Result<TestResult, String> {
             "read_size": BLOCK,
             "udp_payload": PAYLOAD,
         }),
-        figures: vec![bw, cpu, delivered],
+        figures: vec![bw, cpu, cpu_far, delivered],
         unavailable,
         targets,
         machine: Machine::here(),

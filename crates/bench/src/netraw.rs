@@ -18,8 +18,9 @@ use outboard_sys::packet::PacketSocket;
 
 use crate::cpu::{descendants, CpuMeter};
 use crate::echo::lan;
-use crate::model::{Figure, Machine, TestResult, Twin, Unavailable};
+use crate::model::{Figure, Machine, Point, Series, TestResult, Twin, Unavailable};
 use crate::netns::{Running, VethPair};
+use crate::stats::Summary;
 use crate::tests::{figure, ratio_target, WARM_UP};
 use crate::Context;
 
@@ -215,16 +216,18 @@ struct Ends<'a> {
     far_ns: Option<&'a crate::netns::Netns>,
     /// Processes of the measured side besides its peer (nic0's model and server).
     near_pids: Vec<u32>,
+    /// The same of the other side (nic1's).
+    far_pids: Vec<u32>,
 }
 
-/// One measurement: (frames a second, CPU cores of the measured side).
+/// One measurement: (frames a second, CPU cores of the measured side, of the other side).
 fn measure(
     ctx: &Context,
     e: &Ends<'_>,
     mode: &str,
     size: usize,
     secs: f64,
-) -> Result<(f64, f64), String> {
+) -> Result<(f64, f64, f64), String> {
     let s = size.to_string();
     let args =
         |m: &str, end: &str, t: f64| vec![m.to_string(), end.to_string(), s.clone(), t.to_string()];
@@ -255,11 +258,13 @@ fn measure(
     };
     let a = start(&ctx.exe, first_ns, &first)?;
     let meter = CpuMeter::start(&e.near_pids);
+    let far_meter = CpuMeter::start(&e.far_pids);
     let t0 = Instant::now();
     let b = start(&ctx.exe, second_ns, &second)?;
     let (ra, rb) = (finish(a)?, finish(b)?);
     let elapsed = t0.elapsed().as_secs_f64();
     let others = meter.stop().processes;
+    let far_others = far_meter.stop().processes;
     let (near, far) = if near_first { (ra, rb) } else { (rb, ra) };
     let frames = match mode {
         "rx" => near.0,
@@ -267,7 +272,8 @@ fn measure(
         _ => far.1,
     };
     let near_cpu = near.2 / near_t.max(1e-3) + others * elapsed / near_t.max(1e-3);
-    Ok((frames as f64 / counter_secs, near_cpu))
+    let far_cpu = far.2 / far_t.max(1e-3) + far_others * elapsed / far_t.max(1e-3);
+    Ok((frames as f64 / counter_secs, near_cpu, far_cpu))
 }
 
 fn config(
@@ -279,32 +285,41 @@ fn config(
 ) -> Result<(), String> {
     for (mi, mode) in MODES.iter().enumerate() {
         let mut twin = Twin::new(label);
+        // The other side's CPU beside it: every process is accounted for.
+        let mut far = Series::named(&format!("{label}, far end"));
         for size in SIZES {
             ctx.progress
                 .set_message(format!("net-raw: {label}, {mode}, {size}-byte frames"));
-            let (mut t, mut c) = (Vec::new(), Vec::new());
+            let (mut t, mut c, mut f) = (Vec::new(), Vec::new(), Vec::new());
             for _ in 0..ctx.runs {
-                let (fps, cpu) = measure(ctx, e, mode, size, secs)?;
+                let (fps, cpu, far_cpu) = measure(ctx, e, mode, size, secs)?;
                 t.push(fps);
                 c.push(cpu);
+                f.push(far_cpu);
                 ctx.progress.inc(1);
             }
             twin.push(size as f64, &t, &c);
+            far.points.push(Point {
+                x: size as f64,
+                y: Summary::of(&f, WARM_UP),
+            });
         }
         out[mi].0.series.push(twin.first);
         out[mi].1.series.push(twin.second);
+        out[mi].1.series.push(far);
     }
     Ok(())
 }
 
-/// The measured side's own processes under the machine `up`: nic0's model and server.
-fn nic0_processes(up: u32) -> Vec<u32> {
+/// One side's own processes under the machine `up`: `nic`'s model and server (its name or
+/// its address on their command lines).
+fn nic_processes(up: u32, nic: &str, mac: &str) -> Vec<u32> {
     descendants(up)
         .into_iter()
         .filter(|pid| {
             std::fs::read(format!("/proc/{pid}/cmdline")).is_ok_and(|c| {
                 let c = String::from_utf8_lossy(&c);
-                c.contains("nic0") || c.contains("02:00:00:00:00:01")
+                c.contains(nic) || c.contains(mac)
             })
         })
         .collect()
@@ -331,7 +346,7 @@ pub fn net_raw(ctx: &Context) -> Result<TestResult, String> {
             );
             let c = Figure {
                 id: format!("{m}-cpu"),
-                title: format!("Raw frames, {what}: CPU busy, measured side"),
+                title: format!("Raw frames, {what}: CPU busy, measured side (and far end)"),
                 y_label: "CPU cores busy".into(),
                 ..t.clone()
             };
@@ -347,6 +362,7 @@ pub fn net_raw(ctx: &Context) -> Result<TestResult, String> {
             near_ns: Some(&v.a),
             far_ns: Some(&v.b),
             near_pids: Vec::new(),
+            far_pids: Vec::new(),
         };
         config(ctx, "kernel", &e, secs, &mut figs)
     });
@@ -366,7 +382,8 @@ pub fn net_raw(ctx: &Context) -> Result<TestResult, String> {
                 far: format!("nic:{control}:nic1"),
                 near_ns: None,
                 far_ns: None,
-                near_pids: nic0_processes(up.pid),
+                near_pids: nic_processes(up.pid, "nic0", "02:00:00:00:00:01"),
+                far_pids: nic_processes(up.pid, "nic1", "02:00:00:00:00:02"),
             };
             config(ctx, placement, &e, secs, &mut figs)
         });

@@ -78,7 +78,7 @@ fn quick_bench_writes_complete_json_charts_and_report() {
         (
             "combination",
             vec!["colocated", "etherapp", "diskether", "separate"],
-            3,
+            4,
             1,
         ),
         (

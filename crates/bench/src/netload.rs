@@ -18,8 +18,9 @@ use outboard_net_client::{open_nic, NetOptions, Udp};
 
 use crate::cpu::{descendants, reaped_children_secs, CpuMeter};
 use crate::echo::{echo_peer, lan, peer_said};
-use crate::model::{Figure, Machine, Series, Target, TestResult, Twin, Unavailable};
+use crate::model::{Figure, Machine, Point, Series, Target, TestResult, Twin, Unavailable};
 use crate::netns::{output_within, VethPair};
+use crate::stats::Summary;
 use crate::tests::{figure, ratio_target, WARM_UP};
 use crate::Context;
 
@@ -131,7 +132,32 @@ pub fn peer(args: &[String]) -> Result<(), String> {
     }
 }
 
-fn kernel(ctx: &Context, secs: f64) -> Result<Twin, String> {
+/// One configuration's steps: throughput and CPU, and the load the sender really offered.
+struct Steps {
+    twin: Twin,
+    offered: Series,
+}
+
+impl Steps {
+    fn new(label: &str) -> Self {
+        Self {
+            twin: Twin::new(label),
+            offered: Series::named(label),
+        }
+    }
+
+    /// One step at `rate` datagrams a second, from its runs.
+    fn push(&mut self, rate: u32, tput: &[f64], cpu: &[f64], offered: &[f64]) {
+        let x = mbit(f64::from(rate));
+        self.twin.push(x, tput, cpu);
+        self.offered.points.push(Point {
+            x,
+            y: Summary::of(offered, WARM_UP),
+        });
+    }
+}
+
+fn kernel(ctx: &Context, secs: f64) -> Result<Steps, String> {
     let id = std::process::id() % 100_000;
     let v = VethPair::new(&format!("ob-load-{id}"), 75)?;
     // Listening before the first datagram is sent.
@@ -140,11 +166,11 @@ fn kernel(ctx: &Context, secs: f64) -> Result<Twin, String> {
         Some(&v.b),
         &["udp-echo".into(), "10.75.0.2:7".into()],
     )?;
-    let mut m = Twin::new("kernel");
+    let mut m = Steps::new("kernel");
     for rate in RATES {
         ctx.progress
             .set_message(format!("net-load: kernel, {rate} datagrams/s"));
-        let (mut tput, mut cpu) = (Vec::new(), Vec::new());
+        let (mut tput, mut cpu, mut offered) = (Vec::new(), Vec::new(), Vec::new());
         for _ in 0..ctx.runs {
             let meter = CpuMeter::start(&[echo.0.id()]);
             let before = reaped_children_secs();
@@ -157,28 +183,26 @@ fn kernel(ctx: &Context, secs: f64) -> Result<Twin, String> {
             let elapsed = t0.elapsed().as_secs_f64();
             let client = (reaped_children_secs() - before) / elapsed;
             let text = String::from_utf8_lossy(&out.stdout);
-            let mut words = text.split_whitespace().skip(1);
-            let got_secs: Option<(u64, f64)> = words
-                .next()
-                .and_then(|g| g.parse().ok())
-                .zip(words.next().and_then(|s| s.parse().ok()));
-            let (got, took) = got_secs.ok_or_else(|| {
+            let mut words = text.split_whitespace().map(|w| w.parse::<f64>().ok());
+            let said = (|| Some((words.next()??, words.next()??, words.next()??)))();
+            let (sent, got, took) = said.ok_or_else(|| {
                 format!(
                     "udp-load said {:?} {:?}",
                     text.trim(),
                     String::from_utf8_lossy(&out.stderr).trim()
                 )
             })?;
-            tput.push(mbit(got as f64 / took));
+            tput.push(mbit(got / took));
+            offered.push(mbit(sent / took));
             cpu.push(meter.stop().processes + client);
             ctx.progress.inc(1);
         }
-        m.push(mbit(f64::from(rate)), &tput, &cpu);
+        m.push(rate, &tput, &cpu, &offered);
     }
     Ok(m)
 }
 
-fn outboard(ctx: &Context, placement: &str, hold_off: u32, secs: f64) -> Result<Twin, String> {
+fn outboard(ctx: &Context, placement: &str, hold_off: u32, secs: f64) -> Result<Steps, String> {
     let dir = std::env::temp_dir().join(format!(
         "outboard-load-{}-{placement}-{hold_off}",
         std::process::id()
@@ -218,15 +242,15 @@ fn outboard(ctx: &Context, placement: &str, hold_off: u32, secs: f64) -> Result<
     let mut pids = descendants(up.pid);
     pids.extend([up.pid, std::process::id()]);
     let label = format!("{placement}, {hold_off} µs");
-    let mut m = Twin::new(&label);
+    let mut m = Steps::new(&label);
     for rate in RATES {
         ctx.progress
             .set_message(format!("net-load: {label}, {rate} datagrams/s"));
-        let (mut tput, mut cpu) = (Vec::new(), Vec::new());
+        let (mut tput, mut cpu, mut offered) = (Vec::new(), Vec::new(), Vec::new());
         for _ in 0..ctx.runs {
             let meter = CpuMeter::start(&pids);
             let cell = std::cell::RefCell::new(&mut udp);
-            let (_, got, took) = offer(
+            let (sent, got, took) = offer(
                 rate,
                 secs,
                 |p| {
@@ -243,9 +267,10 @@ fn outboard(ctx: &Context, placement: &str, hold_off: u32, secs: f64) -> Result<
             )?;
             cpu.push(meter.stop().processes);
             tput.push(mbit(got as f64 / took));
+            offered.push(mbit(sent as f64 / took));
             ctx.progress.inc(1);
         }
-        m.push(mbit(f64::from(rate)), &tput, &cpu);
+        m.push(rate, &tput, &cpu, &offered);
     }
     drop(udp);
     drop(up);
@@ -308,8 +333,14 @@ pub fn net_load(ctx: &Context) -> Result<TestResult, String> {
         y_label: "CPU cores busy".into(),
         ..tput.clone()
     };
+    let mut offered = Figure {
+        id: "offered".into(),
+        title: "Network under load: load the sender really offered".into(),
+        y_label: "offered (Mbit/s)".into(),
+        ..tput.clone()
+    };
     let mut unavailable = Vec::new();
-    let mut runs: Vec<(String, Result<Twin, String>)> = vec![("kernel".into(), kernel(ctx, secs))];
+    let mut runs: Vec<(String, Result<Steps, String>)> = vec![("kernel".into(), kernel(ctx, secs))];
     for placement in ["colocated", "separate"] {
         for h in HOLD_OFFS {
             runs.push((
@@ -321,8 +352,9 @@ pub fn net_load(ctx: &Context) -> Result<TestResult, String> {
     for (config, r) in runs {
         match r {
             Ok(m) => {
-                tput.series.push(m.first);
-                cpu.series.push(m.second);
+                tput.series.push(m.twin.first);
+                cpu.series.push(m.twin.second);
+                offered.series.push(m.offered);
             }
             Err(reason) => unavailable.push(Unavailable { config, reason }),
         }
@@ -362,7 +394,7 @@ pub fn net_load(ctx: &Context) -> Result<TestResult, String> {
             "seconds_per_step": secs,
             "hold_offs_us": HOLD_OFFS,
         }),
-        figures: vec![tput, cpu],
+        figures: vec![tput, cpu, offered],
         unavailable,
         targets,
         machine: Machine::here(),

@@ -90,7 +90,7 @@ fn quick_bench_writes_complete_json_charts_and_report() {
                 "separate, 0 µs",
                 "separate, 100 µs",
             ],
-            2,
+            3,
             6,
         ),
         ("net-raw", vec!["kernel", "colocated", "separate"], 6, 6),

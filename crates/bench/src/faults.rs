@@ -388,11 +388,11 @@ fn campaign(
         blocks: 512,
         flush_every: 64,
     };
+    let mut order = kinds(ctx)?;
     let stop = Arc::new(AtomicBool::new(false));
     let clients = verified::spawn_clients(control, disk, ids.clone(), w, &stop)?;
     // Each kind in turn, in an order shuffled per round, at a random instant.
     let mut rng = 0x9e37_79b9_7f4a_7c15u64 ^ u64::from(std::process::id()) ^ (ids.start << 32);
-    let mut order = kinds(ctx)?;
 
     let mut done = Vec::new();
     let mut result = Ok(());

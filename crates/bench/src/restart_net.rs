@@ -42,8 +42,8 @@ wire = "cable"
 const FRAME: usize = 128;
 /// An EtherType of the IEEE's range for local experiments.
 const ETHERTYPE: u16 = 0x88b5;
-/// Frames sent between two pauses of [`PAUSE`]: about 8,000 frames a second, which the
-/// receiver takes without loss when no server is killed.
+/// Frames sent between two pauses of [`PAUSE`]: at most 8,000 frames a second (about 7,000
+/// measured); the run without kills reports what went missing even so (`baseline_missing`).
 const BURST: u64 = 16;
 const PAUSE: Duration = Duration::from_millis(2);
 
@@ -101,29 +101,35 @@ impl Outcome {
         self.arrived.windows(2).filter(|w| w[1].0 <= w[0].0).count()
     }
 
-    /// Frames neither arrived nor completed as interrupted.
-    fn lost(&self) -> u64 {
-        let mut seen: Vec<u64> = self.arrived.iter().map(|a| a.0).collect();
+    /// Frames sent that never arrived (each sent frame counted once, whatever arrived twice).
+    fn missing(&self) -> u64 {
+        let mut seen: Vec<u64> = self
+            .arrived
+            .iter()
+            .map(|a| a.0)
+            .filter(|&s| s < self.sent)
+            .collect();
         seen.sort_unstable();
         seen.dedup();
-        self.sent
-            .saturating_sub(seen.len() as u64 + self.interrupted)
+        self.sent - seen.len() as u64
     }
 
     /// Per kill, the longest gap (ms) between two arrivals from the last one before it to the
-    /// first one after the next kill (or the end).
+    /// first one at or after the next kill (or the last one): a kill after which nothing
+    /// arrived until the next one counts its whole silence.
     fn outages(&self) -> Vec<f64> {
         let times: Vec<Instant> = self.arrived.iter().map(|a| a.1).collect();
         let mut out = Vec::new();
         for (i, &k) in self.kills.iter().enumerate() {
             let next = self.kills.get(i + 1).copied();
             let from = times.partition_point(|&t| t < k).saturating_sub(1);
-            let to = next.map_or(times.len(), |n| times.partition_point(|&t| t < n));
-            let gap = times[from..to.min(times.len())]
-                .windows(2)
-                .map(|w| w[1].duration_since(w[0]).as_secs_f64() * 1e3)
-                .fold(0.0, f64::max);
-            if to > from + 1 {
+            let to = next.map_or(times.len(), |n| times.partition_point(|&t| t < n) + 1);
+            let span = &times[from.min(times.len())..to.min(times.len())];
+            if span.len() >= 2 {
+                let gap = span
+                    .windows(2)
+                    .map(|w| w[1].duration_since(w[0]).as_secs_f64() * 1e3)
+                    .fold(0.0, f64::max);
                 out.push(gap);
             }
         }
@@ -166,8 +172,15 @@ fn run(
             Ok((arrived, damaged))
         })
     };
-    let (mut tx, _) =
-        open_nic(control, "nic0", NetOptions::default()).map_err(|e| format!("nic0: {e}"))?;
+    let (mut tx, _) = match open_nic(control, "nic0", NetOptions::default()) {
+        Ok(t) => t,
+        Err(e) => {
+            // The receiver stops at its next quiet 200 ms.
+            done.store(true, Ordering::Relaxed);
+            let _ = receiver.join();
+            return Err(format!("nic0: {e}"));
+        }
+    };
     let stop = Arc::new(AtomicBool::new(false));
     let sender = {
         let stop = stop.clone();
@@ -300,7 +313,7 @@ pub fn net_restart(ctx: &Context) -> Result<NetRestart, String> {
         ..outage.clone()
     };
     let mut rows = Vec::new();
-    let (mut twice, mut damaged, mut sender_lost) = (0usize, 0u64, 0u64);
+    let (mut twice, mut damaged, mut sender_short) = (0usize, 0u64, 0u64);
     for victim in [Victim::Sender, Victim::Receiver] {
         let dir = std::env::temp_dir().join(format!(
             "outboard-bench-restart-net-{}-{victim:?}",
@@ -340,8 +353,9 @@ pub fn net_restart(ctx: &Context) -> Result<NetRestart, String> {
             });
             twice += o.out_of_order();
             damaged += o.damaged;
+            // With the sender's server killed, only interrupted frames may be missing.
             if matches!(victim, Victim::Sender) {
-                sender_lost += o.lost();
+                sender_short += o.missing().saturating_sub(o.interrupted);
             }
             rows.push(serde_json::json!({
                 "victim": victim.label(),
@@ -350,7 +364,7 @@ pub fn net_restart(ctx: &Context) -> Result<NetRestart, String> {
                 "sent": o.sent,
                 "arrived": o.arrived.len(),
                 "interrupted": o.interrupted,
-                "lost": o.lost(),
+                "missing": o.missing(),
                 "out_of_order_or_twice": o.out_of_order(),
                 "damaged": o.damaged,
                 "outage_median_ms": percentile(&gaps, 0.5),
@@ -358,7 +372,7 @@ pub fn net_restart(ctx: &Context) -> Result<NetRestart, String> {
                 "outage_max_ms": percentile(&gaps, 1.0),
                 "frames_per_s": o.arrived.len() as f64 / o.secs,
                 "baseline_frames_per_s": base.arrived.len() as f64 / base.secs,
-                "baseline_lost": base.lost(),
+                "baseline_missing": base.missing(),
             }));
         }
         drop(up);
@@ -384,11 +398,11 @@ pub fn net_restart(ctx: &Context) -> Result<NetRestart, String> {
             met: Some(twice == 0 && damaged == 0),
         },
         Target {
-            target: "restart (net): with the sender's server killed, every frame not completed \
-                     as interrupted arrives"
+            target: "restart (net): with the sender's server killed, no more frames missing \
+                     than completed as interrupted"
                 .into(),
-            measured: format!("{sender_lost} lost"),
-            met: Some(sender_lost == 0),
+            measured: format!("{sender_short} missing beyond those interrupted"),
+            met: Some(sender_short == 0),
         },
     ];
     Ok(NetRestart {

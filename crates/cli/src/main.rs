@@ -215,7 +215,7 @@ struct BenchArgs {
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..), allow_negative_numbers = true)]
     faults: Option<u64>,
     /// Disks the fault campaign injects into at once, each with its own driver server and
-    /// model and its share of the four verified clients; the faults are shared out among them
+    /// model and ⌈4/N⌉ verified clients (at least one); the faults are shared out among them
     /// [default: 1; 4 with more than 1,000 faults].
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..=16), allow_negative_numbers = true)]
     fault_disks: Option<u64>,

@@ -1304,6 +1304,7 @@ mod tests {
         assert_eq!(b.backlog.len(), BACKLOG);
         assert_eq!(b.stats().rx_dropped, 10);
     }
+
     /// A NIC on a stream cable, and the peer's end of it.
     fn on_a_stream() -> (VirtioNet, OwnedFd) {
         let (ours, theirs) = rustix::net::socketpair(

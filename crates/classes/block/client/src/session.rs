@@ -96,6 +96,9 @@ pub struct BlockClient {
     /// It ended because the manager gave the device up (`Code::GivenUp`), which is not
     /// forever: a later call asks whether it is back.
     given_up: bool,
+    /// The channel is a replay's that has not been answered whole: its answers are tagged
+    /// by their place in the replay, not by slot, and are never taken for the slots'.
+    on_replay: bool,
     /// When the manager was last asked whether a given-up device is back.
     asked_again: Option<Instant>,
     resumes: ResumeStats,
@@ -167,6 +170,7 @@ impl BlockClient {
             supervisor: None,
             ended: None,
             given_up: false,
+            on_replay: false,
             asked_again: None,
             resumes: ResumeStats::default(),
             resume_log: Vec::new(),
@@ -211,6 +215,16 @@ impl BlockClient {
 
     /// Takes what the server posted into `out`.
     fn reap(&mut self, out: &mut Vec<BlockCompletion>) -> Result<usize, BlockError> {
+        if self.on_replay {
+            // A replay's answers, its server gone or its session ended: every request they
+            // answer is still pending (and is replayed, or ended).
+            while self
+                .channel
+                .completion::<BlockError>(0)
+                .is_ok_and(|c| c.is_some())
+            {}
+            return Ok(0);
+        }
         let mut n = 0;
         while let Some((tag, result)) = self.channel.completion(0).map_err(channel_err)? {
             out.push(self.pending.complete(tag, result)?);
@@ -222,6 +236,19 @@ impl BlockClient {
     /// The server is gone: resumes the session on its successor if there is a supervisor,
     /// else ends it. On return the session is usable again or has ended for good.
     fn server_gone(&mut self) -> Result<(), BlockError> {
+        let r = self.resume_or_end();
+        // A resume that failed without ending the session (a server answering a request it
+        // was not sent, a replay past its deadline) ends it with that error: left open, its
+        // requests would wait for ever, and a replay's channel would be read as the slots'.
+        if let Err(e) = &r {
+            if self.ended.is_none() {
+                let _ = self.end(e.clone());
+            }
+        }
+        r
+    }
+
+    fn resume_or_end(&mut self) -> Result<(), BlockError> {
         if let Some(e) = &self.ended {
             // Given up is not forever: the manager retries the device, and an operator may
             // restart it. A later call resumes the session once the manager no longer says
@@ -258,24 +285,19 @@ impl BlockClient {
             sup.patience
         };
         let give_up = started + patience;
-        // Whether the channel is a replay's: its answers are tagged by their place in the
-        // replay, not by slot, and must never be taken for the slots' own.
-        let mut replaying = false;
         loop {
-            // What the old server answered before it died is answered.
-            if !replaying {
-                let mut done = Vec::new();
-                let reaped = self.reap(&mut done);
-                self.ready.extend(done);
-                reaped?;
-            }
+            // What the old server answered before it died is answered. (Not what a replay's
+            // server answered before it died too: `reap` leaves that; every request is still
+            // pending and is sent again, and since nothing new was sent meanwhile, a write
+            // made twice is the same write.)
+            let mut done = Vec::new();
+            let reaped = self.reap(&mut done);
+            self.ready.extend(done);
+            reaped?;
             match self.resume(&sup, give_up)? {
                 Resumed::Yes => break,
-                // The new server died too while the replay ran: go again. What it answered
-                // stays unread on the replay's channel; every request is still pending and is
-                // sent again (nothing new was sent meanwhile, so a write done twice is the
-                // same write).
-                Resumed::GoneAgain => replaying = true,
+                // The new server died too while the replay ran: go again.
+                Resumed::GoneAgain => {}
             }
         }
         let took = started.elapsed();
@@ -337,7 +359,12 @@ impl BlockClient {
         let taken = self.channel.taken(0);
         self.channel = back.channel;
         self.server = back.server;
-        self.replay(taken)
+        self.on_replay = true;
+        let replayed = self.replay(taken);
+        if matches!(replayed, Ok(Resumed::Yes)) {
+            self.on_replay = false;
+        }
+        replayed
     }
 
     /// Sends every unanswered request again, in the order they were submitted, and waits for
@@ -443,13 +470,7 @@ impl BlockClient {
     /// `ready`) or ended (so are the errors): either way the next poll hands them over; an
     /// error here only when the session ended with nothing left to hand over.
     fn after_hang_up(&mut self) -> Result<(), BlockError> {
-        // A resume that failed without ending the session (a server answering a request it
-        // was not sent) ends it, with that error: swallowed, it would leave requests waiting.
-        if let Err(e) = self.server_gone() {
-            if self.ended.is_none() {
-                let _ = self.end(e);
-            }
-        }
+        let _ = self.server_gone();
         match &self.ended {
             Some(e) if self.ready.is_empty() => Err(e.clone()),
             _ => Ok(()),
@@ -467,7 +488,8 @@ impl BlockDevice for BlockClient {
     }
 
     fn submit(&mut self, r: &BlockRequest) -> Result<(), BlockError> {
-        if self.channel.is_gone() {
+        // An ended session takes nothing new (unless its given-up device is back).
+        if self.ended.is_some() || self.channel.is_gone() {
             self.server_gone()?;
         }
         // No check of the request here: the server checks it (it must: the client is not
@@ -505,6 +527,10 @@ impl BlockDevice for BlockClient {
     fn poll(&mut self, out: &mut Vec<BlockCompletion>) -> Result<usize, BlockError> {
         let early = self.ready.len();
         out.extend(self.ready.drain(..));
+        // An ended session's requests were all answered when it ended.
+        if self.ended.is_some() {
+            return Ok(early);
+        }
         Ok(early + self.reap(out)?)
     }
 

@@ -99,6 +99,18 @@ pub fn parse_info(v: serde_json::Value) -> Result<NetInfo, NetError> {
     Ok(info)
 }
 
+/// A frame sent and not yet answered.
+#[derive(Debug, Clone, Copy)]
+struct Sending {
+    /// Its place in the order frames were sent (they are sent again in that order).
+    seq: u64,
+    /// Where it was staged on the current ring, to tell after the server died whether it
+    /// took it; `None` while it is staged on no ring (between two servers).
+    position: Option<u32>,
+    /// Its length.
+    len: u32,
+}
+
 /// A session with a NIC served by a driver server.
 pub struct NetClient {
     channel: Channel,
@@ -120,9 +132,13 @@ pub struct NetClient {
     /// Frames whose sending failed, not yet reported.
     failed: VecDeque<NetError>,
     next_control: u64,
-    /// Frames sent and not yet answered, by slot: where each was staged on the ring (to tell,
-    /// after the server died, whether it took them) and its length.
-    sending: HashMap<u32, (u32, u32)>,
+    /// Frames sent and not yet answered, by slot.
+    sending: HashMap<u32, Sending>,
+    /// The next frame's place in the order frames are sent.
+    next_seq: u64,
+    /// Putting the session back on a new server: a server found gone meanwhile is not
+    /// resumed from inside (the resume's loop goes again, on the next one).
+    restoring: bool,
     /// What the session set, to set again on a new server.
     filter: Option<Vec<u8>>,
     mode: u32,
@@ -202,6 +218,8 @@ impl NetClient {
             failed: VecDeque::new(),
             next_control: 0,
             sending: HashMap::new(),
+            next_seq: 0,
+            restoring: false,
             filter: None,
             mode: 0,
             groups: Vec::new(),
@@ -256,15 +274,28 @@ impl NetClient {
         Self::status(&self.server, &self.device)
     }
 
-    fn stage(&mut self, r: &NetRequest) -> Result<(), NetError> {
+    /// Stages `r`; where on the ring it went (on the server it reached: after a resume, the
+    /// new one's).
+    fn stage(&mut self, r: &NetRequest) -> Result<u32, NetError> {
+        let position = self.channel.position(0);
         match self.channel.stage(0, &Sqe::encode(r).0) {
-            Ok(true) => Ok(()),
+            Ok(true) => Ok(position),
             Ok(false) => Err(NetError::QueueFull),
             Err(ChannelError::Gone) => {
-                self.resume()?;
+                self.gone()?;
                 self.stage(r)
             }
             Err(e) => Err(channel_err(e)),
+        }
+    }
+
+    /// The server is gone: resumed, unless the session is being put back on a new one
+    /// already (then that one is gone too, and the resume goes again).
+    fn gone(&mut self) -> Result<(), NetError> {
+        if self.restoring {
+            Err(NetError::DeviceGone)
+        } else {
+            self.resume()
         }
     }
 
@@ -302,7 +333,11 @@ impl NetClient {
             self.channel = back.channel;
             self.server = back.server;
             self.resumes += 1;
-            match self.restore(taken) {
+            self.restoring = true;
+            let restored = self.restore(taken);
+            self.restoring = false;
+            match restored {
+                // Gone again while being put back: what it took is read from its ring.
                 Err(NetError::DeviceGone) => continue,
                 other => return other,
             }
@@ -313,6 +348,23 @@ impl NetClient {
     /// the dead one took are interrupted, the others sent again; every receive buffer not
     /// holding an unread frame posted again.
     fn restore(&mut self, taken: u32) -> Result<(), NetError> {
+        // First, before anything is staged on the new ring: frames the dead server took may
+        // have gone out, so they are interrupted, never sent again. The others are on no ring
+        // until they are staged again below (a server that dies meanwhile took none of them).
+        let mut order: Vec<(u64, u32)> = self.sending.iter().map(|(&k, f)| (f.seq, k)).collect();
+        order.sort_unstable();
+        for &(_, slot) in &order {
+            let f = self.sending.get_mut(&slot).expect("listed");
+            if f.position
+                .is_some_and(|p| outboard_session::ring::was_taken(p, taken))
+            {
+                self.sending.remove(&slot);
+                self.failed.push_back(NetError::Interrupted);
+                self.tx_free.push(slot);
+            } else {
+                f.position = None;
+            }
+        }
         // The receive path first, before a buffer is posted on the new server. If it is not
         // granted there (another session posted first), frames are copied, as before.
         if self.opts.own_receive {
@@ -338,14 +390,10 @@ impl NetClient {
             let bytes: Vec<u8> = groups.iter().flatten().copied().collect();
             self.control_with(NetOp::Multicast, &bytes)?;
         }
-        let mut sending: Vec<(u32, (u32, u32))> = self.sending.drain().collect();
-        sending.sort_by_key(|&(_, (pos, _))| pos.wrapping_sub(taken) as i32);
-        for (slot, (position, len)) in sending {
-            if outboard_session::ring::was_taken(position, taken) {
-                self.failed.push_back(NetError::Interrupted);
-                self.tx_free.push(slot);
-            } else {
-                self.transmit(slot, len)?;
+        // The frames the dead server did not take, staged again in the order they were sent.
+        for (_, slot) in order {
+            if let Some(f) = self.sending.get(&slot).copied() {
+                self.stage_frame(slot, f)?;
             }
         }
         let unread: Vec<u32> = self.received.iter().map(|&(slot, _, _)| slot).collect();
@@ -362,16 +410,27 @@ impl NetClient {
         Ok(())
     }
 
-    /// Stages the frame already in transmit slot `slot`.
+    /// Stages the frame just written into transmit slot `slot`.
     fn transmit(&mut self, slot: u32, len: u32) -> Result<(), NetError> {
-        let position = self.channel.position(0);
-        self.stage(&NetRequest {
+        self.next_seq += 1;
+        let f = Sending {
+            seq: self.next_seq,
+            position: None,
+            len,
+        };
+        self.stage_frame(slot, f)
+    }
+
+    /// Stages frame `f`, in transmit slot `slot`, and records where it went.
+    fn stage_frame(&mut self, slot: u32, mut f: Sending) -> Result<(), NetError> {
+        let position = self.stage(&NetRequest {
             op: NetOp::Transmit,
             tag: TRANSMIT | u64::from(slot),
             buf_offset: u64::from(slot) * self.slot,
-            length: len,
+            length: f.len,
         })?;
-        self.sending.insert(slot, (position, len));
+        f.position = Some(position);
+        self.sending.insert(slot, f);
         Ok(())
     }
 
@@ -382,6 +441,7 @@ impl NetClient {
             buf_offset: u64::from(slot) * self.slot,
             length: self.slot as u32,
         })
+        .map(drop)
     }
 
     /// Takes every completion waiting on the current rings (the old ones too, after the
@@ -429,7 +489,7 @@ impl NetClient {
             Ok(()) => Ok(self.reap()? > 0),
             Err(ChannelError::Timeout) => Ok(false),
             Err(ChannelError::Gone) => {
-                self.resume()?;
+                self.gone()?;
                 Ok(true)
             }
             Err(e) => Err(channel_err(e)),
@@ -556,7 +616,7 @@ impl NetClient {
             }
             Err(ChannelError::Timeout) => Ok(false),
             Err(ChannelError::Gone) => {
-                self.resume()?;
+                self.gone()?;
                 Ok(false)
             }
             Err(e) => Err(channel_err(e)),

@@ -411,6 +411,9 @@ fn campaign(
         match inject(&ctx.exe, control, up, disk, order[slot]) {
             Ok(f) => done.push(f),
             Err(e) => {
+                // Said at once: the other disks' campaigns may run on for a long time.
+                let e = format!("{disk}: fault {} ({}): {e}", i + 1, order[slot].label());
+                ctx.progress.suspend(|| eprintln!("faults: {e}"));
                 result = Err(e);
                 break;
             }

@@ -29,12 +29,6 @@ enum Victim {
 }
 
 impl Victim {
-    fn node(self) -> &'static str {
-        match self {
-            Victim::Driver => "driver",
-            Victim::Model => "pci-function",
-        }
-    }
     fn label(self) -> &'static str {
         match self {
             Victim::Driver => "driver server killed",
@@ -65,15 +59,6 @@ pub(crate) fn first_of<'a>(
         return Some(n);
     }
     n.children.iter().find_map(|c| first_of(c, kind))
-}
-
-/// The pid of the first `kind` node, and whether its driver serves.
-pub(crate) fn pid_and_serving(control: &Path, kind: &str) -> Option<(i32, bool)> {
-    let tree = outboard_client::manager::registry(control).ok()?;
-    let pid = first_of(&tree, kind)?.props.get("pid")?.as_i64()? as i32;
-    let serving =
-        first_of(&tree, "block-device")?.state() == Some(outboard_client::registry::State::Serving);
-    Some((pid, serving))
 }
 
 /// The processes behind one device, as the registry shows them.
@@ -185,8 +170,12 @@ fn run(
             break;
         };
         std::thread::sleep(every);
-        let (pid, _) = pid_and_serving(control, victim.node()).ok_or("no process to kill")?;
-        let (server, _) = pid_and_serving(control, "driver").ok_or("no driver server")?;
+        let before = pids_of(control, "disk0").ok_or("no driver server")?;
+        let server = before.server;
+        let pid = match victim {
+            Victim::Driver => server,
+            Victim::Model => before.model.ok_or("no device model")?,
+        };
         // Before the signal: a client can notice the death before kill(2) returns here.
         kills.push(Instant::now());
         let kill_ns = outboard_session::control::monotonic_ns();
@@ -197,8 +186,8 @@ fn run(
         .map_err(|e| format!("kill {pid}: {e}"))?;
         let back = Instant::now() + Duration::from_secs(30);
         loop {
-            match pid_and_serving(control, "driver") {
-                Some((p, true)) if p != server => {
+            match pids_of(control, "disk0") {
+                Some(p) if p.serving && p.server != server => {
                     stamped.push((kill_ns, restart_stamps(control)));
                     break;
                 }

@@ -181,7 +181,7 @@ fn outboard_config(ctx: &Context, placement: &str, n: usize) -> Result<Twin, Str
     }
     drop(udp);
     drop(up);
-    let _ = std::fs::remove_dir_all(&dir);
+    crate::fixture::remove_work_dir(&dir);
     Ok(m)
 }
 
@@ -332,7 +332,7 @@ fn tap_config(ctx: &Context) -> Result<(Twin, Result<Summary, String>), String> 
         .map(|m| (m, iperf3(ctx, &a, &b, "10.72.0.2")));
     drop(exports);
     drop((a, b, up));
-    let _ = std::fs::remove_dir_all(&dir);
+    crate::fixture::remove_work_dir(&dir);
     m
 }
 

@@ -239,7 +239,7 @@ pub fn exports(ctx: &Context) -> Result<TestResult, String> {
                 .push(series(format!("{which}, {cell}"), vec![(0.0, s)]));
         }
     }
-    let _ = std::fs::remove_dir_all(&dir);
+    crate::fixture::remove_work_dir(&dir);
     let m = |f: &Figure, label: &str| {
         f.series(label)
             .and_then(|s| s.points.first().map(|p| p.y.median))

@@ -557,7 +557,7 @@ pub fn faults_test(ctx: &Context) -> Result<TestResult, String> {
     let outcome = campaigns(ctx, &control, up.pid, n, disks);
     let elapsed = started.elapsed().as_secs_f64();
     drop(up);
-    let _ = std::fs::remove_dir_all(&dir);
+    crate::fixture::remove_work_dir(&dir);
     let (done, t) = outcome?;
     let mut rows = Vec::new();
     let mut series = Vec::new();

@@ -62,13 +62,54 @@ pub fn spawn_foreign(exe: &Path, args: &[String], ready: &Path) -> Result<Proc, 
     start(exe, args, ready, true)
 }
 
+/// Where a started program's diagnostics go: nowhere, or with `OUTBOARD_BENCH_LOGS=DIR` a
+/// file of its own in `DIR` (`<program>-<pid of the bench>-<n>.log`), to find out afterwards
+/// why a run went wrong.
+fn log_for(exe: &Path) -> Result<Stdio, String> {
+    static STARTED: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+    let Some(dir) = std::env::var_os("OUTBOARD_BENCH_LOGS") else {
+        return Ok(Stdio::null());
+    };
+    let n = STARTED.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let name = exe
+        .file_name()
+        .map_or("program".into(), |n| n.to_string_lossy());
+    let path = Path::new(&dir).join(format!("{name}-{}-{n}.log", std::process::id()));
+    std::fs::File::create(&path)
+        .map(Stdio::from)
+        .map_err(|e| format!("OUTBOARD_BENCH_LOGS: {}: {e}", path.display()))
+}
+
+/// Removes a test's work directory; with `OUTBOARD_BENCH_LOGS=DIR`, its logs (the manager's
+/// children's, `*.log` anywhere in it) are copied to `DIR/<its name>/` first.
+pub fn remove_work_dir(dir: &Path) {
+    if let Some(logs) = std::env::var_os("OUTBOARD_BENCH_LOGS") {
+        let to = Path::new(&logs).join(dir.file_name().unwrap_or_default());
+        copy_logs(dir, &to, 4);
+    }
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+/// Copies the `*.log` files under `from` (`depth` levels down at most) into `to`.
+fn copy_logs(from: &Path, to: &Path, depth: u32) {
+    for e in std::fs::read_dir(from).into_iter().flatten().flatten() {
+        let p = e.path();
+        if p.is_dir() && depth > 0 {
+            copy_logs(&p, &to.join(e.file_name()), depth - 1);
+        } else if p.extension().is_some_and(|x| x == "log") {
+            let _ = std::fs::create_dir_all(to);
+            let _ = std::fs::copy(&p, to.join(e.file_name()));
+        }
+    }
+}
+
 fn start(exe: &Path, args: &[String], ready: &Path, foreign: bool) -> Result<Proc, String> {
     let _ = std::fs::remove_file(ready);
     let mut child = Command::new(exe)
         .args(args)
         .stdin(Stdio::null())
         .stdout(Stdio::null())
-        .stderr(Stdio::null())
+        .stderr(log_for(exe)?)
         .spawn()
         .map_err(|e| format!("starting {}: {e}", exe.display()))?;
     let deadline = Instant::now() + Duration::from_secs(30);
@@ -216,7 +257,7 @@ impl Fixture {
 
 impl Drop for Fixture {
     fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.dir);
+        remove_work_dir(&self.dir);
     }
 }
 

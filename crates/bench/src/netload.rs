@@ -274,7 +274,7 @@ fn outboard(ctx: &Context, placement: &str, hold_off: u32, secs: f64) -> Result<
     }
     drop(udp);
     drop(up);
-    let _ = std::fs::remove_dir_all(&dir);
+    crate::fixture::remove_work_dir(&dir);
     Ok(m)
 }
 

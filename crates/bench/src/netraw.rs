@@ -387,7 +387,7 @@ pub fn net_raw(ctx: &Context) -> Result<TestResult, String> {
             };
             config(ctx, placement, &e, secs, &mut figs)
         });
-        let _ = std::fs::remove_dir_all(&dir);
+        crate::fixture::remove_work_dir(&dir);
         if let Err(reason) = r {
             unavailable.push(Unavailable {
                 config: placement.into(),

@@ -448,7 +448,7 @@ pub fn restart_test(ctx: &Context) -> Result<TestResult, String> {
             }));
         }
         drop(up);
-        let _ = std::fs::remove_dir_all(&dir);
+        crate::fixture::remove_work_dir(&dir);
         let who = victim.label();
         latency.series.push(Series {
             label: format!("{who}, median"),

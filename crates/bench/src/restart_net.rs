@@ -376,7 +376,7 @@ pub fn net_restart(ctx: &Context) -> Result<NetRestart, String> {
             }));
         }
         drop(up);
-        let _ = std::fs::remove_dir_all(&dir);
+        crate::fixture::remove_work_dir(&dir);
         let who = victim.label();
         outage.series.push(Series {
             label: format!("{who}, median"),

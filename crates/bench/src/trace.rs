@@ -473,7 +473,7 @@ pub fn trace_test(ctx: &crate::Context) -> Result<crate::model::TestResult, Stri
         let (t, c) = measure(ctx, &mut [&mut d0, &mut d1], &ios, &events, &pids)?;
         results.push(("nbd", t, c));
     }
-    let _ = std::fs::remove_dir_all(&dir);
+    crate::fixture::remove_work_dir(&dir);
     let bar = |id: &str,
                title: &str,
                y: &str,

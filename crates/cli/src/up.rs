@@ -586,6 +586,9 @@ fn serve_devices(
             server.isolate(std::time::Duration::from_millis(a.isolate_ms));
         }
     }
+    for h in &a.hold_back {
+        server.hold_back(*h);
+    }
     for q in &a.quarantine {
         server.quarantine(*q);
     }

@@ -237,6 +237,11 @@ pub struct DriverHostArgs {
     /// driver too often (KEY:W0:W1: the session key and the class's fingerprint of the request, as the manager names it). Repeatable.
     #[arg(long, value_name = "REQUEST")]
     pub quarantine: Vec<outboard_server::blame::Suspect>,
+    /// While isolated, let this request into its device only after another one has been
+    /// through it: it was in the device at the last crash, and the request a replay sends
+    /// first is not to be named at every crash for being first (KEY:W0:W1). Repeatable.
+    #[arg(long, value_name = "REQUEST")]
+    pub hold_back: Vec<outboard_server::blame::Suspect>,
     /// Start with this device quiesced: requests to it wait until the manager resumes it
     /// (a server restarted while the device was suspended). Repeatable.
     #[arg(long, value_name = "NAME")]
@@ -263,6 +268,7 @@ impl DriverHostArgs {
             resume_grace_ms: 0,
             isolate_ms: 0,
             quarantine: Vec::new(),
+            hold_back: Vec::new(),
             quiesce: Vec::new(),
             confine,
         }
@@ -284,6 +290,7 @@ impl DriverHostArgs {
         a.opt("--resume-grace-ms", Some(self.resume_grace_ms));
         a.opt("--isolate-ms", Some(self.isolate_ms));
         a.each("--quarantine", &self.quarantine);
+        a.each("--hold-back", &self.hold_back);
         a.each("--quiesce", &self.quiesce);
         a.0.extend(self.confine.to_args());
         a.0
@@ -796,7 +803,7 @@ mod tests {
 
     #[derive(clap::Subcommand)]
     enum Command {
-        DriverHost(DriverHostArgs),
+        DriverHost(Box<DriverHostArgs>),
         #[command(subcommand)]
         Export(Export),
     }
@@ -906,6 +913,7 @@ mod tests {
         a.resume_grace_ms = 250;
         a.isolate_ms = 2000;
         a.quarantine = vec!["77:100000008:800".parse().unwrap()];
+        a.hold_back = vec!["78:200000008:10".parse().unwrap()];
         a.set_quiesced("disk0", true);
         let line: Vec<String> = std::iter::once("outboard".to_string())
             .chain(a.command_line())
@@ -913,7 +921,7 @@ mod tests {
         let Command::DriverHost(back) = Cli::try_parse_from(&line).unwrap().command else {
             panic!("not a driver server")
         };
-        assert_eq!(back, a, "{line:?}");
+        assert_eq!(*back, a, "{line:?}");
         // And the defaults: a server as plain as the command line makes it.
         let plain = DriverHostArgs::on_fd(4, ConfineArgs::default());
         let mut minimal = vec![
@@ -928,6 +936,6 @@ mod tests {
         };
         let mut expected = plain;
         expected.devices = vec!["x=null:4096".into()];
-        assert_eq!(parsed, expected);
+        assert_eq!(*parsed, expected);
     }
 }

@@ -20,6 +20,7 @@ mod hotplug;
 mod launch;
 pub mod models;
 mod nodes;
+pub mod quarantine;
 mod relocate;
 pub mod restart;
 pub mod runtime;

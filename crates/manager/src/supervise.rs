@@ -3,6 +3,9 @@
 
 use super::*;
 
+use crate::quarantine::Series;
+use outboard_server::blame::Verdict;
+
 impl Manager {
     /// Serves the control API and supervises children until `stop` is set.
     ///
@@ -248,8 +251,12 @@ impl Manager {
         };
         if matches!(p.kind, supervisor::Kind::Server { .. }) {
             let fault = supervisor::is_fault(p.exited, p.hung) || p.model_crashed;
-            let blame = p.heartbeat.as_ref().and_then(supervisor::Heartbeat::blame);
-            self.weigh_for_quarantine(i, fault, blame, death);
+            // No heartbeat page: it died before it served, with nothing in its devices.
+            let (verdict, answered) = p.heartbeat.as_ref().map_or((Verdict::Nobody, 0), |h| {
+                (h.verdict(), outboard_server::blame::answered(h.page()))
+            });
+            self.forget_answered(i, answered);
+            self.weigh_for_quarantine(i, fault, verdict, death);
         }
         self.procs[i].heartbeat = None;
         self.retire_counters(i);
@@ -298,10 +305,14 @@ impl Manager {
                 }
             }
             _ => {
+                let quarantined = self.procs[i].quarantined;
                 for n in &devices {
                     if let Some(drv) = self.driver_of_mut(n) {
                         drv.props.remove("pid");
                         drv.set("last-exit", last_exit.clone());
+                        if quarantined > 0 {
+                            drv.set("quarantined", quarantined);
+                        }
                     }
                 }
             }
@@ -424,15 +435,29 @@ impl Manager {
         }
     }
 
-    /// Weighs the death of driver server `i` for quarantine. A crash of its own (or of its
-    /// model) starts the next incarnation isolated, so that another crash names the request
-    /// in the device; a request named at `QUARANTINE_AFTER` crashes in a row is failed by the
-    /// next incarnation instead of sent again. A death that was no fault ends isolation.
+    /// Server `i` answered the requests it was told to quarantine that `answered` names (bit
+    /// `j` for the `j`th): the next is not told them again, since their fingerprints would
+    /// fail the sessions' next requests like them for nothing.
+    fn forget_answered(&mut self, i: usize, answered: u64) {
+        if let Some(s) = self.procs[i].server.as_mut() {
+            let mut j = 0;
+            s.quarantine.retain(|_| {
+                let keep = j >= 64 || answered & 1 << j == 0;
+                j += 1;
+                keep
+            });
+        }
+    }
+
+    /// Weighs the death of driver server `i` for quarantine ([`crate::quarantine`]). A
+    /// crash of its own (or of its model) starts the next incarnation isolated, holding back
+    /// what the crash named and failing what crashed it too often; a death that was no fault,
+    /// after progress, ends isolation and the series.
     pub(crate) fn weigh_for_quarantine(
         &mut self,
         i: usize,
         fault: bool,
-        blame: Option<outboard_server::blame::Suspect>,
+        verdict: Verdict,
         death: supervisor::Death,
     ) {
         const ISOLATE: Duration = Duration::from_secs(2);
@@ -445,45 +470,38 @@ impl Manager {
                 if let Some(s) = p.server.as_mut() {
                     s.isolate_ms = 0;
                     s.quarantine.clear();
+                    s.hold_back.clear();
                 }
-                p.suspect = None;
+                p.suspect = Series::None;
             }
             return;
         }
-        let Some(b) = blame else {
-            // A crash with no request in the device (an isolated server that had none in
-            // it, or the unisolated first crash of a series) names nobody: a series of
-            // crashes on one request starts again.
-            p.suspect = None;
-            if let Some(s) = p.server.as_mut() {
-                s.isolate_ms = ISOLATE.as_millis() as u64;
-            }
-            return;
-        };
-        // The first crash of a series had it among everything in flight, unnamed.
-        let strikes = match p.suspect {
-            Some((s, n)) if s == b => n + 1,
-            _ => 2,
-        };
-        if strikes >= control::QUARANTINE_AFTER {
+        let w = p.suspect.crash(verdict);
+        for (b, strikes) in &w.quarantined {
             tracing::error!(
                 "{}: request {b} crashed the driver {strikes} times: the next server fails it",
                 p.role
             );
-            if let Some(s) = p.server.as_mut().filter(|s| !s.quarantine.contains(&b)) {
-                s.quarantine.push(b);
+        }
+        if let Series::Named(named) = &w.series {
+            for (b, strikes) in named {
+                tracing::warn!(
+                    "{}: request {b} was in the device at this crash ({strikes} in a row)",
+                    p.role
+                );
             }
-            p.suspect = None;
-        } else {
-            tracing::warn!(
-                "{}: request {b} was in the device at this crash ({strikes})",
-                p.role
-            );
-            p.suspect = Some((b, strikes));
         }
         if let Some(s) = p.server.as_mut() {
             s.isolate_ms = ISOLATE.as_millis() as u64;
+            for (b, _) in &w.quarantined {
+                if !s.quarantine.contains(b) {
+                    s.quarantine.push(*b);
+                }
+            }
+            s.hold_back = w.series.held_back();
         }
+        p.suspect = w.series;
+        p.quarantined += w.quarantined.len() as u64;
     }
 
     /// Starts what is due to restart, kills driver servers whose heartbeat stopped and

@@ -72,9 +72,10 @@ pub struct Process {
     /// Why this incarnation last reported its device failed (shown as the cause of its
     /// death, rather than its exit status).
     pub device_failed: Option<String>,
-    /// The request an isolated incarnation had in its device when it crashed, and at how
-    /// many crashes in a row it was there (see `outboard_server::blame`).
-    pub suspect: Option<(outboard_server::blame::Suspect, u32)>,
+    /// What its last crashes had in their devices ([`crate::quarantine`]).
+    pub suspect: crate::quarantine::Series,
+    /// Requests it failed as quarantined, over all its incarnations.
+    pub quarantined: u64,
     /// When this incarnation started.
     pub started: Instant,
     /// The program it runs instead of the manager's own (`outboard restart --exe`, a live
@@ -219,9 +220,14 @@ impl Heartbeat {
             .map(|w| w.load(std::sync::atomic::Ordering::Relaxed))
     }
 
-    /// The request the server named as in its device (an isolated server, at its death).
-    pub fn blame(&self) -> Option<outboard_server::blame::Suspect> {
-        outboard_server::blame::Suspect::read(&self.page)
+    /// The page itself.
+    pub fn page(&self) -> &outboard_shm::SharedMem {
+        &self.page
+    }
+
+    /// What the server's devices had in them, as it named them (read at its death).
+    pub fn verdict(&self) -> outboard_server::blame::Verdict {
+        outboard_server::blame::Verdict::read(&self.page)
     }
 
     /// Whether the loop turned since the server said it serves: progress.
@@ -529,7 +535,8 @@ impl Process {
             restarts: std::mem::take(&mut self.restarts),
             down_since: self.down_since,
             timeline: std::mem::take(&mut self.timeline),
-            suspect: self.suspect.take(),
+            suspect: std::mem::take(&mut self.suspect),
+            quarantined: self.quarantined,
             server: self.server.take(),
             exe: self.exe.take(),
             standby: self.standby.take(),
@@ -647,7 +654,8 @@ impl Process {
             planned: false,
             model_crashed: false,
             device_failed: None,
-            suspect: None,
+            suspect: Default::default(),
+            quarantined: 0,
             started: Instant::now(),
             exe: None,
             graceful: None,

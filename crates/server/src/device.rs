@@ -415,10 +415,14 @@ impl Device {
     }
 
     pub(crate) fn isolate(&mut self, page: Arc<SharedMem>, until: Instant) {
-        self.watch.isolate(page, until);
+        self.watch.isolate(page, self.index, until);
     }
 
     pub(crate) fn quarantine(&mut self, suspect: Suspect) {
         self.watch.quarantine(suspect);
+    }
+
+    pub(crate) fn hold_back(&mut self, suspect: Suspect) {
+        self.watch.hold_back(suspect);
     }
 }

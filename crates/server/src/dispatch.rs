@@ -119,17 +119,34 @@ impl Ctx<'_> {
         !self.isolated() || in_flight() == 0
     }
 
-    /// Names the request (`fingerprint`, the class's) of session `slot` that is about to
-    /// enter the device, while isolated.
-    pub fn entering(&self, slot: usize, fingerprint: [u64; 2]) {
+    /// Session `slot`'s request `fingerprint` (the class's) is about to enter the device:
+    /// named in the blame page while isolated. Called for every request that enters.
+    #[inline]
+    pub fn entering(&mut self, slot: usize, fingerprint: [u64; 2]) {
         if let Some(s) = self.sessions.get(slot).and_then(Option::as_ref) {
             self.watch.entering(s, fingerprint);
         }
     }
 
-    /// Nothing is in the device any more.
-    pub fn emptied(&self) {
+    /// Nothing is in the device any more, after requests completed.
+    #[inline]
+    pub fn emptied(&mut self) {
         self.watch.emptied();
+    }
+
+    /// Whether session `slot`'s request `fingerprint` must wait before it enters the device:
+    /// named at the last crash, it goes in only after another request has been through (or
+    /// when nothing else is there to go: the class decides that). The session's key is read
+    /// only while something is held back.
+    #[inline]
+    pub fn holds_back(&self, slot: usize, fingerprint: impl FnOnce() -> [u64; 2]) -> bool {
+        if !self.watch.holds_any() {
+            return false;
+        }
+        let Some(s) = self.sessions.get(slot).and_then(Option::as_ref) else {
+            return false;
+        };
+        self.watch.holding(|| session_key(s), fingerprint())
     }
 
     /// Whether the request `fingerprint` of session `slot` crashed the driver too often to be

@@ -39,6 +39,14 @@ impl DriverHost {
         }
     }
 
+    /// Lets `suspect` (named at the last crash) into its device only after another request
+    /// went through, while isolated ([`crate::blame`]).
+    pub fn hold_back(&mut self, suspect: crate::blame::Suspect) {
+        for d in &mut self.devices {
+            d.hold_back(suspect);
+        }
+    }
+
     /// Fails `suspect` once, alone, instead of sending it to its device.
     pub fn quarantine(&mut self, suspect: crate::blame::Suspect) {
         // A fingerprint is its class's; a device of another class never matches it.

@@ -75,6 +75,9 @@ pub struct BlockDispatcher {
     locks: RangeLocks,
     sessions: Vec<Option<PerSession>>,
     scratch: Vec<(u64, Result<u32, BlockError>)>,
+    /// A request named at the last crash, waiting for another to go through the device
+    /// first (session slot, request).
+    held: Option<(usize, BlockRequest)>,
 }
 
 /// Whether a session other than `si` has a write to `range` in the device.
@@ -99,6 +102,7 @@ impl BlockDispatcher {
             locks: RangeLocks::default(),
             sessions: Vec::new(),
             scratch: Vec::new(),
+            held: None,
         }
     }
 
@@ -181,14 +185,51 @@ impl BlockDispatcher {
         let Some(iova) = cx.iova(si) else {
             return Ok(());
         };
-        if cx.isolated() {
-            cx.entering(si, fingerprint(r));
-        }
+        cx.entering(si, fingerprint(r));
         let now = (cx.now(), cx.now_ns());
         let Some(s) = cx.sessions[si].as_mut() else {
             return Ok(());
         };
         self.send_to_device(s, si, r, iova, cx.stats, now)
+    }
+
+    /// A validated request of session `si` goes on: granted (a lock), parked behind a
+    /// conflicting one, or sent to the device.
+    fn admit(&mut self, si: usize, r: BlockRequest, cx: &mut Ctx<'_>) -> Result<(), Failure> {
+        let tags = &self.tags;
+        let elsewhere = |s: usize, range: Range| writes_elsewhere(tags, s, range);
+        match self.locks.admit(si, r, &elsewhere) {
+            Decision::Granted => {
+                if let Some(s) = cx.sessions[si].as_mut() {
+                    complete(s, cx.stats, r.tag, Ok(0));
+                }
+                Ok(())
+            }
+            Decision::Parked => {
+                if let Some(ps) = self.per_session(si) {
+                    ps.tags.insert(r.tag);
+                }
+                Ok(())
+            }
+            Decision::Submit => self.enter(si, &r, cx),
+        }
+    }
+
+    /// Lets the held-back request go on once the device is empty: after another request went
+    /// through it, or after a round in which nothing else came to go first.
+    fn release_held(&mut self, cx: &mut Ctx<'_>) -> Result<bool, Failure> {
+        let Some((si, r)) = self.held else {
+            return Ok(false);
+        };
+        if !self.room(cx) || self.driver.in_flight() > 0 && cx.isolated() {
+            return Ok(false);
+        }
+        self.held = None;
+        if let Some(ps) = self.per_session(si) {
+            ps.tags.remove(&r.tag);
+        }
+        self.admit(si, r, cx)?;
+        Ok(true)
     }
 
     /// Lets parked requests go on as far as their conflicts have ended.
@@ -395,6 +436,10 @@ impl Dispatcher for BlockDispatcher {
                 Ok(r) if cx.quarantined(i, || fingerprint(&r)) => Err(BlockError::Quarantined),
                 other => other,
             };
+            // Named at the last crash: it waits until another request has been through the
+            // device (`outboard_server::blame`).
+            let hold = self.held.is_none()
+                && matches!(&result, Ok(r) if cx.holds_back(i, || fingerprint(r)));
             let s = cx.sessions[i].as_mut().expect("checked");
             match result {
                 Ok(r) if r.op == BlockOp::Null => complete(s, cx.stats, tag, Ok(0)),
@@ -408,22 +453,16 @@ impl Dispatcher for BlockDispatcher {
                     };
                     complete(s, cx.stats, tag, done);
                 }
+                Ok(r) if hold => {
+                    if let Some(ps) = self.per_session(i) {
+                        ps.tags.insert(tag);
+                    }
+                    self.held = Some((i, r));
+                }
                 Ok(r) => {
-                    let tags = &self.tags;
-                    let elsewhere = |si: usize, range: Range| writes_elsewhere(tags, si, range);
-                    match self.locks.admit(i, r, &elsewhere) {
-                        Decision::Granted => complete(s, cx.stats, tag, Ok(0)),
-                        Decision::Parked => {
-                            if let Some(ps) = self.per_session(i) {
-                                ps.tags.insert(tag);
-                            }
-                        }
-                        Decision::Submit => {
-                            lost = self.enter(i, &r, cx);
-                            if lost.is_err() {
-                                break;
-                            }
-                        }
+                    lost = self.admit(i, r, cx);
+                    if lost.is_err() {
+                        break;
                     }
                 }
                 // Completing under the duplicated tag would confuse the original request's
@@ -453,10 +492,15 @@ impl Dispatcher for BlockDispatcher {
             })?;
         }
         let reaped = self.reap(cx)?;
-        Ok(self.release_parked(cx)? || reaped)
+        let held = self.release_held(cx)?;
+        Ok(self.release_parked(cx)? || reaped || held)
     }
 
     fn prepare_sleep(&mut self, _cx: &mut Ctx<'_>) -> Result<bool, Failure> {
+        if self.held.is_some() && self.driver.in_flight() == 0 {
+            // It goes at the next turn.
+            return Ok(false);
+        }
         if self.driver.in_flight() == 0 {
             return Ok(true);
         }
@@ -484,6 +528,7 @@ impl Dispatcher for BlockDispatcher {
             .map(|t| (t.session, t.tag))
             .collect();
         stranded.extend(self.locks.clear().into_iter().map(|(si, r)| (si, r.tag)));
+        stranded.extend(self.held.take().map(|(si, r)| (si, r.tag)));
         self.free_tags.clear();
         for (si, tag) in stranded {
             if let Some(ps) = self.per_session(si) {
@@ -504,7 +549,10 @@ impl Dispatcher for BlockDispatcher {
     }
 
     fn close(&mut self, slot: usize) {
-        let parked = self.locks.end_session(slot);
+        let mut parked = self.locks.end_session(slot);
+        if self.held.is_some_and(|(si, _)| si == slot) {
+            parked.extend(self.held.take().map(|(_, r)| r));
+        }
         if let Some(ps) = self.per_session(slot) {
             for r in parked {
                 ps.tags.remove(&r.tag);

@@ -220,9 +220,7 @@ impl NetDispatcher {
         let Some(base) = cx.iova(si) else {
             return Ok(());
         };
-        if cx.isolated() {
-            cx.entering(si, fingerprint(r));
-        }
+        cx.entering(si, fingerprint(r));
         let key = self.in_flight.insert(InFlight {
             session: si,
             tag: r.tag,

@@ -101,9 +101,7 @@ impl EntropyDispatcher {
         let Some(base) = cx.iova(si) else {
             return Ok(());
         };
-        if cx.isolated() {
-            cx.entering(si, fingerprint(offset, length));
-        }
+        cx.entering(si, fingerprint(offset, length));
         let slot = self.free_tags.pop().unwrap_or_else(|| {
             self.tags.push(None);
             self.tags.len() - 1

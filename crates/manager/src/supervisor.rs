@@ -74,7 +74,8 @@ pub struct Process {
     pub device_failed: Option<String>,
     /// What its last crashes had in their devices ([`crate::quarantine`]).
     pub suspect: crate::quarantine::Series,
-    /// Requests it failed as quarantined, over all its incarnations.
+    /// Requests it decided to quarantine, over all its incarnations (each is failed when its
+    /// client sends it again).
     pub quarantined: u64,
     /// When this incarnation started.
     pub started: Instant,

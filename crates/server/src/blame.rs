@@ -40,6 +40,9 @@ const AT: u64 = 64;
 const ANSWERED: u64 = 8;
 /// Quarantined requests whose answer the page can record.
 const TRACKED: usize = 64;
+/// Set when a device has no record of its own (more than [`RECORDS`] in one server): its
+/// requests go in unnamed, and a crash may be any of theirs.
+const OVERFLOW: u64 = 16;
 const RECORD: u64 = 32;
 /// Devices with a record of their own: the rest of the page.
 pub const RECORDS: usize = ((4096 - AT) / RECORD) as usize;
@@ -73,6 +76,9 @@ pub enum Verdict {
 impl Verdict {
     /// Reads the records in `page` (the supervisor, once the server died).
     pub fn read(page: &SharedMem) -> Self {
+        if page.read_u64(OVERFLOW).unwrap_or(1) != 0 {
+            return Self::Unknown;
+        }
         let mut named = Vec::new();
         let mut written = false;
         for d in 0..RECORDS {
@@ -171,6 +177,8 @@ pub fn session_key(s: &Session) -> u64 {
 #[derive(Default)]
 pub(crate) struct Watch {
     record: Option<Record>,
+    /// The page, for a device with no record of its own too (quarantines answered).
+    page: Option<Arc<SharedMem>>,
     /// When isolation ends; `None` once it has (or if it never began).
     until: Option<Instant>,
     /// Requests to fail instead of sending, each with its place in the list the server was
@@ -187,8 +195,11 @@ impl Watch {
     /// One request at a time into device number `device`, named in its record of `page`,
     /// until `until`.
     pub(crate) fn isolate(&mut self, page: Arc<SharedMem>, device: usize, until: Instant) {
+        self.page = Some(page.clone());
         if device >= RECORDS {
-            // No record of its own: its crashes name nobody, which starts no series.
+            // No record of its own: it is not isolated, and the page says that a crash may be
+            // any request's doing.
+            let _ = page.write_u64(OVERFLOW, 1);
             return;
         }
         let record = Record {
@@ -248,6 +259,21 @@ impl Watch {
         }
     }
 
+    /// The request just named did not enter the device (the driver refused it): the device
+    /// holds nothing again, though nothing went through it.
+    pub(crate) fn refused(&mut self) {
+        if self.until.is_none() {
+            return;
+        }
+        if !self.isolated() {
+            self.over();
+            return;
+        }
+        if let Some(r) = &self.record {
+            r.state(EMPTY);
+        }
+    }
+
     /// The device has nothing in it any more, after a request went through.
     pub(crate) fn emptied(&mut self) {
         if self.until.is_none() {
@@ -298,9 +324,9 @@ impl Watch {
         let (told, _) = self.quarantine.remove(i);
         // Recorded before the answer is posted: a server that dies in between leaves the
         // request to be sent again (and named again), never a later one failed for it.
-        if let (Some(r), true) = (&self.record, told < TRACKED) {
-            let was = r.page.read_u64(ANSWERED).unwrap_or(0);
-            let _ = r.page.write_u64(ANSWERED, was | 1 << told);
+        if let (Some(page), true) = (&self.page, told < TRACKED) {
+            let was = page.read_u64(ANSWERED).unwrap_or(0);
+            let _ = page.write_u64(ANSWERED, was | 1 << told);
         }
         true
     }
@@ -346,6 +372,22 @@ mod tests {
         b.emptied();
         assert_eq!(Verdict::read(&page), Verdict::Nobody);
         assert!(b.went_through && !a.went_through);
+    }
+
+    #[test]
+    fn a_device_without_a_record_makes_every_crash_unknown() {
+        let page = page();
+        let mut w = Watch::default();
+        w.isolate(page.clone(), 0, Instant::now() + Duration::from_secs(60));
+        assert_eq!(Verdict::read(&page), Verdict::Nobody);
+        let mut beyond = Watch::default();
+        beyond.isolate(
+            page.clone(),
+            RECORDS,
+            Instant::now() + Duration::from_secs(60),
+        );
+        assert!(!beyond.isolated());
+        assert_eq!(Verdict::read(&page), Verdict::Unknown);
     }
 
     #[test]

@@ -128,6 +128,13 @@ impl Ctx<'_> {
         }
     }
 
+    /// The request just named ([`Ctx::entering`]) did not enter after all: the driver
+    /// refused it, and it was answered with the error.
+    #[inline]
+    pub fn refused(&mut self) {
+        self.watch.refused();
+    }
+
     /// Nothing is in the device any more, after requests completed.
     #[inline]
     pub fn emptied(&mut self) {
@@ -161,6 +168,68 @@ impl Ctx<'_> {
         match self.sessions.get(slot).and_then(Option::as_ref) {
             Some(s) => self.watch.take_quarantined(session_key(s), fingerprint()),
             None => false,
+        }
+    }
+}
+
+/// The request a class keeps aside while [`Ctx::holds_back`] says so (one per device: the
+/// request its device had in it at the last crash), and when it may go on.
+#[derive(Debug)]
+pub struct HeldBack<R> {
+    held: Option<(usize, R)>,
+}
+
+impl<R> Default for HeldBack<R> {
+    fn default() -> Self {
+        Self { held: None }
+    }
+}
+
+impl<R> HeldBack<R> {
+    /// Whether session `slot`'s request, fingerprinted `fingerprint`, is to be kept aside
+    /// (only one is: a second goes on).
+    #[inline]
+    pub fn wants(&self, cx: &Ctx<'_>, slot: usize, fingerprint: impl FnOnce() -> [u64; 2]) -> bool {
+        self.held.is_none() && cx.holds_back(slot, fingerprint)
+    }
+
+    /// Keeps session `slot`'s request `r` aside.
+    pub fn hold(&mut self, slot: usize, r: R) {
+        self.held = Some((slot, r));
+    }
+
+    /// Whether a request is kept aside.
+    #[inline]
+    pub fn is_holding(&self) -> bool {
+        self.held.is_some()
+    }
+
+    /// The request kept aside, and its session's slot.
+    #[inline]
+    pub fn get(&self) -> Option<(usize, &R)> {
+        self.held.as_ref().map(|(s, r)| (*s, r))
+    }
+
+    /// The request to send now, if one is kept and the device can take it: `room` (the class
+    /// asked [`Ctx::may_enter`]), with nothing else in it while isolated — after another
+    /// request went through, or after a turn in which nothing else came to go first.
+    pub fn release(&mut self, room: bool, in_flight: usize, cx: &Ctx<'_>) -> Option<(usize, R)> {
+        if self.held.is_none() || !room || in_flight > 0 && cx.isolated() {
+            return None;
+        }
+        self.held.take()
+    }
+
+    /// The kept request, whatever the device (its failure, the class failing everything).
+    pub fn take(&mut self) -> Option<(usize, R)> {
+        self.held.take()
+    }
+
+    /// The kept request if it is session `slot`'s (the session closes).
+    pub fn take_of(&mut self, slot: usize) -> Option<R> {
+        match &self.held {
+            Some((s, _)) if *s == slot => self.held.take().map(|(_, r)| r),
+            _ => None,
         }
     }
 }

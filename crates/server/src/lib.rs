@@ -14,6 +14,6 @@ pub mod recovery;
 pub mod session;
 pub mod turn_clock;
 
-pub use dispatch::{Code, Ctx, Dispatcher, Fate, Outage, Refusal, TurnClock};
+pub use dispatch::{Code, Ctx, Dispatcher, Fate, HeldBack, Outage, Refusal, TurnClock};
 pub use host::{DriverHost, HostError, HostStats, Limits, Served};
 pub use recovery::{Reopen, ReopenError};

@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 
 use outboard_env::{AnyDriver, Driver, Failure};
 use outboard_server::session::Session;
-use outboard_server::{Code, Ctx, Dispatcher, Fate, HostStats, Outage, Refusal};
+use outboard_server::{Code, Ctx, Dispatcher, Fate, HeldBack, HostStats, Outage, Refusal};
 use outboard_session::RingShape;
 
 use crate::ranges::{range_of, Decision, Range, RangeLocks};
@@ -77,14 +77,24 @@ pub struct BlockDispatcher {
     scratch: Vec<(u64, Result<u32, BlockError>)>,
     /// A request named at the last crash, waiting for another to go through the device
     /// first (session slot, request).
-    held: Option<(usize, BlockRequest)>,
+    held: HeldBack<BlockRequest>,
 }
 
-/// Whether a session other than `si` has a write to `range` in the device.
-fn writes_elsewhere(tags: &[Option<InFlight>], si: usize, range: Range) -> bool {
+/// Whether a session other than `si` has a write to `range` in the device, or held back on
+/// its way there (a lock granted meanwhile would let that write land inside it).
+fn writes_elsewhere(
+    tags: &[Option<InFlight>],
+    held: &HeldBack<BlockRequest>,
+    si: usize,
+    range: Range,
+) -> bool {
+    let overlaps = |w: Range| w.0 < range.1 && range.0 < w.1;
     tags.iter()
         .flatten()
-        .any(|t| t.session != si && t.writes.is_some_and(|w| w.0 < range.1 && range.0 < w.1))
+        .any(|t| t.session != si && t.writes.is_some_and(overlaps))
+        || held
+            .get()
+            .is_some_and(|(s, r)| s != si && r.op.modifies() && range_of(r).is_some_and(overlaps))
 }
 
 fn complete(s: &mut Session, stats: &mut HostStats, tag: u64, result: Result<u32, BlockError>) {
@@ -102,7 +112,7 @@ impl BlockDispatcher {
             locks: RangeLocks::default(),
             sessions: Vec::new(),
             scratch: Vec::new(),
-            held: None,
+            held: HeldBack::default(),
         }
     }
 
@@ -190,14 +200,20 @@ impl BlockDispatcher {
         let Some(s) = cx.sessions[si].as_mut() else {
             return Ok(());
         };
-        self.send_to_device(s, si, r, iova, cx.stats, now)
+        let sent = self.send_to_device(s, si, r, iova, cx.stats, now);
+        if self.driver.in_flight() == 0 {
+            // Refused (and answered): it is not in the device to blame.
+            cx.refused();
+        }
+        sent
     }
 
     /// A validated request of session `si` goes on: granted (a lock), parked behind a
     /// conflicting one, or sent to the device.
     fn admit(&mut self, si: usize, r: BlockRequest, cx: &mut Ctx<'_>) -> Result<(), Failure> {
         let tags = &self.tags;
-        let elsewhere = |s: usize, range: Range| writes_elsewhere(tags, s, range);
+        let held = &self.held;
+        let elsewhere = |s: usize, range: Range| writes_elsewhere(tags, held, s, range);
         match self.locks.admit(si, r, &elsewhere) {
             Decision::Granted => {
                 if let Some(s) = cx.sessions[si].as_mut() {
@@ -215,16 +231,12 @@ impl BlockDispatcher {
         }
     }
 
-    /// Lets the held-back request go on once the device is empty: after another request went
-    /// through it, or after a round in which nothing else came to go first.
+    /// Lets the held-back request go on once the device can take it alone.
     fn release_held(&mut self, cx: &mut Ctx<'_>) -> Result<bool, Failure> {
-        let Some((si, r)) = self.held else {
+        let room = self.room(cx);
+        let Some((si, r)) = self.held.release(room, self.driver.in_flight(), cx) else {
             return Ok(false);
         };
-        if !self.room(cx) || self.driver.in_flight() > 0 && cx.isolated() {
-            return Ok(false);
-        }
-        self.held = None;
         if let Some(ps) = self.per_session(si) {
             ps.tags.remove(&r.tag);
         }
@@ -242,7 +254,7 @@ impl BlockDispatcher {
             let tags = &self.tags;
             self.locks.release(
                 room,
-                &|si: usize, range: Range| writes_elsewhere(tags, si, range),
+                &|si: usize, range: Range| writes_elsewhere(tags, &self.held, si, range),
                 &mut out,
             );
             if out.is_empty() {
@@ -438,8 +450,7 @@ impl Dispatcher for BlockDispatcher {
             };
             // Named at the last crash: it waits until another request has been through the
             // device (`outboard_server::blame`).
-            let hold = self.held.is_none()
-                && matches!(&result, Ok(r) if cx.holds_back(i, || fingerprint(r)));
+            let hold = matches!(&result, Ok(r) if self.held.wants(cx, i, || fingerprint(r)));
             let s = cx.sessions[i].as_mut().expect("checked");
             match result {
                 Ok(r) if r.op == BlockOp::Null => complete(s, cx.stats, tag, Ok(0)),
@@ -457,7 +468,7 @@ impl Dispatcher for BlockDispatcher {
                     if let Some(ps) = self.per_session(i) {
                         ps.tags.insert(tag);
                     }
-                    self.held = Some((i, r));
+                    self.held.hold(i, r);
                 }
                 Ok(r) => {
                     lost = self.admit(i, r, cx);
@@ -497,7 +508,7 @@ impl Dispatcher for BlockDispatcher {
     }
 
     fn prepare_sleep(&mut self, _cx: &mut Ctx<'_>) -> Result<bool, Failure> {
-        if self.held.is_some() && self.driver.in_flight() == 0 {
+        if self.held.is_holding() && self.driver.in_flight() == 0 {
             // It goes at the next turn.
             return Ok(false);
         }
@@ -550,9 +561,7 @@ impl Dispatcher for BlockDispatcher {
 
     fn close(&mut self, slot: usize) {
         let mut parked = self.locks.end_session(slot);
-        if self.held.is_some_and(|(si, _)| si == slot) {
-            parked.extend(self.held.take().map(|(_, r)| r));
-        }
+        parked.extend(self.held.take_of(slot));
         if let Some(ps) = self.per_session(slot) {
             for r in parked {
                 ps.tags.remove(&r.tag);
@@ -564,5 +573,34 @@ impl Dispatcher for BlockDispatcher {
         if let Some(ps) = self.sessions.get_mut(slot) {
             *ps = None;
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn request(op: BlockOp, lba: u64, blocks: u32) -> BlockRequest {
+        BlockRequest {
+            op,
+            lba,
+            blocks,
+            buf_offset: 0,
+            tag: 1,
+        }
+    }
+
+    #[test]
+    fn a_write_held_back_counts_as_on_its_way_for_another_sessions_lock() {
+        let mut held = HeldBack::default();
+        assert!(!writes_elsewhere(&[], &held, 0, (4, 12)));
+        // Session 1's write of blocks 0..8, held back after a crash named it.
+        held.hold(1, request(BlockOp::Write, 0, 8));
+        assert!(writes_elsewhere(&[], &held, 0, (4, 12)), "overlapping");
+        assert!(!writes_elsewhere(&[], &held, 0, (8, 16)), "beside it");
+        assert!(!writes_elsewhere(&[], &held, 1, (4, 12)), "its own session's");
+        let mut read = HeldBack::default();
+        read.hold(1, request(BlockOp::Read, 0, 8));
+        assert!(!writes_elsewhere(&[], &read, 0, (4, 12)), "a read writes nothing");
     }
 }

@@ -229,6 +229,7 @@ impl NetDispatcher {
         match self.driver.transmit(base + r.buf_offset, r.length, key) {
             Err(e) if !matches!(e, NetError::DeviceFailed(_)) => {
                 self.in_flight.remove(key);
+                cx.refused();
                 cx.stats.rejected += 1;
                 if let Some(s) = cx.sessions[si].as_mut() {
                     complete(s, cx.stats, r.tag, Err(e));

@@ -112,6 +112,7 @@ impl EntropyDispatcher {
         match submitted {
             Err(e) if !matches!(e, EntropyError::DeviceFailed(_)) => {
                 self.free_tags.push(slot);
+                cx.refused();
                 cx.stats.rejected += 1;
                 if let Some(s) = cx.sessions[si].as_mut() {
                     complete(s, cx.stats, tag, Err(e));

@@ -598,9 +598,15 @@ mod tests {
         held.hold(1, request(BlockOp::Write, 0, 8));
         assert!(writes_elsewhere(&[], &held, 0, (4, 12)), "overlapping");
         assert!(!writes_elsewhere(&[], &held, 0, (8, 16)), "beside it");
-        assert!(!writes_elsewhere(&[], &held, 1, (4, 12)), "its own session's");
+        assert!(
+            !writes_elsewhere(&[], &held, 1, (4, 12)),
+            "its own session's"
+        );
         let mut read = HeldBack::default();
         read.hold(1, request(BlockOp::Read, 0, 8));
-        assert!(!writes_elsewhere(&[], &read, 0, (4, 12)), "a read writes nothing");
+        assert!(
+            !writes_elsewhere(&[], &read, 0, (4, 12)),
+            "a read writes nothing"
+        );
     }
 }

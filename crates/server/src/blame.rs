@@ -242,16 +242,26 @@ impl Watch {
         }
     }
 
-    /// Session `s`'s request `request` enters the device: named while isolated.
-    pub(crate) fn entering(&mut self, s: &Session, request: [u64; 2]) {
-        if self.until.is_none() {
-            return;
-        }
+    /// Whether naming is on (something was isolated).
+    #[inline]
+    pub(crate) fn naming(&self) -> bool {
+        self.until.is_some()
+    }
+
+    /// The device's record while it is isolated; once isolation is over, ends it first
+    /// ([`Watch::over`]) and gives nothing.
+    fn watching(&mut self) -> Option<&Record> {
+        self.until?;
         if !self.isolated() {
             self.over();
-            return;
+            return None;
         }
-        if let Some(r) = &self.record {
+        self.record.as_ref()
+    }
+
+    /// Session `s`'s request `request` enters the device: named while isolated.
+    pub(crate) fn entering(&mut self, s: &Session, request: [u64; 2]) {
+        if let Some(r) = self.watching() {
             r.name(&Suspect {
                 key: session_key(s),
                 request,
@@ -262,31 +272,18 @@ impl Watch {
     /// The request just named did not enter the device (the driver refused it): the device
     /// holds nothing again, though nothing went through it.
     pub(crate) fn refused(&mut self) {
-        if self.until.is_none() {
-            return;
-        }
-        if !self.isolated() {
-            self.over();
-            return;
-        }
-        if let Some(r) = &self.record {
+        if let Some(r) = self.watching() {
             r.state(EMPTY);
         }
     }
 
     /// The device has nothing in it any more, after a request went through.
     pub(crate) fn emptied(&mut self) {
-        if self.until.is_none() {
+        let Some(r) = self.watching() else {
             return;
-        }
-        if !self.isolated() {
-            self.over();
-            return;
-        }
+        };
+        r.state(EMPTY);
         self.went_through = true;
-        if let Some(r) = &self.record {
-            r.state(EMPTY);
-        }
     }
 
     /// Whether anything may be held back now.

@@ -123,6 +123,9 @@ impl Ctx<'_> {
     /// named in the blame page while isolated. Called for every request that enters.
     #[inline]
     pub fn entering(&mut self, slot: usize, fingerprint: [u64; 2]) {
+        if !self.watch.naming() {
+            return;
+        }
         if let Some(s) = self.sessions.get(slot).and_then(Option::as_ref) {
             self.watch.entering(s, fingerprint);
         }

@@ -233,6 +233,9 @@ impl BlockDispatcher {
 
     /// Lets the held-back request go on once the device can take it alone.
     fn release_held(&mut self, cx: &mut Ctx<'_>) -> Result<bool, Failure> {
+        if !self.held.is_holding() {
+            return Ok(false);
+        }
         let room = self.room(cx);
         let Some((si, r)) = self.held.release(room, self.driver.in_flight(), cx) else {
             return Ok(false);

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Prepares a Debian kernel for the QEMU guest tests: downloads the linux-image package the
 # machine's apt would install, extracts the uncompressed vmlinux (booted through its PVH entry,
-# the fast path) and the VFIO modules. Idempotent; prints the directory it filled.
+# the fast path), the VFIO modules and e1000 (a kernel driver for `hw bind` to take a
+# function from). Idempotent; prints the directory it filled.
 #   usage: scripts/guest/prepare.sh CACHE_DIR
 set -euo pipefail
 cache=${1:?usage: prepare.sh CACHE_DIR}
@@ -12,7 +13,7 @@ if [ -z "$pkg" ]; then
 fi
 [ -n "$pkg" ] || { echo "prepare.sh: cannot find Debian's kernel package" >&2; exit 1; }
 dir="$cache/$pkg"
-if [ -f "$dir/vmlinux" ] && [ -f "$dir/modules/vfio-pci.ko" ]; then
+if [ -f "$dir/vmlinux" ] && [ -f "$dir/modules/vfio-pci.ko" ] && [ -f "$dir/modules/e1000.ko" ]; then
     echo "$dir"
     exit 0
 fi
@@ -27,7 +28,8 @@ head -c 4 "$dir.tmp/vmlinux" | grep -q ELF || { echo "prepare.sh: no vmlinux in 
 mkdir -p "$dir.tmp/modules"
 kdir=$(ls -d "$dir.tmp"/root/lib/modules/*/kernel)
 for m in virt/lib/irqbypass.ko drivers/vfio/vfio.ko drivers/vfio/vfio_iommu_type1.ko drivers/vfio/vfio_virqfd.ko \
-         drivers/vfio/pci/vfio-pci-core.ko drivers/vfio/pci/vfio-pci.ko; do
+         drivers/vfio/pci/vfio-pci-core.ko drivers/vfio/pci/vfio-pci.ko \
+         drivers/net/ethernet/intel/e1000/e1000.ko; do
     cp "$kdir/$m" "$dir.tmp/modules/"
 done
 rm -rf "$dir.tmp/root" "$dir.tmp"/*.deb

@@ -1,4 +1,5 @@
-//! `outboard hw …`: bring-up tools, like `lspci -vv` and a driver self-test for one device.
+//! `outboard hw …`: the host's PCI functions (list, bind, unbind: `pci.rs`) and bring-up tools
+//! for one device, like `lspci -vv` and a driver self-test.
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -12,6 +13,18 @@ use outboard_spec::{pci, virtio, virtio_blk};
 
 #[derive(Subcommand)]
 pub enum HwCommand {
+    /// List the host's PCI functions: address, vendor:device, class, kernel driver, IOMMU
+    /// group and whether VFIO can take it, the Outboard driver that would match (and its
+    /// score), and what uses the function now. Reads only.
+    List(crate::pci::ListArgs),
+    /// Hand a function to vfio-pci (driver_override, unbind, probe) so that Outboard can
+    /// serve it, remembering its kernel driver. Refused, before anything is written, on a
+    /// machine without IOMMU groups, for a bridge, or while its kernel driver uses it (a
+    /// mounted disk, an interface that is up, the console) unless --force.
+    Bind(crate::pci::BindArgs),
+    /// Give a function back from vfio-pci to the kernel driver it came from (or the one the
+    /// kernel picks). Refused while a process holds its VFIO group open.
+    Unbind(crate::pci::UnbindArgs),
     /// Print a device's identity, BARs and how each is reached, capabilities (virtio decoded),
     /// interrupts and offered features.
     Probe(Target),
@@ -73,6 +86,9 @@ pub struct SelftestArgs {
 
 pub fn run(c: HwCommand) -> Result<ExitCode, String> {
     match c {
+        HwCommand::List(a) => crate::pci::list(&a),
+        HwCommand::Bind(a) => crate::pci::bind(&a),
+        HwCommand::Unbind(a) => crate::pci::unbind(&a),
         HwCommand::Probe(t) => probe(&t.spec()).map(|()| ExitCode::SUCCESS),
         HwCommand::Selftest(a) => selftest(&a),
         HwCommand::DmaFault(t) => dma_fault(&t.spec()),

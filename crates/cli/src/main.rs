@@ -11,6 +11,7 @@ mod latency;
 mod manual;
 mod metrics;
 mod net;
+mod pci;
 mod rng;
 mod sample;
 mod sdnotify;
@@ -148,7 +149,8 @@ enum Command {
     /// Run an emulated device model standalone, serving vfio-user on a socket.
     #[command(subcommand)]
     Device(device::DeviceCommand),
-    /// Bring-up tools for one device: probe it, self-test its driver.
+    /// The host's PCI functions (list, bind to vfio-pci, unbind) and bring-up tools for one
+    /// device: probe it, self-test its driver.
     #[command(subcommand)]
     Hw(hw::HwCommand),
     /// Print a shell completion script: outboard completions bash > /etc/bash_completion.d/outboard

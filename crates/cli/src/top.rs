@@ -173,7 +173,7 @@ fn bytes(n: u64) -> String {
 }
 
 /// Columns as text, each padded to its widest cell.
-fn table(head: &[&str], rows: &[Vec<String>]) -> String {
+pub(crate) fn table(head: &[&str], rows: &[Vec<String>]) -> String {
     let mut width: Vec<usize> = head.iter().map(|h| h.chars().count()).collect();
     for r in rows {
         for (w, c) in width.iter_mut().zip(r) {

@@ -65,6 +65,22 @@ wait $RECV; echo "GUEST net-recv-rc $?"
 sed 's/^/GUEST net-recv /' /recv.out
 echo "GUEST net-stats $(/outboard net stats nic1 --server /net.sock --json | tr -d ' \n')"
 cat /net.log
+drv() { basename "$(readlink /sys/bus/pci/devices/$1/driver)"; }
+echo "GUEST hwlist-begin"; /outboard hw list 2>&1; echo "GUEST hwlist-rc $?"
+echo "GUEST hwlist-json $(/outboard hw list --json | tr -d ' \n')"
+insmod /mod/e1000.ko || echo "GUEST insmod e1000 failed"
+F=0000:00:0a.0; i=0; while [ ! -d /sys/bus/pci/devices/$F/net ] && [ $i -lt 50 ]; do sleep 0.1; i=$((i+1)); done
+echo "GUEST e1000-before $(drv $F) $(drv $E1000)"
+IF=$(ls /sys/bus/pci/devices/$F/net); ip link set $IF up
+/outboard hw bind $F 2>&1; echo "GUEST bind-inuse-rc $?"
+echo "GUEST e1000-refused $(drv $F)"
+ip link set $IF down
+/outboard hw bind $F 2>&1; echo "GUEST bind-rc $?"
+echo "GUEST e1000-bound $(drv $F)"
+/outboard hw probe --vfio $F 2>&1 | head -2
+/outboard hw unbind $RNG 2>&1; echo "GUEST unbind-open-rc $?"
+/outboard hw unbind $F 2>&1; echo "GUEST unbind-rc $?"
+echo "GUEST e1000-restored $(drv $F) $(ls /sys/bus/pci/devices/$F/net)"
 echo "GUEST faults-normal $(faults)"
 /outboard hw dma-fault --vfio $BLK 2>&1
 sleep 1
@@ -243,6 +259,12 @@ fn outboard_drives_qemus_devices_through_vfio_in_a_guest() {
             "user,id=n1,restrict=on",
             "-device",
             "e1000,netdev=n1",
+            // A second e1000 that the guest kernel's e1000 driver takes: `hw bind` moves it
+            // to vfio-pci and `hw unbind` gives it back.
+            "-netdev",
+            "user,id=n3,restrict=on",
+            "-device",
+            "e1000,netdev=n3,addr=0xa",
         ])
         // QEMU's entropy device, backed by the host's /dev/urandom.
         .args([
@@ -256,14 +278,20 @@ fn outboard_drives_qemus_devices_through_vfio_in_a_guest() {
         .stderr(Stdio::piped())
         .spawn()
         .expect("qemu-system-x86_64 is installed");
-    // Bound the run: a hung guest fails the test instead of hanging it.
+    // Bound the run: a hung guest fails the test instead of hanging it. The watchdog kills
+    // QEMU only if it is still running (told otherwise before its pid is reaped and free).
     let pid = qemu.id();
+    let (finished, wait) = std::sync::mpsc::channel::<()>();
     let watchdog = std::thread::spawn(move || {
-        std::thread::sleep(Duration::from_secs(240));
-        let _ = Command::new("kill").arg("-9").arg(pid.to_string()).status();
+        if let Err(std::sync::mpsc::RecvTimeoutError::Timeout) =
+            wait.recv_timeout(Duration::from_secs(240))
+        {
+            let _ = Command::new("kill").arg("-9").arg(pid.to_string()).status();
+        }
     });
     let out = qemu.wait_with_output().unwrap();
-    drop(watchdog);
+    drop(finished);
+    let _ = watchdog.join();
     let log = String::from_utf8_lossy(&out.stdout).into_owned();
     let _ = std::io::stderr()
         .write_all(format!("guest ran {:.1} s\n", t0.elapsed().as_secs_f64()).as_bytes());
@@ -349,6 +377,52 @@ fn outboard_drives_qemus_devices_through_vfio_in_a_guest() {
         .collect();
     assert_eq!(log.matches(&payload).count(), 3, "{log}");
     assert!(log.contains("\"rx_delivered\":3"), "{log}");
+    // The host's functions as `hw list` sees them: IOMMU groups, drivers, Outboard's match.
+    assert_eq!(field("hwlist-rc"), "0", "{log}");
+    let list = &log[log.find("GUEST hwlist-begin").unwrap()..log.find("GUEST hwlist-rc").unwrap()];
+    assert!(
+        list.lines().any(|l| l.contains("1af4:1042")
+            && l.contains("vfio-pci")
+            && l.contains("(viable)")
+            && l.contains("virtio-blk (block, 1000)")),
+        "{list}"
+    );
+    assert!(list.contains("IOMMU groups"), "{list}");
+    let json: serde_json::Value = serde_json::from_str(&field("hwlist-json")).unwrap();
+    let rng = json
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|f| f["device"] == "1044")
+        .unwrap_or_else(|| panic!("{json}"));
+    assert_eq!(rng["driver"], "vfio-pci", "{rng}");
+    assert_eq!(rng["outboard_driver"]["class"], "entropy", "{rng}");
+    assert_eq!(rng["viable"], true, "{rng}");
+    // `hw bind` refuses the function whose interface is up and changes nothing, takes it
+    // once the interface is down, and `hw unbind` gives it back to e1000 (its interface
+    // back too); a function whose group a driver server holds open is not unbound.
+    assert_eq!(field("e1000-before"), "e1000 vfio-pci", "{log}");
+    assert_eq!(field("bind-inuse-rc"), "1", "{log}");
+    assert!(
+        log.contains("in use by its kernel driver e1000: network interface eth0 is up"),
+        "{log}"
+    );
+    assert_eq!(field("e1000-refused"), "e1000", "{log}");
+    assert_eq!(field("bind-rc"), "0", "{log}");
+    assert!(
+        log.contains("0000:00:0a.0 bound to vfio-pci (from e1000)"),
+        "{log}"
+    );
+    assert_eq!(field("e1000-bound"), "vfio-pci", "{log}");
+    // Probed through VFIO once bound (the first e1000 was probed at the start).
+    assert_eq!(log.matches("  8086:100e  class 020000").count(), 2, "{log}");
+    assert_eq!(field("unbind-open-rc"), "1", "{log}");
+    assert!(
+        log.contains("is open in ") && log.contains("): stop it first"),
+        "{log}"
+    );
+    assert_eq!(field("unbind-rc"), "0", "{log}");
+    assert_eq!(field("e1000-restored"), "e1000 eth0", "{log}");
     // The IOMMU: silent in a normal run, a DMAR fault for an unmapped IOVA.
     assert_eq!(field("faults-normal"), "0", "{log}");
     let bad: u32 = field("faults-bad").parse().unwrap();

@@ -16,6 +16,7 @@
 pub mod backend;
 mod config;
 mod dma;
+pub mod host;
 mod irq;
 mod region;
 

@@ -258,7 +258,9 @@ struct RawExport {
 #[serde(deny_unknown_fields)]
 struct RawDevice {
     name: Spanned<String>,
-    model: Spanned<String>,
+    model: Option<Spanned<String>>,
+    // A PCI function instead of a model (the `pci` model's one key).
+    pci: Option<Spanned<String>>,
     // The models' own keys (each model says which are its: `crate::models`).
     backing: Option<Spanned<String>>,
     size: Option<Spanned<String>>,
@@ -342,6 +344,9 @@ impl RawDevice {
         }
         if let Some(v) = &self.seed {
             put("seed", v.get_ref().to_string(), v.span().start);
+        }
+        if let Some(v) = &self.pci {
+            put("pci", v.get_ref().clone(), v.span().start);
         }
         if let Some(v) = &self.mac {
             put("mac", v.get_ref().clone(), v.span().start);
@@ -462,11 +467,17 @@ impl Machine {
         // device's model takes, not every key of every model.
         let keys: DeviceKeys = toml::from_str(text).map_err(toml_err)?;
         for d in &keys.device {
-            let model = d
+            let named = d
                 .iter()
                 .find(|(k, _)| k.get_ref() == "model")
-                .and_then(|(_, v)| v.as_str())
-                .and_then(crate::models::model);
+                .and_then(|(_, v)| v.as_str());
+            // A table with `pci` and no `model` is a PCI function.
+            let is_function = named.is_none() && d.iter().any(|(k, _)| k.get_ref() == "pci");
+            let model = if is_function {
+                crate::models::model(crate::models::pci::NAME)
+            } else {
+                named.and_then(crate::models::model)
+            };
             let Some(model) = model else { continue };
             if let Some((k, _)) = d.iter().find(|(k, _)| {
                 !COMMON_KEYS.contains(&k.get_ref().as_str())
@@ -504,17 +515,45 @@ impl Machine {
                     format!("device name {name:?} is used twice"),
                 ));
             }
-            let Some(model) = crate::models::model(d.model.get_ref()) else {
-                return Err(err(
-                    d.model.span().start,
-                    format!(
-                        "unknown model {:?} (known: {})",
-                        d.model.get_ref(),
-                        crate::models::names()
-                    ),
-                ));
-            };
             let dev_at = d.name.span().start;
+            let (model_name, model_at) = match (&d.model, &d.pci) {
+                (Some(m), Some(_)) => {
+                    return Err(err(
+                        m.span().start,
+                        format!(
+                            "device {name:?} names both a model and a PCI function: a device \
+                             is either model = \"MODEL\" (emulated) or pci = \"ADDRESS\" (a \
+                             function bound to vfio-pci)"
+                        ),
+                    ))
+                }
+                (Some(m), None) => (m.get_ref().clone(), m.span().start),
+                (None, Some(p)) => (crate::models::pci::NAME.to_string(), p.span().start),
+                (None, None) => {
+                    return Err(err(
+                        dev_at,
+                        format!(
+                            "device {name:?} needs model = \"MODEL\" (an emulated device: {}) \
+                             or pci = \"ADDRESS\" (a function of this machine bound to \
+                             vfio-pci)",
+                            crate::models::names()
+                        ),
+                    ))
+                }
+            };
+            let model = match crate::models::model(&model_name) {
+                Some(m) if d.model.is_none() || m.kind != crate::models::Kind::Hardware => m,
+                _ => {
+                    return Err(err(
+                        model_at,
+                        format!(
+                            "unknown model {model_name:?} (known: {}; a function bound to \
+                             vfio-pci is pci = \"ADDRESS\")",
+                            crate::models::names()
+                        ),
+                    ))
+                }
+            };
             let keys = d.model_keys();
             if let Some((key, given)) = keys.iter().find(|(k, _)| !model.keys.contains(k)) {
                 return Err(err(
@@ -555,13 +594,20 @@ impl Machine {
                 }
             };
             if !model.colocated && placement == Placement::Colocated {
-                return Err(err(
-                    d.placement.as_ref().map_or(dev_at, |p| p.span().start),
+                let why = if model.kind == crate::models::Kind::Hardware {
+                    "a PCI function is driven only in a driver server (\"separate\" or \
+                     \"grouped\"): a client does not open its VFIO group"
+                        .to_string()
+                } else {
                     format!(
                         "a {} device has no hardware for a client to drive: it runs only \
                          \"separate\"",
                         model.name
-                    ),
+                    )
+                };
+                return Err(err(
+                    d.placement.as_ref().map_or(dev_at, |p| p.span().start),
+                    why,
                 ));
             }
             let server =
@@ -607,24 +653,28 @@ impl Machine {
                 })?;
             }
             let mut faults = Vec::new();
-            let virtual_device = model.kind == crate::models::Kind::Virtual;
+            // Faults are the device model's: a virtual device has no hardware, a PCI function
+            // no model (a fault of real hardware is not on demand).
+            let no_faults = match model.kind {
+                crate::models::Kind::Emulated => None,
+                crate::models::Kind::Virtual => {
+                    Some(format!("a {} device has no hardware to fault", model.name))
+                }
+                crate::models::Kind::Hardware => {
+                    Some("a PCI function has no device model to inject faults into".to_string())
+                }
+            };
             for f in &d.faults {
-                if virtual_device {
-                    return Err(err(
-                        f.span().start,
-                        format!("a {} device has no hardware to fault", model.name),
-                    ));
+                if let Some(why) = &no_faults {
+                    return Err(err(f.span().start, why.clone()));
                 }
                 f.get_ref()
                     .parse::<outboard_devices::faults::Fault>()
                     .map_err(|e| err(f.span().start, format!("faults: {e}")))?;
                 faults.push(f.get_ref().clone());
             }
-            if d.fault_injection && virtual_device {
-                return Err(err(
-                    d.model.span().start,
-                    format!("a {} device has no hardware to fault", model.name),
-                ));
+            if let Some(why) = no_faults.filter(|_| d.fault_injection) {
+                return Err(err(model_at, why));
             }
             let driver_abort_on = match &d.driver_abort_on {
                 None => None,
@@ -639,7 +689,7 @@ impl Machine {
             let max_files = files_limit(&d.max_files)?;
             devices.push(DeviceConfig {
                 name: name.clone(),
-                model: d.model.into_inner(),
+                model: model.name.to_string(),
                 backing: settled.backing,
                 settings: settled.settings,
                 placement,
@@ -930,6 +980,62 @@ mod tests {
         .unwrap();
         assert_eq!(m.devices[0].setting("queues", "1"), "2");
         assert!(m.devices[0].flag("read_only"));
+    }
+
+    #[test]
+    fn a_pci_function_is_a_device_by_its_address_and_what_it_cannot_be_is_refused() {
+        let m = Machine::parse(
+            "[[device]]\nname = \"disk0\"\npci = \"00:04.0\"\nrestarts = 7\n",
+            "m.toml",
+        )
+        .unwrap();
+        let d = &m.devices[0];
+        assert_eq!(d.model, "pci");
+        assert_eq!(d.model().kind, crate::models::Kind::Hardware);
+        assert_eq!(crate::models::pci::address(d), Some("0000:00:04.0"));
+        assert_eq!(d.backing, "pci:0000:00:04.0");
+        assert_eq!((d.model().spec)(d), "vfio:0000:00:04.0");
+        for (text, line, why) in [
+            (
+                "pci = \"0000:00:04.0\"\nmodel = \"virtio-blk\"\n",
+                3,
+                "pci is not a key of a virtio-blk device",
+            ),
+            ("restarts = 1\n", 2, "needs model = \"MODEL\""),
+            ("pci = \"0000:00:04\"\n", 3, "is not a PCI address"),
+            ("pci = \"../../x\"\n", 3, "is not a PCI address"),
+            ("model = \"pci\"\n", 3, "unknown model \"pci\""),
+            (
+                "pci = \"00:04.0\"\nfaults = [\"drop-irq=1\"]\n",
+                4,
+                "no device model to inject faults into",
+            ),
+            (
+                "pci = \"00:04.0\"\nfault_injection = true\n",
+                3,
+                "no device model to inject faults into",
+            ),
+            (
+                "pci = \"00:04.0\"\nplacement = \"colocated\"\n",
+                4,
+                "driven only in a driver server",
+            ),
+            (
+                "pci = \"00:04.0\"\nbacking = \"mem:1M\"\n",
+                4,
+                "backing is not a key of a pci device (its keys: pci;",
+            ),
+            (
+                "pci = \"00:04.0\"\n[[device]]\nname = \"b\"\npci = \"0000:00:04.0\"\n",
+                6,
+                "device a already has this function",
+            ),
+        ] {
+            let e =
+                Machine::parse(&format!("[[device]]\nname = \"a\"\n{text}"), "m.toml").unwrap_err();
+            assert!(e.message.contains(why), "{text:?}: {e}");
+            assert_eq!(e.line, line, "{text:?}: {e}");
+        }
     }
 
     #[test]

@@ -165,7 +165,11 @@ impl Manager {
 
     /// Removes device `name`'s function node (and what hangs below it) from its bus.
     pub(crate) fn remove_function_node(&mut self, name: &str) {
-        let names = [format!("{name}@vfio-user"), format!("{name}@virtual")];
+        let names = [
+            format!("{name}@vfio-user"),
+            format!("{name}@virtual"),
+            format!("{name}@pci"),
+        ];
         for bus in self
             .registry
             .children

@@ -94,10 +94,10 @@ impl Manager {
             .unwrap_or(Duration::from_secs(30));
         args.deadline_ms = deadline.as_millis() as u64;
         for d in &served {
-            let spec = if d.model().kind == models::Kind::Virtual {
-                (d.model().spec)(d)
-            } else {
+            let spec = if d.model().kind.has_process() {
                 format!("vfio-user-fd:{}", conn_fds.next().expect("one per model"))
+            } else {
+                (d.model().spec)(d)
             };
             args.devices.push(format!("{}={spec}", d.name));
             if let Some(sector) = d.driver_abort_on {
@@ -167,11 +167,7 @@ impl Manager {
 
     /// Shows device `d` as declared but not attached (`why`: the last attach's failure).
     pub(crate) fn detached_node(&mut self, d: &DeviceConfig, why: Option<&str>) {
-        let (bus, kind, name) = if d.model().kind == models::Kind::Virtual {
-            ("virtual", "device", format!("{}@virtual", d.name))
-        } else {
-            ("vfio-user", "pci-function", format!("{}@vfio-user", d.name))
-        };
+        let (kind, name) = function_node(d);
         let mut node = Node::new(kind, &name)
             .with("model", d.model.as_str())
             .with("backing", d.backing.as_str())
@@ -179,7 +175,7 @@ impl Manager {
         if let Some(why) = why {
             node.set("last-error", why);
         }
-        self.merge_bus(Node::new("bus", bus).child(node));
+        self.merge_bus(Node::new("bus", bus_of(d)).child(node));
     }
 
     /// Starts `devices`' models, probes them, matches their drivers and starts their driver
@@ -319,70 +315,18 @@ impl Manager {
                 node.set("faults-socket", path.display().to_string());
             }
             self.procs.push(p);
-            // Identity, BARs and IRQs, read the way a driver would.
-            let f = PciFunction::open(&DeviceSpec::VfioUser(sock.clone())).map_err(|e| {
-                ManagerError::Probe {
-                    device: d.name.clone(),
-                    why: e.to_string(),
-                }
-            })?;
-            let id = f.identity();
-            node.set("ids", format!("{:04x}:{:04x}", id.vendor, id.device));
-            node.set(
-                "class",
-                format!("{:02x}{:02x}{:02x}", id.class, id.subclass, id.prog_if),
-            );
-            let bars: Vec<String> = f
-                .bar_sizes()
-                .map_err(|e| ManagerError::Probe {
-                    device: d.name.clone(),
-                    why: e.to_string(),
-                })?
-                .iter()
-                .enumerate()
-                .filter(|(_, s)| **s > 0)
-                .map(|(i, s)| format!("BAR{i} {}", size_text(*s)))
-                .collect();
-            node.set("bars", bars.join(", "));
-            let irqs: Vec<String> = IrqKind::ALL
-                .iter()
-                .filter_map(|k| {
-                    f.irq_count(*k)
-                        .ok()
-                        .filter(|n| *n > 0)
-                        .map(|n| format!("{k} {n}"))
-                })
-                .collect();
-            node.set("irqs", irqs.join(", "));
-            let Probed { personality, score } = outboard_drivers::probe_driver(&Probe::Pci(&f))
-                .map_err(|why| ManagerError::NoDriver {
-                    device: d.name.clone(),
-                    what: format!("{:04x}:{:04x}: {why}", id.vendor, id.device),
-                })?;
-            refuses_fault(d, personality)?;
-            drop(f);
-            let driver = Node::new("driver", personality.driver)
-                .with("probe-score", score)
-                .with(
-                    "placement",
-                    match d.placement {
-                        Placement::Separate => "separate",
-                        Placement::Colocated => "colocated",
-                    },
-                )
-                .with(
-                    "state",
-                    match d.placement {
-                        Placement::Separate => State::Starting.word(),
-                        Placement::Colocated => State::Linked.word(),
-                    },
-                )
-                .child(class_device(personality.class, &d.name));
+            let driver = probe_function(d, &DeviceSpec::VfioUser(sock.clone()), &mut node)?;
             bus.children.push(node.child(driver));
         }
         self.merge_bus(bus);
         self.merge_bus(virtual_bus);
-        // Driver servers: one per server name; devices naming the same server are grouped.
+        self.claim_functions(devices)?;
+        self.start_driver_servers(devices)
+    }
+
+    /// Starts the driver servers of `devices`: one per server name; devices naming the same
+    /// server are grouped.
+    fn start_driver_servers(&mut self, devices: &[DeviceConfig]) -> Result<(), ManagerError> {
         let mut servers: Vec<(String, Vec<String>)> = Vec::new();
         for d in devices
             .iter()
@@ -407,14 +351,15 @@ impl Manager {
                         device: n.clone(),
                         why: e.into(),
                     })?;
-                let node = match self
-                    .registry
-                    .find_mut("pci-function", &format!("{n}@vfio-user"))
-                {
-                    Some(f) => Some(f),
-                    None => self.registry.find_mut("device", &format!("{n}@virtual")),
+                let Some(d) = devices.iter().find(|d| &d.name == n) else {
+                    continue;
                 };
-                if let Some(drv) = node.and_then(|f| f.children.first_mut()) {
+                let (kind, name) = function_node(d);
+                if let Some(drv) = self
+                    .registry
+                    .find_mut(kind, &name)
+                    .and_then(|f| f.children.first_mut())
+                {
                     drv.set("server", server.as_str());
                     drv.set("server-socket", sock.display().to_string());
                     drv.set("pid", pid);
@@ -619,4 +564,86 @@ fn refuses_fault(
         }),
         None => Ok(()),
     }
+}
+
+/// A device's node in the registry: its kind and name (`disk0@vfio-user` for a model's PCI
+/// function, `disk0@pci` for one of this machine, `null0@virtual` for a virtual device).
+pub(crate) fn function_node(d: &DeviceConfig) -> (&'static str, String) {
+    match d.model().kind {
+        models::Kind::Virtual => ("device", format!("{}@virtual", d.name)),
+        models::Kind::Emulated => ("pci-function", format!("{}@vfio-user", d.name)),
+        models::Kind::Hardware => ("pci-function", format!("{}@pci", d.name)),
+    }
+}
+
+/// The bus a device's node hangs on.
+fn bus_of(d: &DeviceConfig) -> &'static str {
+    match d.model().kind {
+        models::Kind::Virtual => "virtual",
+        models::Kind::Emulated => "vfio-user",
+        models::Kind::Hardware => "pci",
+    }
+}
+
+/// Opens device `d`'s PCI function at `spec` the way its driver will, records its identity,
+/// BARs and interrupts on `node`, and matches its driver (I/O Kit's probe, highest score
+/// wins): the driver's node, with the class device below it.
+pub(crate) fn probe_function(
+    d: &DeviceConfig,
+    spec: &DeviceSpec,
+    node: &mut Node,
+) -> Result<Node, ManagerError> {
+    let probe_err = |why: String| ManagerError::Probe {
+        device: d.name.clone(),
+        why,
+    };
+    let f = PciFunction::open(spec).map_err(|e| probe_err(e.to_string()))?;
+    let id = f.identity();
+    node.set("ids", format!("{:04x}:{:04x}", id.vendor, id.device));
+    node.set(
+        "class",
+        format!("{:02x}{:02x}{:02x}", id.class, id.subclass, id.prog_if),
+    );
+    let bars: Vec<String> = f
+        .bar_sizes()
+        .map_err(|e| probe_err(e.to_string()))?
+        .iter()
+        .enumerate()
+        .filter(|(_, s)| **s > 0)
+        .map(|(i, s)| format!("BAR{i} {}", size_text(*s)))
+        .collect();
+    node.set("bars", bars.join(", "));
+    let irqs: Vec<String> = IrqKind::ALL
+        .iter()
+        .filter_map(|k| {
+            f.irq_count(*k)
+                .ok()
+                .filter(|n| *n > 0)
+                .map(|n| format!("{k} {n}"))
+        })
+        .collect();
+    node.set("irqs", irqs.join(", "));
+    let Probed { personality, score } =
+        outboard_drivers::probe_driver(&Probe::Pci(&f)).map_err(|why| ManagerError::NoDriver {
+            device: d.name.clone(),
+            what: format!("{:04x}:{:04x}: {why}", id.vendor, id.device),
+        })?;
+    refuses_fault(d, personality)?;
+    Ok(Node::new("driver", personality.driver)
+        .with("probe-score", score)
+        .with(
+            "placement",
+            match d.placement {
+                Placement::Separate => "separate",
+                Placement::Colocated => "colocated",
+            },
+        )
+        .with(
+            "state",
+            match d.placement {
+                Placement::Separate => State::Starting.word(),
+                Placement::Colocated => State::Linked.word(),
+            },
+        )
+        .child(class_device(personality.class, &d.name)))
 }

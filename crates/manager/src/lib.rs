@@ -16,6 +16,7 @@ mod answer;
 mod broker;
 pub mod children;
 pub mod config;
+mod hardware;
 mod hotplug;
 mod launch;
 pub mod models;
@@ -224,6 +225,15 @@ pub enum ManagerError {
         /// Device name.
         device: String,
         /// Why.
+        why: String,
+    },
+    /// A device's PCI function cannot be used as it stands (not present, not bound to
+    /// vfio-pci, its IOMMU group not viable): what to do is in `why`.
+    #[error("{device}: {why}")]
+    Function {
+        /// Device name.
+        device: String,
+        /// Why, and what to do.
         why: String,
     },
     /// The machine asks a device's driver for a fault it cannot inject.

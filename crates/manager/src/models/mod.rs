@@ -9,6 +9,7 @@
 //! to the description's table layout in `config.rs`).
 
 mod disk;
+pub mod pci;
 mod virtio_net;
 mod virtio_rng;
 
@@ -25,6 +26,16 @@ pub enum Kind {
     Emulated,
     /// No device: the driver server answers for it (measures the session path alone).
     Virtual,
+    /// A PCI function of this machine bound to `vfio-pci`: no process to start, the driver
+    /// server opens it through VFIO.
+    Hardware,
+}
+
+impl Kind {
+    /// Whether the device is a model process the manager starts.
+    pub fn has_process(self) -> bool {
+        self == Kind::Emulated
+    }
 }
 
 /// A model's key as the description gave it: its value as text, and where it is.
@@ -110,7 +121,7 @@ pub struct Model {
     /// Emulated: how to start it, its descriptors passed from the number given. Virtual:
     /// unused.
     pub launch: fn(&DeviceConfig, i32) -> Result<Launch, ModelError>,
-    /// Virtual: the driver server's `--device NAME=SPEC` spec. Emulated: unused.
+    /// Virtual or hardware: the driver server's `--device NAME=SPEC` spec. Emulated: unused.
     pub spec: fn(&DeviceConfig) -> String,
 }
 
@@ -160,6 +171,15 @@ pub static MODELS: &[Model] = &[
         launch: virtio_net::launch,
         spec: no_spec,
     },
+    Model {
+        name: pci::NAME,
+        kind: Kind::Hardware,
+        keys: &["pci"],
+        colocated: false,
+        settle: pci::settle,
+        launch: no_launch,
+        spec: pci::spec,
+    },
 ];
 
 /// The model named `name`.
@@ -167,9 +187,14 @@ pub fn model(name: &str) -> Option<&'static Model> {
     MODELS.iter().find(|m| m.name == name)
 }
 
-/// The known models' names, for errors.
+/// The known models' names, for errors (a PCI function is named by `pci`, not `model`).
 pub fn names() -> String {
-    MODELS.iter().map(|m| m.name).collect::<Vec<_>>().join(", ")
+    MODELS
+        .iter()
+        .filter(|m| m.kind != Kind::Hardware)
+        .map(|m| m.name)
+        .collect::<Vec<_>>()
+        .join(", ")
 }
 
 pub(crate) fn no_launch(d: &DeviceConfig, _: i32) -> Result<Launch, ModelError> {

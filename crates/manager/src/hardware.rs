@@ -1,0 +1,65 @@
+//! Devices that are PCI functions of this machine (`pci = "ADDRESS"`): checked where the host
+//! is looked at — present, bound to `vfio-pci`, its IOMMU group viable — each refusal saying
+//! what to do; then probed through VFIO the way its driver will see it and matched like a
+//! model's function, and shown on the registry's `pci` bus with its address and IOMMU group.
+//! There is no process to start for it: its driver server opens it.
+
+use outboard_hw::host::{HostView, Viability, VFIO_PCI};
+
+use super::*;
+use crate::launch::{function_node, probe_function};
+
+impl Manager {
+    /// Claims each of `devices` that is a PCI function, adding it to the `pci` bus.
+    pub(crate) fn claim_functions(&mut self, devices: &[DeviceConfig]) -> Result<(), ManagerError> {
+        let host = HostView::real();
+        let mut bus = Node::new("bus", "pci");
+        for d in devices
+            .iter()
+            .filter(|d| d.model().kind == models::Kind::Hardware)
+        {
+            let bdf = models::pci::address(d).unwrap_or_default();
+            let group = usable(&host, bdf).map_err(|why| ManagerError::Function {
+                device: d.name.clone(),
+                why,
+            })?;
+            let (kind, name) = function_node(d);
+            let mut node = Node::new(kind, &name)
+                .with("model", d.model.as_str())
+                .with("address", bdf)
+                .with("iommu-group", group)
+                .with("backing", d.backing.as_str())
+                .with("state", State::Running.word());
+            // The manager holds the function only while it probes it: released, it is free
+            // for the driver server (VFIO gives a group to one process at a time).
+            let driver = probe_function(d, &DeviceSpec::Vfio(bdf.to_string()), &mut node)?;
+            bus.children.push(node.child(driver));
+        }
+        self.merge_bus(bus);
+        Ok(())
+    }
+}
+
+/// Whether function `bdf` can be given to a driver as things stand: its IOMMU group, or what
+/// is in the way and what to do about it.
+pub(crate) fn usable(host: &HostView, bdf: &str) -> Result<u32, String> {
+    let f = host.function(bdf).map_err(|e| e.to_string())?;
+    if f.driver.as_deref() != Some(VFIO_PCI) {
+        return Err(format!(
+            "{bdf} is bound to {}, not vfio-pci: `outboard hw bind {bdf}` hands it over",
+            f.driver.as_deref().unwrap_or("no driver")
+        ));
+    }
+    match (f.iommu_group, f.viability()) {
+        (Some(g), Viability::Viable) => Ok(g),
+        (Some(g), Viability::Blocked(by)) => Err(format!(
+            "{bdf}'s IOMMU group {g} is not viable: {} still driven by the kernel; bind them to \
+             vfio-pci too (`outboard hw bind`) or unbind them",
+            by.join(", ")
+        )),
+        _ => Err(format!(
+            "{bdf} is in no IOMMU group: VFIO cannot take it (is the IOMMU on? `outboard hw \
+             list` says)"
+        )),
+    }
+}

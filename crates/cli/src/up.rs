@@ -459,7 +459,7 @@ pub fn driver_host(a: DriverHostArgs) -> Result<ExitCode, String> {
     ];
     let vfio = a.devices.iter().any(|d| {
         d.split_once('=')
-            .is_some_and(|(_, s)| s.starts_with("vfio:"))
+            .is_some_and(|(_, s)| s.starts_with("vfio:") || s.starts_with("vfio-fd:"))
     });
     // Before any thread exists: none ever holds a capability.
     a.confine.drop_privileges(vfio).map_err(|e| e.to_string())?;

@@ -89,13 +89,14 @@ printf '[[device]]\nname = "disk0"\npci = "%s"\n' $BLK > /m.toml
 UP=$!
 i=0; while ! /outboard blk info disk0 > /dev/null 2>&1 && [ $i -lt 300 ]; do sleep 0.1; i=$((i+1)); done
 /outboard ls 2>&1 | sed 's/^/GUEST ls /'
+server() { /outboard ls | grep "driver virtio-blk" | sed -n 's/.*[<, ]pid=\([0-9]*\).*/\1/p'; }
+echo "GUEST server-line $(tr '\0' ' ' < /proc/$(server)/cmdline)"
 ( ok=0; bad=0; for r in $(seq 1 12); do head -c 262144 /dev/urandom > /v$r
     /outboard blk write disk0 --offset $((r*262144)) -i /v$r --timeout 60s || bad=$((bad+1))
     /outboard blk read disk0 --offset $((r*262144)) --length 262144 -o /r$r --timeout 60s || bad=$((bad+1))
     if cmp -s /v$r /r$r; then ok=$((ok+1)); else bad=$((bad+1)); fi; rm -f /v$r /r$r
   done; echo "GUEST verified $ok $bad" ) > /verify.out 2>&1 &
 V=$!
-server() { /outboard ls | grep "driver virtio-blk" | sed -n 's/.*[<, ]pid=\([0-9]*\).*/\1/p'; }
 k=0; while kill -0 $V 2>/dev/null && [ $k -lt 5 ]; do sleep 0.7; S=$(server); [ -n "$S" ] && kill -9 $S && k=$((k+1)); done
 wait $V; cat /verify.out; echo "GUEST kills $k"
 /outboard ls 2>&1 | sed 's/^/GUEST ls2 /'
@@ -456,6 +457,12 @@ fn outboard_drives_qemus_devices_through_vfio_in_a_guest() {
         "{ls}\n{log}"
     );
     assert!(ls.contains("virtio-blk"), "{ls}");
+    // Its server was given the function's VFIO container and group: it opens no path.
+    let line = field("server-line");
+    assert!(
+        line.contains("disk0=vfio-fd:") && !line.contains("=vfio:"),
+        "{line}"
+    );
     assert_eq!(field("verified"), "12 0", "{log}");
     let kills: u32 = field("kills").parse().unwrap();
     assert!(kills >= 2, "only {kills} kills landed:\n{log}");

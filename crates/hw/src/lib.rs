@@ -102,6 +102,17 @@ pub enum DeviceSpec {
     VfioUserFd(i32),
     /// A PCI function bound to `vfio-pci`, by BDF (`0000:00:04.0`).
     Vfio(String),
+    /// A PCI function bound to `vfio-pci` whose VFIO container (`/dev/vfio/vfio`) and IOMMU
+    /// group (`/dev/vfio/N`) are inherited as these descriptors: what the manager gives a
+    /// driver server, which then opens no path. They can be claimed once.
+    VfioFd {
+        /// The container's descriptor.
+        container: i32,
+        /// The group's descriptor.
+        group: i32,
+        /// The function's address.
+        bdf: String,
+    },
 }
 
 impl std::str::FromStr for DeviceSpec {
@@ -115,6 +126,22 @@ impl std::str::FromStr for DeviceSpec {
                 .filter(|n| *n > 2)
                 .map(DeviceSpec::VfioUserFd)
                 .ok_or_else(|| format!("{s:?}: vfio-user-fd takes a descriptor number above 2"))
+        } else if let Some(rest) = s.strip_prefix("vfio-fd:") {
+            // vfio-fd:CONTAINER,GROUP:BDF
+            let bad = || format!("{s:?}: use vfio-fd:CONTAINER,GROUP:BDF (descriptors above 2)");
+            let (fds, bdf) = rest.split_once(':').ok_or_else(bad)?;
+            let (c, g) = fds.split_once(',').ok_or_else(bad)?;
+            let fd = |n: &str| n.parse::<i32>().ok().filter(|n| *n > 2);
+            match (fd(c), fd(g)) {
+                (Some(container), Some(group)) if container != group && !bdf.is_empty() => {
+                    Ok(DeviceSpec::VfioFd {
+                        container,
+                        group,
+                        bdf: bdf.to_string(),
+                    })
+                }
+                _ => Err(bad()),
+            }
         } else if let Some(p) = s.strip_prefix("vfio-user:") {
             Ok(DeviceSpec::VfioUser(PathBuf::from(p)))
         } else if let Some(b) = s.strip_prefix("vfio:") {
@@ -135,6 +162,11 @@ impl std::fmt::Display for DeviceSpec {
             DeviceSpec::VfioUser(p) => write!(f, "vfio-user:{}", p.display()),
             DeviceSpec::VfioUserFd(n) => write!(f, "vfio-user-fd:{n}"),
             DeviceSpec::Vfio(bdf) => write!(f, "vfio:{bdf}"),
+            DeviceSpec::VfioFd {
+                container,
+                group,
+                bdf,
+            } => write!(f, "vfio-fd:{container},{group}:{bdf}"),
         }
     }
 }
@@ -268,6 +300,22 @@ impl PciFunction {
                     spec: spec.to_string(),
                     why: e.to_string(),
                 })?;
+                Self::with_backend(spec.to_string(), Arc::new(b))
+            }
+            DeviceSpec::VfioFd {
+                container,
+                group,
+                bdf,
+            } => {
+                let failed = |why: String| HwError::Open {
+                    spec: spec.to_string(),
+                    why,
+                };
+                let c = outboard_sys::process::inherited_device(*container).map_err(failed)?;
+                let g = outboard_sys::process::inherited_device(*group).map_err(failed)?;
+                let label = format!("(descriptor {group})");
+                let b = backend::vfio::VfioBackend::claim(c, g, bdf, &label)
+                    .map_err(|e| failed(e.to_string()))?;
                 Self::with_backend(spec.to_string(), Arc::new(b))
             }
         }
@@ -475,6 +523,27 @@ mod tests {
             ok("vfio:0000:00:04.0"),
             DeviceSpec::Vfio("0000:00:04.0".into())
         );
+        assert_eq!(
+            ok("vfio-fd:5,6:0000:00:04.0"),
+            DeviceSpec::VfioFd {
+                container: 5,
+                group: 6,
+                bdf: "0000:00:04.0".into()
+            }
+        );
+        assert_eq!(
+            ok("vfio-fd:5,6:0000:00:04.0").to_string(),
+            "vfio-fd:5,6:0000:00:04.0"
+        );
+        for bad in [
+            "vfio-fd:5:0000:00:04.0",
+            "vfio-fd:5,5:0000:00:04.0",
+            "vfio-fd:2,6:0000:00:04.0",
+            "vfio-fd:5,6:",
+            "vfio-fd:5,x:0000:00:04.0",
+        ] {
+            assert!(bad.parse::<DeviceSpec>().is_err(), "{bad} accepted");
+        }
         assert_eq!(ok("vfio-user-fd:5"), DeviceSpec::VfioUserFd(5));
         assert_eq!(ok("vfio-user-fd:5").to_string(), "vfio-user-fd:5");
         for bad in ["vfio-user-fd:2", "vfio-user-fd:x", "vfio-user-fd:", "nbd:x"] {

@@ -40,6 +40,20 @@ impl Manager {
     }
 }
 
+impl Manager {
+    /// The IOMMU group of device `d`'s function, as claimed (its registry node says).
+    pub(crate) fn iommu_group(&self, d: &DeviceConfig) -> String {
+        let (kind, name) = function_node(d);
+        self.registry
+            .find(kind, &name)
+            .and_then(|n| n.props.get("iommu-group"))
+            .map(|g| g.to_string())
+            // Not claimed (cannot happen: claimed before its server starts): a path that
+            // does not exist, so the server's start fails saying which.
+            .unwrap_or_else(|| "unclaimed".into())
+    }
+}
+
 /// Whether function `bdf` can be given to a driver as things stand: its IOMMU group, or what
 /// is in the way and what to do about it.
 pub(crate) fn usable(host: &HostView, bdf: &str) -> Result<u32, String> {

@@ -72,16 +72,25 @@ impl Manager {
         &mut self,
         names: &[String],
         devices: &[DeviceConfig],
-    ) -> (DriverHostArgs, Vec<PathBuf>) {
+    ) -> (DriverHostArgs, Vec<supervisor::Fresh>) {
+        use supervisor::Fresh;
         let served: Vec<&DeviceConfig> = names
             .iter()
             .filter_map(|n| devices.iter().find(|d| &d.name == n))
             .collect();
-        let connect: Vec<PathBuf> = served
-            .iter()
-            .filter(|d| d.model().kind == models::Kind::Emulated)
-            .map(|d| self.rt().device_socket(&d.name))
-            .collect();
+        // Per device, in order: a connection to its model, or its function's VFIO container
+        // and IOMMU group (the server opens no path).
+        let fresh_of = |d: &DeviceConfig| -> Vec<Fresh> {
+            match d.model().kind {
+                models::Kind::Emulated => vec![Fresh::Connect(self.rt().device_socket(&d.name))],
+                models::Kind::Hardware => vec![
+                    Fresh::Open("/dev/vfio/vfio".into()),
+                    Fresh::Open(format!("/dev/vfio/{}", self.iommu_group(d)).into()),
+                ],
+                models::Kind::Virtual => Vec::new(),
+            }
+        };
+        let connect: Vec<Fresh> = served.iter().flat_map(|d| fresh_of(d)).collect();
         let (keep_fds, conn_fds) = supervisor::fd_layout(true, 1, connect.len());
         let mut args = DriverHostArgs::on_fd(keep_fds[0], self.confinement(&served));
         args.notify_fd = Some(supervisor::EVENT_FD);
@@ -94,10 +103,19 @@ impl Manager {
             .unwrap_or(Duration::from_secs(30));
         args.deadline_ms = deadline.as_millis() as u64;
         for d in &served {
-            let spec = if d.model().kind.has_process() {
-                format!("vfio-user-fd:{}", conn_fds.next().expect("one per model"))
-            } else {
-                (d.model().spec)(d)
+            let spec = match d.model().kind {
+                models::Kind::Emulated => {
+                    format!("vfio-user-fd:{}", conn_fds.next().expect("one per model"))
+                }
+                models::Kind::Hardware => {
+                    let container = conn_fds.next().expect("a container per function");
+                    let group = conn_fds.next().expect("a group per function");
+                    format!(
+                        "vfio-fd:{container},{group}:{}",
+                        models::pci::address(d).unwrap_or_default()
+                    )
+                }
+                models::Kind::Virtual => (d.model().spec)(d),
             };
             args.devices.push(format!("{}={spec}", d.name));
             if let Some(sector) = d.driver_abort_on {

@@ -121,7 +121,11 @@ pub fn wait_for_place(
 /// function (it keeps privileges a standby has dropped until it has opened it), nor one asked
 /// to check its confinement instead of serving.
 pub fn may_serve(args: &DriverHostArgs) -> bool {
-    !args.devices.iter().any(|d| d.contains("=vfio:")) && args.confine.check_confinement.is_none()
+    !args
+        .devices
+        .iter()
+        .any(|d| d.contains("=vfio:") || d.contains("=vfio-fd:"))
+        && args.confine.check_confinement.is_none()
 }
 
 /// A standby as the manager holds it: killed when dropped unless it took a place.
@@ -280,6 +284,11 @@ mod tests {
         let mut vfio = DriverHostArgs::on_fd(975, unconfined());
         vfio.devices.push("d=vfio:0000:00:02.0".into());
         let e = hand(974, &vfio, 975).unwrap_err();
+        assert!(e.to_string().contains("no VFIO function"), "{e}");
+        // Nor one whose container and group the manager passes.
+        let mut passed = DriverHostArgs::on_fd(978, unconfined());
+        passed.devices.push("d=vfio-fd:5,6:0000:00:02.0".into());
+        let e = hand(977, &passed, 978).unwrap_err();
         assert!(e.to_string().contains("no VFIO function"), "{e}");
     }
 

@@ -270,9 +270,20 @@ fn free_descriptors() -> u64 {
 /// The fd number a child finds its event channel on.
 pub const EVENT_FD: i32 = 3;
 
+/// A descriptor made afresh for each incarnation of a child.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Fresh {
+    /// A new connection to a device model's vfio-user socket.
+    Connect(PathBuf),
+    /// A device file opened anew (read-write): a VFIO container or IOMMU group. Opened for
+    /// each incarnation and never kept by the manager, so that a dead server's claim on the
+    /// function (its DMA mappings, its container) ends with it.
+    Open(PathBuf),
+}
+
 /// What a child is given besides its arguments, the same way each incarnation: from fd 3 on,
-/// an event channel (new each time), then `keep`, then a new connection to each socket in
-/// `connect`, then a broker connection (new each time). [`fd_layout`] and
+/// an event channel (new each time), then `keep`, then each descriptor of `connect` made
+/// afresh, then a broker connection (new each time). [`fd_layout`] and
 /// [`Passing::broker_fd`] give the numbers.
 #[derive(Default)]
 pub struct Passing {
@@ -280,8 +291,8 @@ pub struct Passing {
     pub events: bool,
     /// Descriptors that outlive each incarnation: listening sockets, a disk.
     pub keep: Vec<OwnedFd>,
-    /// vfio-user sockets connected afresh for each incarnation.
-    pub connect: Vec<PathBuf>,
+    /// Device connections and device files made afresh for each incarnation.
+    pub connect: Vec<Fresh>,
     /// The socket files of `keep`'s listeners: removed when the process is dropped.
     pub paths: Vec<outboard_sys::SocketPath>,
     /// It asks the manager questions and has it connect to driver servers on a connection
@@ -333,18 +344,31 @@ impl Passing {
         })
     }
 
-    /// A fresh connection to each device model in `connect`.
+    /// Each descriptor of `connect`, made afresh: a connection to each device model, each
+    /// device file opened.
     fn connections(&self, role: &str) -> Result<Vec<OwnedFd>, SpawnError> {
         self.connect
             .iter()
-            .map(|p| {
-                std::os::unix::net::UnixStream::connect(p)
-                    .map(OwnedFd::from)
-                    .map_err(|err| SpawnError::Descriptor {
-                        role: role.into(),
-                        what: format!("connecting to {}", p.display()),
-                        err,
-                    })
+            .map(|f| {
+                let (made, what) = match f {
+                    Fresh::Connect(p) => (
+                        std::os::unix::net::UnixStream::connect(p).map(OwnedFd::from),
+                        format!("connecting to {}", p.display()),
+                    ),
+                    Fresh::Open(p) => (
+                        std::fs::OpenOptions::new()
+                            .read(true)
+                            .write(true)
+                            .open(p)
+                            .map(OwnedFd::from),
+                        format!("opening {}", p.display()),
+                    ),
+                };
+                made.map_err(|err| SpawnError::Descriptor {
+                    role: role.into(),
+                    what,
+                    err,
+                })
             })
             .collect()
     }
@@ -446,7 +470,7 @@ impl Process {
 
     /// How the next incarnation of a driver server starts: new arguments and device
     /// connections (a server that lost a device).
-    pub fn set_server(&mut self, args: crate::children::DriverHostArgs, connect: Vec<PathBuf>) {
+    pub fn set_server(&mut self, args: crate::children::DriverHostArgs, connect: Vec<Fresh>) {
         self.server = Some(args);
         self.passing.connect = connect;
     }

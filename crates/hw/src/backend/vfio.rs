@@ -160,6 +160,15 @@ impl VfioBackend {
                 .map_err(|e| HwError::Backend(format!("{p}: {e}")))
         };
         let container = open("/dev/vfio/vfio")?;
+        let group_fd = open(&format!("/dev/vfio/{group}"))?;
+        Self::claim(container, group_fd, bdf, &group)
+    }
+
+    /// Claims function `bdf` of the IOMMU group open as `group_fd` (`group`: its name, for
+    /// messages), through the VFIO container open as `container`: what a process that was given
+    /// both descriptors does (a confined driver server opens no path). Nothing is assumed of
+    /// either: the API version, the IOMMU type and the group's viability are checked here.
+    pub fn claim(container: OwnedFd, group_fd: OwnedFd, bdf: &str, group: &str) -> Result<Self> {
         // SAFETY: VFIO_GET_API_VERSION and VFIO_CHECK_EXTENSION take no pointer, only an integer.
         unsafe {
             if ioctl(
@@ -183,7 +192,6 @@ impl VfioBackend {
                 ));
             }
         }
-        let group_fd = open(&format!("/dev/vfio/{group}"))?;
         let mut status = sys::vfio_group_status {
             argsz: std::mem::size_of::<sys::vfio_group_status>() as u32,
             flags: 0,

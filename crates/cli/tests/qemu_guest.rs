@@ -83,9 +83,10 @@ echo "GUEST e1000-bound $(drv $F)"
 echo "GUEST e1000-restored $(drv $F) $(ls /sys/bus/pci/devices/$F/net)"
 printf '[[device]]\nname = "nic9"\npci = "0000:00:0a.0"\n' > /m2.toml
 /outboard up --machine /m2.toml --runtime-dir /run/ob2 --control /run/ob2/c.sock 2>&1; echo "GUEST up-kernel-rc $?"
+PBLK=0000:01:00.0; bdf $PBLK
 mkdir -p /run/ob; export OUTBOARD_CONTROL=/run/ob/control.sock
-printf '[[device]]\nname = "disk0"\npci = "%s"\n' $BLK > /m.toml
-/outboard up --machine /m.toml --runtime-dir /run/ob > /up.log 2>&1 &
+printf '[[device]]\nname = "disk0"\npci = "%s"\n' $PBLK > /m.toml
+/outboard up -v --machine /m.toml --runtime-dir /run/ob > /up.log 2>&1 &
 UP=$!
 i=0; while ! /outboard blk info disk0 > /dev/null 2>&1 && [ $i -lt 300 ]; do sleep 0.1; i=$((i+1)); done
 /outboard ls 2>&1 | sed 's/^/GUEST ls /'
@@ -100,6 +101,7 @@ V=$!
 k=0; while kill -0 $V 2>/dev/null && [ $k -lt 5 ]; do sleep 0.7; S=$(server); [ -n "$S" ] && kill -9 $S && k=$((k+1)); done
 wait $V; cat /verify.out; echo "GUEST kills $k"
 /outboard ls 2>&1 | sed 's/^/GUEST ls2 /'
+echo "GUEST resets $(cat /run/ob/*.log | grep -c 'reset (VFIO_DEVICE_RESET) before use')"
 /outboard down 2>&1; wait $UP; echo "GUEST up-rc $?"
 grep -i -E "error|refus" /up.log | head -5
 echo "GUEST faults-normal $(faults)"
@@ -199,7 +201,8 @@ fn outboard_drives_qemus_devices_through_vfio_in_a_guest() {
         .unwrap();
     let disk2 = work.path().join("noplat.img");
     let disk3 = work.path().join("blk4k.img");
-    for d in [&disk2, &disk3] {
+    let disk4 = work.path().join("pcie.img");
+    for d in [&disk2, &disk3, &disk4] {
         std::fs::File::create(d).unwrap().set_len(16 << 20).unwrap();
     }
     let nvme = work.path().join("nvme.img");
@@ -274,6 +277,19 @@ fn outboard_drives_qemus_devices_through_vfio_in_a_guest() {
             "hubport,id=n2,hubid=1",
             "-device",
             "virtio-net-pci,netdev=n2,disable-legacy=on,iommu_platform=on,addr=0x9",
+        ])
+        // A virtio disk behind a PCIe root port: a PCIe endpoint with FLR, so VFIO can reset
+        // it (the functions on the root complex above have no reset VFIO offers).
+        .arg("-drive")
+        .arg(format!(
+            "file={},if=none,id=pblk,format=raw",
+            disk4.display()
+        ))
+        .args([
+            "-device",
+            "pcie-root-port,id=rp1,chassis=1,addr=0xb",
+            "-device",
+            "virtio-blk-pci,drive=pblk,bus=rp1,disable-legacy=on,iommu_platform=on",
         ])
         .args([
             "-netdev",
@@ -453,7 +469,9 @@ fn outboard_drives_qemus_devices_through_vfio_in_a_guest() {
         .collect::<Vec<_>>()
         .join("\n");
     assert!(
-        ls.contains("disk0@pci") && ls.contains("address") && ls.contains("iommu-group"),
+        ls.contains("disk0@pci")
+            && ls.contains("address=0000:01:00.0")
+            && ls.contains("iommu-group"),
         "{ls}\n{log}"
     );
     assert!(ls.contains("virtio-blk"), "{ls}");
@@ -478,6 +496,13 @@ fn outboard_drives_qemus_devices_through_vfio_in_a_guest() {
         .and_then(|n| n.parse().ok())
         .unwrap_or_else(|| panic!("no restarts in {ls2}"));
     assert_eq!(restarts, kills, "each kill a restart: {ls2}");
+    // Each server reset the function (FLR through VFIO) before it mapped anything: the first
+    // and one per restart (and the manager's probe, whose log is its own).
+    let resets: u32 = field("resets").parse().unwrap();
+    assert!(
+        resets > kills,
+        "{resets} resets for {kills} restarts:\n{log}"
+    );
     assert_eq!(field("up-rc"), "0", "{log}");
     // A function its kernel driver still holds is refused at `up`, saying what to do.
     assert_ne!(field("up-kernel-rc"), "0", "{log}");

@@ -278,7 +278,7 @@ impl VfioBackend {
             }
             regions.push(r);
         }
-        Ok(Self {
+        let claimed = Self {
             dev: Arc::new(Device {
                 container,
                 _group: group_fd,
@@ -287,7 +287,24 @@ impl VfioBackend {
                 dma: Mutex::new(HashMap::new()),
                 resettable: info.flags & sys::VFIO_DEVICE_FLAGS_RESET != 0,
             }),
-        })
+        };
+        // A function is reset before anything is mapped for it: whatever the last owner left
+        // in it (a driver server killed mid-I/O, requests still queued) is gone before this
+        // one's memory can be a target. vfio-pci also disables bus mastering and tries a reset
+        // when the last owner's device descriptor is released; this one is ours, and a reset
+        // that fails stops the claim (the function is then reported, not used).
+        if claimed.dev.resettable {
+            claimed.reset().map_err(|e| {
+                HwError::Backend(format!("{bdf}: the reset before use failed: {e}"))
+            })?;
+            tracing::info!("{bdf}: reset (VFIO_DEVICE_RESET) before use");
+        } else {
+            tracing::info!(
+                "{bdf}: VFIO offers no reset for this function (no FLR, PM or bus reset): its \
+                 driver's own reset is all"
+            );
+        }
+        Ok(claimed)
     }
 
     /// The sparse mmap areas of a region (re-asking with room for the capability list).

@@ -134,13 +134,15 @@ enum Command {
     /// `up` places it as it says. Example: outboard move disk1 --server disk0-server
     Move(Ctl<up::MoveArgs>),
     /// Hot-plug a device into the running machine: one its description declares with
-    /// `attached = false` (or detached earlier), by name, or new ones described in a file of
-    /// `[[device]]` tables. The catalog matches its driver, which starts; its class device
-    /// appears in the registry. Examples: outboard attach disk1; outboard attach --file d.toml
+    /// `attached = false` (or detached earlier), by name, new ones described in a file of
+    /// `[[device]]` tables, or a PCI function bound to vfio-pci. The catalog matches its
+    /// driver, which starts; its class device appears in the registry. Examples: outboard
+    /// attach disk1; outboard attach --file d.toml; outboard attach --pci 0000:03:00.0
     Attach(Ctl<up::AttachArgs>),
     /// Hot-unplug a device: its driver takes no new request (those get "device gone"),
     /// finishes the ones in flight, then the driver server and device model stop and the
-    /// device shows as detached. Waits until it is. Example: outboard detach disk1
+    /// device shows as detached. Waits until it is. With --unbind, a PCI function is then
+    /// given back to its kernel driver. Example: outboard detach disk1
     Detach(Ctl<up::DetachArgs>),
     /// Stop the machine, as Ctrl-C on `outboard up` does (for a service: systemd's ExecStop):
     /// every export, driver server and device model stops, their sockets go. Waits until

@@ -85,13 +85,20 @@ pub struct LsArgs {
 
 #[derive(Args)]
 pub struct AttachArgs {
-    /// A device the machine description declares (`attached = false`) or that was detached.
-    #[arg(required_unless_present = "file", conflicts_with = "file")]
+    /// A device the machine description declares (`attached = false`) or that was detached;
+    /// with --pci, the new device's name (default: pci and the function's address, e.g.
+    /// pci03-00-0).
+    #[arg(required_unless_present_any = ["file", "pci"], conflicts_with = "file")]
     device: Option<String>,
     /// New devices: a file of `[[device]]` tables, as in a machine description. Each gets a
     /// driver server of its own.
     #[arg(long, value_name = "FILE")]
     file: Option<PathBuf>,
+    /// A new device that is this PCI function of the machine, bound to vfio-pci (as
+    /// `pci = "ADDRESS"` in a [[device]] table): checked, probed and matched like one in
+    /// the machine description, with a driver server of its own.
+    #[arg(long, value_name = "ADDRESS", conflicts_with = "file")]
+    pci: Option<String>,
 }
 
 #[derive(Args)]
@@ -130,6 +137,10 @@ pub struct MoveArgs {
 pub struct DetachArgs {
     /// Class device name, e.g. disk1.
     device: String,
+    /// For a PCI function of this machine: once detached, give it back from vfio-pci to the
+    /// kernel driver it came from (as `outboard hw unbind` does).
+    #[arg(long)]
+    unbind: bool,
     /// How long to wait for requests in flight to finish.
     #[arg(long, default_value = "30s", value_parser = parse_duration)]
     timeout: std::time::Duration,
@@ -338,24 +349,84 @@ pub fn ls(a: LsArgs, control: PathBuf) -> Result<ExitCode, String> {
 }
 
 pub fn attach(a: AttachArgs, control: PathBuf) -> Result<ExitCode, String> {
-    let text = a
-        .file
-        .as_ref()
-        .map(|f| std::fs::read_to_string(f).map_err(|e| format!("{}: {e}", f.display())))
-        .transpose()?;
-    let node = outboard_client::manager::attach(&control, a.device.as_deref(), text.as_deref())
+    let (device, text) = match (&a.pci, &a.file) {
+        (Some(address), _) => {
+            let bdf = outboard_hw::host::canonical(address).map_err(|e| e.to_string())?;
+            let name = a
+                .device
+                .clone()
+                .unwrap_or_else(|| format!("pci{}", bdf[5..].replace([':', '.'], "-")));
+            (
+                None,
+                Some(format!("[[device]]\nname = \"{name}\"\npci = \"{bdf}\"\n")),
+            )
+        }
+        (None, Some(f)) => (
+            None,
+            Some(std::fs::read_to_string(f).map_err(|e| format!("{}: {e}", f.display()))?),
+        ),
+        (None, None) => (a.device.clone(), None),
+    };
+    let node = outboard_client::manager::attach(&control, device.as_deref(), text.as_deref())
         .map_err(|e| e.to_string())?;
     outboard_sys::outln!("{}", node.render().trim_end());
     Ok(ExitCode::SUCCESS)
 }
 
 pub fn detach(a: DetachArgs, control: PathBuf) -> Result<ExitCode, String> {
+    // Which function to give back, asked before it is detached (and refused before, for a
+    // device that is none).
+    let function = if a.unbind {
+        Some(function_of(&control, &a.device)?)
+    } else {
+        None
+    };
     let first = outboard_client::manager::detach(&control, &a.device);
-    settle(&control, &a.device, a.timeout, first, |r| match r {
+    let code = settle(&control, &a.device, a.timeout, first, |r| match r {
         Err(r) if r.code == outboard_session::Code::DeviceGone => Ok(Some("detached".into())),
         Err(e) => Err(e.to_string()),
         Ok(_) => Ok(None),
-    })
+    })?;
+    if let Some(bdf) = function {
+        give_back(&bdf)?;
+    }
+    Ok(code)
+}
+
+/// The address of device `name`'s PCI function, from the registry's `pci` bus.
+fn function_of(control: &std::path::Path, name: &str) -> Result<String, String> {
+    let tree = outboard_client::manager::registry(control).map_err(|e| e.to_string())?;
+    tree.find("pci-function", &format!("{name}@pci"))
+        .and_then(|f| f.props.get("address"))
+        .and_then(|a| a.as_str())
+        .map(str::to_owned)
+        .ok_or_else(|| {
+            format!("--unbind: {name} is not a PCI function of this machine; nothing was done")
+        })
+}
+
+/// Gives function `bdf` back from vfio-pci to its kernel driver once its driver server has
+/// let go of its VFIO group (the server stops a moment after the device shows detached).
+fn give_back(bdf: &str) -> Result<(), String> {
+    let host = outboard_hw::host::HostView::real();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    loop {
+        match host.unbind(bdf) {
+            Ok(u) => {
+                outboard_sys::outln!(
+                    "{bdf} given back from vfio-pci to {}",
+                    u.driver.as_deref().unwrap_or("no driver (none took it)")
+                );
+                return Ok(());
+            }
+            Err(outboard_hw::host::HostError::Open { .. })
+                if std::time::Instant::now() < deadline =>
+            {
+                std::thread::sleep(std::time::Duration::from_millis(50));
+            }
+            Err(e) => return Err(format!("detached, but not given back: {e}")),
+        }
+    }
 }
 
 pub fn power(a: PowerArgs, control: PathBuf) -> Result<ExitCode, String> {

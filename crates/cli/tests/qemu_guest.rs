@@ -102,6 +102,16 @@ k=0; while kill -0 $V 2>/dev/null && [ $k -lt 5 ]; do sleep 0.7; S=$(server); [ 
 wait $V; cat /verify.out; echo "GUEST kills $k"
 /outboard ls 2>&1 | sed 's/^/GUEST ls2 /'
 echo "GUEST resets $(cat /run/ob/*.log | grep -c 'reset (VFIO_DEVICE_RESET) before use')"
+head -c 4096 /dev/urandom > /mark; /outboard blk write disk0 -i /mark > /dev/null
+/outboard detach disk0 2>&1; echo "GUEST detach-rc $?"
+/outboard attach disk0 > /dev/null 2>&1; echo "GUEST attach-rc $?"
+/outboard blk read disk0 --length 4096 -o /back; cmp -s /mark /back && echo "GUEST reattached-same yes"
+/outboard detach disk0 --unbind 2>&1; echo "GUEST detach-unbind-rc $?"
+echo "GUEST pblk-after-unbind $([ -e /sys/bus/pci/devices/$PBLK/driver ] && drv $PBLK || echo none)"
+/outboard hw bind $PBLK > /dev/null 2>&1
+/outboard attach --pci $PBLK 2>&1 | head -2; echo "GUEST attach-pci-rc $?"
+/outboard blk read pci01-00-0 --length 4096 -o /back2; cmp -s /mark /back2 && echo "GUEST attach-pci-same yes"
+/outboard detach disk1 --unbind 2>&1; echo "GUEST detach-nonpci-rc $?"
 /outboard down 2>&1; wait $UP; echo "GUEST up-rc $?"
 grep -i -E "error|refus" /up.log | head -5
 echo "GUEST faults-normal $(faults)"
@@ -504,6 +514,24 @@ fn outboard_drives_qemus_devices_through_vfio_in_a_guest() {
         "{resets} resets for {kills} restarts:\n{log}"
     );
     assert_eq!(field("up-rc"), "0", "{log}");
+    // Hot-plug of a function: detached and attached again by name (the disk's bytes are its
+    // own), detached and given back from vfio-pci (no guest driver takes it), bound again
+    // and attached by address under a name of its own.
+    assert_eq!(field("detach-rc"), "0", "{log}");
+    assert_eq!(field("attach-rc"), "0", "{log}");
+    assert_eq!(field("reattached-same"), "yes", "{log}");
+    assert_eq!(field("detach-unbind-rc"), "0", "{log}");
+    assert!(
+        log.contains("0000:01:00.0 given back from vfio-pci"),
+        "{log}"
+    );
+    assert_eq!(field("pblk-after-unbind"), "none", "{log}");
+    assert_eq!(field("attach-pci-same"), "yes", "{log}");
+    assert!(
+        log.contains("--unbind: disk1 is not a PCI function of this machine; nothing was done"),
+        "{log}"
+    );
+    assert_ne!(field("detach-nonpci-rc"), "0", "{log}");
     // A function its kernel driver still holds is refused at `up`, saying what to do.
     assert_ne!(field("up-kernel-rc"), "0", "{log}");
     assert!(

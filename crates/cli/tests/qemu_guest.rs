@@ -83,9 +83,11 @@ echo "GUEST e1000-bound $(drv $F)"
 echo "GUEST e1000-restored $(drv $F) $(ls /sys/bus/pci/devices/$F/net)"
 printf '[[device]]\nname = "nic9"\npci = "0000:00:0a.0"\n' > /m2.toml
 /outboard up --machine /m2.toml --runtime-dir /run/ob2 --control /run/ob2/c.sock 2>&1; echo "GUEST up-kernel-rc $?"
+printf '[[device]]\nname = "nic8"\npci = "%s"\n' $E1000 > /m3.toml
+/outboard up --machine /m3.toml --runtime-dir /run/ob3 --control /run/ob3/c.sock 2>&1; echo "GUEST up-nodriver-rc $?"
 PBLK=0000:01:00.0; bdf $PBLK
 mkdir -p /run/ob; export OUTBOARD_CONTROL=/run/ob/control.sock
-printf '[[device]]\nname = "disk0"\npci = "%s"\n' $PBLK > /m.toml
+printf '[[device]]\nname = "disk0"\npci = "%s"\n[[export]]\ndevice = "disk0"\nsocket = "/run/ob/d0.nbd"\n' $PBLK > /m.toml
 /outboard up -v --machine /m.toml --runtime-dir /run/ob > /up.log 2>&1 &
 UP=$!
 i=0; while ! /outboard blk info disk0 > /dev/null 2>&1 && [ $i -lt 300 ]; do sleep 0.1; i=$((i+1)); done
@@ -103,6 +105,10 @@ wait $V; cat /verify.out; echo "GUEST kills $k"
 /outboard ls 2>&1 | sed 's/^/GUEST ls2 /'
 echo "GUEST resets $(cat /run/ob/*.log | grep -c 'reset (VFIO_DEVICE_RESET) before use')"
 head -c 4096 /dev/urandom > /mark; /outboard blk write disk0 -i /mark > /dev/null
+NBD="nbd+unix:///disk0?socket=/run/ob/d0.nbd"
+/outboard blk read "$NBD" --length 4096 -o /nbdback 2>&1; cmp -s /mark /nbdback && echo "GUEST nbd-read-same yes"
+head -c 8192 /dev/urandom > /mark2; /outboard blk write "$NBD" --offset 65536 -i /mark2 2>&1
+/outboard blk read disk0 --offset 65536 --length 8192 -o /back3; cmp -s /mark2 /back3 && echo "GUEST nbd-write-same yes"
 /outboard detach disk0 2>&1; echo "GUEST detach-rc $?"
 /outboard attach disk0 > /dev/null 2>&1; echo "GUEST attach-rc $?"
 /outboard blk read disk0 --length 4096 -o /back; cmp -s /mark /back && echo "GUEST reattached-same yes"
@@ -532,6 +538,16 @@ fn outboard_drives_qemus_devices_through_vfio_in_a_guest() {
         "{log}"
     );
     assert_ne!(field("detach-nonpci-rc"), "0", "{log}");
+    // The export serves the function's disk over NBD: what the session wrote reads back
+    // through it, and what is written through it reads back through the session.
+    assert_eq!(field("nbd-read-same"), "yes", "{log}");
+    assert_eq!(field("nbd-write-same"), "yes", "{log}");
+    // A function no Outboard driver matches is refused at `up`, naming it.
+    assert_ne!(field("up-nodriver-rc"), "0", "{log}");
+    assert!(
+        log.contains("nic8: no driver matches 8086:100e (class 020000)"),
+        "{log}"
+    );
     // A function its kernel driver still holds is refused at `up`, saying what to do.
     assert_ne!(field("up-kernel-rc"), "0", "{log}");
     assert!(

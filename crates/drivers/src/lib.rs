@@ -21,5 +21,5 @@ pub mod virtio_rng;
 pub use personality::{
     by_name, candidates, personalities, probe_driver, restarter, start, start_colocated,
     Attachment, DriverFault, Identity, Personality, Probe, Probed, StartError, StartOptions,
-    Started,
+    Started, NO_MATCH,
 };

@@ -291,6 +291,9 @@ pub fn candidates<'a>(id: &'a Identity<'a>) -> impl Iterator<Item = &'static Per
     personalities().iter().filter(move |p| (p.matches)(id))
 }
 
+/// What [`probe_driver`] says when no personality's passive match takes the device.
+pub const NO_MATCH: &str = "no driver matches";
+
 /// The best driver for a device (I/O Kit's matching): every personality whose passive match
 /// takes its identity probes it, and the highest score wins. The error says why none did: no
 /// passive match, or each candidate's reason for declining.
@@ -309,7 +312,7 @@ pub fn probe_driver(dev: &Probe<'_>) -> Result<Probed, String> {
     }
     best.ok_or_else(|| {
         if declined.is_empty() {
-            "no driver matches".to_string()
+            NO_MATCH.to_string()
         } else {
             declined.join("; ")
         }

@@ -642,9 +642,20 @@ pub(crate) fn probe_function(
         .collect();
     node.set("irqs", irqs.join(", "));
     let Probed { personality, score } =
-        outboard_drivers::probe_driver(&Probe::Pci(&f)).map_err(|why| ManagerError::NoDriver {
-            device: d.name.clone(),
-            what: format!("{:04x}:{:04x}: {why}", id.vendor, id.device),
+        outboard_drivers::probe_driver(&Probe::Pci(&f)).map_err(|why| {
+            let ids = format!(
+                "{:04x}:{:04x} (class {:02x}{:02x}{:02x})",
+                id.vendor, id.device, id.class, id.subclass, id.prog_if
+            );
+            ManagerError::NoDriver {
+                device: d.name.clone(),
+                // Either no personality's match takes it, or each that did declined: why.
+                what: if why == outboard_drivers::NO_MATCH {
+                    ids
+                } else {
+                    format!("{ids}: {why}")
+                },
+            }
         })?;
     refuses_fault(d, personality)?;
     Ok(Node::new("driver", personality.driver)

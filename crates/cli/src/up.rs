@@ -358,7 +358,9 @@ pub fn attach(a: AttachArgs, control: PathBuf) -> Result<ExitCode, String> {
                 .unwrap_or_else(|| format!("pci{}", bdf[5..].replace([':', '.'], "-")));
             (
                 None,
-                Some(format!("[[device]]\nname = \"{name}\"\npci = \"{bdf}\"\n")),
+                // The name as a quoted string: a quote in it is the manager's name check's
+                // to refuse, not a parse error.
+                Some(format!("[[device]]\nname = {name:?}\npci = \"{bdf}\"\n")),
             )
         }
         (None, Some(f)) => (

@@ -32,6 +32,7 @@ fn hw_list_shows_every_function_of_this_machine_with_its_driver() {
     let out = text(&o);
     assert!(o.status.success(), "{out}");
     let mut n = 0;
+    let mut drivers = Vec::new();
     for e in entries {
         let bdf = e.unwrap().file_name().to_string_lossy().into_owned();
         let driver = std::fs::read_link(devices.join(&bdf).join("driver"))
@@ -46,6 +47,7 @@ fn hw_list_shows_every_function_of_this_machine_with_its_driver() {
             line.split_whitespace().any(|w| w == driver),
             "{bdf}'s driver {driver} not shown: {line}"
         );
+        drivers.push((bdf, driver));
         n += 1;
     }
     let groups = std::fs::read_dir("/sys/kernel/iommu_groups").map_or(0, |d| d.count());
@@ -55,6 +57,21 @@ fn hw_list_shows_every_function_of_this_machine_with_its_driver() {
     let o = outboard(&["hw", "list", "--json"]);
     let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
     assert_eq!(v.as_array().unwrap().len(), n, "{v}");
+    // Exactly each function's driver (null for none), by address.
+    for (bdf, driver) in drivers {
+        let f = v
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|f| f["address"] == bdf.as_str())
+            .unwrap_or_else(|| panic!("{bdf} not in {v}"));
+        let want = if driver == "-" {
+            serde_json::Value::Null
+        } else {
+            serde_json::Value::from(driver)
+        };
+        assert_eq!(f["driver"], want, "{f}");
+    }
     assert!(
         v[0]["address"].is_string() && v[0]["iommu"].is_boolean(),
         "{v}"
@@ -81,6 +98,12 @@ fn tree(root: &Path, iommu: bool) {
         std::fs::write(fun.join(f), v).unwrap();
     }
     std::fs::write(fun.join("virtio1/block/vda/dev"), "254:0\n").unwrap();
+    std::fs::create_dir_all(root.join("sys/class/block")).unwrap();
+    symlink(
+        fun.join("virtio1/block/vda"),
+        root.join("sys/class/block/vda"),
+    )
+    .unwrap();
     symlink("../../drivers/virtio-pci", fun.join("driver")).unwrap();
     std::fs::create_dir_all(root.join("sys/kernel/iommu_groups")).unwrap();
     if iommu {

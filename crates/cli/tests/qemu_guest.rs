@@ -83,6 +83,9 @@ echo "GUEST e1000-bound $(drv $F)"
 echo "GUEST e1000-restored $(drv $F) $(ls /sys/bus/pci/devices/$F/net)"
 printf '[[device]]\nname = "nic9"\npci = "0000:00:0a.0"\n' > /m2.toml
 /outboard up --machine /m2.toml --runtime-dir /run/ob2 --control /run/ob2/c.sock 2>&1; echo "GUEST up-kernel-rc $?"
+bdf 0000:00:0c.0; bdf 0000:00:0c.1
+printf '[[device]]\nname = "mf0"\npci = "0000:00:0c.0"\n[[device]]\nname = "mf1"\npci = "0000:00:0c.1"\n' > /m5.toml
+/outboard up --machine /m5.toml --runtime-dir /run/ob5 --control /run/ob5/c.sock 2>&1; echo "GUEST up-group-rc $?"
 printf '[[device]]\nname = "nic8"\npci = "%s"\n' $E1000 > /m3.toml
 /outboard up --machine /m3.toml --runtime-dir /run/ob3 --control /run/ob3/c.sock 2>&1; echo "GUEST up-nodriver-rc $?"
 PBLK=0000:01:00.0; bdf $PBLK
@@ -92,7 +95,7 @@ printf '[[device]]\nname = "mem0"\nmodel = "virtio-blk"\nbacking = "mem:4M"\nser
 UP=$!
 i=0; while ! /outboard blk info disk0 > /dev/null 2>&1 && [ $i -lt 300 ]; do sleep 0.1; i=$((i+1)); done
 /outboard ls 2>&1 | sed 's/^/GUEST ls /'
-server() { /outboard ls | grep "driver virtio-blk" | head -1 | sed -n 's/.*[<, ]pid=\([0-9]*\).*/\1/p'; }
+server() { /outboard ls | grep "driver virtio-blk" | grep "state=running" | head -1 | sed -n 's/.*[<, ]pid=\([0-9]*\).*/\1/p'; }
 echo "GUEST server-line $(tr '\0' ' ' < /proc/$(server)/cmdline)"
 ( ok=0; bad=0; for r in $(seq 1 12); do head -c 262144 /dev/urandom > /v$r
     /outboard blk write disk0 --offset $((r*262144)) -i /v$r --timeout 60s || bad=$((bad+1))
@@ -100,7 +103,11 @@ echo "GUEST server-line $(tr '\0' ' ' < /proc/$(server)/cmdline)"
     if cmp -s /v$r /r$r; then ok=$((ok+1)); else bad=$((bad+1)); fi; rm -f /v$r /r$r
   done; echo "GUEST verified $ok $bad" ) > /verify.out 2>&1 &
 V=$!
-k=0; while kill -0 $V 2>/dev/null && [ $k -lt 5 ]; do sleep 0.7; S=$(server); [ -n "$S" ] && kill -9 $S && k=$((k+1)); done
+# Each kill lands on a server that serves (a new pid, running): every incarnation got as far
+# as claiming its function.
+k=0; LAST=; while kill -0 $V 2>/dev/null && [ $k -lt 5 ]; do sleep 0.7; S=$(server)
+  [ -n "$S" ] && [ "$S" != "$LAST" ] && kill -9 $S && k=$((k+1)) && LAST=$S; done
+i=0; while [ -z "$(server)" ] || [ "$(server)" = "$LAST" ]; do [ $i -ge 100 ] && break; sleep 0.1; i=$((i+1)); done
 wait $V; cat /verify.out; echo "GUEST kills $k"
 /outboard ls 2>&1 | sed 's/^/GUEST ls2 /'
 echo "GUEST resets $(cat /run/ob/*.log | grep -c 'reset (VFIO_DEVICE_RESET) before use')"
@@ -124,8 +131,12 @@ i=0; while ! /outboard blk info disk0 > /dev/null 2>&1 && [ $i -lt 300 ]; do sle
 /outboard detach disk0 --unbind 2>&1; echo "GUEST detach-unbind-rc $?"
 echo "GUEST pblk-after-unbind $([ -e /sys/bus/pci/devices/$PBLK/driver ] && drv $PBLK || echo none)"
 /outboard hw bind $PBLK > /dev/null 2>&1
-/outboard attach --pci $PBLK 2>&1 | head -2; echo "GUEST attach-pci-rc $?"
-/outboard blk read pci01-00-0 --length 4096 -o /back2; cmp -s /mark /back2 && echo "GUEST attach-pci-same yes"
+/outboard attach --pci $PBLK 2>&1; echo "GUEST attach-pci-again-rc $?"
+/outboard attach disk0 > /dev/null 2>&1; echo "GUEST attach-rebound-rc $?"
+/outboard blk read disk0 --length 4096 -o /back2; cmp -s /mark /back2 && echo "GUEST attach-rebound-same yes"
+/outboard detach disk0 2>&1
+/outboard attach --pci 0000:00:07.0 > /attach.out 2>&1; echo "GUEST attach-pci-rc $?"; head -2 /attach.out
+/outboard blk info pci00-07-0 2>&1 | head -3; echo "GUEST attach-pci-info-rc $?"
 /outboard detach disk1 --unbind 2>&1; echo "GUEST detach-nonpci-rc $?"
 /outboard down 2>&1; wait $UP; echo "GUEST up4-rc $?"
 grep -i -E "error|refus" /up.log | head -5
@@ -227,7 +238,9 @@ fn outboard_drives_qemus_devices_through_vfio_in_a_guest() {
     let disk2 = work.path().join("noplat.img");
     let disk3 = work.path().join("blk4k.img");
     let disk4 = work.path().join("pcie.img");
-    for d in [&disk2, &disk3, &disk4] {
+    let disk5 = work.path().join("mf0.img");
+    let disk6 = work.path().join("mf1.img");
+    for d in [&disk2, &disk3, &disk4, &disk5, &disk6] {
         std::fs::File::create(d).unwrap().set_len(16 << 20).unwrap();
     }
     let nvme = work.path().join("nvme.img");
@@ -302,6 +315,17 @@ fn outboard_drives_qemus_devices_through_vfio_in_a_guest() {
             "hubport,id=n2,hubid=1",
             "-device",
             "virtio-net-pci,netdev=n2,disable-legacy=on,iommu_platform=on,addr=0x9",
+        ])
+        // Two functions of one multifunction slot: one IOMMU group.
+        .arg("-drive")
+        .arg(format!("file={},if=none,id=mf0,format=raw", disk5.display()))
+        .arg("-drive")
+        .arg(format!("file={},if=none,id=mf1,format=raw", disk6.display()))
+        .args([
+            "-device",
+            "virtio-blk-pci,drive=mf0,disable-legacy=on,iommu_platform=on,addr=0xc.0,multifunction=on",
+            "-device",
+            "virtio-blk-pci,drive=mf1,disable-legacy=on,iommu_platform=on,addr=0xc.1",
         ])
         // A virtio disk behind a PCIe root port: a PCIe endpoint with FLR, so VFIO can reset
         // it (the functions on the root complex above have no reset VFIO offers).
@@ -530,13 +554,9 @@ fn outboard_drives_qemus_devices_through_vfio_in_a_guest() {
         .unwrap_or_else(|| panic!("no restarts in {ls2}"));
     assert_eq!(restarts, kills, "each kill a restart: {ls2}");
     // Each server reset the function (FLR through VFIO) before it mapped anything: the first
-    // and one per restart, less one killed before it claimed the function (the manager's
-    // probe logs elsewhere).
+    // and one per restart (the manager's probe logs elsewhere).
     let resets: u32 = field("resets").parse().unwrap();
-    assert!(
-        resets >= kills,
-        "{resets} resets for {kills} restarts:\n{log}"
-    );
+    assert_eq!(resets, kills + 1, "resets for {kills} restarts:\n{log}");
     assert_eq!(field("up-rc"), "0", "{log}");
     // Hot-plug of a function: detached and attached again by name (the disk's bytes are its
     // own), detached and given back from vfio-pci (no guest driver takes it), bound again
@@ -550,7 +570,18 @@ fn outboard_drives_qemus_devices_through_vfio_in_a_guest() {
         "{log}"
     );
     assert_eq!(field("pblk-after-unbind"), "none", "{log}");
-    assert_eq!(field("attach-pci-same"), "yes", "{log}");
+    // Once bound again: attach --pci of it is refused, naming the device it is, which
+    // attaches by name with the same bytes; a function new to the machine attaches by address
+    // under a name of its own.
+    assert_eq!(field("attach-pci-again-rc"), "1", "{log}");
+    assert!(
+        log.contains("0000:01:00.0 is device disk0 already: `outboard attach disk0`"),
+        "{log}"
+    );
+    assert_eq!(field("attach-rebound-rc"), "0", "{log}");
+    assert_eq!(field("attach-rebound-same"), "yes", "{log}");
+    assert_eq!(field("attach-pci-rc"), "0", "{log}");
+    assert!(log.contains("block-device pci00-07-0"), "{log}");
     assert_eq!(field("up4-rc"), "0", "{log}");
     assert!(
         log.contains("--unbind: disk1 is not a PCI function of this machine; nothing was done"),
@@ -565,6 +596,12 @@ fn outboard_drives_qemus_devices_through_vfio_in_a_guest() {
     // through it, and what is written through it reads back through the session.
     assert_eq!(field("nbd-read-same"), "yes", "{log}");
     assert_eq!(field("nbd-write-same"), "yes", "{log}");
+    // Two devices whose functions share an IOMMU group are refused, naming both.
+    assert_ne!(field("up-group-rc"), "0", "{log}");
+    assert!(
+        log.contains("mf1: 0000:00:0c.1 shares IOMMU group") && log.contains("with mf0's function"),
+        "{log}"
+    );
     // A function no Outboard driver matches is refused at `up`, naming it.
     assert_ne!(field("up-nodriver-rc"), "0", "{log}");
     assert!(

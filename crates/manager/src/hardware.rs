@@ -19,10 +19,25 @@ impl Manager {
             .filter(|d| d.model().kind == models::Kind::Hardware)
         {
             let bdf = models::pci::address(d).unwrap_or_default();
-            let group = usable(&host, bdf).map_err(|why| ManagerError::Function {
+            let refuse = |why: String| ManagerError::Function {
                 device: d.name.clone(),
                 why,
-            })?;
+            };
+            let group = usable(&host, bdf).map_err(refuse)?;
+            // VFIO gives a group to one process at a time, and each device's server claims
+            // its own container: two devices whose functions share a group cannot both run.
+            let here = bus.children.iter().find(|f| {
+                f.props.get("iommu-group").and_then(|g| g.as_u64()) == Some(group.into())
+            });
+            let other = here
+                .map(|f| f.name.trim_end_matches("@pci").to_string())
+                .or_else(|| self.devices_in_group(group, &d.name));
+            if let Some(other) = other {
+                return Err(refuse(format!(
+                    "{bdf} shares IOMMU group {group} with {other}'s function: one driver server \
+                     would have to drive both, which is not supported yet; describe one of them"
+                )));
+            }
             let (kind, name) = function_node(d);
             let mut node = Node::new(kind, &name)
                 .with("model", d.model.as_str())
@@ -47,10 +62,22 @@ impl Manager {
         self.registry
             .find(kind, &name)
             .and_then(|n| n.props.get("iommu-group"))
+            .and_then(|g| g.as_u64())
             .map(|g| g.to_string())
             // Not claimed (cannot happen: claimed before its server starts): a path that
             // does not exist, so the server's start fails saying which.
             .unwrap_or_else(|| "unclaimed".into())
+    }
+
+    /// Another claimed device (not `name`) whose function is in IOMMU group `group`.
+    fn devices_in_group(&self, group: u32, name: &str) -> Option<String> {
+        let bus = self.registry.find("bus", "pci")?;
+        bus.children
+            .iter()
+            .filter(|f| f.props.get("iommu-group").and_then(|g| g.as_u64()) == Some(group.into()))
+            .filter(|f| f.props.get("state").and_then(|s| s.as_str()) != Some("detached"))
+            .map(|f| f.name.trim_end_matches("@pci").to_string())
+            .find(|n| n != name)
     }
 }
 

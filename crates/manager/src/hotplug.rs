@@ -97,6 +97,20 @@ impl Manager {
                     if self.machine.devices.iter().any(|o| o.name == d.name) {
                         return invalid(format!("a device named {:?} exists already", d.name));
                     }
+                    let address = models::pci::address(d);
+                    if let Some(o) = self
+                        .machine
+                        .devices
+                        .iter()
+                        .find(|o| address.is_some() && models::pci::address(o) == address)
+                    {
+                        return invalid(format!(
+                            "{} is device {} already: `outboard attach {}`",
+                            address.unwrap_or_default(),
+                            o.name,
+                            o.name
+                        ));
+                    }
                     if d.placement == Placement::Separate
                         && self.machine.devices.iter().any(|o| o.server == d.server)
                     {

@@ -190,6 +190,9 @@ impl Manager {
             .with("model", d.model.as_str())
             .with("backing", d.backing.as_str())
             .with("state", State::Detached.word());
+        if let Some(bdf) = models::pci::address(d) {
+            node.set("address", bdf);
+        }
         if let Some(why) = why {
             node.set("last-error", why);
         }

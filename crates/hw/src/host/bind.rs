@@ -65,13 +65,19 @@ impl HostView {
         write(&self.sys.join("bus/pci/drivers_probe"), &f.bdf)?;
         let now = super::link_name(&at.join("driver"));
         if now.as_deref() != Some(VFIO_PCI) {
+            // Put it back as it was: no override, its driver (or the kernel's choice).
+            let _ = write(&at.join("driver_override"), "\n");
+            if now.is_none() {
+                let _ = self.give_to(&f.bdf, f.driver.as_deref());
+            }
+            let _ = std::fs::remove_file(self.state.join(&f.bdf));
+            let back = super::link_name(&at.join("driver"));
             return Err(HostError::Unexpected(format!(
-                "{} was unbound from {} but vfio-pci did not take it (its driver now: {}); \
-                 `outboard hw unbind {}` gives it back",
+                "vfio-pci did not take {} (unbound from {}); it was put back and its driver \
+                 is now {}",
                 f.bdf,
                 f.driver.as_deref().unwrap_or("none"),
-                now.as_deref().unwrap_or("none"),
-                f.bdf
+                back.as_deref().unwrap_or("none")
             )));
         }
         Ok(Bound::From(f.driver))
@@ -89,7 +95,13 @@ impl HostView {
             });
         }
         if let Some(group) = f.iommu_group {
-            let holders = self.holders(&format!("/dev/vfio/{group}"));
+            // The kernel would wait in the unbind for whoever holds the function. Held means
+            // its group cannot be opened (VFIO lets one process have it); the processes with
+            // it open are named when they can be found.
+            let mut holders = self.holders(&format!("/dev/vfio/{group}"));
+            if holders.is_empty() && self.group_busy(group) {
+                holders.push("a process (not found in /proc)".into());
+            }
             if !holders.is_empty() {
                 return Err(HostError::Open {
                     bdf: f.bdf,
@@ -103,21 +115,38 @@ impl HostView {
         // An empty override lets every driver match again.
         write(&at.join("driver_override"), "\n")?;
         write(&at.join("driver/unbind"), &f.bdf)?;
-        let given = remembered.as_ref().is_some_and(|d| {
-            write(
-                &self.sys.join("bus/pci/drivers").join(d).join("bind"),
-                &f.bdf,
-            )
-            .is_ok()
-        });
-        if !given {
-            write(&self.sys.join("bus/pci/drivers_probe"), &f.bdf)?;
-        }
+        self.give_to(&f.bdf, remembered.as_deref())?;
         let _ = std::fs::remove_file(self.state.join(&f.bdf));
         Ok(Unbound {
             driver: super::link_name(&at.join("driver")),
             remembered,
         })
+    }
+
+    /// Binds `bdf` to `driver` if it takes it, or else lets the kernel choose.
+    fn give_to(&self, bdf: &str, driver: Option<&str>) -> Result<(), HostError> {
+        let given = driver.is_some_and(|d| {
+            write(&self.sys.join("bus/pci/drivers").join(d).join("bind"), bdf).is_ok()
+        });
+        if !given {
+            write(&self.sys.join("bus/pci/drivers_probe"), bdf)?;
+        }
+        Ok(())
+    }
+
+    /// Whether VFIO group `group` is open somewhere: opening it is refused (`EBUSY`) while a
+    /// process holds it (whatever that process kept: the group, or only the device). Opened and
+    /// closed at once, which changes nothing; a group file that is not there is not busy.
+    fn group_busy(&self, group: u32) -> bool {
+        let path = self.dev.join(format!("vfio/{group}"));
+        match std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(&path)
+        {
+            Ok(_) => false,
+            Err(e) => e.raw_os_error() == Some(libc::EBUSY),
+        }
     }
 
     /// The processes (`pid (command)`) with `device` open.
@@ -154,6 +183,7 @@ impl HostView {
 
     /// The driver `bind` took the function from, if it remembered one.
     pub fn remembered(&self, bdf: &str) -> Option<String> {
+        let bdf = super::canonical(bdf).ok()?;
         let d = std::fs::read_to_string(self.state.join(bdf)).ok()?;
         let d = d.trim();
         // A driver's name, not a path: the file is ours, but a stray one must not send the

@@ -104,7 +104,7 @@ pub struct HostView {
     sys: PathBuf,
     proc_: PathBuf,
     state: PathBuf,
-    real: bool,
+    dev: PathBuf,
 }
 
 /// How usable a function's IOMMU group is through VFIO.
@@ -172,23 +172,19 @@ impl HostView {
             sys: "/sys".into(),
             proc_: "/proc".into(),
             state: "/run/outboard/pci".into(),
-            real: true,
+            dev: "/dev".into(),
         }
     }
 
-    /// A tree laid out like the root file system: `ROOT/sys`, `ROOT/proc`, `ROOT/run`.
+    /// A tree laid out like the root file system: `ROOT/sys`, `ROOT/proc`, `ROOT/dev`,
+    /// `ROOT/run`.
     pub fn rooted(root: &Path) -> Self {
         Self {
             sys: root.join("sys"),
             proc_: root.join("proc"),
             state: root.join("run/outboard/pci"),
-            real: false,
+            dev: root.join("dev"),
         }
-    }
-
-    /// Whether this is the machine's own sysfs.
-    pub fn is_real(&self) -> bool {
-        self.real
     }
 
     fn devices(&self) -> PathBuf {
@@ -202,7 +198,8 @@ impl HostView {
             .unwrap_or(0)
     }
 
-    /// Every PCI function, in address order.
+    /// Every PCI function that can be read, in address order (one that cannot — gone
+    /// meanwhile, an attribute missing — is left out with a warning, not the whole list).
     pub fn functions(&self) -> Result<Vec<Function>, HostError> {
         let dir = self.devices();
         let mut bdfs: Vec<String> = std::fs::read_dir(&dir)
@@ -211,7 +208,14 @@ impl HostView {
             .map(|e| e.file_name().to_string_lossy().into_owned())
             .collect();
         bdfs.sort();
-        bdfs.iter().map(|b| self.function(b)).collect()
+        Ok(bdfs
+            .iter()
+            .filter_map(|b| {
+                self.function(b)
+                    .map_err(|e| tracing::warn!("{b}: left out: {e}"))
+                    .ok()
+            })
+            .collect())
     }
 
     /// One function, by address.
@@ -247,7 +251,7 @@ impl HostView {
         };
         Ok(Function {
             driver: link_name(&at.join("driver")),
-            uses: usage::uses(&at, &self.proc_),
+            uses: usage::uses(&self.sys, &self.proc_, &at),
             bdf,
             identity,
             iommu_group,
@@ -279,10 +283,15 @@ pub fn canonical(bdf: &str) -> Result<String, HostError> {
     };
     let (head, func) = full.rsplit_once('.').ok_or_else(bad)?;
     let parts: Vec<&str> = head.split(':').collect();
+    // The domain has 4 hex digits, or more behind a VMD controller (`10000:e0:06.0`).
+    let hex = |p: &str, len: std::ops::RangeInclusive<usize>| {
+        len.contains(&p.len()) && p.chars().all(|c| c.is_ascii_hexdigit())
+    };
     let ok = parts.len() == 3
-        && [(parts[0], 4), (parts[1], 2), (parts[2], 2), (func, 1)]
-            .iter()
-            .all(|(p, n)| p.len() == *n && p.chars().all(|c| c.is_ascii_hexdigit()));
+        && hex(parts[0], 4..=8)
+        && hex(parts[1], 2..=2)
+        && hex(parts[2], 2..=2)
+        && hex(func, 1..=1);
     if !ok {
         return Err(bad());
     }

@@ -102,6 +102,14 @@ impl Fake {
     }
 }
 
+/// Lists `dev` (a device directory below a function) in `sys/class/CLASS` as `name`, the
+/// way the kernel links its class members to their devices.
+fn class(f: &Fake, class: &str, name: &str, dev: &Path) {
+    let dir = f.sys(&format!("class/{class}"));
+    std::fs::create_dir_all(&dir).unwrap();
+    symlink(dev, dir.join(name)).unwrap();
+}
+
 fn touch(p: &Path) {
     std::fs::write(p, "").unwrap();
 }
@@ -112,10 +120,16 @@ fn read(p: &Path) -> String {
 
 /// A virtio disk at `bdf` whose block device `vda` has number `dev`.
 fn virtio_disk(f: &Fake, bdf: &str, dev: &str, group: Option<u32>) -> PathBuf {
+    virtio_disk_named(f, bdf, "vda", dev, group)
+}
+
+/// The same, its block device named `name`.
+fn virtio_disk_named(f: &Fake, bdf: &str, name: &str, dev: &str, group: Option<u32>) -> PathBuf {
     let at = f.function(bdf, (0x1af4, 0x1042), 0x018000, Some("virtio-pci"), group);
-    let vda = at.join("virtio1/block/vda");
+    let vda = at.join("virtio1/block").join(name);
     std::fs::create_dir_all(vda.join("holders")).unwrap();
     std::fs::write(vda.join("dev"), format!("{dev}\n")).unwrap();
+    class(f, "block", name, &vda);
     at
 }
 
@@ -145,7 +159,7 @@ fn addresses_are_read_in_sysfs_form_and_nonsense_is_refused() {
 fn functions_are_listed_with_identity_driver_group_and_uses() {
     let f = Fake::new(true);
     virtio_disk(&f, "0000:00:02.0", "254:0", Some(3));
-    let mounted = virtio_disk(&f, "0000:00:03.0", "254:1", Some(4));
+    let mounted = virtio_disk_named(&f, "0000:00:03.0", "vdc", "254:1", Some(4));
     let nic = f.function(
         "0000:00:05.0",
         (0x8086, 0x100e),
@@ -156,6 +170,7 @@ fn functions_are_listed_with_identity_driver_group_and_uses() {
     let eth = nic.join("net/eth0");
     std::fs::create_dir_all(&eth).unwrap();
     std::fs::write(eth.join("flags"), "0x1003\n").unwrap();
+    class(&f, "net", "eth0", &eth);
     f.function("0000:00:00.0", (0x8086, 0x29c0), 0x060000, None, None);
 
     let list = f.view().functions().unwrap();
@@ -179,7 +194,7 @@ fn functions_are_listed_with_identity_driver_group_and_uses() {
     assert_eq!(disk.iommu_group, Some(3));
     assert!(disk.uses.is_empty(), "{:?}", disk.uses);
     assert_eq!(disk.viability(), Viability::Viable);
-    assert_eq!(list[2].uses, ["disk vda is mounted on /"], "{mounted:?}");
+    assert_eq!(list[2].uses, ["disk vdc is mounted on /"], "{mounted:?}");
     assert_eq!(list[3].uses, ["network interface eth0 is up"]);
     assert_eq!(list[0].bridge(), Some("Host bridge"));
     assert_eq!(list[0].viability(), Viability::NoGroup);
@@ -193,6 +208,7 @@ fn partitions_swap_holders_consoles_and_vsocks_are_uses() {
     std::fs::create_dir_all(&part).unwrap();
     touch(&part.join("partition"));
     std::fs::write(part.join("dev"), "254:1\n").unwrap();
+    class(&f, "block", "vda1", &part);
     let b = f.function(
         "0000:00:03.0",
         (0x1af4, 0x1042),
@@ -203,6 +219,7 @@ fn partitions_swap_holders_consoles_and_vsocks_are_uses() {
     let vdb = b.join("virtio2/block/vdb");
     std::fs::create_dir_all(vdb.join("holders/dm-0")).unwrap();
     std::fs::write(vdb.join("dev"), "254:16\n").unwrap();
+    class(&f, "block", "vdb", &vdb);
     let s = f.function(
         "0000:00:04.0",
         (0x1b36, 0x0002),
@@ -210,8 +227,10 @@ fn partitions_swap_holders_consoles_and_vsocks_are_uses() {
         Some("serial"),
         Some(3),
     );
-    std::fs::create_dir_all(s.join("tty/ttyS0")).unwrap();
-    std::fs::create_dir_all(s.join("tty/ttyS1")).unwrap();
+    for t in ["ttyS0", "ttyS1"] {
+        std::fs::create_dir_all(s.join("tty").join(t)).unwrap();
+        class(&f, "tty", t, &s.join("tty").join(t));
+    }
     let v = f.function(
         "0000:00:05.0",
         (0x1af4, 0x1053),
@@ -241,6 +260,79 @@ fn partitions_swap_holders_consoles_and_vsocks_are_uses() {
     );
     let vsock = h.function("00:05.0").unwrap().uses;
     assert!(vsock.len() == 1 && vsock[0].contains("vsock"), "{vsock:?}");
+}
+
+#[test]
+fn disks_deep_below_the_function_nvme_sata_btrfs_and_sriov_are_uses() {
+    let f = Fake::new(true);
+    // An NVMe namespace has no `block` directory: FUNCTION/nvme/nvme0/nvme0n1, partition p1.
+    let nvme = f.function(
+        "0000:00:04.0",
+        (0x1b36, 0x0010),
+        0x010802,
+        Some("nvme"),
+        Some(1),
+    );
+    let ns = nvme.join("nvme/nvme0/nvme0n1");
+    std::fs::create_dir_all(ns.join("nvme0n1p1")).unwrap();
+    std::fs::write(ns.join("dev"), "259:0\n").unwrap();
+    std::fs::write(ns.join("nvme0n1p1/dev"), "259:1\n").unwrap();
+    class(&f, "block", "nvme0n1", &ns);
+    class(&f, "block", "nvme0n1p1", &ns.join("nvme0n1p1"));
+    // A SATA disk six levels down, its partition a btrfs mount (an anonymous 0:NN number in
+    // mountinfo: found by its source), in init's mount namespace.
+    let ahci = f.function(
+        "0000:00:1f.2",
+        (0x8086, 0x2922),
+        0x010601,
+        Some("ahci"),
+        Some(2),
+    );
+    let sda = ahci.join("ata1/host0/target0:0:0/0:0:0:0/block/sda");
+    std::fs::create_dir_all(sda.join("sda2")).unwrap();
+    std::fs::write(sda.join("dev"), "8:0\n").unwrap();
+    std::fs::write(sda.join("sda2/dev"), "8:2\n").unwrap();
+    class(&f, "block", "sda", &sda);
+    class(&f, "block", "sda2", &sda.join("sda2"));
+    std::fs::create_dir_all(f.root().join("proc/1")).unwrap();
+    std::fs::write(
+        f.root().join("proc/1/mountinfo"),
+        "22 1 259:1 / / rw - ext4 /dev/nvme0n1p1 rw\n30 22 0:33 / /home rw - btrfs /dev/sda2 rw\n",
+    )
+    .unwrap();
+    // A NIC with virtual functions.
+    let pf = f.function(
+        "0000:03:00.0",
+        (0x8086, 0x10fb),
+        0x020000,
+        Some("ixgbe"),
+        Some(3),
+    );
+    std::fs::write(pf.join("sriov_numvfs"), "4\n").unwrap();
+    // Another NVMe function, whose namespace is not listed below it.
+    f.function(
+        "0000:00:05.0",
+        (0x1b36, 0x0010),
+        0x010802,
+        Some("nvme"),
+        Some(4),
+    );
+    let h = f.view();
+    assert_eq!(
+        h.function("00:04.0").unwrap().uses,
+        ["disk nvme0n1p1 is mounted on /"]
+    );
+    assert_eq!(
+        h.function("00:1f.2").unwrap().uses,
+        ["disk sda2 is mounted on /home"]
+    );
+    assert_eq!(
+        h.function("03:00.0").unwrap().uses,
+        ["4 SR-IOV virtual functions, which go away with its driver"]
+    );
+    assert!(h.function("00:05.0").unwrap().uses.is_empty());
+    // A VMD domain has five digits.
+    assert_eq!(canonical("10000:e0:06.0").unwrap(), "10000:e0:06.0");
 }
 
 #[test]
@@ -367,19 +459,30 @@ fn bind_writes_override_unbind_and_probe_in_order_and_remembers_the_driver() {
     );
     std::fs::create_dir_all(at.join("net/eth1")).unwrap();
     std::fs::write(at.join("net/eth1/flags"), "0x1002\n").unwrap();
+    class(&f, "net", "eth1", &at.join("net/eth1"));
     let h = f.view();
-    // A fake kernel does not move the driver link: bind says vfio-pci did not take it …
+    // A fake kernel does not move the driver link: bind says vfio-pci did not take it,
+    // after writing what a real kernel acts on, and puts the override back.
     let e = h.bind("0000:00:06.0", false).unwrap_err();
-    assert!(e.to_string().contains("did not take it"), "{e}");
-    // … after writing what a real kernel acts on.
-    assert_eq!(read(&at.join("driver_override")), VFIO_PCI);
+    assert!(
+        e.to_string().contains("vfio-pci did not take 0000:00:06.0")
+            && e.to_string().contains("put back"),
+        "{e}"
+    );
+    assert_eq!(read(&at.join("driver_override")), "\n");
     assert_eq!(read(&f.sys("bus/pci/drivers/e1000/unbind")), "0000:00:06.0");
     assert_eq!(read(&f.sys("bus/pci/drivers_probe")), "0000:00:06.0");
-    assert_eq!(h.remembered("0000:00:06.0").as_deref(), Some("e1000"));
+    assert_eq!(
+        h.remembered("0000:00:06.0"),
+        None,
+        "nothing left to remember"
+    );
 
     // What the kernel would have done, then unbind gives it back to e1000.
     std::fs::remove_file(at.join("driver")).unwrap();
     symlink("../../drivers/vfio-pci", at.join("driver")).unwrap();
+    std::fs::create_dir_all(f.root().join("run/outboard/pci")).unwrap();
+    std::fs::write(f.root().join("run/outboard/pci/0000:00:06.0"), "e1000").unwrap();
     assert_eq!(h.bind("0000:00:06.0", false).unwrap(), Bound::Already);
     let u = h.unbind("0000:00:06.0").unwrap();
     assert_eq!(u.remembered.as_deref(), Some("e1000"));

@@ -1,15 +1,17 @@
-//! Whether a kernel driver is using its function: what hangs below the function in sysfs (a
-//! block device, a network interface, a tty, a framebuffer, a virtio device's own driver) and
-//! whether that is in use (mounted, swap, held by another block device, up, the console).
-//! Binding a function in use to `vfio-pci` takes it away from whoever uses it — the machine's
-//! own disk, network or console — so `bind` refuses it unless forced.
+//! Whether a kernel driver is using its function. Binding a function in use to `vfio-pci`
+//! takes it away from whoever uses it — the machine's own disk, network or console — so `bind`
+//! refuses it unless forced.
+//!
+//! The uses are found from the other end: every block device, network interface, tty and
+//! framebuffer the kernel lists (`/sys/class/…`) whose device path lies below the function,
+//! however deep (an NVMe namespace is `FUNCTION/nvme/nvme0/nvme0n1`, a SATA disk
+//! `FUNCTION/ata1/host0/target0:0:0/0:0:0:0/block/sda`), and then whether it is in use: mounted
+//! (by device number, or by source for file systems such as btrfs whose mounts show an
+//! anonymous number), swap, held by another block device (device-mapper, RAID), up, the
+//! console. Besides: a virtio vsock or balloon below it, and SR-IOV virtual functions.
 
 use std::collections::HashMap;
-use std::path::Path;
-
-/// How deep below the function the children are looked for: a virtio disk is
-/// `FUNCTION/virtio1/block/vda`, an NVMe namespace `FUNCTION/nvme/nvme0/nvme0n1`.
-const DEPTH: usize = 4;
+use std::path::{Path, PathBuf};
 
 /// Virtio devices whose driver's use is not seen in sysfs, and what taking them away costs.
 const DRIVERS_IN_USE: &[(&str, &str)] = &[
@@ -23,19 +25,71 @@ const DRIVERS_IN_USE: &[(&str, &str)] = &[
     ),
 ];
 
-/// Each use found below `function` (sysfs) given what `proc_` says is mounted, swapped on and
-/// the console.
-pub(super) fn uses(function: &Path, proc_: &Path) -> Vec<String> {
-    let view = Seen::read(proc_);
+/// How deep below the function a virtio device's own driver is looked for
+/// (`FUNCTION/virtio3/driver`).
+const DRIVER_DEPTH: usize = 2;
+
+/// Each use found of `function` (its sysfs directory), given the classes under `sys` and what
+/// `proc_` says is mounted, swapped on and the console.
+pub(super) fn uses(sys: &Path, proc_: &Path, function: &Path) -> Vec<String> {
+    let Ok(root) = std::fs::canonicalize(function) else {
+        return Vec::new();
+    };
+    let seen = Seen::read(proc_);
     let mut found = Vec::new();
-    walk(function, 0, &view, &mut found);
+    for (name, dev) in below(sys, "block", &root) {
+        block_uses(&name, &dev, &seen, &mut found);
+    }
+    for (ifname, dev) in below(sys, "net", &root) {
+        // IFF_UP is bit 0 of the interface flags.
+        let flags = std::fs::read_to_string(dev.join("flags")).unwrap_or_default();
+        let flags = u32::from_str_radix(flags.trim().trim_start_matches("0x"), 16);
+        if flags.is_ok_and(|f| f & 1 != 0) {
+            found.push(format!("network interface {ifname} is up"));
+        }
+    }
+    for (tty, _) in below(sys, "tty", &root) {
+        if seen.consoles.contains(&tty) {
+            found.push(format!("{tty} is the console"));
+        }
+    }
+    for (fb, _) in below(sys, "graphics", &root) {
+        found.push(format!("framebuffer {fb} (a console may be drawn on it)"));
+    }
+    drivers_in_use(&root, 0, &mut found);
+    let vfs = std::fs::read_to_string(root.join("sriov_numvfs")).unwrap_or_default();
+    if let Ok(n @ 1..) = vfs.trim().parse::<u32>() {
+        found.push(format!(
+            "{n} SR-IOV virtual functions, which go away with its driver"
+        ));
+    }
     found
+}
+
+/// The members of `sys/class/CLASS` whose device lies below `root`: name and real path, by
+/// name.
+fn below(sys: &Path, class: &str, root: &Path) -> Vec<(String, PathBuf)> {
+    let Ok(entries) = std::fs::read_dir(sys.join("class").join(class)) else {
+        return Vec::new();
+    };
+    let mut v: Vec<(String, PathBuf)> = entries
+        .filter_map(|e| e.ok())
+        .filter_map(|e| {
+            let real = std::fs::canonicalize(e.path()).ok()?;
+            real.starts_with(root)
+                .then(|| (e.file_name().to_string_lossy().into_owned(), real))
+        })
+        .collect();
+    v.sort();
+    v
 }
 
 /// What `/proc` says about the machine's block devices and consoles.
 struct Seen {
     /// Mount points by device number (`254:1`).
-    mounts: HashMap<String, String>,
+    by_number: HashMap<String, String>,
+    /// Mount points by source (`/dev/vda2`).
+    by_source: HashMap<String, String>,
     /// Swap devices (`/dev/vda2`).
     swaps: Vec<String>,
     /// Console ttys (`ttyS0`).
@@ -45,97 +99,84 @@ struct Seen {
 impl Seen {
     fn read(proc_: &Path) -> Self {
         let text = |f: &str| std::fs::read_to_string(proc_.join(f)).unwrap_or_default();
-        // mountinfo: ID PARENT MAJOR:MINOR ROOT MOUNTPOINT …
-        let mut mounts = HashMap::new();
-        for line in text("self/mountinfo").lines() {
-            let f: Vec<&str> = line.split_whitespace().collect();
-            if f.len() > 4 {
-                mounts
+        let (mut by_number, mut by_source) = (HashMap::new(), HashMap::new());
+        // This process's mounts and init's (another mount namespace may hold the root).
+        for table in ["self/mountinfo", "1/mountinfo"] {
+            // ID PARENT MAJOR:MINOR ROOT MOUNTPOINT … - FSTYPE SOURCE OPTIONS
+            for line in text(table).lines() {
+                let f: Vec<&str> = line.split_whitespace().collect();
+                if f.len() < 5 {
+                    continue;
+                }
+                by_number
                     .entry(f[2].to_string())
                     .or_insert_with(|| f[4].to_string());
+                if let Some(dash) = f.iter().position(|w| *w == "-") {
+                    if let Some(source) = f.get(dash + 2) {
+                        by_source
+                            .entry(source.to_string())
+                            .or_insert_with(|| f[4].to_string());
+                    }
+                }
             }
         }
         let first = |line: &str| line.split_whitespace().next().map(str::to_owned);
         Self {
-            mounts,
+            by_number,
+            by_source,
             swaps: text("swaps").lines().skip(1).filter_map(first).collect(),
             consoles: text("consoles").lines().filter_map(first).collect(),
         }
     }
 }
 
-fn walk(dir: &Path, depth: usize, seen: &Seen, found: &mut Vec<String>) {
-    let Ok(entries) = std::fs::read_dir(dir) else {
-        return;
-    };
-    for e in entries.filter_map(|e| e.ok()) {
-        // Children are directories; links (driver, subsystem, iommu_group…) lead elsewhere.
-        if !e.file_type().is_ok_and(|t| t.is_dir()) {
-            continue;
-        }
-        let path = e.path();
-        let name = e.file_name().to_string_lossy().into_owned();
-        match name.as_str() {
-            "block" => each_child(&path, |dev, n| block_uses(dev, n, seen, found)),
-            "net" => each_child(&path, |ifdir, ifname| {
-                // IFF_UP is bit 0 of the interface flags.
-                let flags = std::fs::read_to_string(ifdir.join("flags")).unwrap_or_default();
-                let flags = u32::from_str_radix(flags.trim().trim_start_matches("0x"), 16);
-                if flags.is_ok_and(|f| f & 1 != 0) {
-                    found.push(format!("network interface {ifname} is up"));
-                }
-            }),
-            "tty" => each_child(&path, |_, tty| {
-                if seen.consoles.iter().any(|c| c == tty) {
-                    found.push(format!("{tty} is the console"));
-                }
-            }),
-            "graphics" => each_child(&path, |_, fb| {
-                found.push(format!("framebuffer {fb} (a console may be drawn on it)"))
-            }),
-            _ => {
-                if let Some(d) = super::link_name(&path.join("driver")) {
-                    if let Some((_, what)) = DRIVERS_IN_USE.iter().find(|(n, _)| *n == d) {
-                        found.push(format!("{what}, driven by {d}"));
-                    }
-                }
-                if depth + 1 < DEPTH {
-                    walk(&path, depth + 1, seen, found);
-                }
-            }
-        }
-    }
-}
-
-fn each_child(dir: &Path, mut f: impl FnMut(&Path, &str)) {
-    let Ok(entries) = std::fs::read_dir(dir) else {
-        return;
-    };
-    let mut names: Vec<_> = entries.filter_map(|e| e.ok()).collect();
-    names.sort_by_key(|e| e.file_name());
-    for e in names {
-        f(&e.path(), &e.file_name().to_string_lossy());
-    }
-}
-
-/// A block device's uses, and its partitions'.
-fn block_uses(dev: &Path, name: &str, seen: &Seen, found: &mut Vec<String>) {
+/// A block device's uses (its partitions are block devices of their own in the class).
+fn block_uses(name: &str, dev: &Path, seen: &Seen, found: &mut Vec<String>) {
     let number = std::fs::read_to_string(dev.join("dev")).unwrap_or_default();
-    if let Some(at) = seen.mounts.get(number.trim()) {
+    let node = format!("/dev/{name}");
+    if let Some(at) = seen
+        .by_number
+        .get(number.trim())
+        .or_else(|| seen.by_source.get(&node))
+    {
         found.push(format!("disk {name} is mounted on {at}"));
     }
-    if seen.swaps.iter().any(|s| s == &format!("/dev/{name}")) {
+    if seen.swaps.contains(&node) {
         found.push(format!("disk {name} is swap"));
     }
-    let mut holders = Vec::new();
-    each_child(&dev.join("holders"), |_, h| holders.push(h.to_string()));
+    let mut holders: Vec<String> = std::fs::read_dir(dev.join("holders"))
+        .map(|d| {
+            d.filter_map(|e| e.ok())
+                .map(|e| e.file_name().to_string_lossy().into_owned())
+                .collect()
+        })
+        .unwrap_or_default();
+    holders.sort();
     if !holders.is_empty() {
         found.push(format!("disk {name} is held by {}", holders.join(", ")));
     }
-    // Partitions are directories of the disk that have a `partition` attribute.
-    each_child(dev, |part, pname| {
-        if part.join("partition").is_file() {
-            block_uses(part, pname, seen, found);
+}
+
+/// Virtio devices below the function whose driver's use sysfs does not show.
+fn drivers_in_use(dir: &Path, depth: usize, found: &mut Vec<String>) {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return;
+    };
+    let mut dirs: Vec<PathBuf> = entries
+        .filter_map(|e| e.ok())
+        // Children are directories; links (driver, subsystem, iommu_group…) lead elsewhere.
+        .filter(|e| e.file_type().is_ok_and(|t| t.is_dir()))
+        .map(|e| e.path())
+        .collect();
+    dirs.sort();
+    for d in dirs {
+        if let Some(name) = super::link_name(&d.join("driver")) {
+            if let Some((_, what)) = DRIVERS_IN_USE.iter().find(|(n, _)| *n == name) {
+                found.push(format!("{what}, driven by {name}"));
+            }
         }
-    });
+        if depth + 1 < DRIVER_DEPTH {
+            drivers_in_use(&d, depth + 1, found);
+        }
+    }
 }

@@ -201,13 +201,7 @@ impl HostView {
     /// Every PCI function that can be read, in address order (one that cannot — gone
     /// meanwhile, an attribute missing — is left out with a warning, not the whole list).
     pub fn functions(&self) -> Result<Vec<Function>, HostError> {
-        let dir = self.devices();
-        let mut bdfs: Vec<String> = std::fs::read_dir(&dir)
-            .map_err(|e| io(&dir, e))?
-            .filter_map(|e| e.ok())
-            .map(|e| e.file_name().to_string_lossy().into_owned())
-            .collect();
-        bdfs.sort();
+        let bdfs = names_in(&self.devices())?;
         Ok(bdfs
             .iter()
             .filter_map(|b| {
@@ -260,16 +254,11 @@ impl HostView {
     }
 
     fn group_members(&self, group: u32) -> Result<Vec<String>, HostError> {
-        let dir = self
-            .sys
-            .join(format!("kernel/iommu_groups/{group}/devices"));
-        let mut v: Vec<String> = std::fs::read_dir(&dir)
-            .map_err(|e| io(&dir, e))?
-            .filter_map(|e| e.ok())
-            .map(|e| e.file_name().to_string_lossy().into_owned())
-            .collect();
-        v.sort();
-        Ok(v)
+        names_in(
+            &self
+                .sys
+                .join(format!("kernel/iommu_groups/{group}/devices")),
+        )
     }
 }
 
@@ -302,6 +291,17 @@ pub fn canonical(bdf: &str) -> Result<String, HostError> {
         return Err(bad());
     }
     Ok(full.to_ascii_lowercase())
+}
+
+/// The names in directory `dir`, sorted.
+fn names_in(dir: &Path) -> Result<Vec<String>, HostError> {
+    let mut v: Vec<String> = std::fs::read_dir(dir)
+        .map_err(|e| io(dir, e))?
+        .filter_map(|e| e.ok())
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .collect();
+    v.sort();
+    Ok(v)
 }
 
 fn io(path: &Path, e: std::io::Error) -> HostError {

@@ -26,13 +26,10 @@ impl Manager {
             let group = usable(&host, bdf).map_err(refuse)?;
             // VFIO gives a group to one process at a time, and each device's server claims
             // its own container: two devices whose functions share a group cannot both run.
-            let here = bus.children.iter().find(|f| {
-                f.props.get("iommu-group").and_then(|g| g.as_u64()) == Some(group.into())
-            });
-            let other = here
-                .map(|f| f.name.trim_end_matches("@pci").to_string())
-                .or_else(|| self.devices_in_group(group, &d.name));
-            if let Some(other) = other {
+            // Those claimed before, and those claimed in this pass (not yet on the registry).
+            let claimed = self.registry.find("bus", "pci").into_iter();
+            let functions = claimed.chain([&bus]).flat_map(|b| b.children.iter());
+            if let Some(other) = in_group(functions, group, &d.name) {
                 return Err(refuse(format!(
                     "{bdf} shares IOMMU group {group} with {other}'s function: one driver server \
                      would have to drive both, which is not supported yet; describe one of them"
@@ -68,17 +65,20 @@ impl Manager {
             // does not exist, so the server's start fails saying which.
             .unwrap_or_else(|| "unclaimed".into())
     }
+}
 
-    /// Another claimed device (not `name`) whose function is in IOMMU group `group`.
-    fn devices_in_group(&self, group: u32, name: &str) -> Option<String> {
-        let bus = self.registry.find("bus", "pci")?;
-        bus.children
-            .iter()
-            .filter(|f| f.props.get("iommu-group").and_then(|g| g.as_u64()) == Some(group.into()))
-            .filter(|f| f.props.get("state").and_then(|s| s.as_str()) != Some("detached"))
-            .map(|f| f.name.trim_end_matches("@pci").to_string())
-            .find(|n| n != name)
-    }
+/// The device (not `name`) of one of `functions` (nodes of the `pci` bus) that is in IOMMU
+/// group `group` and not detached.
+fn in_group<'a>(
+    functions: impl Iterator<Item = &'a Node>,
+    group: u32,
+    name: &str,
+) -> Option<String> {
+    functions
+        .filter(|f| f.props.get("iommu-group").and_then(|g| g.as_u64()) == Some(group.into()))
+        .filter(|f| f.props.get("state").and_then(|s| s.as_str()) != Some("detached"))
+        .map(|f| f.name.trim_end_matches("@pci").to_string())
+        .find(|n| n != name)
 }
 
 /// Whether function `bdf` can be given to a driver as things stand: its IOMMU group, or what

@@ -220,7 +220,7 @@ impl Manager {
                 })?;
             refuses_fault(d, personality)?;
             virtual_bus.children.push(
-                Node::new("device", &format!("{}@virtual", d.name))
+                Node::new("device", &function_node(d).1)
                     .with("model", d.model.as_str())
                     .child(
                         Node::new("driver", personality.driver)
@@ -590,11 +590,11 @@ fn refuses_fault(
 /// A device's node in the registry: its kind and name (`disk0@vfio-user` for a model's PCI
 /// function, `disk0@pci` for one of this machine, `null0@virtual` for a virtual device).
 pub(crate) fn function_node(d: &DeviceConfig) -> (&'static str, String) {
-    match d.model().kind {
-        models::Kind::Virtual => ("device", format!("{}@virtual", d.name)),
-        models::Kind::Emulated => ("pci-function", format!("{}@vfio-user", d.name)),
-        models::Kind::Hardware => ("pci-function", format!("{}@pci", d.name)),
-    }
+    let kind = match d.model().kind {
+        models::Kind::Virtual => "device",
+        models::Kind::Emulated | models::Kind::Hardware => "pci-function",
+    };
+    (kind, format!("{}@{}", d.name, bus_of(d)))
 }
 
 /// The bus a device's node hangs on.

@@ -128,23 +128,14 @@ impl Trap for VfioTrap {
 impl VfioBackend {
     /// Claims the function at `bdf` (e.g. `0000:00:04.0`), which must be bound to `vfio-pci`.
     pub fn open(bdf: &str) -> Result<Self> {
-        if bdf.is_empty() || bdf.contains('/') || bdf.contains("..") {
-            return Err(HwError::Backend(format!("{bdf:?} is not a PCI address")));
-        }
+        let bdf = &crate::host::canonical(bdf).map_err(|e| HwError::Backend(e.to_string()))?;
         let sys_dev = std::path::Path::new("/sys/bus/pci/devices").join(bdf);
-        let group = std::fs::read_link(sys_dev.join("iommu_group")).map_err(|e| {
+        let group = crate::host::link_name(&sys_dev.join("iommu_group")).ok_or_else(|| {
             HwError::Backend(format!(
-                "{bdf}: no IOMMU group ({e}); is the IOMMU on and the device present?"
+                "{bdf}: no IOMMU group; is the IOMMU on and the device present?"
             ))
         })?;
-        let group = group
-            .file_name()
-            .and_then(|g| g.to_str())
-            .ok_or_else(|| HwError::Backend("bad iommu_group link".into()))?
-            .to_string();
-        let driver = std::fs::read_link(sys_dev.join("driver"))
-            .ok()
-            .and_then(|d| d.file_name().map(|n| n.to_string_lossy().into_owned()));
+        let driver = crate::host::link_name(&sys_dev.join("driver"));
         if driver.as_deref() != Some("vfio-pci") {
             return Err(HwError::Backend(format!(
                 "{bdf} is bound to {}, not vfio-pci",

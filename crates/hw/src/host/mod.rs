@@ -202,10 +202,12 @@ impl HostView {
     /// meanwhile, an attribute missing — is left out with a warning, not the whole list).
     pub fn functions(&self) -> Result<Vec<Function>, HostError> {
         let bdfs = names_in(&self.devices())?;
+        // What the machine says of its classes and mounts is read once for all functions.
+        let index = usage::Index::read(&self.sys, &self.proc_);
         Ok(bdfs
             .iter()
             .filter_map(|b| {
-                self.function(b)
+                self.function_in(b, &index)
                     .map_err(|e| tracing::warn!("{b}: left out: {e}"))
                     .ok()
             })
@@ -214,6 +216,11 @@ impl HostView {
 
     /// One function, by address.
     pub fn function(&self, bdf: &str) -> Result<Function, HostError> {
+        self.function_in(bdf, &usage::Index::read(&self.sys, &self.proc_))
+    }
+
+    /// One function, its uses looked up in `index`.
+    fn function_in(&self, bdf: &str, index: &usage::Index) -> Result<Function, HostError> {
         let bdf = canonical(bdf)?;
         let at = self.devices().join(&bdf);
         if !at.is_dir() {
@@ -245,7 +252,7 @@ impl HostView {
         };
         Ok(Function {
             driver: link_name(&at.join("driver")),
-            uses: usage::uses(&self.sys, &self.proc_, &at),
+            uses: index.uses(&at),
             bdf,
             identity,
             iommu_group,
@@ -323,7 +330,7 @@ fn hex(dir: &Path, name: &str) -> Result<u32, HostError> {
 }
 
 /// The last component of a symbolic link's target (a driver's or group's name).
-fn link_name(link: &Path) -> Option<String> {
+pub(crate) fn link_name(link: &Path) -> Option<String> {
     std::fs::read_link(link)
         .ok()
         .and_then(|t| t.file_name().map(|n| n.to_string_lossy().into_owned()))

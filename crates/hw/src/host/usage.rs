@@ -29,59 +29,88 @@ const DRIVERS_IN_USE: &[(&str, &str)] = &[
 /// (`FUNCTION/virtio3/driver`).
 const DRIVER_DEPTH: usize = 2;
 
-/// Each use found of `function` (its sysfs directory), given the classes under `sys` and what
-/// `proc_` says is mounted, swapped on and the console.
-pub(super) fn uses(sys: &Path, proc_: &Path, function: &Path) -> Vec<String> {
-    let Ok(root) = std::fs::canonicalize(function) else {
-        return Vec::new();
-    };
-    let seen = Seen::read(proc_);
-    let mut found = Vec::new();
-    for (name, dev) in below(sys, "block", &root) {
-        block_uses(&name, &dev, &seen, &mut found);
-    }
-    for (ifname, dev) in below(sys, "net", &root) {
-        // IFF_UP is bit 0 of the interface flags.
-        let flags = std::fs::read_to_string(dev.join("flags")).unwrap_or_default();
-        let flags = u32::from_str_radix(flags.trim().trim_start_matches("0x"), 16);
-        if flags.is_ok_and(|f| f & 1 != 0) {
-            found.push(format!("network interface {ifname} is up"));
-        }
-    }
-    for (tty, _) in below(sys, "tty", &root) {
-        if seen.consoles.contains(&tty) {
-            found.push(format!("{tty} is the console"));
-        }
-    }
-    for (fb, _) in below(sys, "graphics", &root) {
-        found.push(format!("framebuffer {fb} (a console may be drawn on it)"));
-    }
-    drivers_in_use(&root, 0, &mut found);
-    let vfs = std::fs::read_to_string(root.join("sriov_numvfs")).unwrap_or_default();
-    if let Ok(n @ 1..) = vfs.trim().parse::<u32>() {
-        found.push(format!(
-            "{n} SR-IOV virtual functions, which go away with its driver"
-        ));
-    }
-    found
+/// The classes whose members are looked for below a function.
+const CLASSES: &[&str] = &["block", "net", "tty", "graphics"];
+
+/// What the machine says once, for every function looked at: the members of [`CLASSES`] with
+/// their devices' real paths, and what `/proc` says is mounted, swapped on and the console.
+pub(super) struct Index {
+    /// Class, member name and real path, by class and name.
+    members: Vec<(&'static str, String, PathBuf)>,
+    seen: Seen,
 }
 
-/// The members of `sys/class/CLASS` whose device lies below `root`: name and real path, by
-/// name.
-fn below(sys: &Path, class: &str, root: &Path) -> Vec<(String, PathBuf)> {
-    let Ok(entries) = std::fs::read_dir(sys.join("class").join(class)) else {
-        return Vec::new();
-    };
-    let mut v: Vec<(String, PathBuf)> = entries
-        .filter_map(|e| e.ok())
-        .filter_map(|e| {
-            let real = std::fs::canonicalize(e.path()).ok()?;
-            real.starts_with(root)
-                .then(|| (e.file_name().to_string_lossy().into_owned(), real))
-        })
-        .collect();
-    v.sort();
-    v
+impl Index {
+    /// Reads the classes under `sys` and the mounts, swaps and consoles under `proc_`.
+    pub(super) fn read(sys: &Path, proc_: &Path) -> Self {
+        let mut members = Vec::new();
+        for class in CLASSES {
+            let Ok(entries) = std::fs::read_dir(sys.join("class").join(class)) else {
+                continue;
+            };
+            let mut v: Vec<(&'static str, String, PathBuf)> = entries
+                .filter_map(|e| e.ok())
+                .filter_map(|e| {
+                    let real = std::fs::canonicalize(e.path()).ok()?;
+                    Some((*class, e.file_name().to_string_lossy().into_owned(), real))
+                })
+                .collect();
+            v.sort();
+            members.extend(v);
+        }
+        Self {
+            members,
+            seen: Seen::read(proc_),
+        }
+    }
+
+    /// The members of `class` whose device lies below `root`: name and real path.
+    fn below<'a>(
+        &'a self,
+        class: &'a str,
+        root: &'a Path,
+    ) -> impl Iterator<Item = (&'a str, &'a Path)> + 'a {
+        self.members
+            .iter()
+            .filter(move |(c, _, real)| *c == class && real.starts_with(root))
+            .map(|(_, name, real)| (name.as_str(), real.as_path()))
+    }
+
+    /// Each use found of `function` (its sysfs directory).
+    pub(super) fn uses(&self, function: &Path) -> Vec<String> {
+        let Ok(root) = std::fs::canonicalize(function) else {
+            return Vec::new();
+        };
+        let seen = &self.seen;
+        let mut found = Vec::new();
+        for (name, dev) in self.below("block", &root) {
+            block_uses(name, dev, seen, &mut found);
+        }
+        for (ifname, dev) in self.below("net", &root) {
+            // IFF_UP is bit 0 of the interface flags.
+            let flags = std::fs::read_to_string(dev.join("flags")).unwrap_or_default();
+            let flags = u32::from_str_radix(flags.trim().trim_start_matches("0x"), 16);
+            if flags.is_ok_and(|f| f & 1 != 0) {
+                found.push(format!("network interface {ifname} is up"));
+            }
+        }
+        for (tty, _) in self.below("tty", &root) {
+            if seen.consoles.iter().any(|c| c == tty) {
+                found.push(format!("{tty} is the console"));
+            }
+        }
+        for (fb, _) in self.below("graphics", &root) {
+            found.push(format!("framebuffer {fb} (a console may be drawn on it)"));
+        }
+        drivers_in_use(&root, 0, &mut found);
+        let vfs = std::fs::read_to_string(root.join("sriov_numvfs")).unwrap_or_default();
+        if let Ok(n @ 1..) = vfs.trim().parse::<u32>() {
+            found.push(format!(
+                "{n} SR-IOV virtual functions, which go away with its driver"
+            ));
+        }
+        found
+    }
 }
 
 /// What `/proc` says about the machine's block devices and consoles.

@@ -31,13 +31,6 @@ pub enum Kind {
     Hardware,
 }
 
-impl Kind {
-    /// Whether the device is a model process the manager starts.
-    pub fn has_process(self) -> bool {
-        self == Kind::Emulated
-    }
-}
-
 /// A model's key as the description gave it: its value as text, and where it is.
 #[derive(Debug, Clone)]
 pub struct Given {

@@ -5,11 +5,13 @@
 //! calls the driver for each one ([`Driver::handle`]), so nothing inside a driver needs a lock.
 //! The environment also provides what a driver needs from the host: DMA mappings
 //! ([`DeviceEnv`]), timers and deadlines ([`Timer`]), and failure events ([`Failure`]). The
-//! `osenv` legacy model (Fluke) is a later addition; it will share these services.
+//! `osenv` legacy model (Fluke: drivers written for a uniprocessor kernel) is [`legacy`]; it
+//! shares these services.
 #![deny(missing_docs)]
 
 pub mod bound;
 pub mod driver;
+pub mod legacy;
 pub mod timer;
 pub mod workloop;
 

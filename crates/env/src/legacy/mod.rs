@@ -1,0 +1,527 @@
+//! The legacy execution model (the Fluke thesis's `osenv`): drivers written for a uniprocessor
+//! kernel run unmodified in a user process.
+//!
+//! Such a driver assumes what a uniprocessor kernel gives it:
+//!
+//! - **one process-level thread in the driver at a time** ([`Cpu::enter`] takes the process
+//!   lock; many threads may call into the driver, one runs in it);
+//! - **interrupts atomic with respect to process level**: an interrupt handler never runs
+//!   beside process-level code of the same driver, only instead of it;
+//! - **`intr_disable`/`intr_enable`** hold interrupts off and let them in again, as `cli`/`sti`;
+//! - **`sleep`/`wakeup`**: a process-level thread that waits gives the driver up to another
+//!   ([`Cpu::sleep`] releases the process lock) and takes it back when woken;
+//! - **synchronous `irq_alloc`/`irq_free`**: a handler is registered before `irq_alloc` returns,
+//!   and an interrupt pending at `irq_free` is handled before it returns.
+//!
+//! Interrupts are delivered like a CPU's ([`Cpu::raise`], called by the interrupt thread
+//! ([`delivery`]) when a device's eventfd or a timer fires):
+//!
+//! - **uncontested**: no thread is in the driver; the interrupt thread takes the process lock
+//!   and runs the handler itself;
+//! - **contested**: a thread is in the driver; it is stopped with a signal and runs the handler
+//!   at once on its own stack (a CPU taking an interrupt), unless it has interrupts disabled,
+//!   when the interrupt stays pending until it enables them (or leaves the driver).
+//!
+//! Handlers run with interrupts disabled. Anything an `osenv` call does that could be
+//! re-entered by a handler (allocation, logging, a message to a vfio-user device model) runs
+//! with interrupts held off ([`Cpu::without_interrupts`]), as the thesis requires of
+//! allocations: a handler interrupting the thread inside the allocator would otherwise corrupt
+//! it.
+//!
+//! Every rule has a test that fails when the rule is broken (`tests.rs`).
+
+mod delivery;
+mod signal;
+#[cfg(test)]
+mod tests;
+
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering::SeqCst};
+use std::sync::{Arc, Mutex};
+
+pub use delivery::{InterruptThread, SourceKey};
+pub use signal::STOP_SIGNAL;
+
+/// The number of interrupt vectors of one legacy driver (device vectors and timers together).
+pub const VECTORS: u32 = 64;
+
+/// An interrupt handler: what `osenv_irq_alloc` registers (a C function and its argument, or a
+/// closure in Rust tests). It runs with interrupts disabled, on whichever thread delivers the
+/// interrupt, and must not block.
+pub type Handler = Arc<dyn Fn() + Send + Sync>;
+
+/// A handler registered on a vector, and who registered it (so `irq_free` removes that one).
+struct Registered {
+    vector: u32,
+    id: u64,
+    handler: Handler,
+    shareable: bool,
+}
+
+/// Why a vector could not be allocated.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum IrqError {
+    /// The vector is not one this driver has.
+    #[error("interrupt vector {0} does not exist (a driver has vectors 0 to 63)")]
+    NoSuchVector(u32),
+    /// Someone holds the vector and one of the two did not ask to share it.
+    #[error("interrupt vector {0} is in use and not shareable")]
+    Busy(u32),
+}
+
+/// Counts of how interrupts were delivered (for tests and the clock benchmark).
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct DeliveryStats {
+    /// Interrupts the interrupt thread handled itself (no thread was in the driver).
+    pub uncontested: u64,
+    /// Interrupts a thread in the driver was stopped for.
+    pub contested: u64,
+    /// Interrupts that found interrupts disabled and waited for them to be enabled.
+    pub deferred: u64,
+    /// Interrupts raised on a vector with no handler (dropped, as a CPU drops a spurious one).
+    pub spurious: u64,
+    /// Handler calls.
+    pub handled: u64,
+}
+
+/// The virtual CPU of one legacy driver: its process lock, its interrupt flag, its pending
+/// vectors and its handlers.
+pub struct Cpu {
+    /// The thread id holding the process lock (0: none). Also the futex word waiters sleep on.
+    holder: AtomicU32,
+    /// Threads waiting for the process lock (a release wakes one only if there is one).
+    waiters: AtomicU32,
+    /// The holder's interrupt flag: false while a handler runs or the driver disabled them.
+    enabled: AtomicBool,
+    /// Vectors raised and not yet handled.
+    pending: AtomicU64,
+    /// Vectors held off one by one (`osenv_irq_disable`).
+    masked: AtomicU64,
+    /// Handlers; changed only by the process-lock holder with interrupts disabled, read only
+    /// by the holder (a handler runs on the holder's thread, or on the interrupt thread holding
+    /// the lock), so the lock is never contended and never taken by an interrupted owner.
+    handlers: Mutex<Vec<Registered>>,
+    next_id: AtomicU64,
+    stats: Stats,
+}
+
+#[derive(Default)]
+struct Stats {
+    uncontested: AtomicU64,
+    contested: AtomicU64,
+    deferred: AtomicU64,
+    spurious: AtomicU64,
+    handled: AtomicU64,
+}
+
+impl std::fmt::Debug for Cpu {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Cpu")
+            .field("holder", &self.holder.load(SeqCst))
+            .field("enabled", &self.enabled.load(SeqCst))
+            .field("pending", &self.pending.load(SeqCst))
+            .finish()
+    }
+}
+
+fn my_tid() -> u32 {
+    rustix::thread::gettid().as_raw_nonzero().get() as u32
+}
+
+fn bit(vector: u32) -> u64 {
+    1u64 << vector
+}
+
+/// A sleep record (`osenv_sleeprec_t`, two words): the first is the futex word a sleeper
+/// waits on, set by the wakeup; the second is unused, kept for the C layout.
+#[derive(Debug, Default)]
+#[repr(C)]
+pub struct SleepRec {
+    woken: AtomicU32,
+    _reserved: AtomicU32,
+}
+
+impl SleepRec {
+    /// A record no wakeup has reached yet (`osenv_sleep_init`).
+    pub const fn new() -> Self {
+        Self {
+            woken: AtomicU32::new(0),
+            _reserved: AtomicU32::new(0),
+        }
+    }
+
+    /// Makes the record ready to sleep on again.
+    pub fn init(&self) {
+        self.woken.store(0, SeqCst);
+    }
+
+    /// Wakes the thread sleeping on the record, or lets its next sleep return at once
+    /// (`osenv_wakeup`). Safe in an interrupt handler: one store and one system call.
+    pub fn wakeup(&self) {
+        self.woken.store(1, SeqCst);
+        let _ = rustix::thread::futex::wake(
+            &self.woken,
+            rustix::thread::futex::Flags::PRIVATE,
+            u32::MAX,
+        );
+    }
+
+    /// Whether a wakeup reached it since [`SleepRec::init`].
+    pub fn woken(&self) -> bool {
+        self.woken.load(SeqCst) != 0
+    }
+}
+
+impl Cpu {
+    /// A CPU with nobody in the driver, interrupts enabled and no handler. Installs the stop
+    /// signal's handler for the process (once).
+    pub fn new() -> Arc<Self> {
+        signal::install();
+        Arc::new(Self {
+            holder: AtomicU32::new(0),
+            waiters: AtomicU32::new(0),
+            enabled: AtomicBool::new(false),
+            pending: AtomicU64::new(0),
+            masked: AtomicU64::new(0),
+            handlers: Mutex::new(Vec::new()),
+            next_id: AtomicU64::new(1),
+            stats: Stats::default(),
+        })
+    }
+
+    /// How interrupts were delivered so far.
+    pub fn stats(&self) -> DeliveryStats {
+        DeliveryStats {
+            uncontested: self.stats.uncontested.load(SeqCst),
+            contested: self.stats.contested.load(SeqCst),
+            deferred: self.stats.deferred.load(SeqCst),
+            spurious: self.stats.spurious.load(SeqCst),
+            handled: self.stats.handled.load(SeqCst),
+        }
+    }
+
+    /// Enters the driver at process level: waits for the process lock, then runs with
+    /// interrupts enabled (taking any that are pending first). The guard leaves on drop.
+    pub fn enter(self: &Arc<Self>) -> Inside {
+        let tid = my_tid();
+        assert_ne!(
+            self.holder.load(SeqCst),
+            tid,
+            "a thread entered a legacy driver it is already in"
+        );
+        signal::set_current(Arc::as_ptr(self));
+        self.lock(tid);
+        self.enabled.store(true, SeqCst);
+        self.take_pending();
+        Inside {
+            cpu: self.clone(),
+            tid,
+        }
+    }
+
+    /// Whether the calling thread is in the driver (holds the process lock).
+    pub fn is_inside(&self) -> bool {
+        self.holder.load(SeqCst) == my_tid()
+    }
+
+    fn lock(&self, tid: u32) {
+        loop {
+            match self.holder.compare_exchange(0, tid, SeqCst, SeqCst) {
+                Ok(_) => return,
+                Err(held) => {
+                    self.waiters.fetch_add(1, SeqCst);
+                    // Returns at once if the holder changed meanwhile (EAGAIN), or on a
+                    // signal (EINTR): either way, try again.
+                    let _ = rustix::thread::futex::wait(
+                        &self.holder,
+                        rustix::thread::futex::Flags::PRIVATE,
+                        held,
+                        None,
+                    );
+                    self.waiters.fetch_sub(1, SeqCst);
+                }
+            }
+        }
+    }
+
+    fn try_lock(&self, tid: u32) -> bool {
+        self.holder.compare_exchange(0, tid, SeqCst, SeqCst).is_ok()
+    }
+
+    /// Releases the process lock. An interrupt raised while the holder had interrupts disabled
+    /// (or while it was leaving) has no one else to run it: the leaver takes the lock back and
+    /// runs it, unless another thread has entered meanwhile (that one takes it at its entry).
+    fn unlock(&self, tid: u32) {
+        self.enabled.store(false, SeqCst);
+        loop {
+            self.holder.store(0, SeqCst);
+            if self.waiters.load(SeqCst) > 0 {
+                let _ = rustix::thread::futex::wake(
+                    &self.holder,
+                    rustix::thread::futex::Flags::PRIVATE,
+                    1,
+                );
+            }
+            if self.deliverable() == 0 || !self.try_lock(tid) {
+                return;
+            }
+            self.run_pending();
+        }
+    }
+
+    /// Vectors pending and not masked.
+    fn deliverable(&self) -> u64 {
+        self.pending.load(SeqCst) & !self.masked.load(SeqCst)
+    }
+
+    /// Runs every deliverable pending vector's handlers, with interrupts disabled. The caller
+    /// holds the process lock and has interrupts disabled.
+    fn run_pending(&self) {
+        loop {
+            let mask = !self.masked.load(SeqCst);
+            let taken = self.pending.fetch_and(!mask, SeqCst) & mask;
+            if taken == 0 {
+                return;
+            }
+            for v in 0..VECTORS {
+                if taken & bit(v) != 0 {
+                    self.call_handlers(v);
+                }
+            }
+        }
+    }
+
+    fn call_handlers(&self, vector: u32) {
+        // Never contended (see `handlers`); a poisoned list still holds the handlers.
+        let list = match self.handlers.try_lock() {
+            Ok(l) => l,
+            Err(std::sync::TryLockError::Poisoned(p)) => p.into_inner(),
+            Err(std::sync::TryLockError::WouldBlock) => {
+                // Cannot happen while the rules hold; keep the interrupt rather than lose it.
+                self.pending.fetch_or(bit(vector), SeqCst);
+                return;
+            }
+        };
+        let mut any = false;
+        for r in list.iter().filter(|r| r.vector == vector) {
+            any = true;
+            self.stats.handled.fetch_add(1, SeqCst);
+            (r.handler)();
+        }
+        if !any {
+            self.stats.spurious.fetch_add(1, SeqCst);
+        }
+    }
+
+    /// With interrupts enabled, runs what is pending: the point at which a CPU takes an
+    /// interrupt. Loops so that one raised while the handlers ran is not left behind.
+    fn take_pending(&self) {
+        while self.enabled.load(SeqCst) && self.deliverable() != 0 {
+            self.enabled.store(false, SeqCst);
+            self.run_pending();
+            self.enabled.store(true, SeqCst);
+        }
+    }
+
+    /// Raises `vector` (the interrupt thread, when a device's eventfd or a timer fired; tests).
+    /// Uncontested, the caller runs the handlers itself under the process lock; contested, the
+    /// thread in the driver is signalled and runs them, or keeps them pending while it has
+    /// interrupts disabled.
+    pub fn raise(&self, vector: u32) {
+        if vector >= VECTORS {
+            return;
+        }
+        self.pending.fetch_or(bit(vector), SeqCst);
+        let tid = my_tid();
+        loop {
+            if self.masked.load(SeqCst) & bit(vector) != 0 {
+                self.stats.deferred.fetch_add(1, SeqCst);
+                return;
+            }
+            let held = self.holder.load(SeqCst);
+            if held == tid {
+                // Raised from inside the driver (a test, or a handler raising another vector):
+                // taken at the next point where interrupts are enabled.
+                self.take_pending();
+                return;
+            }
+            if held == 0 {
+                if !self.try_lock(tid) {
+                    continue;
+                }
+                self.stats.uncontested.fetch_add(1, SeqCst);
+                self.run_pending();
+                self.unlock(tid);
+                return;
+            }
+            self.stats.contested.fetch_add(1, SeqCst);
+            if signal::stop(held).is_err() {
+                // The holder left between the load and the signal (the thread is gone or
+                // elsewhere): whoever holds the lock now takes the interrupt at entry, or the
+                // leaver does; look again.
+                continue;
+            }
+            return;
+        }
+    }
+
+    /// Called by the stop signal's handler on the thread it interrupted.
+    fn interrupted(&self) {
+        if self.holder.load(SeqCst) != my_tid() {
+            // It left the driver before the signal arrived: the lock's next holder or the
+            // leaver runs the interrupt.
+            return;
+        }
+        if !self.enabled.load(SeqCst) {
+            self.stats.deferred.fetch_add(1, SeqCst);
+            return;
+        }
+        self.take_pending();
+    }
+}
+
+/// A thread in the driver at process level ([`Cpu::enter`]). What `osenv` lets such a
+/// thread do is here; dropping it leaves the driver.
+pub struct Inside {
+    cpu: Arc<Cpu>,
+    tid: u32,
+}
+
+impl std::fmt::Debug for Inside {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Inside").field("tid", &self.tid).finish()
+    }
+}
+
+impl Inside {
+    /// The CPU this thread is in.
+    pub fn cpu(&self) -> &Arc<Cpu> {
+        &self.cpu
+    }
+
+    /// `osenv_intr_disable`: holds every interrupt off until [`Inside::intr_enable`].
+    pub fn intr_disable(&self) {
+        self.cpu.enabled.store(false, SeqCst);
+    }
+
+    /// `osenv_intr_enable`: lets interrupts in again, running those that waited first.
+    pub fn intr_enable(&self) {
+        self.cpu.enabled.store(true, SeqCst);
+        self.cpu.take_pending();
+    }
+
+    /// `osenv_intr_enabled`.
+    pub fn intr_enabled(&self) -> bool {
+        self.cpu.enabled.load(SeqCst)
+    }
+
+    /// Runs `f` with interrupts held off, restoring the flag after (and taking what waited, if
+    /// it was enabled): for anything a handler could re-enter.
+    pub fn without_interrupts<R>(&self, f: impl FnOnce() -> R) -> R {
+        let was = self.cpu.enabled.swap(false, SeqCst);
+        let r = f();
+        if was {
+            self.intr_enable();
+        }
+        r
+    }
+
+    /// `osenv_sleep`: returns at once if a wakeup reached `rec` since its `init`; otherwise
+    /// leaves the driver (another thread may enter), waits for the wakeup and enters again.
+    /// The interrupt flag is the thread's own across the sleep.
+    pub fn sleep(&self, rec: &SleepRec) {
+        let was = self.cpu.enabled.load(SeqCst);
+        while !rec.woken() {
+            self.cpu.unlock(self.tid);
+            // Returns at once if the wakeup came in between (the word is no longer 0).
+            let _ = rustix::thread::futex::wait(
+                &rec.woken,
+                rustix::thread::futex::Flags::PRIVATE,
+                0,
+                None,
+            );
+            self.cpu.lock(self.tid);
+            // Back in: interrupts raised while it was out run now if it runs with them on.
+            self.cpu.enabled.store(was, SeqCst);
+            self.cpu.take_pending();
+        }
+    }
+
+    /// `osenv_irq_alloc`: registers `handler` on `vector` before returning, so an interrupt
+    /// the driver provokes right after (an autoprobe) reaches it. A vector is shared only if
+    /// every handler on it asked to share. Returns an id for [`Inside::irq_free`].
+    pub fn irq_alloc(
+        &self,
+        vector: u32,
+        handler: Handler,
+        shareable: bool,
+    ) -> Result<u64, IrqError> {
+        if vector >= VECTORS {
+            return Err(IrqError::NoSuchVector(vector));
+        }
+        self.without_interrupts(|| {
+            let mut list = self.cpu.handlers.lock().unwrap_or_else(|p| p.into_inner());
+            let mut others = list.iter().filter(|r| r.vector == vector).peekable();
+            let free = others.peek().is_none();
+            let shared_by_all = shareable && others.all(|r| r.shareable);
+            if !(free || shared_by_all) {
+                return Err(IrqError::Busy(vector));
+            }
+            let id = self.cpu.next_id.fetch_add(1, SeqCst);
+            list.push(Registered {
+                vector,
+                id,
+                handler,
+                shareable,
+            });
+            Ok(id)
+        })
+    }
+
+    /// `osenv_irq_free`: an interrupt pending on the vector is handled (by this handler too)
+    /// before the handler goes; after it returns the handler is never called again.
+    pub fn irq_free(&self, vector: u32, id: u64) {
+        if vector >= VECTORS {
+            return;
+        }
+        let was = self.cpu.enabled.swap(false, SeqCst);
+        if self.cpu.pending.fetch_and(!bit(vector), SeqCst) & bit(vector) != 0 {
+            self.cpu.call_handlers(vector);
+        }
+        self.cpu
+            .handlers
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .retain(|r| !(r.vector == vector && r.id == id));
+        if was {
+            self.intr_enable();
+        }
+    }
+
+    /// `osenv_irq_disable`: holds one vector off (at the interrupt controller).
+    pub fn irq_disable(&self, vector: u32) {
+        if vector < VECTORS {
+            self.cpu.masked.fetch_or(bit(vector), SeqCst);
+        }
+    }
+
+    /// `osenv_irq_enable`: lets one vector in again; one that waited runs when interrupts are
+    /// enabled.
+    pub fn irq_enable(&self, vector: u32) {
+        if vector < VECTORS {
+            self.cpu.masked.fetch_and(!bit(vector), SeqCst);
+            self.cpu.take_pending();
+        }
+    }
+
+    /// `osenv_irq_pending`: whether the vector was raised and not yet handled.
+    pub fn irq_pending(&self, vector: u32) -> bool {
+        vector < VECTORS && self.cpu.pending.load(SeqCst) & bit(vector) != 0
+    }
+}
+
+impl Drop for Inside {
+    fn drop(&mut self) {
+        self.cpu.unlock(self.tid);
+        signal::set_current(std::ptr::null());
+    }
+}

@@ -1,0 +1,406 @@
+//! Each rule of the legacy model, checked so that breaking the rule fails a test. Every wait
+//! has a time-out; the only signals sent are the model's own, to this process's threads.
+
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering::SeqCst};
+use std::sync::{Arc, Barrier};
+use std::time::{Duration, Instant};
+
+use rustix::event::{eventfd, EventfdFlags};
+
+use super::*;
+
+const LONG: Duration = Duration::from_secs(5);
+
+fn until(what: &str, mut ok: impl FnMut() -> bool) {
+    let end = Instant::now() + LONG;
+    while !ok() {
+        assert!(Instant::now() < end, "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_micros(200));
+    }
+}
+
+/// Joins a test thread, failing (instead of hanging) if it does not finish in time.
+fn join<T>(h: std::thread::JoinHandle<T>) -> T {
+    until("a thread to finish", || h.is_finished());
+    h.join().expect("the thread panicked")
+}
+
+/// A handler that records each call and the thread it ran on.
+fn recorder() -> (Handler, Arc<AtomicU64>, Arc<AtomicU32>) {
+    let calls = Arc::new(AtomicU64::new(0));
+    let on = Arc::new(AtomicU32::new(0));
+    let (c, o) = (calls.clone(), on.clone());
+    let h: Handler = Arc::new(move || {
+        o.store(my_tid(), SeqCst);
+        c.fetch_add(1, SeqCst);
+    });
+    (h, calls, on)
+}
+
+#[test]
+fn uncontested_the_raising_thread_runs_the_handler_under_the_process_lock() {
+    let cpu = Cpu::new();
+    let (h, calls, on) = recorder();
+    let seen_locked = Arc::new(AtomicBool::new(false));
+    let (c2, s2) = (cpu.clone(), seen_locked.clone());
+    let check: Handler = Arc::new(move || s2.store(c2.is_inside(), SeqCst));
+    {
+        let inside = cpu.enter();
+        inside.irq_alloc(3, h, true).unwrap();
+        inside.irq_alloc(3, check, true).unwrap();
+    }
+    let c = cpu.clone();
+    let raiser = join(std::thread::spawn(move || {
+        c.raise(3);
+        my_tid()
+    }));
+    assert_eq!(calls.load(SeqCst), 1);
+    assert_eq!(on.load(SeqCst), raiser, "run by the raising thread");
+    assert!(seen_locked.load(SeqCst), "the handler ran holding the lock");
+    assert_eq!(cpu.stats().uncontested, 1);
+}
+
+#[test]
+fn contested_the_thread_in_the_driver_is_stopped_and_runs_the_handler_at_once() {
+    let cpu = Cpu::new();
+    let (h, calls, on) = recorder();
+    let inside_tid = Arc::new(AtomicU32::new(0));
+    let go = Arc::new(Barrier::new(2));
+    let (c, t, g, n) = (cpu.clone(), inside_tid.clone(), go.clone(), calls.clone());
+    let worker = std::thread::spawn(move || {
+        let inside = c.enter();
+        inside.irq_alloc(5, h, false).unwrap();
+        t.store(my_tid(), SeqCst);
+        g.wait();
+        // Process-level work that never leaves the driver nor enables anything: only a
+        // delivered stop signal can run the handler now.
+        let end = Instant::now() + LONG;
+        while n.load(SeqCst) == 0 && Instant::now() < end {
+            std::hint::spin_loop();
+        }
+        let ran_inside = n.load(SeqCst);
+        drop(inside);
+        ran_inside
+    });
+    go.wait();
+    cpu.raise(5);
+    let ran_inside = join(worker);
+    assert_eq!(ran_inside, 1, "the handler ran while the thread was inside");
+    assert_eq!(calls.load(SeqCst), 1);
+    assert_eq!(
+        on.load(SeqCst),
+        inside_tid.load(SeqCst),
+        "on the thread in the driver"
+    );
+    assert_eq!(cpu.stats().contested, 1);
+}
+
+#[test]
+fn disabled_interrupts_stay_pending_until_enabled_then_run_on_the_enabling_thread() {
+    let cpu = Cpu::new();
+    let (h, calls, on) = recorder();
+    let inside = cpu.enter();
+    inside.irq_alloc(7, h, false).unwrap();
+    inside.intr_disable();
+    assert!(!inside.intr_enabled());
+    let c = cpu.clone();
+    join(std::thread::spawn(move || c.raise(7)));
+    // Give a stray delivery every chance to happen.
+    std::thread::sleep(Duration::from_millis(20));
+    assert_eq!(calls.load(SeqCst), 0, "held off while disabled");
+    assert!(inside.irq_pending(7));
+    inside.intr_enable();
+    assert_eq!(calls.load(SeqCst), 1, "run by intr_enable");
+    assert_eq!(on.load(SeqCst), my_tid());
+    assert!(!inside.irq_pending(7));
+}
+
+#[test]
+fn a_pending_interrupt_left_behind_by_a_leaving_thread_is_run_as_it_leaves() {
+    let cpu = Cpu::new();
+    let (h, calls, _) = recorder();
+    let inside = cpu.enter();
+    inside.irq_alloc(1, h, false).unwrap();
+    inside.intr_disable();
+    let c = cpu.clone();
+    join(std::thread::spawn(move || c.raise(1)));
+    assert_eq!(calls.load(SeqCst), 0);
+    drop(inside);
+    assert_eq!(calls.load(SeqCst), 1, "nobody else would have run it");
+}
+
+#[test]
+fn irq_alloc_is_synchronous_an_autoprobe_right_after_it_is_not_missed() {
+    // An autoprobe: register, make the device interrupt at once, look whether it did.
+    let cpu = Cpu::new();
+    let thread = InterruptThread::spawn(cpu.clone()).unwrap();
+    let bell = eventfd(0, EventfdFlags::CLOEXEC | EventfdFlags::NONBLOCK).unwrap();
+    let device = rustix::io::dup(&bell).unwrap();
+    thread.attach(bell, 9).unwrap();
+    for round in 0..200 {
+        let (h, calls, _) = recorder();
+        let inside = cpu.enter();
+        let id = inside.irq_alloc(9, h, false).unwrap();
+        rustix::io::write(&device, &1u64.to_ne_bytes()).unwrap();
+        let end = Instant::now() + LONG;
+        while calls.load(SeqCst) == 0 {
+            assert!(
+                Instant::now() < end,
+                "round {round}: the probe's interrupt was missed"
+            );
+            std::hint::spin_loop();
+        }
+        inside.irq_free(9, id);
+    }
+    assert_eq!(
+        cpu.stats().spurious,
+        0,
+        "no interrupt found its handler missing"
+    );
+}
+
+#[test]
+fn irq_free_handles_a_pending_interrupt_before_it_returns_and_never_after() {
+    let cpu = Cpu::new();
+    let (h, calls, _) = recorder();
+    let inside = cpu.enter();
+    let id = inside.irq_alloc(4, h, false).unwrap();
+    inside.intr_disable();
+    let c = cpu.clone();
+    join(std::thread::spawn(move || c.raise(4)));
+    assert_eq!(calls.load(SeqCst), 0);
+    inside.irq_free(4, id);
+    assert_eq!(calls.load(SeqCst), 1, "handled before irq_free returned");
+    inside.intr_enable();
+    drop(inside);
+    cpu.raise(4);
+    assert_eq!(calls.load(SeqCst), 1, "never called after irq_free");
+    assert_eq!(cpu.stats().spurious, 1);
+}
+
+#[test]
+fn a_vector_is_shared_only_when_every_handler_asks_to_share_it() {
+    let cpu = Cpu::new();
+    let inside = cpu.enter();
+    let (a, ca, _) = recorder();
+    let (b, cb, _) = recorder();
+    let (x, _, _) = recorder();
+    inside.irq_alloc(2, a, true).unwrap();
+    inside.irq_alloc(2, b, true).unwrap();
+    assert_eq!(
+        inside.irq_alloc(2, x.clone(), false),
+        Err(IrqError::Busy(2))
+    );
+    inside.irq_alloc(6, x.clone(), false).unwrap();
+    assert_eq!(inside.irq_alloc(6, x.clone(), true), Err(IrqError::Busy(6)));
+    assert_eq!(
+        inside.irq_alloc(64, x, true),
+        Err(IrqError::NoSuchVector(64))
+    );
+    drop(inside);
+    cpu.raise(2);
+    assert_eq!(
+        (ca.load(SeqCst), cb.load(SeqCst)),
+        (1, 1),
+        "both handlers of a shared line"
+    );
+}
+
+#[test]
+fn a_masked_vector_waits_for_irq_enable() {
+    let cpu = Cpu::new();
+    let (h, calls, _) = recorder();
+    let inside = cpu.enter();
+    inside.irq_alloc(8, h, false).unwrap();
+    inside.irq_disable(8);
+    drop(inside);
+    cpu.raise(8);
+    assert_eq!(calls.load(SeqCst), 0);
+    let inside = cpu.enter();
+    assert!(inside.irq_pending(8));
+    inside.irq_enable(8);
+    assert_eq!(calls.load(SeqCst), 1);
+}
+
+#[test]
+fn sleep_lets_another_thread_in_and_a_wakeup_from_a_handler_brings_the_sleeper_back() {
+    let cpu = Cpu::new();
+    let rec = Arc::new(SleepRec::new());
+    let r = rec.clone();
+    let wake: Handler = Arc::new(move || r.wakeup());
+    cpu.enter().irq_alloc(0, wake, false).unwrap();
+    let asleep = Arc::new(AtomicBool::new(false));
+    let (c, r, a) = (cpu.clone(), rec.clone(), asleep.clone());
+    let sleeper = std::thread::spawn(move || {
+        let inside = c.enter();
+        r.init();
+        a.store(true, SeqCst);
+        inside.sleep(&r);
+        assert!(
+            inside.cpu().is_inside(),
+            "back in the driver after the sleep"
+        );
+        assert!(inside.intr_enabled(), "its own interrupt flag back");
+    });
+    until("the sleeper to sleep", || asleep.load(SeqCst));
+    // While it sleeps another thread can enter the driver (the process lock is free).
+    let entered = Instant::now();
+    let other = cpu.enter();
+    assert!(entered.elapsed() < LONG);
+    drop(other);
+    cpu.raise(0);
+    join(sleeper);
+    // A wakeup that came first makes the next sleep return at once.
+    let inside = cpu.enter();
+    rec.init();
+    rec.wakeup();
+    inside.sleep(&rec);
+}
+
+#[test]
+fn without_interrupts_holds_them_off_and_takes_them_after() {
+    let cpu = Cpu::new();
+    let (h, calls, _) = recorder();
+    let inside = cpu.enter();
+    inside.irq_alloc(11, h, false).unwrap();
+    let c = cpu.clone();
+    inside.without_interrupts(|| {
+        join(std::thread::spawn(move || c.raise(11)));
+        std::thread::sleep(Duration::from_millis(5));
+        assert_eq!(calls.load(SeqCst), 0, "held off inside");
+    });
+    assert_eq!(calls.load(SeqCst), 1, "taken once the flag came back");
+}
+
+/// The atomicity rule under stress: threads enter and leave the driver, sleep and wake, and
+/// raise interrupts from outside while an interrupt thread delivers timer ticks. The handler
+/// and process-level code each mark when they run; neither may ever see the other running,
+/// two process-level threads are never in at once, and every interrupt raised is handled.
+#[test]
+fn handlers_never_interleave_with_process_level_code_under_stress() {
+    let cpu = Cpu::new();
+    let process_level = Arc::new(AtomicUsize::new(0));
+    let in_handler = Arc::new(AtomicBool::new(false));
+    let violations = Arc::new(AtomicU64::new(0));
+    let handled = Arc::new(AtomicU64::new(0));
+    let rec = Arc::new(SleepRec::new());
+    let (p, ih, v, hd, r) = (
+        process_level.clone(),
+        in_handler.clone(),
+        violations.clone(),
+        handled.clone(),
+        rec.clone(),
+    );
+    let handler: Handler = Arc::new(move || {
+        // Process-level code is stopped (contested) or outside (uncontested): the count of
+        // threads running process-level code in the driver cannot move while this runs.
+        if ih.swap(true, SeqCst) {
+            v.fetch_add(1, SeqCst);
+        }
+        let before = p.load(SeqCst);
+        for _ in 0..200 {
+            std::hint::spin_loop();
+        }
+        if p.load(SeqCst) != before {
+            v.fetch_add(1, SeqCst);
+        }
+        hd.fetch_add(1, SeqCst);
+        r.wakeup();
+        ih.store(false, SeqCst);
+    });
+    cpu.enter().irq_alloc(12, handler.clone(), true).unwrap();
+    cpu.enter().irq_alloc(13, handler, true).unwrap();
+    let ticker = InterruptThread::spawn(cpu.clone()).unwrap();
+    let tick = rustix::time::timerfd_create(
+        rustix::time::TimerfdClockId::Monotonic,
+        rustix::time::TimerfdFlags::CLOEXEC | rustix::time::TimerfdFlags::NONBLOCK,
+    )
+    .unwrap();
+    let every = rustix::time::Timespec {
+        tv_sec: 0,
+        tv_nsec: 50_000,
+    };
+    rustix::time::timerfd_settime(
+        &tick,
+        rustix::time::TimerfdTimerFlags::empty(),
+        &rustix::time::Itimerspec {
+            it_interval: every,
+            it_value: every,
+        },
+    )
+    .unwrap();
+    ticker.attach(tick, 13).unwrap();
+
+    let stop = Arc::new(AtomicBool::new(false));
+    let mut workers = Vec::new();
+    for w in 0..3 {
+        let (c, p, ih, v, r, s) = (
+            cpu.clone(),
+            process_level.clone(),
+            in_handler.clone(),
+            violations.clone(),
+            rec.clone(),
+            stop.clone(),
+        );
+        workers.push(std::thread::spawn(move || {
+            let mut rounds = 0u64;
+            while !s.load(SeqCst) {
+                let inside = c.enter();
+                if p.fetch_add(1, SeqCst) != 0 {
+                    v.fetch_add(1, SeqCst); // two process-level threads in at once
+                }
+                for i in 0..500 {
+                    if ih.load(SeqCst) {
+                        v.fetch_add(1, SeqCst); // a handler running beside process level
+                    }
+                    if i == 250 && w == 0 && rounds.is_multiple_of(4) {
+                        inside.intr_disable();
+                    }
+                    if i == 400 && !inside.intr_enabled() {
+                        inside.intr_enable();
+                    }
+                }
+                p.fetch_sub(1, SeqCst);
+                if w == 1 && rounds.is_multiple_of(8) {
+                    // Sleep until a handler's wakeup; the lock goes to others meanwhile.
+                    r.init();
+                    inside.sleep(&r);
+                }
+                drop(inside);
+                rounds += 1;
+            }
+            rounds
+        }));
+    }
+    let raised = Arc::new(AtomicU64::new(0));
+    let (c, s, rz) = (cpu.clone(), stop.clone(), raised.clone());
+    let raiser = std::thread::spawn(move || {
+        while !s.load(SeqCst) {
+            c.raise(12);
+            rz.fetch_add(1, SeqCst);
+            std::thread::yield_now();
+        }
+    });
+    std::thread::sleep(Duration::from_millis(600));
+    stop.store(true, SeqCst);
+    join(raiser);
+    // The sleeper may be waiting for one more wakeup: ticks keep coming until it is out.
+    let rounds: Vec<u64> = workers.into_iter().map(join).collect();
+    drop(ticker);
+    let st = cpu.stats();
+    assert_eq!(violations.load(SeqCst), 0, "atomicity broken: {st:?}");
+    assert!(
+        rounds.iter().all(|&r| r > 0),
+        "every worker got in: {rounds:?}"
+    );
+    assert!(
+        st.contested > 0 && st.uncontested > 0,
+        "both paths ran: {st:?}"
+    );
+    assert!(handled.load(SeqCst) > 0);
+    assert_eq!(
+        cpu.pending.load(SeqCst),
+        0,
+        "nothing raised was left pending: {st:?}"
+    );
+}

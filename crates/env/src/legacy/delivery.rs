@@ -26,11 +26,13 @@ pub struct SourceKey(u64);
 
 /// A running interrupt thread; stopping it (drop) joins it.
 pub struct InterruptThread {
-    shared: Arc<Shared>,
+    shared: Arc<Sources>,
     thread: Option<std::thread::JoinHandle<()>>,
 }
 
-struct Shared {
+/// The sources an interrupt thread waits on: attach and detach them from any thread. Holds
+/// no reference to the CPU, so a CPU's own state may keep it.
+pub struct Sources {
     epoll: OwnedFd,
     stop: OwnedFd,
     /// Attached sources by key: the vector each raises and the fd (owned here, so it stays
@@ -62,7 +64,7 @@ impl InterruptThread {
             epoll::EventFlags::IN,
         )
         .map_err(|e| LoopError::os("epoll_ctl(add)", e))?;
-        let shared = Arc::new(Shared {
+        let shared = Arc::new(Sources {
             epoll,
             stop,
             sources: Mutex::new(HashMap::new()),
@@ -79,6 +81,29 @@ impl InterruptThread {
         })
     }
 
+    /// The sources it waits on, to attach and detach from elsewhere.
+    pub fn sources(&self) -> Arc<Sources> {
+        self.shared.clone()
+    }
+
+    /// Raises `vector` whenever `fd` becomes readable ([`Sources::attach`]).
+    pub fn attach(&self, fd: OwnedFd, vector: u32) -> Result<SourceKey, LoopError> {
+        self.shared.attach(fd, vector)
+    }
+
+    /// Stops watching a source ([`Sources::detach`]).
+    pub fn detach(&self, key: SourceKey) {
+        self.shared.detach(key)
+    }
+}
+
+impl std::fmt::Debug for Sources {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Sources").finish_non_exhaustive()
+    }
+}
+
+impl Sources {
     /// Raises `vector` whenever `fd` becomes readable (an eventfd or a timerfd: each wake-up
     /// reads its 8-byte count). Several firings before the thread reads coalesce into one
     /// interrupt, as a CPU's pending bit does.
@@ -86,15 +111,11 @@ impl InterruptThread {
         if vector >= VECTORS {
             return Err(LoopError::os("attach", Errno::INVAL));
         }
-        let key = self.shared.next.fetch_add(1, SeqCst);
+        let key = self.next.fetch_add(1, SeqCst);
         let fd = Arc::new(fd);
-        let mut sources = self
-            .shared
-            .sources
-            .lock()
-            .unwrap_or_else(|p| p.into_inner());
+        let mut sources = self.sources.lock().unwrap_or_else(|p| p.into_inner());
         epoll::add(
-            &self.shared.epoll,
+            &self.epoll,
             fd.as_fd(),
             epoll::EventData::new_u64(key),
             epoll::EventFlags::IN,
@@ -107,18 +128,17 @@ impl InterruptThread {
     /// Stops watching a source and closes it (once the thread no longer reads it).
     pub fn detach(&self, key: SourceKey) {
         let removed = self
-            .shared
             .sources
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .remove(&key.0);
         if let Some((_, fd)) = removed {
-            let _ = epoll::delete(&self.shared.epoll, fd.as_fd());
+            let _ = epoll::delete(&self.epoll, fd.as_fd());
         }
     }
 }
 
-impl Shared {
+impl Sources {
     fn run(&self, cpu: &Cpu) {
         let mut buf = [std::mem::MaybeUninit::<epoll::Event>::uninit(); 32];
         loop {

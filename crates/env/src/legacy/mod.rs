@@ -38,7 +38,7 @@ mod tests;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering::SeqCst};
 use std::sync::{Arc, Mutex};
 
-pub use delivery::{InterruptThread, SourceKey};
+pub use delivery::{InterruptThread, SourceKey, Sources};
 pub use signal::STOP_SIGNAL;
 
 /// The number of interrupt vectors of one legacy driver (device vectors and timers together).
@@ -96,12 +96,22 @@ pub struct Cpu {
     pending: AtomicU64,
     /// Vectors held off one by one (`osenv_irq_disable`).
     masked: AtomicU64,
+    /// A stop signal is on its way to the holder: at most one is queued at a time (real-time
+    /// signals do not merge, and a holder with interrupts off would otherwise collect one per
+    /// raise). Cleared by whoever then reads the pending bits: the signal's handler, an entry,
+    /// a leave.
+    kicked: AtomicBool,
+    /// The holder runs handlers, not process-level code (an uncontested delivery): it takes
+    /// what is raised meanwhile as it leaves, and is not signalled.
+    at_interrupt_level: AtomicBool,
     /// Handlers; changed only by the process-lock holder with interrupts disabled, read only
     /// by the holder (a handler runs on the holder's thread, or on the interrupt thread holding
     /// the lock), so the lock is never contended and never taken by an interrupted owner.
     handlers: Mutex<Vec<Registered>>,
     next_id: AtomicU64,
     stats: Stats,
+    /// What the layer above keeps per driver (the `osenv` calls' timers, memory, device).
+    context: std::sync::OnceLock<Box<dyn std::any::Any + Send + Sync>>,
 }
 
 #[derive(Default)]
@@ -123,8 +133,25 @@ impl std::fmt::Debug for Cpu {
     }
 }
 
+thread_local! {
+    /// The calling thread's id, asked of the kernel once (0: not yet).
+    static TID: std::cell::Cell<u32> = const { std::cell::Cell::new(0) };
+}
+
 fn my_tid() -> u32 {
-    rustix::thread::gettid().as_raw_nonzero().get() as u32
+    TID.with(|t| {
+        if t.get() == 0 {
+            t.set(rustix::thread::gettid().as_raw_nonzero().get() as u32);
+        }
+        t.get()
+    })
+}
+
+/// Runs `f` on the legacy driver the calling thread is in — at process level, or in a handler
+/// on whichever thread runs it — or returns `None` if it is in none. This is how the `osenv`
+/// C calls, which take no driver argument, find theirs.
+pub fn with_current<R>(f: impl FnOnce(&Cpu) -> R) -> Option<R> {
+    signal::current().filter(|c| c.is_inside()).map(f)
 }
 
 fn bit(vector: u32) -> u64 {
@@ -172,8 +199,8 @@ impl SleepRec {
 }
 
 impl Cpu {
-    /// A CPU with nobody in the driver, interrupts enabled and no handler. Installs the stop
-    /// signal's handler for the process (once).
+    /// A CPU with nobody in the driver and no handler (a thread that enters finds interrupts
+    /// enabled). Installs the stop signal's handler for the process (once).
     pub fn new() -> Arc<Self> {
         signal::install();
         Arc::new(Self {
@@ -182,10 +209,23 @@ impl Cpu {
             enabled: AtomicBool::new(false),
             pending: AtomicU64::new(0),
             masked: AtomicU64::new(0),
+            kicked: AtomicBool::new(false),
+            at_interrupt_level: AtomicBool::new(false),
             handlers: Mutex::new(Vec::new()),
             next_id: AtomicU64::new(1),
             stats: Stats::default(),
+            context: std::sync::OnceLock::new(),
         })
+    }
+
+    /// Gives the CPU the layer above's per-driver state, once; false if it had one.
+    pub fn set_context(&self, context: Box<dyn std::any::Any + Send + Sync>) -> bool {
+        self.context.set(context).is_ok()
+    }
+
+    /// The layer above's per-driver state, if it is a `T`.
+    pub fn context<T: 'static>(&self) -> Option<&T> {
+        self.context.get().and_then(|c| c.downcast_ref())
     }
 
     /// How interrupts were delivered so far.
@@ -208,13 +248,20 @@ impl Cpu {
             tid,
             "a thread entered a legacy driver it is already in"
         );
+        assert!(
+            signal::current().is_none(),
+            "a thread is in one legacy driver at a time"
+        );
+        signal::unblock();
         signal::set_current(Arc::as_ptr(self));
         self.lock(tid);
+        self.kicked.store(false, SeqCst);
         self.enabled.store(true, SeqCst);
         self.take_pending();
         Inside {
             cpu: self.clone(),
             tid,
+            _not_send: std::marker::PhantomData,
         }
     }
 
@@ -261,10 +308,13 @@ impl Cpu {
                     1,
                 );
             }
+            self.kicked.store(false, SeqCst);
             if self.deliverable() == 0 || !self.try_lock(tid) {
                 return;
             }
+            self.at_interrupt_level.store(true, SeqCst);
             self.run_pending();
+            self.at_interrupt_level.store(false, SeqCst);
         }
     }
 
@@ -305,7 +355,12 @@ impl Cpu {
         for r in list.iter().filter(|r| r.vector == vector) {
             any = true;
             self.stats.handled.fetch_add(1, SeqCst);
-            (r.handler)();
+            // A handler that panics has left the driver in a state nobody can vouch for, and
+            // unwinding would leave the process lock held: the server ends, like a crash, and
+            // is restarted.
+            if std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| (r.handler)())).is_err() {
+                std::process::abort();
+            }
         }
         if !any {
             self.stats.spurious.fetch_add(1, SeqCst);
@@ -340,7 +395,7 @@ impl Cpu {
             let held = self.holder.load(SeqCst);
             if held == tid {
                 // Raised from inside the driver (a test, or a handler raising another vector):
-                // taken at the next point where interrupts are enabled.
+                // taken now if interrupts are enabled, else when they are.
                 self.take_pending();
                 return;
             }
@@ -349,23 +404,42 @@ impl Cpu {
                     continue;
                 }
                 self.stats.uncontested.fetch_add(1, SeqCst);
+                // The handlers' osenv calls find this driver as the thread's own.
+                let before = signal::swap_current(self);
+                self.at_interrupt_level.store(true, SeqCst);
                 self.run_pending();
+                self.at_interrupt_level.store(false, SeqCst);
                 self.unlock(tid);
+                signal::swap_current(before);
+                return;
+            }
+            if self.at_interrupt_level.load(SeqCst) {
+                // The holder runs handlers: it takes this one as it leaves.
+                return;
+            }
+            if self.kicked.swap(true, SeqCst) {
+                // A signal is on its way; its handler reads the pending bits after it arrives.
                 return;
             }
             self.stats.contested.fetch_add(1, SeqCst);
-            if signal::stop(held).is_err() {
-                // The holder left between the load and the signal (the thread is gone or
-                // elsewhere): whoever holds the lock now takes the interrupt at entry, or the
-                // leaver does; look again.
-                continue;
+            match signal::stop(held) {
+                Ok(()) => return,
+                Err(e) if e.raw_os_error() == Some(libc::EAGAIN) => {
+                    // The signal queue is full (a limit shared by the user's processes): try
+                    // again shortly.
+                    self.kicked.store(false, SeqCst);
+                    std::thread::yield_now();
+                }
+                // The holder's thread is gone: the lock's next holder takes the interrupt at
+                // entry, or the leaver does; look again.
+                Err(_) => self.kicked.store(false, SeqCst),
             }
-            return;
         }
     }
 
     /// Called by the stop signal's handler on the thread it interrupted.
     fn interrupted(&self) {
+        self.kicked.store(false, SeqCst);
         if self.holder.load(SeqCst) != my_tid() {
             // It left the driver before the signal arrived: the lock's next holder or the
             // leaver runs the interrupt.
@@ -384,6 +458,9 @@ impl Cpu {
 pub struct Inside {
     cpu: Arc<Cpu>,
     tid: u32,
+    /// The process lock and the signal's target are the entering thread: a guard moved to
+    /// another thread would leave for the wrong one.
+    _not_send: std::marker::PhantomData<*const ()>,
 }
 
 impl std::fmt::Debug for Inside {
@@ -397,27 +474,39 @@ impl Inside {
     pub fn cpu(&self) -> &Arc<Cpu> {
         &self.cpu
     }
+}
 
-    /// `osenv_intr_disable`: holds every interrupt off until [`Inside::intr_enable`].
+impl std::ops::Deref for Inside {
+    type Target = Cpu;
+    fn deref(&self) -> &Cpu {
+        &self.cpu
+    }
+}
+
+/// What a thread in the driver may do (through [`Inside`], or [`with_current`] for the C
+/// calls). Called by a thread that is not in the driver, they act on nothing reliable: the
+/// `osenv` layer checks first.
+impl Cpu {
+    /// `osenv_intr_disable`: holds every interrupt off until [`Cpu::intr_enable`].
     pub fn intr_disable(&self) {
-        self.cpu.enabled.store(false, SeqCst);
+        self.enabled.store(false, SeqCst);
     }
 
     /// `osenv_intr_enable`: lets interrupts in again, running those that waited first.
     pub fn intr_enable(&self) {
-        self.cpu.enabled.store(true, SeqCst);
-        self.cpu.take_pending();
+        self.enabled.store(true, SeqCst);
+        self.take_pending();
     }
 
     /// `osenv_intr_enabled`.
     pub fn intr_enabled(&self) -> bool {
-        self.cpu.enabled.load(SeqCst)
+        self.enabled.load(SeqCst)
     }
 
     /// Runs `f` with interrupts held off, restoring the flag after (and taking what waited, if
     /// it was enabled): for anything a handler could re-enter.
     pub fn without_interrupts<R>(&self, f: impl FnOnce() -> R) -> R {
-        let was = self.cpu.enabled.swap(false, SeqCst);
+        let was = self.enabled.swap(false, SeqCst);
         let r = f();
         if was {
             self.intr_enable();
@@ -429,9 +518,9 @@ impl Inside {
     /// leaves the driver (another thread may enter), waits for the wakeup and enters again.
     /// The interrupt flag is the thread's own across the sleep.
     pub fn sleep(&self, rec: &SleepRec) {
-        let was = self.cpu.enabled.load(SeqCst);
+        let was = self.enabled.load(SeqCst);
         while !rec.woken() {
-            self.cpu.unlock(self.tid);
+            self.unlock(my_tid());
             // Returns at once if the wakeup came in between (the word is no longer 0).
             let _ = rustix::thread::futex::wait(
                 &rec.woken,
@@ -439,16 +528,16 @@ impl Inside {
                 0,
                 None,
             );
-            self.cpu.lock(self.tid);
+            self.lock(my_tid());
             // Back in: interrupts raised while it was out run now if it runs with them on.
-            self.cpu.enabled.store(was, SeqCst);
-            self.cpu.take_pending();
+            self.enabled.store(was, SeqCst);
+            self.take_pending();
         }
     }
 
     /// `osenv_irq_alloc`: registers `handler` on `vector` before returning, so an interrupt
     /// the driver provokes right after (an autoprobe) reaches it. A vector is shared only if
-    /// every handler on it asked to share. Returns an id for [`Inside::irq_free`].
+    /// every handler on it asked to share. Returns an id for [`Cpu::irq_free`].
     pub fn irq_alloc(
         &self,
         vector: u32,
@@ -459,14 +548,14 @@ impl Inside {
             return Err(IrqError::NoSuchVector(vector));
         }
         self.without_interrupts(|| {
-            let mut list = self.cpu.handlers.lock().unwrap_or_else(|p| p.into_inner());
+            let mut list = self.handlers.lock().unwrap_or_else(|p| p.into_inner());
             let mut others = list.iter().filter(|r| r.vector == vector).peekable();
             let free = others.peek().is_none();
             let shared_by_all = shareable && others.all(|r| r.shareable);
             if !(free || shared_by_all) {
                 return Err(IrqError::Busy(vector));
             }
-            let id = self.cpu.next_id.fetch_add(1, SeqCst);
+            let id = self.next_id.fetch_add(1, SeqCst);
             list.push(Registered {
                 vector,
                 id,
@@ -483,12 +572,14 @@ impl Inside {
         if vector >= VECTORS {
             return;
         }
-        let was = self.cpu.enabled.swap(false, SeqCst);
-        if self.cpu.pending.fetch_and(!bit(vector), SeqCst) & bit(vector) != 0 {
-            self.cpu.call_handlers(vector);
+        let was = self.enabled.swap(false, SeqCst);
+        // A masked vector's interrupt waits at the controller: it goes with the handler.
+        if self.pending.fetch_and(!bit(vector), SeqCst) & bit(vector) != 0
+            && self.masked.load(SeqCst) & bit(vector) == 0
+        {
+            self.call_handlers(vector);
         }
-        self.cpu
-            .handlers
+        self.handlers
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .retain(|r| !(r.vector == vector && r.id == id));
@@ -500,7 +591,7 @@ impl Inside {
     /// `osenv_irq_disable`: holds one vector off (at the interrupt controller).
     pub fn irq_disable(&self, vector: u32) {
         if vector < VECTORS {
-            self.cpu.masked.fetch_or(bit(vector), SeqCst);
+            self.masked.fetch_or(bit(vector), SeqCst);
         }
     }
 
@@ -508,14 +599,14 @@ impl Inside {
     /// enabled.
     pub fn irq_enable(&self, vector: u32) {
         if vector < VECTORS {
-            self.cpu.masked.fetch_and(!bit(vector), SeqCst);
-            self.cpu.take_pending();
+            self.masked.fetch_and(!bit(vector), SeqCst);
+            self.take_pending();
         }
     }
 
     /// `osenv_irq_pending`: whether the vector was raised and not yet handled.
     pub fn irq_pending(&self, vector: u32) -> bool {
-        vector < VECTORS && self.cpu.pending.load(SeqCst) & bit(vector) != 0
+        vector < VECTORS && self.pending.load(SeqCst) & bit(vector) != 0
     }
 }
 

@@ -29,6 +29,21 @@ pub(super) fn set_current(cpu: *const Cpu) {
     CURRENT.with(|c| c.set(cpu));
 }
 
+/// Makes `cpu` the thread's current CPU, returning the one before (to put back).
+pub(super) fn swap_current(cpu: *const Cpu) -> *const Cpu {
+    CURRENT.with(|c| c.replace(cpu))
+}
+
+/// The CPU the thread has entered, if any.
+pub(super) fn current<'a>() -> Option<&'a Cpu> {
+    let cpu = CURRENT.with(Cell::get);
+    // SAFETY: a non-null CURRENT points at a CPU kept alive by an `Arc` for as long as it is
+    // set (see `set_current`; the interrupt thread sets it only around a call that borrows the
+    // CPU). The reference is used by the caller within that span: `with_current` hands it to
+    // a closure and drops it.
+    (!cpu.is_null()).then(|| unsafe { &*cpu })
+}
+
 static INSTALL: Once = Once::new();
 
 /// Installs the stop signal's handler for the process (once).
@@ -36,8 +51,8 @@ pub(super) fn install() {
     INSTALL.call_once(|| {
         // SAFETY: `sigaction` is given a zeroed (valid, empty) action whose handler is an
         // `extern "C" fn(c_int)` with the signature SA_SIGINFO-less handlers have; the mask
-        // set is initialised by `sigemptyset` before use. SA_RESTART resumes the system call
-        // the thread was in (a futex wait, a socket read) once the handler returns.
+        // set is initialised by `sigemptyset` before use. SA_RESTART resumes the calls that
+        // can be resumed (a read or write without a time-out); others return EINTR.
         unsafe {
             let mut action: libc::sigaction = std::mem::zeroed();
             action.sa_sigaction = on_stop as *const () as libc::sighandler_t;
@@ -52,6 +67,28 @@ pub(super) fn install() {
             );
         }
     });
+}
+
+thread_local! {
+    /// Whether this thread has unblocked the stop signal (a thread that blocks it would never
+    /// take a contested interrupt).
+    static UNBLOCKED: Cell<bool> = const { Cell::new(false) };
+}
+
+/// Unblocks the stop signal in the calling thread (once per thread).
+pub(super) fn unblock() {
+    if UNBLOCKED.with(Cell::get) {
+        return;
+    }
+    // SAFETY: the set is initialised by `sigemptyset` before `sigaddset` and the call;
+    // `pthread_sigmask` changes only the calling thread's mask.
+    unsafe {
+        let mut set: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut set);
+        libc::sigaddset(&mut set, *STOP_SIGNAL);
+        libc::pthread_sigmask(libc::SIG_UNBLOCK, &set, std::ptr::null_mut());
+    }
+    UNBLOCKED.with(|u| u.set(true));
 }
 
 /// Sends the stop signal to thread `tid` of this process. Fails if there is no such thread.

@@ -1,0 +1,467 @@
+//! The `osenv` C functions. Each finds the driver the calling thread is in
+//! (`outboard_env::legacy::with_current`); called from outside any driver it does nothing,
+//! logs why, and returns an error where it can. The semantics are in `osenv.h`.
+//!
+//! This module has `unsafe`: it takes pointers from C (sleep records, memory blocks, text)
+//! and calls C function pointers (handlers, timer callbacks).
+
+use std::alloc::Layout;
+use std::ffi::{c_char, c_int, c_long, c_uint, c_void, CStr};
+use std::os::fd::OwnedFd;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use outboard_env::legacy::{with_current, Cpu, SleepRec};
+
+use crate::state::{Block, CHandler, State, TimerReg, FIRST_TIMER_VECTOR, MAX_TIMERS};
+
+/// Error codes of `osenv.h`.
+const EINVAL: c_int = -22;
+const EBUSY: c_int = -16;
+const ENOTIN: c_int = -1;
+
+const OSENV_IRQ_SHAREABLE: c_int = 0x1;
+const OSENV_AUTO_SIZE: c_uint = 0x01;
+const OSENV_PHYS_WIRED: c_uint = 0x02;
+const KNOWN_MEMFLAGS: c_uint = 0x3f;
+
+/// Highest timer frequency: 100 kHz (a 10 µs period).
+const MAX_HZ: c_int = 100_000;
+
+/// Runs `f` on the calling thread's driver and its `osenv` state, or logs that `call` came
+/// from outside any driver.
+fn in_driver<R>(call: &str, f: impl FnOnce(&Cpu, &State) -> R) -> Option<R> {
+    let r = with_current(|cpu| cpu.context::<State>().map(|s| f(cpu, s))).flatten();
+    if r.is_none() {
+        tracing::error!("{call} called from outside a legacy driver: ignored");
+    }
+    r
+}
+
+/// `osenv_intr_disable`: see `include/outboard/osenv.h`.
+#[no_mangle]
+pub extern "C" fn osenv_intr_disable() {
+    in_driver("osenv_intr_disable", |cpu, _| cpu.intr_disable());
+}
+
+/// `osenv_intr_enable`: see `include/outboard/osenv.h`.
+#[no_mangle]
+pub extern "C" fn osenv_intr_enable() {
+    in_driver("osenv_intr_enable", |cpu, _| cpu.intr_enable());
+}
+
+/// `osenv_intr_enabled`: see `include/outboard/osenv.h`.
+#[no_mangle]
+pub extern "C" fn osenv_intr_enabled() -> c_int {
+    in_driver("osenv_intr_enabled", |cpu, _| cpu.intr_enabled() as c_int).unwrap_or(0)
+}
+
+/// A C handler and its argument, as a closure the model calls.
+fn c_handler(func: extern "C" fn(*mut c_void), data: usize) -> outboard_env::legacy::Handler {
+    Arc::new(move || func(data as *mut c_void))
+}
+
+/// `osenv_irq_alloc`: see `include/outboard/osenv.h`.
+#[no_mangle]
+pub extern "C" fn osenv_irq_alloc(
+    irq: c_int,
+    handler: Option<extern "C" fn(*mut c_void)>,
+    data: *mut c_void,
+    flags: c_int,
+) -> c_int {
+    let Some(func) = handler else {
+        return EINVAL;
+    };
+    if !(0..FIRST_TIMER_VECTOR as c_int).contains(&irq) {
+        return EINVAL;
+    }
+    in_driver("osenv_irq_alloc", |cpu, st| {
+        let vector = irq as u32;
+        let shareable = flags & OSENV_IRQ_SHAREABLE != 0;
+        match cpu.irq_alloc(vector, c_handler(func, data as usize), shareable) {
+            Ok(id) => {
+                cpu.without_interrupts(|| {
+                    st.handlers
+                        .lock()
+                        .unwrap_or_else(|p| p.into_inner())
+                        .push(CHandler {
+                            vector,
+                            func: func as usize,
+                            data: data as usize,
+                            id,
+                        })
+                });
+                0
+            }
+            Err(outboard_env::legacy::IrqError::Busy(_)) => EBUSY,
+            Err(_) => EINVAL,
+        }
+    })
+    .unwrap_or(ENOTIN)
+}
+
+/// `osenv_irq_free`: see `include/outboard/osenv.h`.
+#[no_mangle]
+pub extern "C" fn osenv_irq_free(
+    irq: c_int,
+    handler: Option<extern "C" fn(*mut c_void)>,
+    data: *mut c_void,
+) {
+    let Some(func) = handler else { return };
+    in_driver("osenv_irq_free", |cpu, st| {
+        let found = cpu.without_interrupts(|| {
+            let mut list = st.handlers.lock().unwrap_or_else(|p| p.into_inner());
+            let at = list.iter().position(|h| {
+                h.vector as c_int == irq && h.func == func as usize && h.data == data as usize
+            })?;
+            Some(list.remove(at))
+        });
+        match found {
+            Some(h) => cpu.irq_free(h.vector, h.id),
+            None => tracing::warn!(
+                "{}: osenv_irq_free of a handler not registered on vector {irq}",
+                st.name
+            ),
+        }
+    });
+}
+
+/// `osenv_irq_disable`: see `include/outboard/osenv.h`.
+#[no_mangle]
+pub extern "C" fn osenv_irq_disable(irq: c_int) {
+    if irq >= 0 {
+        in_driver("osenv_irq_disable", |cpu, _| cpu.irq_disable(irq as u32));
+    }
+}
+
+/// `osenv_irq_enable`: see `include/outboard/osenv.h`.
+#[no_mangle]
+pub extern "C" fn osenv_irq_enable(irq: c_int) {
+    if irq >= 0 {
+        in_driver("osenv_irq_enable", |cpu, _| cpu.irq_enable(irq as u32));
+    }
+}
+
+/// `osenv_irq_pending`: see `include/outboard/osenv.h`.
+#[no_mangle]
+pub extern "C" fn osenv_irq_pending(irq: c_int) -> c_int {
+    if irq < 0 {
+        return 0;
+    }
+    in_driver("osenv_irq_pending", |cpu, _| {
+        cpu.irq_pending(irq as u32) as c_int
+    })
+    .unwrap_or(0)
+}
+
+/// The sleep record behind a C pointer.
+///
+/// # Safety
+/// `sr` is null or points at an `osenv_sleeprec_t` (two `unsigned int`s, the layout of
+/// [`SleepRec`]) that stays valid for the returned lifetime.
+unsafe fn record<'a>(sr: *mut c_void) -> Option<&'a SleepRec> {
+    // SAFETY: the caller's contract; `SleepRec` is `repr(C)` of two `AtomicU32`s, which have
+    // the size and alignment of `unsigned int`, and atomics tolerate the concurrent accesses
+    // (a handler's wakeup) the record sees.
+    unsafe { sr.cast::<SleepRec>().as_ref() }
+}
+
+/// # Safety
+/// `sr` points at a valid `osenv_sleeprec_t`.
+#[no_mangle]
+pub unsafe extern "C" fn osenv_sleep_init(sr: *mut c_void) {
+    // SAFETY: the caller's contract.
+    if let Some(r) = unsafe { record(sr) } {
+        r.init();
+    }
+}
+
+/// # Safety
+/// `sr` points at a valid `osenv_sleeprec_t` that outlives the sleep.
+#[no_mangle]
+pub unsafe extern "C" fn osenv_sleep(sr: *mut c_void) {
+    // SAFETY: the caller's contract.
+    let Some(r) = (unsafe { record(sr) }) else {
+        return;
+    };
+    in_driver("osenv_sleep", |cpu, _| cpu.sleep(r));
+}
+
+/// # Safety
+/// `sr` points at a valid `osenv_sleeprec_t`.
+#[no_mangle]
+pub unsafe extern "C" fn osenv_wakeup(sr: *mut c_void) {
+    // SAFETY: the caller's contract. A wakeup needs no driver: one store and a futex wake.
+    if let Some(r) = unsafe { record(sr) } {
+        r.wakeup();
+    }
+}
+
+/// `osenv_mem_alloc`: see `include/outboard/osenv.h`.
+#[no_mangle]
+pub extern "C" fn osenv_mem_alloc(size: usize, flags: c_uint, align: c_uint) -> *mut c_void {
+    let align = if align == 0 { 1 } else { align as usize };
+    if size == 0 || !align.is_power_of_two() || flags & !KNOWN_MEMFLAGS != 0 {
+        return std::ptr::null_mut();
+    }
+    in_driver("osenv_mem_alloc", |cpu, st| {
+        // A handler interrupting the allocator would corrupt it: interrupts are held off.
+        cpu.without_interrupts(|| alloc(st, size, flags, align))
+    })
+    .flatten()
+    .unwrap_or(std::ptr::null_mut())
+}
+
+fn alloc(st: &State, size: usize, flags: c_uint, align: usize) -> Option<*mut c_void> {
+    let (ptr, block) = if flags & OSENV_PHYS_WIRED != 0 {
+        let Some(dma) = &st.dma else {
+            tracing::warn!(
+                "{}: wired memory asked for, but the driver has no device",
+                st.name
+            );
+            return None;
+        };
+        if align > 4096 {
+            return None;
+        }
+        let buf = dma
+            .alloc(size)
+            .inspect_err(|e| tracing::warn!("{}: wired memory: {e}", st.name))
+            .ok()?;
+        let ptr = buf.io_ptr(0, size).ok()?;
+        (ptr, Block::Wired(buf))
+    } else {
+        let layout = Layout::from_size_align(size, align).ok()?;
+        // SAFETY: the layout has a non-zero size (checked by the caller).
+        let ptr = unsafe { std::alloc::alloc_zeroed(layout) };
+        if ptr.is_null() {
+            return None;
+        }
+        (ptr, Block::Heap(layout))
+    };
+    st.blocks
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .insert(ptr as usize, block);
+    Some(ptr.cast())
+}
+
+/// `osenv_mem_free`: see `include/outboard/osenv.h`.
+#[no_mangle]
+pub extern "C" fn osenv_mem_free(block: *mut c_void, flags: c_uint, size: usize) {
+    if block.is_null() {
+        return;
+    }
+    in_driver("osenv_mem_free", |cpu, st| {
+        cpu.without_interrupts(|| {
+            let removed = st
+                .blocks
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .remove(&(block as usize));
+            match removed {
+                Some(Block::Heap(layout)) => {
+                    if flags & OSENV_AUTO_SIZE == 0 && size != layout.size() {
+                        tracing::warn!(
+                            "{}: osenv_mem_free of {} bytes for a block of {}",
+                            st.name,
+                            size,
+                            layout.size()
+                        );
+                    }
+                    // SAFETY: the block was allocated by `alloc` with this layout and was in
+                    // the table until now, so it is freed once.
+                    unsafe { std::alloc::dealloc(block.cast(), layout) }
+                }
+                // Dropping the buffer unmaps it from the device and frees it.
+                Some(Block::Wired(buf)) => drop(buf),
+                None => tracing::warn!(
+                    "{}: osenv_mem_free of {block:p}, which osenv_mem_alloc did not return",
+                    st.name
+                ),
+            }
+        })
+    });
+}
+
+/// `osenv_mem_get_phys`: see `include/outboard/osenv.h`.
+#[no_mangle]
+pub extern "C" fn osenv_mem_get_phys(va: usize) -> usize {
+    in_driver("osenv_mem_get_phys", |cpu, st| {
+        cpu.without_interrupts(|| st.phys(va))
+    })
+    .flatten()
+    .unwrap_or(0) as usize
+}
+
+/// The text of a C string, lossily.
+///
+/// # Safety
+/// `text` is null or a NUL-terminated string.
+unsafe fn text(text: *const c_char) -> String {
+    if text.is_null() {
+        return String::new();
+    }
+    // SAFETY: the caller's contract.
+    unsafe { CStr::from_ptr(text) }
+        .to_string_lossy()
+        .into_owned()
+}
+
+/// Called by `osenv_vlog` (C) with the formatted message.
+///
+/// # Safety
+/// `message` is a NUL-terminated string.
+#[no_mangle]
+pub unsafe extern "C" fn outboard_osenv_log_text(priority: c_int, message: *const c_char) {
+    // SAFETY: the caller's contract.
+    let message = unsafe { text(message) };
+    let message = message.trim_end();
+    let name = with_current(|cpu| cpu.context::<State>().map(|s| s.name.clone()))
+        .flatten()
+        .unwrap_or_default();
+    // The subscriber takes locks: a handler must not interrupt it.
+    let log = || match priority {
+        0..=3 => tracing::error!(driver = %name, "{message}"),
+        4 => tracing::warn!(driver = %name, "{message}"),
+        5 | 6 => tracing::info!(driver = %name, "{message}"),
+        _ => tracing::debug!(driver = %name, "{message}"),
+    };
+    match with_current(|cpu| cpu.intr_enabled()) {
+        Some(true) => {
+            with_current(|cpu| cpu.without_interrupts(log));
+        }
+        _ => log(),
+    }
+}
+
+/// Called by `osenv_vpanic` (C): logs and ends the process.
+///
+/// # Safety
+/// `message` is a NUL-terminated string.
+#[no_mangle]
+pub unsafe extern "C" fn outboard_osenv_panic_text(message: *const c_char) -> ! {
+    // SAFETY: the caller's contract.
+    let message = unsafe { text(message) };
+    with_current(|cpu| cpu.intr_disable());
+    tracing::error!("legacy driver panicked: {}", message.trim_end());
+    eprintln!("legacy driver panicked: {}", message.trim_end());
+    std::process::abort()
+}
+
+/// `osenv_timer_init`: see `include/outboard/osenv.h`.
+#[no_mangle]
+pub extern "C" fn osenv_timer_init() {}
+
+fn periodic(freq: c_int) -> std::io::Result<OwnedFd> {
+    use rustix::time::{
+        timerfd_create, timerfd_settime, Itimerspec, TimerfdClockId, TimerfdFlags,
+        TimerfdTimerFlags, Timespec,
+    };
+    let fd = timerfd_create(
+        TimerfdClockId::Monotonic,
+        TimerfdFlags::CLOEXEC | TimerfdFlags::NONBLOCK,
+    )?;
+    let period = 1_000_000_000 / freq as i64;
+    let every = Timespec {
+        tv_sec: period / 1_000_000_000,
+        tv_nsec: period % 1_000_000_000,
+    };
+    timerfd_settime(
+        &fd,
+        TimerfdTimerFlags::empty(),
+        &Itimerspec {
+            it_interval: every,
+            it_value: every,
+        },
+    )?;
+    Ok(fd)
+}
+
+/// `osenv_timer_register`: see `include/outboard/osenv.h`.
+#[no_mangle]
+pub extern "C" fn osenv_timer_register(func: Option<extern "C" fn()>, freq: c_int) -> c_int {
+    let Some(func) = func else { return EINVAL };
+    if !(1..=MAX_HZ).contains(&freq) {
+        return EINVAL;
+    }
+    in_driver("osenv_timer_register", |cpu, st| {
+        cpu.without_interrupts(|| register(cpu, st, func, freq))
+    })
+    .unwrap_or(ENOTIN)
+}
+
+fn register(cpu: &Cpu, st: &State, func: extern "C" fn(), freq: c_int) -> c_int {
+    {
+        let mut timers = st.timers.lock().unwrap_or_else(|p| p.into_inner());
+        if timers.len() >= MAX_TIMERS {
+            return EBUSY;
+        }
+        let vector = (FIRST_TIMER_VECTOR..FIRST_TIMER_VECTOR + MAX_TIMERS as u32)
+            .find(|v| timers.iter().all(|t| t.vector != *v))
+            .expect("fewer than MAX_TIMERS timers leave a vector free");
+        let fd = match periodic(freq) {
+            Ok(fd) => fd,
+            Err(e) => {
+                tracing::warn!("{}: timer: {e}", st.name);
+                return EBUSY;
+            }
+        };
+        let handler: outboard_env::legacy::Handler = Arc::new(move || func());
+        let Ok(id) = cpu.irq_alloc(vector, handler, false) else {
+            return EBUSY;
+        };
+        // Registered first, attached second: a tick finds its handler.
+        match st.sources.attach(fd, vector) {
+            Ok(source) => {
+                timers.push(TimerReg {
+                    func: func as usize,
+                    freq,
+                    vector,
+                    handler: id,
+                    source,
+                });
+                0
+            }
+            Err(e) => {
+                tracing::warn!("{}: timer: {e}", st.name);
+                cpu.irq_free(vector, id);
+                EBUSY
+            }
+        }
+    }
+}
+
+/// `osenv_timer_unregister`: see `include/outboard/osenv.h`.
+#[no_mangle]
+pub extern "C" fn osenv_timer_unregister(func: Option<extern "C" fn()>, freq: c_int) {
+    let Some(func) = func else { return };
+    in_driver("osenv_timer_unregister", |cpu, st| {
+        cpu.without_interrupts(|| unregister(cpu, st, func, freq))
+    });
+}
+
+fn unregister(cpu: &Cpu, st: &State, func: extern "C" fn(), freq: c_int) {
+    {
+        let mut timers = st.timers.lock().unwrap_or_else(|p| p.into_inner());
+        let Some(at) = timers
+            .iter()
+            .position(|t| t.func == func as usize && t.freq == freq)
+        else {
+            tracing::warn!("{}: no timer at {freq} Hz to unregister", st.name);
+            return;
+        };
+        let t = timers.remove(at);
+        st.sources.detach(t.source);
+        cpu.irq_free(t.vector, t.handler);
+    }
+}
+
+/// `osenv_timer_spin`: see `include/outboard/osenv.h`.
+#[no_mangle]
+pub extern "C" fn osenv_timer_spin(nanosec: c_long) {
+    let until = Instant::now() + Duration::from_nanos(nanosec.max(0) as u64);
+    while Instant::now() < until {
+        std::hint::spin_loop();
+    }
+}

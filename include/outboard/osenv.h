@@ -1,0 +1,178 @@
+/* Outboard's osenv: the C interface a legacy driver is written against.
+ *
+ * It follows the OSKit/Fluke `osenv` interface: a driver written for a uniprocessor kernel
+ * gets what that kernel gave it, in a user process of its own.
+ *
+ *  - One process-level thread runs in the driver at a time. Outboard calls the driver's
+ *    entry points holding the driver's process lock; osenv_sleep gives the lock to another
+ *    thread until the wakeup.
+ *  - Interrupt handlers run atomically with respect to process-level code: on the thread that
+ *    is in the driver, stopped by a signal as a CPU is by an interrupt, or, if no thread is
+ *    in the driver, on the interrupt thread holding the process lock. While interrupts are
+ *    disabled they stay pending.
+ *  - Handlers run with interrupts disabled and must not sleep.
+ *
+ * Every call below is made from inside the driver (an entry point Outboard called, or a
+ * handler). Called from anywhere else it does nothing and logs why (or returns an error).
+ *
+ * What Outboard adds or leaves out compared with the original is said at each call; the
+ * summary is at the end of this file.
+ */
+#ifndef OUTBOARD_OSENV_H
+#define OUTBOARD_OSENV_H
+
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* The version of this interface. A driver built against another major version is refused. */
+#define OSENV_ABI_VERSION 1
+
+typedef size_t oskit_size_t;
+typedef uintptr_t oskit_addr_t;
+typedef int oskit_error_t;
+typedef int oskit_bool_t;
+
+/* Error codes (negative errno values, as OSKit's were errno-like). */
+#define OSENV_OK        0
+#define OSENV_EINVAL  (-22)  /* a bad argument: no such vector, size or alignment */
+#define OSENV_EBUSY   (-16)  /* the vector is in use and not shared */
+#define OSENV_ENOMEM  (-12)  /* no memory of the kind asked for */
+#define OSENV_ENOTIN   (-1)  /* called from outside the driver (EPERM) */
+
+/* --- Interrupts ------------------------------------------------------------------------- */
+
+/* Disables interrupts: none reaches the driver until osenv_intr_enable. (A CPU's cli.) */
+void osenv_intr_disable(void);
+
+/* Enables interrupts; those that came while they were disabled run before it returns, on the
+ * calling thread. (A CPU's sti.) A handler must not call it. */
+void osenv_intr_enable(void);
+
+/* Non-zero if interrupts are enabled. */
+int osenv_intr_enabled(void);
+
+/* Lets osenv_irq_alloc put a second handler on a vector that every handler agrees to share. */
+#define OSENV_IRQ_SHAREABLE 0x1
+
+/* Registers handler(data) on interrupt vector irq (0-47: the device's vectors, MSI-X or MSI
+ * numbered from 0, INTx as 0). The handler is registered before the call returns: an
+ * interrupt the driver provokes right after it (an autoprobe) reaches the handler.
+ * Returns 0, OSENV_EBUSY if the vector is held and not shared by both, or OSENV_EINVAL. */
+int osenv_irq_alloc(int irq, void (*handler)(void *), void *data, int flags);
+
+/* Removes the handler registered with these arguments. An interrupt pending on the vector is
+ * handled before it returns; afterwards the handler is never called again. */
+void osenv_irq_free(int irq, void (*handler)(void *), void *data);
+
+/* Holds one vector off (at the interrupt controller) / lets it in again / says whether it
+ * was raised and not yet handled. */
+void osenv_irq_disable(int irq);
+void osenv_irq_enable(int irq);
+int osenv_irq_pending(int irq);
+
+/* --- Sleep and wakeup ------------------------------------------------------------------- */
+
+/* A sleep record: two words, as in the original. */
+typedef struct {
+    unsigned int opaque[2];
+} osenv_sleeprec_t;
+
+/* Prepares a record to sleep on (before starting what will wake it). */
+void osenv_sleep_init(osenv_sleeprec_t *sr);
+
+/* Returns at once if a wakeup reached the record since osenv_sleep_init; otherwise leaves the
+ * driver (another thread may enter), waits for the wakeup and enters again. The caller's
+ * interrupt-enable state is its own across the sleep. Spurious returns do not happen, but a
+ * driver written for the original should loop on its own condition anyway. */
+void osenv_sleep(osenv_sleeprec_t *sr);
+
+/* Wakes the thread sleeping on the record (or makes its next sleep return at once). Safe in
+ * a handler. */
+void osenv_wakeup(osenv_sleeprec_t *sr);
+
+/* --- Memory ----------------------------------------------------------------------------- */
+
+typedef unsigned int osenv_memflags_t;
+
+/* The size is not needed at osenv_mem_free (Outboard remembers every block's). */
+#define OSENV_AUTO_SIZE    0x01
+/* Memory the device can reach (DMA memory, mapped in the device's IOMMU space): its device
+ * address is osenv_mem_get_phys. Outboard: page-granular, zeroed. */
+#define OSENV_PHYS_WIRED   0x02
+/* Accepted, always true in Outboard: device addresses are IOVAs, contiguous per block. */
+#define OSENV_VIRT_EQ_PHYS 0x04
+#define OSENV_PHYS_CONTIG  0x08
+/* Return NULL rather than wait when no memory is available (Outboard never waits). */
+#define OSENV_NONBLOCKING  0x10
+/* Accepted and ignored: there is no ISA DMA. */
+#define OSENV_ISADMA_MEM   0x20
+
+/* Allocates size bytes aligned to align (a power of two, 0 meaning 1), with interrupts held
+ * off while it does. NULL if none is available, the flags ask for what this driver cannot
+ * have (wired memory for a driver without a device), or the arguments are bad. */
+void *osenv_mem_alloc(oskit_size_t size, osenv_memflags_t flags, unsigned align);
+
+/* Frees a block osenv_mem_alloc returned, with the same flags (size may be 0 with
+ * OSENV_AUTO_SIZE). A pointer it did not return is logged and ignored. */
+void osenv_mem_free(void *block, osenv_memflags_t flags, oskit_size_t size);
+
+/* The device address of a byte of wired memory; 0 if va is not in a wired block. */
+oskit_addr_t osenv_mem_get_phys(oskit_addr_t va);
+
+/* --- Log and panic ---------------------------------------------------------------------- */
+
+#define OSENV_LOG_EMERG   0
+#define OSENV_LOG_ALERT   1
+#define OSENV_LOG_CRIT    2
+#define OSENV_LOG_ERR     3
+#define OSENV_LOG_WARNING 4
+#define OSENV_LOG_NOTICE  5
+#define OSENV_LOG_INFO    6
+#define OSENV_LOG_DEBUG   7
+
+/* Logs a printf-style message at a level (into the driver server's structured log, with the
+ * device's name). Messages longer than 1,023 bytes are cut. */
+void osenv_log(int priority, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+void osenv_vlog(int priority, const char *fmt, va_list ap);
+
+/* Logs the message and ends the driver server (abort): a crash like any other, after which
+ * Outboard restarts the driver and its clients resume. Never returns. */
+void osenv_panic(const char *fmt, ...) __attribute__((format(printf, 1, 2), noreturn));
+void osenv_vpanic(const char *fmt, va_list ap) __attribute__((noreturn));
+
+/* --- Timers ----------------------------------------------------------------------------- */
+
+/* Prepares the timer calls (nothing to do in Outboard; kept for the original's order). */
+void osenv_timer_init(void);
+
+/* Calls func at freq hertz (1 to 100,000), at interrupt level: like a handler, atomic with
+ * respect to process-level code and held off while interrupts are disabled. Ticks the driver
+ * could not take in time coalesce into one call. Returns 0, OSENV_EINVAL for a bad frequency,
+ * or OSENV_EBUSY when the driver has 16 timers. (The original returned nothing.) */
+int osenv_timer_register(void (*func)(void), int freq);
+
+/* Stops the timer registered with func and freq. A tick already pending may still run. */
+void osenv_timer_unregister(void (*func)(void), int freq);
+
+/* Waits nanosec nanoseconds without leaving the driver or enabling interrupts. */
+void osenv_timer_spin(long nanosec);
+
+/* --- Left out, and added ------------------------------------------------------------------
+ *
+ * Left out for now: osenv_mem_map_phys, osenv_mem_get_virt and osenv_mem_phys_max (a driver
+ * in a process has no physical address space: a device's registers are reached through its
+ * BARs), the RTC calls, the ISA bus calls, and the I/O space, PCI configuration and BAR
+ * accessors (they come with the device binding).
+ * Added: OSENV_ABI_VERSION; error returns from osenv_timer_register; osenv_vpanic.
+ */
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* OUTBOARD_OSENV_H */

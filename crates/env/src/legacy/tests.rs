@@ -25,6 +25,33 @@ fn join<T>(h: std::thread::JoinHandle<T>) -> T {
     h.join().expect("the thread panicked")
 }
 
+/// Starts a thread that runs `before`, enters the driver, and then does process-level work that
+/// never leaves it nor enables anything — only a delivered stop signal can run a handler now —
+/// until `calls` moves or the time-out. Returns once the thread is inside; joining the handle
+/// gives the calls seen while still inside and the thread's id.
+fn spinner_inside(
+    cpu: &Arc<Cpu>,
+    calls: &Arc<AtomicU64>,
+    before: impl FnOnce() + Send + 'static,
+) -> std::thread::JoinHandle<(u64, u32)> {
+    let go = Arc::new(Barrier::new(2));
+    let (c, g, n) = (cpu.clone(), go.clone(), calls.clone());
+    let worker = std::thread::spawn(move || {
+        before();
+        let inside = c.enter();
+        g.wait();
+        let end = Instant::now() + LONG;
+        while n.load(SeqCst) == 0 && Instant::now() < end {
+            std::hint::spin_loop();
+        }
+        let ran_inside = n.load(SeqCst);
+        drop(inside);
+        (ran_inside, my_tid())
+    });
+    go.wait();
+    worker
+}
+
 /// A handler that records each call and the thread it ran on.
 fn recorder() -> (Handler, Arc<AtomicU64>, Arc<AtomicU32>) {
     let calls = Arc::new(AtomicU64::new(0));
@@ -64,34 +91,13 @@ fn uncontested_the_raising_thread_runs_the_handler_under_the_process_lock() {
 fn contested_the_thread_in_the_driver_is_stopped_and_runs_the_handler_at_once() {
     let cpu = Cpu::new();
     let (h, calls, on) = recorder();
-    let inside_tid = Arc::new(AtomicU32::new(0));
-    let go = Arc::new(Barrier::new(2));
-    let (c, t, g, n) = (cpu.clone(), inside_tid.clone(), go.clone(), calls.clone());
-    let worker = std::thread::spawn(move || {
-        let inside = c.enter();
-        inside.irq_alloc(5, h, false).unwrap();
-        t.store(my_tid(), SeqCst);
-        g.wait();
-        // Process-level work that never leaves the driver nor enables anything: only a
-        // delivered stop signal can run the handler now.
-        let end = Instant::now() + LONG;
-        while n.load(SeqCst) == 0 && Instant::now() < end {
-            std::hint::spin_loop();
-        }
-        let ran_inside = n.load(SeqCst);
-        drop(inside);
-        ran_inside
-    });
-    go.wait();
+    cpu.enter().irq_alloc(5, h, false).unwrap();
+    let worker = spinner_inside(&cpu, &calls, || {});
     cpu.raise(5);
-    let ran_inside = join(worker);
+    let (ran_inside, inside_tid) = join(worker);
     assert_eq!(ran_inside, 1, "the handler ran while the thread was inside");
     assert_eq!(calls.load(SeqCst), 1);
-    assert_eq!(
-        on.load(SeqCst),
-        inside_tid.load(SeqCst),
-        "on the thread in the driver"
-    );
+    assert_eq!(on.load(SeqCst), inside_tid, "on the thread in the driver");
     assert_eq!(cpu.stats().contested, 1);
 }
 
@@ -435,27 +441,15 @@ fn a_thread_that_blocked_the_stop_signal_still_takes_contested_interrupts() {
     let cpu = Cpu::new();
     let (h, calls, _) = recorder();
     cpu.enter().irq_alloc(10, h, false).unwrap();
-    let go = Arc::new(Barrier::new(2));
-    let (c, g, n) = (cpu.clone(), go.clone(), calls.clone());
-    let worker = std::thread::spawn(move || {
-        // A daemon's worker thread often blocks every signal.
+    // A daemon's worker thread often blocks every signal.
+    let worker = spinner_inside(&cpu, &calls, || {
         // SAFETY: a zeroed then filled set, changing only this thread's mask.
         unsafe {
             let mut all: libc::sigset_t = std::mem::zeroed();
             libc::sigfillset(&mut all);
             libc::pthread_sigmask(libc::SIG_BLOCK, &all, std::ptr::null_mut());
         }
-        let inside = c.enter();
-        g.wait();
-        let end = Instant::now() + LONG;
-        while n.load(SeqCst) == 0 && Instant::now() < end {
-            std::hint::spin_loop();
-        }
-        let ran_inside = n.load(SeqCst);
-        drop(inside);
-        ran_inside
     });
-    go.wait();
     cpu.raise(10);
-    assert_eq!(join(worker), 1);
+    assert_eq!(join(worker).0, 1);
 }

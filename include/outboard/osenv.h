@@ -43,6 +43,8 @@ typedef int oskit_bool_t;
 #define OSENV_EBUSY   (-16)  /* the vector is in use and not shared */
 #define OSENV_ENOMEM  (-12)  /* no memory of the kind asked for */
 #define OSENV_ENOTIN   (-1)  /* called from outside the driver (EPERM) */
+#define OSENV_EPERM    (-1)  /* not the driver's to change */
+#define OSENV_EIO      (-5)  /* the driver has no device, or the device did not answer */
 
 /* --- Interrupts ------------------------------------------------------------------------- */
 
@@ -59,8 +61,8 @@ int osenv_intr_enabled(void);
 /* Lets osenv_irq_alloc put a second handler on a vector that every handler agrees to share. */
 #define OSENV_IRQ_SHAREABLE 0x1
 
-/* Registers handler(data) on interrupt vector irq (0-47: the device's vectors, MSI-X or MSI
- * numbered from 0, INTx as 0). The handler is registered before the call returns: an
+/* Registers handler(data) on interrupt vector irq (0-47: the device's vectors, its MSI-X
+ * vectors or else its MSI vectors, numbered from 0). The handler is registered before the call returns: an
  * interrupt the driver provokes right after it (an autoprobe) reaches the handler.
  * Returns 0, OSENV_EBUSY if the vector is held and not shared by both, or OSENV_EINVAL. */
 int osenv_irq_alloc(int irq, void (*handler)(void *), void *data, int flags);
@@ -162,13 +164,66 @@ void osenv_timer_unregister(void (*func)(void), int freq);
 /* Waits nanosec nanoseconds without leaving the driver or enabling interrupts. */
 void osenv_timer_spin(long nanosec);
 
+/* --- The device: PCI configuration, I/O ports, BAR registers ----------------------------
+ *
+ * A driver has exactly one device, a PCI function, presented as bus 0, device 0, function 0.
+ * Every access runs with interrupts held off (it may be a message to a device model). */
+
+/* Reads the configuration dword at `port` (a multiple of 4 below 4096) into *data. Another
+ * bus, device or function reads as all ones (an empty slot) and returns 0. BARs are
+ * presented: an I/O BAR i reads as port 0x1000*(i+1) | 1; after the driver wrote all ones to a
+ * BAR, it reads the BAR's size mask (BAR sizing), until it writes another value. Returns 0,
+ * or OSENV_EIO (and all ones) if the device cannot be read. */
+int osenv_pci_config_read(char bus, char device, char function, unsigned port, unsigned *data);
+
+/* Writes a configuration dword, through the function's configuration policy (the command
+ * register's decode, bus-master and INTx bits, MSI/MSI-X control and the like; not the IDs,
+ * not the BARs). A BAR write only starts or ends sizing: the BAR itself is not moved.
+ * Returns 0, OSENV_EPERM if refused, or OSENV_EIO. */
+int osenv_pci_config_write(char bus, char device, char function, unsigned port, unsigned data);
+
+/* Non-zero if ports [port, port+size) lie in one of the device's I/O BARs and are not
+ * allocated. */
+oskit_bool_t osenv_io_avail(oskit_addr_t port, oskit_size_t size);
+
+/* Allocates ports for the driver's accessors. Returns 0, OSENV_EBUSY (not in an I/O BAR, or
+ * overlapping an allocation) or OSENV_EIO (no device). */
+oskit_error_t osenv_io_alloc(oskit_addr_t port, oskit_size_t size);
+
+/* Frees a range exactly as it was allocated. */
+void osenv_io_free(oskit_addr_t port, oskit_size_t size);
+
+/* Port accessors (in place of inb/outb): only within allocated ranges. A read elsewhere or of
+ * a device that failed returns all ones; a write there is dropped and logged. */
+uint8_t osenv_io_read8(unsigned port);
+uint16_t osenv_io_read16(unsigned port);
+uint32_t osenv_io_read32(unsigned port);
+void osenv_io_write8(unsigned port, uint8_t value);
+void osenv_io_write16(unsigned port, uint16_t value);
+void osenv_io_write32(unsigned port, uint32_t value);
+
+/* BAR register accessors (in place of osenv_mem_map_phys and pointer accesses: a BAR may be
+ * reached over vfio-user, where there is nothing to map). Little-endian, as PCI is. A read
+ * outside the BAR or of a device that failed returns all ones; a write returns 0 or
+ * OSENV_EIO. */
+uint8_t osenv_bar_read8(unsigned bar, oskit_size_t offset);
+uint16_t osenv_bar_read16(unsigned bar, oskit_size_t offset);
+uint32_t osenv_bar_read32(unsigned bar, oskit_size_t offset);
+uint64_t osenv_bar_read64(unsigned bar, oskit_size_t offset);
+int osenv_bar_write8(unsigned bar, oskit_size_t offset, uint8_t value);
+int osenv_bar_write16(unsigned bar, oskit_size_t offset, uint16_t value);
+int osenv_bar_write32(unsigned bar, oskit_size_t offset, uint32_t value);
+int osenv_bar_write64(unsigned bar, oskit_size_t offset, uint64_t value);
+
 /* --- Left out, and added ------------------------------------------------------------------
  *
- * Left out for now: osenv_mem_map_phys, osenv_mem_get_virt and osenv_mem_phys_max (a driver
- * in a process has no physical address space: a device's registers are reached through its
- * BARs), the RTC calls, the ISA bus calls, and the I/O space, PCI configuration and BAR
- * accessors (they come with the device binding).
- * Added: OSENV_ABI_VERSION; error returns from osenv_timer_register; osenv_vpanic.
+ * Left out: osenv_mem_map_phys, osenv_mem_get_virt and osenv_mem_phys_max (a driver in a
+ * process has no physical address space: its device's registers are reached through the BAR
+ * accessors, its DMA memory is wired memory), osenv_pci_config_init (there is always exactly
+ * one function), the RTC calls, the ISA bus calls, and INTx (a device's vectors are its MSI-X
+ * vectors, else its MSI vectors).
+ * Added: OSENV_ABI_VERSION; error returns from osenv_timer_register; osenv_vpanic; the port
+ * and BAR accessors.
  */
 
 #ifdef __cplusplus

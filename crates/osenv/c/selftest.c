@@ -122,3 +122,47 @@ int selftest_intr_enabled(void)
 {
     return osenv_intr_enabled();
 }
+
+/* The device, as a kernel driver probes it. */
+unsigned selftest_config_id(void)
+{
+    unsigned v = 0;
+    return osenv_pci_config_read(0, 0, 0, 0, &v) == 0 ? v : 0;
+}
+
+unsigned selftest_config_absent(void)
+{
+    unsigned v = 0;
+    osenv_pci_config_read(0, 1, 0, 0, &v);
+    return v;
+}
+
+/* Sizes BAR `bar` the way a kernel does: write all ones, read the mask, put the value back.
+ * Returns the size, or 0 if the BAR did not read back as it was. */
+unsigned selftest_bar_size(int bar)
+{
+    unsigned reg = 0x10 + 4 * (unsigned)bar, old = 0, mask = 0, after = 0;
+    osenv_pci_config_read(0, 0, 0, reg, &old);
+    osenv_pci_config_write(0, 0, 0, reg, 0xffffffffu);
+    osenv_pci_config_read(0, 0, 0, reg, &mask);
+    osenv_pci_config_write(0, 0, 0, reg, old);
+    osenv_pci_config_read(0, 0, 0, reg, &after);
+    if (after != old)
+        return 0;
+    return ~(mask & ~0xfu) + 1;
+}
+
+int selftest_config_write_id(void)
+{
+    return osenv_pci_config_write(0, 0, 0, 0, 0x12345678u);
+}
+
+uint32_t selftest_bar_read32(unsigned bar, size_t offset)
+{
+    return osenv_bar_read32(bar, offset);
+}
+
+int selftest_io_alloc(unsigned port, unsigned size)
+{
+    return osenv_io_alloc(port, size);
+}

@@ -19,6 +19,8 @@ use crate::state::{Block, CHandler, State, TimerReg, FIRST_TIMER_VECTOR, MAX_TIM
 const EINVAL: c_int = -22;
 const EBUSY: c_int = -16;
 const ENOTIN: c_int = -1;
+const EPERM: c_int = -1;
+const EIO: c_int = -5;
 
 const OSENV_IRQ_SHAREABLE: c_int = 0x1;
 const OSENV_AUTO_SIZE: c_uint = 0x01;
@@ -464,4 +466,173 @@ pub extern "C" fn osenv_timer_spin(nanosec: c_long) {
     while Instant::now() < until {
         std::hint::spin_loop();
     }
+}
+
+/// Runs `f` on the driver's device with interrupts held off (an access may be a message to a
+/// vfio-user device model, which a handler's own access must not interleave with), or logs
+/// that `call` came from a driver without a device.
+fn on_device<R>(call: &str, f: impl FnOnce(&crate::device::Device) -> R) -> Option<R> {
+    in_driver(call, |cpu, st| match &st.device {
+        Some(d) => Some(cpu.without_interrupts(|| f(d))),
+        None => {
+            tracing::warn!("{}: {call}, but the driver has no device", st.name);
+            None
+        }
+    })
+    .flatten()
+}
+
+/// Whether a configuration address is the driver's own function (presented as 00:00.0) and
+/// a dword it may reach.
+fn own_config(bus: c_char, device: c_char, function: c_char, port: c_uint) -> bool {
+    bus == 0 && device == 0 && function == 0 && port.is_multiple_of(4) && port < 4096
+}
+
+/// `osenv_pci_config_read`: see `include/outboard/osenv.h`.
+///
+/// # Safety
+/// `data` is null or points at an `unsigned int` the call may write.
+#[no_mangle]
+pub unsafe extern "C" fn osenv_pci_config_read(
+    bus: c_char,
+    device: c_char,
+    function: c_char,
+    port: c_uint,
+    data: *mut c_uint,
+) -> c_int {
+    if data.is_null() {
+        return EINVAL;
+    }
+    let value = if own_config(bus, device, function, port) {
+        on_device("osenv_pci_config_read", |d| d.config_read(port)).flatten()
+    } else {
+        // No other function is on the driver's bus: reads of an empty slot.
+        Some(u32::MAX)
+    };
+    let (value, rc) = match value {
+        Some(v) => (v, 0),
+        None => (u32::MAX, EIO),
+    };
+    // SAFETY: the caller's contract; checked non-null above.
+    unsafe { data.write(value) };
+    rc
+}
+
+/// `osenv_pci_config_write`: see `include/outboard/osenv.h`.
+#[no_mangle]
+pub extern "C" fn osenv_pci_config_write(
+    bus: c_char,
+    device: c_char,
+    function: c_char,
+    port: c_uint,
+    data: c_uint,
+) -> c_int {
+    if !own_config(bus, device, function, port) {
+        return EPERM;
+    }
+    match on_device("osenv_pci_config_write", |d| d.config_write(port, data)) {
+        Some(true) => 0,
+        Some(false) => EPERM,
+        None => EIO,
+    }
+}
+
+/// `osenv_io_avail`: see `include/outboard/osenv.h`.
+#[no_mangle]
+pub extern "C" fn osenv_io_avail(port: usize, size: usize) -> c_int {
+    let (Ok(p), Ok(n)) = (u32::try_from(port), u32::try_from(size)) else {
+        return 0;
+    };
+    on_device("osenv_io_avail", |d| d.io_avail(p, n) as c_int).unwrap_or(0)
+}
+
+/// `osenv_io_alloc`: see `include/outboard/osenv.h`.
+#[no_mangle]
+pub extern "C" fn osenv_io_alloc(port: usize, size: usize) -> c_int {
+    let (Ok(p), Ok(n)) = (u32::try_from(port), u32::try_from(size)) else {
+        return EINVAL;
+    };
+    match on_device("osenv_io_alloc", |d| d.io_alloc(p, n)) {
+        Some(true) => 0,
+        Some(false) => EBUSY,
+        None => EIO,
+    }
+}
+
+/// `osenv_io_free`: see `include/outboard/osenv.h`.
+#[no_mangle]
+pub extern "C" fn osenv_io_free(port: usize, size: usize) {
+    let (Ok(p), Ok(n)) = (u32::try_from(port), u32::try_from(size)) else {
+        return;
+    };
+    if on_device("osenv_io_free", |d| d.io_free(p, n)) == Some(false) {
+        tracing::warn!("osenv_io_free of ports {port:#x}+{size} the driver did not allocate");
+    }
+}
+
+macro_rules! port_accessors {
+    ($($read:ident $write:ident $r:ident $w:ident $t:ty;)*) => {$(
+        /// Reads a port the driver allocated; all ones if it did not or the device failed.
+        #[no_mangle]
+        pub extern "C" fn $read(port: c_uint) -> $t {
+            const N: u32 = std::mem::size_of::<$t>() as u32;
+            on_device(stringify!($read), |d| {
+                d.port(port, N).and_then(|(r, off)| r.$r(off).ok())
+            })
+            .flatten()
+            .unwrap_or(<$t>::MAX)
+        }
+
+        /// Writes a port the driver allocated; dropped (and logged) otherwise.
+        #[no_mangle]
+        pub extern "C" fn $write(port: c_uint, value: $t) {
+            const N: u32 = std::mem::size_of::<$t>() as u32;
+            let done = on_device(stringify!($write), |d| {
+                d.port(port, N).map(|(r, off)| r.$w(off, value).is_ok())
+            })
+            .flatten();
+            if done != Some(true) {
+                tracing::warn!("{}({port:#x}): not an allocated port, or the device failed", stringify!($write));
+            }
+        }
+    )*};
+}
+
+port_accessors! {
+    osenv_io_read8 osenv_io_write8 read8 write8 u8;
+    osenv_io_read16 osenv_io_write16 read16 write16 u16;
+    osenv_io_read32 osenv_io_write32 read32 write32 u32;
+}
+
+macro_rules! bar_accessors {
+    ($($read:ident $write:ident $r:ident $w:ident $t:ty;)*) => {$(
+        /// Reads a register of BAR `bar`; all ones if there is no such register or the device
+        /// failed.
+        #[no_mangle]
+        pub extern "C" fn $read(bar: c_uint, offset: usize) -> $t {
+            on_device(stringify!($read), |d| {
+                d.bar(bar).and_then(|r| r.$r(offset as u64).ok())
+            })
+            .flatten()
+            .unwrap_or(<$t>::MAX)
+        }
+
+        /// Writes a register of BAR `bar`; returns 0, or OSENV_EIO if there is no such register
+        /// or the device failed.
+        #[no_mangle]
+        pub extern "C" fn $write(bar: c_uint, offset: usize, value: $t) -> c_int {
+            let done = on_device(stringify!($write), |d| {
+                d.bar(bar).map(|r| r.$w(offset as u64, value).is_ok())
+            })
+            .flatten();
+            if done == Some(true) { 0 } else { EIO }
+        }
+    )*};
+}
+
+bar_accessors! {
+    osenv_bar_read8 osenv_bar_write8 read8 write8 u8;
+    osenv_bar_read16 osenv_bar_write16 read16 write16 u16;
+    osenv_bar_read32 osenv_bar_write32 read32 write32 u32;
+    osenv_bar_read64 osenv_bar_write64 read64 write64 u64;
 }

@@ -11,14 +11,16 @@
 //! (`c/varargs.c`), which formats and hands the text to Rust.
 
 pub mod abi;
+mod device;
 mod state;
 
 use std::sync::Arc;
 
 use outboard_env::legacy::{Cpu, Inside, InterruptThread};
 use outboard_env::LoopError;
-use outboard_hw::DmaSpace;
+use outboard_hw::{IrqKind, PciFunction};
 
+pub use device::PORT_STRIDE;
 pub use state::{FIRST_TIMER_VECTOR, MAX_TIMERS};
 
 /// One legacy driver's environment. Dropping it stops its interrupt thread.
@@ -34,12 +36,44 @@ impl std::fmt::Debug for Osenv {
 }
 
 impl Osenv {
-    /// The environment of driver `name`, whose wired memory comes from `dma` (none: a driver
-    /// without a device, whose wired allocations fail).
-    pub fn new(name: &str, dma: Option<DmaSpace>) -> Result<Self, LoopError> {
+    /// The environment of driver `name`, which has no device: its wired allocations and
+    /// device accesses fail.
+    pub fn new(name: &str) -> Result<Self, OsenvError> {
+        Self::build(name, None)
+    }
+
+    /// The environment of driver `name` for `function`: wired memory is mapped in its DMA
+    /// space, its configuration space, ports and BARs are the driver's, and its interrupt
+    /// vectors (MSI-X, else MSI; up to 48) are enabled and are the driver's vectors 0, 1, ….
+    pub fn for_function(name: &str, function: PciFunction) -> Result<Self, OsenvError> {
+        Self::build(name, Some(function))
+    }
+
+    fn build(name: &str, function: Option<PciFunction>) -> Result<Self, OsenvError> {
         let cpu = Cpu::new();
         let interrupts = InterruptThread::spawn(cpu.clone())?;
-        let state = state::State::new(name, interrupts.sources(), dma);
+        let mut irqs = Vec::new();
+        if let Some(f) = &function {
+            let kind = [IrqKind::MsiX, IrqKind::Msi]
+                .into_iter()
+                .find(|k| f.irq_count(*k).is_ok_and(|n| n > 0));
+            if let Some(kind) = kind {
+                let n = f.irq_count(kind)?.min(FIRST_TIMER_VECTOR);
+                irqs = f.enable_irqs(kind, n)?;
+                for (v, irq) in irqs.iter().enumerate() {
+                    let fd = rustix::io::dup(irq.fd()).map_err(std::io::Error::from)?;
+                    interrupts.attach(fd, v as u32)?;
+                }
+            }
+        }
+        let dma = function.as_ref().map(|f| f.dma().clone());
+        let state = state::State::new(
+            name,
+            interrupts.sources(),
+            dma,
+            function.map(device::Device::new),
+            irqs,
+        );
         cpu.set_context(Box::new(state));
         Ok(Self {
             cpu,
@@ -56,4 +90,18 @@ impl Osenv {
     pub fn cpu(&self) -> &Arc<Cpu> {
         &self.cpu
     }
+}
+
+/// Why a legacy driver's environment could not be set up.
+#[derive(Debug, thiserror::Error)]
+pub enum OsenvError {
+    /// The interrupt thread or its sources.
+    #[error(transparent)]
+    Loop(#[from] LoopError),
+    /// The device's interrupts.
+    #[error("the device's interrupts: {0}")]
+    Device(#[from] outboard_hw::HwError),
+    /// Duplicating an interrupt's eventfd.
+    #[error("an interrupt's eventfd: {0}")]
+    Io(#[from] std::io::Error),
 }

@@ -10,7 +10,9 @@ use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 
 use outboard_env::legacy::{SourceKey, Sources};
-use outboard_hw::{DmaBuf, DmaSpace};
+use outboard_hw::{DmaBuf, DmaSpace, Irq};
+
+use crate::device::Device;
 
 /// The first vector timers use: 0-47 are the device's.
 pub const FIRST_TIMER_VECTOR: u32 = 48;
@@ -48,6 +50,9 @@ pub(crate) struct State {
     pub name: String,
     pub sources: Arc<Sources>,
     pub dma: Option<DmaSpace>,
+    /// The driver's device, if it has one, and its interrupt vectors (kept enabled).
+    pub device: Option<Device>,
+    pub _irqs: Vec<Irq>,
     pub handlers: Mutex<Vec<CHandler>>,
     pub timers: Mutex<Vec<TimerReg>>,
     /// Blocks by address.
@@ -55,11 +60,19 @@ pub(crate) struct State {
 }
 
 impl State {
-    pub fn new(name: &str, sources: Arc<Sources>, dma: Option<DmaSpace>) -> Self {
+    pub fn new(
+        name: &str,
+        sources: Arc<Sources>,
+        dma: Option<DmaSpace>,
+        device: Option<Device>,
+        irqs: Vec<Irq>,
+    ) -> Self {
         Self {
             name: name.to_string(),
             sources,
             dma,
+            device,
+            _irqs: irqs,
             handlers: Mutex::new(Vec::new()),
             timers: Mutex::new(Vec::new()),
             blocks: Mutex::new(BTreeMap::new()),

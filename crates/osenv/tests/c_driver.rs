@@ -19,6 +19,12 @@ unsafe extern "C" {
     safe fn selftest_memory() -> i32;
     safe fn selftest_wired() -> usize;
     safe fn selftest_intr_enabled() -> i32;
+    safe fn selftest_config_id() -> u32;
+    safe fn selftest_config_absent() -> u32;
+    safe fn selftest_bar_size(bar: i32) -> u32;
+    safe fn selftest_config_write_id() -> i32;
+    safe fn selftest_bar_read32(bar: u32, offset: usize) -> u32;
+    safe fn selftest_io_alloc(port: u32, size: u32) -> i32;
 }
 
 /// Runs `f` on a thread and fails if it does not return within `limit`.
@@ -38,7 +44,7 @@ static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
 #[test]
 fn a_c_driver_sleeps_until_its_interrupts_come_and_shares_state_with_its_handler() {
     let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|p| p.into_inner());
-    let env = Arc::new(Osenv::new("selftest", None).unwrap());
+    let env = Arc::new(Osenv::new("selftest").unwrap());
     {
         let _in = env.enter();
         assert_eq!(selftest_start(), 0);
@@ -81,7 +87,7 @@ fn a_c_driver_sleeps_until_its_interrupts_come_and_shares_state_with_its_handler
 #[test]
 fn a_c_driver_counts_timer_ticks_while_it_sleeps() {
     let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|p| p.into_inner());
-    let env = Arc::new(Osenv::new("ticker", None).unwrap());
+    let env = Arc::new(Osenv::new("ticker").unwrap());
     let e = env.clone();
     let started = Instant::now();
     let rc = within(Duration::from_secs(20), move || {
@@ -113,7 +119,7 @@ fn a_c_driver_counts_timer_ticks_while_it_sleeps() {
 #[test]
 fn memory_of_every_plain_kind_and_wired_memory_only_with_a_device() {
     let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|p| p.into_inner());
-    let env = Osenv::new("memory", None).unwrap();
+    let env = Osenv::new("memory").unwrap();
     let _in = env.enter();
     assert_eq!(selftest_memory(), 0);
     assert_eq!(selftest_wired(), 0, "no device: no wired memory");
@@ -132,7 +138,7 @@ fn wired_memory_is_mapped_for_the_device_at_the_address_it_is_given() {
     )));
     let func =
         outboard_hw::PciFunction::with_backend("in-process".into(), backend.clone()).unwrap();
-    let env = Osenv::new("wired", Some(func.dma().clone())).unwrap();
+    let env = Osenv::for_function("wired", func).unwrap();
     let phys = {
         let _in = env.enter();
         selftest_wired()
@@ -150,4 +156,52 @@ fn wired_memory_is_mapped_for_the_device_at_the_address_it_is_given() {
 fn calls_from_outside_a_driver_are_refused() {
     assert_eq!(selftest_start(), -1);
     assert_eq!(selftest_intr_enabled(), 0);
+}
+
+#[test]
+fn the_device_is_the_drivers_own_function_its_bars_sized_and_read_as_a_kernel_would() {
+    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|p| p.into_inner());
+    let model = outboard_devices::virtio_blk(
+        outboard_devices::backing::Backing::open("mem:1M", None).unwrap(),
+        Default::default(),
+    )
+    .unwrap();
+    let backend = Arc::new(outboard_hw::backend::in_process::InProcess::new(Box::new(
+        model,
+    )));
+    let func = outboard_hw::PciFunction::with_backend("in-process".into(), backend).unwrap();
+    let id = func.config_read32(0).unwrap();
+    let sizes = func.bar_sizes().unwrap();
+    let bar = sizes.iter().position(|&s| s > 0).expect("a BAR") as u32;
+    let region = func.region(bar as u8).unwrap();
+    let first = region.read32(0).unwrap();
+    let env = Osenv::for_function("device", func).unwrap();
+    let _in = env.enter();
+    assert_eq!(selftest_config_id(), id, "vendor and device IDs");
+    assert_eq!(selftest_config_absent(), u32::MAX, "another slot is empty");
+    assert_eq!(
+        u64::from(selftest_bar_size(bar as i32)),
+        sizes[bar as usize]
+    );
+    assert_eq!(
+        selftest_config_write_id(),
+        -1,
+        "the IDs are not the driver's to write"
+    );
+    assert_eq!(
+        selftest_bar_read32(bar, 0),
+        first,
+        "a BAR register as the device has it"
+    );
+    assert_eq!(
+        selftest_bar_read32(bar, sizes[bar as usize] as usize),
+        u32::MAX,
+        "past the BAR"
+    );
+    assert_eq!(selftest_bar_read32(6, 0), u32::MAX, "no BAR 6");
+    assert_eq!(
+        selftest_io_alloc(0x1000, 8),
+        -16,
+        "virtio-blk has no I/O BAR"
+    );
 }

@@ -1,0 +1,168 @@
+//! The one device a legacy driver has, as its `osenv` calls see it: configuration space
+//! (mediated: reads of the function's own, absent elsewhere; writes through the function's
+//! configuration policy; BARs virtualised), I/O ports and BAR registers.
+//!
+//! **Ports.** A process has no port space, and a function's I/O BAR may be reached over
+//! vfio-user: each I/O BAR `i` is presented at ports `0x1000·(i+1)` (the value a
+//! configuration read of the BAR returns), and the driver reaches them through the
+//! `osenv_io_*` accessors, within ranges it allocated.
+//! **BAR sizing.** A driver that writes all ones to a BAR and reads it back gets the BAR's
+//! size mask, as on real hardware; the BAR itself is never reprogrammed.
+
+use std::sync::Mutex;
+
+use outboard_hw::{PciFunction, Region};
+
+/// Offset of BAR 0 in configuration space.
+const BAR0: u32 = 0x10;
+/// Ports of I/O BAR `i` start at `PORT_STRIDE·(i+1)`.
+pub const PORT_STRIDE: u32 = 0x1000;
+
+/// What a driver's device looks like through `osenv`.
+pub(crate) struct Device {
+    function: PciFunction,
+    /// Per BAR: its size, whether it is an I/O BAR, and its flags (low bits of the register).
+    bars: [Bar; 6],
+    /// Regions, opened when first used.
+    regions: Mutex<[Option<Region>; 6]>,
+    /// BARs a driver wrote all ones to (it reads the size mask next).
+    sizing: Mutex<[bool; 6]>,
+    /// Port ranges the driver allocated: (first port, length).
+    ports: Mutex<Vec<(u32, u32)>>,
+}
+
+#[derive(Debug, Clone, Copy, Default)]
+struct Bar {
+    size: u64,
+    io: bool,
+    flags: u32,
+}
+
+impl Device {
+    pub fn new(function: PciFunction) -> Self {
+        let sizes = function.bar_sizes().unwrap_or([0; 6]);
+        let mut bars = [Bar::default(); 6];
+        for (i, bar) in bars.iter_mut().enumerate() {
+            let mut reg = [0u8; 4];
+            let _ = function.config_read_at_open(u64::from(BAR0) + 4 * i as u64, &mut reg);
+            let reg = u32::from_le_bytes(reg);
+            let io = reg & 1 == 1;
+            *bar = Bar {
+                size: sizes[i],
+                io,
+                flags: if io { 1 } else { reg & 0xf },
+            };
+        }
+        Self {
+            function,
+            bars,
+            regions: Mutex::new(Default::default()),
+            sizing: Mutex::new([false; 6]),
+            ports: Mutex::new(Vec::new()),
+        }
+    }
+
+    /// The BAR a dword-aligned configuration offset names, if any.
+    fn bar_at(offset: u32) -> Option<usize> {
+        (BAR0..BAR0 + 24)
+            .contains(&offset)
+            .then(|| ((offset - BAR0) / 4) as usize)
+    }
+
+    /// A configuration dword at `offset` (4-aligned, below 4096), BARs as presented.
+    pub fn config_read(&self, offset: u32) -> Option<u32> {
+        if let Some(i) = Self::bar_at(offset) {
+            let bar = self.bars[i];
+            let sizing = self.sizing.lock().unwrap_or_else(|p| p.into_inner())[i];
+            return Some(match (bar.size, bar.io, sizing) {
+                (0, _, _) => 0,
+                (size, _, true) => !(size as u32).wrapping_sub(1) | bar.flags,
+                (_, true, false) => (PORT_STRIDE * (i as u32 + 1)) | 1,
+                (_, false, false) => self.function.config_read32(offset.into()).ok()?,
+            });
+        }
+        self.function.config_read32(offset.into()).ok()
+    }
+
+    /// Writes a configuration dword: a BAR write only starts or ends sizing; anything else goes
+    /// through the function's configuration policy.
+    pub fn config_write(&self, offset: u32, value: u32) -> bool {
+        if let Some(i) = Self::bar_at(offset) {
+            self.sizing.lock().unwrap_or_else(|p| p.into_inner())[i] = value == u32::MAX;
+            return true;
+        }
+        self.function
+            .config_write(offset.into(), &value.to_le_bytes())
+            .is_ok()
+    }
+
+    /// The I/O BAR and offset of port range `[port, port+len)`, if it lies in one.
+    fn io_bar(&self, port: u32, len: u32) -> Option<(usize, u64)> {
+        let i = (port / PORT_STRIDE).checked_sub(1)? as usize;
+        let bar = self.bars.get(i)?;
+        let offset = u64::from(port % PORT_STRIDE);
+        (bar.io && offset + u64::from(len) <= bar.size.min(u64::from(PORT_STRIDE)))
+            .then_some((i, offset))
+    }
+
+    fn overlaps(ports: &[(u32, u32)], port: u32, len: u32) -> bool {
+        ports
+            .iter()
+            .any(|&(p, l)| port < p.saturating_add(l) && p < port.saturating_add(len))
+    }
+
+    /// `osenv_io_avail`: the range is in an I/O BAR and not allocated.
+    pub fn io_avail(&self, port: u32, len: u32) -> bool {
+        len > 0
+            && self.io_bar(port, len).is_some()
+            && !Self::overlaps(
+                &self.ports.lock().unwrap_or_else(|p| p.into_inner()),
+                port,
+                len,
+            )
+    }
+
+    /// `osenv_io_alloc`.
+    pub fn io_alloc(&self, port: u32, len: u32) -> bool {
+        let mut ports = self.ports.lock().unwrap_or_else(|p| p.into_inner());
+        if len == 0 || self.io_bar(port, len).is_none() || Self::overlaps(&ports, port, len) {
+            return false;
+        }
+        ports.push((port, len));
+        true
+    }
+
+    /// `osenv_io_free`: only a range the driver allocated, as allocated.
+    pub fn io_free(&self, port: u32, len: u32) -> bool {
+        let mut ports = self.ports.lock().unwrap_or_else(|p| p.into_inner());
+        let before = ports.len();
+        ports.retain(|&r| r != (port, len));
+        ports.len() != before
+    }
+
+    fn region(&self, bar: usize) -> Option<Region> {
+        let mut regions = self.regions.lock().unwrap_or_else(|p| p.into_inner());
+        if regions[bar].is_none() {
+            regions[bar] = self.function.region(bar as u8).ok();
+        }
+        regions[bar].clone()
+    }
+
+    /// The region and offset behind an access of `len` bytes at `port`, if the driver
+    /// allocated the port.
+    pub fn port(&self, port: u32, len: u32) -> Option<(Region, u64)> {
+        let ports = self.ports.lock().unwrap_or_else(|p| p.into_inner());
+        let owned = ports
+            .iter()
+            .any(|&(p, l)| port >= p && port.saturating_add(len) <= p.saturating_add(l));
+        drop(ports);
+        let (bar, offset) = self.io_bar(port, len).filter(|_| owned)?;
+        Some((self.region(bar)?, offset))
+    }
+
+    /// The region of memory BAR `bar`, for its accessors.
+    pub fn bar(&self, bar: u32) -> Option<Region> {
+        let b = self.bars.get(bar as usize)?;
+        (b.size > 0).then(|| self.region(bar as usize)).flatten()
+    }
+}

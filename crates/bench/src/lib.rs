@@ -5,6 +5,7 @@
 #![deny(missing_docs)]
 
 pub mod charts;
+pub mod clock;
 pub mod combination;
 pub mod compare;
 pub mod counting;
@@ -47,6 +48,7 @@ pub const TESTS: &[&str] = &[
     "combination",
     "net-load",
     "net-raw",
+    "clock",
 ];
 
 /// What a run needs.
@@ -130,6 +132,7 @@ pub fn run(tests: &[&str], opts: Options) -> Result<(), String> {
             "combination" => combination::combination(&ctx),
             "net-load" => netload::net_load(&ctx),
             "net-raw" => netraw::net_raw(&ctx),
+            "clock" => clock::clock(&ctx),
             other => Err(format!(
                 "unknown test {other:?} (known: {})",
                 TESTS.join(", ")

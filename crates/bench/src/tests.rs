@@ -625,6 +625,7 @@ pub fn steps(test: &str, ctx: &Context) -> u64 {
             (c + 1 + c) * q * r
         }
         "null-rtt" => 9 * r,
+        "clock" => crate::clock::steps(ctx),
         "counters" => crate::counting::steps(ctx),
         "exports" => crate::exports::steps(ctx),
         "trace" => crate::trace::steps(ctx),

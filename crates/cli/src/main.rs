@@ -203,8 +203,8 @@ fn fault(a: FaultArgs, control: std::path::PathBuf) -> Result<ExitCode, String> 
 /// Which tests, and how.
 #[derive(clap::Args)]
 struct BenchArgs {
-    /// Tests to run: disk-read, iops, null-rtt, counters (what the per-device counters cost: null round trip and 4 KiB IOPS with and without them), trace (the 1992 HP disk trace), exports (NBD against nbdkit and qemu-storage-daemon), restart (SIGKILL the driver or its model under a verified workload), faults (a campaign of every fault kind under verified load), echo (UDP round trips between two NICs: kernel veth, colocated, separate, TAP), combination (a disk read out of a NIC as UDP, in four placements), net-load (UDP echo under a rising offered load, 0 and 100 µs interrupt hold-off), net-raw (Ethernet frames received, sent and echoed, 60–1514 bytes), or all.
-    #[arg(required = true, value_parser = ["disk-read", "iops", "null-rtt", "counters", "trace", "exports", "restart", "faults", "echo", "combination", "net-load", "net-raw", "all"])]
+    /// Tests to run: disk-read, iops, null-rtt, counters (what the per-device counters cost: null round trip and 4 KiB IOPS with and without them), trace (the 1992 HP disk trace), exports (NBD against nbdkit and qemu-storage-daemon), restart (SIGKILL the driver or its model under a verified workload), faults (a campaign of every fault kind under verified load), echo (UDP round trips between two NICs: kernel veth, colocated, separate, TAP), combination (a disk read out of a NIC as UDP, in four placements), net-load (UDP echo under a rising offered load, 0 and 100 µs interrupt hold-off), net-raw (Ethernet frames received, sent and echoed, 60–1514 bytes), clock (CPU time per clock interrupt: timerfd, native work loop, osenv uncontested and contested, 100 Hz to 20 kHz), or all.
+    #[arg(required = true, value_parser = ["disk-read", "iops", "null-rtt", "counters", "trace", "exports", "restart", "faults", "echo", "combination", "net-load", "net-raw", "clock", "all"])]
     tests: Vec<String>,
     /// A short smoke run (small sizes, 2 runs): checks the machinery, not the numbers.
     #[arg(long)]

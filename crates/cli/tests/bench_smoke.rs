@@ -94,6 +94,17 @@ fn quick_bench_writes_complete_json_charts_and_report() {
             6,
         ),
         ("net-raw", vec!["kernel", "colocated", "separate"], 6, 6),
+        (
+            "clock",
+            vec![
+                "timerfd, a thread",
+                "native work loop",
+                "osenv, uncontested",
+                "osenv, contested",
+            ],
+            2,
+            2,
+        ),
     ];
     for (test, configs, figures, points) in expect {
         let v: serde_json::Value = serde_json::from_str(

@@ -1,0 +1,336 @@
+//! Evaluation test 7, in part (the Fluke thesis's clock interrupt test, §5): what one clock
+//! interrupt costs in CPU time, delivered four ways in this process — a thread blocked on a
+//! `timerfd` (the floor), the native work loop, and the `osenv` legacy model uncontested (no
+//! thread in the driver: the interrupt thread runs the handler) and contested (a process-level
+//! thread spinning inside the driver is stopped for each one) — at rising rates, and how many
+//! of the interrupts asked for arrive (where the machine saturates).
+//!
+//! Not yet what the test asks in full: timer *device* drivers (a timer model and a C driver on
+//! `osenv`, each in its own driver server, 1 to 6 of them) come with the clock class.
+
+use std::os::fd::{AsFd, OwnedFd};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::SeqCst};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use outboard_env::legacy::{Cpu, InterruptThread};
+use outboard_env::WorkLoop;
+use rustix::time::{
+    clock_gettime, timerfd_create, timerfd_settime, ClockId, Itimerspec, TimerfdClockId,
+    TimerfdFlags, TimerfdTimerFlags, Timespec,
+};
+
+use crate::model::{Machine, Point, Series, Target, TestResult};
+use crate::stats::Summary;
+use crate::tests::{figure, WARM_UP};
+use crate::Context;
+
+/// How the interrupt is delivered.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Delivery {
+    Timerfd,
+    Native,
+    Uncontested,
+    Contested,
+}
+
+impl Delivery {
+    const ALL: [Delivery; 4] = [
+        Delivery::Timerfd,
+        Delivery::Native,
+        Delivery::Uncontested,
+        Delivery::Contested,
+    ];
+
+    fn label(self) -> &'static str {
+        match self {
+            Delivery::Timerfd => "timerfd, a thread",
+            Delivery::Native => "native work loop",
+            Delivery::Uncontested => "osenv, uncontested",
+            Delivery::Contested => "osenv, contested",
+        }
+    }
+}
+
+/// Runs per rate and configuration in the progress bar's count.
+pub fn steps(ctx: &Context) -> u64 {
+    (rates(ctx).len() * Delivery::ALL.len() * ctx.runs) as u64
+}
+
+fn rates(ctx: &Context) -> &'static [u32] {
+    if ctx.quick {
+        &[1000, 10_000]
+    } else {
+        &[100, 1000, 2000, 5000, 10_000, 20_000]
+    }
+}
+
+/// The clock test.
+pub fn clock(ctx: &Context) -> Result<TestResult, String> {
+    let secs = if ctx.quick { 0.2 } else { 1.0 };
+    let mut cost = figure(
+        "cpu-per-interrupt",
+        "CPU time per clock interrupt",
+        "interrupts asked per second",
+        "µs of CPU per interrupt",
+        true,
+        "line",
+    );
+    let mut delivered = figure(
+        "delivered",
+        "Clock interrupts delivered",
+        "interrupts asked per second",
+        "delivered per second",
+        true,
+        "line",
+    );
+    for d in Delivery::ALL {
+        let mut c = Series {
+            label: d.label().into(),
+            points: Vec::new(),
+        };
+        let mut n = c.clone();
+        for &hz in rates(ctx) {
+            ctx.progress
+                .set_message(format!("clock: {} at {hz} Hz", d.label()));
+            let (mut us, mut per_sec) = (Vec::new(), Vec::new());
+            for _ in 0..ctx.runs {
+                let m = measure(d, hz, secs)?;
+                us.push(m.cpu_us_per_interrupt);
+                per_sec.push(m.delivered_per_sec);
+                ctx.progress.inc(1);
+            }
+            c.points.push(Point {
+                x: f64::from(hz),
+                y: Summary::of(&us, WARM_UP),
+            });
+            n.points.push(Point {
+                x: f64::from(hz),
+                y: Summary::of(&per_sec, WARM_UP),
+            });
+        }
+        cost.series.push(c);
+        delivered.series.push(n);
+    }
+    let at = |label: &str| {
+        cost.series
+            .iter()
+            .find(|s| s.label == label)
+            .and_then(|s| s.at(1000.0))
+    };
+    let (un, con) = (
+        at(Delivery::Uncontested.label()),
+        at(Delivery::Contested.label()),
+    );
+    let targets = vec![
+        Target {
+            target: "clock: osenv uncontested ≤ 5 µs of CPU per interrupt (1 kHz)".into(),
+            measured: un.map_or("not measured".into(), |u| format!("{u:.2} µs")),
+            met: un.map(|u| u <= 5.0),
+        },
+        Target {
+            target: "clock: osenv contested ≤ 1.5× uncontested (1 kHz)".into(),
+            measured: match (un, con) {
+                (Some(u), Some(c)) if u > 0.0 => format!("{:.2}× ({c:.2} µs vs {u:.2} µs)", c / u),
+                _ => "not measured".into(),
+            },
+            met: match (un, con) {
+                (Some(u), Some(c)) if u > 0.0 => Some(c / u <= 1.5),
+                _ => None,
+            },
+        },
+    ];
+    Ok(TestResult {
+        test: "clock".into(),
+        title: "Clock interrupts".into(),
+        reference: "Fluke thesis §5 (clock interrupt test); EVALUATION.md test 7, in part: one driver, in this process".into(),
+        runs: ctx.runs,
+        discarded: WARM_UP,
+        params: serde_json::json!({ "rates_hz": rates(ctx), "seconds_per_run": secs, "drivers": 1 }),
+        figures: vec![cost.references_where(|l| l == Delivery::Timerfd.label()), delivered],
+        unavailable: Vec::new(),
+        targets,
+        machine: Machine::here(),
+    })
+}
+
+/// One run's outcome.
+struct Measured {
+    cpu_us_per_interrupt: f64,
+    delivered_per_sec: f64,
+}
+
+fn periodic(hz: u32) -> Result<OwnedFd, String> {
+    let fd = timerfd_create(
+        TimerfdClockId::Monotonic,
+        TimerfdFlags::CLOEXEC | TimerfdFlags::NONBLOCK,
+    )
+    .map_err(|e| format!("timerfd: {e}"))?;
+    let ns = 1_000_000_000 / i64::from(hz);
+    let every = Timespec {
+        tv_sec: ns / 1_000_000_000,
+        tv_nsec: ns % 1_000_000_000,
+    };
+    timerfd_settime(
+        &fd,
+        TimerfdTimerFlags::empty(),
+        &Itimerspec {
+            it_interval: every,
+            it_value: every,
+        },
+    )
+    .map_err(|e| format!("timerfd: {e}"))?;
+    Ok(fd)
+}
+
+fn seconds(t: Timespec) -> f64 {
+    t.tv_sec as f64 + t.tv_nsec as f64 * 1e-9
+}
+
+fn process_cpu() -> f64 {
+    seconds(clock_gettime(ClockId::ProcessCPUTime))
+}
+
+fn thread_cpu() -> f64 {
+    seconds(clock_gettime(ClockId::ThreadCPUTime))
+}
+
+/// Reads a timerfd's count; 0 if it had not fired.
+fn ack(fd: &OwnedFd) -> u64 {
+    let mut b = [0u8; 8];
+    match rustix::io::read(fd, &mut b) {
+        Ok(8) => u64::from_ne_bytes(b),
+        _ => 0,
+    }
+}
+
+/// Work a process-level thread does in the driver, in units that take the same time.
+fn work_unit(x: &mut u64) {
+    for _ in 0..64 {
+        *x = x.wrapping_mul(6364136223846793005).wrapping_add(1);
+    }
+    std::hint::black_box(*x);
+}
+
+/// A thread doing work units inside (`cpu` given) or outside the driver until `stop`; gives
+/// (units, its CPU seconds).
+fn spinner(cpu: Option<Arc<Cpu>>, stop: Arc<AtomicBool>) -> std::thread::JoinHandle<(u64, f64)> {
+    std::thread::spawn(move || {
+        let inside = cpu.as_ref().map(|c| c.enter());
+        let start = thread_cpu();
+        let (mut units, mut x) = (0u64, 1u64);
+        while !stop.load(SeqCst) {
+            work_unit(&mut x);
+            units += 1;
+        }
+        let used = thread_cpu() - start;
+        drop(inside);
+        (units, used)
+    })
+}
+
+fn measure(d: Delivery, hz: u32, secs: f64) -> Result<Measured, String> {
+    let span = Duration::from_secs_f64(secs);
+    let handled = Arc::new(AtomicU64::new(0));
+    let stop = Arc::new(AtomicBool::new(false));
+    // Contested: how much work the spinner does per CPU second with no interrupt at all.
+    let calibration = if d == Delivery::Contested {
+        let s = Arc::new(AtomicBool::new(false));
+        let t = spinner(Some(Cpu::new()), s.clone());
+        std::thread::sleep(span / 4);
+        s.store(true, SeqCst);
+        let (units, used) = t.join().map_err(|_| "calibration thread panicked")?;
+        Some(units as f64 / used.max(1e-9))
+    } else {
+        None
+    };
+    let fd = periodic(hz)?;
+    let before = process_cpu();
+    let started = Instant::now();
+    let mut spinning = None;
+    let mut keep = None;
+    let worker = match d {
+        Delivery::Timerfd => {
+            let (h, s) = (handled.clone(), stop.clone());
+            Some(std::thread::spawn(move || {
+                while !s.load(SeqCst) {
+                    let mut p = [rustix::event::PollFd::new(
+                        &fd,
+                        rustix::event::PollFlags::IN,
+                    )];
+                    let t = Timespec {
+                        tv_sec: 0,
+                        tv_nsec: 50_000_000,
+                    };
+                    let _ = rustix::event::poll(&mut p, Some(&t));
+                    if ack(&fd) > 0 {
+                        h.fetch_add(1, SeqCst);
+                    }
+                }
+            }))
+        }
+        Delivery::Native => {
+            let (h, s) = (handled.clone(), stop.clone());
+            Some(std::thread::spawn(move || {
+                let mut work = WorkLoop::new().expect("work loop");
+                work.add(fd.as_fd(), 0u8).expect("add the timer");
+                let mut ready = Vec::new();
+                while !s.load(SeqCst) {
+                    ready.clear();
+                    let _ = work.wait(Some(Duration::from_millis(50)), &mut ready);
+                    for _ in ready.drain(..) {
+                        if ack(&fd) > 0 {
+                            h.fetch_add(1, SeqCst);
+                        }
+                    }
+                }
+            }))
+        }
+        Delivery::Uncontested | Delivery::Contested => {
+            let cpu = Cpu::new();
+            let h = handled.clone();
+            cpu.enter()
+                .irq_alloc(
+                    0,
+                    Arc::new(move || {
+                        h.fetch_add(1, SeqCst);
+                    }),
+                    false,
+                )
+                .map_err(|e| e.to_string())?;
+            let thread = InterruptThread::spawn(cpu.clone()).map_err(|e| e.to_string())?;
+            thread.attach(fd, 0).map_err(|e| e.to_string())?;
+            if d == Delivery::Contested {
+                spinning = Some(spinner(Some(cpu.clone()), stop.clone()));
+            }
+            keep = Some(thread);
+            None
+        }
+    };
+    std::thread::sleep(span);
+    stop.store(true, SeqCst);
+    let elapsed = started.elapsed().as_secs_f64();
+    let spun = match spinning.take() {
+        Some(t) => Some(t.join().map_err(|_| "spinner panicked")?),
+        None => None,
+    };
+    if let Some(w) = worker {
+        w.join().map_err(|_| "timer thread panicked")?;
+    }
+    drop(keep);
+    let used = process_cpu() - before;
+    let n = handled.load(SeqCst).max(1) as f64;
+    let cost = match (spun, calibration) {
+        // The spinner's CPU minus the work it did is what the interrupts took from it; the
+        // rest of the process's CPU is the interrupt thread's.
+        (Some((units, spinner_cpu)), Some(rate)) => {
+            let lost = (spinner_cpu - units as f64 / rate).max(0.0);
+            (used - spinner_cpu).max(0.0) + lost
+        }
+        _ => used,
+    };
+    Ok(Measured {
+        cpu_us_per_interrupt: cost / n * 1e6,
+        delivered_per_sec: handled.load(SeqCst) as f64 / elapsed,
+    })
+}

@@ -10,7 +10,8 @@
  *    is in the driver, stopped by a signal as a CPU is by an interrupt, or, if no thread is
  *    in the driver, on the interrupt thread holding the process lock. While interrupts are
  *    disabled they stay pending.
- *  - Handlers run with interrupts disabled and must not sleep.
+ *  - Handlers run with interrupts disabled. A handler must not sleep, enable interrupts, or
+ *    allocate or free vectors or timers: those calls are refused while a handler runs.
  *
  * Every call below is made from inside the driver (an entry point Outboard called, or a
  * handler). Called from anywhere else it does nothing and logs why (or returns an error).
@@ -61,10 +62,12 @@ int osenv_intr_enabled(void);
 /* Lets osenv_irq_alloc put a second handler on a vector that every handler agrees to share. */
 #define OSENV_IRQ_SHAREABLE 0x1
 
-/* Registers handler(data) on interrupt vector irq (0-47: the device's vectors, its MSI-X
- * vectors or else its MSI vectors, numbered from 0). The handler is registered before the call returns: an
- * interrupt the driver provokes right after it (an autoprobe) reaches the handler.
- * Returns 0, OSENV_EBUSY if the vector is held and not shared by both, or OSENV_EINVAL. */
+/* Registers handler(data) on interrupt vector irq: the device's vectors, its MSI-X vectors or
+ * else its MSI vectors, numbered from 0 (at most 48; a driver without a device may use 0-47).
+ * The handler is registered before the call returns: an interrupt the driver provokes right
+ * after it (an autoprobe) reaches the handler.
+ * Returns 0, OSENV_EBUSY if the vector is held and not shared by both, OSENV_EINVAL for a
+ * vector the device does not have, or OSENV_EPERM from inside a handler. */
 int osenv_irq_alloc(int irq, void (*handler)(void *), void *data, int flags);
 
 /* Removes the handler registered with these arguments. An interrupt pending on the vector is
@@ -169,7 +172,8 @@ void osenv_timer_spin(long nanosec);
  * A driver has exactly one device, a PCI function, presented as bus 0, device 0, function 0.
  * Every access runs with interrupts held off (it may be a message to a device model). */
 
-/* Reads the configuration dword at `port` (a multiple of 4 below 4096) into *data. Another
+/* Reads the configuration dword at `port` (a multiple of 4 below 4096, else OSENV_EINVAL)
+ * into *data. Another
  * bus, device or function reads as all ones (an empty slot) and returns 0. BARs are
  * presented: an I/O BAR i reads as port 0x1000*(i+1) | 1; after the driver wrote all ones to a
  * BAR, it reads the BAR's size mask (BAR sizing), until it writes another value. Returns 0,

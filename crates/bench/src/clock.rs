@@ -166,20 +166,7 @@ fn periodic(hz: u32) -> Result<OwnedFd, String> {
         TimerfdFlags::CLOEXEC | TimerfdFlags::NONBLOCK,
     )
     .map_err(|e| format!("timerfd: {e}"))?;
-    let ns = 1_000_000_000 / i64::from(hz);
-    let every = Timespec {
-        tv_sec: ns / 1_000_000_000,
-        tv_nsec: ns % 1_000_000_000,
-    };
-    timerfd_settime(
-        &fd,
-        TimerfdTimerFlags::empty(),
-        &Itimerspec {
-            it_interval: every,
-            it_value: every,
-        },
-    )
-    .map_err(|e| format!("timerfd: {e}"))?;
+    start_timer(&fd, hz)?;
     Ok(fd)
 }
 
@@ -212,42 +199,131 @@ fn work_unit(x: &mut u64) {
     std::hint::black_box(*x);
 }
 
-/// A thread doing work units inside (`cpu` given) or outside the driver until `stop`; gives
-/// (units, its CPU seconds).
-fn spinner(cpu: Option<Arc<Cpu>>, stop: Arc<AtomicBool>) -> std::thread::JoinHandle<(u64, f64)> {
-    std::thread::spawn(move || {
-        let inside = cpu.as_ref().map(|c| c.enter());
-        let start = thread_cpu();
-        let (mut units, mut x) = (0u64, 1u64);
-        while !stop.load(SeqCst) {
+/// Windows of a contested run, alternately with the timer running and stopped.
+const WINDOWS: u64 = 10;
+
+/// A contested run: a thread spins inside the driver doing work units while the timer runs
+/// in every other window and is stopped in the rest. What the interrupts cost the spinning
+/// thread is its CPU in the timer's windows minus the work it did there, at the rate it
+/// worked in the quiet windows of the same run (so drift falls on both alike); the rest of
+/// the process's CPU is the interrupt thread's.
+fn contested(hz: u32, secs: f64) -> Result<Measured, String> {
+    let window = Duration::from_secs_f64(secs / (WINDOWS / 2) as f64);
+    let handled = Arc::new(AtomicU64::new(0));
+    let cpu = Cpu::new();
+    let h = handled.clone();
+    cpu.enter()
+        .irq_alloc(
+            0,
+            Arc::new(move || {
+                h.fetch_add(1, SeqCst);
+            }),
+            false,
+        )
+        .map_err(|e| e.to_string())?;
+    let thread = InterruptThread::spawn(cpu.clone()).map_err(|e| e.to_string())?;
+    let fd = periodic(hz)?;
+    let control = rustix::io::dup(&fd).map_err(|e| format!("dup: {e}"))?;
+    stop_timer(&control)?;
+    thread.attach(fd, 0).map_err(|e| e.to_string())?;
+    // The window the spinner is in; it records (units, CPU seconds) per window as it sees the
+    // number change (an atomic load per unit).
+    let current = Arc::new(AtomicU64::new(0));
+    let (c, w) = (cpu.clone(), current.clone());
+    let spinning = std::thread::spawn(move || {
+        let _inside = c.enter();
+        let mut per_window = vec![(0u64, 0f64); WINDOWS as usize];
+        let (mut units, mut x, mut at) = (0u64, 1u64, 0u64);
+        let mut since = thread_cpu();
+        loop {
             work_unit(&mut x);
             units += 1;
+            let now_in = w.load(SeqCst);
+            if now_in != at {
+                let t = thread_cpu();
+                per_window[at as usize] = (units, t - since);
+                (units, since, at) = (0, t, now_in);
+                if at >= WINDOWS {
+                    return per_window;
+                }
+            }
         }
-        let used = thread_cpu() - start;
-        drop(inside);
-        (units, used)
+    });
+    let before = process_cpu();
+    for k in 0..WINDOWS {
+        current.store(k, SeqCst);
+        if k % 2 == 0 {
+            start_timer(&control, hz)?;
+        } else {
+            stop_timer(&control)?;
+        }
+        std::thread::sleep(window);
+    }
+    stop_timer(&control)?;
+    current.store(WINDOWS, SeqCst);
+    let per_window = spinning.join().map_err(|_| "spinner panicked")?;
+    drop(thread);
+    let used = process_cpu() - before;
+    let sum = |on: bool| {
+        per_window
+            .iter()
+            .enumerate()
+            .filter(|(k, _)| (k % 2 == 0) == on)
+            .fold((0u64, 0f64), |(u, c), (_, (wu, wc))| (u + wu, c + wc))
+    };
+    let ((units_on, cpu_on), (units_off, cpu_off)) = (sum(true), sum(false));
+    let rate = units_off as f64 / cpu_off.max(1e-9);
+    let spinner_cpu = cpu_on + cpu_off;
+    let lost = cpu_on - units_on as f64 / rate;
+    let n = handled.load(SeqCst).max(1) as f64;
+    Ok(Measured {
+        cpu_us_per_interrupt: ((used - spinner_cpu) + lost) / n * 1e6,
+        delivered_per_sec: handled.load(SeqCst) as f64 / secs,
     })
 }
 
+fn start_timer(fd: &OwnedFd, hz: u32) -> Result<(), String> {
+    let ns = 1_000_000_000 / i64::from(hz);
+    let every = Timespec {
+        tv_sec: ns / 1_000_000_000,
+        tv_nsec: ns % 1_000_000_000,
+    };
+    set_timer(fd, every)
+}
+
+fn stop_timer(fd: &OwnedFd) -> Result<(), String> {
+    set_timer(
+        fd,
+        Timespec {
+            tv_sec: 0,
+            tv_nsec: 0,
+        },
+    )
+}
+
+fn set_timer(fd: &OwnedFd, every: Timespec) -> Result<(), String> {
+    timerfd_settime(
+        fd,
+        TimerfdTimerFlags::empty(),
+        &Itimerspec {
+            it_interval: every,
+            it_value: every,
+        },
+    )
+    .map(drop)
+    .map_err(|e| format!("timerfd: {e}"))
+}
+
 fn measure(d: Delivery, hz: u32, secs: f64) -> Result<Measured, String> {
+    if d == Delivery::Contested {
+        return contested(hz, secs);
+    }
     let span = Duration::from_secs_f64(secs);
     let handled = Arc::new(AtomicU64::new(0));
     let stop = Arc::new(AtomicBool::new(false));
-    // Contested: how much work the spinner does per CPU second with no interrupt at all.
-    let calibration = if d == Delivery::Contested {
-        let s = Arc::new(AtomicBool::new(false));
-        let t = spinner(Some(Cpu::new()), s.clone());
-        std::thread::sleep(span / 4);
-        s.store(true, SeqCst);
-        let (units, used) = t.join().map_err(|_| "calibration thread panicked")?;
-        Some(units as f64 / used.max(1e-9))
-    } else {
-        None
-    };
     let fd = periodic(hz)?;
     let before = process_cpu();
     let started = Instant::now();
-    let mut spinning = None;
     let mut keep = None;
     let worker = match d {
         Delivery::Timerfd => {
@@ -300,9 +376,6 @@ fn measure(d: Delivery, hz: u32, secs: f64) -> Result<Measured, String> {
                 .map_err(|e| e.to_string())?;
             let thread = InterruptThread::spawn(cpu.clone()).map_err(|e| e.to_string())?;
             thread.attach(fd, 0).map_err(|e| e.to_string())?;
-            if d == Delivery::Contested {
-                spinning = Some(spinner(Some(cpu.clone()), stop.clone()));
-            }
             keep = Some(thread);
             None
         }
@@ -310,27 +383,14 @@ fn measure(d: Delivery, hz: u32, secs: f64) -> Result<Measured, String> {
     std::thread::sleep(span);
     stop.store(true, SeqCst);
     let elapsed = started.elapsed().as_secs_f64();
-    let spun = match spinning.take() {
-        Some(t) => Some(t.join().map_err(|_| "spinner panicked")?),
-        None => None,
-    };
     if let Some(w) = worker {
         w.join().map_err(|_| "timer thread panicked")?;
     }
     drop(keep);
     let used = process_cpu() - before;
     let n = handled.load(SeqCst).max(1) as f64;
-    let cost = match (spun, calibration) {
-        // The spinner's CPU minus the work it did is what the interrupts took from it; the
-        // rest of the process's CPU is the interrupt thread's.
-        (Some((units, spinner_cpu)), Some(rate)) => {
-            let lost = (spinner_cpu - units as f64 / rate).max(0.0);
-            (used - spinner_cpu).max(0.0) + lost
-        }
-        _ => used,
-    };
     Ok(Measured {
-        cpu_us_per_interrupt: cost / n * 1e6,
+        cpu_us_per_interrupt: used / n * 1e6,
         delivered_per_sec: handled.load(SeqCst) as f64 / elapsed,
     })
 }

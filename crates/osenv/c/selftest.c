@@ -149,7 +149,8 @@ unsigned selftest_bar_size(int bar)
     osenv_pci_config_read(0, 0, 0, reg, &after);
     if (after != old)
         return 0;
-    return ~(mask & ~0xfu) + 1;
+    /* The low bits are flags: 2 for an I/O BAR, 4 for a memory BAR. */
+    return ~(mask & ((old & 1) ? ~0x3u : ~0xfu)) + 1;
 }
 
 int selftest_config_write_id(void)

@@ -30,7 +30,10 @@ void osenv_vpanic(const char *fmt, va_list ap)
 
 void osenv_panic(const char *fmt, ...)
 {
+    char text[1024];
     va_list ap;
     va_start(ap, fmt);
-    osenv_vpanic(fmt, ap);
+    vsnprintf(text, sizeof text, fmt, ap);
+    va_end(ap);
+    outboard_osenv_panic_text(text);
 }

@@ -40,6 +40,12 @@ fn in_driver<R>(call: &str, f: impl FnOnce(&Cpu, &State) -> R) -> Option<R> {
     r
 }
 
+/// As [`in_driver`], with interrupts held off while `f` runs: for every call that allocates,
+/// logs or takes a lock, which a handler interrupting it could re-enter.
+fn in_driver_quiet<R>(call: &str, f: impl FnOnce(&Cpu, &State) -> R) -> Option<R> {
+    in_driver(call, |cpu, st| cpu.without_interrupts(|| f(cpu, st)))
+}
+
 /// `osenv_intr_disable`: see `include/outboard/osenv.h`.
 #[no_mangle]
 pub extern "C" fn osenv_intr_disable() {
@@ -77,25 +83,28 @@ pub extern "C" fn osenv_irq_alloc(
     if !(0..FIRST_TIMER_VECTOR as c_int).contains(&irq) {
         return EINVAL;
     }
-    in_driver("osenv_irq_alloc", |cpu, st| {
+    in_driver_quiet("osenv_irq_alloc", |cpu, st| {
         let vector = irq as u32;
+        // A driver with a device has the device's vectors; one without (a test) any of 0-47.
+        if st.device.is_some() && vector as usize >= st.irqs.len() {
+            return EINVAL;
+        }
         let shareable = flags & OSENV_IRQ_SHAREABLE != 0;
         match cpu.irq_alloc(vector, c_handler(func, data as usize), shareable) {
             Ok(id) => {
-                cpu.without_interrupts(|| {
-                    st.handlers
-                        .lock()
-                        .unwrap_or_else(|p| p.into_inner())
-                        .push(CHandler {
-                            vector,
-                            func: func as usize,
-                            data: data as usize,
-                            id,
-                        })
-                });
+                st.handlers
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .push(CHandler {
+                        vector,
+                        func: func as usize,
+                        data: data as usize,
+                        id,
+                    });
                 0
             }
             Err(outboard_env::legacy::IrqError::Busy(_)) => EBUSY,
+            Err(outboard_env::legacy::IrqError::InHandler) => EPERM,
             Err(_) => EINVAL,
         }
     })
@@ -111,6 +120,9 @@ pub extern "C" fn osenv_irq_free(
 ) {
     let Some(func) = handler else { return };
     in_driver("osenv_irq_free", |cpu, st| {
+        if cpu.in_handler() {
+            return;
+        }
         let found = cpu.without_interrupts(|| {
             let mut list = st.handlers.lock().unwrap_or_else(|p| p.into_inner());
             let at = list.iter().position(|h| {
@@ -131,7 +143,7 @@ pub extern "C" fn osenv_irq_free(
 /// `osenv_irq_disable`: see `include/outboard/osenv.h`.
 #[no_mangle]
 pub extern "C" fn osenv_irq_disable(irq: c_int) {
-    if irq >= 0 {
+    if (0..FIRST_TIMER_VECTOR as c_int).contains(&irq) {
         in_driver("osenv_irq_disable", |cpu, _| cpu.irq_disable(irq as u32));
     }
 }
@@ -139,7 +151,7 @@ pub extern "C" fn osenv_irq_disable(irq: c_int) {
 /// `osenv_irq_enable`: see `include/outboard/osenv.h`.
 #[no_mangle]
 pub extern "C" fn osenv_irq_enable(irq: c_int) {
-    if irq >= 0 {
+    if (0..FIRST_TIMER_VECTOR as c_int).contains(&irq) {
         in_driver("osenv_irq_enable", |cpu, _| cpu.irq_enable(irq as u32));
     }
 }
@@ -147,7 +159,7 @@ pub extern "C" fn osenv_irq_enable(irq: c_int) {
 /// `osenv_irq_pending`: see `include/outboard/osenv.h`.
 #[no_mangle]
 pub extern "C" fn osenv_irq_pending(irq: c_int) -> c_int {
-    if irq < 0 {
+    if !(0..FIRST_TIMER_VECTOR as c_int).contains(&irq) {
         return 0;
     }
     in_driver("osenv_irq_pending", |cpu, _| {
@@ -193,10 +205,27 @@ pub unsafe extern "C" fn osenv_sleep(sr: *mut c_void) {
 /// `sr` points at a valid `osenv_sleeprec_t`.
 #[no_mangle]
 pub unsafe extern "C" fn osenv_wakeup(sr: *mut c_void) {
-    // SAFETY: the caller's contract. A wakeup needs no driver: one store and a futex wake.
-    if let Some(r) = unsafe { record(sr) } {
-        r.wakeup();
+    if sr.is_null() {
+        return;
     }
+    // A wakeup needs no driver: one store and a futex wake. The sleeper may return and free
+    // the record as soon as the store lands, so no reference to it outlives the store: the
+    // wake goes to the address (a wake on freed memory wakes nobody, or a waiter that
+    // tolerates spurious wake-ups).
+    let word = sr.cast::<u32>();
+    // SAFETY: the caller's contract: `sr` points at a valid record whose first word is the
+    // futex word, accessed atomically by every party; the reference lives for the store only.
+    unsafe { std::sync::atomic::AtomicU32::from_ptr(word) }
+        .store(1, std::sync::atomic::Ordering::SeqCst);
+    // SAFETY: FUTEX_WAKE compares addresses only; it reads no memory through the pointer.
+    unsafe {
+        libc::syscall(
+            libc::SYS_futex,
+            word,
+            libc::FUTEX_WAKE | libc::FUTEX_PRIVATE_FLAG,
+            i32::MAX,
+        )
+    };
 }
 
 /// `osenv_mem_alloc`: see `include/outboard/osenv.h`.
@@ -316,24 +345,23 @@ unsafe fn text(text: *const c_char) -> String {
 /// `message` is a NUL-terminated string.
 #[no_mangle]
 pub unsafe extern "C" fn outboard_osenv_log_text(priority: c_int, message: *const c_char) {
-    // SAFETY: the caller's contract.
-    let message = unsafe { text(message) };
-    let message = message.trim_end();
-    let name = with_current(|cpu| cpu.context::<State>().map(|s| s.name.clone()))
-        .flatten()
-        .unwrap_or_default();
-    // The subscriber takes locks: a handler must not interrupt it.
-    let log = || match priority {
-        0..=3 => tracing::error!(driver = %name, "{message}"),
-        4 => tracing::warn!(driver = %name, "{message}"),
-        5 | 6 => tracing::info!(driver = %name, "{message}"),
-        _ => tracing::debug!(driver = %name, "{message}"),
-    };
-    match with_current(|cpu| cpu.intr_enabled()) {
-        Some(true) => {
-            with_current(|cpu| cpu.without_interrupts(log));
+    // Formatting allocates and the subscriber takes locks: a handler must not interrupt them.
+    let log = |name: &str| {
+        // SAFETY: the caller's contract.
+        let message = unsafe { text(message) };
+        let message = message.trim_end();
+        match priority {
+            0..=3 => tracing::error!(driver = %name, "{message}"),
+            4 => tracing::warn!(driver = %name, "{message}"),
+            5 | 6 => tracing::info!(driver = %name, "{message}"),
+            _ => tracing::debug!(driver = %name, "{message}"),
         }
-        _ => log(),
+    };
+    let in_a_driver = with_current(|cpu| {
+        cpu.without_interrupts(|| log(cpu.context::<State>().map_or("", |s| s.name.as_str())))
+    });
+    if in_a_driver.is_none() {
+        log("");
     }
 }
 
@@ -388,6 +416,9 @@ pub extern "C" fn osenv_timer_register(func: Option<extern "C" fn()>, freq: c_in
         return EINVAL;
     }
     in_driver("osenv_timer_register", |cpu, st| {
+        if cpu.in_handler() {
+            return EPERM;
+        }
         cpu.without_interrupts(|| register(cpu, st, func, freq))
     })
     .unwrap_or(ENOTIN)
@@ -439,7 +470,9 @@ fn register(cpu: &Cpu, st: &State, func: extern "C" fn(), freq: c_int) -> c_int 
 pub extern "C" fn osenv_timer_unregister(func: Option<extern "C" fn()>, freq: c_int) {
     let Some(func) = func else { return };
     in_driver("osenv_timer_unregister", |cpu, st| {
-        cpu.without_interrupts(|| unregister(cpu, st, func, freq))
+        if !cpu.in_handler() {
+            cpu.without_interrupts(|| unregister(cpu, st, func, freq))
+        }
     });
 }
 
@@ -482,10 +515,14 @@ fn on_device<R>(call: &str, f: impl FnOnce(&crate::device::Device) -> R) -> Opti
     .flatten()
 }
 
-/// Whether a configuration address is the driver's own function (presented as 00:00.0) and
-/// a dword it may reach.
-fn own_config(bus: c_char, device: c_char, function: c_char, port: c_uint) -> bool {
-    bus == 0 && device == 0 && function == 0 && port.is_multiple_of(4) && port < 4096
+/// Whether a configuration address is the driver's own function (presented as 00:00.0).
+fn own_function(bus: c_char, device: c_char, function: c_char) -> bool {
+    bus == 0 && device == 0 && function == 0
+}
+
+/// Whether `port` is a dword of configuration space.
+fn config_dword(port: c_uint) -> bool {
+    port.is_multiple_of(4) && port < 4096
 }
 
 /// `osenv_pci_config_read`: see `include/outboard/osenv.h`.
@@ -500,14 +537,18 @@ pub unsafe extern "C" fn osenv_pci_config_read(
     port: c_uint,
     data: *mut c_uint,
 ) -> c_int {
-    if data.is_null() {
+    if data.is_null() || !config_dword(port) {
         return EINVAL;
     }
-    let value = if own_config(bus, device, function, port) {
+    let value = if own_function(bus, device, function) {
         on_device("osenv_pci_config_read", |d| d.config_read(port)).flatten()
-    } else {
+    } else if in_driver("osenv_pci_config_read", |_, _| ()).is_some() {
         // No other function is on the driver's bus: reads of an empty slot.
         Some(u32::MAX)
+    } else {
+        // SAFETY: the caller's contract; checked non-null above.
+        unsafe { data.write(u32::MAX) };
+        return ENOTIN;
     };
     let (value, rc) = match value {
         Some(v) => (v, 0),
@@ -527,7 +568,10 @@ pub extern "C" fn osenv_pci_config_write(
     port: c_uint,
     data: c_uint,
 ) -> c_int {
-    if !own_config(bus, device, function, port) {
+    if !config_dword(port) {
+        return EINVAL;
+    }
+    if !own_function(bus, device, function) {
         return EPERM;
     }
     match on_device("osenv_pci_config_write", |d| d.config_write(port, data)) {

@@ -36,7 +36,12 @@ struct Bar {
     size: u64,
     io: bool,
     flags: u32,
+    /// The upper half of the 64-bit memory BAR before it.
+    upper_half: bool,
 }
+
+/// A memory BAR's type bits saying it is 64 bits wide (two registers).
+const MEM_64: u32 = 0x4;
 
 impl Device {
     pub fn new(function: PciFunction) -> Self {
@@ -51,7 +56,19 @@ impl Device {
                 size: sizes[i],
                 io,
                 flags: if io { 1 } else { reg & 0xf },
+                upper_half: false,
             };
+        }
+        for i in 1..6 {
+            let lower = bars[i - 1];
+            if !lower.io && !lower.upper_half && lower.flags & 0x6 == MEM_64 {
+                bars[i] = Bar {
+                    size: lower.size,
+                    io: false,
+                    flags: 0,
+                    upper_half: true,
+                };
+            }
         }
         Self {
             function,
@@ -74,9 +91,12 @@ impl Device {
         if let Some(i) = Self::bar_at(offset) {
             let bar = self.bars[i];
             let sizing = self.sizing.lock().unwrap_or_else(|p| p.into_inner())[i];
+            // The size mask of the whole BAR (both registers of a 64-bit one).
+            let mask = !bar.size.wrapping_sub(1);
             return Some(match (bar.size, bar.io, sizing) {
                 (0, _, _) => 0,
-                (size, _, true) => !(size as u32).wrapping_sub(1) | bar.flags,
+                (_, _, true) if bar.upper_half => (mask >> 32) as u32,
+                (_, _, true) => mask as u32 | bar.flags,
                 (_, true, false) => (PORT_STRIDE * (i as u32 + 1)) | 1,
                 (_, false, false) => self.function.config_read32(offset.into()).ok()?,
             });
@@ -160,9 +180,12 @@ impl Device {
         Some((self.region(bar)?, offset))
     }
 
-    /// The region of memory BAR `bar`, for its accessors.
+    /// The region of memory BAR `bar`, for its accessors (an I/O BAR is reached through the
+    /// ports the driver allocated, the upper half of a 64-bit BAR not at all).
     pub fn bar(&self, bar: u32) -> Option<Region> {
         let b = self.bars.get(bar as usize)?;
-        (b.size > 0).then(|| self.region(bar as usize)).flatten()
+        (b.size > 0 && !b.io && !b.upper_half)
+            .then(|| self.region(bar as usize))
+            .flatten()
     }
 }

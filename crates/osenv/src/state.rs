@@ -52,7 +52,7 @@ pub(crate) struct State {
     pub dma: Option<DmaSpace>,
     /// The driver's device, if it has one, and its interrupt vectors (kept enabled).
     pub device: Option<Device>,
-    pub _irqs: Vec<Irq>,
+    pub irqs: Vec<Irq>,
     pub handlers: Mutex<Vec<CHandler>>,
     pub timers: Mutex<Vec<TimerReg>>,
     /// Blocks by address.
@@ -72,7 +72,7 @@ impl State {
             sources,
             dma,
             device,
-            _irqs: irqs,
+            irqs,
             handlers: Mutex::new(Vec::new()),
             timers: Mutex::new(Vec::new()),
             blocks: Mutex::new(BTreeMap::new()),

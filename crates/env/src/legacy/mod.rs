@@ -66,6 +66,9 @@ pub enum IrqError {
     /// Someone holds the vector and one of the two did not ask to share it.
     #[error("interrupt vector {0} is in use and not shareable")]
     Busy(u32),
+    /// Asked from inside an interrupt handler, which must not change the handlers.
+    #[error("interrupt handlers cannot be changed from inside a handler")]
+    InHandler,
 }
 
 /// Counts of how interrupts were delivered (for tests and the clock benchmark).
@@ -104,6 +107,9 @@ pub struct Cpu {
     /// The holder runs handlers, not process-level code (an uncontested delivery): it takes
     /// what is raised meanwhile as it leaves, and is not signalled.
     at_interrupt_level: AtomicBool,
+    /// A handler is running (on whichever thread): the calls a handler must not make
+    /// (allocating or freeing vectors, sleeping, enabling interrupts) are refused.
+    in_handler: AtomicBool,
     /// Handlers; changed only by the process-lock holder with interrupts disabled, read only
     /// by the holder (a handler runs on the holder's thread, or on the interrupt thread holding
     /// the lock), so the lock is never contended and never taken by an interrupted owner.
@@ -211,6 +217,7 @@ impl Cpu {
             masked: AtomicU64::new(0),
             kicked: AtomicBool::new(false),
             at_interrupt_level: AtomicBool::new(false),
+            in_handler: AtomicBool::new(false),
             handlers: Mutex::new(Vec::new()),
             next_id: AtomicU64::new(1),
             stats: Stats::default(),
@@ -332,12 +339,19 @@ impl Cpu {
             if taken == 0 {
                 return;
             }
+            let outer = self.in_handler.swap(true, SeqCst);
             for v in 0..VECTORS {
                 if taken & bit(v) != 0 {
                     self.call_handlers(v);
                 }
             }
+            self.in_handler.store(outer, SeqCst);
         }
+    }
+
+    /// Whether an interrupt handler of this driver is running.
+    pub fn in_handler(&self) -> bool {
+        self.in_handler.load(SeqCst)
     }
 
     fn call_handlers(&self, vector: u32) {
@@ -494,6 +508,11 @@ impl Cpu {
 
     /// `osenv_intr_enable`: lets interrupts in again, running those that waited first.
     pub fn intr_enable(&self) {
+        if self.in_handler() {
+            // A handler runs with interrupts off until it returns; enabling them would let
+            // the next one nest inside it.
+            return;
+        }
         self.enabled.store(true, SeqCst);
         self.take_pending();
     }
@@ -518,6 +537,11 @@ impl Cpu {
     /// leaves the driver (another thread may enter), waits for the wakeup and enters again.
     /// The interrupt flag is the thread's own across the sleep.
     pub fn sleep(&self, rec: &SleepRec) {
+        if self.in_handler() {
+            // A handler must not sleep: it would give the driver away in the middle of the
+            // process-level code it interrupted. The call returns at once.
+            return;
+        }
         let was = self.enabled.load(SeqCst);
         while !rec.woken() {
             self.unlock(my_tid());
@@ -547,6 +571,9 @@ impl Cpu {
         if vector >= VECTORS {
             return Err(IrqError::NoSuchVector(vector));
         }
+        if self.in_handler() {
+            return Err(IrqError::InHandler);
+        }
         self.without_interrupts(|| {
             let mut list = self.handlers.lock().unwrap_or_else(|p| p.into_inner());
             let mut others = list.iter().filter(|r| r.vector == vector).peekable();
@@ -569,15 +596,18 @@ impl Cpu {
     /// `osenv_irq_free`: an interrupt pending on the vector is handled (by this handler too)
     /// before the handler goes; after it returns the handler is never called again.
     pub fn irq_free(&self, vector: u32, id: u64) {
-        if vector >= VECTORS {
+        if vector >= VECTORS || self.in_handler() {
             return;
         }
         let was = self.enabled.swap(false, SeqCst);
-        // A masked vector's interrupt waits at the controller: it goes with the handler.
-        if self.pending.fetch_and(!bit(vector), SeqCst) & bit(vector) != 0
-            && self.masked.load(SeqCst) & bit(vector) == 0
+        // A masked vector's interrupt waits at the controller, pending for the handlers that
+        // stay (it is spurious if none does).
+        if self.masked.load(SeqCst) & bit(vector) == 0
+            && self.pending.fetch_and(!bit(vector), SeqCst) & bit(vector) != 0
         {
+            let outer = self.in_handler.swap(true, SeqCst);
             self.call_handlers(vector);
+            self.in_handler.store(outer, SeqCst);
         }
         self.handlers
             .lock()

@@ -69,17 +69,9 @@ pub(super) fn install() {
     });
 }
 
-thread_local! {
-    /// Whether this thread has unblocked the stop signal (a thread that blocks it would never
-    /// take a contested interrupt).
-    static UNBLOCKED: Cell<bool> = const { Cell::new(false) };
-}
-
-/// Unblocks the stop signal in the calling thread (once per thread).
+/// Unblocks the stop signal in the calling thread (a thread that blocked it, even after an
+/// earlier entry, would never take a contested interrupt). One system call per entry.
 pub(super) fn unblock() {
-    if UNBLOCKED.with(Cell::get) {
-        return;
-    }
     // SAFETY: the set is initialised by `sigemptyset` before `sigaddset` and the call;
     // `pthread_sigmask` changes only the calling thread's mask.
     unsafe {
@@ -88,7 +80,6 @@ pub(super) fn unblock() {
         libc::sigaddset(&mut set, *STOP_SIGNAL);
         libc::pthread_sigmask(libc::SIG_UNBLOCK, &set, std::ptr::null_mut());
     }
-    UNBLOCKED.with(|u| u.set(true));
 }
 
 /// Sends the stop signal to thread `tid` of this process. Fails if there is no such thread.

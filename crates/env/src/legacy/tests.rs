@@ -453,3 +453,31 @@ fn a_thread_that_blocked_the_stop_signal_still_takes_contested_interrupts() {
     cpu.raise(10);
     assert_eq!(join(worker).0, 1);
 }
+
+#[test]
+fn a_handler_cannot_change_handlers_sleep_or_enable_interrupts() {
+    // Each would change what the interrupted code relies on; changing the handler table from
+    // a handler would also deadlock on it. Refused, not hung (the raise is joined with a
+    // time-out).
+    let cpu = Cpu::new();
+    let refused = Arc::new(AtomicBool::new(false));
+    let (c, r) = (cpu.clone(), refused.clone());
+    let h: Handler = Arc::new(move || {
+        let alloc = c.irq_alloc(20, Arc::new(|| {}), false);
+        c.irq_free(1, 1);
+        c.sleep(&SleepRec::new());
+        c.intr_enable();
+        r.store(
+            alloc == Err(IrqError::InHandler) && !c.intr_enabled() && c.in_handler(),
+            SeqCst,
+        );
+    });
+    cpu.enter().irq_alloc(1, h, false).unwrap();
+    let c = cpu.clone();
+    join(std::thread::spawn(move || c.raise(1)));
+    assert!(refused.load(SeqCst));
+    assert!(!cpu.in_handler());
+    let c = cpu.clone();
+    join(std::thread::spawn(move || c.raise(1)));
+    assert_eq!(cpu.stats().handled, 2, "the handler stayed registered");
+}

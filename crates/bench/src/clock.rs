@@ -199,17 +199,8 @@ fn work_unit(x: &mut u64) {
     std::hint::black_box(*x);
 }
 
-/// Windows of a contested run, alternately with the timer running and stopped.
-const WINDOWS: u64 = 10;
-
-/// A contested run: a thread spins inside the driver doing work units while the timer runs
-/// in every other window and is stopped in the rest. What the interrupts cost the spinning
-/// thread is its CPU in the timer's windows minus the work it did there, at the rate it
-/// worked in the quiet windows of the same run (so drift falls on both alike); the rest of
-/// the process's CPU is the interrupt thread's.
-fn contested(hz: u32, secs: f64) -> Result<Measured, String> {
-    let window = Duration::from_secs_f64(secs / (WINDOWS / 2) as f64);
-    let handled = Arc::new(AtomicU64::new(0));
+/// A legacy driver whose vector 0 counts into `handled`, and its interrupt thread.
+fn counting_driver(handled: &Arc<AtomicU64>) -> Result<(Arc<Cpu>, InterruptThread), String> {
     let cpu = Cpu::new();
     let h = handled.clone();
     cpu.enter()
@@ -222,6 +213,21 @@ fn contested(hz: u32, secs: f64) -> Result<Measured, String> {
         )
         .map_err(|e| e.to_string())?;
     let thread = InterruptThread::spawn(cpu.clone()).map_err(|e| e.to_string())?;
+    Ok((cpu, thread))
+}
+
+/// Windows of a contested run, alternately with the timer running and stopped.
+const WINDOWS: u64 = 10;
+
+/// A contested run: a thread spins inside the driver doing work units while the timer runs
+/// in every other window and is stopped in the rest. What the interrupts cost the spinning
+/// thread is its CPU in the timer's windows minus the work it did there, at the rate it
+/// worked in the quiet windows of the same run (so drift falls on both alike); the rest of
+/// the process's CPU is the interrupt thread's.
+fn contested(hz: u32, secs: f64) -> Result<Measured, String> {
+    let window = Duration::from_secs_f64(secs / (WINDOWS / 2) as f64);
+    let handled = Arc::new(AtomicU64::new(0));
+    let (cpu, thread) = counting_driver(&handled)?;
     let fd = periodic(hz)?;
     let control = rustix::io::dup(&fd).map_err(|e| format!("dup: {e}"))?;
     stop_timer(&control)?;
@@ -363,18 +369,7 @@ fn measure(d: Delivery, hz: u32, secs: f64) -> Result<Measured, String> {
             }))
         }
         Delivery::Uncontested | Delivery::Contested => {
-            let cpu = Cpu::new();
-            let h = handled.clone();
-            cpu.enter()
-                .irq_alloc(
-                    0,
-                    Arc::new(move || {
-                        h.fetch_add(1, SeqCst);
-                    }),
-                    false,
-                )
-                .map_err(|e| e.to_string())?;
-            let thread = InterruptThread::spawn(cpu.clone()).map_err(|e| e.to_string())?;
+            let (_, thread) = counting_driver(&handled)?;
             thread.attach(fd, 0).map_err(|e| e.to_string())?;
             keep = Some(thread);
             None

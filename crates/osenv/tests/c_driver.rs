@@ -38,6 +38,25 @@ fn within<T: Send + 'static>(limit: Duration, f: impl FnOnce() -> T + Send + 'st
     h.join().expect("the driver thread panicked")
 }
 
+/// A virtio-blk model of 1 MiB in this process, as a PCI function (and its backend, to look
+/// at the device's DMA mappings).
+fn in_process_disk() -> (
+    outboard_hw::PciFunction,
+    Arc<outboard_hw::backend::in_process::InProcess>,
+) {
+    let model = outboard_devices::virtio_blk(
+        outboard_devices::backing::Backing::open("mem:1M", None).unwrap(),
+        Default::default(),
+    )
+    .unwrap();
+    let backend = Arc::new(outboard_hw::backend::in_process::InProcess::new(Box::new(
+        model,
+    )));
+    let func =
+        outboard_hw::PciFunction::with_backend("in-process".into(), backend.clone()).unwrap();
+    (func, backend)
+}
+
 /// The self-test driver keeps its state in C statics: its tests run one after another.
 static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
@@ -131,16 +150,7 @@ fn memory_of_every_plain_kind_and_wired_memory_only_with_a_device() {
 #[test]
 fn wired_memory_is_mapped_for_the_device_at_the_address_it_is_given() {
     let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|p| p.into_inner());
-    let model = outboard_devices::virtio_blk(
-        outboard_devices::backing::Backing::open("mem:1M", None).unwrap(),
-        Default::default(),
-    )
-    .unwrap();
-    let backend = Arc::new(outboard_hw::backend::in_process::InProcess::new(Box::new(
-        model,
-    )));
-    let func =
-        outboard_hw::PciFunction::with_backend("in-process".into(), backend.clone()).unwrap();
+    let (func, backend) = in_process_disk();
     let env = Osenv::for_function("wired", func).unwrap();
     let phys = {
         let _in = env.enter();
@@ -164,15 +174,7 @@ fn calls_from_outside_a_driver_are_refused() {
 #[test]
 fn the_device_is_the_drivers_own_function_its_bars_sized_and_read_as_a_kernel_would() {
     let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|p| p.into_inner());
-    let model = outboard_devices::virtio_blk(
-        outboard_devices::backing::Backing::open("mem:1M", None).unwrap(),
-        Default::default(),
-    )
-    .unwrap();
-    let backend = Arc::new(outboard_hw::backend::in_process::InProcess::new(Box::new(
-        model,
-    )));
-    let func = outboard_hw::PciFunction::with_backend("in-process".into(), backend).unwrap();
+    let (func, _backend) = in_process_disk();
     let id = func.config_read32(0).unwrap();
     let sizes = func.bar_sizes().unwrap();
     let bar = sizes.iter().position(|&s| s > 0).expect("a BAR") as u32;

@@ -35,8 +35,15 @@ const ONLY_88B5: &str = "{ 0x28, 0, 0, 0x0000000c },\n{ 0x15, 0, 1, 0x000088b5 }
 const ONLY_88B6: &str = "{ 0x28, 0, 0, 0x0000000c },\n{ 0x15, 0, 1, 0x000088b6 },\n{ 0x6, 0, 0, 0x00040000 },\n{ 0x6, 0, 0, 0x00000000 },\n";
 
 /// Starts `outboard net recv ARGS` and waits until it says it listens (its session is open, so
-/// nothing sent after this is missed); bounded.
+/// nothing sent after this is missed); bounded. Panics with what it said if it ended first.
 fn listening(up: &Up, args: &[&str]) -> std::process::Child {
+    try_listening(up, args)
+        .unwrap_or_else(|said| panic!("net recv ended before it listened: {said}"))
+}
+
+/// As [`listening`], but a `net recv` that ends before it listens (its device is between two
+/// models) is an error carrying what it said.
+fn try_listening(up: &Up, args: &[&str]) -> Result<std::process::Child, String> {
     let mut c = Command::new(env!("CARGO_BIN_EXE_outboard"))
         .args(["net", "recv"])
         .args(args)
@@ -48,17 +55,20 @@ fn listening(up: &Up, args: &[&str]) -> std::process::Child {
         .unwrap();
     let mut err = BufReader::new(c.stderr.take().unwrap());
     let mut line = String::new();
+    let mut said = String::new();
     let deadline = Instant::now() + Duration::from_secs(20);
     while !line.contains("listening") {
         line.clear();
         assert!(Instant::now() < deadline, "net recv never listened");
         if err.read_line(&mut line).unwrap() == 0 {
-            panic!("net recv ended before it listened");
+            let _ = c.wait();
+            return Err(said);
         }
+        said.push_str(&line);
     }
     // Keep draining its stderr so it never blocks on a full pipe.
     std::thread::spawn(move || std::io::copy(&mut err, &mut std::io::sink()));
-    c
+    Ok(c)
 }
 
 fn send(up: &Up, args: &[&str]) {
@@ -85,7 +95,19 @@ fn kill_nic1s_model_and_see_frames_again(up: &Up) {
     ));
     let deadline = Instant::now() + Duration::from_secs(30);
     loop {
-        let recv = listening(up, &["nic1", "--count", "1", "--timeout", "2s"]);
+        // Opened while the model is being started again, the session may be refused: try
+        // again until the deadline.
+        let recv = match try_listening(up, &["nic1", "--count", "1", "--timeout", "2s"]) {
+            Ok(recv) => recv,
+            Err(said) => {
+                assert!(
+                    Instant::now() < deadline,
+                    "net recv on nic1 never listened again after its model was killed: {said}"
+                );
+                std::thread::sleep(Duration::from_millis(200));
+                continue;
+            }
+        };
         send(
             up,
             &["nic0", "--to", "02:00:00:00:00:02", "--payload", "after"],

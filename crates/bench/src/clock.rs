@@ -15,10 +15,8 @@ use std::time::{Duration, Instant};
 
 use outboard_env::legacy::{Cpu, InterruptThread};
 use outboard_env::WorkLoop;
-use rustix::time::{
-    clock_gettime, timerfd_create, timerfd_settime, ClockId, Itimerspec, TimerfdClockId,
-    TimerfdFlags, TimerfdTimerFlags, Timespec,
-};
+use outboard_sys::timer;
+use rustix::time::{clock_gettime, ClockId, Timespec};
 
 use crate::model::{Machine, Point, Series, Target, TestResult};
 use crate::stats::Summary;
@@ -161,13 +159,7 @@ struct Measured {
 }
 
 fn periodic(hz: u32) -> Result<OwnedFd, String> {
-    let fd = timerfd_create(
-        TimerfdClockId::Monotonic,
-        TimerfdFlags::CLOEXEC | TimerfdFlags::NONBLOCK,
-    )
-    .map_err(|e| format!("timerfd: {e}"))?;
-    start_timer(&fd, hz)?;
-    Ok(fd)
+    timer::periodic(Some(timer::period_of(hz))).map_err(|e| format!("timerfd: {e}"))
 }
 
 fn seconds(t: Timespec) -> f64 {
@@ -289,35 +281,11 @@ fn contested(hz: u32, secs: f64) -> Result<Measured, String> {
 }
 
 fn start_timer(fd: &OwnedFd, hz: u32) -> Result<(), String> {
-    let ns = 1_000_000_000 / i64::from(hz);
-    let every = Timespec {
-        tv_sec: ns / 1_000_000_000,
-        tv_nsec: ns % 1_000_000_000,
-    };
-    set_timer(fd, every)
+    timer::set_periodic(fd.as_fd(), Some(timer::period_of(hz))).map_err(|e| format!("timerfd: {e}"))
 }
 
 fn stop_timer(fd: &OwnedFd) -> Result<(), String> {
-    set_timer(
-        fd,
-        Timespec {
-            tv_sec: 0,
-            tv_nsec: 0,
-        },
-    )
-}
-
-fn set_timer(fd: &OwnedFd, every: Timespec) -> Result<(), String> {
-    timerfd_settime(
-        fd,
-        TimerfdTimerFlags::empty(),
-        &Itimerspec {
-            it_interval: every,
-            it_value: every,
-        },
-    )
-    .map(drop)
-    .map_err(|e| format!("timerfd: {e}"))
+    timer::set_periodic(fd.as_fd(), None).map_err(|e| format!("timerfd: {e}"))
 }
 
 fn measure(d: Delivery, hz: u32, secs: f64) -> Result<Measured, String> {

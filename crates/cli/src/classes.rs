@@ -22,6 +22,10 @@ const CLASSES: &[(&str, Serve)] = &[
         outboard_net::CLASS,
         outboard_net_server::NetDispatcher::serve,
     ),
+    (
+        outboard_clock::CLASS,
+        outboard_clock_server::ClockDispatcher::serve,
+    ),
 ];
 
 /// The dispatcher of `driver`'s class.
@@ -51,6 +55,10 @@ pub fn try_lines(class: &str, name: &str) -> Vec<String> {
             format!("outboard blk read {name} --offset 4096 --length 6"),
         ],
         outboard_rng::CLASS => vec![format!("outboard rng read {name} --length 16 --hex")],
+        outboard_clock::CLASS => vec![
+            format!("outboard clock {name}"),
+            format!("outboard clock {name} --ticks 1000"),
+        ],
         _ => Vec::new(),
     }
 }

@@ -41,6 +41,11 @@ pub enum DeviceCommand {
     ///
     /// Example: outboard device virtio-net --socket /tmp/nic.sock --mac 02:00:00:00:00:01
     VirtioNet(crate::net::VirtioNetArgs),
+    /// Outboard's PCI timer (vendor 0x1234 device 0x0b71): a periodic interrupt on MSI-X
+    /// vector 0 and a free-running nanosecond counter (docs/timer.md has its registers).
+    ///
+    /// Example: outboard device timer --socket /tmp/timer.sock --hz 1000
+    Timer(crate::clock::TimerArgs),
 }
 
 #[derive(Args)]
@@ -99,6 +104,7 @@ pub fn run(c: DeviceCommand) -> Result<ExitCode, String> {
         DeviceCommand::NullBlk(a) => &a.confine,
         DeviceCommand::VirtioRng(a) => &a.confine,
         DeviceCommand::VirtioNet(a) => &a.confine,
+        DeviceCommand::Timer(a) => &a.confine,
     };
     confine.drop_privileges(false).map_err(|e| e.to_string())?;
     match c {
@@ -126,6 +132,7 @@ pub fn run(c: DeviceCommand) -> Result<ExitCode, String> {
         }
         DeviceCommand::VirtioRng(a) => crate::rng::serve_model(a),
         DeviceCommand::VirtioNet(a) => crate::net::serve_model(a),
+        DeviceCommand::Timer(a) => crate::clock::serve_model(a),
     }
 }
 
@@ -215,7 +222,7 @@ mod tests {
     use super::*;
     use crate::{Cli, Command};
     use clap::Parser;
-    use outboard_manager::children::{ModelArgs, ModelOwn, VirtioRngOwn};
+    use outboard_manager::children::{ModelArgs, ModelOwn, TimerOwn, VirtioRngOwn};
 
     /// `outboard device …` as this binary parses what the manager wrote.
     fn parse_back(m: &ModelArgs) -> DeviceCommand {
@@ -297,6 +304,15 @@ mod tests {
             assert_eq!(back.own, VirtioRngOwn { seed });
             assert_eq!(back.faults, m.faults);
             assert_eq!(back.confine, m.confine);
+        }
+        for hz in [1, 1000, 100_000] {
+            let m = described(ModelOwn::Timer(TimerOwn { hz }));
+            let DeviceCommand::Timer(back) = parse_back(&m) else {
+                panic!("not timer")
+            };
+            assert_eq!(back.listen, m.listen);
+            assert_eq!(back.own, TimerOwn { hz });
+            assert_eq!(back.faults, m.faults);
         }
     }
 }

@@ -3,6 +3,7 @@
 mod blk;
 mod blkbench;
 mod classes;
+mod clock;
 mod confine;
 mod device;
 mod export;
@@ -105,6 +106,9 @@ enum Command {
     Blk(CtlFamily<blk::BlkCommand>),
     /// Entropy devices (class `entropy`): read random bytes, whatever the placement.
     Rng(CtlFamily<rng::RngCommand>),
+    /// Clocks (class `clock`): the time, and ticks counted as a process woken by each sees
+    /// them. Example: outboard clock clock0 --ticks 1000
+    Clock(Ctl<clock::ClockArgs>),
     /// NICs (class `net`): status, counters, send and receive Ethernet frames.
     Net(CtlFamily<net::NetCommand>),
     /// Serve a machine's block devices to ordinary tools (NBD).
@@ -422,6 +426,7 @@ fn main() -> ExitCode {
         Command::Top(a) => top::run(a.args, a.ctl.or(&before)),
         Command::Blk(c) => blk::run(c.command, c.ctl.or(&before)),
         Command::Rng(c) => rng::run(c.command, c.ctl.or(&before)),
+        Command::Clock(a) => clock::run(a.args, a.ctl.or(&before)),
         Command::Net(c) => net::run(c.command, c.ctl.or(&before)),
         Command::Fault(a) => fault(a.args, a.ctl.or(&before)),
         Command::Power(a) => up::power(a.args, a.ctl.or(&before)),

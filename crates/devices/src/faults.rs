@@ -226,6 +226,9 @@ pub struct Faults {
     pub sector_faults: bool,
     /// Whether this model fires the faults of a NIC (`link-flap`, `long-frame`).
     pub nic_faults: bool,
+    /// Whether this model has no queues (the PCI timer): then `corrupt-used` and
+    /// `needs-reset`, which are a virtio queue's and a virtio status's, are refused.
+    pub queueless: bool,
 }
 
 impl Faults {
@@ -236,10 +239,16 @@ impl Faults {
             Fault::FailSectors(_) | Fault::FailNext(_) | Fault::AbortOn(_) | Fault::HangOn(_)
         );
         let nic = matches!(f, Fault::LinkFlap(_) | Fault::LongFrame(_));
+        let queue = matches!(
+            f,
+            Fault::CorruptUsedId | Fault::CorruptUsedLen | Fault::NeedsReset
+        );
         let what = if sectors && !self.sector_faults {
             "no disk requests to fail"
         } else if nic && !self.nic_faults {
             "no link and no received frames"
+        } else if queue && self.queueless {
+            "no queues and no virtio status"
         } else {
             return Ok(());
         };
@@ -250,10 +259,12 @@ impl Faults {
         if self.nic_faults {
             own.push("link-flap, long-frame");
         }
-        own.push(
+        own.push(if self.queueless {
+            "drop-irq, duplicate-irq, spurious-irq, stall, crash and clear"
+        } else {
             "drop-irq, duplicate-irq, spurious-irq, corrupt-used, stall, needs-reset, crash and \
-             clear",
-        );
+             clear"
+        });
         Err(format!(
             "{f}: this device model has {what}; its faults are {}",
             own.join(", ")
@@ -281,6 +292,7 @@ impl Faults {
                 *self = Faults {
                     sector_faults: self.sector_faults,
                     nic_faults: self.nic_faults,
+                    queueless: self.queueless,
                     ..Faults::default()
                 }
             }

@@ -9,11 +9,13 @@
 //! |---|---|---|
 //! | virtio-blk | virtio 1.2 §5.2 over PCI §4.1 | [`virtio_blk`] over [`virtio_pci`] |
 //! | virtio-rng | virtio 1.2 §5.4 over PCI §4.1 | [`virtio_rng`] over [`virtio_pci`] |
+//! | timer | Outboard's own (`docs/timer.md`, `outboard_spec::timer`) | [`timer`] |
 #![deny(missing_docs)]
 
 pub mod backing;
 pub mod faults;
 pub mod pci_config;
+pub mod timer;
 pub mod virtio_blk;
 pub mod virtio_net;
 pub mod virtio_pci;

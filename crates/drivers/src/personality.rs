@@ -279,6 +279,7 @@ static PERSONALITIES: &[Personality] = &[
     },
     crate::virtio_rng::PERSONALITY,
     crate::virtio_net::PERSONALITY,
+    crate::legacy::clock::TIMER,
 ];
 
 /// Every built-in driver's personality.

@@ -184,6 +184,11 @@ pub fn session_ring(data: &[u8]) {
         queue_depth: 8,
         counters: Default::default(),
     };
+    let clock_info = outboard_clock::ClockInfo {
+        name: "fuzz".into(),
+        hz: 1000,
+        max_wait: 3_600_000,
+    };
     let mut sq = region.consumers(Direction::ToServer).remove(0);
     let mut cq = region.producers(Direction::ToClient).remove(0);
     let size = g.control_size();
@@ -214,6 +219,13 @@ pub fn session_ring(data: &[u8]) {
                     if let Ok(r) = outboard_net::Sqe(e).decode() {
                         let _ = outboard_net::validate(&r, &net_info, g.buffer_size);
                     }
+                    // And as the clock class's; its time record as a client reads it.
+                    let (_, clock) =
+                        outboard_clock::Sqe(e[..16].try_into().expect("16 bytes")).decode();
+                    if let Ok(r) = clock {
+                        let _ = outboard_clock::validate(&r, &clock_info);
+                    }
+                    let _ = outboard_clock::decode_time(&e);
                 }
             }
             // The server completes a request.
@@ -230,7 +242,8 @@ pub fn session_ring(data: &[u8]) {
                     let c = Completion::decode(e[..16].try_into().expect("16 bytes"));
                     let _ = c.result::<outboard_block::BlockError>(words.clone().map(|w| w.1));
                     let _ = c.result::<outboard_rng::EntropyError>(words.clone().map(|w| w.1));
-                    let _ = c.result::<outboard_net::NetError>(words.map(|w| w.1));
+                    let _ = c.result::<outboard_net::NetError>(words.clone().map(|w| w.1));
+                    let _ = c.result::<outboard_clock::ClockError>(words.map(|w| w.1));
                 }
             }
         }

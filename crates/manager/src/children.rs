@@ -558,6 +558,16 @@ pub struct VirtioRngOwn {
     pub seed: Option<u64>,
 }
 
+/// The PCI timer's own arguments.
+#[allow(missing_docs)]
+#[derive(Args, Debug, Clone, PartialEq)]
+pub struct TimerOwn {
+    /// Ticks per second at power-on (10 µs to 1 s periods: 1 to 100,000 Hz); a driver may
+    /// program another period.
+    #[arg(long, value_name = "HZ", default_value_t = 1000, value_parser = clap::value_parser!(u32).range(1..=100_000))]
+    pub hz: u32,
+}
+
 /// virtio-net's own arguments.
 #[allow(missing_docs)]
 #[derive(Args, Debug, Clone, PartialEq)]
@@ -648,6 +658,8 @@ pub enum ModelOwn {
     VirtioRng(VirtioRngOwn),
     /// `outboard device virtio-net`.
     VirtioNet(VirtioNetOwn),
+    /// `outboard device timer`.
+    Timer(TimerOwn),
 }
 
 impl ModelOwn {
@@ -657,6 +669,7 @@ impl ModelOwn {
             Self::VirtioBlk(_) => "virtio-blk",
             Self::VirtioRng(_) => "virtio-rng",
             Self::VirtioNet(_) => "virtio-net",
+            Self::Timer(_) => "timer",
         }
     }
 
@@ -668,6 +681,7 @@ impl ModelOwn {
                 o.disk.write(a);
             }
             Self::VirtioRng(o) => a.opt("--seed", o.seed),
+            Self::Timer(o) => a.opt("--hz", Some(o.hz)),
             Self::VirtioNet(o) => {
                 a.opt("--mac", Some(&o.mac));
                 a.opt("--mtu", (o.mtu != 1500).then_some(o.mtu));

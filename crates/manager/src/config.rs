@@ -58,7 +58,7 @@ name = "default"
 
 [[device]]
 name = "disk0"                # the name clients open: outboard blk read disk0
-model = "virtio-blk"          # also null-blk, virtio-rng, virtio-net (each has keys of its own)
+model = "virtio-blk"          # also null-blk, virtio-rng, virtio-net, timer (each has keys of its own)
 backing = "mem:64M"           # a memory disk, or a file's path
 # create = "1G"               # create the file, sparse, with this size if it is missing
 # read_only = false
@@ -268,6 +268,7 @@ struct RawDevice {
     read_only: Option<Spanned<bool>>,
     queues: Option<Spanned<i64>>,
     seed: Option<Spanned<i64>>,
+    hz: Option<Spanned<i64>>,
     mac: Option<Spanned<String>>,
     mtu: Option<Spanned<i64>>,
     link: Option<Spanned<String>>,
@@ -344,6 +345,9 @@ impl RawDevice {
         }
         if let Some(v) = &self.seed {
             put("seed", v.get_ref().to_string(), v.span().start);
+        }
+        if let Some(v) = &self.hz {
+            put("hz", v.get_ref().to_string(), v.span().start);
         }
         if let Some(v) = &self.pci {
             put("pci", v.get_ref().clone(), v.span().start);

@@ -7,7 +7,6 @@
 
 use std::alloc::Layout;
 use std::ffi::{c_char, c_int, c_long, c_uint, c_void, CStr};
-use std::os::fd::OwnedFd;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -383,31 +382,6 @@ pub unsafe extern "C" fn outboard_osenv_panic_text(message: *const c_char) -> ! 
 #[no_mangle]
 pub extern "C" fn osenv_timer_init() {}
 
-fn periodic(freq: c_int) -> std::io::Result<OwnedFd> {
-    use rustix::time::{
-        timerfd_create, timerfd_settime, Itimerspec, TimerfdClockId, TimerfdFlags,
-        TimerfdTimerFlags, Timespec,
-    };
-    let fd = timerfd_create(
-        TimerfdClockId::Monotonic,
-        TimerfdFlags::CLOEXEC | TimerfdFlags::NONBLOCK,
-    )?;
-    let period = 1_000_000_000 / freq as i64;
-    let every = Timespec {
-        tv_sec: period / 1_000_000_000,
-        tv_nsec: period % 1_000_000_000,
-    };
-    timerfd_settime(
-        &fd,
-        TimerfdTimerFlags::empty(),
-        &Itimerspec {
-            it_interval: every,
-            it_value: every,
-        },
-    )?;
-    Ok(fd)
-}
-
 /// `osenv_timer_register`: see `include/outboard/osenv.h`.
 #[no_mangle]
 pub extern "C" fn osenv_timer_register(func: Option<extern "C" fn()>, freq: c_int) -> c_int {
@@ -433,7 +407,9 @@ fn register(cpu: &Cpu, st: &State, func: extern "C" fn(), freq: c_int) -> c_int 
         let vector = (FIRST_TIMER_VECTOR..FIRST_TIMER_VECTOR + MAX_TIMERS as u32)
             .find(|v| timers.iter().all(|t| t.vector != *v))
             .expect("fewer than MAX_TIMERS timers leave a vector free");
-        let fd = match periodic(freq) {
+        let fd = match outboard_sys::timer::periodic(Some(outboard_sys::timer::period_of(
+            freq as u32,
+        ))) {
             Ok(fd) => fd,
             Err(e) => {
                 tracing::warn!("{}: timer: {e}", st.name);

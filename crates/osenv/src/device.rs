@@ -44,6 +44,11 @@ struct Bar {
 const MEM_64: u32 = 0x4;
 
 impl Device {
+    /// The function itself.
+    pub fn function(&self) -> &PciFunction {
+        &self.function
+    }
+
     pub fn new(function: PciFunction) -> Self {
         let sizes = function.bar_sizes().unwrap_or([0; 6]);
         let mut bars = [Bar::default(); 6];

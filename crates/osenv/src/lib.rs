@@ -86,6 +86,16 @@ impl Osenv {
         self.cpu.enter()
     }
 
+    /// Gives the driver's device up after a failure, without waiting on it
+    /// (`PciFunction::abandon`): true if it is certain not to reach the driver's memory any
+    /// more (also when the driver has no device).
+    pub fn abandon(&self) -> bool {
+        self.cpu
+            .context::<state::State>()
+            .and_then(|s| s.device.as_ref())
+            .is_none_or(|d| d.function().abandon())
+    }
+
     /// The driver's virtual CPU (to raise an interrupt, read delivery counts).
     pub fn cpu(&self) -> &Arc<Cpu> {
         &self.cpu

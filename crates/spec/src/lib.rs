@@ -7,5 +7,6 @@
 
 pub mod nbd;
 pub mod pci;
+pub mod timer;
 pub mod virtio;
 pub mod virtio_blk;

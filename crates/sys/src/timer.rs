@@ -84,3 +84,52 @@ impl Timer {
         self.fd.as_fd()
     }
 }
+
+/// A periodic timerfd on the monotonic clock, non-blocking: readable every `period` from now
+/// (its 8-byte count says how many periods passed since the last read). `None` makes it
+/// disarmed.
+pub fn periodic(period: Option<Duration>) -> std::io::Result<OwnedFd> {
+    let fd = timerfd_create(
+        TimerfdClockId::Monotonic,
+        TimerfdFlags::CLOEXEC | TimerfdFlags::NONBLOCK,
+    )?;
+    set_periodic(fd.as_fd(), period)?;
+    Ok(fd)
+}
+
+/// Re-arms a periodic timerfd to fire every `period` from now, or disarms it (`None`, or a
+/// zero period, which a timerfd takes as "stop").
+pub fn set_periodic(fd: BorrowedFd<'_>, period: Option<Duration>) -> std::io::Result<()> {
+    let every = timespec(period.unwrap_or(Duration::ZERO));
+    let spec = Itimerspec {
+        it_interval: every,
+        it_value: every,
+    };
+    timerfd_settime(fd, TimerfdTimerFlags::empty(), &spec)
+        .map(|_| ())
+        .map_err(Into::into)
+}
+
+/// The period of `hz` ticks per second (`hz` > 0).
+pub fn period_of(hz: u32) -> Duration {
+    Duration::from_nanos(1_000_000_000 / u64::from(hz.max(1)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_periodic_timer_fires_repeatedly_and_stops_when_disarmed() {
+        let fd = periodic(Some(Duration::from_millis(1))).unwrap();
+        std::thread::sleep(Duration::from_millis(20));
+        let mut b = [0u8; 8];
+        rustix::io::read(&fd, &mut b).unwrap();
+        assert!(u64::from_le_bytes(b) >= 2, "{}", u64::from_le_bytes(b));
+        set_periodic(fd.as_fd(), None).unwrap();
+        let _ = rustix::io::read(&fd, &mut b);
+        std::thread::sleep(Duration::from_millis(10));
+        assert!(rustix::io::read(&fd, &mut b).is_err(), "fired after disarm");
+        assert_eq!(period_of(1000), Duration::from_millis(1));
+    }
+}

@@ -10,6 +10,7 @@
 
 mod disk;
 pub mod pci;
+mod timer;
 mod virtio_net;
 mod virtio_rng;
 
@@ -162,6 +163,15 @@ pub static MODELS: &[Model] = &[
         colocated: true,
         settle: virtio_net::settle,
         launch: virtio_net::launch,
+        spec: no_spec,
+    },
+    Model {
+        name: "timer",
+        kind: Kind::Emulated,
+        keys: &["hz"],
+        colocated: false,
+        settle: timer::settle,
+        launch: timer::launch,
         spec: no_spec,
     },
     Model {

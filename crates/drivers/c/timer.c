@@ -1,0 +1,126 @@
+/* The Outboard PCI timer's driver, written the way a uniprocessor kernel's drivers are:
+ * against osenv.h alone, interrupt driven, its state in static variables guarded by the
+ * legacy model's rules (one thread in the driver; the handler atomic with respect to it).
+ *
+ * The device (docs/timer.md): a periodic tick on MSI-X vector 0, a TICKS register counting
+ * whole periods since the timer was started, a STATUS.TICK bit set on every tick (the
+ * interrupt is raised when it rises; the driver clears it), and a free-running nanosecond
+ * counter. The handler clears STATUS.TICK first and reads TICKS second, so a tick that lands
+ * between the two is counted now and raises the interrupt again: none is lost.
+ */
+#include <stdint.h>
+#include <outboard/osenv.h>
+#include <outboard/driver.h>
+#include <outboard/clock.h>
+
+#define TIMER_VENDOR 0x1234
+#define TIMER_DEVICE 0x0b71
+#define TIMER_ID_VALUE ((TIMER_DEVICE << 16) | 1)
+
+#define REG_ID 0x00
+#define REG_CTRL 0x04
+#define REG_PERIOD_NS 0x08
+#define REG_COUNTER_NS 0x10
+#define REG_TICKS 0x18
+#define REG_STATUS 0x20
+
+#define CTRL_RUN 0x1
+#define CTRL_IRQ_ENABLE 0x2
+#define STATUS_TICK 0x1
+
+#define PCI_COMMAND 0x04
+#define PCI_COMMAND_MEMORY 0x2
+
+static const struct outboard_clock_sink *sink;
+static uint64_t reported;
+static unsigned long spurious;
+
+static void timer_intr(void *data)
+{
+    (void)data;
+    uint32_t status = osenv_bar_read32(0, REG_STATUS);
+    if (status == 0xffffffffu || !(status & STATUS_TICK)) {
+        spurious++;
+        return;
+    }
+    osenv_bar_write32(0, REG_STATUS, STATUS_TICK);
+    uint64_t ticks = osenv_bar_read64(0, REG_TICKS);
+    if (ticks != UINT64_MAX && ticks > reported) {
+        reported = ticks;
+        sink->ticked(sink->ctx, ticks);
+    }
+}
+
+static int timer_start(const struct outboard_clock_sink *s, uint32_t *hz)
+{
+    unsigned cmd;
+    int err;
+
+    uint32_t id = osenv_bar_read32(0, REG_ID);
+    if (id != TIMER_ID_VALUE) {
+        osenv_log(OSENV_LOG_ERR, "timer: identity register reads %#x, not %#x", id,
+                  TIMER_ID_VALUE);
+        return OSENV_EIO;
+    }
+    err = osenv_pci_config_read(0, 0, 0, PCI_COMMAND, &cmd);
+    if (err)
+        return err;
+    err = osenv_pci_config_write(0, 0, 0, PCI_COMMAND, cmd | PCI_COMMAND_MEMORY);
+    if (err)
+        return err;
+
+    uint32_t period = osenv_bar_read32(0, REG_PERIOD_NS);
+    if (period == 0 || period == 0xffffffffu)
+        return OSENV_EIO;
+
+    sink = s;
+    reported = 0;
+    /* The device stopped and quiet first, then the handler, then the timer: the first tick
+     * finds its handler (osenv_irq_alloc is synchronous). */
+    osenv_bar_write32(0, REG_CTRL, 0);
+    osenv_bar_write32(0, REG_STATUS, STATUS_TICK);
+    err = osenv_irq_alloc(0, timer_intr, 0, 0);
+    if (err) {
+        osenv_log(OSENV_LOG_ERR, "timer: vector 0: error %d", err);
+        return err;
+    }
+    osenv_bar_write32(0, REG_CTRL, CTRL_RUN | CTRL_IRQ_ENABLE);
+    *hz = 1000000000u / period;
+    osenv_log(OSENV_LOG_INFO, "timer: running at %u Hz (period %u ns)", *hz, period);
+    return 0;
+}
+
+static int timer_now(uint64_t *ns)
+{
+    uint64_t t = osenv_bar_read64(0, REG_COUNTER_NS);
+    if (t == UINT64_MAX)
+        return OSENV_EIO;
+    *ns = t;
+    return 0;
+}
+
+static const struct outboard_clock_ops timer_ops = {
+    .start = timer_start,
+    .now = timer_now,
+};
+
+static const struct outboard_pci_id timer_ids[] = {
+    { TIMER_VENDOR, TIMER_DEVICE },
+    { 0, 0 },
+};
+
+/* Built into Outboard under this name; built as a shared object, the same descriptor is
+ * exported as `outboard_driver`. */
+#ifndef OUTBOARD_DRIVER_SYMBOL
+#define OUTBOARD_DRIVER_SYMBOL outboard_driver
+#endif
+
+const struct outboard_driver OUTBOARD_DRIVER_SYMBOL = {
+    .abi_version = OUTBOARD_DRIVER_ABI,
+    .size = sizeof(struct outboard_driver),
+    .name = "legacy-timer",
+    .class_name = OUTBOARD_CLASS_CLOCK,
+    .ids = timer_ids,
+    .score = 1000,
+    .class_ops = &timer_ops,
+};

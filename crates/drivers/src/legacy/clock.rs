@@ -1,0 +1,244 @@
+//! A C clock driver behind the clock class: [`LegacyClock`] starts the driver in its legacy
+//! environment on the device and serves its ticks. The C handler reports the running total
+//! (`outboard_clock_sink.ticked`, at interrupt level, on the environment's interrupt thread);
+//! the total moving rings an eventfd, which is the driver's event source in the driver
+//! server's loop, and the clock dispatcher then completes the waits that are due.
+
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, OnceLock};
+
+use outboard_clock::{ClockDriver, ClockInfo, ClockTime};
+use outboard_env::{AnyDriver, DeviceEvent, Driver, Failure, Fence};
+use outboard_hw::PciFunction;
+use outboard_osenv::Osenv;
+use rustix::event::{eventfd, EventfdFlags};
+
+use super::descriptor::{builtin_timer, AtomicTicks, CDriver, ClockOps, ClockSink};
+use crate::personality::{Identity, Personality, Probe, Provider, StartError, StartOptions};
+
+/// Longest wait a client may ask for: an hour of ticks.
+const MAX_WAIT_SECONDS: u32 = 3600;
+
+/// A C clock driver, started on its device.
+pub struct LegacyClock {
+    // Dropped first: its interrupt thread stops before the sink it reports to goes.
+    osenv: Osenv,
+    // What the C driver reports ticks to: kept for as long as it runs.
+    _sink: ClockSink,
+    ticks: Arc<AtomicTicks>,
+    bell: Arc<OwnedFd>,
+    loss: Option<OwnedFd>,
+    ops: ClockOps,
+    info: ClockInfo,
+    driver: &'static str,
+}
+
+fn ring(bell: &OwnedFd) {
+    let _ = rustix::io::write(bell, &1u64.to_ne_bytes());
+}
+
+impl LegacyClock {
+    /// Starts the C driver `c` (personality `driver`) as clock `name` on `function`.
+    pub fn start(
+        driver: &'static str,
+        c: &CDriver,
+        name: &str,
+        function: PciFunction,
+    ) -> Result<Self, StartError> {
+        let refused = |why: String| StartError::Refused(format!("{driver}: {why}"));
+        let ops = c.clock_ops().map_err(|e| refused(e.to_string()))?;
+        let loss = function
+            .loss_fd()
+            .map(|fd| rustix::io::fcntl_dupfd_cloexec(fd, 0))
+            .transpose()
+            .map_err(|e| refused(format!("the device's loss descriptor: {e}")))?;
+        let bell = Arc::new(
+            eventfd(0, EventfdFlags::CLOEXEC | EventfdFlags::NONBLOCK)
+                .map_err(|e| refused(format!("eventfd: {e}")))?,
+        );
+        let rung = bell.clone();
+        let ticks = Arc::new(AtomicTicks {
+            total: AtomicU64::new(0),
+            moved: Box::new(move || ring(&rung)),
+        });
+        let sink = ClockSink::new(ticks.clone());
+        let osenv = Osenv::for_function(driver, function).map_err(|e| refused(e.to_string()))?;
+        let hz = {
+            let _inside = osenv.enter();
+            ops.start(&sink)
+                .map_err(|rc| refused(format!("the driver did not start (error {rc})")))?
+        };
+        if !(1..=100_000).contains(&hz) {
+            return Err(refused(format!("the driver says it ticks at {hz} Hz")));
+        }
+        Ok(Self {
+            osenv,
+            _sink: sink,
+            ticks,
+            bell,
+            loss,
+            ops,
+            info: ClockInfo {
+                name: name.to_string(),
+                hz,
+                max_wait: hz.saturating_mul(MAX_WAIT_SECONDS),
+            },
+            driver,
+        })
+    }
+
+    /// Interrupts delivered to the C driver so far (uncontested, contested).
+    pub fn delivered(&self) -> (u64, u64) {
+        let s = self.osenv.cpu().stats();
+        (s.uncontested, s.contested)
+    }
+}
+
+impl LegacyClock {
+    /// Whether the device's connection really ended. Its loss descriptor (a vfio-user
+    /// connection's socket) is also readable for a moment whenever a reply to the driver's
+    /// interrupt thread is on its way, since that thread reaches the device beside the loop;
+    /// only a hang-up is a loss.
+    fn really_lost(&self) -> bool {
+        use rustix::event::{poll, PollFd, PollFlags};
+        let Some(fd) = &self.loss else {
+            return false;
+        };
+        let mut p = [PollFd::new(fd, PollFlags::RDHUP)];
+        let gone = PollFlags::RDHUP | PollFlags::HUP | PollFlags::ERR | PollFlags::NVAL;
+        match poll(&mut p, Some(&rustix::time::Timespec::default())) {
+            Ok(n) if n > 0 => p[0].revents().intersects(gone),
+            Ok(_) => false,
+            Err(_) => true,
+        }
+    }
+}
+
+impl Driver for LegacyClock {
+    fn driver_name(&self) -> &'static str {
+        self.driver
+    }
+
+    fn sources(&self) -> Vec<(DeviceEvent, BorrowedFd<'_>)> {
+        let mut v = vec![(DeviceEvent::Interrupt(0), self.bell.as_fd())];
+        if let Some(l) = &self.loss {
+            v.push((DeviceEvent::Lost, l.as_fd()));
+        }
+        v
+    }
+
+    fn handle(&mut self, event: DeviceEvent) -> Result<(), Failure> {
+        match event {
+            DeviceEvent::Lost if self.really_lost() => Err(Failure::Lost),
+            DeviceEvent::Lost => Ok(()),
+            _ => {
+                let mut b = [0u8; 8];
+                let _ = rustix::io::read(&*self.bell, &mut b);
+                Ok(())
+            }
+        }
+    }
+
+    fn abandon(&mut self) -> Fence {
+        if self.osenv.abandon() {
+            Fence::Now
+        } else {
+            Fence::AtReopen
+        }
+    }
+}
+
+impl ClockDriver for LegacyClock {
+    fn info(&self) -> &ClockInfo {
+        &self.info
+    }
+
+    fn ticks(&self) -> u64 {
+        self.ticks.total.load(Ordering::Acquire)
+    }
+
+    fn now(&mut self) -> Result<ClockTime, Failure> {
+        let ns = {
+            let _inside = self.osenv.enter();
+            self.ops.now()
+        }
+        .map_err(|rc| {
+            Failure::Driver(format!("the driver could not read the time (error {rc})"))
+        })?;
+        Ok(ClockTime {
+            ticks: self.ticks(),
+            device_ns: ns,
+            hz: self.info.hz,
+        })
+    }
+}
+
+impl std::fmt::Debug for LegacyClock {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LegacyClock")
+            .field("driver", &self.driver)
+            .field("info", &self.info)
+            .finish_non_exhaustive()
+    }
+}
+
+/// The built-in timer driver's descriptor, read once.
+fn timer() -> Result<&'static CDriver, String> {
+    static TIMER_DRIVER: OnceLock<Result<CDriver, String>> = OnceLock::new();
+    TIMER_DRIVER
+        .get_or_init(|| builtin_timer().map_err(|e| e.to_string()))
+        .as_ref()
+        .map_err(Clone::clone)
+}
+
+fn timer_matches(id: &Identity<'_>) -> bool {
+    match (id, timer()) {
+        (Identity::Pci(id), Ok(t)) => t.ids.contains(&(id.vendor, id.device)),
+        _ => false,
+    }
+}
+
+fn timer_probe(_: &Probe<'_>, initial: u32) -> Result<u32, String> {
+    timer().map(|_| initial)
+}
+
+fn timer_start(p: Provider, o: &StartOptions) -> Result<Box<dyn AnyDriver>, StartError> {
+    let Provider::Pci(f) = p else {
+        return Err(StartError::NoMatch(
+            "legacy-timer drives PCI functions".into(),
+        ));
+    };
+    let c = timer().map_err(StartError::Refused)?;
+    Ok(outboard_clock::bind(LegacyClock::start(
+        TIMER.driver,
+        c,
+        &o.name,
+        f,
+    )?))
+}
+
+/// The PCI timer's C driver (`c/timer.c`), in the catalog like any built-in driver; its
+/// identities come from its descriptor.
+pub const TIMER: Personality = Personality {
+    driver: "legacy-timer",
+    class: outboard_clock::CLASS,
+    score: 1000,
+    matches: timer_matches,
+    probe: timer_probe,
+    start: timer_start,
+    faults: &[],
+};
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_personality_is_the_descriptors() {
+        let c = timer().unwrap();
+        assert_eq!(TIMER.driver, c.name);
+        assert_eq!(TIMER.class, c.class);
+        assert_eq!(TIMER.score, c.score);
+    }
+}

@@ -19,6 +19,9 @@ ldd /bin/busybox 2>&1 | grep -q "not a dynamic executable" || need_apt+=(busybox
 command -v cpio >/dev/null || need_apt+=(cpio)
 command -v xz >/dev/null || need_apt+=(xz-utils)
 command -v strip >/dev/null || need_apt+=(binutils)
+# A C driver built outside the tree against the installed headers (tests/driver_lib.rs).
+command -v pkg-config >/dev/null || need_apt+=(pkg-config)
+command -v cc >/dev/null || need_apt+=(gcc)
 # The NBD export's peers: libnbd's nbdinfo and nbdcopy, QEMU's qemu-img and qemu-io (fio's
 # nbd engine comes with Debian's fio).
 command -v nbdcopy >/dev/null || need_apt+=(libnbd-bin)

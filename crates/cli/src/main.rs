@@ -15,6 +15,7 @@ mod net;
 mod pci;
 mod rng;
 mod sample;
+mod sdk;
 mod sdnotify;
 mod top;
 mod up;
@@ -174,6 +175,15 @@ enum Command {
         #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
         args: Vec<String>,
     },
+    /// Install the headers and pkg-config file for building a C driver outside Outboard
+    /// (include/outboard/{osenv,driver,clock}.h, outboard-driver.pc). Example:
+    /// outboard sdk --prefix ~/.local && PKG_CONFIG_PATH=~/.local/lib/pkgconfig
+    /// cc -shared -fPIC $(pkg-config --cflags outboard-driver) -o libmine.so mine.c
+    Sdk(sdk::SdkArgs),
+    /// Load a C driver library and show what its descriptor declares (name, class, PCI ids,
+    /// score), or why it is refused (another driver ABI version, a malformed descriptor).
+    /// Example: outboard driver-lib ./libmine.so
+    DriverLib(sdk::DriverLibArgs),
     /// (internal) A driver server: drives devices and serves their class devices to sessions.
     /// The manager starts these; run one by hand to test a driver.
     DriverHost(up::DriverHostArgs),
@@ -437,6 +447,8 @@ fn main() -> ExitCode {
         Command::Down(a) => up::down(a.args, a.ctl.or(&before)),
         Command::Export(c) => export::run(c.command, c.ctl.or(&before)),
         Command::DriverHost(a) => up::driver_host(a),
+        Command::Sdk(a) => sdk::sdk(a),
+        Command::DriverLib(a) => sdk::driver_lib(a),
         Command::DriverStandby(a) => up::driver_standby(a),
         Command::Bench(a) => bench(a),
         Command::BenchPeer { args } => {

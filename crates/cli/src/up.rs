@@ -571,6 +571,15 @@ fn serve_devices(
     let mut step =
         |name: &str| startup.push((name.into(), outboard_session::control::monotonic_ns()));
     let stop = stop_flag()?;
+    // Driver libraries first (before confinement, which would forbid mapping their code):
+    // their drivers join the catalog the --driver names are looked up in.
+    for lib in &a.driver_libs {
+        let p = outboard_drivers::load_library(lib).map_err(|e| e.to_string())?;
+        tracing::info!("driver library {}: driver {}", lib.display(), p.driver);
+    }
+    if !a.driver_libs.is_empty() {
+        step("libraries");
+    }
     let mut served: Vec<Served> = Vec::new();
     let mut names = Vec::new();
     for d in &a.drivers {

@@ -109,18 +109,29 @@ static const struct outboard_pci_id timer_ids[] = {
     { 0, 0 },
 };
 
-/* Built into Outboard under this name; built as a shared object, the same descriptor is
- * exported as `outboard_driver`. */
+/* Built into Outboard under the symbol outboard_builtin_timer; built as a shared object, the
+ * same descriptor is exported as `outboard_driver`, the symbol Outboard looks for:
+ *
+ *   cc -shared -fPIC $(pkg-config --cflags outboard-driver) -o libtimer.so timer.c
+ *
+ * The name and the score may be chosen at build time (a second build beside the built-in one
+ * needs another name; a higher score makes the catalog prefer it). */
 #ifndef OUTBOARD_DRIVER_SYMBOL
 #define OUTBOARD_DRIVER_SYMBOL outboard_driver
+#endif
+#ifndef TIMER_DRIVER_NAME
+#define TIMER_DRIVER_NAME "legacy-timer"
+#endif
+#ifndef TIMER_SCORE
+#define TIMER_SCORE 1000
 #endif
 
 const struct outboard_driver OUTBOARD_DRIVER_SYMBOL = {
     .abi_version = OUTBOARD_DRIVER_ABI,
     .size = sizeof(struct outboard_driver),
-    .name = "legacy-timer",
+    .name = TIMER_DRIVER_NAME,
     .class_name = OUTBOARD_CLASS_CLOCK,
     .ids = timer_ids,
-    .score = 1000,
+    .score = TIMER_SCORE,
     .class_ops = &timer_ops,
 };

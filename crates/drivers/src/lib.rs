@@ -19,6 +19,9 @@ pub mod virtio_block;
 pub mod virtio_net;
 pub mod virtio_rng;
 
+pub use legacy::library::{
+    load as load_library, register_described, Described as DescribedLibrary, LibraryError,
+};
 pub use personality::{
     by_name, candidates, personalities, probe_driver, restarter, start, start_colocated,
     Attachment, DriverFault, Identity, Personality, Probe, Probed, StartError, StartOptions,

@@ -178,6 +178,9 @@ pub struct Personality {
     /// The driver faults it can inject (see [`DriverFault`]); one asked of a driver that
     /// cannot is refused, not ignored.
     pub faults: &'static [DriverFault],
+    /// A C driver from a shared object (`crate::legacy::library`): it matches, probes and
+    /// starts through its descriptor, not through the three functions above.
+    pub library: Option<&'static crate::legacy::library::LibraryDriver>,
 }
 
 /// A fault a driver injects in itself, for testing what a crashing driver costs.
@@ -188,6 +191,34 @@ pub enum DriverFault {
 }
 
 impl Personality {
+    /// Whether its passive match takes a device of this identity.
+    pub fn takes(&self, id: &Identity<'_>) -> bool {
+        match self.library {
+            Some(l) => l.takes(id),
+            None => (self.matches)(id),
+        }
+    }
+
+    /// Its active probe of a device its passive match took: its score, or why it declines.
+    pub fn probe_device(&self, dev: &Probe<'_>) -> Result<u32, String> {
+        match self.library {
+            Some(l) => l.probe(dev, self.score),
+            None => (self.probe)(dev, self.score),
+        }
+    }
+
+    /// Brings it up on a device.
+    pub fn start_device(
+        &self,
+        p: Provider,
+        o: &StartOptions,
+    ) -> Result<Box<dyn AnyDriver>, StartError> {
+        match self.library {
+            Some(l) => l.start(self.driver, p, o),
+            None => (self.start)(p, o),
+        }
+    }
+
     /// Why `opts` asks this driver for a fault it cannot inject, if it does.
     pub fn refuses(&self, opts: &StartOptions) -> Option<String> {
         (opts.abort_on.is_some() && !self.faults.contains(&DriverFault::AbortOn)).then(|| {
@@ -267,6 +298,7 @@ static PERSONALITIES: &[Personality] = &[
         probe: virtio_blk_probe,
         start: virtio_blk_start,
         faults: &[DriverFault::AbortOn],
+        library: None,
     },
     Personality {
         driver: "null-blk",
@@ -276,6 +308,7 @@ static PERSONALITIES: &[Personality] = &[
         probe: null_blk_probe,
         start: null_blk_start,
         faults: &[],
+        library: None,
     },
     crate::virtio_rng::PERSONALITY,
     crate::virtio_net::PERSONALITY,
@@ -283,13 +316,21 @@ static PERSONALITIES: &[Personality] = &[
 ];
 
 /// Every built-in driver's personality.
-pub fn personalities() -> &'static [Personality] {
+pub fn builtin() -> &'static [Personality] {
     PERSONALITIES
+}
+
+/// Every driver in this process's catalog: the built-in ones, then those loaded from
+/// libraries (`crate::legacy::library`).
+pub fn personalities() -> Vec<&'static Personality> {
+    let mut all: Vec<&'static Personality> = PERSONALITIES.iter().collect();
+    all.extend(crate::legacy::library::personalities());
+    all
 }
 
 /// The drivers whose passive match takes `id`.
 pub fn candidates<'a>(id: &'a Identity<'a>) -> impl Iterator<Item = &'static Personality> + 'a {
-    personalities().iter().filter(move |p| (p.matches)(id))
+    personalities().into_iter().filter(move |p| p.takes(id))
 }
 
 /// What [`probe_driver`] says when no personality's passive match takes the device.
@@ -303,7 +344,7 @@ pub fn probe_driver(dev: &Probe<'_>) -> Result<Probed, String> {
     let mut best: Option<Probed> = None;
     let mut declined = Vec::new();
     for personality in candidates(&id) {
-        match (personality.probe)(dev, personality.score) {
+        match personality.probe_device(dev) {
             Ok(score) if best.is_none_or(|b| score > b.score) => {
                 best = Some(Probed { personality, score })
             }
@@ -322,7 +363,7 @@ pub fn probe_driver(dev: &Probe<'_>) -> Result<Probed, String> {
 
 /// The personality named `driver`.
 pub fn by_name(driver: &str) -> Option<&'static Personality> {
-    personalities().iter().find(|p| p.driver == driver)
+    personalities().into_iter().find(|p| p.driver == driver)
 }
 
 fn open_function(spec: &DeviceSpec) -> Result<PciFunction, StartError> {
@@ -405,12 +446,12 @@ pub fn start(
         Some(name) => {
             let p = by_name(name)
                 .ok_or_else(|| StartError::NoMatch(format!("no driver named {name:?}")))?;
-            if !(p.matches)(&probe.identity()) {
+            if !p.takes(&probe.identity()) {
                 return Err(StartError::NoMatch(format!(
                     "driver {name} does not match {described}"
                 )));
             }
-            (p.probe)(&probe, p.score)
+            p.probe_device(&probe)
                 .map_err(|why| StartError::Refused(format!("{described}: {name}: {why}")))?;
             p
         }
@@ -423,10 +464,12 @@ pub fn start(
     if let Some(why) = personality.refuses(opts) {
         return Err(StartError::Refused(format!("{described}: {why}")));
     }
-    let driver = (personality.start)(provider, opts).map_err(|e| match e {
-        StartError::Refused(why) => StartError::Refused(format!("{described}: {why}")),
-        e => e,
-    })?;
+    let driver = personality
+        .start_device(provider, opts)
+        .map_err(|e| match e {
+            StartError::Refused(why) => StartError::Refused(format!("{described}: {why}")),
+            e => e,
+        })?;
     Ok(Started {
         driver,
         env,

@@ -721,6 +721,7 @@ pub const PERSONALITY: Personality = Personality {
     probe,
     start,
     faults: &[],
+    library: None,
 };
 
 /// Looks at the function: the modern virtio-pci structures must be inside its BARs; a

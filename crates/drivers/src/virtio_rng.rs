@@ -194,6 +194,7 @@ pub const PERSONALITY: Personality = Personality {
     probe,
     start,
     faults: &[],
+    library: None,
 };
 
 fn probe(dev: &Probe<'_>, initial: u32) -> Result<u32, String> {

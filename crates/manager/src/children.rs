@@ -198,6 +198,11 @@ pub struct DriverHostArgs {
     /// match for the device is started.
     #[arg(long = "driver", value_name = "NAME=DRIVER")]
     pub drivers: Vec<String>,
+    /// Load a C driver from this shared object (`include/outboard/driver.h`) into the
+    /// catalog before any device is started: it is matched, and may be named by --driver,
+    /// like a built-in one. Repeatable.
+    #[arg(long = "driver-lib", value_name = "PATH.so")]
+    pub driver_libs: Vec<PathBuf>,
     /// Fault injection: the driver of device NAME aborts the server whenever a request
     /// touches SECTOR, every time (a request that kills its driver). Repeatable.
     #[arg(long = "driver-abort-on", value_name = "NAME=SECTOR")]
@@ -259,6 +264,7 @@ impl DriverHostArgs {
             listen_fd: Some(listen_fd),
             devices: Vec::new(),
             drivers: Vec::new(),
+            driver_libs: Vec::new(),
             driver_abort_on: Vec::new(),
             spin_us: 20,
             no_counters: false,
@@ -281,6 +287,14 @@ impl DriverHostArgs {
         a.opt("--listen-fd", self.listen_fd);
         a.each("--device", &self.devices);
         a.each("--driver", &self.drivers);
+        a.each(
+            "--driver-lib",
+            &self
+                .driver_libs
+                .iter()
+                .map(|p| p.display().to_string())
+                .collect::<Vec<_>>(),
+        );
         a.each("--driver-abort-on", &self.driver_abort_on);
         a.opt("--spin-us", Some(self.spin_us));
         a.flag("--no-counters", self.no_counters);

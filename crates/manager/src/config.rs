@@ -44,7 +44,7 @@
 //! Every error names the file, the line and the problem. `docs/machine.md` is the reference
 //! for every key (a test holds it to the parser).
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use serde::Deserialize;
 use toml::Spanned;
@@ -216,6 +216,10 @@ pub struct Machine {
     pub devices: Vec<DeviceConfig>,
     /// Exports started with the machine.
     pub exports: Vec<ExportConfig>,
+    /// Driver libraries (`[[driver]] library = PATH`): C drivers built outside Outboard,
+    /// added to the catalog before any device is matched. A relative path is relative to the
+    /// description's directory.
+    pub driver_libraries: Vec<PathBuf>,
 }
 
 #[derive(Deserialize)]
@@ -226,6 +230,15 @@ struct RawMachine {
     device: Vec<Spanned<RawDevice>>,
     #[serde(default)]
     export: Vec<Spanned<RawExport>>,
+    #[serde(default)]
+    driver: Vec<Spanned<RawDriverLibrary>>,
+}
+
+/// A `[[driver]]` table.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawDriverLibrary {
+    library: Spanned<String>,
 }
 
 #[derive(Deserialize)]
@@ -407,7 +420,14 @@ impl Machine {
             line: 0,
             message: e.to_string(),
         })?;
-        Self::parse(&text, &path.display().to_string())
+        let mut m = Self::parse(&text, &path.display().to_string())?;
+        let dir = path.parent().unwrap_or(Path::new("."));
+        for l in &mut m.driver_libraries {
+            if l.is_relative() {
+                *l = dir.join(&*l);
+            }
+        }
+        Ok(m)
     }
 
     /// Parses and validates a description; `file` names it in errors.
@@ -860,10 +880,29 @@ impl Machine {
                 max_files: files_limit(&e.max_files)?,
             });
         }
+        let mut driver_libraries: Vec<PathBuf> = Vec::new();
+        for l in raw.driver {
+            let l = l.into_inner().library;
+            let path = PathBuf::from(l.get_ref());
+            if l.get_ref().is_empty() {
+                return Err(err(
+                    l.span().start,
+                    "library = \"\": name a shared object".into(),
+                ));
+            }
+            if driver_libraries.contains(&path) {
+                return Err(err(
+                    l.span().start,
+                    format!("library {:?} is named twice", l.get_ref()),
+                ));
+            }
+            driver_libraries.push(path);
+        }
         Ok(Machine {
             name: raw.name.unwrap_or_else(|| "machine".into()),
             devices,
             exports,
+            driver_libraries,
         })
     }
 }
@@ -1290,6 +1329,30 @@ mod tests {
             .unwrap_err()
             .message
             .contains("separate"));
+    }
+
+    #[test]
+    fn driver_libraries_are_relative_to_the_description_and_named_once() {
+        let dir = tempfile::tempdir().unwrap();
+        let text = "[[driver]]\nlibrary = \"lib/a.so\"\n[[driver]]\nlibrary = \"/opt/b.so\"\n\
+                    [[device]]\nname = \"c\"\nmodel = \"timer\"\nhz = 100\n";
+        let path = dir.path().join("m.toml");
+        std::fs::write(&path, text).unwrap();
+        let m = Machine::load(&path).unwrap();
+        assert_eq!(
+            m.driver_libraries,
+            vec![dir.path().join("lib/a.so"), "/opt/b.so".into()]
+        );
+        assert_eq!(m.devices[0].settings["hz"], "100");
+        let twice = "[[driver]]\nlibrary = \"a.so\"\n[[driver]]\nlibrary = \"a.so\"\n\
+                     [[device]]\nname = \"c\"\nmodel = \"timer\"\n";
+        let e = Machine::parse(twice, "t.toml").unwrap_err();
+        assert!(e.message.contains("named twice") && e.line == 4, "{e}");
+        let other = "[[driver]]\nlibrary = \"a.so\"\nscore = 1\n[[device]]\nname = \"c\"\nmodel = \"timer\"\n";
+        assert!(Machine::parse(other, "t.toml").is_err());
+        let fast = "[[device]]\nname = \"c\"\nmodel = \"timer\"\nhz = 200000\n";
+        let e = Machine::parse(fast, "t.toml").unwrap_err();
+        assert!(e.message.contains("1 to 100000"), "{e}");
     }
 
     #[test]

@@ -123,6 +123,13 @@ impl Manager {
             }
             // The catalog's choice, as the registry records it: the server starts exactly it.
             if let Some(driver) = self.driver_of(&d.name).map(|drv| drv.name.clone()) {
+                // A C driver from a library: its server loads the library first.
+                let library = outboard_drivers::by_name(&driver)
+                    .and_then(|p| p.library)
+                    .map(|l| l.described.library.clone());
+                if let Some(l) = library.filter(|l| !args.driver_libs.contains(l)) {
+                    args.driver_libs.push(l);
+                }
                 args.drivers.push(format!("{}={driver}", d.name));
             }
         }

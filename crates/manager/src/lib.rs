@@ -19,6 +19,7 @@ pub mod config;
 mod hardware;
 mod hotplug;
 mod launch;
+mod libraries;
 pub mod models;
 mod nodes;
 pub mod quarantine;
@@ -260,6 +261,9 @@ pub enum ManagerError {
         /// What its server answered.
         why: outboard_session::Refusal,
     },
+    /// A driver library (`[[driver]] library =`) cannot be used.
+    #[error("driver library: {0}")]
+    DriverLibrary(String),
     /// `run` was called on a manager that is not started.
     #[error("the manager is not started")]
     NotStarted,
@@ -269,6 +273,7 @@ impl Manager {
     /// Starts every device model and driver server of `machine`. On failure, whatever was
     /// started is stopped again.
     pub fn start(machine: Machine, opts: ManagerOptions) -> Result<Self, ManagerError> {
+        libraries::register_all(&machine.driver_libraries).map_err(ManagerError::DriverLibrary)?;
         let runtime =
             runtime::RuntimeDir::claim(&opts.runtime_dir).map_err(ManagerError::Runtime)?;
         let mut m = Self {

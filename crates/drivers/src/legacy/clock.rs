@@ -228,6 +228,7 @@ pub const TIMER: Personality = Personality {
     probe: timer_probe,
     start: timer_start,
     faults: &[],
+    library: None,
 };
 
 #[cfg(test)]

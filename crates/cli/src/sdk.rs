@@ -1,0 +1,97 @@
+//! Building drivers outside Outboard: `outboard sdk` installs the C headers and a `pkg-config`
+//! file (they are built into the binary, so they install with it), and `outboard driver-lib`
+//! loads a driver library and says what its descriptor declares, or why it is refused.
+
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+
+use clap::Args;
+
+/// The headers a C driver is built against, by name.
+const HEADERS: &[(&str, &str)] = &[
+    ("osenv.h", include_str!("../../../include/outboard/osenv.h")),
+    (
+        "driver.h",
+        include_str!("../../../include/outboard/driver.h"),
+    ),
+    ("clock.h", include_str!("../../../include/outboard/clock.h")),
+];
+
+/// `outboard sdk`.
+#[derive(Args)]
+pub struct SdkArgs {
+    /// Install under this prefix: PREFIX/include/outboard/*.h and
+    /// PREFIX/lib/pkgconfig/outboard-driver.pc (then `pkg-config --cflags outboard-driver`,
+    /// with PKG_CONFIG_PATH=PREFIX/lib/pkgconfig if PREFIX is not a system one).
+    #[arg(long, value_name = "PREFIX", default_value = "/usr/local")]
+    prefix: PathBuf,
+}
+
+fn pc_file(prefix: &Path) -> String {
+    format!(
+        "prefix={}\nincludedir=${{prefix}}/include\n\nName: outboard-driver\nDescription: Headers \
+         for Outboard drivers written in C: osenv.h (the legacy environment), driver.h (the \
+         descriptor, ABI {}), clock.h\nVersion: {}\nCflags: -I${{includedir}}\nLibs:\n",
+        prefix.display(),
+        outboard_drivers::legacy::descriptor::ABI_VERSION,
+        env!("CARGO_PKG_VERSION"),
+    )
+}
+
+pub fn sdk(a: SdkArgs) -> Result<ExitCode, String> {
+    let prefix = if a.prefix.is_relative() {
+        std::env::current_dir()
+            .map_err(|e| format!("the current directory: {e}"))?
+            .join(&a.prefix)
+    } else {
+        a.prefix.clone()
+    };
+    let include = prefix.join("include/outboard");
+    let pkgconfig = prefix.join("lib/pkgconfig");
+    for d in [&include, &pkgconfig] {
+        std::fs::create_dir_all(d).map_err(|e| format!("{}: {e}", d.display()))?;
+    }
+    for (name, text) in HEADERS {
+        let p = include.join(name);
+        std::fs::write(&p, text).map_err(|e| format!("{}: {e}", p.display()))?;
+        println!("{}", p.display());
+    }
+    let pc = pkgconfig.join("outboard-driver.pc");
+    std::fs::write(&pc, pc_file(&prefix)).map_err(|e| format!("{}: {e}", pc.display()))?;
+    println!("{}", pc.display());
+    Ok(ExitCode::SUCCESS)
+}
+
+/// `outboard driver-lib`.
+#[derive(Args)]
+pub struct DriverLibArgs {
+    /// The shared object (`cc -shared -fPIC $(pkg-config --cflags outboard-driver) …`).
+    library: PathBuf,
+    /// Print the descriptor as JSON (what the manager reads).
+    #[arg(long)]
+    json: bool,
+}
+
+pub fn driver_lib(a: DriverLibArgs) -> Result<ExitCode, String> {
+    let p = outboard_drivers::load_library(&a.library).map_err(|e| e.to_string())?;
+    let d = &p.library.expect("a library's personality").described;
+    if a.json {
+        println!("{}", serde_json::to_string(d).map_err(|e| e.to_string())?);
+        return Ok(ExitCode::SUCCESS);
+    }
+    let ids: Vec<String> = d
+        .ids
+        .iter()
+        .map(|(v, dv)| format!("{v:04x}:{dv:04x}"))
+        .collect();
+    println!(
+        "{} (driver library {}, driver ABI {})",
+        d.name,
+        d.library.display(),
+        d.abi_version
+    );
+    println!("  class  {}", d.class);
+    println!("  ids    {}", ids.join(", "));
+    println!("  score  {}", d.score);
+    Ok(ExitCode::SUCCESS)
+}

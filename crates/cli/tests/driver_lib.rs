@@ -1,0 +1,193 @@
+//! A C driver built outside Outboard, as a driver's author would: the headers and pkg-config
+//! file installed by `outboard sdk` (no Outboard source on the include path), the timer
+//! driver compiled into a shared object, loaded by `[[driver]] library =`, matched by the
+//! catalog over the built-in driver (its score is higher), serving its clock; a library of
+//! another driver ABI version, and one that is no driver, refused with why.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Duration;
+
+use common::{stdout, Up};
+use rustix::process::Signal;
+
+const EXE: &str = env!("CARGO_BIN_EXE_outboard");
+
+/// Installs the SDK under `dir/sdk`; the `PKG_CONFIG_PATH` that finds it.
+fn sdk(dir: &Path) -> PathBuf {
+    let o = Command::new(EXE)
+        .args(["sdk", "--prefix"])
+        .arg(dir.join("sdk"))
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    dir.join("sdk/lib/pkgconfig")
+}
+
+/// Compiles `source` into `dir/out` as a shared object, with the SDK's flags and `defines`.
+fn build(dir: &Path, source: &Path, out: &str, defines: &[&str]) -> PathBuf {
+    let pc = sdk(dir);
+    let cflags = Command::new("pkg-config")
+        .args(["--cflags", "outboard-driver"])
+        .env("PKG_CONFIG_PATH", &pc)
+        .output()
+        .unwrap();
+    assert!(cflags.status.success(), "pkg-config: {cflags:?}");
+    let cflags = String::from_utf8(cflags.stdout).unwrap();
+    assert!(cflags.contains("/sdk/include"), "{cflags}");
+    let lib = dir.join(out);
+    let o = Command::new("cc")
+        .args(["-shared", "-fPIC", "-std=c11", "-Wall", "-Werror", "-o"])
+        .arg(&lib)
+        .args(cflags.split_whitespace())
+        .args(defines)
+        .arg(source)
+        .output()
+        .unwrap();
+    assert!(
+        o.status.success(),
+        "cc: {}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    lib
+}
+
+fn timer_source() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../drivers/c/timer.c")
+}
+
+fn driver_lib(lib: &Path) -> std::process::Output {
+    Command::new(EXE)
+        .arg("driver-lib")
+        .arg(lib)
+        .output()
+        .unwrap()
+}
+
+#[test]
+fn a_timer_driver_built_outside_the_tree_loads_matches_and_serves_its_clock() {
+    let dir = tempfile::tempdir().unwrap();
+    build(
+        dir.path(),
+        &timer_source(),
+        "libmytimer.so",
+        &["-DTIMER_DRIVER_NAME=\"my-timer\"", "-DTIMER_SCORE=2000"],
+    );
+    let o = driver_lib(&dir.path().join("libmytimer.so"));
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let said = stdout(&o);
+    for want in [
+        "my-timer",
+        "driver ABI 1",
+        "class  clock",
+        "1234:0b71",
+        "score  2000",
+    ] {
+        assert!(said.contains(want), "{want} in {said}");
+    }
+
+    // The description names the library relative to itself.
+    let machine = r#"
+name = "outside"
+
+[[driver]]
+library = "libmytimer.so"
+
+[[device]]
+name = "clock0"
+model = "timer"
+hz = 500
+"#;
+    let up = Up::start(dir.path(), Some(machine));
+    let tree = common::registry(&up).to_string();
+    assert!(
+        tree.contains("\"kind\":\"driver\",\"name\":\"my-timer\""),
+        "the library's driver did not win: {tree}"
+    );
+    let o = up.run_within(
+        &["clock", "clock0", "--ticks", "50"],
+        Duration::from_secs(60),
+    );
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let out = stdout(&o);
+    assert!(
+        out.contains("50 ticks in") && out.contains("says 500 Hz"),
+        "{out}"
+    );
+
+    // Its driver server, killed, comes back with the library loaded again.
+    let up_pid = up.child.as_ref().unwrap().id();
+    let servers = common::children_running(up_pid, "driver-host");
+    assert_eq!(servers.len(), 1, "{servers:?}");
+    let cmdline = std::fs::read(format!("/proc/{}/cmdline", servers[0])).unwrap();
+    assert!(String::from_utf8_lossy(&cmdline).contains("--driver-lib"));
+    assert!(common::signal_child_of(up_pid, servers[0], Signal::KILL));
+    let o = up.run_within(
+        &["clock", "clock0", "--ticks", "10"],
+        Duration::from_secs(60),
+    );
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+}
+
+#[test]
+fn a_library_of_another_abi_version_or_no_driver_is_refused_with_why() {
+    let dir = tempfile::tempdir().unwrap();
+    let future = dir.path().join("future.c");
+    std::fs::write(
+        &future,
+        r#"#include <stddef.h>
+#include <outboard/driver.h>
+static const struct outboard_pci_id ids[] = { { 0x1234, 0x0b71 }, { 0, 0 } };
+static const int ops;
+const struct outboard_driver outboard_driver = {
+    .abi_version = 2,
+    .size = sizeof(struct outboard_driver) + 8,
+    .name = "future",
+    .class_name = "clock",
+    .ids = ids,
+    .score = 5000,
+    .class_ops = &ops,
+};
+"#,
+    )
+    .unwrap();
+    let lib = build(dir.path(), &future, "libfuture.so", &[]);
+    let o = driver_lib(&lib);
+    assert!(!o.status.success());
+    let e = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        e.contains("driver ABI version 2") && e.contains("reads version 1"),
+        "{e}"
+    );
+
+    let nothing = dir.path().join("nothing.c");
+    std::fs::write(&nothing, "int not_a_driver(void) { return 1; }\n").unwrap();
+    let lib = build(dir.path(), &nothing, "libnothing.so", &[]);
+    let e = String::from_utf8_lossy(&driver_lib(&lib).stderr).to_string();
+    assert!(e.contains("exports no `outboard_driver`"), "{e}");
+    let e = String::from_utf8_lossy(&driver_lib(&dir.path().join("absent.so")).stderr).to_string();
+    assert!(e.contains("cannot load"), "{e}");
+
+    // `outboard up` refuses to start a machine with it, saying which and why.
+    let machine = format!(
+        "name = \"m\"\n[[driver]]\nlibrary = \"{}\"\n[[device]]\nname = \"clock0\"\nmodel = \"timer\"\n",
+        dir.path().join("libfuture.so").display()
+    );
+    std::fs::write(dir.path().join("machine.toml"), machine).unwrap();
+    let o = Command::new(EXE)
+        .arg("up")
+        .arg("--machine")
+        .arg(dir.path().join("machine.toml"))
+        .env("OUTBOARD_CONTROL", dir.path().join("rt/control.sock"))
+        .stdin(std::process::Stdio::null())
+        .output()
+        .unwrap();
+    assert!(!o.status.success());
+    let e = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        e.contains("libfuture.so") && e.contains("driver ABI version 2"),
+        "{e}"
+    );
+}

@@ -6,6 +6,7 @@
 
 pub mod charts;
 pub mod clock;
+pub mod clock_servers;
 pub mod combination;
 pub mod compare;
 pub mod counting;

@@ -13,6 +13,7 @@
 pub mod legacy;
 pub mod null_blk;
 pub mod personality;
+pub mod timer;
 pub mod virtio;
 pub mod virtio_blk;
 pub mod virtio_block;

@@ -313,6 +313,7 @@ static PERSONALITIES: &[Personality] = &[
     crate::virtio_rng::PERSONALITY,
     crate::virtio_net::PERSONALITY,
     crate::legacy::clock::TIMER,
+    crate::timer::PERSONALITY,
 ];
 
 /// Every built-in driver's personality.

@@ -85,3 +85,43 @@ fn a_legacy_clock_watches_its_device_for_loss() {
     assert!(clock.sources().iter().any(|(e, _)| *e == DeviceEvent::Lost));
     stop.store(true, Ordering::SeqCst);
 }
+
+#[test]
+fn the_native_timer_driver_counts_the_same_ticks_in_the_work_loop_model() {
+    use outboard_drivers::timer::NativeTimer;
+    let dir = tempfile::tempdir().unwrap();
+    let (spec, stop) = serve_timer(dir.path(), 1000);
+    let f = PciFunction::open(&spec).unwrap();
+    let mut clock = NativeTimer::new("clock0", f).unwrap();
+    assert_eq!(clock.info().hz, 1000);
+    let irq = clock
+        .sources()
+        .iter()
+        .find(|(e, _)| *e == DeviceEvent::Interrupt(0))
+        .map(|(_, fd)| rustix::io::dup(fd).unwrap())
+        .expect("a tick source");
+    let started = Instant::now();
+    while clock.ticks() < 100 && started.elapsed() < Duration::from_secs(10) {
+        let mut p = [rustix::event::PollFd::new(
+            &irq,
+            rustix::event::PollFlags::IN,
+        )];
+        let _ = rustix::event::poll(
+            &mut p,
+            Some(&rustix::time::Timespec {
+                tv_sec: 0,
+                tv_nsec: 50_000_000,
+            }),
+        );
+        clock.handle(DeviceEvent::Interrupt(0)).unwrap();
+    }
+    let took = started.elapsed();
+    assert!(clock.ticks() >= 100, "{} ticks", clock.ticks());
+    assert!(took >= Duration::from_millis(90), "100 ticks in {took:?}");
+    let t = clock.now().unwrap();
+    assert!(
+        t.interrupts > 0 && u64::from(t.interrupts) <= t.ticks + 1,
+        "{t:?}"
+    );
+    stop.store(true, Ordering::SeqCst);
+}

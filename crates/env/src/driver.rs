@@ -181,7 +181,7 @@ impl Waiter {
     pub fn new(sources: Vec<(DeviceEvent, BorrowedFd<'_>)>) -> Result<Self, LoopError> {
         let mut work = WorkLoop::new()?;
         for (event, fd) in sources {
-            work.add(fd, event)?;
+            work.add_device(fd, event, event)?;
         }
         Ok(Self {
             work,

@@ -53,6 +53,37 @@ mod tests {
         assert_eq!(ready, vec![Src::B(7)]);
     }
 
+    /// A device's loss source is its connection's socket, which is also readable while a
+    /// reply to another of the driver's threads is on its way (a legacy driver's interrupt
+    /// thread reaches the device beside the loop): only a hang-up is a loss.
+    #[test]
+    fn a_loss_source_fires_at_the_hang_up_not_at_data() {
+        use crate::{DeviceEvent, Waiter};
+        let (mine, peer) = rustix::net::socketpair(
+            rustix::net::AddressFamily::UNIX,
+            rustix::net::SocketType::SEQPACKET,
+            rustix::net::SocketFlags::CLOEXEC,
+            None,
+        )
+        .unwrap();
+        let mut w = Waiter::new(vec![(DeviceEvent::Lost, mine.as_fd())]).unwrap();
+        let mut seen = Vec::new();
+        rustix::io::write(&peer, b"a reply for another thread").unwrap();
+        w.wait_and_handle(Duration::from_millis(20), |e| {
+            seen.push(e);
+            Ok(())
+        })
+        .unwrap();
+        assert!(seen.is_empty(), "data was taken for a loss: {seen:?}");
+        drop(peer);
+        w.wait_and_handle(Duration::from_secs(1), |e| {
+            seen.push(e);
+            Ok(())
+        })
+        .unwrap();
+        assert_eq!(seen, vec![DeviceEvent::Lost]);
+    }
+
     #[test]
     fn a_removed_source_is_not_reported_and_its_slot_is_reused() {
         let mut wl = WorkLoop::new().unwrap();

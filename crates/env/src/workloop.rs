@@ -61,6 +61,38 @@ impl<S: Copy + PartialEq> WorkLoop<S> {
 
     /// Adds an event source: when `fd` becomes readable (or hangs up), `wait` reports `what`.
     pub fn add(&mut self, fd: BorrowedFd<'_>, what: S) -> Result<(), LoopError> {
+        self.add_for(fd, what, epoll::EventFlags::IN)
+    }
+
+    /// Adds a source that is reported only when `fd` hangs up or fails (its peer closed the
+    /// connection), not when it is readable: a device's loss, watched on a connection that
+    /// also carries replies another thread is about to read.
+    pub fn add_hangup(&mut self, fd: BorrowedFd<'_>, what: S) -> Result<(), LoopError> {
+        // EPOLLHUP and EPOLLERR are always reported; RDHUP adds the peer's shutdown.
+        self.add_for(fd, what, epoll::EventFlags::RDHUP)
+    }
+
+    /// Adds one of a driver's sources ([`crate::Driver::sources`]) as `what`: its loss by
+    /// [`WorkLoop::add_hangup`], the rest by [`WorkLoop::add`].
+    pub fn add_device(
+        &mut self,
+        fd: BorrowedFd<'_>,
+        event: crate::DeviceEvent,
+        what: S,
+    ) -> Result<(), LoopError> {
+        if event == crate::DeviceEvent::Lost {
+            self.add_hangup(fd, what)
+        } else {
+            self.add(fd, what)
+        }
+    }
+
+    fn add_for(
+        &mut self,
+        fd: BorrowedFd<'_>,
+        what: S,
+        flags: epoll::EventFlags,
+    ) -> Result<(), LoopError> {
         let raw = std::os::fd::AsRawFd::as_raw_fd(&fd);
         let slot = match self.free.pop() {
             Some(i) => i,
@@ -73,7 +105,7 @@ impl<S: Copy + PartialEq> WorkLoop<S> {
             &self.epoll,
             fd,
             epoll::EventData::new_u64(slot as u64),
-            epoll::EventFlags::IN,
+            flags,
         ) {
             Ok(()) => {
                 self.sources[slot] = Some((what, raw));

@@ -76,7 +76,7 @@ impl Core<'_> {
 
     fn watch(&mut self, d: usize, driver: &dyn Driver) -> Result<(), LoopError> {
         for (ev, fd) in driver.sources() {
-            self.work.add(fd, Source::Device(d, ev))?;
+            self.work.add_device(fd, ev, Source::Device(d, ev))?;
         }
         Ok(())
     }

@@ -210,6 +210,9 @@ pub struct ClockTime {
     pub device_ns: u64,
     /// Ticks per second.
     pub hz: u32,
+    /// Interrupts the driver has handled since it started, modulo 2^32 (fewer than ticks when
+    /// one interrupt brought several).
+    pub interrupts: u32,
 }
 
 /// What a request asks.
@@ -370,8 +373,8 @@ pub struct TimeLayout {
     pub device_ns: U64,
     /// Ticks per second.
     pub hz: U32,
-    /// Zero.
-    pub reserved: U32,
+    /// Interrupts handled, modulo 2^32.
+    pub interrupts: U32,
 }
 
 /// Encodes the time record answering request `tag`.
@@ -381,7 +384,7 @@ pub fn encode_time(tag: u64, t: &ClockTime) -> [u8; TIME_SIZE as usize] {
         ticks: t.ticks.into(),
         device_ns: t.device_ns.into(),
         hz: t.hz.into(),
-        reserved: 0.into(),
+        interrupts: t.interrupts.into(),
     };
     let mut e = [0u8; TIME_SIZE as usize];
     e.copy_from_slice(l.as_bytes());
@@ -397,6 +400,7 @@ pub fn decode_time(e: &[u8; TIME_SIZE as usize]) -> (u64, ClockTime) {
             ticks: l.ticks.get(),
             device_ns: l.device_ns.get(),
             hz: l.hz.get(),
+            interrupts: l.interrupts.get(),
         },
     )
 }
@@ -431,11 +435,13 @@ mod tests {
                 ticks: 7,
                 device_ns: 9,
                 hz: 1000,
+                interrupts: 3,
             },
         );
         assert_eq!(&t[8..16], &7u64.to_le_bytes());
         assert_eq!(&t[16..24], &9u64.to_le_bytes());
         assert_eq!(&t[24..28], &1000u32.to_le_bytes());
+        assert_eq!(&t[28..], &3u32.to_le_bytes());
         let c = Cqe::encode(&ClockCompletion {
             tag: 9,
             result: Err(ClockError::Restarting),
@@ -462,10 +468,10 @@ mod tests {
 
     proptest! {
         #[test]
-        fn requests_and_times_round_trip(tag: u64, n: u32, now: bool, ticks: u64, ns: u64, hz: u32) {
+        fn requests_and_times_round_trip(tag: u64, n: u32, now: bool, ticks: u64, ns: u64, hz: u32, irqs: u32) {
             let r = ClockRequest { tag, op: if now { ClockOp::Now } else { ClockOp::Wait(n) } };
             prop_assert_eq!(Sqe::encode(&r).decode().1.unwrap(), r);
-            let t = ClockTime { ticks, device_ns: ns, hz };
+            let t = ClockTime { ticks, device_ns: ns, hz, interrupts: irqs };
             prop_assert_eq!(decode_time(&encode_time(tag, &t)), (tag, t));
         }
 

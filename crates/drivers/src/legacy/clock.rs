@@ -95,26 +95,6 @@ impl LegacyClock {
     }
 }
 
-impl LegacyClock {
-    /// Whether the device's connection really ended. Its loss descriptor (a vfio-user
-    /// connection's socket) is also readable for a moment whenever a reply to the driver's
-    /// interrupt thread is on its way, since that thread reaches the device beside the loop;
-    /// only a hang-up is a loss.
-    fn really_lost(&self) -> bool {
-        use rustix::event::{poll, PollFd, PollFlags};
-        let Some(fd) = &self.loss else {
-            return false;
-        };
-        let mut p = [PollFd::new(fd, PollFlags::RDHUP)];
-        let gone = PollFlags::RDHUP | PollFlags::HUP | PollFlags::ERR | PollFlags::NVAL;
-        match poll(&mut p, Some(&rustix::time::Timespec::default())) {
-            Ok(n) if n > 0 => p[0].revents().intersects(gone),
-            Ok(_) => false,
-            Err(_) => true,
-        }
-    }
-}
-
 impl Driver for LegacyClock {
     fn driver_name(&self) -> &'static str {
         self.driver
@@ -130,8 +110,7 @@ impl Driver for LegacyClock {
 
     fn handle(&mut self, event: DeviceEvent) -> Result<(), Failure> {
         match event {
-            DeviceEvent::Lost if self.really_lost() => Err(Failure::Lost),
-            DeviceEvent::Lost => Ok(()),
+            DeviceEvent::Lost => Err(Failure::Lost),
             _ => {
                 let mut b = [0u8; 8];
                 let _ = rustix::io::read(&*self.bell, &mut b);
@@ -166,10 +145,12 @@ impl ClockDriver for LegacyClock {
         .map_err(|rc| {
             Failure::Driver(format!("the driver could not read the time (error {rc})"))
         })?;
+        let (uncontested, contested) = self.delivered();
         Ok(ClockTime {
             ticks: self.ticks(),
             device_ns: ns,
             hz: self.info.hz,
+            interrupts: (uncontested + contested) as u32,
         })
     }
 }

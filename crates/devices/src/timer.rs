@@ -2,8 +2,8 @@
 //! interrupt and a free-running nanosecond counter.
 //!
 //! Time is read, not counted: `TICKS` is the whole periods between the moment `RUN` was set
-//! (or the period last changed) and now, and `COUNTER_NS` the nanoseconds since the model
-//! started, both from the monotonic clock when the register is read. A periodic timerfd only
+//! (or the period last changed) and now, and `COUNTER_NS` the host's monotonic clock, both
+//! read when the register is. A periodic timerfd only
 //! decides when the interrupt is raised, so a model that is scheduled late raises one
 //! interrupt for several ticks (the driver reads `TICKS`) and never loses one.
 
@@ -19,6 +19,13 @@ use rustix::io::Errno;
 use crate::faults::{FaultHandle, Faults};
 use crate::pci_config::{Bar, ConfigBuilder, ConfigSpace, Ids};
 
+/// The host's monotonic clock in nanoseconds: the same for every model process on the host,
+/// so the counter never goes back, across a restart of the driver or of the model.
+fn host_ns() -> u64 {
+    let t = rustix::time::clock_gettime(rustix::time::ClockId::Monotonic);
+    t.tv_sec as u64 * 1_000_000_000 + t.tv_nsec as u64
+}
+
 /// What the timer does, apart from its configuration space.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct TimerStats {
@@ -32,8 +39,6 @@ pub struct TimerStats {
 pub struct Timer {
     cfg: ConfigSpace,
     msix_table: Vec<u8>,
-    /// When the model started: `COUNTER_NS` is measured from here.
-    born: Instant,
     /// The period at power-on.
     default_period_ns: u32,
     ctrl: u32,
@@ -80,7 +85,6 @@ impl Timer {
         Ok(Self {
             cfg: b.build(),
             msix_table: vec![0; timer::MSIX_VECTORS as usize * pci::msix::ENTRY_SIZE as usize],
-            born: Instant::now(),
             default_period_ns: period,
             ctrl: 0,
             period_ns: period,
@@ -138,7 +142,8 @@ impl Timer {
             }
             _ => {}
         }
-        let period = (running && self.ctrl & ctrl::IRQ_ENABLE != 0).then(|| self.period());
+        // Ticks set STATUS.TICK whether or not they raise the interrupt.
+        let period = running.then(|| self.period());
         if let Err(e) = outboard_sys::timer::set_periodic(self.tick.as_fd(), period) {
             tracing::warn!("timer: cannot arm the tick: {e}");
         }
@@ -189,7 +194,7 @@ impl Timer {
             reg::ID => u64::from(timer::ID_VALUE),
             reg::CTRL => u64::from(self.ctrl),
             reg::PERIOD_NS => u64::from(self.period_ns),
-            reg::COUNTER_NS => now.saturating_duration_since(self.born).as_nanos() as u64,
+            reg::COUNTER_NS => host_ns(),
             reg::TICKS => self.ticks(now),
             reg::STATUS => u64::from(self.status),
             _ => 0,
@@ -333,13 +338,19 @@ impl DeviceBackend for Timer {
             return;
         }
         let (times, spurious) = self.tick_faults();
+        let irq = self.ctrl & ctrl::IRQ_ENABLE != 0;
+        if spurious > 0 {
+            // Interrupts with no tick behind them: this tick leaves STATUS alone (TICKS
+            // counts it all the same) and the next one sets it.
+            if irq {
+                self.raise(ctx, spurious);
+            }
+            return;
+        }
         let rose = self.status & status::TICK == 0;
         self.status |= status::TICK;
-        if self.ctrl & ctrl::IRQ_ENABLE != 0 {
-            self.raise(ctx, spurious);
-            if rose {
-                self.raise(ctx, times);
-            }
+        if irq && rose {
+            self.raise(ctx, times);
         }
     }
 
@@ -476,6 +487,36 @@ mod tests {
         assert!(crate::faults::lock(&f)
             .check(&crate::faults::Fault::Crash)
             .is_ok());
+        // A spurious interrupt comes with STATUS.TICK clear: the driver can tell.
+        write(&mut t, &mut c, reg::STATUS, status::TICK);
+        crate::faults::lock(&f).arm(crate::faults::Fault::SpuriousIrq(1));
+        t.event(&mut c, 0);
+        assert_eq!(t.stats().interrupts, 3);
+        assert_eq!(read(&mut t, reg::STATUS, 4), 0);
+    }
+
+    #[test]
+    fn running_without_interrupts_still_sets_the_tick_bit() {
+        let mut c = ctx();
+        let mut t = Timer::new(timer::MIN_PERIOD_NS).unwrap();
+        write(&mut t, &mut c, reg::CTRL, ctrl::RUN);
+        // The model's own timer fires (what its server's loop would see).
+        let mut p = [rustix::event::PollFd::new(
+            &t.tick,
+            rustix::event::PollFlags::IN,
+        )];
+        let ready = rustix::event::poll(
+            &mut p,
+            Some(&rustix::time::Timespec {
+                tv_sec: 1,
+                tv_nsec: 0,
+            }),
+        )
+        .unwrap();
+        assert_eq!(ready, 1, "a running timer without IRQ_ENABLE does not tick");
+        t.event(&mut c, 0);
+        assert_eq!(read(&mut t, reg::STATUS, 4), u64::from(status::TICK));
+        assert_eq!(t.stats().interrupts, 0);
     }
 
     #[test]

@@ -46,8 +46,10 @@ impl NativeTimer {
             .enable_command(outboard_spec::pci::COMMAND_MEMORY)
             .map_err(|e| e.to_string())?;
         let period = regs.read32(reg::PERIOD_NS).map_err(|e| e.to_string())?;
-        if period == 0 {
-            return Err("the timer's period reads 0".into());
+        if !(timer::MIN_PERIOD_NS..=timer::MAX_PERIOD_NS).contains(&period) {
+            return Err(format!(
+                "the timer's period reads {period} ns, outside the device's range"
+            ));
         }
         regs.write32(reg::CTRL, 0).map_err(|e| e.to_string())?;
         regs.write32(reg::STATUS, status::TICK)

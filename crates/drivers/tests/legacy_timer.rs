@@ -32,18 +32,42 @@ fn serve_timer(dir: &std::path::Path, hz: u32) -> (DeviceSpec, Arc<AtomicBool>) 
     )
 }
 
-/// Waits (handling the driver's events as a server's loop would) until `want` ticks.
+/// The C driver keeps its state in statics: one instance at a time in this process.
+static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+fn one_at_a_time() -> std::sync::MutexGuard<'static, ()> {
+    ONE_AT_A_TIME.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// Waits on the driver's tick source, as a server's loop would, handling it each time it is
+/// readable, until `want` ticks.
 fn ticks_reach(clock: &mut LegacyClock, want: u64, within: Duration) -> u64 {
     let deadline = Instant::now() + within;
+    let bell = clock
+        .sources()
+        .iter()
+        .find(|(e, _)| *e == DeviceEvent::Interrupt(0))
+        .map(|(_, fd)| rustix::io::dup(fd).unwrap())
+        .expect("a tick source");
     while clock.ticks() < want && Instant::now() < deadline {
-        std::thread::sleep(Duration::from_millis(2));
-        clock.handle(DeviceEvent::Interrupt(0)).unwrap();
+        let mut p = [rustix::event::PollFd::new(
+            &bell,
+            rustix::event::PollFlags::IN,
+        )];
+        let ms = rustix::time::Timespec {
+            tv_sec: 0,
+            tv_nsec: 100_000_000,
+        };
+        if rustix::event::poll(&mut p, Some(&ms)).unwrap() > 0 {
+            clock.handle(DeviceEvent::Interrupt(0)).unwrap();
+        }
     }
     clock.ticks()
 }
 
 #[test]
 fn the_c_timer_driver_counts_the_devices_ticks_and_reads_its_time() {
+    let _one = one_at_a_time();
     let dir = tempfile::tempdir().unwrap();
     let (spec, stop) = serve_timer(dir.path(), 1000);
     let f = PciFunction::open(&spec).unwrap();
@@ -76,14 +100,32 @@ fn the_c_timer_driver_counts_the_devices_ticks_and_reads_its_time() {
 }
 
 #[test]
-fn a_legacy_clock_watches_its_device_for_loss() {
+fn one_copy_of_a_c_driver_drives_one_device_and_abandon_frees_it() {
+    let _one = one_at_a_time();
     let dir = tempfile::tempdir().unwrap();
     let (spec, stop) = serve_timer(dir.path(), 100);
-    let f = PciFunction::open(&spec).unwrap();
+    let other = tempfile::tempdir().unwrap();
+    let (spec2, stop2) = serve_timer(other.path(), 100);
     let c = builtin_timer().unwrap();
-    let clock = LegacyClock::start("legacy-timer", &c, "clock0", f).unwrap();
-    assert!(clock.sources().iter().any(|(e, _)| *e == DeviceEvent::Lost));
+    let open = |s: &DeviceSpec| PciFunction::open(s).unwrap();
+    let mut first = LegacyClock::start("legacy-timer", &c, "clock0", open(&spec)).unwrap();
+    assert!(first.sources().iter().any(|(e, _)| *e == DeviceEvent::Lost));
+    // The same C code for a second device, in the same process: refused, saying why.
+    match LegacyClock::start("legacy-timer", &c, "clock1", open(&spec2)) {
+        Err(outboard_drivers::StartError::Refused(why)) => {
+            assert!(why.contains("a server of its own"), "{why}")
+        }
+        other => panic!("a second instance started: {:?}", other.map(|_| ())),
+    }
+    // Given up, the first frees the code: the second device gets it.
+    let _ = first.abandon();
+    assert!(first.now().is_err(), "an abandoned driver still answers");
+    let mut second = LegacyClock::start("legacy-timer", &c, "clock1", open(&spec2)).unwrap();
+    assert!(ticks_reach(&mut second, 2, Duration::from_secs(10)) >= 2);
+    drop(first);
+    drop(second);
     stop.store(true, Ordering::SeqCst);
+    stop2.store(true, Ordering::SeqCst);
 }
 
 #[test]

@@ -423,9 +423,14 @@ impl Machine {
         let mut m = Self::parse(&text, &path.display().to_string())?;
         let dir = path.parent().unwrap_or(Path::new("."));
         for l in &mut m.driver_libraries {
-            if l.is_relative() {
-                *l = dir.join(&*l);
-            }
+            // Absolute: the driver servers and the describer run elsewhere, and dlopen takes
+            // a bare name for one to search for.
+            let joined = if l.is_relative() {
+                dir.join(&*l)
+            } else {
+                l.clone()
+            };
+            *l = std::path::absolute(&joined).unwrap_or(joined);
         }
         Ok(m)
     }

@@ -41,6 +41,19 @@ fn describe(path: &Path) -> Result<DescribedLibrary, LibraryError> {
         .stderr(Stdio::piped())
         .spawn()
         .map_err(|e| format!("{shown}: cannot start its describer: {e}"))?;
+    // Its output is read while it runs (a chatty library cannot fill a pipe and look hung);
+    // it is waited for here, and killed if it takes too long.
+    let drain = |r: Option<Box<dyn std::io::Read + Send>>| {
+        std::thread::spawn(move || {
+            let mut v = Vec::new();
+            if let Some(mut r) = r {
+                let _ = r.read_to_end(&mut v);
+            }
+            v
+        })
+    };
+    let stdout = drain(child.stdout.take().map(|o| Box::new(o) as _));
+    let stderr = drain(child.stderr.take().map(|o| Box::new(o) as _));
     let deadline = Instant::now() + PATIENCE;
     let status = loop {
         match child.try_wait() {
@@ -57,11 +70,10 @@ fn describe(path: &Path) -> Result<DescribedLibrary, LibraryError> {
             Err(e) => return Err(format!("{shown}: {e}")),
         }
     };
-    let out = child
-        .wait_with_output()
-        .map_err(|e| format!("{shown}: {e}"))?;
+    let out = stdout.join().unwrap_or_default();
+    let err = stderr.join().unwrap_or_default();
     if !status.success() {
-        let said = String::from_utf8_lossy(&out.stderr);
+        let said = String::from_utf8_lossy(&err);
         let said = said.trim().trim_start_matches("outboard: ");
         return Err(if said.is_empty() {
             format!("{shown}: loading it failed ({status})")
@@ -69,6 +81,8 @@ fn describe(path: &Path) -> Result<DescribedLibrary, LibraryError> {
             said.to_string()
         });
     }
-    serde_json::from_slice(&out.stdout)
-        .map_err(|e| format!("{shown}: its description does not parse: {e}"))
+    // The description is the last line: a library's initialisers may have printed before it.
+    let last = String::from_utf8_lossy(&out);
+    let last = last.lines().last().unwrap_or_default();
+    serde_json::from_str(last).map_err(|e| format!("{shown}: its description does not parse: {e}"))
 }

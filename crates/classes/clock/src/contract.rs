@@ -438,6 +438,7 @@ mod tests {
                 interrupts: 3,
             },
         );
+        assert_eq!(&t[..8], &5u64.to_le_bytes());
         assert_eq!(&t[8..16], &7u64.to_le_bytes());
         assert_eq!(&t[16..24], &9u64.to_le_bytes());
         assert_eq!(&t[24..28], &1000u32.to_le_bytes());

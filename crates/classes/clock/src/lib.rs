@@ -9,7 +9,7 @@
 //! (the tick count and the device's own nanosecond counter, on a ring of time records). Ticks
 //! are counted by the driver, not replayed: after a driver restart the count starts again
 //! from zero, and a wait that was in flight is sent again and waits its `n` ticks on the new
-//! driver. The device's counter runs on through a driver restart.
+//! driver. The PCI timer's counter is the host's monotonic clock: it runs on through a restart.
 #![deny(missing_docs)]
 
 pub mod contract;

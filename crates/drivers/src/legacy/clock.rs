@@ -4,9 +4,10 @@
 //! the total moving rings an eventfd, which is the driver's event source in the driver
 //! server's loop, and the clock dispatcher then completes the waits that are due.
 
+use std::collections::HashSet;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, OnceLock};
+use std::sync::{Arc, Mutex, OnceLock};
 
 use outboard_clock::{ClockDriver, ClockInfo, ClockTime};
 use outboard_env::{AnyDriver, DeviceEvent, Driver, Failure, Fence};
@@ -20,10 +21,45 @@ use crate::personality::{Identity, Personality, Probe, Provider, StartError, Sta
 /// Longest wait a client may ask for: an hour of ticks.
 const MAX_WAIT_SECONDS: u32 = 3600;
 
+/// The C drivers (by their operations table) with a live instance in this process. A C
+/// driver keeps its state in its own statics, as a kernel's drivers do, so one copy of its code
+/// drives one device: a second device for it needs a server of its own.
+fn claimed() -> &'static Mutex<HashSet<usize>> {
+    static CLAIMED: OnceLock<Mutex<HashSet<usize>>> = OnceLock::new();
+    CLAIMED.get_or_init(|| Mutex::new(HashSet::new()))
+}
+
+/// A C driver's code, claimed for one device until this is dropped.
+struct Claim(usize);
+
+impl Claim {
+    fn take(c: &CDriver, driver: &str) -> Result<Self, StartError> {
+        let mut all = claimed().lock().unwrap_or_else(|p| p.into_inner());
+        if !all.insert(c.code()) {
+            return Err(StartError::Refused(format!(
+                "{driver} already drives a device in this driver server, and a C driver keeps \
+                 its state in statics: give each of its devices a server of its own"
+            )));
+        }
+        Ok(Self(c.code()))
+    }
+}
+
+impl Drop for Claim {
+    fn drop(&mut self) {
+        claimed()
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(&self.0);
+    }
+}
+
 /// A C clock driver, started on its device.
 pub struct LegacyClock {
-    // Dropped first: its interrupt thread stops before the sink it reports to goes.
-    osenv: Osenv,
+    // Dropped first: its interrupt thread stops before the sink it reports to goes, and
+    // before the driver's code is free for another device. `None` once abandoned.
+    osenv: Option<Osenv>,
+    claim: Option<Claim>,
     // What the C driver reports ticks to: kept for as long as it runs.
     _sink: ClockSink,
     ticks: Arc<AtomicTicks>,
@@ -48,6 +84,7 @@ impl LegacyClock {
     ) -> Result<Self, StartError> {
         let refused = |why: String| StartError::Refused(format!("{driver}: {why}"));
         let ops = c.clock_ops().map_err(|e| refused(e.to_string()))?;
+        let claim = Claim::take(c, driver)?;
         let loss = function
             .loss_fd()
             .map(|fd| rustix::io::fcntl_dupfd_cloexec(fd, 0))
@@ -73,7 +110,8 @@ impl LegacyClock {
             return Err(refused(format!("the driver says it ticks at {hz} Hz")));
         }
         Ok(Self {
-            osenv,
+            osenv: Some(osenv),
+            claim: Some(claim),
             _sink: sink,
             ticks,
             bell,
@@ -90,8 +128,10 @@ impl LegacyClock {
 
     /// Interrupts delivered to the C driver so far (uncontested, contested).
     pub fn delivered(&self) -> (u64, u64) {
-        let s = self.osenv.cpu().stats();
-        (s.uncontested, s.contested)
+        self.osenv.as_ref().map_or((0, 0), |o| {
+            let s = o.cpu().stats();
+            (s.uncontested, s.contested)
+        })
     }
 }
 
@@ -120,7 +160,12 @@ impl Driver for LegacyClock {
     }
 
     fn abandon(&mut self) -> Fence {
-        if self.osenv.abandon() {
+        // The device given up, the driver stops too: its interrupt thread ends with its
+        // environment, and its code is free for the device's next driver.
+        let certain = self.osenv.as_ref().is_none_or(Osenv::abandon);
+        self.osenv = None;
+        self.claim = None;
+        if certain {
             Fence::Now
         } else {
             Fence::AtReopen
@@ -138,8 +183,11 @@ impl ClockDriver for LegacyClock {
     }
 
     fn now(&mut self) -> Result<ClockTime, Failure> {
+        let Some(osenv) = &self.osenv else {
+            return Err(Failure::Driver("the driver was given up".into()));
+        };
         let ns = {
-            let _inside = self.osenv.enter();
+            let _inside = osenv.enter();
             self.ops.now()
         }
         .map_err(|rc| {

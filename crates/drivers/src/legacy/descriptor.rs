@@ -88,8 +88,17 @@ fn name_field(what: &str, p: *const c_char) -> Result<String, DescriptorError> {
         )));
     }
     // SAFETY: the driver promises (driver.h) a NUL-terminated string that lives as long as
-    // the descriptor; the length is checked before it is used.
-    let s = unsafe { CStr::from_ptr(p) };
+    // the descriptor; strnlen reads no further than one byte past the longest name allowed.
+    let len = unsafe { libc::strnlen(p, MAX_NAME + 1) };
+    if len > MAX_NAME {
+        return Err(DescriptorError::Field(format!(
+            "its {what} is longer than {MAX_NAME} bytes"
+        )));
+    }
+    // SAFETY: len bytes before a NUL, all readable (strnlen found the NUL within them).
+    let s = unsafe {
+        CStr::from_bytes_with_nul_unchecked(std::slice::from_raw_parts(p.cast(), len + 1))
+    };
     let s = s
         .to_str()
         .map_err(|_| DescriptorError::Field(format!("its {what} is not UTF-8")))?;
@@ -116,8 +125,14 @@ impl CDriver {
         if raw.is_null() {
             return Err(DescriptorError::Field("no descriptor".into()));
         }
-        // SAFETY: the caller's promise; the first two u32 fields are in every version.
-        let (version, size) = unsafe { ((*raw).abi_version, (*raw).size) };
+        // SAFETY: the caller's promise; the first two u32 fields are in every version. Read
+        // unaligned: a library's symbol is not checked for alignment.
+        let (version, size) = unsafe {
+            (
+                std::ptr::addr_of!((*raw).abi_version).read_unaligned(),
+                std::ptr::addr_of!((*raw).size).read_unaligned(),
+            )
+        };
         if version != ABI_VERSION {
             return Err(DescriptorError::Version { found: version });
         }
@@ -165,6 +180,24 @@ impl CDriver {
             score: d.score,
             ops: d.class_ops,
         })
+    }
+
+    /// Which copy of C code this is (its operations table's address): two descriptors of
+    /// the same code share its statics.
+    pub fn code(&self) -> usize {
+        self.ops as usize
+    }
+
+    /// Checks that this Outboard serves the descriptor's class and that its operations are
+    /// all there (what `outboard driver-lib` and a library's load refuse early).
+    pub fn check_class(&self) -> Result<(), DescriptorError> {
+        match self.class.as_str() {
+            outboard_clock::CLASS => self.clock_ops().map(drop),
+            other => Err(DescriptorError::Field(format!(
+                "{}: this Outboard serves no C driver of the {other} class (it serves: clock)",
+                self.name
+            ))),
+        }
     }
 
     /// The clock operations, for a driver of the clock class.

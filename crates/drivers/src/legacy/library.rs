@@ -186,6 +186,11 @@ fn register(d: LibraryDriver) -> Result<&'static Personality, LibraryError> {
 
 /// Loads the driver library at `path` into this process and adds its driver to the catalog.
 pub fn load(path: &Path) -> Result<&'static Personality, LibraryError> {
+    // Absolute: a bare name would have dlopen search the library path instead.
+    let path = &std::path::absolute(path).map_err(|e| LibraryError::Load {
+        path: path.display().to_string(),
+        why: e.to_string(),
+    })?;
     let shown = path.display().to_string();
     let c_path =
         CString::new(path.as_os_str().as_encoded_bytes()).map_err(|_| LibraryError::Load {
@@ -195,10 +200,12 @@ pub fn load(path: &Path) -> Result<&'static Personality, LibraryError> {
     let raw = dlopen_descriptor(&c_path, &shown)?;
     // SAFETY: the symbol is the library's `struct outboard_driver` (driver.h), and the library
     // is never unloaded, so it and what it points to live for the rest of the process.
-    let c = unsafe { CDriver::read(raw) }.map_err(|why| LibraryError::Descriptor {
-        path: shown.clone(),
-        why,
-    })?;
+    let c = unsafe { CDriver::read(raw) }
+        .and_then(|c| c.check_class().map(|()| c))
+        .map_err(|why| LibraryError::Descriptor {
+            path: shown.clone(),
+            why,
+        })?;
     register(LibraryDriver {
         described: Described {
             library: path.to_owned(),

@@ -191,3 +191,76 @@ const struct outboard_driver outboard_driver = {
         "{e}"
     );
 }
+
+#[test]
+fn a_crash_inside_a_c_driver_is_contained_to_its_server() {
+    let dir = tempfile::tempdir().unwrap();
+    // The timer driver, unchanged, wrapped by a driver whose tick sink dereferences NULL at
+    // the 30th tick: a bug in C code, at interrupt level, on the interrupt thread.
+    let crashy = dir.path().join("crashy.c");
+    std::fs::write(
+        &crashy,
+        r#"#include <stddef.h>
+#define OUTBOARD_DRIVER_SYMBOL timer_inner
+#include "timer.c"
+static const struct outboard_clock_sink *outer;
+static void crash_or_forward(void *ctx, uint64_t total)
+{
+    (void)ctx;
+    if (total >= 30) {
+        volatile int *p = NULL;
+        *p = 1;
+    }
+    outer->ticked(outer->ctx, total);
+}
+static const struct outboard_clock_sink mine = { NULL, crash_or_forward };
+static int crashy_start(const struct outboard_clock_sink *s, uint32_t *hz)
+{
+    outer = s;
+    return timer_ops.start(&mine, hz);
+}
+static const struct outboard_clock_ops crashy_ops = { crashy_start, timer_now };
+const struct outboard_driver outboard_driver = {
+    OUTBOARD_DRIVER_ABI, sizeof(struct outboard_driver), "crashy", OUTBOARD_CLASS_CLOCK,
+    timer_ids, 3000, &crashy_ops,
+};
+"#,
+    )
+    .unwrap();
+    let include = format!("-I{}", timer_source().parent().unwrap().display());
+    build(dir.path(), &crashy, "libcrashy.so", &[&include]);
+    let machine = r#"
+name = "contained"
+
+[[driver]]
+library = "libcrashy.so"
+
+[[device]]
+name = "clock0"
+model = "timer"
+hz = 100
+
+[[device]]
+name = "disk0"
+model = "virtio-blk"
+backing = "mem:1M"
+"#;
+    let up = Up::start(dir.path(), Some(machine));
+    // Each incarnation crashes 0.3 s after it starts. A client waiting 10 ticks at a time
+    // gets every wait answered across the crashes (each is sent again to the next driver).
+    let (mut c, _) = outboard_clock_client::open_clock(&up.control, "clock0").unwrap();
+    for _ in 0..8 {
+        let passed = c.wait(10).expect("a wait failed across the C driver's crashes");
+        assert!(passed >= 10, "{passed}");
+    }
+    // The crashes were the driver's, and each took only its server.
+    let tree = common::registry(&up).to_string();
+    assert!(tree.contains("SIGSEGV"), "no segfault recorded: {tree}");
+    // The disk in another server served all along, and the manager too.
+    let o = up.run_within(
+        &["blk", "read", "disk0", "--length", "4096"],
+        Duration::from_secs(30),
+    );
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    assert_eq!(o.stdout.len(), 4096);
+}

@@ -250,7 +250,9 @@ backing = "mem:1M"
     // gets every wait answered across the crashes (each is sent again to the next driver).
     let (mut c, _) = outboard_clock_client::open_clock(&up.control, "clock0").unwrap();
     for _ in 0..8 {
-        let passed = c.wait(10).expect("a wait failed across the C driver's crashes");
+        let passed = c
+            .wait(10)
+            .expect("a wait failed across the C driver's crashes");
         assert!(passed >= 10, "{passed}");
     }
     // The crashes were the driver's, and each took only its server.

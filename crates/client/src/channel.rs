@@ -344,6 +344,25 @@ impl Channel {
         Ok(Some((c.tag, c.result(reason))))
     }
 
+    /// Waits for the completion of `tag` on the `ring`-th ring to the client, passing over
+    /// the completions of other requests (the caller has given up on them), until `deadline`
+    /// ([`ChannelError::Timeout`]).
+    pub fn answer<E: WireError>(
+        &mut self,
+        ring: usize,
+        tag: u64,
+        deadline: Instant,
+    ) -> Result<Result<u32, E>, ChannelError> {
+        loop {
+            while let Some((t, result)) = self.completion::<E>(ring)? {
+                if t == tag {
+                    return Ok(result);
+                }
+            }
+            self.wait(deadline)?;
+        }
+    }
+
     /// The reason the server sent ahead of a failed completion for `tag`; `None` if there is
     /// none or it is not for that request (a server that breaks the rule loses its words,
     /// nothing else).

@@ -63,6 +63,31 @@ pub struct Resume<'a> {
     pub timeout: Duration,
 }
 
+impl<'a> Resume<'a> {
+    /// The resume of a session that keeps nothing and counts nothing as a replay (a class
+    /// whose requests are simply sent again, or failed): on `channel`'s geometry, buffers and
+    /// wait mode.
+    pub fn stateless(
+        server: &'a Path,
+        device: &'a str,
+        class: &'a str,
+        channel: &Channel,
+        timeout: Duration,
+    ) -> Self {
+        Self {
+            server,
+            device,
+            class,
+            geometry: channel.geometry().clone(),
+            buffers: channel.shared_buffers(),
+            kept: serde_json::Value::Null,
+            replaying: 0,
+            mode: channel.mode(),
+            timeout,
+        }
+    }
+}
+
 /// A session opened again on the supervisor's new server.
 #[derive(Debug)]
 pub struct Reconnected {

@@ -14,6 +14,7 @@
 
 pub mod backing;
 pub mod faults;
+pub mod msix;
 pub mod pci_config;
 pub mod timer;
 pub mod virtio_blk;

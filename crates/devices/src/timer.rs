@@ -17,6 +17,7 @@ use outboard_vfio_user::{DeviceBackend, DeviceContext, RegionDesc};
 use rustix::io::Errno;
 
 use crate::faults::{FaultHandle, Faults};
+use crate::msix::{irq_infos, MsixTable};
 use crate::pci_config::{Bar, ConfigBuilder, ConfigSpace, Ids};
 
 /// The host's monotonic clock in nanoseconds: the same for every model process on the host,
@@ -38,7 +39,7 @@ pub struct TimerStats {
 /// The timer model.
 pub struct Timer {
     cfg: ConfigSpace,
-    msix_table: Vec<u8>,
+    msix: MsixTable,
     /// The period at power-on.
     default_period_ns: u32,
     ctrl: u32,
@@ -64,13 +65,7 @@ impl Timer {
             class: timer::CLASS,
             revision: timer::REVISION,
         };
-        let msix_body = {
-            let mut b = vec![0u8; 10];
-            b[0..2].copy_from_slice(&(timer::MSIX_VECTORS - 1).to_le_bytes());
-            b[2..6].copy_from_slice(&1u32.to_le_bytes()); // table at BAR 1 + 0
-            b[6..10].copy_from_slice(&(timer::PBA_OFFSET as u32 | 1).to_le_bytes());
-            b
-        };
+        let msix_body = MsixTable::capability_body(timer::MSIX_VECTORS, timer::PBA_OFFSET);
         let b = ConfigBuilder::new(ids)
             .bar(Bar {
                 index: 0,
@@ -84,7 +79,7 @@ impl Timer {
         let period = timer::clamp_period(period_ns);
         Ok(Self {
             cfg: b.build(),
-            msix_table: vec![0; timer::MSIX_VECTORS as usize * pci::msix::ENTRY_SIZE as usize],
+            msix: MsixTable::new(timer::MSIX_VECTORS, timer::PBA_OFFSET),
             default_period_ns: period,
             ctrl: 0,
             period_ns: period,
@@ -267,19 +262,7 @@ impl DeviceBackend for Timer {
     }
 
     fn irqs(&self) -> Vec<wire::IrqInfo> {
-        let info = |index, count| wire::IrqInfo {
-            argsz: 16,
-            flags: wire::irq::INFO_EVENTFD,
-            index,
-            count,
-        };
-        vec![
-            info(wire::irq::INTX, 1),
-            info(wire::irq::MSI, 0),
-            info(wire::irq::MSIX, u32::from(timer::MSIX_VECTORS)),
-            info(wire::irq::ERR, 0),
-            info(wire::irq::REQ, 0),
-        ]
+        irq_infos(u32::from(timer::MSIX_VECTORS))
     }
 
     fn region_read(
@@ -291,15 +274,7 @@ impl DeviceBackend for Timer {
     ) -> Result<(), Errno> {
         match index {
             region::BAR0 => self.bar0_read(offset, buf),
-            i if i == region::BAR0 + 1 => {
-                for (i, b) in buf.iter_mut().enumerate() {
-                    *b = self
-                        .msix_table
-                        .get(offset as usize + i)
-                        .copied()
-                        .unwrap_or(0);
-                }
-            }
+            i if i == region::BAR0 + 1 => self.msix.read(offset, buf),
             region::CONFIG => self.cfg.read(offset, buf),
             _ => return Err(Errno::INVAL),
         }
@@ -315,13 +290,7 @@ impl DeviceBackend for Timer {
     ) -> Result<(), Errno> {
         match index {
             region::BAR0 => self.bar0_write(offset, data),
-            i if i == region::BAR0 + 1 => {
-                for (i, &b) in data.iter().enumerate() {
-                    if let Some(slot) = self.msix_table.get_mut(offset as usize + i) {
-                        *slot = b;
-                    }
-                }
-            }
+            i if i == region::BAR0 + 1 => self.msix.write(offset, data),
             region::CONFIG => self.cfg.write(offset, data),
             _ => return Err(Errno::INVAL),
         }
@@ -356,7 +325,7 @@ impl DeviceBackend for Timer {
 
     fn reset(&mut self, _ctx: &mut DeviceContext) {
         self.cfg.reset();
-        self.msix_table.fill(0);
+        self.msix.reset();
         self.ctrl = 0;
         self.status = 0;
         self.period_ns = self.default_period_ns;

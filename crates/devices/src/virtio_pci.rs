@@ -24,6 +24,7 @@ use rustix::event::EventfdFlags;
 use rustix::io::Errno;
 
 use crate::faults::Faults;
+use crate::msix::{irq_infos, MsixTable};
 use crate::pci_config::{Bar, ConfigBuilder, ConfigSpace, Ids};
 use crate::virtqueue::{DeviceQueue, QueueError};
 
@@ -174,7 +175,7 @@ pub struct VirtioPci<D: VirtioDevice> {
     isr: u8,
     notify: Vec<OwnedFd>,
     devcfg: SharedMem,
-    msix_table: Vec<u8>,
+    msix: MsixTable,
     stats: TransportStats,
     faults: crate::faults::FaultHandle,
     /// Changes whenever the device configuration does (§4.1.4.3), so a driver reading it in
@@ -198,13 +199,7 @@ impl<D: VirtioDevice> VirtioPci<D> {
             class: dev.class(),
             revision: 1,
         };
-        let msix_body = {
-            let mut b = vec![0u8; 10];
-            b[0..2].copy_from_slice(&(vectors - 1).to_le_bytes());
-            b[2..6].copy_from_slice(&1u32.to_le_bytes()); // table at BAR1 + 0
-            b[6..10].copy_from_slice(&(PBA_OFFSET as u32 | 1).to_le_bytes());
-            b
-        };
+        let msix_body = MsixTable::capability_body(vectors, PBA_OFFSET);
         let vcap = |cfg_type: u8, bar: u8, offset: u64, length: u32, extra: &[u8]| {
             let len = cap::SIZE + extra.len() as u8;
             let mut b = vec![len, cfg_type, bar, 0, 0, 0];
@@ -293,7 +288,7 @@ impl<D: VirtioDevice> VirtioPci<D> {
             isr: 0,
             notify,
             devcfg,
-            msix_table: vec![0; vectors as usize * pci::msix::ENTRY_SIZE as usize],
+            msix: MsixTable::new(vectors, PBA_OFFSET),
             stats: TransportStats::default(),
             faults: dev_faults,
             config_generation: 0,
@@ -883,19 +878,7 @@ impl<D: VirtioDevice> DeviceBackend for VirtioPci<D> {
     }
 
     fn irqs(&self) -> Vec<wire::IrqInfo> {
-        let info = |index, count| wire::IrqInfo {
-            argsz: 16,
-            flags: wire::irq::INFO_EVENTFD,
-            index,
-            count,
-        };
-        vec![
-            info(wire::irq::INTX, 1),
-            info(wire::irq::MSI, 0),
-            info(wire::irq::MSIX, self.queues.len() as u32 + 1),
-            info(wire::irq::ERR, 0),
-            info(wire::irq::REQ, 0),
-        ]
+        irq_infos(self.queues.len() as u32 + 1)
     }
 
     fn region_read(
@@ -907,18 +890,7 @@ impl<D: VirtioDevice> DeviceBackend for VirtioPci<D> {
     ) -> Result<(), Errno> {
         match index {
             region::BAR0 => self.bar0_read(offset, buf),
-            i if i == region::BAR0 + 1 => {
-                buf.fill(0);
-                if offset < PBA_OFFSET {
-                    for (i, b) in buf.iter_mut().enumerate() {
-                        *b = self
-                            .msix_table
-                            .get(offset as usize + i)
-                            .copied()
-                            .unwrap_or(0);
-                    }
-                }
-            }
+            i if i == region::BAR0 + 1 => self.msix.read(offset, buf),
             region::CONFIG => {
                 let c = self.pci_cfg_cap as u64 + cap::PCI_CFG_DATA;
                 if offset >= c && offset < c + 4 {
@@ -945,13 +917,7 @@ impl<D: VirtioDevice> DeviceBackend for VirtioPci<D> {
         match index {
             region::BAR0 => self.bar0_write(ctx, offset, data),
             i if i == region::BAR0 + 1 => {
-                if offset < PBA_OFFSET {
-                    for (i, &b) in data.iter().enumerate() {
-                        if let Some(slot) = self.msix_table.get_mut(offset as usize + i) {
-                            *slot = b;
-                        }
-                    }
-                }
+                self.msix.write(offset, data);
                 Ok(())
             }
             region::CONFIG => {
@@ -1038,7 +1004,7 @@ impl<D: VirtioDevice> DeviceBackend for VirtioPci<D> {
 
     fn reset(&mut self, _ctx: &mut DeviceContext) {
         self.cfg.reset();
-        self.msix_table.fill(0);
+        self.msix.reset();
         self.reset_transport();
     }
 }

@@ -138,6 +138,19 @@ impl Ctx<'_> {
         self.watch.refused();
     }
 
+    /// Cuts session `slot`'s client off: its ring indices are corrupt (a client that broke
+    /// the ring protocol loses its session; everyone else goes on).
+    pub fn cut_off(&mut self, slot: usize) {
+        if let Some(s) = self.sessions.get_mut(slot).and_then(Option::as_mut) {
+            tracing::warn!(
+                "session {}: ring indices corrupt, cutting the client off",
+                s.id
+            );
+            self.stats.cut_off += 1;
+            s.cut_off();
+        }
+    }
+
     /// Nothing is in the device any more, after requests completed.
     #[inline]
     pub fn emptied(&mut self) {

@@ -85,6 +85,21 @@ impl Session {
         Ok(self.outbound[ring].room(want)? as usize)
     }
 
+    /// How many more requests outbound ring `ring` has room to answer: its free slots beyond
+    /// the completions the session's `outstanding` requests will post (its client's index is
+    /// read only when fewer than `budget` more were seen free). An error means the client
+    /// corrupted the ring's indices.
+    #[inline]
+    pub fn request_room(
+        &mut self,
+        ring: usize,
+        budget: usize,
+        outstanding: usize,
+    ) -> Result<usize, RingError> {
+        self.completion_room(ring, budget + outstanding)
+            .map(|free| free.saturating_sub(outstanding))
+    }
+
     /// Takes the next entry of inbound ring `ring` into `e`; false if there is none.
     #[inline]
     pub fn pop(&mut self, ring: usize, e: &mut [u8]) -> Result<bool, RingError> {

@@ -106,17 +106,13 @@ impl ClockClient {
         let Some(sup) = self.supervisor.clone() else {
             return Err(ClockError::DeviceGone);
         };
-        let how = Resume {
-            server: &self.server,
-            device: &self.device,
-            class: CLASS,
-            geometry: self.channel.geometry().clone(),
-            buffers: self.channel.shared_buffers(),
-            kept: serde_json::Value::Null,
-            replaying: 0,
-            mode: self.channel.mode(),
-            timeout: Duration::from_secs(10),
-        };
+        let how = Resume::stateless(
+            &self.server,
+            &self.device,
+            CLASS,
+            &self.channel,
+            Duration::from_secs(10),
+        );
         let back =
             reconnect(&sup, &how, Instant::now() + sup.patience).map_err(ClockError::from)?;
         self.info = parse_info(back.info)?;
@@ -203,20 +199,9 @@ impl ClockClient {
 
     /// Waits for the completion of `tag`.
     fn answer(&mut self, tag: u64, deadline: Instant) -> Result<u32, ClockError> {
-        loop {
-            while let Some((t, result)) =
-                self.channel.completion(COMPLETIONS).map_err(channel_err)?
-            {
-                if t == tag {
-                    return result;
-                }
-            }
-            match self.channel.wait(deadline) {
-                Ok(()) => {}
-                Err(ChannelError::Timeout) => return Err(ClockError::Timeout),
-                Err(e) => return Err(channel_err(e)),
-            }
-        }
+        self.channel
+            .answer::<ClockError>(COMPLETIONS, tag, deadline)
+            .map_err(channel_err)?
     }
 
     /// The time record of the `NOW` request answered under `tag` (posted ahead of its

@@ -190,8 +190,7 @@ impl Dispatcher for ClockDispatcher {
         let outstanding = self.outstanding(i);
         // Every request taken may post a completion, and a time record besides.
         let room = s
-            .completion_room(COMPLETIONS, BUDGET + outstanding)
-            .map(|free| free.saturating_sub(outstanding))
+            .request_room(COMPLETIONS, BUDGET, outstanding)
             .and_then(|c| s.completion_room(TIMES, BUDGET).map(|t| c.min(t)));
         let (room, mut cut) = match room {
             Ok(room) => (room, false),
@@ -242,13 +241,7 @@ impl Dispatcher for ClockDispatcher {
             }
         }
         if cut {
-            let s = cx.sessions[i].as_mut().expect("checked");
-            tracing::warn!(
-                "session {}: ring indices corrupt, cutting the client off",
-                s.id
-            );
-            cx.stats.cut_off += 1;
-            s.cut_off();
+            cx.cut_off(i);
         }
         lost.map(|()| taken > 0)
     }

@@ -314,19 +314,14 @@ impl NetClient {
             // What the dead server answered is still in the old rings: take it first.
             self.reap()?;
             let taken = self.channel.taken(0);
-            let how = Resume {
-                server: &self.server,
-                device: &self.device,
-                class: CLASS,
-                geometry: self.channel.geometry().clone(),
-                buffers: self.channel.shared_buffers(),
-                kept: serde_json::Value::Null,
-                // Not counted as replays: entropy asks again for what it still wants; net
-                // sends nothing twice.
-                replaying: 0,
-                mode: self.channel.mode(),
-                timeout: self.opts.timeout,
-            };
+            // Nothing counted as a replay: net sends nothing twice.
+            let how = Resume::stateless(
+                &self.server,
+                &self.device,
+                CLASS,
+                &self.channel,
+                self.opts.timeout,
+            );
             let back =
                 reconnect(&sup, &how, Instant::now() + sup.patience).map_err(NetError::from)?;
             self.info = parse_info(back.info)?;

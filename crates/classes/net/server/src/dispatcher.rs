@@ -661,8 +661,8 @@ impl Dispatcher for NetDispatcher {
             return Ok(false);
         }
         let outstanding = self.outstanding(i);
-        let (room, mut cut) = match s.completion_room(COMPLETIONS, BUDGET + outstanding) {
-            Ok(free) => (free.saturating_sub(outstanding), false),
+        let (room, mut cut) = match s.request_room(COMPLETIONS, BUDGET, outstanding) {
+            Ok(room) => (room, false),
             Err(_) => (0, true),
         };
         let buffer_size = s.buffer_size();
@@ -722,13 +722,7 @@ impl Dispatcher for NetDispatcher {
             }
         }
         if cut {
-            let s = cx.sessions[i].as_mut().expect("checked");
-            tracing::warn!(
-                "session {}: ring indices corrupt, cutting the client off",
-                s.id
-            );
-            cx.stats.cut_off += 1;
-            s.cut_off();
+            cx.cut_off(i);
         }
         // Buffers the owner posted go into the device together: one doorbell.
         lost.and_then(|()| self.lend_posted(cx)).map(|()| taken > 0)

@@ -110,18 +110,14 @@ impl RngClient {
         let Some(sup) = self.supervisor.clone() else {
             return Err(EntropyError::DeviceGone);
         };
-        let how = Resume {
-            server: &self.server,
-            device: &self.device,
-            class: CLASS,
-            geometry: self.channel.geometry().clone(),
-            buffers: self.channel.shared_buffers(),
-            kept: serde_json::Value::Null,
-            // Not counted as a replay: entropy asks again for what it still wants.
-            replaying: 0,
-            mode: self.channel.mode(),
-            timeout: Duration::from_secs(10),
-        };
+        // Not counted as a replay: entropy asks again for what it still wants.
+        let how = Resume::stateless(
+            &self.server,
+            &self.device,
+            CLASS,
+            &self.channel,
+            Duration::from_secs(10),
+        );
         let back =
             reconnect(&sup, &how, Instant::now() + sup.patience).map_err(EntropyError::from)?;
         self.info = parse_info(back.info)?;
@@ -193,18 +189,9 @@ impl RngClient {
 
     /// Waits for the completion of `tag`.
     fn answer(&mut self, tag: u64, deadline: Instant) -> Result<u32, EntropyError> {
-        loop {
-            while let Some((t, result)) = self.channel.completion(0).map_err(channel_err)? {
-                if t == tag {
-                    return no_bytes_is_an_error(result);
-                }
-            }
-            match self.channel.wait(deadline) {
-                Ok(()) => {}
-                Err(ChannelError::Timeout) => return Err(EntropyError::Timeout),
-                Err(e) => return Err(channel_err(e)),
-            }
-        }
+        self.channel
+            .answer::<EntropyError>(0, tag, deadline)
+            .map_err(channel_err)?
     }
 }
 

@@ -196,8 +196,8 @@ impl Dispatcher for EntropyDispatcher {
             return Ok(false);
         }
         let outstanding = self.outstanding(i);
-        let (room, mut cut) = match s.completion_room(COMPLETIONS, BUDGET + outstanding) {
-            Ok(free) => (free.saturating_sub(outstanding), false),
+        let (room, mut cut) = match s.request_room(COMPLETIONS, BUDGET, outstanding) {
+            Ok(room) => (room, false),
             Err(_) => (0, true),
         };
         let buffer_size = s.buffer_size();
@@ -253,13 +253,7 @@ impl Dispatcher for EntropyDispatcher {
             }
         }
         if cut {
-            let s = cx.sessions[i].as_mut().expect("checked");
-            tracing::warn!(
-                "session {}: ring indices corrupt, cutting the client off",
-                s.id
-            );
-            cx.stats.cut_off += 1;
-            s.cut_off();
+            cx.cut_off(i);
         }
         lost.map(|()| taken > 0)
     }

@@ -98,6 +98,47 @@ impl Refusal {
     }
 }
 
+/// Implements `From<Refusal>` for a class's error type, the same mapping for every class: the
+/// variants `NoSuchDevice(String)`, `DeviceFailed(String)`, `Restarting`, `DeviceGone`,
+/// `Busy(String)`, `Unreachable(String)`, `Timeout`, `Protocol(String)`, `Invalid(String)` and
+/// `Refused { code, reason }` take the codes of their names (`GivenUp` and `AttachFailed` are
+/// a failed device, `Resources` is busy; `WrongClass`, `Denied` and `Unknown` keep their code
+/// in `Refused`); the class says what `Interrupted` (a request a dead server may have carried
+/// out) is to it, with the refusal bound to the name it gives.
+///
+/// ```ignore
+/// outboard_session::from_refusal!(EntropyError, |r| EntropyError::Io(r.reason));
+/// ```
+#[macro_export]
+macro_rules! from_refusal {
+    ($err:ident, |$r:ident| $interrupted:expr) => {
+        impl From<$crate::Refusal> for $err {
+            /// A refusal from a driver server or the manager, as this class's client sees it.
+            fn from($r: $crate::Refusal) -> Self {
+                use $crate::Code;
+                match $r.code {
+                    Code::NoSuchDevice => $err::NoSuchDevice($r.reason),
+                    Code::DeviceFailed | Code::GivenUp | Code::AttachFailed => {
+                        $err::DeviceFailed($r.reason)
+                    }
+                    Code::Restarting => $err::Restarting,
+                    Code::Interrupted => $interrupted,
+                    Code::DeviceGone => $err::DeviceGone,
+                    Code::Busy | Code::Resources => $err::Busy($r.reason),
+                    Code::Unreachable => $err::Unreachable($r.reason),
+                    Code::Timeout => $err::Timeout,
+                    Code::Protocol => $err::Protocol($r.reason),
+                    Code::Invalid => $err::Invalid($r.reason),
+                    Code::WrongClass | Code::Denied | Code::Unknown => $err::Refused {
+                        code: $r.code,
+                        reason: $r.reason,
+                    },
+                }
+            }
+        }
+    };
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -163,33 +163,9 @@ pub enum BlockError {
     },
 }
 
-impl From<outboard_session::Refusal> for BlockError {
-    /// A refusal from a driver server or the manager, as a block client sees it; the reason
-    /// travels with the codes that carry one.
-    fn from(r: outboard_session::Refusal) -> Self {
-        use outboard_session::Code;
-        match r.code {
-            Code::NoSuchDevice => BlockError::NoSuchDevice(r.reason),
-            Code::DeviceFailed | Code::GivenUp | Code::AttachFailed => {
-                BlockError::DeviceFailed(r.reason)
-            }
-            Code::Restarting => BlockError::Restarting,
-            // Block replays; were a request failed instead, its outcome is unknown: an I/O
-            // error, as the kernel reports one.
-            Code::Interrupted => BlockError::Io(r.reason),
-            Code::DeviceGone => BlockError::DeviceGone,
-            Code::Busy | Code::Resources => BlockError::Busy(r.reason),
-            Code::Unreachable => BlockError::Unreachable(r.reason),
-            Code::Timeout => BlockError::Timeout,
-            Code::Protocol => BlockError::Protocol(r.reason),
-            Code::Invalid => BlockError::Invalid(r.reason),
-            Code::WrongClass | Code::Denied | Code::Unknown => BlockError::Refused {
-                code: r.code,
-                reason: r.reason,
-            },
-        }
-    }
-}
+// Block replays; were a request failed instead, its outcome is unknown: an I/O error, as
+// the kernel reports one.
+outboard_session::from_refusal!(BlockError, |r| BlockError::Io(r.reason));
 
 /// What becomes of the requests a dead server had not answered: sent again (reads, and
 /// writes minus the blocks a later-acknowledged write covered: writing the same data twice

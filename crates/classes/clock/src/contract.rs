@@ -164,30 +164,9 @@ impl WireError for ClockError {
 /// ticks on the new driver; the time is read again). Ticks are counted, not replayed.
 pub const POLICY: outboard_session::control::Policy = outboard_session::control::Policy::Replay;
 
-impl From<outboard_session::Refusal> for ClockError {
-    /// A refusal from a driver server or the manager, as a clock client sees it.
-    fn from(r: outboard_session::Refusal) -> Self {
-        use outboard_session::Code;
-        match r.code {
-            Code::NoSuchDevice => ClockError::NoSuchDevice(r.reason),
-            Code::DeviceFailed | Code::GivenUp | Code::AttachFailed => {
-                ClockError::DeviceFailed(r.reason)
-            }
-            Code::Restarting => ClockError::Restarting,
-            Code::Interrupted => ClockError::Io(r.reason),
-            Code::DeviceGone => ClockError::DeviceGone,
-            Code::Busy | Code::Resources => ClockError::Busy(r.reason),
-            Code::Unreachable => ClockError::Unreachable(r.reason),
-            Code::Timeout => ClockError::Timeout,
-            Code::Protocol => ClockError::Protocol(r.reason),
-            Code::Invalid => ClockError::Invalid(r.reason),
-            Code::WrongClass | Code::Denied | Code::Unknown => ClockError::Refused {
-                code: r.code,
-                reason: r.reason,
-            },
-        }
-    }
-}
+// A request a dead server may have carried out (the class replays; a failed one is an
+// unknown outcome).
+outboard_session::from_refusal!(ClockError, |r| ClockError::Io(r.reason));
 
 /// The class status a client gets.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

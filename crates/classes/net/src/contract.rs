@@ -211,30 +211,8 @@ impl WireError for NetError {
     }
 }
 
-impl From<outboard_session::Refusal> for NetError {
-    /// A refusal from a driver server or the manager, as a net client sees it.
-    fn from(r: outboard_session::Refusal) -> Self {
-        use outboard_session::Code;
-        match r.code {
-            Code::NoSuchDevice => NetError::NoSuchDevice(r.reason),
-            Code::DeviceFailed | Code::GivenUp | Code::AttachFailed => {
-                NetError::DeviceFailed(r.reason)
-            }
-            Code::Restarting => NetError::Restarting,
-            Code::Interrupted => NetError::Interrupted,
-            Code::DeviceGone => NetError::DeviceGone,
-            Code::Busy | Code::Resources => NetError::Busy(r.reason),
-            Code::Unreachable => NetError::Unreachable(r.reason),
-            Code::Timeout => NetError::Timeout,
-            Code::Protocol => NetError::Protocol(r.reason),
-            Code::Invalid => NetError::Invalid(r.reason),
-            Code::WrongClass | Code::Denied | Code::Unknown => NetError::Refused {
-                code: r.code,
-                reason: r.reason,
-            },
-        }
-    }
-}
+// A frame a dead server had taken may have gone out: it is not sent again.
+outboard_session::from_refusal!(NetError, |r| NetError::Interrupted);
 
 /// The class status a client gets.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

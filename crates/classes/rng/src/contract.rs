@@ -174,30 +174,8 @@ impl WireError for EntropyError {
 /// twice are random bytes).
 pub const POLICY: outboard_session::control::Policy = outboard_session::control::Policy::Replay;
 
-impl From<outboard_session::Refusal> for EntropyError {
-    /// A refusal from a driver server or the manager, as an entropy client sees it.
-    fn from(r: outboard_session::Refusal) -> Self {
-        use outboard_session::Code;
-        match r.code {
-            Code::NoSuchDevice => EntropyError::NoSuchDevice(r.reason),
-            Code::DeviceFailed | Code::GivenUp | Code::AttachFailed => {
-                EntropyError::DeviceFailed(r.reason)
-            }
-            Code::Restarting => EntropyError::Restarting,
-            Code::Interrupted => EntropyError::Io(r.reason),
-            Code::DeviceGone => EntropyError::DeviceGone,
-            Code::Busy | Code::Resources => EntropyError::Busy(r.reason),
-            Code::Unreachable => EntropyError::Unreachable(r.reason),
-            Code::Timeout => EntropyError::Timeout,
-            Code::Protocol => EntropyError::Protocol(r.reason),
-            Code::Invalid => EntropyError::Invalid(r.reason),
-            Code::WrongClass | Code::Denied | Code::Unknown => EntropyError::Refused {
-                code: r.code,
-                reason: r.reason,
-            },
-        }
-    }
-}
+// A request a dead server may have carried out: random bytes may not have been written.
+outboard_session::from_refusal!(EntropyError, |r| EntropyError::Io(r.reason));
 
 /// The class status a client gets: what the device is and the most it gives at once.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

@@ -87,8 +87,12 @@ impl Manager {
                     Ok(m) => m,
                     Err(e) => return invalid(e.to_string()),
                 };
-                if !m.exports.is_empty() {
-                    return invalid("attach takes [[device]] tables only".into());
+                if !m.exports.is_empty() || !m.driver_libraries.is_empty() {
+                    return invalid(
+                        "attach takes [[device]] tables only ([[driver]] libraries are named \
+                         in the machine description)"
+                            .into(),
+                    );
                 }
                 if m.devices.is_empty() {
                     return invalid("no [[device]] table to attach".into());

@@ -136,3 +136,47 @@ fn a_killed_clock_driver_server_is_restarted_and_its_waiting_client_goes_on() {
     let out = clock(&up, &["clock1", "--ticks", "10"]);
     assert!(out.contains("10 ticks in"), "{out}");
 }
+
+#[test]
+fn a_clock_that_stops_ticking_is_caught_with_nobody_waiting_and_comes_back() {
+    let dir = tempfile::tempdir().unwrap();
+    let machine = r#"
+name = "stopped"
+
+[[device]]
+name = "clock0"
+model = "timer"
+hz = 200
+request_deadline = "1s"
+fault_injection = true
+"#;
+    let up = Up::start(dir.path(), Some(machine));
+    let restarts = |up: &Up| {
+        let tree = common::registry(up).to_string();
+        let at = tree.find("\"restarts\":").map(|i| i + 11);
+        at.and_then(|i| {
+            tree[i..]
+                .split(|c: char| !c.is_ascii_digit())
+                .next()
+                .and_then(|n| n.parse::<u64>().ok())
+        })
+        .unwrap_or(0)
+    };
+    let before = restarts(&up);
+    // One interrupt lost: STATUS.TICK stays set, the device raises no more, the count stops.
+    // Nobody waits; the clock is watched all the same.
+    let o = up.run(&["fault", "clock0", "drop-irq=1"]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while restarts(&up) == before && std::time::Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    assert!(
+        restarts(&up) > before,
+        "a stopped clock was not restarted: {}",
+        common::registry(&up)
+    );
+    // And it ticks again.
+    let out = clock(&up, &["clock0", "--ticks", "20"]);
+    assert!(out.contains("20 ticks in"), "{out}");
+}

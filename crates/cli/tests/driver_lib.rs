@@ -106,6 +106,10 @@ hz = 500
         tree.contains("\"kind\":\"driver\",\"name\":\"my-timer\""),
         "the library's driver did not win: {tree}"
     );
+    assert!(
+        tree.contains("libmytimer.so"),
+        "ls does not say where it came from: {tree}"
+    );
     let o = up.run_within(
         &["clock", "clock0", "--ticks", "50"],
         Duration::from_secs(60),

@@ -628,11 +628,7 @@ impl Machine {
                      \"grouped\"): a client does not open its VFIO group"
                         .to_string()
                 } else {
-                    format!(
-                        "a {} device has no hardware for a client to drive: it runs only \
-                         \"separate\"",
-                        model.name
-                    )
+                    format!("a {} device: {}", model.name, model.not_colocated)
                 };
                 return Err(err(
                     d.placement.as_ref().map_or(dev_at, |p| p.span().start),

@@ -668,7 +668,11 @@ pub(crate) fn probe_function(
             }
         })?;
     refuses_fault(d, personality)?;
-    Ok(Node::new("driver", personality.driver)
+    let mut node = Node::new("driver", personality.driver);
+    if let Some(l) = personality.library {
+        node.set("library", l.described.library.display().to_string());
+    }
+    Ok(node
         .with("probe-score", score)
         .with(
             "placement",

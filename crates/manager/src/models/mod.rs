@@ -110,6 +110,8 @@ pub struct Model {
     pub keys: &'static [&'static str],
     /// Whether its driver may run in the client (colocated).
     pub colocated: bool,
+    /// Why not, when it may not: for the error that refuses `placement = "colocated"`.
+    pub not_colocated: &'static str,
     /// Checks its keys (`others`: the devices declared before it).
     pub settle: fn(&Keys, dev_at: usize, others: &[DeviceConfig]) -> Result<Settled, KeyError>,
     /// Emulated: how to start it, its descriptors passed from the number given. Virtual:
@@ -126,6 +128,7 @@ pub static MODELS: &[Model] = &[
         kind: Kind::Emulated,
         keys: &["backing", "create", "read_only", "queues"],
         colocated: true,
+        not_colocated: "",
         settle: disk::settle,
         launch: disk::launch,
         spec: no_spec,
@@ -135,6 +138,7 @@ pub static MODELS: &[Model] = &[
         kind: Kind::Virtual,
         keys: &["size"],
         colocated: false,
+        not_colocated: NO_HARDWARE,
         settle: disk::null_settle,
         launch: no_launch,
         spec: disk::null_spec,
@@ -144,6 +148,7 @@ pub static MODELS: &[Model] = &[
         kind: Kind::Emulated,
         keys: &["seed"],
         colocated: true,
+        not_colocated: "",
         settle: virtio_rng::settle,
         launch: virtio_rng::launch,
         spec: no_spec,
@@ -161,6 +166,7 @@ pub static MODELS: &[Model] = &[
             "stream_listen",
         ],
         colocated: true,
+        not_colocated: "",
         settle: virtio_net::settle,
         launch: virtio_net::launch,
         spec: no_spec,
@@ -170,6 +176,8 @@ pub static MODELS: &[Model] = &[
         kind: Kind::Emulated,
         keys: &["hz"],
         colocated: false,
+        not_colocated: "its C driver runs in the legacy execution model, whose interrupt thread \
+                        needs a process of its own: it runs \"separate\" or \"grouped\"",
         settle: timer::settle,
         launch: timer::launch,
         spec: no_spec,
@@ -179,11 +187,15 @@ pub static MODELS: &[Model] = &[
         kind: Kind::Hardware,
         keys: &["pci"],
         colocated: false,
+        not_colocated: NO_HARDWARE,
         settle: pci::settle,
         launch: no_launch,
         spec: pci::spec,
     },
 ];
+
+/// Why a virtual device's driver does not run in a client.
+const NO_HARDWARE: &str = "it has no hardware for a client to drive: it runs only \"separate\"";
 
 /// The model named `name`.
 pub fn model(name: &str) -> Option<&'static Model> {

@@ -16,8 +16,10 @@ use outboard_session::Geometry;
 
 /// Requests in flight at most (the rings' depth).
 const DEPTH: u32 = 16;
-/// How long a request may take beyond its ticks before it fails with a timeout.
-const PATIENCE: Duration = Duration::from_secs(30);
+/// How long a request may take beyond its ticks before it fails with a timeout: more than a
+/// stalled clock's detection (the device's request deadline, 30 s by default) and its
+/// driver's restart, after which the request is sent again.
+const PATIENCE: Duration = Duration::from_secs(120);
 
 /// The clock class's meaning of a session failure.
 fn channel_err(e: ChannelError) -> ClockError {

@@ -2,9 +2,10 @@
 //! is untrusted), answers `NOW` at once (the time record, then the completion) and keeps each
 //! wait until the driver's tick count reaches its target.
 //!
-//! A wait's deadline is the moment its last tick is due (`n` periods after it was taken): a
-//! clock that stops ticking is declared stalled that long plus the server's deadline after,
-//! and a long wait is not taken for a stall. A session that leaves drops its waits (they hold
+//! A wait's deadline is the moment its last tick is due (`n` periods after it was taken), and
+//! with no wait the next tick is due ten periods after the count last moved: a clock that
+//! stops ticking is declared stalled the server's deadline after that, waited on or not, and
+//! a long wait is not taken for a stall. A session that leaves drops its waits (they hold
 //! nothing in the device). Nothing of a session survives a restart: the client sends its waits
 //! again and they count the new driver's ticks.
 
@@ -40,6 +41,9 @@ pub struct ClockDispatcher {
     waits: Vec<Wait>,
     /// Per session: client tags taken and not yet answered.
     sessions: Vec<Option<HashSet<u64>>>,
+    /// The tick count last seen, and when it was seen to move: a clock nobody waits on is
+    /// still watched (its next tick is due).
+    seen: (u64, Instant),
 }
 
 fn complete(s: &mut Session, stats: &mut HostStats, tag: u64, result: Result<u32, ClockError>) {
@@ -66,6 +70,7 @@ impl ClockDispatcher {
     /// Serves a started clock driver.
     pub fn new(driver: Box<dyn ClockDriver>) -> Self {
         Self {
+            seen: (driver.ticks(), Instant::now()),
             driver,
             waits: Vec::new(),
             sessions: Vec::new(),
@@ -86,6 +91,12 @@ impl ClockDispatcher {
         env: outboard_env::DeviceEnv,
     ) -> outboard_server::Served {
         outboard_server::Served::new(Box::new(Self::new(Box::new(driver))), env)
+    }
+
+    /// How long the count may stand still before the clock is overdue: ten periods, at
+    /// least 100 ms.
+    fn idle_grace(&self) -> Duration {
+        (self.period() * 10).max(Duration::from_millis(100))
     }
 
     fn period(&self) -> Duration {
@@ -163,6 +174,7 @@ impl Dispatcher for ClockDispatcher {
 
     fn replace(&mut self, driver: Box<dyn AnyDriver>) -> Result<(), outboard_env::WrongClass> {
         self.driver = outboard_clock::unbind(driver)?;
+        self.seen = (self.driver.ticks(), Instant::now());
         Ok(())
     }
 
@@ -247,10 +259,13 @@ impl Dispatcher for ClockDispatcher {
     }
 
     fn progress(&mut self, cx: &mut Ctx<'_>) -> Result<bool, Failure> {
+        let now = self.driver.ticks();
+        if now != self.seen.0 {
+            self.seen = (now, cx.now());
+        }
         if self.waits.is_empty() {
             return Ok(false);
         }
-        let now = self.driver.ticks();
         let before = self.waits.len();
         let sessions = &mut self.sessions;
         self.waits.retain(|w| {
@@ -275,7 +290,14 @@ impl Dispatcher for ClockDispatcher {
     }
 
     fn oldest_due(&self) -> Option<Instant> {
-        self.waits.iter().map(|w| w.due).min()
+        // The next tick is due too, waited for or not: a clock that stops is caught.
+        let next_tick = self.seen.1 + self.idle_grace();
+        Some(
+            self.waits
+                .iter()
+                .map(|w| w.due)
+                .fold(next_tick, Instant::min),
+        )
     }
 
     fn fail_all(&mut self, fate: &Fate, cx: &mut Ctx<'_>) {

@@ -234,12 +234,10 @@ pub extern "C" fn osenv_mem_alloc(size: usize, flags: c_uint, align: c_uint) -> 
     if size == 0 || !align.is_power_of_two() || flags & !KNOWN_MEMFLAGS != 0 {
         return std::ptr::null_mut();
     }
-    in_driver("osenv_mem_alloc", |cpu, st| {
-        // A handler interrupting the allocator would corrupt it: interrupts are held off.
-        cpu.without_interrupts(|| alloc(st, size, flags, align))
-    })
-    .flatten()
-    .unwrap_or(std::ptr::null_mut())
+    // A handler interrupting the allocator would corrupt it: interrupts are held off.
+    in_driver_quiet("osenv_mem_alloc", |_, st| alloc(st, size, flags, align))
+        .flatten()
+        .unwrap_or(std::ptr::null_mut())
 }
 
 fn alloc(st: &State, size: usize, flags: c_uint, align: usize) -> Option<*mut c_void> {
@@ -317,11 +315,9 @@ pub extern "C" fn osenv_mem_free(block: *mut c_void, flags: c_uint, size: usize)
 /// `osenv_mem_get_phys`: see `include/outboard/osenv.h`.
 #[no_mangle]
 pub extern "C" fn osenv_mem_get_phys(va: usize) -> usize {
-    in_driver("osenv_mem_get_phys", |cpu, st| {
-        cpu.without_interrupts(|| st.phys(va))
-    })
-    .flatten()
-    .unwrap_or(0) as usize
+    in_driver_quiet("osenv_mem_get_phys", |_, st| st.phys(va))
+        .flatten()
+        .unwrap_or(0) as usize
 }
 
 /// The text of a C string, lossily.

@@ -310,6 +310,37 @@ impl Faults {
     }
 }
 
+/// Fires the faults armed for a queueless model's next interrupt (`model` names it in the
+/// log): `crash` aborts, `stall` sleeps here. Returns how many times the interrupt is raised
+/// (0 when dropped, 2 when duplicated, else 1) and how many spurious ones go with it.
+pub fn at_interrupt(h: &FaultHandle, model: &str) -> (u32, u32) {
+    let (crash, stall, times, spurious) = {
+        let mut f = lock(h);
+        let times = if Faults::spend(&mut f.drop_irqs) {
+            0
+        } else if Faults::spend(&mut f.duplicate_irqs) {
+            2
+        } else {
+            1
+        };
+        (
+            f.crash,
+            f.stall.take(),
+            times,
+            std::mem::take(&mut f.spurious_irqs),
+        )
+    };
+    if crash {
+        tracing::error!("{model}: fault: crash");
+        std::process::abort();
+    }
+    if let Some(d) = stall {
+        tracing::warn!("{model}: fault: stalling for {d:?}");
+        std::thread::sleep(d);
+    }
+    (times, spurious)
+}
+
 /// Shared between the device model, its transport and whoever injects.
 pub type FaultHandle = Arc<Mutex<Faults>>;
 

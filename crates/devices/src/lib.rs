@@ -9,6 +9,7 @@
 //! |---|---|---|
 //! | virtio-blk | virtio 1.2 §5.2 over PCI §4.1 | [`virtio_blk`] over [`virtio_pci`] |
 //! | virtio-rng | virtio 1.2 §5.4 over PCI §4.1 | [`virtio_rng`] over [`virtio_pci`] |
+//! | pci-serial (16550A) | PC16550D data sheet, QEMU's `pci-serial` identity | [`serial`] over [`serial_line`] |
 //! | timer | Outboard's own (`docs/timer.md`, `outboard_spec::timer`) | [`timer`] |
 #![deny(missing_docs)]
 
@@ -16,6 +17,8 @@ pub mod backing;
 pub mod faults;
 pub mod msix;
 pub mod pci_config;
+pub mod serial;
+pub mod serial_line;
 pub mod timer;
 pub mod virtio_blk;
 pub mod virtio_net;

@@ -47,6 +47,7 @@ impl ConfigBuilder {
             bytes: [0; pci::CONFIG_SPACE_SIZE],
             wmask: [0; pci::CONFIG_SPACE_SIZE],
             bars: [0; 6],
+            io_bars: 0,
         };
         s.put16(pci::VENDOR_ID, ids.vendor);
         s.put16(pci::DEVICE_ID, ids.device);
@@ -78,6 +79,24 @@ impl ConfigBuilder {
         let off = pci::bar(bar.index) as usize;
         let mask = !(bar.size as u32 - 1);
         self.space.wmask[off..off + 4].copy_from_slice(&mask.to_le_bytes());
+        self
+    }
+
+    /// Declares an I/O BAR (its register's bit 0 set), and makes the command register's I/O
+    /// decode bit writable.
+    pub fn io_bar(mut self, bar: Bar) -> Self {
+        assert!(
+            bar.size.is_power_of_two() && bar.size >= 4 && bar.size <= 256 && bar.index < 6,
+            "invalid I/O BAR"
+        );
+        let s = &mut self.space;
+        s.bars[bar.index as usize] = bar.size;
+        s.io_bars |= 1 << bar.index;
+        let off = pci::bar(bar.index) as usize;
+        let mask = !(bar.size as u32 - 1) & !0x3;
+        s.wmask[off..off + 4].copy_from_slice(&mask.to_le_bytes());
+        s.bytes[off] = 1;
+        s.wmask[pci::COMMAND as usize] |= pci::COMMAND_IO as u8;
         self
     }
 
@@ -121,6 +140,8 @@ pub struct ConfigSpace {
     bytes: [u8; pci::CONFIG_SPACE_SIZE],
     wmask: [u8; pci::CONFIG_SPACE_SIZE],
     bars: [u64; 6],
+    /// Bit i: BAR i is an I/O BAR.
+    io_bars: u8,
 }
 
 impl ConfigSpace {
@@ -183,6 +204,7 @@ impl ConfigSpace {
         for i in 0..6u8 {
             let o = pci::bar(i) as usize;
             self.bytes[o..o + 4].fill(0);
+            self.bytes[o] = (self.io_bars >> i) & 1;
         }
     }
 }

@@ -153,36 +153,6 @@ impl Timer {
         }
     }
 
-    /// Fires the faults armed for this tick; how many interrupts the tick raises (0 to 2) if
-    /// it raises one, and how many spurious ones go with it.
-    fn tick_faults(&mut self) -> (u32, u32) {
-        let (crash, stall, times, spurious) = {
-            let mut f = crate::faults::lock(&self.faults);
-            let times = if Faults::spend(&mut f.drop_irqs) {
-                0
-            } else if Faults::spend(&mut f.duplicate_irqs) {
-                2
-            } else {
-                1
-            };
-            (
-                f.crash,
-                f.stall.take(),
-                times,
-                std::mem::take(&mut f.spurious_irqs),
-            )
-        };
-        if crash {
-            tracing::error!("timer: fault: crash");
-            std::process::abort();
-        }
-        if let Some(d) = stall {
-            tracing::warn!("timer: fault: stalling for {d:?}");
-            std::thread::sleep(d);
-        }
-        (times, spurious)
-    }
-
     fn read_reg(&self, offset: u64) -> u64 {
         let now = Instant::now();
         match offset {
@@ -306,7 +276,7 @@ impl DeviceBackend for Timer {
         if self.ctrl & ctrl::RUN == 0 {
             return;
         }
-        let (times, spurious) = self.tick_faults();
+        let (times, spurious) = crate::faults::at_interrupt(&self.faults, "timer");
         let irq = self.ctrl & ctrl::IRQ_ENABLE != 0;
         if spurious > 0 {
             // Interrupts with no tick behind them: this tick leaves STATUS alone (TICKS

@@ -8,5 +8,6 @@
 pub mod nbd;
 pub mod pci;
 pub mod timer;
+pub mod uart;
 pub mod virtio;
 pub mod virtio_blk;

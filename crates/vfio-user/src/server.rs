@@ -191,6 +191,27 @@ impl Irqs {
         }
     }
 
+    /// Whether vector `vector` of `index` is masked.
+    pub fn masked(&self, index: u32, vector: u32) -> bool {
+        self.masked
+            .get(index as usize)
+            .and_then(|m| m.get(vector as usize))
+            .copied()
+            .unwrap_or(false)
+    }
+
+    /// Masks vector `vector` of `index` from the device's side, as VFIO masks INTx when it
+    /// delivers it: a level-triggered device raises it again once the client unmasks it.
+    pub fn mask(&mut self, index: u32, vector: u32) {
+        if let Some(m) = self
+            .masked
+            .get_mut(index as usize)
+            .and_then(|m| m.get_mut(vector as usize))
+        {
+            *m = true;
+        }
+    }
+
     /// Number of vectors with an eventfd attached for `index`.
     pub fn enabled(&self, index: u32) -> usize {
         self.fds

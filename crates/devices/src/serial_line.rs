@@ -1,0 +1,353 @@
+//! The far end of the serial model's line: what the UART's transmitter writes to and its
+//! receiver reads from, on the host. As QEMU's character devices: a pseudo-terminal, a Unix
+//! stream socket (connected to, or listened on), or a file that takes what is sent.
+//!
+//! Everything is non-blocking: a far end that takes no more holds the transmitter (the model
+//! keeps the bytes in its FIFO and drops CTS), and the receiver only reads what its FIFO has
+//! room for, so the rest waits in the host's buffers rather than being lost.
+
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::path::{Path, PathBuf};
+
+use rustix::fs::{Mode, OFlags};
+use rustix::io::Errno;
+use rustix::net::{AddressFamily, SocketAddrUnix, SocketFlags, SocketType};
+
+/// Where the line goes, as the model's `--line` option spells it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum LineSpec {
+    /// A new pseudo-terminal; its other end's path is logged and kept in [`Line::describe`].
+    Pty,
+    /// A Unix stream socket to connect to.
+    Connect(PathBuf),
+    /// A Unix stream socket to listen on; one peer at a time, the newest wins.
+    Listen(PathBuf),
+    /// A file that takes what is sent (created or appended to); nothing is received.
+    File(PathBuf),
+    /// Nothing: what is sent is dropped, nothing is received.
+    Null,
+}
+
+impl LineSpec {
+    /// Parses `pty`, `socket:PATH`, `listen:PATH`, `file:PATH` or `null`.
+    pub fn parse(s: &str) -> Result<Self, String> {
+        let path = |p: &str| -> Result<PathBuf, String> {
+            if p.is_empty() {
+                Err(format!(
+                    "{s:?}: the path is missing (a line is pty, socket:PATH, listen:PATH, \
+                     file:PATH or null)"
+                ))
+            } else {
+                Ok(PathBuf::from(p))
+            }
+        };
+        match s.split_once(':') {
+            None if s == "pty" => Ok(Self::Pty),
+            None if s == "null" => Ok(Self::Null),
+            Some(("socket", p)) => Ok(Self::Connect(path(p)?)),
+            Some(("listen", p)) => Ok(Self::Listen(path(p)?)),
+            Some(("file", p)) => Ok(Self::File(path(p)?)),
+            _ => Err(format!(
+                "{s:?} is not a line: pty, socket:PATH, listen:PATH, file:PATH or null"
+            )),
+        }
+    }
+}
+
+impl std::fmt::Display for LineSpec {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Pty => write!(f, "pty"),
+            Self::Connect(p) => write!(f, "socket:{}", p.display()),
+            Self::Listen(p) => write!(f, "listen:{}", p.display()),
+            Self::File(p) => write!(f, "file:{}", p.display()),
+            Self::Null => write!(f, "null"),
+        }
+    }
+}
+
+enum Far {
+    /// A pseudo-terminal's master; the slave is held open so the line never hangs up.
+    Pty {
+        master: OwnedFd,
+        _slave: OwnedFd,
+        path: PathBuf,
+    },
+    /// A connected stream (a socket connected to, or handed in); `None` once the peer left.
+    Stream(Option<OwnedFd>),
+    /// A listening socket and its current peer.
+    Listen {
+        listener: OwnedFd,
+        peer: Option<OwnedFd>,
+        _guard: outboard_sys::sockpath::SocketPath,
+    },
+    File(OwnedFd),
+    Null,
+}
+
+/// The far end of the line.
+pub struct Line {
+    far: Far,
+    spec: String,
+}
+
+fn nonblocking(fd: &OwnedFd) -> std::io::Result<()> {
+    let flags = rustix::fs::fcntl_getfl(fd)?;
+    rustix::fs::fcntl_setfl(fd, flags | OFlags::NONBLOCK)?;
+    Ok(())
+}
+
+/// Whether `e` means "later", not "gone".
+fn would_block(e: Errno) -> bool {
+    e == Errno::AGAIN || e == Errno::INTR
+}
+
+impl Line {
+    /// Opens the far end `spec` describes.
+    pub fn open(spec: &LineSpec) -> std::io::Result<Self> {
+        let far = match spec {
+            LineSpec::Pty => {
+                let master = rustix::pty::openpt(
+                    rustix::pty::OpenptFlags::RDWR
+                        | rustix::pty::OpenptFlags::NOCTTY
+                        | rustix::pty::OpenptFlags::CLOEXEC,
+                )?;
+                rustix::pty::grantpt(&master)?;
+                rustix::pty::unlockpt(&master)?;
+                let name = rustix::pty::ptsname(&master, Vec::new())?;
+                let path = PathBuf::from(name.to_string_lossy().into_owned());
+                let slave = rustix::fs::open(
+                    &path,
+                    OFlags::RDWR | OFlags::NOCTTY | OFlags::CLOEXEC,
+                    Mode::empty(),
+                )?;
+                // Raw: bytes pass as they are, no echo, no line editing.
+                let mut t = rustix::termios::tcgetattr(&slave)?;
+                t.make_raw();
+                rustix::termios::tcsetattr(&slave, rustix::termios::OptionalActions::Now, &t)?;
+                nonblocking(&master)?;
+                Far::Pty {
+                    master,
+                    _slave: slave,
+                    path,
+                }
+            }
+            LineSpec::Connect(p) => {
+                let fd = rustix::net::socket_with(
+                    AddressFamily::UNIX,
+                    SocketType::STREAM,
+                    SocketFlags::CLOEXEC,
+                    None,
+                )?;
+                rustix::net::connect(&fd, &SocketAddrUnix::new(p.as_path())?)?;
+                nonblocking(&fd)?;
+                Far::Stream(Some(fd))
+            }
+            LineSpec::Listen(p) => {
+                let (listener, guard) = outboard_sys::bind_listener(p, SocketType::STREAM, 4)
+                    .map_err(|e| {
+                        std::io::Error::other(format!("listen on {}: {e}", p.display()))
+                    })?;
+                nonblocking(&listener)?;
+                Far::Listen {
+                    listener,
+                    peer: None,
+                    _guard: guard,
+                }
+            }
+            LineSpec::File(p) => Far::File(rustix::fs::open(
+                p.as_path(),
+                OFlags::WRONLY | OFlags::CREATE | OFlags::APPEND | OFlags::CLOEXEC,
+                Mode::from_raw_mode(0o600),
+            )?),
+            LineSpec::Null => Far::Null,
+        };
+        let spec = match &far {
+            Far::Pty { path, .. } => format!("pty {}", path.display()),
+            _ => spec.to_string(),
+        };
+        Ok(Self { far, spec })
+    }
+
+    /// A line to an already connected stream (a socket pair's end in tests).
+    pub fn stream(fd: OwnedFd) -> std::io::Result<Self> {
+        nonblocking(&fd)?;
+        Ok(Self {
+            far: Far::Stream(Some(fd)),
+            spec: "stream".into(),
+        })
+    }
+
+    /// What the line is, for logs (a pty names its terminal's path).
+    pub fn describe(&self) -> &str {
+        &self.spec
+    }
+
+    /// The pseudo-terminal's path, for a pty line.
+    pub fn pty_path(&self) -> Option<&Path> {
+        match &self.far {
+            Far::Pty { path, .. } => Some(path),
+            _ => None,
+        }
+    }
+
+    /// Whether someone is at the far end (the model's carrier detect and data set ready).
+    pub fn connected(&self) -> bool {
+        match &self.far {
+            Far::Pty { .. } | Far::File(_) => true,
+            Far::Stream(s) => s.is_some(),
+            Far::Listen { peer, .. } => peer.is_some(),
+            Far::Null => false,
+        }
+    }
+
+    /// The descriptor that turns readable when the far end has something: bytes to receive,
+    /// or a peer to accept (`want_bytes` false: only the latter is of interest now).
+    pub fn readable(&self, want_bytes: bool) -> Option<BorrowedFd<'_>> {
+        match &self.far {
+            Far::Pty { master, .. } if want_bytes => Some(master.as_fd()),
+            Far::Stream(Some(s)) if want_bytes => Some(s.as_fd()),
+            Far::Listen {
+                peer: Some(p),
+                listener,
+                ..
+            } => Some(if want_bytes {
+                p.as_fd()
+            } else {
+                listener.as_fd()
+            }),
+            Far::Listen { listener, .. } => Some(listener.as_fd()),
+            _ => None,
+        }
+    }
+
+    /// The far end turned readable: accepts a waiting peer (a new one replaces the old), and
+    /// reads at most `buf.len()` bytes. Returns how many were read.
+    pub fn receive(&mut self, buf: &mut [u8]) -> usize {
+        if let Far::Listen { listener, peer, .. } = &mut self.far {
+            if let Ok(p) = rustix::net::accept_with(&*listener, SocketFlags::CLOEXEC) {
+                if nonblocking(&p).is_ok() {
+                    tracing::info!("serial line: a peer connected");
+                    *peer = Some(p);
+                }
+            }
+        }
+        if buf.is_empty() {
+            return 0;
+        }
+        let fd = match &self.far {
+            Far::Pty { master, .. } => master,
+            Far::Stream(Some(s)) | Far::Listen { peer: Some(s), .. } => s,
+            _ => return 0,
+        };
+        match rustix::io::read(fd, buf) {
+            Ok(0) => {
+                self.hang_up();
+                0
+            }
+            Ok(n) => n,
+            Err(e) if would_block(e) => 0,
+            Err(e) => {
+                tracing::warn!("serial line: read: {e}");
+                self.hang_up();
+                0
+            }
+        }
+    }
+
+    /// Sends what the far end takes of `bytes` now. Returns how many it took; bytes to a far
+    /// end that is not there are dropped, as on a line with nothing attached.
+    pub fn send(&mut self, bytes: &[u8]) -> usize {
+        let fd = match &self.far {
+            Far::Pty { master, .. } => master,
+            Far::Stream(Some(s)) | Far::Listen { peer: Some(s), .. } => s,
+            Far::File(f) => f,
+            _ => return bytes.len(),
+        };
+        match rustix::io::write(fd, bytes) {
+            Ok(n) => n,
+            Err(e) if would_block(e) => 0,
+            Err(e) => {
+                tracing::warn!("serial line: write: {e}");
+                self.hang_up();
+                bytes.len()
+            }
+        }
+    }
+
+    /// The peer left: a stream stays down; a listener waits for the next peer.
+    fn hang_up(&mut self) {
+        match &mut self.far {
+            Far::Stream(s) => {
+                if s.take().is_some() {
+                    tracing::info!("serial line: the peer hung up");
+                }
+            }
+            Far::Listen { peer, .. } => {
+                if peer.take().is_some() {
+                    tracing::info!("serial line: the peer hung up");
+                }
+            }
+            _ => {}
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn specs_parse_and_print_back() {
+        for s in ["pty", "null", "socket:/a/b", "listen:/c", "file:out.txt"] {
+            assert_eq!(LineSpec::parse(s).unwrap().to_string(), s);
+        }
+        for bad in ["", "tty", "socket:", "udp:1.2.3.4", "file"] {
+            let e = LineSpec::parse(bad).unwrap_err();
+            assert!(e.contains("pty, socket:PATH"), "{bad}: {e}");
+        }
+    }
+
+    #[test]
+    fn a_pty_passes_bytes_raw_both_ways() {
+        let mut l = Line::open(&LineSpec::Pty).unwrap();
+        let path = l.pty_path().unwrap().to_owned();
+        let user = rustix::fs::open(
+            &path,
+            OFlags::RDWR | OFlags::NOCTTY | OFlags::CLOEXEC,
+            Mode::empty(),
+        )
+        .unwrap();
+        // A carriage return and a ^C pass untranslated.
+        assert_eq!(l.send(b"a\r\x03"), 3);
+        let mut b = [0u8; 8];
+        let n = rustix::io::read(&user, &mut b).unwrap();
+        assert_eq!(&b[..n], b"a\r\x03");
+        rustix::io::write(&user, b"\nz").unwrap();
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+        let mut got = Vec::new();
+        while got.len() < 2 && std::time::Instant::now() < deadline {
+            let n = l.receive(&mut b);
+            got.extend_from_slice(&b[..n]);
+        }
+        assert_eq!(got, b"\nz");
+    }
+
+    #[test]
+    fn a_stream_that_hangs_up_is_down_and_sends_are_dropped() {
+        let (a, b) = rustix::net::socketpair(
+            AddressFamily::UNIX,
+            SocketType::STREAM,
+            SocketFlags::CLOEXEC,
+            None,
+        )
+        .unwrap();
+        let mut l = Line::stream(a).unwrap();
+        assert!(l.connected());
+        drop(b);
+        let mut buf = [0u8; 4];
+        assert_eq!(l.receive(&mut buf), 0);
+        assert!(!l.connected());
+        assert_eq!(l.send(b"xy"), 2);
+    }
+}

@@ -277,18 +277,13 @@ impl Line {
 
     /// The peer left: a stream stays down; a listener waits for the next peer.
     fn hang_up(&mut self) {
-        match &mut self.far {
-            Far::Stream(s) => {
-                if s.take().is_some() {
-                    tracing::info!("serial line: the peer hung up");
-                }
-            }
-            Far::Listen { peer, .. } => {
-                if peer.take().is_some() {
-                    tracing::info!("serial line: the peer hung up");
-                }
-            }
-            _ => {}
+        let peer = match &mut self.far {
+            Far::Stream(s) => s.take(),
+            Far::Listen { peer, .. } => peer.take(),
+            _ => None,
+        };
+        if peer.is_some() {
+            tracing::info!("serial line: the peer hung up");
         }
     }
 }

@@ -472,6 +472,13 @@ impl PciFunction {
         Ok(irqs)
     }
 
+    /// Something that unmasks the function's INTx after a delivery, for whoever handles it
+    /// (VFIO masks INTx as it delivers it; see `Backend::unmask_intx`).
+    pub fn intx_unmasker(&self) -> impl Fn() -> Result<()> + Send + Sync + 'static {
+        let b = self.backend.clone();
+        move || b.unmask_intx()
+    }
+
     /// Disables every vector of `kind`.
     pub fn disable_irqs(&self, kind: IrqKind) -> Result<()> {
         self.backend.set_irqs(kind, &[])

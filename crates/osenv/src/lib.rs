@@ -44,7 +44,7 @@ impl Osenv {
 
     /// The environment of driver `name` for `function`: wired memory is mapped in its DMA
     /// space, its configuration space, ports and BARs are the driver's, and its interrupt
-    /// vectors (MSI-X, else MSI; up to 48) are enabled and are the driver's vectors 0, 1, ….
+    /// vectors (MSI-X, else MSI, else INTx; up to 48) are enabled and are the driver's vectors 0, 1, ….
     pub fn for_function(name: &str, function: PciFunction) -> Result<Self, OsenvError> {
         Self::build(name, Some(function))
     }
@@ -54,7 +54,7 @@ impl Osenv {
         let interrupts = InterruptThread::spawn(cpu.clone())?;
         let mut irqs = Vec::new();
         if let Some(f) = &function {
-            let kind = [IrqKind::MsiX, IrqKind::Msi]
+            let kind = [IrqKind::MsiX, IrqKind::Msi, IrqKind::Intx]
                 .into_iter()
                 .find(|k| f.irq_count(*k).is_ok_and(|n| n > 0));
             if let Some(kind) = kind {
@@ -64,6 +64,19 @@ impl Osenv {
                     let fd = rustix::io::dup(irq.fd()).map_err(std::io::Error::from)?;
                     interrupts.attach(fd, v as u32)?;
                 }
+            }
+            if kind == Some(IrqKind::Intx) {
+                // INTx is a level, masked as it is delivered: unmasked once the driver's
+                // handlers ran, it interrupts again if the device still asserts it.
+                let unmask = f.intx_unmasker();
+                cpu.set_end_of_interrupt(vec![(
+                    0,
+                    Box::new(move || {
+                        if let Err(e) = unmask() {
+                            tracing::warn!("osenv: cannot unmask INTx: {e}");
+                        }
+                    }),
+                )]);
             }
         }
         let dma = function.as_ref().map(|f| f.dma().clone());

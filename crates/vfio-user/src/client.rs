@@ -594,6 +594,21 @@ impl Client {
         Ok(())
     }
 
+    /// Unmasks vector `vector` of IRQ `index` (INTx after its delivery: a level still
+    /// asserted is raised again).
+    pub fn unmask_irq(&mut self, index: u32, vector: u32) -> Result<()> {
+        let s = wire::IrqSet {
+            argsz: 0,
+            flags: wire::irq::SET_DATA_NONE | wire::irq::SET_ACTION_UNMASK,
+            index,
+            start: vector,
+            count: 1,
+            data: Vec::new(),
+        };
+        self.call(cmd::DEVICE_SET_IRQS, &s.encode(), &[])?;
+        Ok(())
+    }
+
     /// Maps `size` bytes of `fd` from `offset` at `iova` into the device's DMA space.
     pub fn dma_map(
         &mut self,

@@ -118,7 +118,13 @@ pub struct Cpu {
     stats: Stats,
     /// What the layer above keeps per driver (the `osenv` calls' timers, memory, device).
     context: std::sync::OnceLock<Box<dyn std::any::Any + Send + Sync>>,
+    /// Per vector, what ends its delivery after its handlers ran (a level-triggered line's
+    /// unmask, as a CPU's end-of-interrupt to its interrupt controller).
+    end_of_interrupt: std::sync::OnceLock<Vec<(u32, EndOfInterrupt)>>,
 }
+
+/// What ends a vector's delivery: see [`Cpu::set_end_of_interrupt`].
+pub type EndOfInterrupt = Box<dyn Fn() + Send + Sync>;
 
 #[derive(Default)]
 struct Stats {
@@ -222,12 +228,20 @@ impl Cpu {
             next_id: AtomicU64::new(1),
             stats: Stats::default(),
             context: std::sync::OnceLock::new(),
+            end_of_interrupt: std::sync::OnceLock::new(),
         })
     }
 
     /// Gives the CPU the layer above's per-driver state, once; false if it had one.
     pub fn set_context(&self, context: Box<dyn std::any::Any + Send + Sync>) -> bool {
         self.context.set(context).is_ok()
+    }
+
+    /// Sets, once, what ends each listed vector's delivery: called after the vector's handlers
+    /// ran, still at interrupt level (a level-triggered line is unmasked there, so that one
+    /// still asserted interrupts again). False if they were set before.
+    pub fn set_end_of_interrupt(&self, ends: Vec<(u32, EndOfInterrupt)>) -> bool {
+        self.end_of_interrupt.set(ends).is_ok()
     }
 
     /// The layer above's per-driver state, if it is a `T`.
@@ -378,6 +392,11 @@ impl Cpu {
         }
         if !any {
             self.stats.spurious.fetch_add(1, SeqCst);
+        }
+        if let Some(ends) = self.end_of_interrupt.get() {
+            for (_, end) in ends.iter().filter(|(v, _)| *v == vector) {
+                end();
+            }
         }
     }
 

@@ -481,3 +481,25 @@ fn a_handler_cannot_change_handlers_sleep_or_enable_interrupts() {
     join(std::thread::spawn(move || c.raise(1)));
     assert_eq!(cpu.stats().handled, 2, "the handler stayed registered");
 }
+
+#[test]
+fn a_vectors_end_of_interrupt_runs_after_its_handlers_and_only_for_it() {
+    let cpu = Cpu::new();
+    let (h, calls, _) = recorder();
+    let seen = Arc::new(AtomicU64::new(u64::MAX));
+    let (c2, s2) = (calls.clone(), seen.clone());
+    assert!(cpu.set_end_of_interrupt(vec![(
+        4,
+        Box::new(move || s2.store(c2.load(SeqCst), SeqCst))
+    )]));
+    assert!(
+        !cpu.set_end_of_interrupt(Vec::new()),
+        "the ends were set twice"
+    );
+    cpu.enter().irq_alloc(4, h.clone(), false).unwrap();
+    cpu.enter().irq_alloc(5, h, false).unwrap();
+    cpu.raise(5);
+    assert_eq!(seen.load(SeqCst), u64::MAX, "vector 5 has no end");
+    cpu.raise(4);
+    assert_eq!(seen.load(SeqCst), 2, "the end ran before the handler");
+}

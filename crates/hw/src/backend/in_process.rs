@@ -221,6 +221,26 @@ impl Backend for InProcess {
         Ok(())
     }
 
+    fn unmask_intx(&self) -> Result<()> {
+        let index = irq_index(IrqKind::Intx);
+        let total = self.irq_count(IrqKind::Intx)?;
+        let set = wire::IrqSet {
+            argsz: 0,
+            flags: wire::irq::SET_DATA_NONE | wire::irq::SET_ACTION_UNMASK,
+            index,
+            start: 0,
+            count: 1,
+            data: Vec::new(),
+        };
+        let mut st = self.shared.lock();
+        let (dev, ctx) = &mut *st;
+        ctx.irqs
+            .apply(total, &set, Vec::new())
+            .map_err(|e| HwError::Irq(e.to_string()))?;
+        dev.irqs_changed(ctx, index);
+        Ok(())
+    }
+
     fn dma_map(&self, iova: u64, size: u64, fd: BorrowedFd<'_>, offset: u64) -> Result<()> {
         let owned = fd
             .try_clone_to_owned()

@@ -22,6 +22,9 @@ pub trait Backend: Send + Sync {
     fn irq_count(&self, kind: IrqKind) -> Result<u32>;
     /// Attaches eventfds to vectors `0..fds.len()` of `kind`; empty disables the kind.
     fn set_irqs(&self, kind: IrqKind, fds: &[BorrowedFd<'_>]) -> Result<()>;
+    /// Unmasks INTx after its delivery (VFIO masks it as it delivers it, so that a level
+    /// does not interrupt without end): raised again if the device still asserts it.
+    fn unmask_intx(&self) -> Result<()>;
     /// Maps `size` bytes of `fd` from `offset` at `iova`, read-write for the device.
     fn dma_map(&self, iova: u64, size: u64, fd: BorrowedFd<'_>, offset: u64) -> Result<()>;
     /// Removes a mapping made by `dma_map`.

@@ -440,6 +440,31 @@ impl Backend for VfioBackend {
         .map_err(|e| HwError::Irq(e.to_string()))
     }
 
+    fn unmask_intx(&self) -> Result<()> {
+        // struct vfio_irq_set with no data: unmask vector 0 of INTx.
+        let mut buf = Vec::with_capacity(20);
+        for v in [
+            20u32,
+            sys::VFIO_IRQ_SET_DATA_NONE | sys::VFIO_IRQ_SET_ACTION_UNMASK,
+            irq_index(IrqKind::Intx),
+            0,
+            1,
+        ] {
+            buf.extend_from_slice(&v.to_ne_bytes());
+        }
+        // SAFETY: `buf` is a complete vfio_irq_set without data, argsz = its size.
+        unsafe {
+            ioctl(
+                self.dev.device.as_fd(),
+                DEVICE_SET_IRQS,
+                buf.as_mut_ptr() as usize,
+                "VFIO_DEVICE_SET_IRQS",
+            )
+        }
+        .map(|_| ())
+        .map_err(|e| HwError::Irq(e.to_string()))
+    }
+
     fn dma_map(&self, iova: u64, size: u64, fd: BorrowedFd<'_>, offset: u64) -> Result<()> {
         let mem = SharedMem::map(fd, offset, size as usize, Access::ReadWrite)?;
         let map = sys::vfio_iommu_type1_dma_map {

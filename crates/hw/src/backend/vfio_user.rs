@@ -194,6 +194,12 @@ impl Backend for VfioUserBackend {
         .map_err(|e| HwError::Irq(e.to_string()))
     }
 
+    fn unmask_intx(&self) -> Result<()> {
+        lock(&self.client)
+            .unmask_irq(irq_index(IrqKind::Intx), 0)
+            .map_err(|e| HwError::Irq(e.to_string()))
+    }
+
     fn dma_map(&self, iova: u64, size: u64, fd: BorrowedFd<'_>, offset: u64) -> Result<()> {
         lock(&self.client)
             .dma_map(iova, size, dma::FLAG_READ | dma::FLAG_WRITE, fd, offset)

@@ -3,13 +3,18 @@
 fn main() {
     println!("cargo:rerun-if-changed=c");
     println!("cargo:rerun-if-changed=../../include/outboard");
-    cc::Build::new()
-        .file("c/timer.c")
-        .define("OUTBOARD_DRIVER_SYMBOL", "outboard_builtin_timer")
-        .include("../../include")
-        .flag_if_supported("-std=c11")
-        .warnings(true)
-        .extra_warnings(true)
-        .warnings_into_errors(true)
-        .compile("outboard_legacy_drivers");
+    for (file, symbol) in [
+        ("timer", "outboard_builtin_timer"),
+        ("uart16550", "outboard_builtin_uart16550"),
+    ] {
+        cc::Build::new()
+            .file(format!("c/{file}.c"))
+            .define("OUTBOARD_DRIVER_SYMBOL", symbol)
+            .include("../../include")
+            .flag_if_supported("-std=c11")
+            .warnings(true)
+            .extra_warnings(true)
+            .warnings_into_errors(true)
+            .compile(&format!("outboard_legacy_{file}"));
+    }
 }

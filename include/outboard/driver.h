@@ -30,6 +30,7 @@ struct outboard_pci_id {
 
 /* The classes a C driver may serve, and the operations table each expects in `class_ops`. */
 #define OUTBOARD_CLASS_CLOCK "clock" /* struct outboard_clock_ops (outboard/clock.h) */
+#define OUTBOARD_CLASS_CHAR  "char"  /* struct outboard_char_ops (outboard/char.h) */
 
 struct outboard_driver {
     uint32_t abi_version;               /* OUTBOARD_DRIVER_ABI */

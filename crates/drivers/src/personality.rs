@@ -313,6 +313,7 @@ static PERSONALITIES: &[Personality] = &[
     crate::virtio_rng::PERSONALITY,
     crate::virtio_net::PERSONALITY,
     crate::legacy::clock::TIMER,
+    crate::legacy::serial::UART16550,
     crate::timer::PERSONALITY,
 ];
 

@@ -15,7 +15,8 @@ use outboard_env::legacy::{with_current, Cpu, SleepRec};
 use crate::state::{Block, CHandler, State, TimerReg, FIRST_TIMER_VECTOR, MAX_TIMERS};
 
 /// Error codes of `osenv.h`.
-const EINVAL: c_int = -22;
+/// `OSENV_EINVAL`: a bad argument (also what a C driver answers for settings it cannot make).
+pub const EINVAL: c_int = -22;
 const EBUSY: c_int = -16;
 const ENOTIN: c_int = -1;
 const EPERM: c_int = -1;

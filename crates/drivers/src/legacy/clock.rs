@@ -4,10 +4,9 @@
 //! the total moving rings an eventfd, which is the driver's event source in the driver
 //! server's loop, and the clock dispatcher then completes the waits that are due.
 
-use std::collections::HashSet;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, OnceLock};
 
 use outboard_clock::{ClockDriver, ClockInfo, ClockTime};
 use outboard_env::{AnyDriver, DeviceEvent, Driver, Failure, Fence};
@@ -15,44 +14,12 @@ use outboard_hw::PciFunction;
 use outboard_osenv::Osenv;
 use rustix::event::{eventfd, EventfdFlags};
 
+use super::claim::Claim;
 use super::descriptor::{builtin_timer, AtomicTicks, CDriver, ClockOps, ClockSink};
 use crate::personality::{Identity, Personality, Probe, Provider, StartError, StartOptions};
 
 /// Longest wait a client may ask for: an hour of ticks.
 const MAX_WAIT_SECONDS: u32 = 3600;
-
-/// The C drivers (by their operations table) with a live instance in this process. A C
-/// driver keeps its state in its own statics, as a kernel's drivers do, so one copy of its code
-/// drives one device: a second device for it needs a server of its own.
-fn claimed() -> &'static Mutex<HashSet<usize>> {
-    static CLAIMED: OnceLock<Mutex<HashSet<usize>>> = OnceLock::new();
-    CLAIMED.get_or_init(|| Mutex::new(HashSet::new()))
-}
-
-/// A C driver's code, claimed for one device until this is dropped.
-struct Claim(usize);
-
-impl Claim {
-    fn take(c: &CDriver, driver: &str) -> Result<Self, StartError> {
-        let mut all = claimed().lock().unwrap_or_else(|p| p.into_inner());
-        if !all.insert(c.code()) {
-            return Err(StartError::Refused(format!(
-                "{driver} already drives a device in this driver server, and a C driver keeps \
-                 its state in statics: give each of its devices a server of its own"
-            )));
-        }
-        Ok(Self(c.code()))
-    }
-}
-
-impl Drop for Claim {
-    fn drop(&mut self) {
-        claimed()
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .remove(&self.0);
-    }
-}
 
 /// A C clock driver, started on its device.
 pub struct LegacyClock {
@@ -233,18 +200,8 @@ fn timer_probe(_: &Probe<'_>, initial: u32) -> Result<u32, String> {
 }
 
 fn timer_start(p: Provider, o: &StartOptions) -> Result<Box<dyn AnyDriver>, StartError> {
-    let Provider::Pci(f) = p else {
-        return Err(StartError::NoMatch(
-            "legacy-timer drives PCI functions".into(),
-        ));
-    };
     let c = timer().map_err(StartError::Refused)?;
-    Ok(outboard_clock::bind(LegacyClock::start(
-        TIMER.driver,
-        c,
-        &o.name,
-        f,
-    )?))
+    super::start_c(TIMER.driver, c, p, o)
 }
 
 /// The PCI timer's C driver (`c/timer.c`), in the catalog like any built-in driver; its

@@ -1,6 +1,6 @@
 //! A C driver's descriptor (`include/outboard/driver.h`) and its class's operations
-//! (`include/outboard/clock.h`), read and checked once into Rust values; the only module of
-//! the legacy drivers that touches C pointers.
+//! (`include/outboard/clock.h`, `include/outboard/char.h`), read and checked once into Rust
+//! values; the only module of the legacy drivers that touches C pointers.
 //!
 //! The rule that makes a descriptor of any version readable: its first two fields, the ABI
 //! version and the structure's size, never move. They are read first; anything else only
@@ -193,11 +193,42 @@ impl CDriver {
     pub fn check_class(&self) -> Result<(), DescriptorError> {
         match self.class.as_str() {
             outboard_clock::CLASS => self.clock_ops().map(drop),
+            outboard_char::CLASS => self.char_ops().map(drop),
             other => Err(DescriptorError::Field(format!(
-                "{}: this Outboard serves no C driver of the {other} class (it serves: clock)",
+                "{}: this Outboard serves no C driver of the {other} class (it serves: clock, \
+                 char)",
                 self.name
             ))),
         }
+    }
+
+    /// The char operations, for a driver of the char class.
+    pub fn char_ops(&self) -> Result<CharOps, DescriptorError> {
+        if self.class != outboard_char::CLASS {
+            return Err(DescriptorError::Field(format!(
+                "{}: serves the {} class, not char",
+                self.name, self.class
+            )));
+        }
+        // SAFETY: a char driver's class_ops is a `struct outboard_char_ops` (driver.h),
+        // immutable and alive as long as the descriptor (for the rest of the process).
+        let ops: &'static RawCharOpsChecked = unsafe { &*(self.ops as *const RawCharOpsChecked) };
+        let o = &ops.0;
+        let all = o.start.is_some()
+            && o.read.is_some()
+            && o.write.is_some()
+            && o.get_line.is_some()
+            && o.set_line.is_some()
+            && o.counters.is_some()
+            && o.stop.is_some();
+        if !all {
+            return Err(DescriptorError::Field(format!(
+                "{}: a char driver needs all of start, read, write, get_line, set_line, \
+                 counters and stop",
+                self.name
+            )));
+        }
+        Ok(CharOps { ops })
     }
 
     /// The clock operations, for a driver of the clock class.
@@ -221,7 +252,201 @@ impl CDriver {
     }
 }
 
+/// `struct outboard_char_ops`.
+#[repr(C)]
+struct RawCharOps {
+    start: Option<unsafe extern "C" fn(*const RawCharSink, *mut RawCharInfo) -> c_int>,
+    read: Option<unsafe extern "C" fn(*mut c_void, std::ffi::c_ulong, c_int) -> std::ffi::c_long>,
+    write: Option<unsafe extern "C" fn(*const c_void, std::ffi::c_ulong) -> std::ffi::c_long>,
+    get_line: Option<unsafe extern "C" fn(*mut RawLine) -> c_int>,
+    set_line: Option<unsafe extern "C" fn(*const RawLine) -> c_int>,
+    counters: Option<unsafe extern "C" fn(*mut RawCharCounters)>,
+    stop: Option<unsafe extern "C" fn()>,
+}
+
+/// `struct outboard_char_sink`.
+#[repr(C)]
+pub struct RawCharSink {
+    ctx: *const CharBell,
+    moved: extern "C" fn(*const CharBell),
+}
+
+/// `struct outboard_char_info`.
+#[repr(C)]
+#[derive(Debug, Default, Clone, Copy)]
+pub struct RawCharInfo {
+    /// The fastest rate.
+    pub max_baud: u32,
+    /// FIFO bytes.
+    pub fifo: u32,
+}
+
+/// `struct outboard_line`.
+#[repr(C)]
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct RawLine {
+    /// Bits per second.
+    pub baud: u32,
+    /// Data bits.
+    pub data_bits: u8,
+    /// `OUTBOARD_PARITY_*`: the class's parity codes.
+    pub parity: u8,
+    /// Stop bits.
+    pub stop_bits: u8,
+    /// `OUTBOARD_FLOW_*`: the class's flow codes.
+    pub flow: u8,
+}
+
+/// `struct outboard_char_counters`.
+#[repr(C)]
+#[derive(Debug, Default, Clone, Copy)]
+pub struct RawCharCounters {
+    /// Bytes sent.
+    pub sent: u64,
+    /// Bytes received.
+    pub received: u64,
+    /// Bytes dropped.
+    pub dropped: u32,
+    /// Overruns.
+    pub overruns: u32,
+    /// Errors.
+    pub errors: u32,
+    /// `OUTBOARD_MODEM_*`.
+    pub modem: u8,
+    /// Sending held by flow control.
+    pub held: u8,
+    reserved: [u8; 2],
+}
+
+/// What a C char driver's sink rings when something moved.
+pub struct CharBell {
+    /// Called at interrupt level (rings the driver server's loop).
+    pub moved: Box<dyn Fn() + Send + Sync>,
+}
+
+extern "C" fn char_moved(ctx: *const CharBell) {
+    // SAFETY: ctx is the CharBell this sink was made for (CharSink::new), kept alive by the
+    // sink, which outlives the driver's environment (LegacyChar drops that first).
+    (unsafe { &*ctx }.moved)();
+}
+
+/// A sink a C char driver reports to, holding what it points at.
+pub struct CharSink {
+    raw: Box<RawCharSink>,
+    _bell: std::sync::Arc<CharBell>,
+}
+
+// SAFETY: the raw sink only points at the CharBell this value keeps alive, a Send + Sync
+// closure.
+unsafe impl Send for CharSink {}
+
+impl CharSink {
+    /// A sink over `bell`.
+    pub fn new(bell: std::sync::Arc<CharBell>) -> Self {
+        Self {
+            raw: Box::new(RawCharSink {
+                ctx: std::sync::Arc::as_ptr(&bell),
+                moved: char_moved,
+            }),
+            _bell: bell,
+        }
+    }
+}
+
+/// A char driver's operations. Each is called inside the driver's environment.
+#[derive(Clone, Copy)]
+pub struct CharOps {
+    ops: &'static RawCharOpsChecked,
+}
+
+/// A char operations table with every entry present.
+struct RawCharOpsChecked(RawCharOps);
+
+// SAFETY: function pointers of immutable C code; see CDriver's Send and Sync.
+unsafe impl Sync for RawCharOpsChecked {}
+
+fn rc(rc: c_int) -> Result<(), c_int> {
+    if rc == 0 {
+        Ok(())
+    } else {
+        Err(rc)
+    }
+}
+
+impl CharOps {
+    /// `start`: what the device is, or the driver's error code.
+    pub fn start(&self, sink: &CharSink) -> Result<RawCharInfo, c_int> {
+        let mut info = RawCharInfo::default();
+        // SAFETY: a checked table's function, called as char.h says: the sink lives as long as
+        // the driver (its owner keeps it), info is a valid out-pointer.
+        rc(unsafe { (self.ops.0.start.expect("checked"))(&*sink.raw, &mut info) })?;
+        Ok(info)
+    }
+
+    /// `read` into `buf`: the count, or the driver's (negative) code.
+    pub fn read(&self, buf: &mut [u8], wait: bool) -> Result<usize, c_int> {
+        // SAFETY: buf is valid for buf.len() bytes of writes; the driver writes at most that.
+        let n = unsafe {
+            (self.ops.0.read.expect("checked"))(
+                buf.as_mut_ptr().cast(),
+                buf.len() as std::ffi::c_ulong,
+                c_int::from(wait),
+            )
+        };
+        if n < 0 {
+            Err(n as c_int)
+        } else {
+            Ok((n as usize).min(buf.len()))
+        }
+    }
+
+    /// `write` of `bytes`: how many the driver took, or its (negative) code.
+    pub fn write(&self, bytes: &[u8]) -> Result<usize, c_int> {
+        // SAFETY: bytes is valid for bytes.len() bytes of reads; the driver reads at most that.
+        let n = unsafe {
+            (self.ops.0.write.expect("checked"))(
+                bytes.as_ptr().cast(),
+                bytes.len() as std::ffi::c_ulong,
+            )
+        };
+        if n < 0 {
+            Err(n as c_int)
+        } else {
+            Ok((n as usize).min(bytes.len()))
+        }
+    }
+
+    /// `get_line`.
+    pub fn get_line(&self) -> Result<RawLine, c_int> {
+        let mut l = RawLine::default();
+        // SAFETY: a valid out-pointer.
+        rc(unsafe { (self.ops.0.get_line.expect("checked"))(&mut l) })?;
+        Ok(l)
+    }
+
+    /// `set_line`.
+    pub fn set_line(&self, l: &RawLine) -> Result<(), c_int> {
+        // SAFETY: a valid pointer to settings the call only reads.
+        rc(unsafe { (self.ops.0.set_line.expect("checked"))(l) })
+    }
+
+    /// `counters`.
+    pub fn counters(&self) -> RawCharCounters {
+        let mut c = RawCharCounters::default();
+        // SAFETY: a valid out-pointer.
+        unsafe { (self.ops.0.counters.expect("checked"))(&mut c) };
+        c
+    }
+
+    /// `stop`.
+    pub fn stop(&self) {
+        // SAFETY: a checked table's function without arguments.
+        unsafe { (self.ops.0.stop.expect("checked"))() }
+    }
+}
+
 type StartFn = unsafe extern "C" fn(*const RawClockSink, *mut u32) -> c_int;
+
 type NowFn = unsafe extern "C" fn(*mut u64) -> c_int;
 
 /// `struct outboard_clock_ops`.
@@ -318,6 +543,14 @@ impl ClockOps {
 extern "C" {
     /// The timer driver's descriptor, compiled in (`c/timer.c`).
     static outboard_builtin_timer: RawDriver;
+    /// The 16550 driver's descriptor, compiled in (`c/uart16550.c`).
+    static outboard_builtin_uart16550: RawDriver;
+}
+
+/// The built-in 16550 driver's descriptor.
+pub fn builtin_uart16550() -> Result<CDriver, DescriptorError> {
+    // SAFETY: a static of the C driver compiled into this binary, a `struct outboard_driver`.
+    unsafe { CDriver::read(std::ptr::addr_of!(outboard_builtin_uart16550)) }
 }
 
 /// The built-in timer driver's descriptor.
@@ -340,6 +573,14 @@ mod tests {
             vec![(outboard_spec::timer::VENDOR, outboard_spec::timer::DEVICE)]
         );
         assert!(d.clock_ops().is_ok());
+        let u = builtin_uart16550().unwrap();
+        assert_eq!(u.name, "uart16550");
+        assert_eq!(u.class, "char");
+        assert_eq!(
+            u.ids,
+            vec![(outboard_spec::uart::VENDOR, outboard_spec::uart::DEVICE)]
+        );
+        assert!(u.char_ops().is_ok() && u.clock_ops().is_err());
     }
 
     fn raw(version: u32, size: u32) -> RawDriver {

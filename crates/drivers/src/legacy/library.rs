@@ -111,19 +111,7 @@ impl LibraryDriver {
                 self.described.library.display()
             )));
         };
-        let Provider::Pci(f) = p else {
-            return Err(StartError::NoMatch(format!(
-                "{driver} drives PCI functions"
-            )));
-        };
-        match c.class.as_str() {
-            outboard_clock::CLASS => Ok(outboard_clock::bind(super::clock::LegacyClock::start(
-                driver, c, &o.name, f,
-            )?)),
-            other => Err(StartError::Refused(format!(
-                "{driver}: this Outboard serves no C driver of the {other} class"
-            ))),
-        }
+        super::start_c(driver, c, p, o)
     }
 }
 
@@ -164,6 +152,7 @@ fn register(d: LibraryDriver) -> Result<&'static Personality, LibraryError> {
     }
     let class: &'static str = match d.described.class.as_str() {
         outboard_clock::CLASS => outboard_clock::CLASS,
+        outboard_char::CLASS => outboard_char::CLASS,
         other => Box::leak(other.to_string().into_boxed_str()),
     };
     let p: &'static Personality = Box::leak(Box::new(Personality {

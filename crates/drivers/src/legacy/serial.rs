@@ -1,0 +1,444 @@
+//! A C serial driver behind the char class: [`LegacyChar`] starts the driver in its legacy
+//! environment on the device and serves its line.
+//!
+//! Two threads use the driver, as in a uniprocessor kernel: the driver server's loop, which
+//! writes, reads what has been received, and sets the line, never waiting; and a reader
+//! thread of the bridge, which sleeps inside the driver's `read` (`osenv_sleep`, the process
+//! lock released) until the interrupt handler wakes it, and moves what it read into a bounded
+//! queue. The handler's sink and the reader both ring an eventfd, the driver's source in the
+//! server's loop. While the queue is full the reader stops reading, the driver's own ring fills,
+//! and the driver applies its flow control.
+
+use std::collections::VecDeque;
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Condvar, Mutex, OnceLock};
+use std::time::Duration;
+
+use outboard_char::{CharDriver, CharInfo, Flow, LineCounters, LineSettings};
+use outboard_env::legacy::Cpu;
+use outboard_env::{AnyDriver, DeviceEvent, Driver, Failure, Fence};
+use outboard_hw::PciFunction;
+use outboard_osenv::Osenv;
+use rustix::event::{eventfd, EventfdFlags};
+
+use super::claim::Claim;
+use super::descriptor::{builtin_uart16550, CDriver, CharBell, CharOps, CharSink, RawLine};
+use crate::personality::{Identity, Personality, Probe, Provider, StartError, StartOptions};
+
+/// Bytes the reader thread holds for the loop at most.
+const QUEUE: usize = 4096;
+/// How long stopping waits for the reader thread to leave the driver.
+const STOP_PATIENCE: Duration = Duration::from_secs(5);
+
+fn ring(bell: &OwnedFd) {
+    let _ = rustix::io::write(bell, &1u64.to_ne_bytes());
+}
+
+/// What the reader thread hands the loop.
+struct Received {
+    bytes: Mutex<VecDeque<u8>>,
+    /// Signalled when the loop took bytes (room for the reader again).
+    room: Condvar,
+    stop: AtomicBool,
+    /// Why the reader stopped, if it stopped on its own (the driver's read failed).
+    failed: Mutex<Option<String>>,
+}
+
+/// A C serial driver, started on its device.
+pub struct LegacyChar {
+    // Stopped and dropped first (see `stop`): the reader leaves the driver, then the
+    // interrupt thread stops, then the sink goes and the code is free again.
+    osenv: Option<Osenv>,
+    reader: Option<std::thread::JoinHandle<()>>,
+    claim: Option<Claim>,
+    _sink: CharSink,
+    received: Arc<Received>,
+    bell: Arc<OwnedFd>,
+    loss: Option<OwnedFd>,
+    ops: CharOps,
+    info: CharInfo,
+    line: LineSettings,
+    driver: &'static str,
+}
+
+fn raw_line(l: &LineSettings) -> RawLine {
+    let w = outboard_char::LineLayout::of(l);
+    RawLine {
+        baud: w.baud.get(),
+        data_bits: w.data_bits,
+        parity: w.parity,
+        stop_bits: w.stop_bits,
+        flow: w.flow,
+    }
+}
+
+fn settings(r: &RawLine) -> Option<LineSettings> {
+    outboard_char::LineLayout {
+        baud: r.baud.into(),
+        data_bits: r.data_bits,
+        parity: r.parity,
+        stop_bits: r.stop_bits,
+        flow: r.flow,
+    }
+    .settings()
+    .ok()
+}
+
+/// The reader thread: sleeps in the driver's read until bytes come, queues them, rings.
+fn read_loop(cpu: Arc<Cpu>, ops: CharOps, received: Arc<Received>, bell: Arc<OwnedFd>) {
+    let mut buf = vec![0u8; QUEUE];
+    loop {
+        let room = {
+            let mut q = received.bytes.lock().unwrap_or_else(|p| p.into_inner());
+            while q.len() >= QUEUE && !received.stop.load(Ordering::Acquire) {
+                q = received
+                    .room
+                    .wait_timeout(q, Duration::from_millis(100))
+                    .unwrap_or_else(|p| p.into_inner())
+                    .0;
+            }
+            QUEUE - q.len()
+        };
+        if received.stop.load(Ordering::Acquire) {
+            return;
+        }
+        let got = {
+            let _inside = cpu.enter();
+            ops.read(&mut buf[..room], true)
+        };
+        match got {
+            Ok(0) => {}
+            Ok(n) => {
+                received
+                    .bytes
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .extend(&buf[..n]);
+                ring(&bell);
+            }
+            Err(rc) => {
+                if !received.stop.load(Ordering::Acquire) {
+                    *received.failed.lock().unwrap_or_else(|p| p.into_inner()) =
+                        Some(format!("the driver's read failed (error {rc})"));
+                    ring(&bell);
+                }
+                return;
+            }
+        }
+    }
+}
+
+impl LegacyChar {
+    /// Starts the C driver `c` (personality `driver`) as serial line `name` on `function`.
+    pub fn start(
+        driver: &'static str,
+        c: &CDriver,
+        name: &str,
+        function: PciFunction,
+    ) -> Result<Self, StartError> {
+        let refused = |why: String| StartError::Refused(format!("{driver}: {why}"));
+        let ops = c.char_ops().map_err(|e| refused(e.to_string()))?;
+        let claim = Claim::take(c, driver)?;
+        let loss = function
+            .loss_fd()
+            .map(|fd| rustix::io::fcntl_dupfd_cloexec(fd, 0))
+            .transpose()
+            .map_err(|e| refused(format!("the device's loss descriptor: {e}")))?;
+        let bell = Arc::new(
+            eventfd(0, EventfdFlags::CLOEXEC | EventfdFlags::NONBLOCK)
+                .map_err(|e| refused(format!("eventfd: {e}")))?,
+        );
+        let rung = bell.clone();
+        let sink = CharSink::new(Arc::new(CharBell {
+            moved: Box::new(move || ring(&rung)),
+        }));
+        let osenv = Osenv::for_function(driver, function).map_err(|e| refused(e.to_string()))?;
+        let (info, line) = {
+            let _inside = osenv.enter();
+            let info = ops
+                .start(&sink)
+                .map_err(|rc| refused(format!("the driver did not start (error {rc})")))?;
+            (info, ops.get_line())
+        };
+        let line = line
+            .ok()
+            .and_then(|l| settings(&l))
+            .ok_or_else(|| refused("the driver reports line settings it cannot have".into()))?;
+        if info.max_baud == 0 || info.fifo == 0 {
+            return Err(refused(format!(
+                "the driver says the device makes {} baud with a {}-byte FIFO",
+                info.max_baud, info.fifo
+            )));
+        }
+        let received = Arc::new(Received {
+            bytes: Mutex::new(VecDeque::new()),
+            room: Condvar::new(),
+            stop: AtomicBool::new(false),
+            failed: Mutex::new(None),
+        });
+        let reader = {
+            let (cpu, r, b) = (osenv.cpu().clone(), received.clone(), bell.clone());
+            std::thread::Builder::new()
+                .name("osenv-reader".into())
+                .spawn(move || read_loop(cpu, ops, r, b))
+                .map_err(|e| refused(format!("the reader thread: {e}")))?
+        };
+        Ok(Self {
+            osenv: Some(osenv),
+            reader: Some(reader),
+            claim: Some(claim),
+            _sink: sink,
+            received,
+            bell,
+            loss,
+            ops,
+            info: CharInfo {
+                name: name.to_string(),
+                max_baud: info.max_baud,
+                fifo: info.fifo,
+            },
+            line,
+            driver,
+        })
+    }
+
+    fn osenv(&self) -> Result<&Osenv, Failure> {
+        self.osenv
+            .as_ref()
+            .ok_or_else(|| Failure::Driver("the driver was given up".into()))
+    }
+
+    /// Stops the driver: its reader woken and gone, its environment (and interrupt thread)
+    /// ended, its code free for another device. True if the reader left in time (else the
+    /// environment is left to the process's end, as the reader may still be inside).
+    fn stop(&mut self) -> bool {
+        let Some(osenv) = self.osenv.take() else {
+            return true;
+        };
+        self.received.stop.store(true, Ordering::Release);
+        self.received.room.notify_all();
+        {
+            let _inside = osenv.enter();
+            self.ops.stop();
+        }
+        let left = match self.reader.take() {
+            None => true,
+            Some(h) => {
+                let deadline = std::time::Instant::now() + STOP_PATIENCE;
+                while !h.is_finished() && std::time::Instant::now() < deadline {
+                    std::thread::sleep(Duration::from_millis(1));
+                }
+                let done = h.is_finished();
+                if done {
+                    let _ = h.join();
+                }
+                done
+            }
+        };
+        if left {
+            drop(osenv);
+        } else {
+            tracing::error!("{}: the reader did not leave the driver", self.driver);
+            std::mem::forget(osenv);
+        }
+        self.claim = None;
+        left
+    }
+}
+
+impl Drop for LegacyChar {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+impl Driver for LegacyChar {
+    fn driver_name(&self) -> &'static str {
+        self.driver
+    }
+
+    fn sources(&self) -> Vec<(DeviceEvent, BorrowedFd<'_>)> {
+        let mut v = vec![(DeviceEvent::Interrupt(0), self.bell.as_fd())];
+        if let Some(l) = &self.loss {
+            v.push((DeviceEvent::Lost, l.as_fd()));
+        }
+        v
+    }
+
+    fn handle(&mut self, event: DeviceEvent) -> Result<(), Failure> {
+        if let DeviceEvent::Lost = event {
+            return Err(Failure::Lost);
+        }
+        let mut b = [0u8; 8];
+        let _ = rustix::io::read(&*self.bell, &mut b);
+        match self
+            .received
+            .failed
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .take()
+        {
+            Some(why) => Err(Failure::Driver(why)),
+            None => Ok(()),
+        }
+    }
+
+    fn abandon(&mut self) -> Fence {
+        // The device is given up: the driver stops, its code free for the next driver.
+        let certain = self.osenv.as_ref().is_none_or(Osenv::abandon);
+        self.stop();
+        if certain {
+            Fence::Now
+        } else {
+            Fence::AtReopen
+        }
+    }
+}
+
+impl CharDriver for LegacyChar {
+    fn info(&self) -> &CharInfo {
+        &self.info
+    }
+
+    fn write(&mut self, bytes: &[u8]) -> Result<usize, Failure> {
+        let osenv = self.osenv()?;
+        let _inside = osenv.enter();
+        self.ops
+            .write(bytes)
+            .map_err(|rc| Failure::Driver(format!("the driver's write failed (error {rc})")))
+    }
+
+    fn read(&mut self, buf: &mut [u8]) -> Result<usize, Failure> {
+        let mut q = self
+            .received
+            .bytes
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        let n = buf.len().min(q.len());
+        for (b, v) in buf.iter_mut().zip(q.drain(..n)) {
+            *b = v;
+        }
+        if n > 0 {
+            self.received.room.notify_one();
+        }
+        Ok(n)
+    }
+
+    fn line(&self) -> LineSettings {
+        self.line
+    }
+
+    fn set_line(&mut self, line: &LineSettings) -> Result<Result<(), String>, Failure> {
+        let osenv = self.osenv()?;
+        let set = {
+            let _inside = osenv.enter();
+            self.ops.set_line(&raw_line(line))
+        };
+        match set {
+            Ok(()) => {
+                self.line = *line;
+                Ok(Ok(()))
+            }
+            Err(rc) if rc == outboard_osenv::abi::EINVAL => Ok(Err(format!(
+                "the device cannot make {line} (its rates are {} divided by a whole number)",
+                self.info.max_baud
+            ))),
+            Err(rc) => Err(Failure::Driver(format!(
+                "the driver could not set the line (error {rc})"
+            ))),
+        }
+    }
+
+    fn counters(&self) -> LineCounters {
+        let Ok(osenv) = self.osenv() else {
+            return LineCounters::default();
+        };
+        let c = {
+            let _inside = osenv.enter();
+            self.ops.counters()
+        };
+        LineCounters {
+            sent: c.sent,
+            received: c.received,
+            dropped: c.dropped,
+            overruns: c.overruns,
+            errors: c.errors,
+            modem: c.modem,
+        }
+    }
+
+    fn held(&self) -> bool {
+        self.line.flow == Flow::RtsCts
+            && self.osenv().is_ok_and(|o| {
+                let _inside = o.enter();
+                self.ops.counters().held != 0
+            })
+    }
+}
+
+impl std::fmt::Debug for LegacyChar {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LegacyChar")
+            .field("driver", &self.driver)
+            .field("info", &self.info)
+            .finish_non_exhaustive()
+    }
+}
+
+/// The built-in 16550 driver's descriptor, read once.
+fn uart() -> Result<&'static CDriver, String> {
+    static UART_DRIVER: OnceLock<Result<CDriver, String>> = OnceLock::new();
+    UART_DRIVER
+        .get_or_init(|| builtin_uart16550().map_err(|e| e.to_string()))
+        .as_ref()
+        .map_err(Clone::clone)
+}
+
+fn uart_matches(id: &Identity<'_>) -> bool {
+    match (id, uart()) {
+        (Identity::Pci(id), Ok(u)) => u.ids.contains(&(id.vendor, id.device)),
+        _ => false,
+    }
+}
+
+fn uart_probe(_: &Probe<'_>, initial: u32) -> Result<u32, String> {
+    uart().map(|_| initial)
+}
+
+fn uart_start(p: Provider, o: &StartOptions) -> Result<Box<dyn AnyDriver>, StartError> {
+    let c = uart().map_err(StartError::Refused)?;
+    super::start_c(UART16550.driver, c, p, o)
+}
+
+/// The 16550's C driver (`c/uart16550.c`), in the catalog like any built-in driver; its
+/// identities come from its descriptor.
+pub const UART16550: Personality = Personality {
+    driver: "uart16550",
+    class: outboard_char::CLASS,
+    score: 1000,
+    matches: uart_matches,
+    probe: uart_probe,
+    start: uart_start,
+    faults: &[],
+    library: None,
+};
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_personality_is_the_descriptors() {
+        let c = uart().unwrap();
+        assert_eq!(UART16550.driver, c.name);
+        assert_eq!(UART16550.class, c.class);
+        assert_eq!(UART16550.score, c.score);
+    }
+
+    #[test]
+    fn settings_cross_the_c_boundary_unchanged() {
+        let l: LineSettings = "19200,7O2,rtscts".parse().unwrap();
+        assert_eq!(settings(&raw_line(&l)), Some(l));
+    }
+}

@@ -1,0 +1,251 @@
+//! The 16550's C driver (`c/uart16550.c`), in its legacy environment, against the pci-serial
+//! model served over vfio-user from a thread of this test, its far end a socket the test
+//! holds: bytes go out and come in unchanged and in order, bursts larger than the FIFO and
+//! than the driver's buffers, line settings, and flow control (RTS/CTS loses nothing where no
+//! flow control drops and counts).
+
+use std::os::fd::OwnedFd;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use outboard_char::{CharDriver, LineSettings};
+use outboard_devices::serial::Serial;
+use outboard_devices::serial_line::Line;
+use outboard_drivers::legacy::descriptor::builtin_uart16550;
+use outboard_drivers::legacy::serial::LegacyChar;
+use outboard_drivers::{probe_driver, Probe};
+use outboard_env::{DeviceEvent, Driver};
+use outboard_hw::{DeviceSpec, PciFunction};
+
+/// A UART model whose far end is the returned socket, served at a socket in `dir` until the
+/// returned flag is set.
+fn serve_uart(dir: &std::path::Path) -> (DeviceSpec, OwnedFd, Arc<AtomicBool>) {
+    let (near, far) = rustix::net::socketpair(
+        rustix::net::AddressFamily::UNIX,
+        rustix::net::SocketType::STREAM,
+        rustix::net::SocketFlags::CLOEXEC,
+        None,
+    )
+    .unwrap();
+    let path = dir.join("uart.sock");
+    let model = Serial::new(Line::stream(near).unwrap()).unwrap();
+    let mut server = outboard_vfio_user::Server::bind(
+        &path,
+        model,
+        outboard_vfio_user::ServerOptions::default(),
+    )
+    .unwrap();
+    let stop = Arc::new(AtomicBool::new(false));
+    let s = stop.clone();
+    std::thread::spawn(move || server.run(&s));
+    let spec = format!("vfio-user:{}", path.display()).parse().unwrap();
+    (spec, far, stop)
+}
+
+/// The C driver keeps its state in statics: one instance at a time in this process.
+static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+fn one_at_a_time() -> std::sync::MutexGuard<'static, ()> {
+    ONE_AT_A_TIME.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+fn start(dir: &std::path::Path) -> (LegacyChar, OwnedFd, Arc<AtomicBool>) {
+    let (spec, far, stop) = serve_uart(dir);
+    let f = PciFunction::open(&spec).unwrap();
+    let probed = probe_driver(&Probe::Pci(&f)).unwrap();
+    assert_eq!(probed.personality.driver, "uart16550");
+    let c = builtin_uart16550().unwrap();
+    let uart = LegacyChar::start("uart16550", &c, "tty0", f).unwrap();
+    (uart, far, stop)
+}
+
+/// Waits on the driver's source as a server's loop would, until `done` or `within`.
+fn pump(uart: &mut LegacyChar, within: Duration, mut done: impl FnMut(&mut LegacyChar) -> bool) {
+    let deadline = Instant::now() + within;
+    let bell = uart
+        .sources()
+        .iter()
+        .find(|(e, _)| *e == DeviceEvent::Interrupt(0))
+        .map(|(_, fd)| rustix::io::dup(fd).unwrap())
+        .expect("a source");
+    while !done(uart) && Instant::now() < deadline {
+        let mut p = [rustix::event::PollFd::new(
+            &bell,
+            rustix::event::PollFlags::IN,
+        )];
+        let ms = rustix::time::Timespec {
+            tv_sec: 0,
+            tv_nsec: 50_000_000,
+        };
+        if rustix::event::poll(&mut p, Some(&ms)).unwrap() > 0 {
+            uart.handle(DeviceEvent::Interrupt(0)).unwrap();
+        }
+    }
+}
+
+/// Sends all of `bytes` through the driver, as the dispatcher would.
+fn send(uart: &mut LegacyChar, bytes: &[u8]) {
+    let mut at = 0;
+    pump(uart, Duration::from_secs(60), |u| {
+        at += u.write(&bytes[at..]).unwrap();
+        at == bytes.len()
+    });
+    assert_eq!(at, bytes.len(), "the driver stopped taking bytes");
+}
+
+/// Reads from the far end until `n` bytes came or nothing comes for a second.
+fn far_read(far: &OwnedFd, n: usize) -> Vec<u8> {
+    let mut got = Vec::new();
+    let mut buf = [0u8; 4096];
+    while got.len() < n {
+        let mut p = [rustix::event::PollFd::new(
+            far,
+            rustix::event::PollFlags::IN,
+        )];
+        let s = rustix::time::Timespec {
+            tv_sec: 1,
+            tv_nsec: 0,
+        };
+        if rustix::event::poll(&mut p, Some(&s)).unwrap() == 0 {
+            break;
+        }
+        let k = rustix::io::read(far, &mut buf).unwrap();
+        if k == 0 {
+            break;
+        }
+        got.extend_from_slice(&buf[..k]);
+    }
+    got
+}
+
+/// Reads through the driver until `n` bytes came or `within` passed.
+fn receive(uart: &mut LegacyChar, n: usize, within: Duration) -> Vec<u8> {
+    let mut got = Vec::new();
+    let mut buf = [0u8; 4096];
+    pump(uart, within, |u| {
+        let k = u.read(&mut buf).unwrap();
+        got.extend_from_slice(&buf[..k]);
+        got.len() >= n
+    });
+    got
+}
+
+fn pattern(n: usize, seed: u8) -> Vec<u8> {
+    (0..n)
+        .map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed))
+        .collect()
+}
+
+#[test]
+fn bytes_go_out_and_come_in_in_order_in_bursts_larger_than_the_fifo() {
+    let _one = one_at_a_time();
+    let dir = tempfile::tempdir().unwrap();
+    let (mut uart, far, stop) = start(dir.path());
+    assert_eq!(uart.info().fifo, 16);
+    assert_eq!(uart.info().max_baud, 115_200);
+    assert_eq!(uart.line(), LineSettings::default());
+
+    let out = pattern(3000, 1);
+    send(&mut uart, &out);
+    assert_eq!(far_read(&far, out.len()), out);
+    pump(&mut uart, Duration::from_secs(10), |u| {
+        u.counters().sent == out.len() as u64
+    });
+    assert_eq!(
+        uart.counters().sent,
+        out.len() as u64,
+        "not all counted sent"
+    );
+
+    let incoming = pattern(3000, 7);
+    rustix::io::write(&far, &incoming).unwrap();
+    let got = receive(&mut uart, incoming.len(), Duration::from_secs(60));
+    assert_eq!(got, incoming);
+    let c = uart.counters();
+    assert_eq!((c.received, c.dropped, c.overruns), (3000, 0, 0));
+    assert_ne!(c.modem & outboard_char::modem::CTS, 0, "CTS off");
+    drop(uart);
+    stop.store(true, Ordering::Release);
+}
+
+#[test]
+fn line_settings_take_effect_and_rates_the_device_cannot_make_are_refused() {
+    let _one = one_at_a_time();
+    let dir = tempfile::tempdir().unwrap();
+    let (mut uart, far, stop) = start(dir.path());
+    let seven: LineSettings = "9600,7E2".parse().unwrap();
+    uart.set_line(&seven).unwrap().unwrap();
+    assert_eq!(uart.line(), seven);
+    // Seven data bits: the eighth does not go out.
+    send(&mut uart, &[0xff, 0x41]);
+    assert_eq!(far_read(&far, 2), vec![0x7f, 0x41]);
+    let odd: LineSettings = "100000".parse().unwrap();
+    let why = uart.set_line(&odd).unwrap().unwrap_err();
+    assert!(why.contains("cannot make"), "{why}");
+    assert_eq!(uart.line(), seven, "a refused setting changed the line");
+    drop(uart);
+    stop.store(true, Ordering::Release);
+}
+
+/// 12 KiB arrive while nobody reads for a while: more than the driver's ring and the bridge's
+/// queue hold (4 KiB each).
+fn flood(flow: &str) -> (Vec<u8>, Vec<u8>, outboard_char::LineCounters) {
+    let dir = tempfile::tempdir().unwrap();
+    let (mut uart, far, stop) = start(dir.path());
+    uart.set_line(&format!("115200,8N1,{flow}").parse().unwrap())
+        .unwrap()
+        .unwrap();
+    let incoming = pattern(12 * 1024, 3);
+    let writer = {
+        let far = rustix::io::dup(&far).unwrap();
+        let bytes = incoming.clone();
+        std::thread::spawn(move || {
+            rustix::io::write(&far, &bytes).unwrap();
+        })
+    };
+    // Nobody reads until the line has gone quiet (everything taken in or held back).
+    let mut last = (u64::MAX, Instant::now());
+    pump(&mut uart, Duration::from_secs(60), |u| {
+        let r = u.counters().received;
+        if r != last.0 {
+            last = (r, Instant::now());
+        }
+        last.1.elapsed() > Duration::from_millis(500)
+    });
+    // Everything is either read or counted dropped.
+    let mut got = Vec::new();
+    let mut buf = [0u8; 4096];
+    pump(&mut uart, Duration::from_secs(60), |u| {
+        let k = u.read(&mut buf).unwrap();
+        got.extend_from_slice(&buf[..k]);
+        got.len() as u64 + u64::from(u.counters().dropped) >= incoming.len() as u64
+    });
+    writer.join().unwrap();
+    let c = uart.counters();
+    drop(uart);
+    stop.store(true, Ordering::Release);
+    (incoming, got, c)
+}
+
+#[test]
+fn with_rts_cts_a_flood_nobody_reads_loses_nothing() {
+    let _one = one_at_a_time();
+    let (incoming, got, c) = flood("rtscts");
+    assert_eq!(c.dropped, 0);
+    assert_eq!(got.len(), incoming.len());
+    assert!(got == incoming, "bytes changed or out of order");
+}
+
+#[test]
+fn without_flow_control_what_the_driver_has_no_room_for_is_dropped_and_counted() {
+    let _one = one_at_a_time();
+    let (incoming, got, c) = flood("none");
+    assert!(c.dropped > 0, "nothing dropped: {c:?}");
+    assert_eq!(
+        got.len() as u64 + u64::from(c.dropped),
+        incoming.len() as u64
+    );
+    // What arrived is the flood's beginning, in order.
+    assert_eq!(got[..4096], incoming[..4096]);
+}

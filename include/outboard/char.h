@@ -1,0 +1,92 @@
+/* Outboard's char class: what a C serial-line driver provides.
+ *
+ * A char driver buffers what its device receives and what it is given to send, and calls the
+ * sink Outboard gives it at start whenever something moved (bytes arrived, bytes left the
+ * device, the modem lines changed) -- from its interrupt handler, typically. Outboard calls the
+ * operations inside the driver (the process lock held, as osenv.h describes), from the driver
+ * server's loop and from a reader thread of its own: `read` with `wait` set is where a reader
+ * sleeps (osenv_sleep), letting the other thread in, until the handler wakes it.
+ */
+#ifndef OUTBOARD_CHAR_H
+#define OUTBOARD_CHAR_H
+
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Where the driver says something moved; may be called at interrupt level. */
+struct outboard_char_sink {
+    void *ctx;
+    void (*moved)(void *ctx);
+};
+
+#define OUTBOARD_PARITY_NONE  0
+#define OUTBOARD_PARITY_ODD   1
+#define OUTBOARD_PARITY_EVEN  2
+#define OUTBOARD_PARITY_MARK  3
+#define OUTBOARD_PARITY_SPACE 4
+
+#define OUTBOARD_FLOW_NONE   0 /* bytes the driver has no room for are dropped and counted */
+#define OUTBOARD_FLOW_RTSCTS 1 /* RTS off while the driver has no room; send only while CTS */
+
+/* A line's settings. */
+struct outboard_line {
+    uint32_t baud;      /* bits per second */
+    uint8_t data_bits;  /* 5 to 8 */
+    uint8_t parity;     /* OUTBOARD_PARITY_* */
+    uint8_t stop_bits;  /* 1 or 2 */
+    uint8_t flow;       /* OUTBOARD_FLOW_* */
+};
+
+#define OUTBOARD_MODEM_CTS 0x1
+#define OUTBOARD_MODEM_DSR 0x2
+#define OUTBOARD_MODEM_RI  0x4
+#define OUTBOARD_MODEM_DCD 0x8
+
+/* What the line has done since the driver started. */
+struct outboard_char_counters {
+    uint64_t sent;      /* bytes the device has sent (gone from its transmitter) */
+    uint64_t received;  /* bytes the device has received */
+    uint32_t dropped;   /* received bytes the driver had no room for */
+    uint32_t overruns;  /* bytes the device lost to a full receive FIFO */
+    uint32_t errors;    /* parity and framing errors and breaks */
+    uint8_t modem;      /* OUTBOARD_MODEM_* lines now */
+    uint8_t held;       /* non-zero while flow control holds sending (CTS off) */
+    uint8_t reserved[2];
+};
+
+/* What the device is. */
+struct outboard_char_info {
+    uint32_t max_baud;  /* the fastest rate it makes */
+    uint32_t fifo;      /* bytes in its FIFOs */
+};
+
+struct outboard_char_ops {
+    /* Brings the device up (115200 baud 8N1, no flow control), reports to sink (which lives
+     * as long as the driver) and fills *info. Returns 0 or a negative osenv error code. */
+    int (*start)(const struct outboard_char_sink *sink, struct outboard_char_info *info);
+    /* Moves at most len received bytes to buf. With wait, sleeps until there is at least one;
+     * without, returns 0 if there is none. Returns the count, or OSENV_EIO once the driver is
+     * stopped (a sleeping reader is woken for it). */
+    long (*read)(void *buf, unsigned long len, int wait);
+    /* Takes as many of the len bytes at buf as it has room for, to send; never sleeps.
+     * Returns the count (0 if it has no room now). */
+    long (*write)(const void *buf, unsigned long len);
+    /* The settings now. Returns 0. */
+    int (*get_line)(struct outboard_line *line);
+    /* Applies settings Outboard checked (rate 1 to max_baud, 5-8 data bits, 1-2 stop bits).
+     * Returns 0, or OSENV_EINVAL if the device cannot make them (the line unchanged). */
+    int (*set_line)(const struct outboard_line *line);
+    /* Fills in the counters. */
+    void (*counters)(struct outboard_char_counters *c);
+    /* Quiets the device and wakes sleeping readers; the driver is not used again. */
+    void (*stop)(void);
+};
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

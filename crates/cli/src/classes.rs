@@ -26,6 +26,10 @@ const CLASSES: &[(&str, Serve)] = &[
         outboard_clock::CLASS,
         outboard_clock_server::ClockDispatcher::serve,
     ),
+    (
+        outboard_char::CLASS,
+        outboard_char_server::CharDispatcher::serve,
+    ),
 ];
 
 /// The dispatcher of `driver`'s class.
@@ -58,6 +62,11 @@ pub fn try_lines(class: &str, name: &str) -> Vec<String> {
         outboard_clock::CLASS => vec![
             format!("outboard clock {name}"),
             format!("outboard clock {name} --ticks 1000"),
+        ],
+        outboard_char::CLASS => vec![
+            format!("outboard char info {name}"),
+            format!("echo hello | outboard char write {name}"),
+            format!("outboard tty {name}"),
         ],
         _ => Vec::new(),
     }

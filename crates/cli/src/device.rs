@@ -46,6 +46,12 @@ pub enum DeviceCommand {
     ///
     /// Example: outboard device timer --socket /tmp/timer.sock --hz 1000
     Timer(crate::clock::TimerArgs),
+    /// A PCI 16550A UART compatible with QEMU's pci-serial (vendor 0x1b36 device 0x0002):
+    /// one I/O BAR, FIFOs, the interrupt on INTx; its line's far end a pty, a Unix socket or a
+    /// file (docs/serial.md).
+    ///
+    /// Example: outboard device serial --socket /tmp/uart.sock --line pty
+    Serial(crate::serial::SerialArgs),
 }
 
 #[derive(Args)]
@@ -105,6 +111,7 @@ pub fn run(c: DeviceCommand) -> Result<ExitCode, String> {
         DeviceCommand::VirtioRng(a) => &a.confine,
         DeviceCommand::VirtioNet(a) => &a.confine,
         DeviceCommand::Timer(a) => &a.confine,
+        DeviceCommand::Serial(a) => &a.confine,
     };
     confine.drop_privileges(false).map_err(|e| e.to_string())?;
     match c {
@@ -133,6 +140,7 @@ pub fn run(c: DeviceCommand) -> Result<ExitCode, String> {
         DeviceCommand::VirtioRng(a) => crate::rng::serve_model(a),
         DeviceCommand::VirtioNet(a) => crate::net::serve_model(a),
         DeviceCommand::Timer(a) => crate::clock::serve_model(a),
+        DeviceCommand::Serial(a) => crate::serial::serve_model(a),
     }
 }
 

@@ -17,6 +17,7 @@ mod rng;
 mod sample;
 mod sdk;
 mod sdnotify;
+mod serial;
 mod top;
 mod up;
 mod watch;
@@ -110,6 +111,13 @@ enum Command {
     /// Clocks (class `clock`): the time, and ticks counted as a process woken by each sees
     /// them. Example: outboard clock clock0 --ticks 1000
     Clock(Ctl<clock::ClockArgs>),
+    /// Serial lines (class `char`): send and receive bytes, the line's settings and counters.
+    /// Example: echo hello | outboard char write tty0
+    Char(CtlFamily<serial::CharCommand>),
+    /// A terminal on a serial line: what is typed goes out, what comes in is printed; Ctrl-]
+    /// ends. With standard input not a terminal, it is sent and the session ends after the
+    /// line goes quiet. Example: outboard tty tty0 --set 115200,8N1
+    Tty(Ctl<serial::TtyArgs>),
     /// NICs (class `net`): status, counters, send and receive Ethernet frames.
     Net(CtlFamily<net::NetCommand>),
     /// Serve a machine's block devices to ordinary tools (NBD).
@@ -437,6 +445,8 @@ fn main() -> ExitCode {
         Command::Blk(c) => blk::run(c.command, c.ctl.or(&before)),
         Command::Rng(c) => rng::run(c.command, c.ctl.or(&before)),
         Command::Clock(a) => clock::run(a.args, a.ctl.or(&before)),
+        Command::Char(c) => serial::run(c.command, c.ctl.or(&before)),
+        Command::Tty(a) => serial::tty(a.args, a.ctl.or(&before)),
         Command::Net(c) => net::run(c.command, c.ctl.or(&before)),
         Command::Fault(a) => fault(a.args, a.ctl.or(&before)),
         Command::Power(a) => up::power(a.args, a.ctl.or(&before)),

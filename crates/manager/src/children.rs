@@ -583,6 +583,21 @@ pub struct TimerOwn {
     pub hz: u32,
 }
 
+/// The PCI 16550's own arguments.
+#[allow(missing_docs)]
+#[derive(Args, Debug, Clone, PartialEq)]
+pub struct SerialOwn {
+    /// The line's far end on this host: pty (a new pseudo-terminal, its path logged),
+    /// socket:PATH (a Unix stream socket to connect to), listen:PATH (one to listen on; the
+    /// newest peer wins), file:PATH (what is sent is appended; nothing is received) or null.
+    #[arg(long, value_name = "LINE", default_value = "null", value_parser = parse_line_arg)]
+    pub line: outboard_devices::serial_line::LineSpec,
+}
+
+fn parse_line_arg(s: &str) -> Result<outboard_devices::serial_line::LineSpec, String> {
+    outboard_devices::serial_line::LineSpec::parse(s)
+}
+
 /// virtio-net's own arguments.
 #[allow(missing_docs)]
 #[derive(Args, Debug, Clone, PartialEq)]
@@ -675,6 +690,8 @@ pub enum ModelOwn {
     VirtioNet(VirtioNetOwn),
     /// `outboard device timer`.
     Timer(TimerOwn),
+    /// `outboard device serial`.
+    Serial(SerialOwn),
 }
 
 impl ModelOwn {
@@ -685,6 +702,7 @@ impl ModelOwn {
             Self::VirtioRng(_) => "virtio-rng",
             Self::VirtioNet(_) => "virtio-net",
             Self::Timer(_) => "timer",
+            Self::Serial(_) => "serial",
         }
     }
 
@@ -697,6 +715,7 @@ impl ModelOwn {
             }
             Self::VirtioRng(o) => a.opt("--seed", o.seed),
             Self::Timer(o) => a.opt("--hz", Some(o.hz)),
+            Self::Serial(o) => a.opt("--line", Some(&o.line)),
             Self::VirtioNet(o) => {
                 a.opt("--mac", Some(&o.mac));
                 a.opt("--mtu", (o.mtu != 1500).then_some(o.mtu));

@@ -282,6 +282,7 @@ struct RawDevice {
     queues: Option<Spanned<i64>>,
     seed: Option<Spanned<i64>>,
     hz: Option<Spanned<i64>>,
+    line: Option<Spanned<String>>,
     mac: Option<Spanned<String>>,
     mtu: Option<Spanned<i64>>,
     link: Option<Spanned<String>>,
@@ -361,6 +362,9 @@ impl RawDevice {
         }
         if let Some(v) = &self.hz {
             put("hz", v.get_ref().to_string(), v.span().start);
+        }
+        if let Some(v) = &self.line {
+            put("line", v.get_ref().clone(), v.span().start);
         }
         if let Some(v) = &self.pci {
             put("pci", v.get_ref().clone(), v.span().start);

@@ -10,6 +10,7 @@
 
 mod disk;
 pub mod pci;
+mod serial;
 mod timer;
 mod virtio_net;
 mod virtio_rng;
@@ -176,10 +177,19 @@ pub static MODELS: &[Model] = &[
         kind: Kind::Emulated,
         keys: &["hz"],
         colocated: false,
-        not_colocated: "its C driver runs in the legacy execution model, whose interrupt thread \
-                        needs a process of its own: it runs \"separate\" or \"grouped\"",
+        not_colocated: LEGACY_DRIVER,
         settle: timer::settle,
         launch: timer::launch,
+        spec: no_spec,
+    },
+    Model {
+        name: "serial",
+        kind: Kind::Emulated,
+        keys: &["line"],
+        colocated: false,
+        not_colocated: LEGACY_DRIVER,
+        settle: serial::settle,
+        launch: serial::launch,
         spec: no_spec,
     },
     Model {
@@ -193,6 +203,11 @@ pub static MODELS: &[Model] = &[
         spec: pci::spec,
     },
 ];
+
+/// Why a device driven by a C driver does not run in a client.
+const LEGACY_DRIVER: &str = "its C driver runs in the legacy execution model, whose interrupt \
+                             thread needs a process of its own: it runs \"separate\" or \
+                             \"grouped\"";
 
 /// Why a virtual device's driver does not run in a client.
 const NO_HARDWARE: &str = "it has no hardware for a client to drive: it runs only \"separate\"";

@@ -1,0 +1,211 @@
+//! The char class under the manager, as a user meets it: PCI 16550 models driven by the C
+//! 16550 driver in their own driver servers, their lines' far ends a socket this test holds
+//! and a file; `outboard char`, `outboard tty`; a driver server killed under a waiting reader.
+
+mod common;
+
+use std::io::{Read, Write};
+use std::os::unix::net::UnixStream;
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use common::{stdout, Up};
+use outboard_char::LineSettings;
+use rustix::process::Signal;
+
+fn machine(dir: &Path) -> String {
+    format!(
+        r#"
+name = "lines"
+
+[[device]]
+name = "tty0"
+model = "serial"
+line = "listen:{0}/line0.sock"
+
+[[device]]
+name = "tty1"
+model = "serial"
+line = "file:{0}/line1.out"
+"#,
+        dir.display()
+    )
+}
+
+/// The far end of tty0's line: connects to its model's socket.
+fn far_end(dir: &Path) -> UnixStream {
+    let path = dir.join("line0.sock");
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        match UnixStream::connect(&path) {
+            Ok(s) => {
+                s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+                // The model takes the newest peer when it next looks: give it a moment.
+                std::thread::sleep(Duration::from_millis(200));
+                return s;
+            }
+            Err(e) if Instant::now() < deadline => {
+                let _ = e;
+                std::thread::sleep(Duration::from_millis(50));
+            }
+            Err(e) => panic!("{}: {e}", path.display()),
+        }
+    }
+}
+
+fn read_exactly(s: &mut UnixStream, n: usize) -> Vec<u8> {
+    let mut got = vec![0u8; n];
+    s.read_exact(&mut got).unwrap();
+    got
+}
+
+fn ok(up: &Up, args: &[&str]) -> String {
+    let o = up.run_within(args, Duration::from_secs(60));
+    assert!(
+        o.status.success(),
+        "outboard {}: {}",
+        args.join(" "),
+        String::from_utf8_lossy(&o.stderr)
+    );
+    stdout(&o)
+}
+
+#[test]
+fn bytes_cross_the_line_both_ways_and_settings_take_effect() {
+    let dir = tempfile::tempdir().unwrap();
+    let up = Up::start(dir.path(), Some(&machine(dir.path())));
+    let mut far = far_end(dir.path());
+
+    ok(&up, &["char", "write", "tty0", "hello", "--crlf"]);
+    assert_eq!(read_exactly(&mut far, 7), b"hello\r\n");
+
+    far.write_all(b"world").unwrap();
+    let got = ok(
+        &up,
+        &["char", "read", "tty0", "--length", "5", "--idle", "10s"],
+    );
+    assert_eq!(got, "world");
+
+    let info = ok(&up, &["char", "info", "tty0"]);
+    assert!(info.contains("115200 baud 8N1, no flow control"), "{info}");
+    assert!(info.contains("sent 7 bytes, received 5"), "{info}");
+    assert!(info.contains("CTS DSR DCD"), "{info}");
+
+    ok(&up, &["char", "set", "tty0", "9600,7E1"]);
+    let info = ok(&up, &["char", "info", "tty0"]);
+    assert!(info.contains("9600 baud 7E1"), "{info}");
+    // Seven data bits: the eighth bit does not go out.
+    let mut out = up.run_with_input(&["char", "write", "tty0"], &[0xc1]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(read_exactly(&mut far, 1), [0x41]);
+
+    // A rate the device cannot make, and a malformed one, are refused with why.
+    out = up.run(&["char", "set", "tty0", "100000"]);
+    assert!(!out.status.success());
+    let e = String::from_utf8_lossy(&out.stderr);
+    assert!(e.contains("cannot make"), "{e}");
+    out = up.run(&["char", "set", "tty0", "9600,9N1"]);
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("data bits"));
+    let info = ok(&up, &["char", "info", "tty0"]);
+    assert!(
+        info.contains("9600 baud 7E1"),
+        "a refused setting changed the line: {info}"
+    );
+
+    // tty1's line ends in a file.
+    ok(&up, &["char", "write", "tty1", "to the file"]);
+    let file = dir.path().join("line1.out");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while std::fs::read(&file).unwrap_or_default().len() < 11 && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert_eq!(std::fs::read(&file).unwrap(), b"to the file");
+
+    // The registry shows them as char devices driven by the C driver.
+    let tree = common::registry(&up).to_string();
+    assert!(
+        tree.contains("\"kind\":\"char-device\",\"name\":\"tty0\""),
+        "{tree}"
+    );
+    assert!(tree.contains("uart16550"), "{tree}");
+}
+
+#[test]
+fn tty_sends_what_comes_in_and_prints_what_the_line_sends_back() {
+    let dir = tempfile::tempdir().unwrap();
+    let up = Up::start(dir.path(), Some(&machine(dir.path())));
+    let mut far = far_end(dir.path());
+    // The far end answers "ping" with "pong", as a device on the line would.
+    let answerer = std::thread::spawn(move || {
+        let got = read_exactly(&mut far, 4);
+        far.write_all(b"pong\r\n").unwrap();
+        got
+    });
+    let o = up.run_with_input(&["tty", "tty0"], b"ping");
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    assert_eq!(answerer.join().unwrap(), b"ping");
+    assert!(stdout(&o).contains("pong"), "{}", stdout(&o));
+}
+
+#[test]
+fn a_killed_driver_server_loses_no_waiting_reader_and_keeps_the_clients_settings() {
+    let dir = tempfile::tempdir().unwrap();
+    let up = Up::start(dir.path(), Some(&machine(dir.path())));
+    let up_pid = up.child.as_ref().unwrap().id();
+    let mut far = far_end(dir.path());
+    let (mut c, _) = outboard_char_client::open_char(&up.control, "tty0").unwrap();
+    let slow: LineSettings = "19200,8N2".parse().unwrap();
+    c.set_line(&slow).unwrap();
+    c.write(b"before").unwrap();
+    assert_eq!(read_exactly(&mut far, 6), b"before");
+
+    let servers = || -> Vec<u32> {
+        common::children_running(up_pid, "driver-host")
+            .into_iter()
+            .filter(|p| {
+                std::fs::read(format!("/proc/{p}/cmdline"))
+                    .map(|c| String::from_utf8_lossy(&c).contains("tty0="))
+                    .unwrap_or(false)
+            })
+            .collect()
+    };
+    let old = servers();
+    assert_eq!(old.len(), 1, "tty0's driver server");
+    // A read is posted and waiting when the server dies; the bytes come once the new driver
+    // serves (bytes that reach the device while no driver runs are lost with its FIFO at
+    // the reset, as on hardware).
+    let mut buf = [0u8; 16];
+    assert_eq!(
+        c.read(&mut buf, Some(Duration::from_millis(100))).unwrap(),
+        0
+    );
+    assert!(common::signal_child_of(up_pid, old[0], Signal::KILL));
+    // Serving again: the registry counts the restart and names no dead process.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let tree = common::registry(&up).to_string();
+        if tree.contains("\"restarts\":1") && !tree.contains(&format!("\"pid\":{}", old[0])) {
+            break;
+        }
+        assert!(Instant::now() < deadline, "tty0 never came back: {tree}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    std::thread::sleep(Duration::from_millis(300));
+    far.write_all(b"after").unwrap();
+    let mut got = Vec::new();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while got.len() < 5 && Instant::now() < deadline {
+        let n = c.read(&mut buf, Some(Duration::from_secs(1))).unwrap();
+        got.extend_from_slice(&buf[..n]);
+    }
+    assert_eq!(got, b"after");
+    // The new driver has this client's settings, and sends.
+    assert_eq!(c.line().unwrap().line, slow);
+    c.write(b"again").unwrap();
+    assert_eq!(read_exactly(&mut far, 5), b"again");
+}

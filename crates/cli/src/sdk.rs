@@ -15,6 +15,7 @@ const HEADERS: &[(&str, &str)] = &[
         include_str!("../../../include/outboard/driver.h"),
     ),
     ("clock.h", include_str!("../../../include/outboard/clock.h")),
+    ("char.h", include_str!("../../../include/outboard/char.h")),
 ];
 
 /// `outboard sdk`.
@@ -31,7 +32,7 @@ fn pc_file(prefix: &Path) -> String {
     format!(
         "prefix={}\nincludedir=${{prefix}}/include\n\nName: outboard-driver\nDescription: Headers \
          for Outboard drivers written in C: osenv.h (the legacy environment), driver.h (the \
-         descriptor, ABI {}), clock.h\nVersion: {}\nCflags: -I${{includedir}}\nLibs:\n",
+         descriptor, ABI {}), clock.h, char.h\nVersion: {}\nCflags: -I${{includedir}}\nLibs:\n",
         prefix.display(),
         outboard_drivers::legacy::descriptor::ABI_VERSION,
         env!("CARGO_PKG_VERSION"),

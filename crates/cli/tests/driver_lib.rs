@@ -58,6 +58,10 @@ fn timer_source() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../drivers/c/timer.c")
 }
 
+fn uart_source() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../drivers/c/uart16550.c")
+}
+
 fn driver_lib(lib: &Path) -> std::process::Output {
     Command::new(EXE)
         .arg("driver-lib")
@@ -133,6 +137,56 @@ hz = 500
         Duration::from_secs(60),
     );
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+}
+
+#[test]
+fn a_16550_driver_built_outside_the_tree_serves_its_serial_line() {
+    let dir = tempfile::tempdir().unwrap();
+    build(
+        dir.path(),
+        &uart_source(),
+        "libmyuart.so",
+        &["-DUART_DRIVER_NAME=\"my-uart\"", "-DUART_SCORE=2000"],
+    );
+    let o = driver_lib(&dir.path().join("libmyuart.so"));
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let said = stdout(&o);
+    for want in ["my-uart", "class  char", "1b36:0002", "score  2000"] {
+        assert!(said.contains(want), "{want} in {said}");
+    }
+    let machine = format!(
+        r#"
+name = "outside"
+
+[[driver]]
+library = "libmyuart.so"
+
+[[device]]
+name = "tty0"
+model = "serial"
+line = "file:{}/line.out"
+"#,
+        dir.path().display()
+    );
+    let up = Up::start(dir.path(), Some(&machine));
+    let tree = common::registry(&up).to_string();
+    assert!(
+        tree.contains("\"kind\":\"driver\",\"name\":\"my-uart\""),
+        "the library's driver did not win: {tree}"
+    );
+    let o = up.run_within(
+        &["char", "write", "tty0", "from outside"],
+        Duration::from_secs(60),
+    );
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let file = dir.path().join("line.out");
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while std::fs::read(&file).unwrap_or_default().len() < 12
+        && std::time::Instant::now() < deadline
+    {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert_eq!(std::fs::read(&file).unwrap(), b"from outside");
 }
 
 #[test]

@@ -579,6 +579,39 @@ mod tests {
         s.region_write(c, region::BAR0, off, &[v]).unwrap();
     }
 
+    proptest::proptest! {
+        /// Whatever a driver writes and reads, in any order and width, the model keeps its
+        /// FIFOs within their size and answers every access.
+        #[test]
+        fn any_register_traffic_keeps_the_model_sound(
+            ops in proptest::collection::vec((0u8..3, 0u64..10, proptest::prelude::any::<u8>()), 0..400)
+        ) {
+            let (a, b) = pair();
+            let mut s = Serial::new(Line::stream(a).unwrap()).unwrap();
+            let mut c = ctx();
+            rustix::io::write(&b, &[0x55; 64]).unwrap();
+            for (kind, off, v) in ops {
+                match kind {
+                    0 => {
+                        let _ = s.region_write(&mut c, region::BAR0, off % 8, &[v]);
+                    }
+                    1 => {
+                        let mut buf = [0u8; 2];
+                        let _ = s.region_read(&mut c, region::BAR0, off % 7, &mut buf);
+                    }
+                    _ => {
+                        if !s.input_fds().is_empty() {
+                            s.input(&mut c, 0);
+                        }
+                        s.event(&mut c, 0);
+                    }
+                }
+                proptest::prop_assert!(s.rx.len() <= uart::FIFO_SIZE);
+                proptest::prop_assert!(s.tx.len() <= uart::FIFO_SIZE);
+            }
+        }
+    }
+
     #[test]
     fn identity_is_qemus_pci_serial_with_an_io_bar() {
         let (a, _b) = pair();

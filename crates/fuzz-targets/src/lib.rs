@@ -189,6 +189,11 @@ pub fn session_ring(data: &[u8]) {
         hz: 1000,
         max_wait: 3_600_000,
     };
+    let char_info = outboard_char::CharInfo {
+        name: "fuzz".into(),
+        max_baud: 115_200,
+        fifo: 16,
+    };
     let mut sq = region.consumers(Direction::ToServer).remove(0);
     let mut cq = region.producers(Direction::ToClient).remove(0);
     let size = g.control_size();
@@ -226,6 +231,12 @@ pub fn session_ring(data: &[u8]) {
                         let _ = outboard_clock::validate(&r, &clock_info);
                     }
                     let _ = outboard_clock::decode_time(&e);
+                    // And as the char class's; its line record as a client reads it.
+                    let (_, line) = outboard_char::Sqe(e).decode();
+                    if let Ok(r) = line {
+                        let _ = outboard_char::validate(&r, &char_info, g.buffer_size);
+                    }
+                    let _ = outboard_char::decode_line(&e);
                 }
             }
             // The server completes a request.

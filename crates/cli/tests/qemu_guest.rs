@@ -155,7 +155,7 @@ fn root() -> PathBuf {
 
 /// Builds a gzip'ed newc initramfs: busybox, the VFIO modules, `outboard` (stripped) and the
 /// shared libraries it needs, and the init script above.
-fn initramfs(kernel_dir: &Path, work: &Path) -> PathBuf {
+fn initramfs(kernel_dir: &Path, work: &Path, init: &str) -> PathBuf {
     let ir = work.join("ir");
     for d in [
         "bin",
@@ -193,7 +193,7 @@ fn initramfs(kernel_dir: &Path, work: &Path) -> PathBuf {
             std::fs::copy(&p, &dst).unwrap();
         }
     }
-    std::fs::write(ir.join("init"), INIT).unwrap();
+    std::fs::write(ir.join("init"), init).unwrap();
     Command::new("chmod")
         .args(["+x"])
         .arg(ir.join("init"))
@@ -216,8 +216,8 @@ fn initramfs(kernel_dir: &Path, work: &Path) -> PathBuf {
     out
 }
 
-#[test]
-fn outboard_drives_qemus_devices_through_vfio_in_a_guest() {
+/// The guest kernel and its modules (`scripts/guest/prepare.sh`).
+fn guest_kernel() -> PathBuf {
     let prep = Command::new(root().join("scripts/guest/prepare.sh"))
         .arg(root().join("target/guest"))
         .output()
@@ -227,9 +227,155 @@ fn outboard_drives_qemus_devices_through_vfio_in_a_guest() {
         "preparing the guest kernel failed (run ./test.sh, which installs what it needs):\n{}",
         String::from_utf8_lossy(&prep.stderr)
     );
-    let kernel_dir = PathBuf::from(String::from_utf8_lossy(&prep.stdout).trim());
+    PathBuf::from(String::from_utf8_lossy(&prep.stdout).trim())
+}
+
+/// Runs QEMU to its end, within `limit` (then it is killed): what it printed.
+fn run_qemu(qemu: std::process::Child, limit: Duration) -> std::process::Output {
+    // The watchdog kills QEMU only if it is still running (told otherwise before its pid is
+    // reaped and free).
+    let pid = qemu.id();
+    let (finished, wait) = std::sync::mpsc::channel::<()>();
+    let watchdog = std::thread::spawn(move || {
+        if let Err(std::sync::mpsc::RecvTimeoutError::Timeout) = wait.recv_timeout(limit) {
+            let _ = Command::new("kill").arg("-9").arg(pid.to_string()).status();
+        }
+    });
+    let out = qemu.wait_with_output().unwrap();
+    drop(finished);
+    let _ = watchdog.join();
+    out
+}
+
+/// The guest for QEMU's pci-serial: the C 16550 driver in a driver server on it through VFIO
+/// sends a line out of QEMU's chardev, and what the host sends back is read by a client.
+const SERIAL_INIT: &str = r#"#!/bin/busybox sh
+/bin/busybox --install -s /bin
+mount -t proc proc /proc; mount -t sysfs sys /sys; mount -t devtmpfs dev /dev
+for m in irqbypass vfio vfio_iommu_type1 vfio_virqfd vfio-pci-core vfio-pci; do insmod /mod/$m.ko || echo "GUEST insmod $m failed"; done
+for d in /sys/bus/pci/devices/*; do
+  if [ "$(cat $d/vendor):$(cat $d/device)" = "0x1b36:0x0002" ]; then
+    echo vfio-pci > $d/driver_override
+    [ -e $d/driver ] && echo $(basename $d) > $d/driver/unbind
+    echo $(basename $d) > /sys/bus/pci/drivers_probe
+    SER=$(basename $d)
+  fi
+done
+echo "GUEST ser-device $SER"
+/outboard -v driver-host --listen /ser.sock --device ser=vfio:$SER > /ser.log 2>&1 &
+i=0; while [ ! -S /ser.sock ] && [ $i -lt 200 ]; do sleep 0.1; i=$((i+1)); done
+/outboard char write ser --server /ser.sock from-guest --crlf 2>&1; echo "GUEST ser-write-rc $?"
+echo "GUEST ser-read $(/outboard char read ser --server /ser.sock --length 9 --idle 60s 2>&1)"
+echo "GUEST ser-info $(/outboard char info ser --server /ser.sock 2>&1 | tr '
+' ' ')"
+sed 's/^/GUEST ser-log /' /ser.log
+echo GUEST-DONE
+poweroff -f
+"#;
+
+#[test]
+fn the_c_16550_driver_drives_qemus_pci_serial_through_vfio_in_a_guest() {
+    let kernel_dir = guest_kernel();
     let work = tempfile::tempdir().unwrap();
-    let initrd = initramfs(&kernel_dir, work.path());
+    let initrd = initramfs(&kernel_dir, work.path(), SERIAL_INIT);
+    let chardev = work.path().join("ser.sock");
+    let qemu = Command::new("qemu-system-x86_64")
+        .args([
+            "-accel",
+            "tcg",
+            "-machine",
+            "q35,kernel-irqchip=split",
+            "-m",
+            "512",
+            "-nographic",
+            "-no-reboot",
+            "-nodefaults",
+            "-serial",
+            "stdio",
+        ])
+        .args(["-device", "intel-iommu,intremap=on,caching-mode=on"])
+        .arg("-kernel")
+        .arg(kernel_dir.join("vmlinux"))
+        .arg("-initrd")
+        .arg(&initrd)
+        .args([
+            "-append",
+            "console=ttyS0 intel_iommu=on quiet panic=-1 no_timer_check",
+        ])
+        // QEMU's own 16550 on PCI; its line is a socket this test connects to.
+        .arg("-chardev")
+        .arg(format!(
+            "socket,id=ser1,path={},server=on,wait=off",
+            chardev.display()
+        ))
+        .args(["-device", "pci-serial,chardev=ser1,addr=0x5"])
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("qemu-system-x86_64 is installed");
+    // The host side of QEMU's chardev: waits for the guest's line, then answers.
+    let host = std::thread::spawn(move || -> Result<Vec<u8>, String> {
+        use std::io::Read;
+        let deadline = Instant::now() + Duration::from_secs(200);
+        let mut s = loop {
+            match std::os::unix::net::UnixStream::connect(&chardev) {
+                Ok(s) => break s,
+                Err(_) if Instant::now() < deadline => {
+                    std::thread::sleep(Duration::from_millis(50))
+                }
+                Err(e) => return Err(format!("{}: {e}", chardev.display())),
+            }
+        };
+        s.set_read_timeout(Some(Duration::from_secs(1))).unwrap();
+        let mut got = Vec::new();
+        let mut buf = [0u8; 256];
+        while !got.ends_with(b"\r\n") && Instant::now() < deadline {
+            match s.read(&mut buf) {
+                Ok(0) => return Err(format!("the chardev closed after {got:?}")),
+                Ok(n) => got.extend_from_slice(&buf[..n]),
+                Err(_) => {}
+            }
+        }
+        s.write_all(b"from-host").map_err(|e| e.to_string())?;
+        // Keep the line open until QEMU ends.
+        let _ = s.set_read_timeout(Some(Duration::from_secs(120)));
+        let _ = s.read(&mut buf);
+        Ok(got)
+    });
+    let t0 = Instant::now();
+    let out = run_qemu(qemu, Duration::from_secs(240));
+    let log = String::from_utf8_lossy(&out.stdout).into_owned();
+    let _ = std::io::stderr()
+        .write_all(format!("guest ran {:.1} s\n", t0.elapsed().as_secs_f64()).as_bytes());
+    assert!(
+        log.contains("GUEST-DONE"),
+        "the guest did not finish:\n{log}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let field = |key: &str| {
+        log.lines()
+            .find_map(|l| l.strip_prefix(&format!("GUEST {key} ")))
+            .unwrap_or_else(|| panic!("no {key} in:\n{log}"))
+            .trim()
+            .to_string()
+    };
+    // Bytes written by the driver arrive on the host side of QEMU's chardev ...
+    assert_eq!(field("ser-write-rc"), "0", "{log}");
+    assert_eq!(host.join().unwrap().unwrap(), b"from-guest\r\n", "{log}");
+    // ... and bytes fed in arrive at an Outboard client.
+    assert_eq!(field("ser-read"), "from-host", "{log}");
+    let info = field("ser-info");
+    assert!(info.contains("115200 baud 8N1"), "{info}");
+    assert!(info.contains("sent 12 bytes, received 9"), "{info}");
+    assert!(log.contains("uart16550"), "{log}");
+}
+
+#[test]
+fn outboard_drives_qemus_devices_through_vfio_in_a_guest() {
+    let kernel_dir = guest_kernel();
+    let work = tempfile::tempdir().unwrap();
+    let initrd = initramfs(&kernel_dir, work.path(), INIT);
     let disk = work.path().join("disk.img");
     std::fs::File::create(&disk)
         .unwrap()
@@ -364,20 +510,8 @@ fn outboard_drives_qemus_devices_through_vfio_in_a_guest() {
         .stderr(Stdio::piped())
         .spawn()
         .expect("qemu-system-x86_64 is installed");
-    // Bound the run: a hung guest fails the test instead of hanging it. The watchdog kills
-    // QEMU only if it is still running (told otherwise before its pid is reaped and free).
-    let pid = qemu.id();
-    let (finished, wait) = std::sync::mpsc::channel::<()>();
-    let watchdog = std::thread::spawn(move || {
-        if let Err(std::sync::mpsc::RecvTimeoutError::Timeout) =
-            wait.recv_timeout(Duration::from_secs(240))
-        {
-            let _ = Command::new("kill").arg("-9").arg(pid.to_string()).status();
-        }
-    });
-    let out = qemu.wait_with_output().unwrap();
-    drop(finished);
-    let _ = watchdog.join();
+    // Bound the run: a hung guest fails the test instead of hanging it.
+    let out = run_qemu(qemu, Duration::from_secs(240));
     let log = String::from_utf8_lossy(&out.stdout).into_owned();
     let _ = std::io::stderr()
         .write_all(format!("guest ran {:.1} s\n", t0.elapsed().as_secs_f64()).as_bytes());

@@ -41,6 +41,7 @@ BLK=$(bind 0x1af4:0x1042); NVME=$(bind 0x1b36:0x0010); NET=$(bind 0x1af4:0x1041)
 echo "GUEST devices blk=$BLK nvme=$NVME net=$NET e1000=$E1000"
 for d in $BLK $NVME $NET $E1000; do echo "GUEST probe $d"; /outboard hw probe --vfio $d 2>&1; echo "GUEST probe-rc $?"; done
 /outboard -vv hw selftest --write --vfio $BLK 2>&1; echo "GUEST selftest-rc $?"
+/outboard hw selftest --write --driver virtio-drivers-blk --vfio $BLK 2>&1; echo "GUEST vdrivers-rc $?"
 /outboard driver-host --listen /blk.sock --device d=vfio:$BLK --check-confinement /init /none.sock 1 2>&1; echo "GUEST confine-rc $?"
 bdf 0000:00:06.0; bdf 0000:00:07.0
 echo "GUEST noplat-t0 $(cut -d' ' -f1 /proc/uptime)"
@@ -564,6 +565,13 @@ fn outboard_drives_qemus_devices_through_vfio_in_a_guest() {
             && log.contains("MSI-X"),
         "{log}"
     );
+    // The virtio-drivers crate's block driver, unmodified, on the same device through VFIO.
+    assert_eq!(field("vdrivers-rc"), "0", "{log}");
+    assert!(
+        log.contains("bring-up of virtio-drivers-blk")
+            && log.contains("write, flush, read back, compare"),
+        "{log}"
+    );
     // The same driver, started through VFIO and then confined, escapes nowhere.
     assert_eq!(field("confine-rc"), "0", "{log}");
     let n = outboard_confine::probe::count();
@@ -579,7 +587,9 @@ fn outboard_drives_qemus_devices_through_vfio_in_a_guest() {
     );
     let t0: f64 = field("noplat-t0").parse().unwrap();
     let t1: f64 = field("noplat-t1").parse().unwrap();
-    assert!(t1 - t0 < 1.0, "refusing took {:.2} s:\n{log}", t1 - t0);
+    // At once: well inside the 30 s a request would wait before timing out (the bound is
+    // loose because the guest runs under TCG beside other tests on two cores).
+    assert!(t1 - t0 < 5.0, "refusing took {:.2} s:\n{log}", t1 - t0);
     // A disk with 4 KiB logical blocks passes the write self-test.
     assert_eq!(field("blk4k-rc"), "0", "{log}");
     assert!(log.contains("block size 4096"), "{log}");

@@ -10,6 +10,7 @@
 //! how well; the device manager's catalog is built from it.
 #![deny(missing_docs)]
 
+pub mod hosted;
 pub mod legacy;
 pub mod null_blk;
 pub mod personality;

@@ -314,6 +314,7 @@ static PERSONALITIES: &[Personality] = &[
     crate::virtio_net::PERSONALITY,
     crate::legacy::clock::TIMER,
     crate::legacy::serial::UART16550,
+    crate::hosted::blk::PERSONALITY,
     crate::timer::PERSONALITY,
 ];
 

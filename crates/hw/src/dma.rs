@@ -10,10 +10,10 @@
 //! nothing for as long as possible. A long-running server whose clients come and go therefore
 //! never runs out of IOVA space (it did when IOVAs were never reused).
 
-use std::collections::VecDeque;
+use std::collections::{BTreeMap, VecDeque};
 use std::ops::Deref;
 use std::os::fd::BorrowedFd;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, Weak};
 
 use outboard_shm::SharedMem;
 
@@ -75,11 +75,16 @@ impl IovaSpace {
     }
 }
 
+/// The buffers mapped in a device's space, by IOVA: what each maps (weakly: a buffer's owner
+/// decides how long it lives).
+type Mapped = Arc<Mutex<BTreeMap<u64, (u64, Weak<SharedMem>)>>>;
+
 /// Hands out DMA buffers for one device. Clones share the device and its IOVA allocator.
 #[derive(Clone)]
 pub struct DmaSpace {
     backend: Arc<dyn Backend>,
     space: Arc<Mutex<IovaSpace>>,
+    mapped: Mapped,
 }
 
 impl DmaSpace {
@@ -87,7 +92,28 @@ impl DmaSpace {
         Self {
             backend,
             space: Arc::default(),
+            mapped: Arc::default(),
         }
+    }
+
+    /// The memory mapped at `iova..iova + len`, if one buffer maps all of it: the memory and
+    /// the offset of `iova` in it. For a driver that moves a request's bytes itself (one that
+    /// copies them to or from the device) where another gives the device the address.
+    pub fn memory_at(&self, iova: u64, len: u64) -> Option<(Arc<SharedMem>, u64)> {
+        let mapped = self.mapped.lock().unwrap_or_else(|p| p.into_inner());
+        let (&start, (size, mem)) = mapped.range(..=iova).next_back()?;
+        let end = iova.checked_add(len)?;
+        (end <= start + size)
+            .then(|| mem.upgrade())
+            .flatten()
+            .map(|m| (m, iova - start))
+    }
+
+    fn track(&self, buf: &DmaBuf) {
+        self.mapped
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(buf.iova, (buf.size, Arc::downgrade(&buf.mem)));
     }
 
     fn reserve(&self, len: u64) -> Result<u64> {
@@ -105,13 +131,16 @@ impl DmaSpace {
         let iova = self.reserve(size)?;
         let fd = mem.fd().expect("created memfd has an fd");
         self.map_or_release(iova, size, fd)?;
-        Ok(DmaBuf {
+        let buf = DmaBuf {
             mem: Arc::new(mem),
             iova,
             size,
             backend: self.backend.clone(),
             space: self.space.clone(),
-        })
+            mapped: self.mapped.clone(),
+        };
+        self.track(&buf);
+        Ok(buf)
     }
 
     /// Maps existing shared memory (e.g. a client's session buffers) into the device's space,
@@ -128,13 +157,16 @@ impl DmaSpace {
         })?;
         let iova = self.reserve(size)?;
         self.map_or_release(iova, size, fd)?;
-        Ok(DmaBuf {
+        let buf = DmaBuf {
             mem,
             iova,
             size,
             backend: self.backend.clone(),
             space: self.space.clone(),
-        })
+            mapped: self.mapped.clone(),
+        };
+        self.track(&buf);
+        Ok(buf)
     }
 }
 
@@ -157,6 +189,7 @@ pub struct DmaBuf {
     size: u64,
     backend: Arc<dyn Backend>,
     space: Arc<Mutex<IovaSpace>>,
+    mapped: Mapped,
 }
 
 impl std::fmt::Debug for DmaBuf {
@@ -196,6 +229,10 @@ impl Deref for DmaBuf {
 
 impl Drop for DmaBuf {
     fn drop(&mut self) {
+        self.mapped
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(&self.iova);
         match self.backend.dma_unmap(self.iova, self.size) {
             // Only an address the device can no longer reach is reused.
             Ok(()) => self

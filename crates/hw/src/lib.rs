@@ -26,7 +26,7 @@ use std::sync::Arc;
 pub use config::{Capability, ConfigPolicy};
 pub use dma::{DmaBuf, DmaSpace};
 pub use irq::Irq;
-pub use outboard_shm::ShmError;
+pub use outboard_shm::{SharedMem, ShmError};
 pub use region::{Region, RegionKind};
 
 use backend::Backend;

@@ -194,9 +194,10 @@ pub struct DriverHostArgs {
     #[arg(long = "device", value_name = "NAME=SPEC", required = true)]
     pub devices: Vec<String>,
     /// The driver (personality) to start for a device, as NAME=DRIVER (`virtio-blk`,
-    /// `null-blk`, `virtio-rng`, `virtio-net`, `legacy-timer` (the C driver), `timer` (the
-    /// native one), or a library's driver). The manager passes the driver its catalog matched;
-    /// without it, the best match for the device is started.
+    /// `virtio-drivers-blk` (the virtio-drivers crate's, hosted unmodified), `null-blk`,
+    /// `virtio-rng`, `virtio-net`, `legacy-timer` (the C driver), `timer` (the native one),
+    /// `uart16550` (the C 16550 driver), or a library's driver). The manager passes the driver
+    /// its catalog matched; without it, the best match for the device is started.
     #[arg(long = "driver", value_name = "NAME=DRIVER")]
     pub drivers: Vec<String>,
     /// Load a C driver from this shared object (`include/outboard/driver.h`) into the

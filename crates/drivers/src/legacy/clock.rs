@@ -4,7 +4,7 @@
 //! the total moving rings an eventfd, which is the driver's event source in the driver
 //! server's loop, and the clock dispatcher then completes the waits that are due.
 
-use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::os::fd::BorrowedFd;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 
@@ -12,7 +12,6 @@ use outboard_clock::{ClockDriver, ClockInfo, ClockTime};
 use outboard_env::{AnyDriver, DeviceEvent, Driver, Failure, Fence};
 use outboard_hw::PciFunction;
 use outboard_osenv::Osenv;
-use rustix::event::{eventfd, EventfdFlags};
 
 use super::claim::Claim;
 use super::descriptor::{builtin_timer, AtomicTicks, CDriver, ClockOps, ClockSink};
@@ -30,15 +29,10 @@ pub struct LegacyClock {
     // What the C driver reports ticks to: kept for as long as it runs.
     _sink: ClockSink,
     ticks: Arc<AtomicTicks>,
-    bell: Arc<OwnedFd>,
-    loss: Option<OwnedFd>,
+    wake: super::Wakeup,
     ops: ClockOps,
     info: ClockInfo,
     driver: &'static str,
-}
-
-fn ring(bell: &OwnedFd) {
-    let _ = rustix::io::write(bell, &1u64.to_ne_bytes());
 }
 
 impl LegacyClock {
@@ -52,19 +46,11 @@ impl LegacyClock {
         let refused = |why: String| StartError::Refused(format!("{driver}: {why}"));
         let ops = c.clock_ops().map_err(|e| refused(e.to_string()))?;
         let claim = Claim::take(c, driver)?;
-        let loss = function
-            .loss_fd()
-            .map(|fd| rustix::io::fcntl_dupfd_cloexec(fd, 0))
-            .transpose()
-            .map_err(|e| refused(format!("the device's loss descriptor: {e}")))?;
-        let bell = Arc::new(
-            eventfd(0, EventfdFlags::CLOEXEC | EventfdFlags::NONBLOCK)
-                .map_err(|e| refused(format!("eventfd: {e}")))?,
-        );
-        let rung = bell.clone();
+        let wake = super::Wakeup::new(&function).map_err(refused)?;
+        let rung = wake.bell.clone();
         let ticks = Arc::new(AtomicTicks {
             total: AtomicU64::new(0),
-            moved: Box::new(move || ring(&rung)),
+            moved: Box::new(move || super::Wakeup::ring(&rung)),
         });
         let sink = ClockSink::new(ticks.clone());
         let osenv = Osenv::for_function(driver, function).map_err(|e| refused(e.to_string()))?;
@@ -81,8 +67,7 @@ impl LegacyClock {
             claim: Some(claim),
             _sink: sink,
             ticks,
-            bell,
-            loss,
+            wake,
             ops,
             info: ClockInfo {
                 name: name.to_string(),
@@ -108,19 +93,14 @@ impl Driver for LegacyClock {
     }
 
     fn sources(&self) -> Vec<(DeviceEvent, BorrowedFd<'_>)> {
-        let mut v = vec![(DeviceEvent::Interrupt(0), self.bell.as_fd())];
-        if let Some(l) = &self.loss {
-            v.push((DeviceEvent::Lost, l.as_fd()));
-        }
-        v
+        self.wake.sources()
     }
 
     fn handle(&mut self, event: DeviceEvent) -> Result<(), Failure> {
         match event {
             DeviceEvent::Lost => Err(Failure::Lost),
             _ => {
-                let mut b = [0u8; 8];
-                let _ = rustix::io::read(&*self.bell, &mut b);
+                self.wake.drain();
                 Ok(())
             }
         }
@@ -182,17 +162,11 @@ impl std::fmt::Debug for LegacyClock {
 /// The built-in timer driver's descriptor, read once.
 fn timer() -> Result<&'static CDriver, String> {
     static TIMER_DRIVER: OnceLock<Result<CDriver, String>> = OnceLock::new();
-    TIMER_DRIVER
-        .get_or_init(|| builtin_timer().map_err(|e| e.to_string()))
-        .as_ref()
-        .map_err(Clone::clone)
+    super::builtin(&TIMER_DRIVER, builtin_timer)
 }
 
 fn timer_matches(id: &Identity<'_>) -> bool {
-    match (id, timer()) {
-        (Identity::Pci(id), Ok(t)) => t.ids.contains(&(id.vendor, id.device)),
-        _ => false,
-    }
+    super::lists(timer(), id)
 }
 
 fn timer_probe(_: &Probe<'_>, initial: u32) -> Result<u32, String> {

@@ -12,9 +12,78 @@ pub mod descriptor;
 pub mod library;
 pub mod serial;
 
-use descriptor::CDriver;
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::sync::{Arc, OnceLock};
 
-use crate::personality::{Provider, StartError, StartOptions};
+use descriptor::{CDriver, DescriptorError};
+use outboard_env::DeviceEvent;
+use outboard_hw::PciFunction;
+use rustix::event::{eventfd, EventfdFlags};
+
+use crate::personality::{Identity, Provider, StartError, StartOptions};
+
+/// How a C driver's bridge wakes the driver server's loop: an eventfd that its side (the C
+/// handler's sink, a reader thread) rings, and the device's loss descriptor.
+pub(crate) struct Wakeup {
+    /// Rung when something moved.
+    pub bell: Arc<OwnedFd>,
+    loss: Option<OwnedFd>,
+}
+
+impl Wakeup {
+    /// For a driver of `function`.
+    pub(crate) fn new(function: &PciFunction) -> Result<Self, String> {
+        let loss = function
+            .loss_fd()
+            .map(|fd| rustix::io::fcntl_dupfd_cloexec(fd, 0))
+            .transpose()
+            .map_err(|e| format!("the device's loss descriptor: {e}"))?;
+        let bell = eventfd(0, EventfdFlags::CLOEXEC | EventfdFlags::NONBLOCK)
+            .map_err(|e| format!("eventfd: {e}"))?;
+        Ok(Self {
+            bell: Arc::new(bell),
+            loss,
+        })
+    }
+
+    /// Rings `bell` (from any thread, at interrupt level too).
+    pub(crate) fn ring(bell: &OwnedFd) {
+        let _ = rustix::io::write(bell, &1u64.to_ne_bytes());
+    }
+
+    /// The driver's event sources: the bell as its interrupt, the loss descriptor.
+    pub(crate) fn sources(&self) -> Vec<(DeviceEvent, BorrowedFd<'_>)> {
+        let mut v = vec![(DeviceEvent::Interrupt(0), self.bell.as_fd())];
+        if let Some(l) = &self.loss {
+            v.push((DeviceEvent::Lost, l.as_fd()));
+        }
+        v
+    }
+
+    /// Consumes the bell's count after the loop reported it.
+    pub(crate) fn drain(&self) {
+        let mut b = [0u8; 8];
+        let _ = rustix::io::read(&*self.bell, &mut b);
+    }
+}
+
+/// A built-in C driver's descriptor, read once into `cell`.
+pub(crate) fn builtin(
+    cell: &'static OnceLock<Result<CDriver, String>>,
+    read: fn() -> Result<CDriver, DescriptorError>,
+) -> Result<&'static CDriver, String> {
+    cell.get_or_init(|| read().map_err(|e| e.to_string()))
+        .as_ref()
+        .map_err(Clone::clone)
+}
+
+/// Whether a C driver's descriptor lists the identity `id`.
+pub(crate) fn lists(c: Result<&CDriver, String>, id: &Identity<'_>) -> bool {
+    match (id, c) {
+        (Identity::Pci(id), Ok(c)) => c.ids.contains(&(id.vendor, id.device)),
+        _ => false,
+    }
+}
 
 /// Starts C driver `c` (personality `driver`) on a device, through its class's bridge.
 pub fn start_c(

@@ -10,7 +10,7 @@
 //! and the driver applies its flow control.
 
 use std::collections::VecDeque;
-use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::os::fd::{BorrowedFd, OwnedFd};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Condvar, Mutex, OnceLock};
 use std::time::Duration;
@@ -20,7 +20,6 @@ use outboard_env::legacy::Cpu;
 use outboard_env::{AnyDriver, DeviceEvent, Driver, Failure, Fence};
 use outboard_hw::PciFunction;
 use outboard_osenv::Osenv;
-use rustix::event::{eventfd, EventfdFlags};
 
 use super::claim::Claim;
 use super::descriptor::{builtin_uart16550, CDriver, CharBell, CharOps, CharSink, RawLine};
@@ -30,10 +29,6 @@ use crate::personality::{Identity, Personality, Probe, Provider, StartError, Sta
 const QUEUE: usize = 4096;
 /// How long stopping waits for the reader thread to leave the driver.
 const STOP_PATIENCE: Duration = Duration::from_secs(5);
-
-fn ring(bell: &OwnedFd) {
-    let _ = rustix::io::write(bell, &1u64.to_ne_bytes());
-}
 
 /// What the reader thread hands the loop.
 struct Received {
@@ -54,8 +49,7 @@ pub struct LegacyChar {
     claim: Option<Claim>,
     _sink: CharSink,
     received: Arc<Received>,
-    bell: Arc<OwnedFd>,
-    loss: Option<OwnedFd>,
+    wake: super::Wakeup,
     ops: CharOps,
     info: CharInfo,
     line: LineSettings,
@@ -115,13 +109,13 @@ fn read_loop(cpu: Arc<Cpu>, ops: CharOps, received: Arc<Received>, bell: Arc<Own
                     .lock()
                     .unwrap_or_else(|p| p.into_inner())
                     .extend(&buf[..n]);
-                ring(&bell);
+                super::Wakeup::ring(&bell);
             }
             Err(rc) => {
                 if !received.stop.load(Ordering::Acquire) {
                     *received.failed.lock().unwrap_or_else(|p| p.into_inner()) =
                         Some(format!("the driver's read failed (error {rc})"));
-                    ring(&bell);
+                    super::Wakeup::ring(&bell);
                 }
                 return;
             }
@@ -140,18 +134,10 @@ impl LegacyChar {
         let refused = |why: String| StartError::Refused(format!("{driver}: {why}"));
         let ops = c.char_ops().map_err(|e| refused(e.to_string()))?;
         let claim = Claim::take(c, driver)?;
-        let loss = function
-            .loss_fd()
-            .map(|fd| rustix::io::fcntl_dupfd_cloexec(fd, 0))
-            .transpose()
-            .map_err(|e| refused(format!("the device's loss descriptor: {e}")))?;
-        let bell = Arc::new(
-            eventfd(0, EventfdFlags::CLOEXEC | EventfdFlags::NONBLOCK)
-                .map_err(|e| refused(format!("eventfd: {e}")))?,
-        );
-        let rung = bell.clone();
+        let wake = super::Wakeup::new(&function).map_err(refused)?;
+        let rung = wake.bell.clone();
         let sink = CharSink::new(Arc::new(CharBell {
-            moved: Box::new(move || ring(&rung)),
+            moved: Box::new(move || super::Wakeup::ring(&rung)),
         }));
         let osenv = Osenv::for_function(driver, function).map_err(|e| refused(e.to_string()))?;
         let (info, line) = {
@@ -178,7 +164,7 @@ impl LegacyChar {
             failed: Mutex::new(None),
         });
         let reader = {
-            let (cpu, r, b) = (osenv.cpu().clone(), received.clone(), bell.clone());
+            let (cpu, r, b) = (osenv.cpu().clone(), received.clone(), wake.bell.clone());
             std::thread::Builder::new()
                 .name("osenv-reader".into())
                 .spawn(move || read_loop(cpu, ops, r, b))
@@ -190,8 +176,7 @@ impl LegacyChar {
             claim: Some(claim),
             _sink: sink,
             received,
-            bell,
-            loss,
+            wake,
             ops,
             info: CharInfo {
                 name: name.to_string(),
@@ -259,19 +244,14 @@ impl Driver for LegacyChar {
     }
 
     fn sources(&self) -> Vec<(DeviceEvent, BorrowedFd<'_>)> {
-        let mut v = vec![(DeviceEvent::Interrupt(0), self.bell.as_fd())];
-        if let Some(l) = &self.loss {
-            v.push((DeviceEvent::Lost, l.as_fd()));
-        }
-        v
+        self.wake.sources()
     }
 
     fn handle(&mut self, event: DeviceEvent) -> Result<(), Failure> {
         if let DeviceEvent::Lost = event {
             return Err(Failure::Lost);
         }
-        let mut b = [0u8; 8];
-        let _ = rustix::io::read(&*self.bell, &mut b);
+        self.wake.drain();
         match self
             .received
             .failed
@@ -389,17 +369,11 @@ impl std::fmt::Debug for LegacyChar {
 /// The built-in 16550 driver's descriptor, read once.
 fn uart() -> Result<&'static CDriver, String> {
     static UART_DRIVER: OnceLock<Result<CDriver, String>> = OnceLock::new();
-    UART_DRIVER
-        .get_or_init(|| builtin_uart16550().map_err(|e| e.to_string()))
-        .as_ref()
-        .map_err(Clone::clone)
+    super::builtin(&UART_DRIVER, builtin_uart16550)
 }
 
 fn uart_matches(id: &Identity<'_>) -> bool {
-    match (id, uart()) {
-        (Identity::Pci(id), Ok(u)) => u.ids.contains(&(id.vendor, id.device)),
-        _ => false,
-    }
+    super::lists(uart(), id)
 }
 
 fn uart_probe(_: &Probe<'_>, initial: u32) -> Result<u32, String> {

@@ -211,15 +211,31 @@ impl Transport {
     pub fn negotiate(&self, supported: u64) -> Result<u64, VirtioError> {
         let offered = self.device_features()?;
         let accepted = offered & supported;
-        self.w32(common::DRIVER_FEATURE_SELECT, 0)?;
-        self.w32(common::DRIVER_FEATURE, accepted as u32)?;
-        self.w32(common::DRIVER_FEATURE_SELECT, 1)?;
-        self.w32(common::DRIVER_FEATURE, (accepted >> 32) as u32)?;
+        self.write_driver_features(accepted)?;
         self.add_status(DeviceStatus::FEATURES_OK)?;
         if !self.status()?.contains(DeviceStatus::FEATURES_OK) {
             return Err(VirtioError::Negotiation { offered, accepted });
         }
         Ok(accepted)
+    }
+
+    /// Writes the features the driver accepts, without setting `FEATURES_OK` (for a driver
+    /// that sets the status itself).
+    pub fn write_driver_features(&self, accepted: u64) -> Result<(), VirtioError> {
+        self.w32(common::DRIVER_FEATURE_SELECT, 0)?;
+        self.w32(common::DRIVER_FEATURE, accepted as u32)?;
+        self.w32(common::DRIVER_FEATURE_SELECT, 1)?;
+        self.w32(common::DRIVER_FEATURE, (accepted >> 32) as u32)
+    }
+
+    /// Sets the device status to `bits` exactly.
+    pub fn set_status(&self, bits: DeviceStatus) -> Result<(), VirtioError> {
+        self.w8(common::DEVICE_STATUS, bits.bits())
+    }
+
+    /// The configuration generation (§4.1.4.3).
+    pub fn config_generation(&self) -> Result<u8, VirtioError> {
+        self.c8(common::CONFIG_GENERATION)
     }
 
     /// Number of queues the device has.

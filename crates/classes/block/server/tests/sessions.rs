@@ -161,6 +161,56 @@ fn separate_placement_passes_the_suite_in_both_wait_modes() {
     assert_eq!(stats.sessions_opened, 1);
 }
 
+/// The `virtio-drivers` crate's block driver, unmodified, on the same model: started on the
+/// function, with the function's environment.
+fn hosted_disk() -> (
+    outboard_drivers::hosted::blk::HostedBlk,
+    outboard_env::DeviceEnv,
+) {
+    let model = outboard_devices::virtio_blk(
+        outboard_devices::backing::Backing::open(&format!("mem:{SIZE}"), None).unwrap(),
+        Default::default(),
+    )
+    .unwrap();
+    let backend = Arc::new(InProcess::new(Box::new(model)));
+    let f = outboard_hw::PciFunction::with_backend("in-process".into(), backend).unwrap();
+    let env = outboard_env::DeviceEnv::for_function(&f);
+    let probed = outboard_drivers::probe_driver(&outboard_drivers::Probe::Pci(&f)).unwrap();
+    assert_eq!(
+        probed.personality.driver, "virtio-blk",
+        "the native driver still wins by default"
+    );
+    (
+        outboard_drivers::hosted::blk::HostedBlk::start("disk0", f).unwrap(),
+        env,
+    )
+}
+
+#[test]
+fn the_unmodified_virtio_drivers_block_driver_passes_the_suite_in_both_placements() {
+    let (host, env) = hosted_disk();
+    let mut d = Colocated::with_driver(Box::new(host), &env, 4 << 20).unwrap();
+    suite(&mut d);
+    drop(d);
+
+    let dir = tempfile::tempdir().unwrap();
+    let (host, env) = hosted_disk();
+    let sock = dir.path().join("hosted.sock");
+    let (stop, thread) = outboard_server::DriverHost::bind(
+        &sock,
+        vec![outboard_block_server::BlockDispatcher::served(host, env)],
+    )
+    .unwrap()
+    .spawn();
+    let mut d = BlockClient::open(&sock, "disk0", SessionOptions::default()).unwrap();
+    suite(&mut d);
+    d.set_mode(WaitMode::Adaptive(Duration::from_micros(50)));
+    verified_io(&mut d, 10000, 1000, 4);
+    drop(d);
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    thread.join().unwrap().unwrap();
+}
+
 #[test]
 fn buffers_are_mapped_into_the_device_zero_copy() {
     let dir = tempfile::tempdir().unwrap();

@@ -53,7 +53,7 @@ struct outboard_char_counters {
     uint32_t overruns;  /* bytes the device lost to a full receive FIFO */
     uint32_t errors;    /* parity and framing errors and breaks */
     uint8_t modem;      /* OUTBOARD_MODEM_* lines now */
-    uint8_t held;       /* non-zero while flow control holds sending (CTS off) */
+    uint8_t held;       /* non-zero while sending waits on the far end (CTS off, bytes to send) */
     uint8_t reserved[2];
 };
 

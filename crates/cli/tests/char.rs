@@ -126,6 +126,24 @@ fn bytes_cross_the_line_both_ways_and_settings_take_effect() {
     }
     assert_eq!(std::fs::read(&file).unwrap(), b"to the file");
 
+    // A read posted by a call with a larger buffer, answered to one with a smaller buffer:
+    // nothing is lost, the rest comes with the next calls.
+    let (mut c, _) = outboard_char_client::open_char(&up.control, "tty0").unwrap();
+    let mut big = [0u8; 64];
+    assert_eq!(
+        c.read(&mut big, Some(Duration::from_millis(100))).unwrap(),
+        0
+    );
+    far.write_all(b"abcdef").unwrap();
+    let mut got = Vec::new();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while got.len() < 6 && Instant::now() < deadline {
+        let mut small = [0u8; 2];
+        let n = c.read(&mut small, Some(Duration::from_secs(1))).unwrap();
+        got.extend_from_slice(&small[..n]);
+    }
+    assert_eq!(got, b"abcdef");
+
     // The registry shows them as char devices driven by the C driver.
     let tree = common::registry(&up).to_string();
     assert!(

@@ -241,7 +241,12 @@ impl Serial {
     /// Raises INTx if an interrupt is pending and INTx is not masked (delivered, and not yet
     /// unmasked by the driver).
     fn update_irq(&mut self, ctx: &mut DeviceContext) {
-        if self.pending() == iir::NONE || ctx.irqs.masked(wire::irq::INTX, 0) {
+        // Nothing pending, delivered and not yet unmasked, or no driver listening: nothing
+        // is raised (and no interrupt fault is spent on it).
+        if self.pending() == iir::NONE
+            || ctx.irqs.masked(wire::irq::INTX, 0)
+            || ctx.irqs.enabled(wire::irq::INTX) == 0
+        {
             return;
         }
         let (times, spurious) = crate::faults::at_interrupt(&self.faults, "serial");
@@ -314,6 +319,7 @@ impl Serial {
             self.tx.push_back(v);
         }
         self.flush();
+        self.watch_modem();
         self.arm_timer();
     }
 
@@ -349,7 +355,10 @@ impl Serial {
         } else {
             self.trigger = 1;
         }
-        self.backed_up = false;
+        // Nothing waits for the far end any more only if the transmitter was emptied.
+        if self.tx.is_empty() {
+            self.backed_up = false;
+        }
         self.arm_timer();
     }
 
@@ -409,6 +418,10 @@ impl Serial {
                 // the 16550 (drivers rely on it to start sending).
                 if was & ier::THRE == 0 && self.ier & ier::THRE != 0 && self.tx.is_empty() {
                     self.thre = true;
+                }
+                // Disabled, a pending transmitter interrupt is forgotten (as QEMU's).
+                if self.ier & ier::THRE == 0 {
+                    self.thre = false;
                 }
             }
             reg::IIR_FCR => self.write_fcr(v),
@@ -518,15 +531,25 @@ impl DeviceBackend for Serial {
 
     fn input_fds(&self) -> Vec<BorrowedFd<'_>> {
         self.line
-            .readable(self.receive_room() > 0)
+            .sources(self.receive_room() > 0)
             .into_iter()
+            .map(|(_, fd)| fd)
             .collect()
     }
 
-    fn input(&mut self, ctx: &mut DeviceContext, _id: usize) {
+    fn input(&mut self, ctx: &mut DeviceContext, id: usize) {
+        // The same list input_fds gave (nothing changed in between): which source this is.
+        let Some(what) = self
+            .line
+            .sources(self.receive_room() > 0)
+            .get(id)
+            .map(|(w, _)| *w)
+        else {
+            return;
+        };
         let mut buf = [0u8; uart::FIFO_SIZE];
         let room = self.receive_room();
-        let n = self.line.receive(&mut buf[..room]);
+        let n = self.line.ready(what, &mut buf[..room]);
         let mask = self.word_mask();
         self.rx.extend(buf[..n].iter().map(|b| b & mask));
         self.stats.received += n as u64;

@@ -13,6 +13,15 @@ use rustix::fs::{Mode, OFlags};
 use rustix::io::Errno;
 use rustix::net::{AddressFamily, SocketAddrUnix, SocketFlags, SocketType};
 
+/// What turned readable at the far end.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Ready {
+    /// Bytes to receive (or the peer hung up).
+    Bytes,
+    /// A peer waits to connect to a listening line.
+    Peer,
+}
+
 /// Where the line goes, as the model's `--line` option spells it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum LineSpec {
@@ -201,37 +210,48 @@ impl Line {
         }
     }
 
-    /// The descriptor that turns readable when the far end has something: bytes to receive,
-    /// or a peer to accept (`want_bytes` false: only the latter is of interest now).
-    pub fn readable(&self, want_bytes: bool) -> Option<BorrowedFd<'_>> {
-        match &self.far {
-            Far::Pty { master, .. } if want_bytes => Some(master.as_fd()),
-            Far::Stream(Some(s)) if want_bytes => Some(s.as_fd()),
-            Far::Listen {
-                peer: Some(p),
-                listener,
-                ..
-            } => Some(if want_bytes {
-                p.as_fd()
-            } else {
-                listener.as_fd()
-            }),
-            Far::Listen { listener, .. } => Some(listener.as_fd()),
-            _ => None,
+    /// What to wait on: the far end's bytes (when `want_bytes`: the receiver has room), and a
+    /// listening line's next peer (always). A readable one is handed to [`Line::ready`].
+    pub fn sources(&self, want_bytes: bool) -> Vec<(Ready, BorrowedFd<'_>)> {
+        let mut v = Vec::new();
+        if want_bytes {
+            let bytes = match &self.far {
+                Far::Pty { master, .. } => Some(master.as_fd()),
+                Far::Stream(Some(s)) | Far::Listen { peer: Some(s), .. } => Some(s.as_fd()),
+                _ => None,
+            };
+            v.extend(bytes.map(|fd| (Ready::Bytes, fd)));
+        }
+        if let Far::Listen { listener, .. } = &self.far {
+            v.push((Ready::Peer, listener.as_fd()));
+        }
+        v
+    }
+
+    /// Source `what` turned readable: a waiting peer is accepted (the newest wins: the one
+    /// before is hung up), or at most `buf.len()` bytes are read. Returns how many were read.
+    pub fn ready(&mut self, what: Ready, buf: &mut [u8]) -> usize {
+        match what {
+            Ready::Peer => {
+                if let Far::Listen { listener, peer, .. } = &mut self.far {
+                    match rustix::net::accept_with(&*listener, SocketFlags::CLOEXEC) {
+                        Ok(p) if nonblocking(&p).is_ok() => {
+                            tracing::info!("serial line: a peer connected");
+                            *peer = Some(p);
+                        }
+                        Ok(_) => {}
+                        Err(e) if would_block(e) => {}
+                        Err(e) => tracing::warn!("serial line: accept: {e}"),
+                    }
+                }
+                0
+            }
+            Ready::Bytes => self.receive(buf),
         }
     }
 
-    /// The far end turned readable: accepts a waiting peer (a new one replaces the old), and
-    /// reads at most `buf.len()` bytes. Returns how many were read.
+    /// Reads at most `buf.len()` bytes from the far end. Returns how many were read.
     pub fn receive(&mut self, buf: &mut [u8]) -> usize {
-        if let Far::Listen { listener, peer, .. } = &mut self.far {
-            if let Ok(p) = rustix::net::accept_with(&*listener, SocketFlags::CLOEXEC) {
-                if nonblocking(&p).is_ok() {
-                    tracing::info!("serial line: a peer connected");
-                    *peer = Some(p);
-                }
-            }
-        }
         if buf.is_empty() {
             return 0;
         }
@@ -341,8 +361,42 @@ mod tests {
         assert!(l.connected());
         drop(b);
         let mut buf = [0u8; 4];
-        assert_eq!(l.receive(&mut buf), 0);
+        assert_eq!(l.ready(Ready::Bytes, &mut buf), 0);
         assert!(!l.connected());
         assert_eq!(l.send(b"xy"), 2);
+    }
+}
+
+#[cfg(test)]
+mod listen_tests {
+    use super::*;
+    use std::io::{Read, Write};
+
+    #[test]
+    fn a_listening_line_takes_the_newest_peer_without_losing_the_old_ones_bytes_first() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("l.sock");
+        let mut l = Line::open(&LineSpec::Listen(path.clone())).unwrap();
+        assert!(!l.connected());
+        let mut a = std::os::unix::net::UnixStream::connect(&path).unwrap();
+        l.ready(Ready::Peer, &mut []);
+        assert!(l.connected());
+        a.write_all(b"from a").unwrap();
+        // The listener is watched while a peer is connected, and the bytes apart from it.
+        let kinds: Vec<Ready> = l.sources(true).iter().map(|(k, _)| *k).collect();
+        assert_eq!(kinds, vec![Ready::Bytes, Ready::Peer]);
+        let mut buf = [0u8; 16];
+        let n = l.ready(Ready::Bytes, &mut buf);
+        assert_eq!(&buf[..n], b"from a");
+        let mut b = std::os::unix::net::UnixStream::connect(&path).unwrap();
+        l.ready(Ready::Peer, &mut []);
+        assert_eq!(l.send(b"to b"), 4);
+        let mut got = [0u8; 4];
+        b.read_exact(&mut got).unwrap();
+        assert_eq!(&got, b"to b");
+        // The old peer was hung up.
+        a.set_read_timeout(Some(std::time::Duration::from_secs(5)))
+            .unwrap();
+        assert_eq!(a.read(&mut got).unwrap(), 0);
     }
 }

@@ -371,7 +371,9 @@ static void uart_counters(struct outboard_char_counters *c)
                          ((msr & MSR_DSR) ? OUTBOARD_MODEM_DSR : 0) |
                          ((msr & MSR_RI) ? OUTBOARD_MODEM_RI : 0) |
                          ((msr & MSR_DCD) ? OUTBOARD_MODEM_DCD : 0));
-    c->held = (uint8_t)(flowing() && !(msr & MSR_CTS) && (ring_len(&tx) || in_fifo));
+    /* Waiting on the far end: CTS off with bytes to send (the far end is backed up, whether
+     * or not the driver itself applies flow control). */
+    c->held = (uint8_t)(!(msr & MSR_CTS) && (ring_len(&tx) || in_fifo));
     osenv_intr_enable();
 }
 

@@ -28,8 +28,14 @@ fn serve_uart(dir: &std::path::Path) -> (DeviceSpec, OwnedFd, Arc<AtomicBool>) {
         None,
     )
     .unwrap();
+    let (spec, stop) = serve_line(dir, Line::stream(near).unwrap());
+    (spec, far, stop)
+}
+
+/// A UART model whose far end is `line`, served at a socket in `dir`.
+fn serve_line(dir: &std::path::Path, line: Line) -> (DeviceSpec, Arc<AtomicBool>) {
     let path = dir.join("uart.sock");
-    let model = Serial::new(Line::stream(near).unwrap()).unwrap();
+    let model = Serial::new(line).unwrap();
     let mut server = outboard_vfio_user::Server::bind(
         &path,
         model,
@@ -40,7 +46,7 @@ fn serve_uart(dir: &std::path::Path) -> (DeviceSpec, OwnedFd, Arc<AtomicBool>) {
     let s = stop.clone();
     std::thread::spawn(move || server.run(&s));
     let spec = format!("vfio-user:{}", path.display()).parse().unwrap();
-    (spec, far, stop)
+    (spec, stop)
 }
 
 /// The C driver keeps its state in statics: one instance at a time in this process.
@@ -52,12 +58,15 @@ fn one_at_a_time() -> std::sync::MutexGuard<'static, ()> {
 
 fn start(dir: &std::path::Path) -> (LegacyChar, OwnedFd, Arc<AtomicBool>) {
     let (spec, far, stop) = serve_uart(dir);
-    let f = PciFunction::open(&spec).unwrap();
+    (driver_on(&spec), far, stop)
+}
+
+fn driver_on(spec: &DeviceSpec) -> LegacyChar {
+    let f = PciFunction::open(spec).unwrap();
     let probed = probe_driver(&Probe::Pci(&f)).unwrap();
     assert_eq!(probed.personality.driver, "uart16550");
     let c = builtin_uart16550().unwrap();
-    let uart = LegacyChar::start("uart16550", &c, "tty0", f).unwrap();
-    (uart, far, stop)
+    LegacyChar::start("uart16550", &c, "tty0", f).unwrap()
 }
 
 /// Waits on the driver's source as a server's loop would, until `done` or `within`.
@@ -184,6 +193,86 @@ fn line_settings_take_effect_and_rates_the_device_cannot_make_are_refused() {
     let why = uart.set_line(&odd).unwrap().unwrap_err();
     assert!(why.contains("cannot make"), "{why}");
     assert_eq!(uart.line(), seven, "a refused setting changed the line");
+    drop(uart);
+    stop.store(true, Ordering::Release);
+}
+
+#[test]
+fn every_frame_the_class_names_is_set_and_data_bits_mask_what_goes_out() {
+    let _one = one_at_a_time();
+    let dir = tempfile::tempdir().unwrap();
+    let (mut uart, far, stop) = start(dir.path());
+    for data in 5..=8u8 {
+        for parity in ['N', 'O', 'E', 'M', 'S'] {
+            for stop_bits in 1..=2u8 {
+                let frame = format!("38400,{data}{parity}{stop_bits}");
+                let l: LineSettings = frame.parse().unwrap();
+                uart.set_line(&l).unwrap().unwrap();
+                assert_eq!(uart.line(), l, "{frame}");
+                send(&mut uart, &[0xff]);
+                let want = (0xffu16 >> (8 - data)) as u8;
+                assert_eq!(far_read(&far, 1), vec![want], "{frame}");
+            }
+        }
+    }
+    drop(uart);
+    stop.store(true, Ordering::Release);
+}
+
+#[test]
+fn through_a_pty_bytes_loop_back_raw() {
+    let _one = one_at_a_time();
+    let dir = tempfile::tempdir().unwrap();
+    let line = Line::open(&outboard_devices::serial_line::LineSpec::Pty).unwrap();
+    let tty = line.pty_path().unwrap().to_owned();
+    let (spec, stop) = serve_line(dir.path(), line);
+    let mut uart = driver_on(&spec);
+    let user = rustix::fs::open(
+        &tty,
+        rustix::fs::OFlags::RDWR | rustix::fs::OFlags::NOCTTY | rustix::fs::OFlags::CLOEXEC,
+        rustix::fs::Mode::empty(),
+    )
+    .unwrap();
+    // Control characters and a burst larger than the FIFO, unchanged both ways.
+    let out: Vec<u8> = (0..600u32).map(|i| (i % 251) as u8).collect();
+    send(&mut uart, &out);
+    assert_eq!(far_read(&user, out.len()), out);
+    rustix::io::write(&user, &out).unwrap();
+    assert_eq!(receive(&mut uart, out.len(), Duration::from_secs(60)), out);
+    drop(uart);
+    stop.store(true, Ordering::Release);
+}
+
+#[test]
+fn a_far_end_that_takes_no_more_holds_sending_without_flow_control_too() {
+    let _one = one_at_a_time();
+    let dir = tempfile::tempdir().unwrap();
+    let (near, far) = rustix::net::socketpair(
+        rustix::net::AddressFamily::UNIX,
+        rustix::net::SocketType::STREAM,
+        rustix::net::SocketFlags::CLOEXEC,
+        None,
+    )
+    .unwrap();
+    // A small socket buffer: the far end, not reading, backs up after a few KiB.
+    rustix::net::sockopt::set_socket_send_buffer_size(&near, 4096).unwrap();
+    let (spec, stop) = serve_line(dir.path(), Line::stream(near).unwrap());
+    let mut uart = driver_on(&spec);
+    assert_eq!(uart.line().flow, outboard_char::Flow::None);
+    let out = pattern(64 * 1024, 9);
+    let mut at = 0;
+    pump(&mut uart, Duration::from_secs(20), |u| {
+        at += u.write(&out[at..]).unwrap();
+        at == out.len() || u.held()
+    });
+    // Sending waits on the far end: held (so the server sets no deadline on it), CTS off.
+    assert!(uart.held(), "backed up and not held ({at} bytes taken)");
+    assert_eq!(uart.counters().modem & outboard_char::modem::CTS, 0);
+    // The far end reads: everything taken so far goes out, in order, and sending moves on.
+    let got = far_read(&far, at);
+    assert_eq!(got, out[..at]);
+    pump(&mut uart, Duration::from_secs(10), |u| !u.held());
+    assert!(!uart.held());
     drop(uart);
     stop.store(true, Ordering::Release);
 }

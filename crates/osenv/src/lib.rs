@@ -69,6 +69,10 @@ impl Osenv {
                 // INTx is a level, masked as it is delivered: unmasked once the driver's
                 // handlers ran, it interrupts again if the device still asserts it.
                 let unmask = f.intx_unmasker();
+                // A mask a dead predecessor left (delivered, never unmasked) goes first.
+                if let Err(e) = unmask() {
+                    tracing::warn!("osenv: cannot unmask INTx: {e}");
+                }
                 cpu.set_end_of_interrupt(vec![(
                     0,
                     Box::new(move || {

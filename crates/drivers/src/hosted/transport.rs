@@ -51,6 +51,16 @@ impl HostedTransport {
     }
 }
 
+impl Drop for HostedTransport {
+    fn drop(&mut self) {
+        // The device forgets its queues before their memory is unmapped and its addresses
+        // reused (the crate's own PCI transport resets on drop too).
+        if let Err(e) = self.pci.reset() {
+            tracing::warn!("virtio-drivers-blk: resetting the device: {e}");
+        }
+    }
+}
+
 impl Transport for HostedTransport {
     fn device_type(&self) -> DeviceType {
         self.device_type
@@ -91,7 +101,18 @@ impl Transport for HostedTransport {
         let r = self
             .pci
             .set_status(OurStatus::from_bits_retain(status.bits() as u8));
-        self.note(r)
+        self.note(r);
+        // The crate does not read FEATURES_OK back (§3.1.1 step 6): the transport does, and a
+        // device that refused the features fails the start.
+        if status.contains(DeviceStatus::FEATURES_OK) && !status.contains(DeviceStatus::DRIVER_OK) {
+            let kept = self.note(self.pci.status().map(|s| s.bits()));
+            if kept & OurStatus::FEATURES_OK.bits() == 0 {
+                let mut f = self.failed.lock().unwrap_or_else(|p| p.into_inner());
+                f.get_or_insert_with(|| {
+                    "the device refused the features the driver accepted".into()
+                });
+            }
+        }
     }
 
     fn set_guest_page_size(&mut self, _guest_page_size: u32) {

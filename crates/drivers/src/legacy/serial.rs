@@ -15,7 +15,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Condvar, Mutex, OnceLock};
 use std::time::Duration;
 
-use outboard_char::{CharDriver, CharInfo, Flow, LineCounters, LineSettings};
+use outboard_char::{CharDriver, CharInfo, LineCounters, LineSettings};
 use outboard_env::legacy::Cpu;
 use outboard_env::{AnyDriver, DeviceEvent, Driver, Failure, Fence};
 use outboard_hw::PciFunction;
@@ -47,7 +47,9 @@ pub struct LegacyChar {
     osenv: Option<Osenv>,
     reader: Option<std::thread::JoinHandle<()>>,
     claim: Option<Claim>,
-    _sink: CharSink,
+    sink: Option<CharSink>,
+    /// The sink was kept alive for a reader that never left the driver.
+    sink_kept: bool,
     received: Arc<Received>,
     wake: super::Wakeup,
     ops: CharOps,
@@ -147,12 +149,19 @@ impl LegacyChar {
                 .map_err(|rc| refused(format!("the driver did not start (error {rc})")))?;
             (info, ops.get_line())
         };
+        // Started: from here a refusal stops the driver first (its interrupts off, its
+        // device quiet) before its code is free again.
+        let stop_then = |why: String| {
+            let _inside = osenv.enter();
+            ops.stop();
+            refused(why)
+        };
         let line = line
             .ok()
             .and_then(|l| settings(&l))
-            .ok_or_else(|| refused("the driver reports line settings it cannot have".into()))?;
+            .ok_or_else(|| stop_then("the driver reports line settings it cannot have".into()))?;
         if info.max_baud == 0 || info.fifo == 0 {
-            return Err(refused(format!(
+            return Err(stop_then(format!(
                 "the driver says the device makes {} baud with a {}-byte FIFO",
                 info.max_baud, info.fifo
             )));
@@ -168,13 +177,14 @@ impl LegacyChar {
             std::thread::Builder::new()
                 .name("osenv-reader".into())
                 .spawn(move || read_loop(cpu, ops, r, b))
-                .map_err(|e| refused(format!("the reader thread: {e}")))?
+                .map_err(|e| stop_then(format!("the reader thread: {e}")))?
         };
         Ok(Self {
             osenv: Some(osenv),
             reader: Some(reader),
             claim: Some(claim),
-            _sink: sink,
+            sink: Some(sink),
+            sink_kept: false,
             received,
             wake,
             ops,
@@ -223,11 +233,15 @@ impl LegacyChar {
         };
         if left {
             drop(osenv);
+            self.claim = None;
         } else {
+            // A thread may still be inside the C code: its environment, its code's claim and
+            // the sink it reports to stay as they are, for the rest of the process.
             tracing::error!("{}: the reader did not leave the driver", self.driver);
             std::mem::forget(osenv);
+            std::mem::forget(self.claim.take());
+            self.sink_kept = true;
         }
-        self.claim = None;
         left
     }
 }
@@ -235,6 +249,9 @@ impl LegacyChar {
 impl Drop for LegacyChar {
     fn drop(&mut self) {
         self.stop();
+        if self.sink_kept {
+            std::mem::forget(self.sink.take());
+        }
     }
 }
 
@@ -349,11 +366,10 @@ impl CharDriver for LegacyChar {
     }
 
     fn held(&self) -> bool {
-        self.line.flow == Flow::RtsCts
-            && self.osenv().is_ok_and(|o| {
-                let _inside = o.enter();
-                self.ops.counters().held != 0
-            })
+        self.osenv().is_ok_and(|o| {
+            let _inside = o.enter();
+            self.ops.counters().held != 0
+        })
     }
 }
 

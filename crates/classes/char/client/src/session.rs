@@ -61,6 +61,11 @@ pub struct CharClient {
     next_tag: u64,
     /// The read posted and not yet answered.
     posted: Option<(u64, usize)>,
+    /// Bytes a read brought beyond what its caller's buffer took: the next read's first.
+    surplus: std::collections::VecDeque<u8>,
+    /// A write that timed out unanswered: the server may still be taking its bytes out of the
+    /// buffer area, so the next write waits for it before it puts its own there.
+    unsettled: Option<u64>,
     /// Answers that came while another was awaited.
     answers: HashMap<u64, Result<u32, CharError>>,
     /// The settings this client set, set again after a restart.
@@ -109,6 +114,8 @@ impl CharClient {
             supervisor: None,
             next_tag: 1,
             posted: None,
+            surplus: std::collections::VecDeque::new(),
+            unsettled: None,
             answers: HashMap::new(),
             line: None,
         })
@@ -133,6 +140,7 @@ impl CharClient {
         self.channel = back.channel;
         self.server = back.server;
         self.posted = None;
+        self.unsettled = None;
         self.answers.clear();
         if let Some(l) = self.line {
             self.once(CharOp::SetLine(l))?;
@@ -200,8 +208,9 @@ impl CharClient {
         loop {
             match self.once(op) {
                 Err(CharError::DeviceGone) => self.resume()?,
-                Err(CharError::Interrupted(_)) => {}
-                Err(CharError::Restarting) if Instant::now() < deadline => {
+                Err(CharError::Interrupted(_) | CharError::Restarting)
+                    if Instant::now() < deadline =>
+                {
                     std::thread::sleep(Duration::from_millis(5));
                 }
                 other => return other,
@@ -216,6 +225,14 @@ impl CharDevice for CharClient {
     }
 
     fn write(&mut self, bytes: &[u8]) -> Result<(), CharError> {
+        if let Some(tag) = self.unsettled {
+            match self.await_answer(tag, Instant::now() + PATIENCE)? {
+                Some(_) => self.unsettled = None,
+                None => {
+                    return Err(CharError::Timeout);
+                }
+            }
+        }
         let mut done = 0usize;
         for chunk in bytes.chunks(MOST) {
             self.channel
@@ -226,15 +243,30 @@ impl CharDevice for CharClient {
                 offset: WRITE_AREA,
                 len: chunk.len() as u32,
             };
-            match self.once(op) {
+            let tag = self.send(op)?;
+            let answer = match self.await_answer(tag, Instant::now() + PATIENCE) {
+                Ok(Some(r)) => r,
+                Ok(None) => {
+                    self.unsettled = Some(tag);
+                    return Err(CharError::Timeout);
+                }
+                Err(e) => Err(e),
+            };
+            match answer {
                 Ok(_) => done += chunk.len(),
-                Err(e @ (CharError::DeviceGone | CharError::Interrupted(_))) => {
+                // The bytes may be partly on the line: never sent again, and said so.
+                Err(
+                    e @ (CharError::DeviceGone
+                    | CharError::Interrupted(_)
+                    | CharError::Restarting
+                    | CharError::Timeout),
+                ) => {
                     if matches!(e, CharError::DeviceGone) {
                         self.resume()?;
                     }
                     return Err(CharError::Interrupted(format!(
-                        "the driver restarted while sending: the first {done} bytes were \
-                         sent; of the next {}, some may have been and none will be again",
+                        "the first {done} bytes were sent; of the next {}, some may have been \
+                         and none will be again ({e})",
                         chunk.len()
                     )));
                 }
@@ -247,6 +279,13 @@ impl CharDevice for CharClient {
     fn read(&mut self, buf: &mut [u8], timeout: Option<Duration>) -> Result<usize, CharError> {
         if buf.is_empty() {
             return Ok(0);
+        }
+        if !self.surplus.is_empty() {
+            let n = buf.len().min(self.surplus.len());
+            for (b, v) in buf.iter_mut().zip(self.surplus.drain(..n)) {
+                *b = v;
+            }
+            return Ok(n);
         }
         let deadline = timeout.map(|t| Instant::now() + t);
         loop {
@@ -271,14 +310,19 @@ impl CharDevice for CharClient {
                     self.posted = None;
                     match result {
                         Ok(n) => {
-                            let n = (n as usize).min(len).min(buf.len());
+                            // The read may have been posted by a call with a larger buffer:
+                            // what this one has no room for is kept for the next.
+                            let mut got = vec![0u8; (n as usize).min(len)];
                             self.channel
                                 .buffers()
-                                .read(READ_AREA, &mut buf[..n])
+                                .read(READ_AREA, &mut got)
                                 .map_err(|e| {
                                     CharError::Protocol(format!("the buffer area: {e}"))
                                 })?;
-                            return Ok(n);
+                            let k = got.len().min(buf.len());
+                            buf[..k].copy_from_slice(&got[..k]);
+                            self.surplus.extend(&got[k..]);
+                            return Ok(k);
                         }
                         // The read was in a driver that restarted: post it again.
                         Err(CharError::Interrupted(_)) => {}

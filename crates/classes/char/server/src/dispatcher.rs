@@ -302,12 +302,11 @@ impl Dispatcher for CharDispatcher {
 
     fn replace(&mut self, driver: Box<dyn AnyDriver>) -> Result<(), outboard_env::WrongClass> {
         self.driver = outboard_char::unbind(driver)?;
-        // The new driver counts from zero; writes it has not seen start over on it.
+        // The core failed every request before the device was recovered (`fail_all`): no
+        // write is left to be sent twice. The new driver counts from zero.
+        debug_assert!(self.writes.is_empty(), "writes survived a recovery");
+        self.writes.clear();
         self.taken = 0;
-        for w in &mut self.writes {
-            w.taken = 0;
-            w.end = None;
-        }
         self.moved = (Instant::now(), 0);
         Ok(())
     }
@@ -417,16 +416,24 @@ impl Dispatcher for CharDispatcher {
             Fate::TimedOut => CharError::Timeout,
             Fate::Out(o) => outage_error(o),
         };
-        let writes = self
-            .writes
+        // A write may have been partly sent: it fails as interrupted, saying how far it got,
+        // never as something to try again.
+        let writes = self.writes.drain(..).filter(|w| !w.orphan).map(|w| {
+            let why = format!(
+                "{error}: {} of its {} bytes had been handed to the driver; they are not \
+                     sent again",
+                w.taken, w.len
+            );
+            (w.session, w.tag, CharError::Interrupted(why))
+        });
+        let reads = self
+            .reads
             .drain(..)
-            .filter(|w| !w.orphan)
-            .map(|w| (w.session, w.tag));
-        let reads = self.reads.drain(..).map(|r| (r.session, r.tag));
-        for (session, tag) in writes.chain(reads).collect::<Vec<_>>() {
+            .map(|r| (r.session, r.tag, error.clone()));
+        for (session, tag, e) in writes.chain(reads).collect::<Vec<_>>() {
             self.forget(session, tag);
             if let Some(s) = cx.sessions[session].as_mut() {
-                complete(s, cx.stats, tag, Err(error.clone()));
+                complete(s, cx.stats, tag, Err(e));
             }
         }
     }

@@ -6,6 +6,10 @@
 #   usage: scripts/guest/prepare.sh CACHE_DIR
 set -euo pipefail
 cache=${1:?usage: prepare.sh CACHE_DIR}
+# One preparation at a time (two guest tests start together on a fresh machine).
+mkdir -p "$cache"
+exec 9>"$cache/.prepare.lock"
+flock 9
 pkg=$(apt-cache depends linux-image-amd64 2>/dev/null | awk '/Depends: linux-image-[0-9]/ {print $2; exit}')
 if [ -z "$pkg" ]; then
     apt-get update -qq >/dev/null

@@ -217,8 +217,12 @@ fn initramfs(kernel_dir: &Path, work: &Path, init: &str) -> PathBuf {
     out
 }
 
-/// The guest kernel and its modules (`scripts/guest/prepare.sh`).
+/// The guest kernel and its modules (`scripts/guest/prepare.sh`). One test at a time
+/// prepares them: on a fresh machine the first fetches and unpacks the kernel package into
+/// `target/guest`, and a second one beside it would read the half-unpacked directory.
 fn guest_kernel() -> PathBuf {
+    static PREPARING: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    let _one = PREPARING.lock().unwrap_or_else(|p| p.into_inner());
     let prep = Command::new(root().join("scripts/guest/prepare.sh"))
         .arg(root().join("target/guest"))
         .output()

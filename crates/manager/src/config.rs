@@ -58,7 +58,7 @@ name = "default"
 
 [[device]]
 name = "disk0"                # the name clients open: outboard blk read disk0
-model = "virtio-blk"          # also null-blk, virtio-rng, virtio-net, timer (each has keys of its own)
+model = "virtio-blk"          # also null-blk, virtio-rng, virtio-net, timer, serial (each has keys of its own)
 backing = "mem:64M"           # a memory disk, or a file's path
 # create = "1G"               # create the file, sparse, with this size if it is missing
 # read_only = false

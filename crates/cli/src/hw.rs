@@ -87,6 +87,12 @@ pub struct SelftestArgs {
     /// hosted unmodified).
     #[arg(long, value_name = "DRIVER")]
     driver: Option<String>,
+    /// Run the block class's conformance suite through the block class (the same checks the
+    /// test suite holds every block driver to): queued and synchronous verified I/O, refusals,
+    /// flush, write zeroes, discard. It OVERWRITES the disk's first 8 MiB and its last 160 KiB
+    /// and puts nothing back: only for a scratch disk.
+    #[arg(long)]
+    suite: bool,
 }
 
 pub fn run(c: HwCommand) -> Result<ExitCode, String> {
@@ -235,6 +241,17 @@ struct Report {
 }
 
 impl Report {
+    /// Says whether every step passed, as the last line and the exit status.
+    fn verdict(&self, what: &str) -> ExitCode {
+        if self.failed {
+            println!("{what} FAILED");
+            ExitCode::FAILURE
+        } else {
+            println!("{what} passed");
+            ExitCode::SUCCESS
+        }
+    }
+
     fn step<T>(
         &mut self,
         name: &str,
@@ -257,9 +274,10 @@ impl Report {
     }
 }
 
-/// The self-test through a named block driver and the block class (`--driver`): the same
-/// checks any block driver must pass, on the scratch range (its bytes put back after).
-fn class_selftest(a: &SelftestArgs, name: &str) -> Result<ExitCode, String> {
+/// The self-test through the block class, with a named block driver (`--driver`) or the one
+/// the probe picks: the same checks any block driver must pass, on the scratch range (its
+/// bytes put back after), or the class's whole conformance suite (`--suite`).
+fn class_selftest(a: &SelftestArgs) -> Result<ExitCode, String> {
     use outboard_block::{BlockDevice, BlockError, BlockOp, BlockRequest};
     let spec = a.target.spec();
     let opts = outboard_drivers::StartOptions {
@@ -268,25 +286,42 @@ fn class_selftest(a: &SelftestArgs, name: &str) -> Result<ExitCode, String> {
         abort_on: None,
     };
     let mut rep = Report { failed: false };
-    let Some(mut d) = rep.step(&format!("bring-up of {name}"), || {
-        let started = outboard_drivers::start(
-            &outboard_drivers::Attachment::Pci(spec.clone()),
-            Some(name),
-            &opts,
-        )
-        .map_err(|e| e.to_string())?;
-        let driver = outboard_block::unbind(started.driver).map_err(|e| e.to_string())?;
-        let d = outboard_block_client::Colocated::with_driver(driver, &started.env, 1 << 20)
+    let name = a.driver.as_deref();
+    let Some(mut d) = rep.step(
+        &format!("bring-up of {}", name.unwrap_or("the probe's driver")),
+        || {
+            let started = outboard_drivers::start(
+                &outboard_drivers::Attachment::Pci(spec.clone()),
+                name,
+                &opts,
+            )
             .map_err(|e| e.to_string())?;
-        let i = d.info();
-        let detail = format!(
-            "{} blocks of {} B, queue depth {}",
-            i.capacity, i.block_size, i.queue_depth
-        );
-        Ok((d, detail))
-    }) else {
+            let driver_name = started.personality.driver;
+            let driver = outboard_block::unbind(started.driver).map_err(|e| e.to_string())?;
+            let d = outboard_block_client::Colocated::with_driver(driver, &started.env, 1 << 20)
+                .map_err(|e| e.to_string())?;
+            let i = d.info();
+            let detail = format!(
+                "{driver_name}: {} blocks of {} B, queue depth {}",
+                i.capacity, i.block_size, i.queue_depth
+            );
+            Ok((d, detail))
+        },
+    ) else {
         return Ok(ExitCode::FAILURE);
     };
+    if a.suite {
+        for c in outboard_block::conformance::CHECKS {
+            if rep
+                .step(c.name, || (c.run)(&mut d).map(|detail| ((), detail)))
+                .is_none()
+                && c.name == "geometry"
+            {
+                break;
+            }
+        }
+        return Ok(rep.verdict("suite"));
+    }
     let info = d.info().clone();
     let bs = info.block_size as usize;
     let blocks = (64 * 1024 / bs).min(info.capacity as usize) as u64;
@@ -351,18 +386,12 @@ fn class_selftest(a: &SelftestArgs, name: &str) -> Result<ExitCode, String> {
             });
         }
     }
-    if rep.failed {
-        println!("selftest FAILED");
-        Ok(ExitCode::FAILURE)
-    } else {
-        println!("selftest passed");
-        Ok(ExitCode::SUCCESS)
-    }
+    Ok(rep.verdict("selftest"))
 }
 
 fn selftest(a: &SelftestArgs) -> Result<ExitCode, String> {
-    if let Some(name) = &a.driver {
-        return class_selftest(a, name);
+    if a.driver.is_some() || a.suite {
+        return class_selftest(a);
     }
     let spec = a.target.spec();
     let f = PciFunction::open(&spec).map_err(|e| e.to_string())?;
@@ -459,13 +488,7 @@ fn selftest(a: &SelftestArgs) -> Result<ExitCode, String> {
         println!("  skip  write test (use --write: writes a scratch range, then restores it)");
     }
     let _ = d.shutdown();
-    if rep.failed {
-        println!("selftest FAILED");
-        Ok(ExitCode::FAILURE)
-    } else {
-        println!("selftest passed");
-        Ok(ExitCode::SUCCESS)
-    }
+    Ok(rep.verdict("selftest"))
 }
 
 /// Reads `n` units of `unit` bytes from sector 0 into `buf` at `at`, 32 at a time.

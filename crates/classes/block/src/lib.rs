@@ -5,6 +5,7 @@
 //! The client library (`outboard-client`) implements `BlockDevice` for both placements.
 #![deny(missing_docs)]
 
+pub mod conformance;
 pub mod contract;
 pub mod driver;
 

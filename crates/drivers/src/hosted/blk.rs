@@ -48,8 +48,9 @@ struct InFlight {
 struct Barrier {
     tag: u64,
     op: BlockOp,
-    lba: u64,
-    blocks: u32,
+    /// Where it starts, in the crate's 512-byte sectors.
+    sector: u64,
+    bytes: usize,
 }
 
 /// The crate's block driver on one device.
@@ -62,6 +63,8 @@ pub struct HostedBlk {
     irq: Irq,
     loss: Option<OwnedFd>,
     info: BlockInfo,
+    /// The crate's 512-byte sectors in one of the device's logical blocks.
+    sectors_per_block: u64,
     free_slots: Vec<usize>,
     in_flight: HashMap<u16, InFlight>,
     barriers: VecDeque<Barrier>,
@@ -100,6 +103,24 @@ impl HostedBlk {
                     .into(),
             ));
         }
+        // The crate counts in 512-byte sectors and never reads `blk_size`; a disk with larger
+        // logical blocks fails every request that is not whole blocks (QEMU answers IOERR), so
+        // the class is given the device's own block and each request is put in sectors here.
+        let block_size = if offered & outboard_spec::virtio_blk::feature::BLK_SIZE != 0 {
+            let mut b = [0u8; 4];
+            pci.read_config_field(outboard_spec::virtio_blk::config::BLK_SIZE, &mut b)
+                .map_err(|e| refused(format!("blk_size: {e}")))?;
+            u32::from_le_bytes(b)
+        } else {
+            SECTOR_SIZE as u32
+        };
+        if !block_size.is_power_of_two() || !(512..=MAX_TRANSFER as u32).contains(&block_size) {
+            return Err(refused(format!(
+                "a logical block of {block_size} bytes: this driver takes powers of two from \
+                 512 to {MAX_TRANSFER}"
+            )));
+        }
+        let sectors_per_block = u64::from(block_size) / SECTOR_SIZE as u64;
         let irq = function
             .enable_irqs(IrqKind::MsiX, 1)
             .map_err(|e| refused(format!("MSI-X: {e}")))?
@@ -128,8 +149,8 @@ impl HostedBlk {
         }
         let info = BlockInfo {
             name: name.into(),
-            capacity: blk.capacity(),
-            block_size: SECTOR_SIZE as u32,
+            capacity: blk.capacity() / sectors_per_block,
+            block_size,
             read_only: blk.readonly(),
             // The crate's queue has 16 descriptors; a request takes one when the device takes
             // indirect descriptors (the crate then uses them), three when not.
@@ -150,6 +171,7 @@ impl HostedBlk {
             irq,
             loss,
             info,
+            sectors_per_block,
             in_flight: HashMap::new(),
             barriers: VecDeque::new(),
         })
@@ -175,13 +197,14 @@ impl HostedBlk {
                 // slice while the crate's blocking writes run.
                 let zeros = unsafe { cx.pool_slice(ZEROS * MAX_TRANSFER, MAX_TRANSFER) }
                     .expect("the zero slot lies in the pool");
-                let mut lba = b.lba;
-                let mut left = b.blocks as usize * SECTOR_SIZE;
+                let mut sector = b.sector;
+                let mut left = b.bytes;
                 while left > 0 {
+                    // MAX_TRANSFER is whole logical blocks (checked at start).
                     let n = left.min(MAX_TRANSFER);
-                    within(&cx, || self.blk.write_blocks(lba as usize, &zeros[..n]))
+                    within(&cx, || self.blk.write_blocks(sector as usize, &zeros[..n]))
                         .map_err(crate_error)?;
-                    lba += (n / SECTOR_SIZE) as u64;
+                    sector += (n / SECTOR_SIZE) as u64;
                     left -= n;
                 }
                 Ok(0)
@@ -253,7 +276,8 @@ impl BlockDriver for HostedBlk {
     }
 
     fn submit(&mut self, r: &BlockRequest, iova_base: u64, tag: u64) -> Result<(), BlockError> {
-        let len = r.blocks as usize * SECTOR_SIZE;
+        let len = r.blocks as usize * self.info.block_size as usize;
+        let sector = r.lba * self.sectors_per_block;
         let write = match r.op {
             BlockOp::Read => false,
             BlockOp::Write => true,
@@ -261,8 +285,8 @@ impl BlockDriver for HostedBlk {
                 self.barriers.push_back(Barrier {
                     tag,
                     op: r.op,
-                    lba: r.lba,
-                    blocks: r.blocks,
+                    sector,
+                    bytes: len,
                 });
                 return Ok(());
             }
@@ -304,10 +328,10 @@ impl BlockDriver for HostedBlk {
         let token = within(&cx, || unsafe {
             if write {
                 self.blk
-                    .write_blocks_nb(r.lba as usize, &mut f.req, buf, &mut f.resp)
+                    .write_blocks_nb(sector as usize, &mut f.req, buf, &mut f.resp)
             } else {
                 self.blk
-                    .read_blocks_nb(r.lba as usize, &mut f.req, buf, &mut f.resp)
+                    .read_blocks_nb(sector as usize, &mut f.req, buf, &mut f.resp)
             }
         });
         match token {

@@ -14,7 +14,9 @@
  *    allocate or free vectors or timers: those calls are refused while a handler runs.
  *
  * Every call below is made from inside the driver (an entry point Outboard called, or a
- * handler). Called from anywhere else it does nothing and logs why (or returns an error).
+ * handler). Called from anywhere else it does nothing and logs why (or returns an error),
+ * except osenv_sleep_init, osenv_wakeup (a wakeup may come from any thread of the process)
+ * and osenv_timer_spin, which need no driver.
  *
  * What Outboard adds or leaves out compared with the original is said at each call; the
  * summary is at the end of this file.
@@ -30,7 +32,10 @@
 extern "C" {
 #endif
 
-/* The version of this interface. A driver built against another major version is refused. */
+/* The version of this interface. It changes whenever a change here would make a driver built
+ * against the old header misbehave, and OUTBOARD_DRIVER_ABI (outboard/driver.h) changes with
+ * it: a driver's descriptor carries that version, so a driver built against another osenv is
+ * refused when it is loaded, naming both versions. */
 #define OSENV_ABI_VERSION 1
 
 typedef size_t oskit_size_t;
@@ -62,8 +67,10 @@ int osenv_intr_enabled(void);
 /* Lets osenv_irq_alloc put a second handler on a vector that every handler agrees to share. */
 #define OSENV_IRQ_SHAREABLE 0x1
 
-/* Registers handler(data) on interrupt vector irq: the device's vectors, its MSI-X vectors or
- * else its MSI vectors, numbered from 0 (at most 48; a driver without a device may use 0-47).
+/* Registers handler(data) on interrupt vector irq: the device's vectors, its MSI-X vectors,
+ * else its MSI vectors, numbered from 0 (at most 48; a driver without a device may use 0-47),
+ * else its INTx line as vector 0 (a level: masked as it is delivered, unmasked once the
+ * vector's handlers have run, so a device that still asserts it interrupts again).
  * The handler is registered before the call returns: an interrupt the driver provokes right
  * after it (an autoprobe) reaches the handler.
  * Returns 0, OSENV_EBUSY if the vector is held and not shared by both, OSENV_EINVAL for a
@@ -71,7 +78,8 @@ int osenv_intr_enabled(void);
 int osenv_irq_alloc(int irq, void (*handler)(void *), void *data, int flags);
 
 /* Removes the handler registered with these arguments. An interrupt pending on the vector is
- * handled before it returns; afterwards the handler is never called again. */
+ * handled before it returns (unless the vector is held off with osenv_irq_disable: then it
+ * stays pending for the handlers that remain); afterwards the handler is never called again. */
 void osenv_irq_free(int irq, void (*handler)(void *), void *data);
 
 /* Holds one vector off (at the interrupt controller) / lets it in again / says whether it
@@ -109,7 +117,8 @@ typedef unsigned int osenv_memflags_t;
 /* Memory the device can reach (DMA memory, mapped in the device's IOMMU space): its device
  * address is osenv_mem_get_phys. Outboard: page-granular, zeroed. */
 #define OSENV_PHYS_WIRED   0x02
-/* Accepted, always true in Outboard: device addresses are IOVAs, contiguous per block. */
+/* Accepted and ignored: a driver's addresses are never its device's. A wired block is
+ * contiguous for the device (one IOVA range); osenv_mem_get_phys gives a byte's address. */
 #define OSENV_VIRT_EQ_PHYS 0x04
 #define OSENV_PHYS_CONTIG  0x08
 /* Return NULL rather than wait when no memory is available (Outboard never waits). */
@@ -224,10 +233,10 @@ int osenv_bar_write64(unsigned bar, oskit_size_t offset, uint64_t value);
  * Left out: osenv_mem_map_phys, osenv_mem_get_virt and osenv_mem_phys_max (a driver in a
  * process has no physical address space: its device's registers are reached through the BAR
  * accessors, its DMA memory is wired memory), osenv_pci_config_init (there is always exactly
- * one function), the RTC calls, the ISA bus calls, and INTx (a device's vectors are its MSI-X
- * vectors, else its MSI vectors).
+ * one function), the RTC calls and the ISA bus calls.
  * Added: OSENV_ABI_VERSION; error returns from osenv_timer_register; osenv_vpanic; the port
- * and BAR accessors.
+ * and BAR accessors; interrupts numbered as the device's vectors (MSI-X, MSI, else INTx as
+ * vector 0) instead of ISA IRQ lines.
  */
 
 #ifdef __cplusplus

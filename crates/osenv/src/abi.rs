@@ -241,7 +241,38 @@ pub extern "C" fn osenv_mem_alloc(size: usize, flags: c_uint, align: c_uint) -> 
         .unwrap_or(std::ptr::null_mut())
 }
 
+thread_local! {
+    /// Whether this thread is inside the allocator of `osenv_mem_alloc`/`osenv_mem_free`.
+    static IN_ALLOCATOR: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// Whether the calling thread is inside the allocator of `osenv_mem_alloc` or
+/// `osenv_mem_free`: a handler that finds it so has interrupted an allocation, which the rule
+/// "allocations run with interrupts held off" forbids (the test of that rule asks it from a
+/// handler; a constant-initialised thread-local is safe to read in a signal handler).
+#[doc(hidden)]
+pub fn in_allocator() -> bool {
+    IN_ALLOCATOR.with(|f| f.get())
+}
+
+/// Marks the calling thread inside the allocator until dropped.
+struct Allocating;
+
+impl Allocating {
+    fn new() -> Self {
+        IN_ALLOCATOR.with(|f| f.set(true));
+        Allocating
+    }
+}
+
+impl Drop for Allocating {
+    fn drop(&mut self) {
+        IN_ALLOCATOR.with(|f| f.set(false));
+    }
+}
+
 fn alloc(st: &State, size: usize, flags: c_uint, align: usize) -> Option<*mut c_void> {
+    let _allocating = Allocating::new();
     let (ptr, block) = if flags & OSENV_PHYS_WIRED != 0 {
         let Some(dma) = &st.dma else {
             tracing::warn!(
@@ -283,6 +314,7 @@ pub extern "C" fn osenv_mem_free(block: *mut c_void, flags: c_uint, size: usize)
     }
     in_driver("osenv_mem_free", |cpu, st| {
         cpu.without_interrupts(|| {
+            let _allocating = Allocating::new();
             let removed = st
                 .blocks
                 .lock()

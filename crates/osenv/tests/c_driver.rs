@@ -210,3 +210,48 @@ fn the_device_is_the_drivers_own_function_its_bars_sized_and_read_as_a_kernel_wo
         "virtio-blk has no I/O BAR"
     );
 }
+
+/// Timer interrupts counted by [`tick`], and those that found the thread inside the allocator.
+static TICKS: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+static TICKS_IN_ALLOCATOR: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+
+extern "C" fn tick() {
+    TICKS.fetch_add(1, SeqCst);
+    if outboard_osenv::abi::in_allocator() {
+        TICKS_IN_ALLOCATOR.fetch_add(1, SeqCst);
+    }
+}
+
+/// The rule "allocations run with interrupts held off": a 20 kHz timer interrupts a driver
+/// that does nothing but allocate and free (each interrupt contested: the thread is in the
+/// driver, so it is stopped and runs the handler at once, unless its interrupts are off). Its
+/// handler must never find the thread inside the allocator. (With `osenv_mem_alloc` not
+/// holding interrupts off, thousands do.)
+#[test]
+fn no_interrupt_lands_inside_an_allocation() {
+    use outboard_osenv::abi::{osenv_mem_alloc, osenv_mem_free, osenv_timer_register};
+    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|p| p.into_inner());
+    let env = Osenv::new("alloc-rule").unwrap();
+    let _in = env.enter();
+    assert_eq!(osenv_timer_register(Some(tick), 20_000), 0);
+    let end = Instant::now() + Duration::from_secs(1);
+    let mut rounds = 0u64;
+    while Instant::now() < end {
+        // 64 KiB, zeroed: a few microseconds inside the allocator each time.
+        let p = osenv_mem_alloc(64 << 10, 0, 64);
+        assert!(!p.is_null());
+        osenv_mem_free(p, 0x01, 0);
+        rounds += 1;
+    }
+    outboard_osenv::abi::osenv_timer_unregister(Some(tick), 20_000);
+    let ticks = TICKS.load(SeqCst);
+    assert!(
+        ticks >= 1000,
+        "only {ticks} timer interrupts in {rounds} allocations: the test saw too few to judge"
+    );
+    assert_eq!(
+        TICKS_IN_ALLOCATOR.load(SeqCst),
+        0,
+        "of {ticks} timer interrupts during {rounds} allocations, some ran inside the allocator"
+    );
+}

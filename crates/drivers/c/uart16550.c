@@ -239,7 +239,19 @@ static int uart_set_line(const struct outboard_line *l)
     out(LCR, LCR_DLAB);
     out(DATA, d & 0xff);
     out(IER, d >> 8);
+    /* Read back: a device that did not take the rate or the frame says so here, not as
+     * garbage on the line later. */
+    unsigned kept = in(DATA) | ((unsigned)in(IER) << 8);
     out(LCR, lcr);
+    uint8_t kept_lcr = in(LCR);
+    if (kept != d || kept_lcr != lcr) {
+        osenv_log(OSENV_LOG_ERR,
+                  "uart16550: the device kept divisor %u and LCR %#x, not %u and %#x", kept,
+                  kept_lcr, d, lcr);
+        if (was)
+            osenv_intr_enable();
+        return OSENV_EIO;
+    }
     line = *l;
     /* Without flow control RTS stays on and the receive interrupt with it. */
     if (!flowing()) {

@@ -135,8 +135,11 @@ pub fn peer(args: &[String]) -> Result<(), String> {
         }
         Some("udp-echo" | "udp-load") => crate::netload::peer(args),
         Some("raw-source" | "raw-sink" | "raw-echo") => crate::netraw::peer(args),
-        _ => {
-            Err("bench-peer: eventfd RX TX N | cacheline MEMFD N | udp-echo … | udp-load …".into())
-        }
+        Some("timerfd") => crate::clock_servers::floor_peer(args),
+        _ => Err(
+            "bench-peer: eventfd RX TX N | cacheline MEMFD N | udp-echo … | udp-load … | \
+             timerfd HZ SOCKET"
+                .into(),
+        ),
     }
 }

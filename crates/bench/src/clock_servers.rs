@@ -1,6 +1,8 @@
 //! The clock test with timer *devices*: 1 to 6 PCI timer models, each driven in a driver
 //! server of its own by the C driver on `osenv` (`legacy-timer`) or by the native work-loop
-//! driver (`timer`), ticking at a rate for a fixed time; beside them, as the floor, 1 to 6
+//! driver (`timer`), ticking at a rate for a fixed time — the C driver also *contested*: a
+//! thread in each server holds the driver nearly all the time (`legacy::contender`), so its
+//! interrupts stop that thread, as in the thesis; beside them, as the floor, 1 to 6
 //! processes each with a thread blocked on a `timerfd` at the same rate (`bench-peer timerfd`).
 //! Measured: the driver servers' (or floor processes') CPU time (every thread, from
 //! `/proc/PID/task/*/schedstat`) per interrupt handled, and the share of the interrupts asked
@@ -23,11 +25,13 @@ use crate::stats::Summary;
 use crate::tests::{figure, WARM_UP};
 use crate::Context;
 
-/// The drivers compared, with their labels; `timerfd` is the floor: no device, no driver.
-const DRIVERS: [(&str, &str); 3] = [
-    ("legacy-timer", "osenv (C driver)"),
-    ("timer", "native"),
-    (FLOOR, "timerfd (the floor)"),
+/// The configurations compared: (driver, contested, label); `timerfd` is the floor: no
+/// device, no driver.
+const DRIVERS: [(&str, bool, &str); 4] = [
+    ("legacy-timer", false, "osenv (C driver)"),
+    ("legacy-timer", true, "osenv (C driver), contested"),
+    ("timer", false, "native"),
+    (FLOOR, false, "timerfd (the floor)"),
 ];
 
 const FLOOR: &str = "timerfd";
@@ -55,16 +59,25 @@ pub fn steps(ctx: &Context) -> u64 {
     (DRIVERS.len() * counts(ctx).len() * rates(ctx).len() * ctx.runs) as u64
 }
 
-/// CPU nanoseconds every thread of `pid` has run.
-fn cpu_ns(pid: u32) -> u64 {
+/// CPU nanoseconds the threads of `pid` have run: all of them, and those named `named`.
+fn cpu_ns(pid: u32, named: &str) -> (u64, u64) {
     let tasks = std::fs::read_dir(format!("/proc/{pid}/task"))
         .into_iter()
         .flatten();
-    tasks
-        .flatten()
-        .filter_map(|t| std::fs::read_to_string(t.path().join("schedstat")).ok())
-        .filter_map(|s| s.split_whitespace().next()?.parse::<u64>().ok())
-        .sum()
+    let mut all = (0, 0);
+    for t in tasks.flatten() {
+        let Some(ns) = std::fs::read_to_string(t.path().join("schedstat"))
+            .ok()
+            .and_then(|s| s.split_whitespace().next()?.parse::<u64>().ok())
+        else {
+            continue;
+        };
+        all.0 += ns;
+        if std::fs::read_to_string(t.path().join("comm")).is_ok_and(|c| c.trim() == named) {
+            all.1 += ns;
+        }
+    }
+    all
 }
 
 /// Where a timer's interrupt count is read.
@@ -97,6 +110,8 @@ struct Timers {
     _models: Vec<Proc>,
     hosts: Vec<Proc>,
     clients: Vec<Counter>,
+    /// Where each server's contending thread reports (contested runs).
+    contenders: Vec<PathBuf>,
     dir: PathBuf,
 }
 
@@ -108,9 +123,9 @@ impl Drop for Timers {
     }
 }
 
-fn start(exe: &Path, driver: &str, n: usize, hz: u32) -> Result<Timers, String> {
+fn start(exe: &Path, driver: &str, contested: bool, n: usize, hz: u32) -> Result<Timers, String> {
     let dir = std::env::temp_dir().join(format!(
-        "outboard-bench-clock-{}-{driver}-{n}-{hz}",
+        "outboard-bench-clock-{}-{driver}-{contested}-{n}-{hz}",
         std::process::id()
     ));
     std::fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
@@ -118,6 +133,7 @@ fn start(exe: &Path, driver: &str, n: usize, hz: u32) -> Result<Timers, String> 
         _models: Vec::new(),
         hosts: Vec::new(),
         clients: Vec::new(),
+        contenders: Vec::new(),
         dir: dir.clone(),
     };
     for i in 0..n {
@@ -147,7 +163,7 @@ fn start(exe: &Path, driver: &str, n: usize, hz: u32) -> Result<Timers, String> 
         ]
         .map(String::from);
         t._models.push(spawn(exe, &m, &model)?);
-        let h = [
+        let mut h = [
             "driver-host",
             "--listen",
             &host.display().to_string(),
@@ -158,7 +174,13 @@ fn start(exe: &Path, driver: &str, n: usize, hz: u32) -> Result<Timers, String> 
             "--spin-us",
             "0",
         ]
-        .map(String::from);
+        .map(String::from)
+        .to_vec();
+        if contested {
+            let report = dir.join(format!("contender{i}.bin"));
+            h.extend(["--contend".into(), format!("{name}={}", report.display())]);
+            t.contenders.push(report);
+        }
         t.hosts.push(spawn(exe, &h, &host)?);
         t.clients.push(Counter::Driver(Box::new(
             ClockClient::open(&host, &name).map_err(|e| format!("{name}: {e}"))?,
@@ -177,10 +199,27 @@ fn window(t: &mut Timers, n: usize, hz: u32, secs: f64) -> Result<(f64, f64), St
         }
         Ok(sum)
     };
-    let cpu = |t: &Timers| t.hosts.iter().map(|h| cpu_ns(h.pid)).sum::<u64>();
-    let (i0, c0) = (irqs(t)?, cpu(t));
+    // The servers' CPU, less each contending thread's but for what its interrupts took
+    // from it (its own report; its CPU is read here, at the same moment as the rest).
+    let cpu = |t: &Timers| -> Result<u64, String> {
+        let (mut ns, mut contending) = (0u64, 0u64);
+        for h in &t.hosts {
+            let (all, theirs) = cpu_ns(h.pid, "contender");
+            ns += all;
+            contending += theirs;
+        }
+        for path in &t.contenders {
+            let (_, lost) =
+                outboard_drivers::legacy::contender::read_report(path).ok_or_else(|| {
+                    format!("{}: no report from the contending thread", path.display())
+                })?;
+            contending = contending.saturating_sub(lost);
+        }
+        Ok(ns.saturating_sub(contending))
+    };
+    let (i0, c0) = (irqs(t)?, cpu(t)?);
     std::thread::sleep(Duration::from_secs_f64(secs));
-    let (c1, i1) = (cpu(t), irqs(t)?);
+    let (c1, i1) = (cpu(t)?, irqs(t)?);
     let handled = i1.wrapping_sub(i0).max(1);
     let asked = n as f64 * f64::from(hz) * secs;
     Ok((
@@ -209,7 +248,7 @@ pub fn measure(ctx: &Context, secs: f64) -> Result<(Figure, Figure, Vec<String>)
         "line",
     );
     let mut saturation = Vec::new();
-    for (driver, label) in DRIVERS {
+    for (driver, contested, label) in DRIVERS {
         // (total rate asked, median share handled) of every configuration.
         let mut shares: Vec<(f64, f64)> = Vec::new();
         for &hz in rates(ctx) {
@@ -222,9 +261,10 @@ pub fn measure(ctx: &Context, secs: f64) -> Result<(Figure, Figure, Vec<String>)
             for &n in counts(ctx) {
                 ctx.progress
                     .set_message(format!("clock: {n} × {driver} at {hz} Hz"));
-                let mut t = start(&ctx.exe, driver, n, hz)?;
-                // Let the first ticks and the sessions settle.
-                std::thread::sleep(Duration::from_millis(100));
+                let mut t = start(&ctx.exe, driver, contested, n, hz)?;
+                // Let the first ticks and the sessions settle (and the contending threads
+                // calibrate: five 10 ms stretches).
+                std::thread::sleep(Duration::from_millis(if contested { 300 } else { 100 }));
                 let (mut us, mut pct) = (Vec::new(), Vec::new());
                 for _ in 0..ctx.runs {
                     let (u, p) = window(&mut t, n, hz, secs)?;

@@ -283,7 +283,7 @@ fn class_selftest(a: &SelftestArgs) -> Result<ExitCode, String> {
     let opts = outboard_drivers::StartOptions {
         name: "selftest".into(),
         queues: 1,
-        abort_on: None,
+        ..Default::default()
     };
     let mut rep = Report { failed: false };
     let name = a.driver.as_deref();

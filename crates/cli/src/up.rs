@@ -615,10 +615,17 @@ fn serve_devices(
                     .map_err(|_| format!("--driver-abort-on {name}={s}: give a sector number"))
             })
             .transpose()?;
+        let contend = a
+            .contend
+            .iter()
+            .filter_map(|x| x.split_once('='))
+            .find(|(n, _)| *n == name)
+            .map(|(_, path)| std::path::PathBuf::from(path));
         let opts = StartOptions {
             name: name.to_string(),
             queues: MAX_QUEUES,
             abort_on,
+            contend,
         };
         served.push(crate::classes::serve(&at, driver, opts).map_err(|e| format!("{name}: {e}"))?);
         names.push(name.to_string());

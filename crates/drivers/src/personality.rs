@@ -137,6 +137,11 @@ pub struct StartOptions {
     /// sector, every time — a request that kills its driver (what quarantine is for). The
     /// virtio-blk driver honours it.
     pub abort_on: Option<u64>,
+    /// Measurement (`outboard bench clock`, contested delivery in a driver server): a
+    /// process-level thread holds the driver nearly all the time, doing counted work, and
+    /// reports to this file what the driver's interrupts took from it
+    /// (`legacy::contender`). Legacy clock drivers honour it.
+    pub contend: Option<std::path::PathBuf>,
 }
 
 /// Why a driver could not be started.
@@ -188,6 +193,8 @@ pub struct Personality {
 pub enum DriverFault {
     /// [`StartOptions::abort_on`]: it aborts its process whenever a request touches a sector.
     AbortOn,
+    /// [`StartOptions::contend`]: a process-level thread can hold it (a legacy driver).
+    Contend,
 }
 
 impl Personality {
@@ -221,6 +228,13 @@ impl Personality {
 
     /// Why `opts` asks this driver for a fault it cannot inject, if it does.
     pub fn refuses(&self, opts: &StartOptions) -> Option<String> {
+        if opts.contend.is_some() && !self.faults.contains(&DriverFault::Contend) {
+            return Some(format!(
+                "contend: the {} driver has no process lock for a thread to hold (only legacy \
+                 clock drivers do)",
+                self.driver
+            ));
+        }
         (opts.abort_on.is_some() && !self.faults.contains(&DriverFault::AbortOn)).then(|| {
             format!(
                 "driver_abort_on: the {} driver cannot abort on a sector (its requests name none)",
@@ -241,11 +255,13 @@ pub struct Started {
     pub personality: &'static Personality,
 }
 
-fn virtio_blk_matches(id: &Identity<'_>) -> bool {
+/// Whether a function is a virtio-blk device (any virtio-blk driver's passive match).
+pub(crate) fn virtio_blk_matches(id: &Identity<'_>) -> bool {
     matches!(id, Identity::Pci(id) if crate::virtio_blk::matches(id))
 }
 
-fn virtio_blk_probe(dev: &Probe<'_>, initial: u32) -> Result<u32, String> {
+/// Any virtio-blk driver's active probe: the modern virtio structures it needs are there.
+pub(crate) fn virtio_blk_probe(dev: &Probe<'_>, initial: u32) -> Result<u32, String> {
     let Probe::Pci(f) = dev else {
         return Err("virtio-blk drives PCI functions".into());
     };

@@ -32,6 +32,14 @@ fn serve_timer(dir: &std::path::Path, hz: u32) -> (DeviceSpec, Arc<AtomicBool>) 
     )
 }
 
+/// Start options naming the clock.
+fn named(name: &str) -> outboard_drivers::StartOptions {
+    outboard_drivers::StartOptions {
+        name: name.into(),
+        ..Default::default()
+    }
+}
+
 /// The C driver keeps its state in statics: one instance at a time in this process.
 static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
@@ -74,7 +82,7 @@ fn the_c_timer_driver_counts_the_devices_ticks_and_reads_its_time() {
     let probed = probe_driver(&Probe::Pci(&f)).unwrap();
     assert_eq!(probed.personality.driver, "legacy-timer");
     let c = builtin_timer().unwrap();
-    let mut clock = LegacyClock::start("legacy-timer", &c, "clock0", f).unwrap();
+    let mut clock = LegacyClock::start("legacy-timer", &c, &named("clock0"), f).unwrap();
     assert_eq!(clock.info().hz, 1000);
     let t0 = clock.now().unwrap();
     let started = Instant::now();
@@ -108,10 +116,10 @@ fn one_copy_of_a_c_driver_drives_one_device_and_abandon_frees_it() {
     let (spec2, stop2) = serve_timer(other.path(), 100);
     let c = builtin_timer().unwrap();
     let open = |s: &DeviceSpec| PciFunction::open(s).unwrap();
-    let mut first = LegacyClock::start("legacy-timer", &c, "clock0", open(&spec)).unwrap();
+    let mut first = LegacyClock::start("legacy-timer", &c, &named("clock0"), open(&spec)).unwrap();
     assert!(first.sources().iter().any(|(e, _)| *e == DeviceEvent::Lost));
     // The same C code for a second device, in the same process: refused, saying why.
-    match LegacyClock::start("legacy-timer", &c, "clock1", open(&spec2)) {
+    match LegacyClock::start("legacy-timer", &c, &named("clock1"), open(&spec2)) {
         Err(outboard_drivers::StartError::Refused(why)) => {
             assert!(why.contains("a server of its own"), "{why}")
         }
@@ -120,7 +128,8 @@ fn one_copy_of_a_c_driver_drives_one_device_and_abandon_frees_it() {
     // Given up, the first frees the code: the second device gets it.
     let _ = first.abandon();
     assert!(first.now().is_err(), "an abandoned driver still answers");
-    let mut second = LegacyClock::start("legacy-timer", &c, "clock1", open(&spec2)).unwrap();
+    let mut second =
+        LegacyClock::start("legacy-timer", &c, &named("clock1"), open(&spec2)).unwrap();
     assert!(ticks_reach(&mut second, 2, Duration::from_secs(10)) >= 2);
     drop(first);
     drop(second);
@@ -166,4 +175,59 @@ fn the_native_timer_driver_counts_the_same_ticks_in_the_work_loop_model() {
         "{t:?}"
     );
     stop.store(true, Ordering::SeqCst);
+}
+
+/// The thesis's contested case in a driver server: with `contend`, a thread holds the driver
+/// nearly all the time, so the ticks' interrupts find it inside and stop it; it reports its
+/// CPU time and what the interrupts took from it, and the ticks are still all counted.
+#[test]
+fn a_contending_thread_holds_the_driver_and_the_interrupts_stop_it() {
+    let _one = one_at_a_time();
+    let dir = tempfile::tempdir().unwrap();
+    let (spec, stop) = serve_timer(dir.path(), 2000);
+    let c = builtin_timer().unwrap();
+    let report = dir.path().join("contender.bin");
+    let opts = outboard_drivers::StartOptions {
+        contend: Some(report.clone()),
+        ..named("clock0")
+    };
+    let mut clock =
+        LegacyClock::start("legacy-timer", &c, &opts, PciFunction::open(&spec).unwrap()).unwrap();
+    let got = ticks_reach(&mut clock, 2000, Duration::from_secs(20));
+    assert!(got >= 2000, "only {got} ticks counted under contention");
+    let (uncontested, contested) = clock.delivered();
+    assert!(
+        contested * 2 > uncontested + contested,
+        "most interrupts should find the thread inside: {contested} contested, {uncontested} not"
+    );
+    let (used, lost) = outboard_drivers::legacy::contender::read_report(&report)
+        .expect("the contending thread reports");
+    assert!(
+        used > 100_000_000,
+        "it ran {used} ns of CPU in about a second"
+    );
+    assert!(lost < used, "{lost} ns lost of {used}");
+    // Abandoning the driver stops the thread first: it reports no more.
+    let _ = clock.abandon();
+    let last = outboard_drivers::legacy::contender::read_report(&report);
+    std::thread::sleep(Duration::from_millis(100));
+    assert_eq!(
+        outboard_drivers::legacy::contender::read_report(&report),
+        last,
+        "the contending thread ran on after its driver was abandoned"
+    );
+    stop.store(true, Ordering::SeqCst);
+}
+
+/// A driver with no process lock refuses a contending thread, saying why.
+#[test]
+fn a_native_driver_refuses_contention() {
+    let opts = outboard_drivers::StartOptions {
+        contend: Some("/nonexistent".into()),
+        ..named("clock0")
+    };
+    let native = outboard_drivers::by_name("timer").unwrap();
+    assert!(native.refuses(&opts).unwrap().contains("no process lock"));
+    let legacy = outboard_drivers::by_name("legacy-timer").unwrap();
+    assert_eq!(legacy.refuses(&opts), None);
 }

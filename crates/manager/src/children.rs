@@ -209,6 +209,11 @@ pub struct DriverHostArgs {
     /// touches SECTOR, every time (a request that kills its driver). Repeatable.
     #[arg(long = "driver-abort-on", value_name = "NAME=SECTOR")]
     pub driver_abort_on: Vec<String>,
+    /// Measurement (`outboard bench clock`): a thread holds the legacy driver of device NAME
+    /// nearly all the time, doing counted work, and writes to PATH what the driver's
+    /// interrupts took from it. Repeatable; never set by the manager.
+    #[arg(long = "contend", value_name = "NAME=PATH", hide = true)]
+    pub contend: Vec<String>,
     /// Poll for new requests this many microseconds after the last one before sleeping
     /// (0: sleep at once). Saves a wake-up per request for busy clients; idle cost is nil.
     #[arg(long, default_value_t = 20)]
@@ -268,6 +273,7 @@ impl DriverHostArgs {
             drivers: Vec::new(),
             driver_libs: Vec::new(),
             driver_abort_on: Vec::new(),
+            contend: Vec::new(),
             spin_us: 20,
             no_counters: false,
             notify_fd: None,
@@ -298,6 +304,7 @@ impl DriverHostArgs {
                 .collect::<Vec<_>>(),
         );
         a.each("--driver-abort-on", &self.driver_abort_on);
+        a.each("--contend", &self.contend);
         a.opt("--spin-us", Some(self.spin_us));
         a.flag("--no-counters", self.no_counters);
         a.opt("--notify-fd", self.notify_fd);

@@ -67,18 +67,8 @@ impl Drop for DeviceProcess {
     }
 }
 
-/// A deterministic byte pattern distinct per seed.
-pub fn pattern(seed: u64, len: usize) -> Vec<u8> {
-    let mut x = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
-    (0..len)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x as u8
-        })
-        .collect()
-}
+/// A deterministic byte pattern distinct per seed (the block conformance suite's).
+pub use outboard_block::conformance::pattern;
 
 pub const EXE: &str = env!("CARGO_BIN_EXE_outboard");
 

@@ -22,7 +22,7 @@ use virtio_drivers::transport::DeviceType;
 
 use super::hal::{within, Context, OutboardHal};
 use super::transport::HostedTransport;
-use crate::personality::{Identity, Personality, Probe, Provider, StartError, StartOptions};
+use crate::personality::{Personality, Provider, StartError, StartOptions};
 
 /// Requests in flight at most: the pool's slots.
 const DEPTH: usize = 16;
@@ -401,19 +401,6 @@ impl BlockDriver for HostedBlk {
     }
 }
 
-fn matches(id: &Identity<'_>) -> bool {
-    matches!(id, Identity::Pci(id) if crate::virtio_blk::matches(id))
-}
-
-fn probe(dev: &Probe<'_>, initial: u32) -> Result<u32, String> {
-    let Probe::Pci(f) = dev else {
-        return Err("virtio-drivers-blk drives PCI functions".into());
-    };
-    let caps = crate::virtio::transport::virtio_caps(f).map_err(|e| e.to_string())?;
-    let bars = f.bar_sizes().map_err(|e| e.to_string())?;
-    crate::virtio_blk::probe_score(&f.identity(), &caps, &bars, initial)
-}
-
 fn start(p: Provider, o: &StartOptions) -> Result<Box<dyn AnyDriver>, StartError> {
     let Provider::Pci(f) = p else {
         return Err(StartError::NoMatch(
@@ -429,8 +416,9 @@ pub const PERSONALITY: Personality = Personality {
     driver: "virtio-drivers-blk",
     class: outboard_block::CLASS,
     score: 500,
-    matches,
-    probe,
+    // The device is the native driver's: the same passive match and active probe.
+    matches: crate::personality::virtio_blk_matches,
+    probe: crate::personality::virtio_blk_probe,
     start,
     faults: &[],
     library: None,

@@ -15,14 +15,18 @@ use outboard_osenv::Osenv;
 
 use super::claim::Claim;
 use super::descriptor::{builtin_timer, AtomicTicks, CDriver, ClockOps, ClockSink};
-use crate::personality::{Identity, Personality, Probe, Provider, StartError, StartOptions};
+use crate::personality::{
+    DriverFault, Identity, Personality, Probe, Provider, StartError, StartOptions,
+};
 
 /// Longest wait a client may ask for: an hour of ticks.
 const MAX_WAIT_SECONDS: u32 = 3600;
 
 /// A C clock driver, started on its device.
 pub struct LegacyClock {
-    // Dropped first: its interrupt thread stops before the sink it reports to goes, and
+    // Stopped before anything else goes: it holds the driver.
+    contender: Option<super::contender::Contender>,
+    // Dropped first of the rest: its interrupt thread stops before the sink it reports to goes, and
     // before the driver's code is free for another device. `None` once abandoned.
     osenv: Option<Osenv>,
     claim: Option<Claim>,
@@ -36,13 +40,15 @@ pub struct LegacyClock {
 }
 
 impl LegacyClock {
-    /// Starts the C driver `c` (personality `driver`) as clock `name` on `function`.
+    /// Starts the C driver `c` (personality `driver`) as clock `name` on `function`, with a
+    /// thread contending for it if `o.contend` asks for one.
     pub fn start(
         driver: &'static str,
         c: &CDriver,
-        name: &str,
+        o: &StartOptions,
         function: PciFunction,
     ) -> Result<Self, StartError> {
+        let name = o.name.as_str();
         let refused = |why: String| StartError::Refused(format!("{driver}: {why}"));
         let ops = c.clock_ops().map_err(|e| refused(e.to_string()))?;
         let claim = Claim::take(c, driver)?;
@@ -62,7 +68,14 @@ impl LegacyClock {
         if !(1..=100_000).contains(&hz) {
             return Err(refused(format!("the driver says it ticks at {hz} Hz")));
         }
+        let contender = o
+            .contend
+            .as_deref()
+            .map(|path| super::contender::Contender::start(osenv.cpu().clone(), path))
+            .transpose()
+            .map_err(refused)?;
         Ok(Self {
+            contender,
             osenv: Some(osenv),
             claim: Some(claim),
             _sink: sink,
@@ -108,7 +121,9 @@ impl Driver for LegacyClock {
 
     fn abandon(&mut self) -> Fence {
         // The device given up, the driver stops too: its interrupt thread ends with its
-        // environment, and its code is free for the device's next driver.
+        // environment, and its code is free for the device's next driver. A contending
+        // thread leaves it first.
+        self.contender = None;
         let certain = self.osenv.as_ref().is_none_or(Osenv::abandon);
         self.osenv = None;
         self.claim = None;
@@ -187,7 +202,7 @@ pub const TIMER: Personality = Personality {
     matches: timer_matches,
     probe: timer_probe,
     start: timer_start,
-    faults: &[],
+    faults: &[DriverFault::Contend],
     library: None,
 };
 

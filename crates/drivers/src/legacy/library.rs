@@ -166,7 +166,12 @@ fn register(d: LibraryDriver) -> Result<&'static Personality, LibraryError> {
                 "a library driver starts through its entry".into(),
             ))
         },
-        faults: &[],
+        // A legacy clock driver has a process lock a measuring thread can hold.
+        faults: if class == outboard_clock::CLASS {
+            &[crate::personality::DriverFault::Contend]
+        } else {
+            &[]
+        },
         library: Some(Box::leak(Box::new(d))),
     }));
     all.push(p);

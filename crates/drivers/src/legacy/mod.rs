@@ -8,6 +8,7 @@
 
 mod claim;
 pub mod clock;
+pub mod contender;
 pub mod descriptor;
 pub mod library;
 pub mod serial;
@@ -99,7 +100,7 @@ pub fn start_c(
     };
     match c.class.as_str() {
         outboard_clock::CLASS => Ok(outboard_clock::bind(clock::LegacyClock::start(
-            driver, c, &o.name, f,
+            driver, c, o, f,
         )?)),
         outboard_char::CLASS => Ok(outboard_char::bind(serial::LegacyChar::start(
             driver, c, &o.name, f,

@@ -41,7 +41,11 @@ fn bad_entries_fail_alone_and_good_ones_are_served() {
     let f = PciFunction::open(&spec).unwrap();
     let env = outboard_env::DeviceEnv::for_function(&f);
     let c = builtin_timer().unwrap();
-    let driver = LegacyClock::start("legacy-timer", &c, "clock0", f).unwrap();
+    let opts = outboard_drivers::StartOptions {
+        name: "clock0".into(),
+        ..Default::default()
+    };
+    let driver = LegacyClock::start("legacy-timer", &c, &opts, f).unwrap();
     let sock = dir.path().join("clock.sock");
     let (stop, thread) = DriverHost::bind(&sock, vec![ClockDispatcher::served(driver, env)])
         .unwrap()

@@ -14,7 +14,7 @@ use std::io::{Read, Write};
 use std::os::fd::AsFd;
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use outboard_clock::ClockDevice;
 use outboard_clock_client::ClockClient;
@@ -190,41 +190,53 @@ fn start(exe: &Path, driver: &str, contested: bool, n: usize, hz: u32) -> Result
 }
 
 /// One window: (µs of driver-server CPU per interrupt handled, share of the interrupts asked
-/// that were handled).
+/// that were handled). A count is read through a session, which enters the driver (and may
+/// wait for a contending thread to leave it), so each timer's count is timed where it was
+/// read: its rate over its own interval, applied to the window of the CPU readings.
 fn window(t: &mut Timers, n: usize, hz: u32, secs: f64) -> Result<(f64, f64), String> {
-    let irqs = |t: &mut Timers| -> Result<u64, String> {
-        let mut sum = 0u64;
+    let irqs = |t: &mut Timers| -> Result<Vec<(u64, Instant)>, String> {
+        let mut at = Vec::with_capacity(t.clients.len());
         for c in &mut t.clients {
-            sum += c.interrupts()?;
+            let count = c.interrupts()?;
+            at.push((count, Instant::now()));
         }
-        Ok(sum)
+        Ok(at)
     };
     // The servers' CPU, less each contending thread's but for what its interrupts took
     // from it (its own report; its CPU is read here, at the same moment as the rest).
-    let cpu = |t: &Timers| -> Result<u64, String> {
-        let (mut ns, mut contending) = (0u64, 0u64);
+    let cpu = |t: &Timers| -> Result<(u64, Instant), String> {
+        let (mut ns, mut contending) = (0i64, 0i64);
         for h in &t.hosts {
             let (all, theirs) = cpu_ns(h.pid, "contender");
-            ns += all;
-            contending += theirs;
+            ns += all as i64;
+            contending += theirs as i64;
         }
         for path in &t.contenders {
             let (_, lost) =
                 outboard_drivers::legacy::contender::read_report(path).ok_or_else(|| {
                     format!("{}: no report from the contending thread", path.display())
                 })?;
-            contending = contending.saturating_sub(lost);
+            contending -= lost;
         }
-        Ok(ns.saturating_sub(contending))
+        Ok(((ns - contending).max(0) as u64, Instant::now()))
     };
-    let (i0, c0) = (irqs(t)?, cpu(t)?);
+    let first = irqs(t)?;
+    let (c0, t0) = cpu(t)?;
     std::thread::sleep(Duration::from_secs_f64(secs));
-    let (c1, i1) = (cpu(t)?, irqs(t)?);
-    let handled = i1.wrapping_sub(i0).max(1);
-    let asked = n as f64 * f64::from(hz) * secs;
+    let (c1, t1) = cpu(t)?;
+    let last = irqs(t)?;
+    let span = t1.duration_since(t0).as_secs_f64().max(1e-6);
+    let per_second: f64 = first
+        .iter()
+        .zip(&last)
+        .map(|(&(i0, a), &(i1, b))| {
+            i1.wrapping_sub(i0) as f64 / b.duration_since(a).as_secs_f64().max(1e-6)
+        })
+        .sum();
+    let handled = (per_second * span).max(1.0);
     Ok((
-        c1.saturating_sub(c0) as f64 / 1e3 / handled as f64,
-        (handled as f64 / asked).min(1.0) * 100.0,
+        c1.saturating_sub(c0) as f64 / 1e3 / handled,
+        (per_second / (n as f64 * f64::from(hz))).min(1.0) * 100.0,
     ))
 }
 

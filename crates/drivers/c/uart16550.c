@@ -90,6 +90,9 @@ static struct ring rx, tx;
 static unsigned in_fifo;   /* bytes written to the transmitter, not yet seen gone */
 static uint8_t ier, mcr, msr;
 static struct outboard_line line;
+/* The divisor and LCR the device last took (0: none yet), to put back after a refusal. */
+static unsigned line_div;
+static uint8_t line_lcr;
 static struct outboard_char_counters count;
 static osenv_sleeprec_t reader;
 static int reader_sleeps, stopped;
@@ -248,10 +251,19 @@ static int uart_set_line(const struct outboard_line *l)
         osenv_log(OSENV_LOG_ERR,
                   "uart16550: the device kept divisor %u and LCR %#x, not %u and %#x", kept,
                   kept_lcr, d, lcr);
+        /* The line stays as it was: the settings before are written back. */
+        if (line_div) {
+            out(LCR, LCR_DLAB);
+            out(DATA, line_div & 0xff);
+            out(IER, line_div >> 8);
+            out(LCR, line_lcr);
+        }
         if (was)
             osenv_intr_enable();
         return OSENV_EIO;
     }
+    line_div = d;
+    line_lcr = lcr;
     line = *l;
     /* Without flow control RTS stays on and the receive interrupt with it. */
     if (!flowing()) {
@@ -324,7 +336,14 @@ static int uart_start(const struct outboard_char_sink *s, struct outboard_char_i
     out(MCR, mcr);
     ier = IER_RDA | IER_RLS | IER_MSI;
     struct outboard_line l = { 115200, 8, OUTBOARD_PARITY_NONE, 1, OUTBOARD_FLOW_NONE };
-    uart_set_line(&l);
+    line_div = 0;
+    err = uart_set_line(&l);
+    if (err) {
+        set_ier(0);
+        out(MCR, 0);
+        osenv_irq_free(0, uart_intr, 0);
+        goto fail;
+    }
     info->max_baud = CLOCK_BAUD;
     info->fifo = FIFO;
     osenv_log(OSENV_LOG_INFO, "uart16550: a 16550A at ports %#x, 115200 baud 8N1", base);

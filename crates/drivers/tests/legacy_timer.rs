@@ -206,7 +206,12 @@ fn a_contending_thread_holds_the_driver_and_the_interrupts_stop_it() {
         used > 100_000_000,
         "it ran {used} ns of CPU in about a second"
     );
-    assert!(lost < used, "{lost} ns lost of {used}");
+    // 2,000 interrupts a second, each stopping the thread: they take something from it, and
+    // far from all of it.
+    assert!(
+        lost > 0 && lost < used as i64 / 2,
+        "{lost} ns lost of {used}"
+    );
     // Abandoning the driver stops the thread first: it reports no more.
     let _ = clock.abandon();
     let last = outboard_drivers::legacy::contender::read_report(&report);

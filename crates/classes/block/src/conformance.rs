@@ -26,13 +26,17 @@ pub const CHECKS: &[Check] = &[
     },
     Check {
         name: "verified queued I/O at the start",
-        run: |d| queued_io_at(d, 0, 1 << 20, 1),
+        run: |d| {
+            let count = blocks_for(d, 1 << 20);
+            queued_io_at(d, 0, count, 1)
+        },
     },
     Check {
         name: "verified queued I/O at the end",
         run: |d| {
-            let end = d.info().capacity * d.info().block_size as u64;
-            queued_io_at(d, end - (160 << 10), 160 << 10, 2)
+            let count = blocks_for(d, 160 << 10);
+            let first = d.info().capacity - count;
+            queued_io_at(d, first, count, 2)
         },
     },
     Check {
@@ -60,8 +64,18 @@ pub const CHECKS: &[Check] = &[
 /// The smallest disk the suite runs on.
 pub const MIN_BYTES: u64 = 8 << 20;
 
-/// Bytes of buffer area each queued request has.
+/// Bytes of buffer area each queued request has, at the least (a slot holds one block).
 const SLOT: usize = 32 << 10;
+
+/// The slot of a device: 32 KiB, or one block if that is larger.
+fn slot(d: &dyn BlockDevice) -> usize {
+    SLOT.max(d.info().block_size as usize)
+}
+
+/// Whole blocks covering `bytes`.
+fn blocks_for(d: &dyn BlockDevice, bytes: u64) -> u64 {
+    bytes.div_ceil(u64::from(d.info().block_size))
+}
 
 /// Runs every check; the first failure, named.
 pub fn run(d: &mut dyn BlockDevice) -> Result<(), String> {
@@ -103,8 +117,9 @@ fn geometry(d: &mut dyn BlockDevice) -> Result<String, String> {
     }
     if depth(d) == 0 {
         return Err(format!(
-            "a buffer area of {} bytes: the suite needs {SLOT} at least",
-            d.buffers().len()
+            "a buffer area of {} bytes: the suite needs {} at least",
+            d.buffers().len(),
+            slot(d)
         ));
     }
     let i = d.info();
@@ -122,19 +137,19 @@ fn geometry(d: &mut dyn BlockDevice) -> Result<String, String> {
 /// Requests the suite keeps in flight: 16, unless the driver or the buffer area takes fewer.
 fn depth(d: &dyn BlockDevice) -> usize {
     16.min(d.info().queue_depth.max(1) as usize)
-        .min(d.buffers().len() / SLOT)
+        .min(d.buffers().len() / slot(d))
 }
 
 fn queued_io_at(
     d: &mut dyn BlockDevice,
-    offset: u64,
-    len: u64,
+    first: u64,
+    count: u64,
     seed: u64,
 ) -> Result<String, String> {
-    let bs = d.info().block_size as u64;
-    verified_io(d, offset / bs, len / bs, seed)?;
+    verified_io(d, first, count, seed)?;
     Ok(format!(
-        "{len} bytes at byte {offset}, {} in flight",
+        "blocks {first}..{}, up to {} in flight",
+        first + count,
         depth(d)
     ))
 }
@@ -142,7 +157,7 @@ fn queued_io_at(
 /// Writes distinct patterns over blocks `first..first + count` with up to 16 requests in
 /// flight, in requests of 1 to 64 blocks (as many as a 32 KiB slot of the buffer area holds),
 /// then reads everything back the same way and compares; ends with a flush if the device
-/// takes one.
+/// takes one. Every request has a tag of its own, and each must complete exactly once.
 pub fn verified_io(
     d: &mut dyn BlockDevice,
     first: u64,
@@ -150,7 +165,8 @@ pub fn verified_io(
     seed: u64,
 ) -> Result<(), String> {
     let bs = d.info().block_size as usize;
-    let per_slot = (SLOT / bs) as u64;
+    let slot_len = slot(d);
+    let per_slot = (slot_len / bs) as u64;
     let depth = depth(d);
     let mut plan = Vec::new();
     let mut lba = first;
@@ -166,23 +182,26 @@ pub fn verified_io(
     }
     let shm = |e: outboard_shm::ShmError| format!("buffer area: {e}");
     for op in [BlockOp::Write, BlockOp::Read] {
-        for chunk in plan.chunks(depth) {
+        for (c, chunk) in plan.chunks(depth).enumerate() {
+            // Request k of the plan has tag k: a completion that came late from an earlier
+            // batch, or twice, is caught.
+            let first_tag = (c * depth) as u64;
             if op == BlockOp::Read {
-                d.buffers().fill(0, depth * SLOT, 0).map_err(shm)?;
+                d.buffers().fill(0, depth * slot_len, 0).map_err(shm)?;
             }
             for (slot, &(lba, n)) in chunk.iter().enumerate() {
                 if op == BlockOp::Write {
                     let bytes = pattern(seed ^ lba, n as usize * bs);
                     d.buffers()
-                        .write((slot * SLOT) as u64, &bytes)
+                        .write((slot * slot_len) as u64, &bytes)
                         .map_err(shm)?;
                 }
                 let r = BlockRequest {
                     op,
                     lba,
                     blocks: n as u32,
-                    buf_offset: (slot * SLOT) as u64,
-                    tag: slot as u64,
+                    buf_offset: (slot * slot_len) as u64,
+                    tag: first_tag + slot as u64,
                 };
                 d.submit(&r)
                     .map_err(|e| format!("{op:?} of block {lba} x {n} not queued: {e}"))?;
@@ -193,10 +212,15 @@ pub fn verified_io(
                 d.wait(&mut done, Duration::from_secs(30))
                     .map_err(|e| format!("waiting for {op:?} completions: {e}"))?;
             }
+            let mut seen = vec![false; chunk.len()];
             for c in &done {
-                let Some(&(lba, n)) = chunk.get(c.tag as usize) else {
-                    return Err(format!("a completion with a tag never sent: {}", c.tag));
+                let at = c.tag.wrapping_sub(first_tag) as usize;
+                let Some(&(lba, n)) = chunk.get(at) else {
+                    return Err(format!("a completion with a tag not in flight: {}", c.tag));
                 };
+                if std::mem::replace(&mut seen[at], true) {
+                    return Err(format!("tag {} completed twice", c.tag));
+                }
                 if c.result != Ok(n as u32 * bs as u32) {
                     return Err(format!(
                         "{op:?} of block {lba} x {n}: {:?}, expected {} bytes",
@@ -209,7 +233,7 @@ pub fn verified_io(
                 for (slot, &(lba, n)) in chunk.iter().enumerate() {
                     let mut got = vec![0u8; n as usize * bs];
                     d.buffers()
-                        .read((slot * SLOT) as u64, &mut got)
+                        .read((slot * slot_len) as u64, &mut got)
                         .map_err(shm)?;
                     if got != pattern(seed ^ lba, got.len()) {
                         return Err(format!("block {lba} x {n} read back differs"));
@@ -283,6 +307,7 @@ fn refusals(d: &mut dyn BlockDevice) -> Result<String, String> {
         Ok(0) => {}
         other => return Err(format!("a null request: got {other:?}, expected 0 bytes")),
     }
+    // (Refused by the client library's own check, before it reaches a driver.)
     if d.read_blocks(0, &mut vec![0u8; bs / 2]).is_ok() {
         return Err("half a block read without an error".into());
     }

@@ -277,7 +277,15 @@ impl BlockDriver for HostedBlk {
 
     fn submit(&mut self, r: &BlockRequest, iova_base: u64, tag: u64) -> Result<(), BlockError> {
         let len = r.blocks as usize * self.info.block_size as usize;
-        let sector = r.lba * self.sectors_per_block;
+        // A flush names no blocks (its lba is not checked): only a range is put in sectors,
+        // and a range past what sectors can count is out of range.
+        let sector = match r.op {
+            BlockOp::Flush => 0,
+            _ => r
+                .lba
+                .checked_mul(self.sectors_per_block)
+                .ok_or(BlockError::OutOfRange)?,
+        };
         let write = match r.op {
             BlockOp::Read => false,
             BlockOp::Write => true,

@@ -201,13 +201,9 @@ fn ack(fd: &OwnedFd) -> u64 {
     }
 }
 
-/// Work a process-level thread does in the driver, in units that take the same time.
-fn work_unit(x: &mut u64) {
-    for _ in 0..64 {
-        *x = x.wrapping_mul(6364136223846793005).wrapping_add(1);
-    }
-    std::hint::black_box(*x);
-}
+/// Work a process-level thread does in the driver, in units that take the same time (the
+/// contending thread's, so both contested measurements price the same work).
+use outboard_drivers::legacy::contender::work_unit;
 
 /// A legacy driver whose vector 0 counts into `handled`, and its interrupt thread.
 fn counting_driver(handled: &Arc<AtomicU64>) -> Result<(Arc<Cpu>, InterruptThread), String> {

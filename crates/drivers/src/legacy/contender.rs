@@ -94,7 +94,7 @@ fn thread_cpu_ns() -> u64 {
 }
 
 /// A unit of work that takes the same time every time.
-fn work_unit(x: &mut u64) {
+pub fn work_unit(x: &mut u64) {
     for _ in 0..64 {
         *x = x.wrapping_mul(6364136223846793005).wrapping_add(1);
     }

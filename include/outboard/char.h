@@ -5,7 +5,10 @@
  * device, the modem lines changed) -- from its interrupt handler, typically. Outboard calls the
  * operations inside the driver (the process lock held, as osenv.h describes), from the driver
  * server's loop and from a reader thread of its own: `read` with `wait` set is where a reader
- * sleeps (osenv_sleep), letting the other thread in, until the handler wakes it.
+ * sleeps (osenv_sleep), letting the other thread in, until the handler wakes it. Once started,
+ * `read`, `write`, `set_line` and `counters` are called with interrupts held off
+ * (osenv_intr_enabled() is 0), as a kernel's upper half calls a driver at spltty: those raised
+ * meanwhile run when the driver enables interrupts or as the call returns.
  */
 #ifndef OUTBOARD_CHAR_H
 #define OUTBOARD_CHAR_H
@@ -79,7 +82,8 @@ struct outboard_char_ops {
     /* Applies settings Outboard checked (rate 1 to max_baud, 5-8 data bits, 1-2 stop bits).
      * Returns 0, or OSENV_EINVAL if the device cannot make them (the line unchanged). */
     int (*set_line)(const struct outboard_line *line);
-    /* Fills in the counters. */
+    /* Fills in the counters. Outboard asks again only after the sink was called, or after a
+     * write or new settings: a driver calls the sink whenever a counter or a modem line moved. */
     void (*counters)(struct outboard_char_counters *c);
     /* Quiets the device and wakes sleeping readers; the driver is not used again. */
     void (*stop)(void);

@@ -236,13 +236,15 @@ fn probe(spec: &DeviceSpec) -> Result<(), String> {
     Ok(())
 }
 
-struct Report {
+/// A self-test's table: a line per step (ok or FAIL, its time, what it saw), and the verdict.
+#[derive(Default)]
+pub(crate) struct Report {
     failed: bool,
 }
 
 impl Report {
     /// Says whether every step passed, as the last line and the exit status.
-    fn verdict(&self, what: &str) -> ExitCode {
+    pub(crate) fn verdict(&self, what: &str) -> ExitCode {
         if self.failed {
             println!("{what} FAILED");
             ExitCode::FAILURE
@@ -252,7 +254,8 @@ impl Report {
         }
     }
 
-    fn step<T>(
+    /// Runs one step and prints its line; its value if it passed.
+    pub(crate) fn step<T>(
         &mut self,
         name: &str,
         f: impl FnOnce() -> Result<(T, String), String>,
@@ -262,11 +265,11 @@ impl Report {
         let ms = t0.elapsed().as_secs_f64() * 1e3;
         match r {
             Ok((v, detail)) => {
-                println!("  ok    {name:<40} {ms:>8.2} ms  {detail}");
+                println!("  ok    {name:<44} {ms:>8.2} ms  {detail}");
                 Some(v)
             }
             Err(e) => {
-                println!("  FAIL  {name:<40} {ms:>8.2} ms  {e}");
+                println!("  FAIL  {name:<44} {ms:>8.2} ms  {e}");
                 self.failed = true;
                 None
             }
@@ -285,7 +288,7 @@ fn class_selftest(a: &SelftestArgs) -> Result<ExitCode, String> {
         queues: 1,
         ..Default::default()
     };
-    let mut rep = Report { failed: false };
+    let mut rep = Report::default();
     let name = a.driver.as_deref();
     let Some(mut d) = rep.step(
         &format!("bring-up of {}", name.unwrap_or("the probe's driver")),
@@ -403,7 +406,7 @@ fn selftest(a: &SelftestArgs) -> Result<ExitCode, String> {
         "selftest of {spec}: {:04x}:{:04x} matched driver {} (score {})",
         id.vendor, id.device, p.personality.driver, p.score
     );
-    let mut rep = Report { failed: false };
+    let mut rep = Report::default();
     let Some(mut d) = rep.step("bring-up", || {
         let d = VirtioBlk::new(f, BlkDriverOptions::default()).map_err(|e| e.to_string())?;
         let i = d.info();

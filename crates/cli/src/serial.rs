@@ -32,6 +32,13 @@ pub enum CharCommand {
     ///
     /// Example: outboard char set tty0 19200,7E1
     Set(CharSetArgs),
+    /// Run the char class's conformance suite on a line whose far end sends back what it
+    /// receives (an echo, or a plug joining TX to RX): every byte value, every frame and
+    /// standard rate, refusals, bursts and floods far larger than the FIFO with and without
+    /// RTS/CTS. It changes the settings and ends at 115200,8N1. Exits non-zero if a check fails.
+    ///
+    /// Example: outboard char selftest tty0
+    Selftest(CharTarget),
 }
 
 /// The line to talk to.
@@ -190,6 +197,24 @@ pub fn run(c: CharCommand, control: PathBuf) -> Result<ExitCode, String> {
             d.set_line(&a.settings)
                 .map_err(|e| format!("{}: {e}", a.target.device))?;
             println!("{}: {}", a.target.device, a.settings);
+        }
+        CharCommand::Selftest(t) => {
+            let mut d = open(&t, &control)?;
+            let mut rep = crate::hw::Report::default();
+            println!(
+                "{}: the char class's conformance suite (the line looped back)",
+                t.device
+            );
+            // The first check, the class status, says whether the rest can run.
+            for (i, c) in outboard_char::conformance::CHECKS.iter().enumerate() {
+                let passed = rep
+                    .step(c.name, || (c.run)(d.as_mut()).map(|detail| ((), detail)))
+                    .is_some();
+                if !passed && i == 0 {
+                    break;
+                }
+            }
+            return Ok(rep.verdict("suite"));
         }
     }
     Ok(ExitCode::SUCCESS)

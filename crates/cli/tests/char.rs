@@ -304,3 +304,42 @@ fn a_killed_driver_server_loses_no_waiting_reader_and_keeps_the_clients_settings
     c.write(b"again").unwrap();
     assert_eq!(read_exactly(&mut far, 5), b"again");
 }
+
+#[test]
+fn the_class_suite_passes_on_a_looped_back_line_under_up() {
+    let dir = tempfile::tempdir().unwrap();
+    // Each of the UART's register accesses is a message to its model, and on a loopback the
+    // device always has work: under the suite's floods a debug build's driver server turns its
+    // loop about every half second, near the default heartbeat's 1 s (a release build turns it
+    // well within). The suite is what this test is about; the heartbeat is given room.
+    let machine = r#"
+name = "looped"
+
+[[device]]
+name = "tty0"
+model = "serial"
+line = "loopback"
+heartbeat = "5s"
+"#;
+    let up = Up::start(dir.path(), Some(machine));
+    let o = up.run_within(&["char", "selftest", "tty0"], Duration::from_secs(300));
+    let out = stdout(&o);
+    assert!(
+        o.status.success(),
+        "{out}{}\n{}",
+        String::from_utf8_lossy(&o.stderr),
+        common::logs_of(&dir.path().join("rt"))
+    );
+    // A line per check, each passed, and the verdict.
+    for c in outboard_char::conformance::CHECKS {
+        assert!(
+            out.lines()
+                .any(|l| l.contains(c.name) && l.trim_start().starts_with("ok")),
+            "{}: {out}",
+            c.name
+        );
+    }
+    assert!(out.trim_end().ends_with("suite passed"), "{out}");
+    // The line is left as the suite found it.
+    assert!(ok(&up, &["char", "info", "tty0"]).contains("115200 baud 8N1, no flow control"));
+}

@@ -1,6 +1,7 @@
 //! The far end of the serial model's line: what the UART's transmitter writes to and its
 //! receiver reads from, on the host. As QEMU's character devices: a pseudo-terminal, a Unix
-//! stream socket (connected to, or listened on), or a file that takes what is sent.
+//! stream socket (connected to, or listened on), or a file that takes what is sent; and, as a
+//! loopback plug joining TX to RX, the line looped back in the model itself.
 //!
 //! Everything is non-blocking: a far end that takes no more holds the transmitter (the model
 //! keeps the bytes in its FIFO and drops CTS), and the receiver only reads what its FIFO has
@@ -35,16 +36,19 @@ pub enum LineSpec {
     File(PathBuf),
     /// Nothing: what is sent is dropped, nothing is received.
     Null,
+    /// Looped back: what is sent is received (as a plug joining TX to RX), up to 64 KiB on
+    /// the way; RTS holds it back as it holds any far end.
+    Loopback,
 }
 
 impl LineSpec {
-    /// Parses `pty`, `socket:PATH`, `listen:PATH`, `file:PATH` or `null`.
+    /// Parses `pty`, `socket:PATH`, `listen:PATH`, `file:PATH`, `loopback` or `null`.
     pub fn parse(s: &str) -> Result<Self, String> {
         let path = |p: &str| -> Result<PathBuf, String> {
             if p.is_empty() {
                 Err(format!(
                     "{s:?}: the path is missing (a line is pty, socket:PATH, listen:PATH, \
-                     file:PATH or null)"
+                     file:PATH, loopback or null)"
                 ))
             } else {
                 Ok(PathBuf::from(p))
@@ -53,11 +57,12 @@ impl LineSpec {
         match s.split_once(':') {
             None if s == "pty" => Ok(Self::Pty),
             None if s == "null" => Ok(Self::Null),
+            None if s == "loopback" => Ok(Self::Loopback),
             Some(("socket", p)) => Ok(Self::Connect(path(p)?)),
             Some(("listen", p)) => Ok(Self::Listen(path(p)?)),
             Some(("file", p)) => Ok(Self::File(path(p)?)),
             _ => Err(format!(
-                "{s:?} is not a line: pty, socket:PATH, listen:PATH, file:PATH or null"
+                "{s:?} is not a line: pty, socket:PATH, listen:PATH, file:PATH, loopback or null"
             )),
         }
     }
@@ -71,6 +76,7 @@ impl std::fmt::Display for LineSpec {
             Self::Listen(p) => write!(f, "listen:{}", p.display()),
             Self::File(p) => write!(f, "file:{}", p.display()),
             Self::Null => write!(f, "null"),
+            Self::Loopback => write!(f, "loopback"),
         }
     }
 }
@@ -92,7 +98,15 @@ enum Far {
     },
     File(OwnedFd),
     Null,
+    /// Bytes sent and not yet received; the bell is readable while there are any.
+    Loopback {
+        queue: std::collections::VecDeque<u8>,
+        bell: OwnedFd,
+    },
 }
+
+/// Bytes a looped-back line holds on the way before it takes no more (and CTS goes off).
+const LOOPBACK_HOLDS: usize = 64 << 10;
 
 /// The far end of the line.
 pub struct Line {
@@ -170,6 +184,13 @@ impl Line {
                 Mode::from_raw_mode(0o600),
             )?),
             LineSpec::Null => Far::Null,
+            LineSpec::Loopback => Far::Loopback {
+                queue: std::collections::VecDeque::new(),
+                bell: rustix::event::eventfd(
+                    0,
+                    rustix::event::EventfdFlags::CLOEXEC | rustix::event::EventfdFlags::NONBLOCK,
+                )?,
+            },
         };
         let spec = match &far {
             Far::Pty { path, .. } => format!("pty {}", path.display()),
@@ -203,7 +224,7 @@ impl Line {
     /// Whether someone is at the far end (the model's carrier detect and data set ready).
     pub fn connected(&self) -> bool {
         match &self.far {
-            Far::Pty { .. } | Far::File(_) => true,
+            Far::Pty { .. } | Far::File(_) | Far::Loopback { .. } => true,
             Far::Stream(s) => s.is_some(),
             Far::Listen { peer, .. } => peer.is_some(),
             Far::Null => false,
@@ -218,6 +239,7 @@ impl Line {
             let bytes = match &self.far {
                 Far::Pty { master, .. } => Some(master.as_fd()),
                 Far::Stream(Some(s)) | Far::Listen { peer: Some(s), .. } => Some(s.as_fd()),
+                Far::Loopback { bell, .. } => Some(bell.as_fd()),
                 _ => None,
             };
             v.extend(bytes.map(|fd| (Ready::Bytes, fd)));
@@ -255,6 +277,17 @@ impl Line {
         if buf.is_empty() {
             return 0;
         }
+        if let Far::Loopback { queue, bell } = &mut self.far {
+            let n = buf.len().min(queue.len());
+            for (to, b) in buf.iter_mut().zip(queue.drain(..n)) {
+                *to = b;
+            }
+            if queue.is_empty() {
+                // Quiet the bell until the next byte is sent (it may be quiet already).
+                let _ = rustix::io::read(&*bell, &mut [0u8; 8]);
+            }
+            return n;
+        }
         let fd = match &self.far {
             Far::Pty { master, .. } => master,
             Far::Stream(Some(s)) | Far::Listen { peer: Some(s), .. } => s,
@@ -278,6 +311,15 @@ impl Line {
     /// Sends what the far end takes of `bytes` now. Returns how many it took; bytes to a far
     /// end that is not there are dropped, as on a line with nothing attached.
     pub fn send(&mut self, bytes: &[u8]) -> usize {
+        if let Far::Loopback { queue, bell } = &mut self.far {
+            let n = bytes.len().min(LOOPBACK_HOLDS - queue.len());
+            queue.extend(&bytes[..n]);
+            if n > 0 {
+                // Adding to an eventfd's count never blocks short of 2^64 - 1.
+                let _ = rustix::io::write(&*bell, &1u64.to_ne_bytes());
+            }
+            return n;
+        }
         let fd = match &self.far {
             Far::Pty { master, .. } => master,
             Far::Stream(Some(s)) | Far::Listen { peer: Some(s), .. } => s,
@@ -308,13 +350,72 @@ impl Line {
     }
 }
 
+/// Bytes [`echo`] holds for a line that does not take them yet before it stops reading.
+const ECHO_HOLDS: usize = 1 << 20;
+
+/// A far end that loops a line back and keeps up: sends back whatever comes on `far`, holding
+/// what the line does not take yet (a UART whose driver holds RTS off takes nothing) so that it
+/// keeps reading, up to 1 MiB; until `far` hangs up or `stop` is set (it looks every 100 ms).
+/// For tests and self-tests at the host side of a line: QEMU's chardev socket, a socket pair's
+/// end, a pseudo-terminal.
+pub fn echo(far: &OwnedFd, stop: &std::sync::atomic::AtomicBool) -> std::io::Result<()> {
+    nonblocking(far)?;
+    let mut held = std::collections::VecDeque::new();
+    let mut buf = [0u8; 4096];
+    while !stop.load(std::sync::atomic::Ordering::Acquire) {
+        let mut flags = rustix::event::PollFlags::empty();
+        if held.len() < ECHO_HOLDS {
+            flags |= rustix::event::PollFlags::IN;
+        }
+        if !held.is_empty() {
+            flags |= rustix::event::PollFlags::OUT;
+        }
+        let mut p = [rustix::event::PollFd::new(far, flags)];
+        let tick = rustix::time::Timespec {
+            tv_sec: 0,
+            tv_nsec: 100_000_000,
+        };
+        match rustix::event::poll(&mut p, Some(&tick)) {
+            Ok(0) => continue,
+            Ok(_) => {}
+            Err(e) if would_block(e) => continue,
+            Err(e) => return Err(e.into()),
+        }
+        if held.len() < ECHO_HOLDS {
+            let room = (ECHO_HOLDS - held.len()).min(buf.len());
+            match rustix::io::read(far, &mut buf[..room]) {
+                Ok(0) => return Ok(()),
+                Ok(n) => held.extend(&buf[..n]),
+                Err(e) if would_block(e) => {}
+                Err(e) => return Err(e.into()),
+            }
+        }
+        let (front, _) = held.as_slices();
+        if !front.is_empty() {
+            match rustix::io::write(far, front) {
+                Ok(k) => drop(held.drain(..k)),
+                Err(e) if would_block(e) => {}
+                Err(e) => return Err(e.into()),
+            }
+        }
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
     #[test]
     fn specs_parse_and_print_back() {
-        for s in ["pty", "null", "socket:/a/b", "listen:/c", "file:out.txt"] {
+        for s in [
+            "pty",
+            "null",
+            "loopback",
+            "socket:/a/b",
+            "listen:/c",
+            "file:out.txt",
+        ] {
             assert_eq!(LineSpec::parse(s).unwrap().to_string(), s);
         }
         for bad in ["", "tty", "socket:", "udp:1.2.3.4", "file"] {
@@ -346,6 +447,41 @@ mod tests {
             got.extend_from_slice(&b[..n]);
         }
         assert_eq!(got, b"\nz");
+    }
+
+    /// Whether the line's byte source is readable now.
+    fn rings(l: &Line) -> bool {
+        let fds = l.sources(true);
+        let mut p: Vec<_> = fds
+            .iter()
+            .map(|(_, fd)| rustix::event::PollFd::new(fd, rustix::event::PollFlags::IN))
+            .collect();
+        rustix::event::poll(&mut p, Some(&rustix::time::Timespec::default())).unwrap() > 0
+    }
+
+    #[test]
+    fn a_loopback_receives_what_it_sends_in_order_and_holds_at_most_64_kib() {
+        let mut l = Line::open(&LineSpec::Loopback).unwrap();
+        assert!(l.connected());
+        assert!(!rings(&l), "the bell rings with nothing sent");
+        let bytes: Vec<u8> = (0..70_000u32).map(|i| (i % 253) as u8).collect();
+        assert_eq!(l.send(&bytes), LOOPBACK_HOLDS);
+        assert_eq!(
+            l.send(&bytes[LOOPBACK_HOLDS..]),
+            0,
+            "took more than it holds"
+        );
+        assert!(rings(&l));
+        let mut got = vec![0u8; 1000];
+        assert_eq!(l.ready(Ready::Bytes, &mut got), 1000);
+        assert_eq!(got, bytes[..1000]);
+        assert!(rings(&l), "bytes wait and the bell is quiet");
+        let mut rest = vec![0u8; LOOPBACK_HOLDS];
+        assert_eq!(l.receive(&mut rest), LOOPBACK_HOLDS - 1000);
+        assert_eq!(rest[..LOOPBACK_HOLDS - 1000], bytes[1000..LOOPBACK_HOLDS]);
+        assert!(!rings(&l), "the bell rings with nothing left");
+        assert_eq!(l.send(b"again"), 5);
+        assert!(rings(&l));
     }
 
     #[test]

@@ -597,7 +597,8 @@ pub struct TimerOwn {
 pub struct SerialOwn {
     /// The line's far end on this host: pty (a new pseudo-terminal, its path logged),
     /// socket:PATH (a Unix stream socket to connect to), listen:PATH (one to listen on; the
-    /// newest peer wins), file:PATH (what is sent is appended; nothing is received) or null.
+    /// newest peer wins), file:PATH (what is sent is appended; nothing is received), loopback
+    /// (what is sent is received, as through a plug joining TX to RX) or null.
     #[arg(long, value_name = "LINE", default_value = "null", value_parser = parse_line_arg)]
     pub line: outboard_devices::serial_line::LineSpec,
 }

@@ -103,6 +103,14 @@ impl Osenv {
         self.cpu.enter()
     }
 
+    /// Enters the driver at process level with interrupts held off until the driver enables
+    /// them or the thread leaves ([`Cpu::enter_masked`]): how a class bridge calls a driver's
+    /// short entry points (write, counters, settings), as a kernel's upper half calls at a
+    /// raised priority.
+    pub fn enter_masked(&self) -> Inside {
+        self.cpu.enter_masked()
+    }
+
     /// Gives the driver's device up after a failure, without waiting on it
     /// (`PciFunction::abandon`): true if it is certain not to reach the driver's memory any
     /// more (also when the driver has no device).

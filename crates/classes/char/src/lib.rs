@@ -12,6 +12,7 @@
 //! Bytes the device had received that no reader had taken yet are lost with the driver.
 #![deny(missing_docs)]
 
+pub mod conformance;
 pub mod contract;
 pub mod driver;
 

@@ -11,7 +11,7 @@
 
 use std::collections::VecDeque;
 use std::os::fd::{BorrowedFd, OwnedFd};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, OnceLock};
 use std::time::Duration;
 
@@ -56,6 +56,12 @@ pub struct LegacyChar {
     info: CharInfo,
     line: LineSettings,
     driver: &'static str,
+    /// Times the driver said something moved (its sink was called).
+    moves: Arc<AtomicU64>,
+    /// The counters and whether sending is held, as of a count of moves: read again only
+    /// after the driver said something moved, or after a write or new settings. Each read
+    /// enters the driver, which waits for its interrupts; a server's loop asks every turn.
+    known: Mutex<Option<(u64, LineCounters, bool)>>,
 }
 
 fn raw_line(l: &LineSettings) -> RawLine {
@@ -100,7 +106,7 @@ fn read_loop(cpu: Arc<Cpu>, ops: CharOps, received: Arc<Received>, bell: Arc<Own
             return;
         }
         let got = {
-            let _inside = cpu.enter();
+            let _inside = cpu.enter_masked();
             ops.read(&mut buf[..room], true)
         };
         match got {
@@ -138,8 +144,13 @@ impl LegacyChar {
         let claim = Claim::take(c, driver)?;
         let wake = super::Wakeup::new(&function).map_err(refused)?;
         let rung = wake.bell.clone();
+        let moves = Arc::new(AtomicU64::new(0));
+        let counted = moves.clone();
         let sink = CharSink::new(Arc::new(CharBell {
-            moved: Box::new(move || super::Wakeup::ring(&rung)),
+            moved: Box::new(move || {
+                counted.fetch_add(1, Ordering::AcqRel);
+                super::Wakeup::ring(&rung)
+            }),
         }));
         let osenv = Osenv::for_function(driver, function).map_err(|e| refused(e.to_string()))?;
         let (info, line) = {
@@ -195,7 +206,45 @@ impl LegacyChar {
             },
             line,
             driver,
+            moves,
+            known: Mutex::new(None),
         })
+    }
+
+    /// The counters and whether sending is held: from the driver if something moved since
+    /// they were last read, else as they were.
+    fn status(&self) -> (LineCounters, bool) {
+        let Ok(osenv) = self.osenv() else {
+            return (LineCounters::default(), false);
+        };
+        // Counted before reading: a move while the driver is read makes the next call read
+        // again.
+        let moves = self.moves.load(Ordering::Acquire);
+        let mut known = self.known.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some((at, c, held)) = *known {
+            if at == moves {
+                return (c, held);
+            }
+        }
+        let c = {
+            let _inside = osenv.enter_masked();
+            self.ops.counters()
+        };
+        let now = LineCounters {
+            sent: c.sent,
+            received: c.received,
+            dropped: c.dropped,
+            overruns: c.overruns,
+            errors: c.errors,
+            modem: c.modem,
+        };
+        *known = Some((moves, now, c.held != 0));
+        (now, c.held != 0)
+    }
+
+    /// What the driver was given changes its status: the next read of it enters the driver.
+    fn forget_status(&self) {
+        *self.known.lock().unwrap_or_else(|p| p.into_inner()) = None;
     }
 
     fn osenv(&self) -> Result<&Osenv, Failure> {
@@ -300,7 +349,8 @@ impl CharDriver for LegacyChar {
 
     fn write(&mut self, bytes: &[u8]) -> Result<usize, Failure> {
         let osenv = self.osenv()?;
-        let _inside = osenv.enter();
+        self.forget_status();
+        let _inside = osenv.enter_masked();
         self.ops
             .write(bytes)
             .map_err(|rc| Failure::Driver(format!("the driver's write failed (error {rc})")))
@@ -328,8 +378,9 @@ impl CharDriver for LegacyChar {
 
     fn set_line(&mut self, line: &LineSettings) -> Result<Result<(), String>, Failure> {
         let osenv = self.osenv()?;
+        self.forget_status();
         let set = {
-            let _inside = osenv.enter();
+            let _inside = osenv.enter_masked();
             self.ops.set_line(&raw_line(line))
         };
         match set {
@@ -348,28 +399,11 @@ impl CharDriver for LegacyChar {
     }
 
     fn counters(&self) -> LineCounters {
-        let Ok(osenv) = self.osenv() else {
-            return LineCounters::default();
-        };
-        let c = {
-            let _inside = osenv.enter();
-            self.ops.counters()
-        };
-        LineCounters {
-            sent: c.sent,
-            received: c.received,
-            dropped: c.dropped,
-            overruns: c.overruns,
-            errors: c.errors,
-            modem: c.modem,
-        }
+        self.status().0
     }
 
     fn held(&self) -> bool {
-        self.osenv().is_ok_and(|o| {
-            let _inside = o.enter();
-            self.ops.counters().held != 0
-        })
+        self.status().1
     }
 }
 

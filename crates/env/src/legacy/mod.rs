@@ -17,7 +17,8 @@
 //! ([`delivery`]) when a device's eventfd or a timer fires):
 //!
 //! - **uncontested**: no thread is in the driver; the interrupt thread takes the process lock
-//!   and runs the handler itself;
+//!   and runs the handler itself — unless a thread is waiting to enter, which then takes the
+//!   interrupt at its entry (so a storm of interrupts never keeps process level out);
 //! - **contested**: a thread is in the driver; it is stopped with a signal and runs the handler
 //!   at once on its own stack (a CPU taking an interrupt), unless it has interrupts disabled,
 //!   when the interrupt stays pending until it enables them (or leaves the driver).
@@ -76,7 +77,7 @@ pub enum IrqError {
 pub struct DeliveryStats {
     /// Interrupts the interrupt thread handled itself (no thread was in the driver).
     pub uncontested: u64,
-    /// Interrupts a thread in the driver was stopped for.
+    /// Interrupts a thread in the driver was stopped for, or a thread entering took.
     pub contested: u64,
     /// Interrupts that found interrupts disabled and waited for them to be enabled.
     pub deferred: u64,
@@ -89,9 +90,16 @@ pub struct DeliveryStats {
 /// The virtual CPU of one legacy driver: its process lock, its interrupt flag, its pending
 /// vectors and its handlers.
 pub struct Cpu {
-    /// The thread id holding the process lock (0: none). Also the futex word waiters sleep on.
+    /// The thread id holding the process lock (0: none).
     holder: AtomicU32,
-    /// Threads waiting for the process lock (a release wakes one only if there is one).
+    /// The process lock is a ticket lock: each thread that enters takes the next ticket and
+    /// gets in when `serving` reaches it, so threads get in in the order they came. A lock
+    /// anyone may grab as it comes free lets a thread that leaves and enters again in a loop
+    /// (a reader with bytes to take) keep another (the server's loop) out for seconds.
+    tickets: AtomicU32,
+    /// The ticket that holds the lock, or may take it now. Also the futex word waiters sleep on.
+    serving: AtomicU32,
+    /// Threads waiting for the process lock (a release wakes them only if there are any).
     waiters: AtomicU32,
     /// The holder's interrupt flag: false while a handler runs or the driver disabled them.
     enabled: AtomicBool,
@@ -197,10 +205,12 @@ impl SleepRec {
     /// (`osenv_wakeup`). Safe in an interrupt handler: one store and one system call.
     pub fn wakeup(&self) {
         self.woken.store(1, SeqCst);
+        // Every thread asleep on it (the kernel takes the count as an int: u32::MAX is -1,
+        // which wakes one).
         let _ = rustix::thread::futex::wake(
             &self.woken,
             rustix::thread::futex::Flags::PRIVATE,
-            u32::MAX,
+            i32::MAX as u32,
         );
     }
 
@@ -217,6 +227,8 @@ impl Cpu {
         signal::install();
         Arc::new(Self {
             holder: AtomicU32::new(0),
+            tickets: AtomicU32::new(0),
+            serving: AtomicU32::new(0),
             waiters: AtomicU32::new(0),
             enabled: AtomicBool::new(false),
             pending: AtomicU64::new(0),
@@ -263,6 +275,19 @@ impl Cpu {
     /// Enters the driver at process level: waits for the process lock, then runs with
     /// interrupts enabled (taking any that are pending first). The guard leaves on drop.
     pub fn enter(self: &Arc<Self>) -> Inside {
+        let inside = self.enter_masked();
+        self.enabled.store(true, SeqCst);
+        self.take_pending();
+        inside
+    }
+
+    /// Enters the driver at process level with interrupts held off, as a kernel's upper half
+    /// calls a driver at a raised priority (`spltty`): the call runs before any interrupt,
+    /// and those raised meanwhile run when the driver enables interrupts or as the thread
+    /// leaves. A device that always has work (a virtual UART moves bytes at once) interrupts
+    /// again as soon as a handler ends; entered with interrupts on, a thread would spend its
+    /// stay in handlers and its own call would hardly move.
+    pub fn enter_masked(self: &Arc<Self>) -> Inside {
         let tid = my_tid();
         assert_ne!(
             self.holder.load(SeqCst),
@@ -277,8 +302,6 @@ impl Cpu {
         signal::set_current(Arc::as_ptr(self));
         self.lock(tid);
         self.kicked.store(false, SeqCst);
-        self.enabled.store(true, SeqCst);
-        self.take_pending();
         Inside {
             cpu: self.clone(),
             tid,
@@ -291,28 +314,57 @@ impl Cpu {
         self.holder.load(SeqCst) == my_tid()
     }
 
+    /// Waits for the process lock, in turn.
     fn lock(&self, tid: u32) {
+        let mine = self.tickets.fetch_add(1, SeqCst);
+        self.waiters.fetch_add(1, SeqCst);
         loop {
-            match self.holder.compare_exchange(0, tid, SeqCst, SeqCst) {
-                Ok(_) => return,
-                Err(held) => {
-                    self.waiters.fetch_add(1, SeqCst);
-                    // Returns at once if the holder changed meanwhile (EAGAIN), or on a
-                    // signal (EINTR): either way, try again.
-                    let _ = rustix::thread::futex::wait(
-                        &self.holder,
-                        rustix::thread::futex::Flags::PRIVATE,
-                        held,
-                        None,
-                    );
-                    self.waiters.fetch_sub(1, SeqCst);
-                }
+            let now = self.serving.load(SeqCst);
+            if now == mine {
+                break;
             }
+            // Returns at once if the ticket served changed meanwhile (EAGAIN), or on a
+            // signal (EINTR): either way, look again.
+            let _ = rustix::thread::futex::wait(
+                &self.serving,
+                rustix::thread::futex::Flags::PRIVATE,
+                now,
+                None,
+            );
         }
+        // In before it stops counting as waiting: an interrupt raised meanwhile finds a
+        // waiter, and is left for it.
+        self.holder.store(tid, SeqCst);
+        self.waiters.fetch_sub(1, SeqCst);
     }
 
+    /// Takes the process lock if nobody holds it and nobody waits for it.
     fn try_lock(&self, tid: u32) -> bool {
-        self.holder.compare_exchange(0, tid, SeqCst, SeqCst).is_ok()
+        let now = self.serving.load(SeqCst);
+        if self
+            .tickets
+            .compare_exchange(now, now.wrapping_add(1), SeqCst, SeqCst)
+            .is_err()
+        {
+            return false;
+        }
+        self.holder.store(tid, SeqCst);
+        true
+    }
+
+    /// Lets the next ticket in.
+    fn release(&self) {
+        self.holder.store(0, SeqCst);
+        self.serving.fetch_add(1, SeqCst);
+        if self.waiters.load(SeqCst) > 0 {
+            // Every waiter looks; the one whose ticket is served goes in. (The kernel takes
+            // the count as an int: u32::MAX would be -1, and wake one.)
+            let _ = rustix::thread::futex::wake(
+                &self.serving,
+                rustix::thread::futex::Flags::PRIVATE,
+                i32::MAX as u32,
+            );
+        }
     }
 
     /// Releases the process lock. An interrupt raised while the holder had interrupts disabled
@@ -321,16 +373,14 @@ impl Cpu {
     fn unlock(&self, tid: u32) {
         self.enabled.store(false, SeqCst);
         loop {
-            self.holder.store(0, SeqCst);
-            if self.waiters.load(SeqCst) > 0 {
-                let _ = rustix::thread::futex::wake(
-                    &self.holder,
-                    rustix::thread::futex::Flags::PRIVATE,
-                    1,
-                );
-            }
+            self.release();
             self.kicked.store(false, SeqCst);
-            if self.deliverable() == 0 || !self.try_lock(tid) {
+            // A thread waiting to enter takes what is pending at its entry: taking the lock
+            // back here for every interrupt of a storm would keep it out for good.
+            if self.deliverable() == 0 || self.waiters.load(SeqCst) > 0 {
+                return;
+            }
+            if !self.try_lock(tid) {
                 return;
             }
             self.at_interrupt_level.store(true, SeqCst);
@@ -430,6 +480,13 @@ impl Cpu {
                 // Raised from inside the driver (a test, or a handler raising another vector):
                 // taken now if interrupts are enabled, else when they are.
                 self.take_pending();
+                return;
+            }
+            if held == 0 && self.waiters.load(SeqCst) > 0 {
+                // A thread is about to enter: it takes the interrupt at its entry, as a CPU
+                // takes one before the interrupted process's next instruction. Taking the lock
+                // first instead would let a storm keep process level out for good.
+                self.stats.contested.fetch_add(1, SeqCst);
                 return;
             }
             if held == 0 {

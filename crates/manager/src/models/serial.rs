@@ -1,6 +1,6 @@
 //! The PCI 16550 UART (QEMU's pci-serial), driven by the C 16550 driver and served as a char
 //! device. Its one key, `line`, is the far end of its line on this host: `pty`, `socket:PATH`,
-//! `listen:PATH`, `file:PATH` (paths absolute) or `null` (the default).
+//! `listen:PATH`, `file:PATH` (paths absolute), `loopback` or `null` (the default).
 
 use std::collections::BTreeMap;
 

@@ -210,12 +210,16 @@ impl CharDispatcher {
                 let took = self.driver.write(buf);
                 cx.emptied();
                 let took = took?.min(n);
-                if took == 0 {
-                    return Ok(());
-                }
                 w.taken += took as u32;
                 self.taken += took as u64;
-                self.moved.0 = cx.now();
+                if took > 0 {
+                    self.moved.0 = cx.now();
+                }
+                if took < n {
+                    // The driver is full: asking again before it moved would only find it so
+                    // (each call enters the driver and waits for its interrupts).
+                    return Ok(());
+                }
             }
             w.end = Some(self.taken);
         }
@@ -224,6 +228,12 @@ impl CharDispatcher {
 
     /// Completes the writes whose last byte the device has sent.
     fn finish_writes(&mut self, cx: &mut Ctx<'_>) -> bool {
+        // Until the first write is all in the driver none can finish: the count of bytes sent
+        // (which enters the driver, and waits for its interrupts) is not asked; the feed
+        // itself says the device moves.
+        if self.writes.front().is_none_or(|w| w.end.is_none()) {
+            return false;
+        }
         let sent = self.driver.counters().sent;
         if sent != self.moved.1 {
             self.moved = (cx.now(), sent);

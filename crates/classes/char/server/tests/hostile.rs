@@ -5,57 +5,24 @@
 //! reach the far end, a read is filled from it, a line request's record comes ahead of its
 //! completion.
 
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
+mod common;
+
 use std::time::{Duration, Instant};
 
 use outboard_char::{
     decode_line, CharError, CharOp, CharRequest, LineSettings, Sqe, CLASS, COMPLETIONS, LINES,
     LINE_SIZE, REQUESTS, RINGS,
 };
-use outboard_char_server::CharDispatcher;
 use outboard_client::{Channel, WaitMode};
-use outboard_devices::serial::Serial;
 use outboard_devices::serial_line::Line;
-use outboard_drivers::legacy::descriptor::builtin_uart16550;
-use outboard_drivers::legacy::serial::LegacyChar;
-use outboard_hw::PciFunction;
-use outboard_server::DriverHost;
 use outboard_session::Geometry;
 
 #[test]
 fn bad_entries_fail_alone_and_good_ones_are_served() {
     let dir = tempfile::tempdir().unwrap();
-    let (near, far) = rustix::net::socketpair(
-        rustix::net::AddressFamily::UNIX,
-        rustix::net::SocketType::STREAM,
-        rustix::net::SocketFlags::CLOEXEC,
-        None,
-    )
-    .unwrap();
-    let model_sock = dir.path().join("uart.sock");
-    let model = Serial::new(Line::stream(near).unwrap()).unwrap();
-    let mut server = outboard_vfio_user::Server::bind(
-        &model_sock,
-        model,
-        outboard_vfio_user::ServerOptions::default(),
-    )
-    .unwrap();
-    let model_stop = Arc::new(AtomicBool::new(false));
-    let s = model_stop.clone();
-    let model_thread = std::thread::spawn(move || server.run(&s));
-
-    let spec = format!("vfio-user:{}", model_sock.display())
-        .parse()
-        .unwrap();
-    let f = PciFunction::open(&spec).unwrap();
-    let env = outboard_env::DeviceEnv::for_function(&f);
-    let c = builtin_uart16550().unwrap();
-    let driver = LegacyChar::start("uart16550", &c, "tty0", f).unwrap();
-    let sock = dir.path().join("char.sock");
-    let (stop, thread) = DriverHost::bind(&sock, vec![CharDispatcher::served(driver, env)])
-        .unwrap()
-        .spawn();
+    let (near, far) = common::socket_pair();
+    let served = common::serve(dir.path(), Line::stream(near).unwrap());
+    let sock = served.sock.clone();
 
     let geometry = Geometry::of_class(&RINGS, 16, 4096);
     let (mut ch, _) = Channel::open(
@@ -171,8 +138,5 @@ fn bad_entries_fail_alone_and_good_ones_are_served() {
     assert_eq!(status.unwrap().line, LineSettings::default());
 
     drop(ch);
-    stop.store(true, Ordering::Relaxed);
-    thread.join().unwrap().unwrap();
-    model_stop.store(true, Ordering::Relaxed);
-    model_thread.join().unwrap().unwrap();
+    served.stop();
 }

@@ -350,6 +350,12 @@ impl Line {
     }
 }
 
+/// Whether `e` means the other end went away (a socket closed with bytes unread, a pty whose
+/// other side closed).
+fn hung_up(e: Errno) -> bool {
+    e == Errno::CONNRESET || e == Errno::PIPE || e == Errno::IO
+}
+
 /// Bytes [`echo`] holds for a line that does not take them yet before it stops reading.
 const ECHO_HOLDS: usize = 1 << 20;
 
@@ -387,6 +393,7 @@ pub fn echo(far: &OwnedFd, stop: &std::sync::atomic::AtomicBool) -> std::io::Res
                 Ok(0) => return Ok(()),
                 Ok(n) => held.extend(&buf[..n]),
                 Err(e) if would_block(e) => {}
+                Err(e) if hung_up(e) => return Ok(()),
                 Err(e) => return Err(e.into()),
             }
         }
@@ -395,6 +402,7 @@ pub fn echo(far: &OwnedFd, stop: &std::sync::atomic::AtomicBool) -> std::io::Res
             match rustix::io::write(far, front) {
                 Ok(k) => drop(held.drain(..k)),
                 Err(e) if would_block(e) => {}
+                Err(e) if hung_up(e) => return Ok(()),
                 Err(e) => return Err(e.into()),
             }
         }

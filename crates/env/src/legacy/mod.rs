@@ -77,8 +77,10 @@ pub enum IrqError {
 pub struct DeliveryStats {
     /// Interrupts the interrupt thread handled itself (no thread was in the driver).
     pub uncontested: u64,
-    /// Interrupts a thread in the driver was stopped for, or a thread entering took.
+    /// Interrupts a thread in the driver was stopped for.
     pub contested: u64,
+    /// Interrupts left for a thread waiting to enter, which took them at its entry.
+    pub left_for_entry: u64,
     /// Interrupts that found interrupts disabled and waited for them to be enabled.
     pub deferred: u64,
     /// Interrupts raised on a vector with no handler (dropped, as a CPU drops a spurious one).
@@ -138,6 +140,7 @@ pub type EndOfInterrupt = Box<dyn Fn() + Send + Sync>;
 struct Stats {
     uncontested: AtomicU64,
     contested: AtomicU64,
+    left_for_entry: AtomicU64,
     deferred: AtomicU64,
     spurious: AtomicU64,
     handled: AtomicU64,
@@ -266,6 +269,7 @@ impl Cpu {
         DeliveryStats {
             uncontested: self.stats.uncontested.load(SeqCst),
             contested: self.stats.contested.load(SeqCst),
+            left_for_entry: self.stats.left_for_entry.load(SeqCst),
             deferred: self.stats.deferred.load(SeqCst),
             spurious: self.stats.spurious.load(SeqCst),
             handled: self.stats.handled.load(SeqCst),
@@ -316,8 +320,10 @@ impl Cpu {
 
     /// Waits for the process lock, in turn.
     fn lock(&self, tid: u32) {
-        let mine = self.tickets.fetch_add(1, SeqCst);
+        // Counted as waiting before it holds a ticket: an interrupt raised meanwhile is left
+        // for it rather than spun on (a ticket taken makes the raiser's `try_lock` fail).
         self.waiters.fetch_add(1, SeqCst);
+        let mine = self.tickets.fetch_add(1, SeqCst);
         loop {
             let now = self.serving.load(SeqCst);
             if now == mine {
@@ -486,7 +492,7 @@ impl Cpu {
                 // A thread is about to enter: it takes the interrupt at its entry, as a CPU
                 // takes one before the interrupted process's next instruction. Taking the lock
                 // first instead would let a storm keep process level out for good.
-                self.stats.contested.fetch_add(1, SeqCst);
+                self.stats.left_for_entry.fetch_add(1, SeqCst);
                 return;
             }
             if held == 0 {

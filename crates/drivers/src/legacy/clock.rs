@@ -91,11 +91,13 @@ impl LegacyClock {
         })
     }
 
-    /// Interrupts delivered to the C driver so far (uncontested, contested).
+    /// Interrupts delivered to the C driver so far: those that found no thread in the driver
+    /// (run by the interrupt thread, or left for a thread about to enter) and those that found
+    /// one inside (contested).
     pub fn delivered(&self) -> (u64, u64) {
         self.osenv.as_ref().map_or((0, 0), |o| {
             let s = o.cpu().stats();
-            (s.uncontested, s.contested)
+            (s.uncontested + s.left_for_entry, s.contested)
         })
     }
 }

@@ -10,7 +10,7 @@ cd "$(dirname "$0")/../fuzz"
 secs="${1:-600}"
 shift || true
 targets=("$@")
-[ ${#targets[@]} -gt 0 ] || targets=(vfio_user_server vfio_user_client session_ring control_message machine_description nbd_stream packet_filter net_stream)
+[ ${#targets[@]} -gt 0 ] || targets=(vfio_user_server vfio_user_client session_ring control_message machine_description nbd_stream packet_filter net_stream driver_library_messages)
 command -v cargo-fuzz >/dev/null || cargo install cargo-fuzz --locked
 cargo +nightly fuzz build -O
 for t in "${targets[@]}"; do

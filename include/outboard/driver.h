@@ -7,8 +7,9 @@
  *
  * ABI rule: OUTBOARD_DRIVER_ABI changes whenever this structure or a class's operations
  * change in a way an existing driver would misread; Outboard refuses a descriptor of another
- * version, or one whose `size` is smaller than the structure it knows, with an error that
- * names both versions.
+ * version, with an error that names both versions, or one whose `size` is smaller than the
+ * version's first structure (up to `class_ops`). Fields appended within a version are read
+ * only when `size` covers them: a driver built before one was added reads as it did.
  */
 #ifndef OUTBOARD_DRIVER_H
 #define OUTBOARD_DRIVER_H
@@ -40,6 +41,25 @@ struct outboard_driver {
     const struct outboard_pci_id *ids;  /* the functions it drives */
     uint32_t score;                     /* its bid: the highest-scoring match drives a device */
     const void *class_ops;              /* the class's operations */
+
+    /* Fields below were appended within version 1: a descriptor whose `size` does not cover
+     * one is read without it (a driver built before it keeps working, as it was).
+     *
+     * The driver's active probe, or NULL (its score is then its bid). Called for a device
+     * its `ids` took, before any driver is started on it, to look closer: *score holds
+     * `score` on entry; return 0 to bid *score (any value, 0 included), or a negative
+     * OSENV_E* code to decline the device, having written why (NUL-terminated, at most
+     * why_size bytes) into `why`. The highest bid among all drivers wins the device.
+     *
+     * It runs inside osenv like the driver's other operations, but on a copy of the
+     * device's standard configuration space (256 bytes) as it was when the device was
+     * found: configuration reads and BAR sizing work; configuration writes are refused
+     * (OSENV_EPERM), ports and BAR registers read as all ones, interrupt vectors and wired
+     * memory are refused. A probe changes nothing on the device. It may run in a process
+     * of its own (the manager never runs a library's code) and again in the driver's
+     * server before `start`, possibly while the same code drives another device: it keeps
+     * nothing in the driver's statics. */
+    int (*probe)(uint32_t *score, char *why, uint32_t why_size);
 };
 
 #ifdef __cplusplus

@@ -189,7 +189,8 @@ enum Command {
     /// cc -shared -fPIC $(pkg-config --cflags outboard-driver) -o libmine.so mine.c
     Sdk(sdk::SdkArgs),
     /// Load a C driver library and show what its descriptor declares (name, class, PCI ids,
-    /// score), or why it is refused (another driver ABI version, a malformed descriptor).
+    /// score, whether it has an active probe), or why it is refused (another driver ABI
+    /// version, a malformed descriptor).
     /// Example: outboard driver-lib ./libmine.so
     DriverLib(sdk::DriverLibArgs),
     /// (internal) A driver server: drives devices and serves their class devices to sessions.

@@ -2,6 +2,7 @@
 //! file (they are built into the binary, so they install with it), and `outboard driver-lib`
 //! loads a driver library and says what its descriptor declares, or why it is refused.
 
+use std::io::Read;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
@@ -71,11 +72,41 @@ pub struct DriverLibArgs {
     /// Print the descriptor as JSON (what the manager reads).
     #[arg(long)]
     json: bool,
+    /// Run the driver's active probe on the device described on standard input (a JSON
+    /// probe request: its configuration snapshot and starting score) and print the answer
+    /// as JSON: what the manager asks, which runs no library's code itself.
+    #[arg(long, conflicts_with = "json")]
+    probe: bool,
 }
 
 pub fn driver_lib(a: DriverLibArgs) -> Result<ExitCode, String> {
+    // A library that crashes while loading or probing is reported by this process's status;
+    // it leaves no core file behind (best effort: the limit only ever goes down).
+    let core = rustix::process::Resource::Core;
+    let _ = rustix::process::setrlimit(
+        core,
+        rustix::process::Rlimit {
+            current: Some(0),
+            maximum: rustix::process::getrlimit(core).maximum,
+        },
+    );
     let p = outboard_drivers::load_library(&a.library).map_err(|e| e.to_string())?;
-    let d = &p.library.expect("a library's personality").described;
+    let library = p.library.expect("a library's personality");
+    let d = &library.described;
+    if a.probe {
+        let mut text = String::new();
+        std::io::stdin()
+            .lock()
+            .take(64 * 1024)
+            .read_to_string(&mut text)
+            .map_err(|e| format!("the probe request: {e}"))?;
+        let answer = outboard_drivers::answer_probe(library, &text);
+        println!(
+            "{}",
+            serde_json::to_string(&answer).map_err(|e| e.to_string())?
+        );
+        return Ok(ExitCode::SUCCESS);
+    }
     if a.json {
         println!("{}", serde_json::to_string(d).map_err(|e| e.to_string())?);
         return Ok(ExitCode::SUCCESS);
@@ -94,5 +125,13 @@ pub fn driver_lib(a: DriverLibArgs) -> Result<ExitCode, String> {
     println!("  class  {}", d.class);
     println!("  ids    {}", ids.join(", "));
     println!("  score  {}", d.score);
+    println!(
+        "  probe  {}",
+        if d.probe {
+            "yes (it bids after a look at each device)"
+        } else {
+            "none (its score is its bid)"
+        }
+    );
     Ok(ExitCode::SUCCESS)
 }

@@ -324,3 +324,158 @@ backing = "mem:1M"
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     assert_eq!(o.stdout.len(), 4096);
 }
+
+/// A clock driver whose active probe crashes: it would win every timer (score 9000) if its
+/// probe were not run, or if a crashing probe were taken for a bid.
+const CRASHING_PROBE: &str = r#"#include <stddef.h>
+#include <outboard/osenv.h>
+#include <outboard/driver.h>
+#include <outboard/clock.h>
+static int start(const struct outboard_clock_sink *s, uint32_t *hz)
+{
+    (void)s;
+    (void)hz;
+    return OSENV_EIO;
+}
+static int now(uint64_t *ns)
+{
+    (void)ns;
+    return OSENV_EIO;
+}
+static int probe(uint32_t *score, char *why, uint32_t size)
+{
+    (void)score;
+    (void)why;
+    (void)size;
+    volatile int *p = NULL;
+    *p = 1;
+    return 0;
+}
+static const struct outboard_clock_ops ops = { .start = start, .now = now };
+static const struct outboard_pci_id ids[] = { { 0x1234, 0x0b71 }, { 0, 0 } };
+const struct outboard_driver outboard_driver = {
+    .abi_version = OUTBOARD_DRIVER_ABI,
+    .size = sizeof(struct outboard_driver),
+    .name = "crashing-probe",
+    .class_name = OUTBOARD_CLASS_CLOCK,
+    .ids = ids,
+    .score = 9000,
+    .class_ops = &ops,
+    .probe = probe,
+};
+"#;
+
+/// The driver the registry shows for a timer on a machine of `libraries`: its name, its
+/// probe score and the drivers that declined the timer, with why.
+fn winner(dir: &Path, libraries: &[&str]) -> (String, String, String) {
+    let mut machine = String::from("name = \"probing\"\n");
+    for l in libraries {
+        machine += &format!("[[driver]]\nlibrary = \"{l}\"\n");
+    }
+    machine += "[[device]]\nname = \"clock0\"\nmodel = \"timer\"\nhz = 200\n";
+    let up = Up::start(dir, Some(&machine));
+    let tree = common::registry(&up).to_string();
+    let o = up.run_within(
+        &["clock", "clock0", "--ticks", "20"],
+        Duration::from_secs(60),
+    );
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let v: serde_json::Value = serde_json::from_str(&tree).unwrap();
+    fn find(n: &serde_json::Value) -> Option<(String, String, String)> {
+        if n["kind"] == "driver" && n.to_string().contains("\"clock0\"") {
+            return Some((
+                n["name"].as_str()?.to_string(),
+                n["props"]["probe-score"].to_string(),
+                n["props"]["declined"].as_str().unwrap_or("").to_string(),
+            ));
+        }
+        n["children"].as_array()?.iter().find_map(find)
+    }
+    find(&v).unwrap_or_else(|| panic!("no driver for clock0 in {tree}"))
+}
+
+#[test]
+fn a_library_drivers_active_probe_decides_its_bid_and_runs_outside_the_manager() {
+    let dir = tempfile::tempdir().unwrap();
+    let src = timer_source();
+    // The descriptor bids 500, below the built-in driver's 1000; its probe bids 3000.
+    build(
+        dir.path(),
+        &src,
+        "libraiser.so",
+        &[
+            "-DTIMER_DRIVER_NAME=\"raiser\"",
+            "-DTIMER_SCORE=500",
+            "-DTIMER_PROBE_SCORE=3000",
+        ],
+    );
+    // The descriptor bids 2000; its probe declines the timer's revision.
+    build(
+        dir.path(),
+        &src,
+        "libpicky.so",
+        &[
+            "-DTIMER_DRIVER_NAME=\"picky\"",
+            "-DTIMER_SCORE=2000",
+            "-DTIMER_MIN_REVISION=200",
+        ],
+    );
+    let crashing = dir.path().join("crashing.c");
+    std::fs::write(&crashing, CRASHING_PROBE).unwrap();
+    build(dir.path(), &crashing, "libcrashing.so", &[]);
+
+    let said = stdout(&driver_lib(&dir.path().join("libpicky.so")));
+    assert!(said.contains("probe  yes"), "{said}");
+
+    // The manager's child asked for a probe answers as the driver does.
+    let ask = |lib: &str| {
+        let mut child = Command::new(EXE)
+            .arg("driver-lib")
+            .arg(dir.path().join(lib))
+            .arg("--probe")
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        // A timer's header: its ids, revision 1, a 64-bit memory BAR 0 of 4 KiB.
+        let mut header = [0u8; 256];
+        header[..4].copy_from_slice(&0x0b71_1234u32.to_le_bytes());
+        header[8] = 1;
+        header[0x10] = 0x4;
+        let hex: String = header.iter().map(|b| format!("{b:02x}")).collect();
+        let request =
+            format!("{{\"header\":\"{hex}\",\"bar_sizes\":[4096,0,0,0,0,0],\"score\":7}}");
+        std::io::Write::write_all(child.stdin.as_mut().unwrap(), request.as_bytes()).unwrap();
+        drop(child.stdin.take());
+        child.wait_with_output().unwrap()
+    };
+    let o = ask("libraiser.so");
+    assert_eq!(stdout(&o).trim(), "{\"bid\":3000}", "{o:?}");
+    let o = ask("libpicky.so");
+    assert!(
+        stdout(&o).contains("revision is older than this driver supports"),
+        "{o:?}"
+    );
+    let o = ask("libcrashing.so");
+    assert!(
+        !o.status.success(),
+        "a crashing probe crashes its child: {o:?}"
+    );
+
+    // In a machine: the probe's bid wins over the descriptor's; a declining probe and a
+    // crashing one leave the device to the built-in driver, and the manager goes on.
+    let (name, score, _) = winner(
+        dir.path(),
+        &["libraiser.so", "libpicky.so", "libcrashing.so"],
+    );
+    assert_eq!((name.as_str(), score.as_str()), ("raiser", "3000"));
+    let (name, score, declined) = winner(dir.path(), &["libpicky.so", "libcrashing.so"]);
+    assert_eq!((name.as_str(), score.as_str()), ("legacy-timer", "1000"));
+    // `ls` says why the higher bids did not count.
+    assert!(
+        declined.contains("picky declined: its probe declines the device: the timer's revision")
+            && declined.contains("crashing-probe declined: its probe failed"),
+        "{declined}"
+    );
+}

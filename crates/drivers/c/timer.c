@@ -99,6 +99,58 @@ static int timer_now(uint64_t *ns)
     return 0;
 }
 
+/* The active probe (driver.h): the device's ids matched; is it one this driver can drive?
+ * It looks at configuration space only (a probe reaches no register): the revision, and BAR 0
+ * sized the way a kernel sizes it, which must be a memory BAR holding the register map. A
+ * build may ask for a later revision (TIMER_MIN_REVISION) or bid another score than the
+ * descriptor's (TIMER_PROBE_SCORE). */
+#define PCI_CLASS_REVISION 0x08
+#define PCI_BAR0 0x10
+#define TIMER_REGS_BYTES (REG_STATUS + 4)
+#ifndef TIMER_MIN_REVISION
+#define TIMER_MIN_REVISION 1 /* the first the device has had (docs/timer.md) */
+#endif
+
+static void say(char *why, uint32_t size, const char *text)
+{
+    uint32_t i = 0;
+    for (; size > 0 && i + 1 < size && text[i]; i++)
+        why[i] = text[i];
+    if (size > 0)
+        why[i] = 0;
+}
+
+static int timer_probe(uint32_t *score, char *why, uint32_t why_size)
+{
+    unsigned class_rev = 0, bar = 0, mask = 0;
+    int err = osenv_pci_config_read(0, 0, 0, PCI_CLASS_REVISION, &class_rev);
+    if (err)
+        return err;
+    if ((class_rev & 0xff) < TIMER_MIN_REVISION) {
+        say(why, why_size, "the timer's revision is older than this driver supports");
+        return OSENV_EINVAL;
+    }
+    if ((err = osenv_pci_config_read(0, 0, 0, PCI_BAR0, &bar)) ||
+        (err = osenv_pci_config_write(0, 0, 0, PCI_BAR0, 0xffffffffu)) ||
+        (err = osenv_pci_config_read(0, 0, 0, PCI_BAR0, &mask)) ||
+        (err = osenv_pci_config_write(0, 0, 0, PCI_BAR0, bar)))
+        return err;
+    if (bar & 1) {
+        say(why, why_size, "BAR 0 is an I/O BAR; the timer's registers are memory");
+        return OSENV_EINVAL;
+    }
+    if ((mask & ~0xfu) == 0 || ~(mask & ~0xfu) + 1 < TIMER_REGS_BYTES) {
+        say(why, why_size, "BAR 0 is too small for the timer's registers");
+        return OSENV_EINVAL;
+    }
+#ifdef TIMER_PROBE_SCORE
+    *score = TIMER_PROBE_SCORE;
+#else
+    (void)score;
+#endif
+    return 0;
+}
+
 static const struct outboard_clock_ops timer_ops = {
     .start = timer_start,
     .now = timer_now,
@@ -134,4 +186,5 @@ const struct outboard_driver OUTBOARD_DRIVER_SYMBOL = {
     .ids = timer_ids,
     .score = TIMER_SCORE,
     .class_ops = &timer_ops,
+    .probe = timer_probe,
 };

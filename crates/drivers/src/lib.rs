@@ -22,7 +22,8 @@ pub mod virtio_net;
 pub mod virtio_rng;
 
 pub use legacy::library::{
-    load as load_library, register_described, Described as DescribedLibrary, LibraryError,
+    answer_probe, load as load_library, register_described, set_remote_prober,
+    Described as DescribedLibrary, LibraryError, ProbeAnswer, ProbeRequest,
 };
 pub use personality::{
     by_name, candidates, personalities, probe_driver, restarter, start, start_colocated,

@@ -104,12 +104,15 @@ impl<'a> Probe<'a> {
 }
 
 /// The winner of a match: the personality and the score its probe gave.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 pub struct Probed {
     /// The personality.
     pub personality: &'static Personality,
     /// Its probe score.
     pub score: u32,
+    /// The drivers whose ids took the device but whose probes declined it, each with why
+    /// ("picky declined: …"): what a user asks when another driver won.
+    pub declined: Vec<String>,
 }
 
 /// The device a personality's `start` receives.
@@ -360,24 +363,27 @@ pub const NO_MATCH: &str = "no driver matches";
 /// passive match, or each candidate's reason for declining.
 pub fn probe_driver(dev: &Probe<'_>) -> Result<Probed, String> {
     let id = dev.identity();
-    let mut best: Option<Probed> = None;
+    let mut best: Option<(&'static Personality, u32)> = None;
     let mut declined = Vec::new();
     for personality in candidates(&id) {
         match personality.probe_device(dev) {
-            Ok(score) if best.is_none_or(|b| score > b.score) => {
-                best = Some(Probed { personality, score })
-            }
+            Ok(score) if best.is_none_or(|(_, b)| score > b) => best = Some((personality, score)),
             Ok(_) => {}
-            Err(why) => declined.push(format!("{} declined: {why}", personality.driver)),
+            Err(why) => {
+                tracing::info!("{} declined the device: {why}", personality.driver);
+                declined.push(format!("{} declined: {why}", personality.driver));
+            }
         }
     }
-    best.ok_or_else(|| {
-        if declined.is_empty() {
-            NO_MATCH.to_string()
-        } else {
-            declined.join("; ")
-        }
-    })
+    match best {
+        Some((personality, score)) => Ok(Probed {
+            personality,
+            score,
+            declined,
+        }),
+        None if declined.is_empty() => Err(NO_MATCH.to_string()),
+        None => Err(declined.join("; ")),
+    }
 }
 
 /// The personality named `driver`.

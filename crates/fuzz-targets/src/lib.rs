@@ -11,6 +11,7 @@
 //! | [`nbd_stream`] | an NBD client's whole stream: negotiation, then requests and payloads | any NBD client |
 //! | [`packet_filter`] | a classic BPF program (as attached, and as `tcpdump -dd` text) and a frame to run it on | a net session's client, the user |
 //! | [`net_stream`] | frames in QEMU's `-netdev stream` framing | the NIC model's peer on a stream cable (a QEMU VM, another NIC) |
+//! | [`driver_library_messages`] | a driver library's description and probe answer; a probe request | a child running a driver library's code, to the manager; the manager, to that child |
 //!
 //! `cargo fuzz run <target>` (in `fuzz/`) explores; `fuzz/corpus/<target>/` keeps what it
 //! found, and `tests/corpus.rs` replays that corpus on stable in every test run.
@@ -42,6 +43,7 @@ pub const TARGETS: &[(&str, Target)] = &[
     ("nbd_stream", nbd_stream),
     ("packet_filter", packet_filter),
     ("net_stream", net_stream),
+    ("driver_library_messages", driver_library_messages),
 ];
 
 fn stream_pair() -> (OwnedFd, OwnedFd) {
@@ -299,6 +301,22 @@ pub fn control_message(data: &[u8]) {
 pub fn machine_description(data: &[u8]) {
     if let Ok(text) = std::str::from_utf8(data) {
         let _ = outboard_manager::config::Machine::parse(text, "fuzz.toml");
+    }
+}
+
+/// What passes between the manager and a child that runs a driver library's code: the
+/// description and probe answer the child prints (its last line; the library's code may have
+/// written anything), and the probe request the child reads. Each parser answers; a request
+/// that parses carries exactly a 256-byte snapshot and says the same when written again.
+pub fn driver_library_messages(data: &[u8]) {
+    use outboard_drivers::{DescribedLibrary, ProbeAnswer, ProbeRequest};
+    let text = String::from_utf8_lossy(data);
+    let last = text.lines().last().unwrap_or_default();
+    let _ = DescribedLibrary::parse(last);
+    let _ = ProbeAnswer::parse(last);
+    if let Ok((snapshot, score)) = ProbeRequest::parse(&text) {
+        let again = serde_json::to_string(&ProbeRequest::new(&snapshot, score)).expect("JSON");
+        assert_eq!(ProbeRequest::parse(&again), Ok((snapshot, score)));
     }
 }
 

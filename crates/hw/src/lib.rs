@@ -251,6 +251,30 @@ fn snapshot_read(head: &[u8; pci::CONFIG_SPACE_SIZE], offset: u64, buf: &mut [u8
     }
 }
 
+/// What an active probe may look at of a PCI function, taken without asking the device
+/// again: its standard configuration space as read at open and its BARs' sizes. A probe run on
+/// it cannot change the device, and it can be handed to another process (the manager runs no
+/// driver library's code: a child probes for it).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ConfigSnapshot {
+    /// The first 256 bytes of configuration space.
+    pub header: Box<[u8; pci::CONFIG_SPACE_SIZE]>,
+    /// Each BAR's size in bytes (0 where absent).
+    pub bar_sizes: [u64; 6],
+}
+
+impl ConfigSnapshot {
+    /// Bytes of configuration space a snapshot holds.
+    pub const SIZE: usize = pci::CONFIG_SPACE_SIZE;
+
+    /// The configuration dword at `offset` (4-aligned), if it lies in the snapshot.
+    pub fn dword(&self, offset: u64) -> Option<u32> {
+        let mut b = [0u8; 4];
+        (offset.is_multiple_of(4) && snapshot_read(&self.header, offset, &mut b).is_ok())
+            .then(|| u32::from_le_bytes(b))
+    }
+}
+
 impl std::fmt::Debug for PciFunction {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("PciFunction")
@@ -426,6 +450,14 @@ impl PciFunction {
     /// read with [`PciFunction::config_read`].
     pub fn config_read_at_open(&self, offset: u64, buf: &mut [u8]) -> Result<()> {
         snapshot_read(&self.header, offset, buf)
+    }
+
+    /// What an active probe looks at: the header as read at open and the BARs' sizes.
+    pub fn snapshot(&self) -> Result<ConfigSnapshot> {
+        Ok(ConfigSnapshot {
+            header: self.header.clone(),
+            bar_sizes: self.bar_sizes()?,
+        })
     }
 
     /// BAR `bar` as a region.

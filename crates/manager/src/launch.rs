@@ -218,13 +218,14 @@ impl Manager {
             .iter()
             .filter(|d| d.model().kind == models::Kind::Virtual)
         {
-            let Probed { personality, score } =
-                outboard_drivers::probe_driver(&Probe::Virtual(&d.model)).map_err(|why| {
-                    ManagerError::NoDriver {
-                        device: d.name.clone(),
-                        what: format!("model {}: {why}", d.model),
-                    }
-                })?;
+            let Probed {
+                personality, score, ..
+            } = outboard_drivers::probe_driver(&Probe::Virtual(&d.model)).map_err(|why| {
+                ManagerError::NoDriver {
+                    device: d.name.clone(),
+                    what: format!("model {}: {why}", d.model),
+                }
+            })?;
             refuses_fault(d, personality)?;
             virtual_bus.children.push(
                 Node::new("device", &function_node(d).1)
@@ -651,26 +652,32 @@ pub(crate) fn probe_function(
         })
         .collect();
     node.set("irqs", irqs.join(", "));
-    let Probed { personality, score } =
-        outboard_drivers::probe_driver(&Probe::Pci(&f)).map_err(|why| {
-            let ids = format!(
-                "{:04x}:{:04x} (class {:02x}{:02x}{:02x})",
-                id.vendor, id.device, id.class, id.subclass, id.prog_if
-            );
-            ManagerError::NoDriver {
-                device: d.name.clone(),
-                // Either no personality's match takes it, or each that did declined: why.
-                what: if why == outboard_drivers::NO_MATCH {
-                    ids
-                } else {
-                    format!("{ids}: {why}")
-                },
-            }
-        })?;
+    let Probed {
+        personality,
+        score,
+        declined,
+    } = outboard_drivers::probe_driver(&Probe::Pci(&f)).map_err(|why| {
+        let ids = format!(
+            "{:04x}:{:04x} (class {:02x}{:02x}{:02x})",
+            id.vendor, id.device, id.class, id.subclass, id.prog_if
+        );
+        ManagerError::NoDriver {
+            device: d.name.clone(),
+            // Either no personality's match takes it, or each that did declined: why.
+            what: if why == outboard_drivers::NO_MATCH {
+                ids
+            } else {
+                format!("{ids}: {why}")
+            },
+        }
+    })?;
     refuses_fault(d, personality)?;
     let mut node = Node::new("driver", personality.driver);
     if let Some(l) = personality.library {
         node.set("library", l.described.library.display().to_string());
+    }
+    if !declined.is_empty() {
+        node.set("declined", declined.join("; "));
     }
     Ok(node
         .with("probe-score", score)

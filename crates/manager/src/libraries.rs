@@ -1,14 +1,17 @@
 //! The machine's driver libraries (`[[driver]] library = PATH`): C drivers built outside
 //! Outboard. The manager matches devices against them but does not run their code: a child
 //! (`outboard driver-lib PATH --json`) loads each library and prints its descriptor, and the
-//! manager adds the personality it describes to the catalog. The driver server that drives a
-//! device with one loads the library itself (`driver-host --driver-lib`).
+//! manager adds the personality it describes to the catalog. A library driver's active probe
+//! runs in such a child too (`outboard driver-lib PATH --probe`, the device's configuration
+//! snapshot on its standard input). The driver server that drives a device with one loads the
+//! library itself (`driver-host --driver-lib`).
 
 use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use outboard_drivers::DescribedLibrary;
+use outboard_drivers::{DescribedLibrary, ProbeAnswer, ProbeRequest};
+use outboard_hw::ConfigSnapshot;
 
 /// How long describing one library may take.
 const PATIENCE: Duration = Duration::from_secs(10);
@@ -19,6 +22,7 @@ pub type LibraryError = String;
 /// Adds each library's driver to the catalog, in order; the first that cannot be used stops
 /// the machine from starting, with why.
 pub fn register_all(paths: &[impl AsRef<Path>]) -> Result<(), LibraryError> {
+    outboard_drivers::set_remote_prober(probe_in_child);
     for p in paths {
         let d = describe(p.as_ref())?;
         let name = d.name.clone();
@@ -31,16 +35,63 @@ pub fn register_all(paths: &[impl AsRef<Path>]) -> Result<(), LibraryError> {
 /// What a library's descriptor says, from a child that loads it.
 fn describe(path: &Path) -> Result<DescribedLibrary, LibraryError> {
     let shown = path.display();
-    let exe = std::env::current_exe().map_err(|e| format!("{shown}: this program's path: {e}"))?;
+    let last = ask_child(path, "--json", None).map_err(|why| match why {
+        ChildFailed::Said(said) => said,
+        ChildFailed::Other(why) => format!("{shown}: loading it {why}"),
+    })?;
+    DescribedLibrary::parse(&last).map_err(|e| format!("{shown}: {e}"))
+}
+
+/// Runs the probe of library driver `d` on `snapshot` from `score` in a child that loads the
+/// library (the manager runs none of a library's code): its bid, or why it declines: a probe
+/// that crashes, hangs or answers nonsense declines, and the manager goes on.
+fn probe_in_child(
+    d: &DescribedLibrary,
+    snapshot: &ConfigSnapshot,
+    score: u32,
+) -> Result<u32, String> {
+    let request = serde_json::to_string(&ProbeRequest::new(snapshot, score))
+        .map_err(|e| format!("the probe request: {e}"))?;
+    let last = ask_child(&d.library, "--probe", Some(request)).map_err(|why| match why {
+        ChildFailed::Said(said) => format!("its probe failed: {said}"),
+        ChildFailed::Other(why) => format!("its probe {why}"),
+    })?;
+    ProbeAnswer::parse(&last)
+}
+
+/// How a child asked about a library failed.
+enum ChildFailed {
+    /// It exited unsuccessfully and said why.
+    Said(String),
+    /// It could not start, crashed without a word, or took too long: what happened, as a
+    /// predicate ("took more than 10s").
+    Other(String),
+}
+
+/// Runs `outboard driver-lib PATH FLAG`, `input` on its standard input: the last line it
+/// printed (a library's initialisers may have printed before it).
+fn ask_child(path: &Path, flag: &str, input: Option<String>) -> Result<String, ChildFailed> {
+    let exe = std::env::current_exe()
+        .map_err(|e| ChildFailed::Other(format!("failed: this program's path: {e}")))?;
     let mut child = Command::new(exe)
         .arg("driver-lib")
         .arg(path)
-        .arg("--json")
-        .stdin(Stdio::null())
+        .arg(flag)
+        .stdin(if input.is_some() {
+            Stdio::piped()
+        } else {
+            Stdio::null()
+        })
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
-        .map_err(|e| format!("{shown}: cannot start its describer: {e}"))?;
+        .map_err(|e| ChildFailed::Other(format!("could not start: {e}")))?;
+    if let (Some(mut stdin), Some(text)) = (child.stdin.take(), input) {
+        // A child that dies before reading is reported by its status below.
+        std::thread::spawn(move || {
+            let _ = std::io::Write::write_all(&mut stdin, text.as_bytes());
+        });
+    }
     // Its output is read while it runs (a chatty library cannot fill a pipe and look hung);
     // it is waited for here, and killed if it takes too long.
     let drain = |r: Option<Box<dyn std::io::Read + Send>>| {
@@ -63,11 +114,11 @@ fn describe(path: &Path) -> Result<DescribedLibrary, LibraryError> {
                 // Our own child, not yet reaped: its pid is still ours to kill.
                 let _ = child.kill();
                 let _ = child.wait();
-                return Err(format!(
-                    "{shown}: loading it took more than {PATIENCE:?} (its initialisers hang?)"
-                ));
+                return Err(ChildFailed::Other(format!(
+                    "took more than {PATIENCE:?} (it hangs?)"
+                )));
             }
-            Err(e) => return Err(format!("{shown}: {e}")),
+            Err(e) => return Err(ChildFailed::Other(format!("failed: {e}"))),
         }
     };
     let out = stdout.join().unwrap_or_default();
@@ -76,13 +127,11 @@ fn describe(path: &Path) -> Result<DescribedLibrary, LibraryError> {
         let said = String::from_utf8_lossy(&err);
         let said = said.trim().trim_start_matches("outboard: ");
         return Err(if said.is_empty() {
-            format!("{shown}: loading it failed ({status})")
+            ChildFailed::Other(format!("failed ({status})"))
         } else {
-            said.to_string()
+            ChildFailed::Said(said.to_string())
         });
     }
-    // The description is the last line: a library's initialisers may have printed before it.
-    let last = String::from_utf8_lossy(&out);
-    let last = last.lines().last().unwrap_or_default();
-    serde_json::from_str(last).map_err(|e| format!("{shown}: its description does not parse: {e}"))
+    let out = String::from_utf8_lossy(&out);
+    Ok(out.lines().last().unwrap_or_default().to_string())
 }

@@ -167,3 +167,13 @@ int selftest_io_alloc(unsigned port, unsigned size)
 {
     return osenv_io_alloc(port, size);
 }
+
+/* Writes the command register back as it reads: harmless to the device, but a write. */
+int selftest_config_rewrite_command(void)
+{
+    unsigned v = 0;
+    int err = osenv_pci_config_read(0, 0, 0, 0x04, &v);
+    if (err)
+        return err;
+    return osenv_pci_config_write(0, 0, 0, 0x04, v);
+}

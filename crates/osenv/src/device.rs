@@ -8,10 +8,13 @@
 //! `osenv_io_*` accessors, within ranges it allocated.
 //! **BAR sizing.** A driver that writes all ones to a BAR and reads it back gets the BAR's
 //! size mask, as on real hardware; the BAR itself is never reprogrammed.
+//! **Probing.** A driver's active probe sees a [`ConfigSnapshot`] instead of the device: its
+//! configuration space reads (and BAR sizing) work, everything that would reach or change the
+//! device (configuration writes, ports, BAR registers) is refused.
 
 use std::sync::Mutex;
 
-use outboard_hw::{PciFunction, Region};
+use outboard_hw::{ConfigSnapshot, PciFunction, Region};
 
 /// Offset of BAR 0 in configuration space.
 const BAR0: u32 = 0x10;
@@ -20,7 +23,7 @@ pub const PORT_STRIDE: u32 = 0x1000;
 
 /// What a driver's device looks like through `osenv`.
 pub(crate) struct Device {
-    function: PciFunction,
+    backing: Backing,
     /// Per BAR: its size, whether it is an I/O BAR, and its flags (low bits of the register).
     bars: [Bar; 6],
     /// Regions, opened when first used.
@@ -40,22 +43,50 @@ struct Bar {
     upper_half: bool,
 }
 
+/// What a driver's configuration and register accesses reach.
+enum Backing {
+    /// The device itself.
+    Live(PciFunction),
+    /// A probe's view: configuration space as it was, no registers.
+    Snapshot(ConfigSnapshot),
+}
+
 /// A memory BAR's type bits saying it is 64 bits wide (two registers).
 const MEM_64: u32 = 0x4;
 
 impl Device {
-    /// The function itself.
-    pub fn function(&self) -> &PciFunction {
-        &self.function
+    /// The function itself (none for a probe).
+    pub fn function(&self) -> Option<&PciFunction> {
+        match &self.backing {
+            Backing::Live(f) => Some(f),
+            Backing::Snapshot(_) => None,
+        }
     }
 
     pub fn new(function: PciFunction) -> Self {
-        let sizes = function.bar_sizes().unwrap_or([0; 6]);
+        // A device whose BARs cannot be sized shows none (its accessors then fail).
+        let snapshot = function.snapshot().unwrap_or_else(|_| {
+            let mut header = Box::new([0; ConfigSnapshot::SIZE]);
+            let _ = function.config_read_at_open(0, &mut header[..]);
+            ConfigSnapshot {
+                header,
+                bar_sizes: [0; 6],
+            }
+        });
+        Self::build(&snapshot, Backing::Live(function))
+    }
+
+    /// What a probe sees: `snapshot` and nothing of the device.
+    pub fn looking(snapshot: ConfigSnapshot) -> Self {
+        let view = snapshot.clone();
+        Self::build(&view, Backing::Snapshot(snapshot))
+    }
+
+    fn build(snapshot: &ConfigSnapshot, backing: Backing) -> Self {
+        let sizes = snapshot.bar_sizes;
         let mut bars = [Bar::default(); 6];
         for (i, bar) in bars.iter_mut().enumerate() {
-            let mut reg = [0u8; 4];
-            let _ = function.config_read_at_open(u64::from(BAR0) + 4 * i as u64, &mut reg);
-            let reg = u32::from_le_bytes(reg);
+            let reg = snapshot.dword(u64::from(BAR0) + 4 * i as u64).unwrap_or(0);
             let io = reg & 1 == 1;
             *bar = Bar {
                 size: sizes[i],
@@ -76,7 +107,7 @@ impl Device {
             }
         }
         Self {
-            function,
+            backing,
             bars,
             regions: Mutex::new(Default::default()),
             sizing: Mutex::new([false; 6]),
@@ -103,10 +134,17 @@ impl Device {
                 (_, _, true) if bar.upper_half => (mask >> 32) as u32,
                 (_, _, true) => mask as u32 | bar.flags,
                 (_, true, false) => (PORT_STRIDE * (i as u32 + 1)) | 1,
-                (_, false, false) => self.function.config_read32(offset.into()).ok()?,
+                (_, false, false) => self.config_dword(offset)?,
             });
         }
-        self.function.config_read32(offset.into()).ok()
+        self.config_dword(offset)
+    }
+
+    fn config_dword(&self, offset: u32) -> Option<u32> {
+        match &self.backing {
+            Backing::Live(f) => f.config_read32(offset.into()).ok(),
+            Backing::Snapshot(s) => s.dword(offset.into()),
+        }
     }
 
     /// Writes a configuration dword: a BAR write only starts or ends sizing; anything else goes
@@ -116,9 +154,13 @@ impl Device {
             self.sizing.lock().unwrap_or_else(|p| p.into_inner())[i] = value == u32::MAX;
             return true;
         }
-        self.function
-            .config_write(offset.into(), &value.to_le_bytes())
-            .is_ok()
+        match &self.backing {
+            Backing::Live(f) => f.config_write(offset.into(), &value.to_le_bytes()).is_ok(),
+            Backing::Snapshot(_) => {
+                tracing::warn!("a probe wrote configuration space at {offset:#x}: refused");
+                false
+            }
+        }
     }
 
     /// The I/O BAR and offset of port range `[port, port+len)`, if it lies in one.
@@ -168,7 +210,11 @@ impl Device {
     fn region(&self, bar: usize) -> Option<Region> {
         let mut regions = self.regions.lock().unwrap_or_else(|p| p.into_inner());
         if regions[bar].is_none() {
-            regions[bar] = self.function.region(bar as u8).ok();
+            let Backing::Live(f) = &self.backing else {
+                tracing::warn!("a probe reached for BAR {bar}'s registers: refused");
+                return None;
+            };
+            regions[bar] = f.region(bar as u8).ok();
         }
         regions[bar].clone()
     }

@@ -18,7 +18,7 @@ use std::sync::Arc;
 
 use outboard_env::legacy::{Cpu, Inside, InterruptThread};
 use outboard_env::LoopError;
-use outboard_hw::{IrqKind, PciFunction};
+use outboard_hw::{ConfigSnapshot, IrqKind, PciFunction};
 
 pub use device::PORT_STRIDE;
 pub use state::{FIRST_TIMER_VECTOR, MAX_TIMERS};
@@ -47,6 +47,27 @@ impl Osenv {
     /// vectors (MSI-X, else MSI, else INTx; up to 48) are enabled and are the driver's vectors 0, 1, ….
     pub fn for_function(name: &str, function: PciFunction) -> Result<Self, OsenvError> {
         Self::build(name, Some(function))
+    }
+
+    /// The environment of driver `name`'s active probe: `snapshot` is its device. It reads
+    /// configuration space (BAR sizing included) as the snapshot has it; configuration
+    /// writes, ports, BAR registers, interrupts and wired memory are refused, so a probe
+    /// changes nothing on the device (it never reaches it).
+    pub fn for_probe(name: &str, snapshot: ConfigSnapshot) -> Result<Self, OsenvError> {
+        let cpu = Cpu::new();
+        let interrupts = InterruptThread::spawn(cpu.clone())?;
+        let state = state::State::new(
+            name,
+            interrupts.sources(),
+            None,
+            Some(device::Device::looking(snapshot)),
+            Vec::new(),
+        );
+        cpu.set_context(Box::new(state));
+        Ok(Self {
+            cpu,
+            _interrupts: interrupts,
+        })
     }
 
     fn build(name: &str, function: Option<PciFunction>) -> Result<Self, OsenvError> {
@@ -118,7 +139,8 @@ impl Osenv {
         self.cpu
             .context::<state::State>()
             .and_then(|s| s.device.as_ref())
-            .is_none_or(|d| d.function().abandon())
+            .and_then(|d| d.function())
+            .is_none_or(|f| f.abandon())
     }
 
     /// The driver's virtual CPU (to raise an interrupt, read delivery counts).

@@ -25,6 +25,7 @@ unsafe extern "C" {
     safe fn selftest_config_write_id() -> i32;
     safe fn selftest_bar_read32(bar: u32, offset: usize) -> u32;
     safe fn selftest_io_alloc(port: u32, size: u32) -> i32;
+    safe fn selftest_config_rewrite_command() -> i32;
 }
 
 /// Runs `f` on a thread and fails if it does not return within `limit`.
@@ -194,6 +195,11 @@ fn the_device_is_the_drivers_own_function_its_bars_sized_and_read_as_a_kernel_wo
         "the IDs are not the driver's to write"
     );
     assert_eq!(
+        selftest_config_rewrite_command(),
+        0,
+        "the command register is"
+    );
+    assert_eq!(
         selftest_bar_read32(bar, 0),
         first,
         "a BAR register as the device has it"
@@ -209,6 +215,45 @@ fn the_device_is_the_drivers_own_function_its_bars_sized_and_read_as_a_kernel_wo
         -16,
         "virtio-blk has no I/O BAR"
     );
+}
+
+#[test]
+fn a_probe_sees_configuration_space_as_it_was_and_reaches_nothing_of_the_device() {
+    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|p| p.into_inner());
+    let (func, backend) = in_process_disk();
+    let id = func.config_read32(0).unwrap();
+    let sizes = func.bar_sizes().unwrap();
+    let bar = sizes.iter().position(|&s| s > 0).expect("a BAR") as u32;
+    let snapshot = func.snapshot().unwrap();
+    // The probe needs nothing but the snapshot: the device is closed before it runs.
+    drop(func);
+    let env = Osenv::for_probe("probe", snapshot).unwrap();
+    let _in = env.enter();
+    assert_eq!(selftest_config_id(), id, "vendor and device IDs");
+    assert_eq!(selftest_config_absent(), u32::MAX, "another slot is empty");
+    assert_eq!(
+        u64::from(selftest_bar_size(bar as i32)),
+        sizes[bar as usize],
+        "BAR sizing is a look"
+    );
+    assert_eq!(
+        selftest_config_rewrite_command(),
+        -1,
+        "a probe writes no configuration register"
+    );
+    assert_eq!(
+        selftest_bar_read32(bar, 0),
+        u32::MAX,
+        "a probe reads no BAR register"
+    );
+    assert_eq!(selftest_wired(), 0, "a probe has no DMA memory");
+    assert_eq!(
+        selftest_start(),
+        -22,
+        "a probe has no interrupt vectors to allocate"
+    );
+    assert_eq!(selftest_memory(), 0, "ordinary memory it has");
+    backend.with_device(|_, ctx| assert!(ctx.dma.is_empty(), "nothing was mapped"));
 }
 
 /// Timer interrupts counted by [`tick`], and those that found the thread inside the allocator.

@@ -186,8 +186,8 @@ fn timer_matches(id: &Identity<'_>) -> bool {
     super::lists(timer(), id)
 }
 
-fn timer_probe(_: &Probe<'_>, initial: u32) -> Result<u32, String> {
-    timer().map(|_| initial)
+fn timer_probe(dev: &Probe<'_>, initial: u32) -> Result<u32, String> {
+    super::probe::probe_c(timer()?, dev, initial)
 }
 
 fn timer_start(p: Provider, o: &StartOptions) -> Result<Box<dyn AnyDriver>, StartError> {

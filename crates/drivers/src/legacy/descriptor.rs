@@ -37,6 +37,17 @@ pub struct RawDriver {
     class_ops: *const c_void,
 }
 
+/// A driver's active probe (`probe` in `struct outboard_driver`).
+type RawProbe = unsafe extern "C" fn(*mut u32, *mut c_char, u32) -> c_int;
+
+/// `struct outboard_driver` with the fields appended within version 1: read only as far as
+/// its `size` says the driver's structure goes.
+#[repr(C)]
+struct RawDriverAppended {
+    first: RawDriver,
+    probe: Option<RawProbe>,
+}
+
 /// Why a descriptor is refused.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum DescriptorError {
@@ -47,7 +58,9 @@ pub enum DescriptorError {
         found: u32,
     },
     /// Smaller than the structure of its version.
-    #[error("the descriptor says it is {found} bytes; version {ABI_VERSION}'s is {expected}")]
+    #[error(
+        "the descriptor says it is {found} bytes; version {ABI_VERSION}'s is at least {expected}"
+    )]
     Size {
         /// What it says.
         found: u32,
@@ -71,6 +84,7 @@ pub struct CDriver {
     /// Its bid.
     pub score: u32,
     ops: *const c_void,
+    probe: Option<RawProbe>,
 }
 
 // SAFETY: a descriptor and the operations table it points to are immutable data of the C
@@ -145,6 +159,13 @@ impl CDriver {
         }
         // SAFETY: version 1 and at least version 1's size: the whole structure is there.
         let d = unsafe { &*raw };
+        let probe = if size as usize >= std::mem::size_of::<RawDriverAppended>() {
+            // SAFETY: `size` says the driver's structure reaches past the appended field;
+            // read unaligned, through a raw pointer (no reference to more than is checked).
+            unsafe { std::ptr::addr_of!((*raw.cast::<RawDriverAppended>()).probe).read_unaligned() }
+        } else {
+            None
+        };
         let name = name_field("name", d.name)?;
         let class = name_field("class name", d.class_name)?;
         if d.ids.is_null() {
@@ -179,7 +200,33 @@ impl CDriver {
             ids,
             score: d.score,
             ops: d.class_ops,
+            probe,
         })
+    }
+
+    /// Whether the driver has an active probe.
+    pub fn has_probe(&self) -> bool {
+        self.probe.is_some()
+    }
+
+    /// Calls the driver's active probe with `score` (its descriptor's on entry): `Ok` with
+    /// its bid, `Err` with its error code and the reason it wrote (lossy UTF-8, possibly
+    /// empty). A driver without a probe bids `score` unchanged. Call it only inside the
+    /// probe's environment (`Osenv::for_probe`) on the calling thread.
+    pub fn call_probe(&self, mut score: u32) -> Result<u32, (c_int, String)> {
+        let Some(probe) = self.probe else {
+            return Ok(score);
+        };
+        let mut why = [0u8; 256];
+        // SAFETY: the probe's contract (driver.h): it writes the score and at most
+        // `why.len()` bytes of reason; both point to live locals of those sizes.
+        let rc = unsafe { probe(&mut score, why.as_mut_ptr().cast(), why.len() as u32) };
+        if rc == 0 {
+            return Ok(score);
+        }
+        // A reason not ended within the buffer is cut at its end.
+        let end = why.iter().position(|&b| b == 0).unwrap_or(why.len());
+        Err((rc, String::from_utf8_lossy(&why[..end]).trim().to_string()))
     }
 
     /// Which copy of C code this is (its operations table's address): two descriptors of
@@ -597,6 +644,82 @@ mod tests {
             score: 1,
             class_ops: std::ptr::null(),
         }
+    }
+
+    unsafe extern "C" fn bids_twice(score: *mut u32, _: *mut c_char, _: u32) -> c_int {
+        // SAFETY: call_probe passes a live u32.
+        unsafe { *score *= 2 };
+        0
+    }
+
+    unsafe extern "C" fn declines(_: *mut u32, why: *mut c_char, size: u32) -> c_int {
+        let text = b"not this one\0";
+        assert!(size as usize >= text.len());
+        // SAFETY: call_probe passes `size` writable bytes.
+        unsafe { std::ptr::copy_nonoverlapping(text.as_ptr(), why.cast(), text.len()) };
+        -22
+    }
+
+    /// A careless probe: it fills the whole reason buffer and ends it with no NUL.
+    unsafe extern "C" fn declines_unended(_: *mut u32, why: *mut c_char, size: u32) -> c_int {
+        // SAFETY: call_probe passes `size` writable bytes.
+        unsafe { std::ptr::write_bytes(why, b'x', size as usize) };
+        -5
+    }
+
+    #[test]
+    fn a_probe_is_read_only_where_the_descriptors_size_covers_it() {
+        static IDS: [RawPciId; 2] = [
+            RawPciId {
+                vendor: 0x1234,
+                device: 1,
+            },
+            RawPciId {
+                vendor: 0,
+                device: 0,
+            },
+        ];
+        static OPS: u8 = 0;
+        let first = |size: usize| RawDriver {
+            size: size as u32,
+            ids: IDS.as_ptr(),
+            class_ops: std::ptr::addr_of!(OPS).cast(),
+            ..raw(1, 0)
+        };
+        let appended = |probe: RawProbe, size: usize| RawDriverAppended {
+            first: first(size),
+            probe: Some(probe),
+        };
+        let whole = std::mem::size_of::<RawDriverAppended>();
+        // SAFETY: each points to a live descriptor whose strings and lists are statics.
+        let old = unsafe { CDriver::read(&first(std::mem::size_of::<RawDriver>())) }.unwrap();
+        assert!(
+            !old.has_probe(),
+            "a driver built before the probe field has none"
+        );
+        assert_eq!(old.call_probe(7), Ok(7), "its score is its bid");
+        // A probe present, but beyond what `size` says the driver's structure holds: unread.
+        let short = appended(bids_twice, std::mem::size_of::<RawDriver>());
+        // SAFETY: as above (reading goes no further than `size`).
+        let d = unsafe { CDriver::read(&short.first) }.unwrap();
+        assert!(!d.has_probe());
+        let d = appended(bids_twice, whole);
+        // SAFETY: as above.
+        let d = unsafe { CDriver::read(&d.first) }.unwrap();
+        assert_eq!(d.call_probe(7), Ok(14));
+        let d = appended(declines, whole);
+        // SAFETY: as above.
+        let d = unsafe { CDriver::read(&d.first) }.unwrap();
+        assert_eq!(d.call_probe(7), Err((-22, "not this one".to_string())));
+        let d = appended(declines_unended, whole);
+        // SAFETY: as above.
+        let d = unsafe { CDriver::read(&d.first) }.unwrap();
+        let (rc, why) = d.call_probe(7).unwrap_err();
+        assert_eq!(rc, -5);
+        assert!(
+            why.len() == 256 && why.bytes().all(|b| b == b'x'),
+            "cut at the buffer's end"
+        );
     }
 
     #[test]

@@ -8,13 +8,17 @@
 //!
 //! A process that only matches devices (the manager) need not run a library's code: it asks a
 //! child (`outboard driver-lib PATH --json`) for the descriptor and registers the personality
-//! as [`Described`], which matches and probes like the loaded one but cannot start.
+//! as [`Described`], which matches like the loaded one but cannot start; its active probe, if
+//! it has one, runs in a child too ([`set_remote_prober`], `outboard driver-lib PATH
+//! --probe`), on a [`ProbeRequest`] that carries the device's configuration snapshot.
 
 use std::ffi::{c_void, CStr, CString};
 use std::path::{Path, PathBuf};
 use std::sync::{Mutex, OnceLock};
 
 use serde::{Deserialize, Serialize};
+
+use outboard_hw::ConfigSnapshot;
 
 use super::descriptor::{CDriver, DescriptorError, RawDriver, ABI_VERSION};
 use crate::personality::{Identity, Personality, Probe, Provider, StartError, StartOptions};
@@ -76,6 +80,122 @@ pub struct Described {
     pub ids: Vec<(u16, u16)>,
     /// Its score.
     pub score: u32,
+    /// Whether it has an active probe (run where the library is loaded).
+    #[serde(default)]
+    pub probe: bool,
+}
+
+/// What a process that has not loaded a library does to run its driver's probe: in
+/// Outboard's manager, ask a child that loads it.
+pub type RemoteProber = fn(&Described, &ConfigSnapshot, u32) -> Result<u32, String>;
+
+static REMOTE_PROBER: OnceLock<RemoteProber> = OnceLock::new();
+
+/// Sets how this process runs the probes of libraries it has not loaded (once; later calls
+/// change nothing).
+pub fn set_remote_prober(p: RemoteProber) {
+    let _ = REMOTE_PROBER.set(p);
+}
+
+/// A probe asked of another process: the device as the probe sees it and the starting score.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ProbeRequest {
+    /// The configuration space snapshot, as hexadecimal (512 digits).
+    pub header: String,
+    /// The BARs' sizes.
+    pub bar_sizes: [u64; 6],
+    /// The score the probe starts from.
+    pub score: u32,
+}
+
+/// Its answer: a bid, or why the driver declines.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "lowercase")]
+pub enum ProbeAnswer {
+    /// The driver bids this score.
+    Bid(u32),
+    /// The driver declines the device, for this reason.
+    Declined(String),
+}
+
+impl Described {
+    /// A description as `outboard driver-lib PATH --json` prints it (its last line).
+    pub fn parse(line: &str) -> Result<Self, String> {
+        serde_json::from_str(line).map_err(|e| format!("its description does not parse: {e}"))
+    }
+}
+
+impl ProbeAnswer {
+    /// An answer as `outboard driver-lib PATH --probe` prints it (its last line): the bid,
+    /// or why the driver declines.
+    pub fn parse(line: &str) -> Result<u32, String> {
+        match serde_json::from_str(line) {
+            Ok(ProbeAnswer::Bid(score)) => Ok(score),
+            Ok(ProbeAnswer::Declined(why)) => Err(why),
+            Err(e) => Err(format!("its probe's answer does not parse: {e}")),
+        }
+    }
+}
+
+impl ProbeRequest {
+    /// A request as read from standard input, checked: its snapshot and starting score.
+    pub fn parse(text: &str) -> Result<(ConfigSnapshot, u32), String> {
+        let r: Self = serde_json::from_str(text)
+            .map_err(|e| format!("the probe request does not parse: {e}"))?;
+        Ok((r.snapshot()?, r.score))
+    }
+
+    /// The request for a probe of `snapshot` from `score`.
+    pub fn new(snapshot: &ConfigSnapshot, score: u32) -> Self {
+        Self {
+            header: snapshot.header.iter().map(|b| format!("{b:02x}")).collect(),
+            bar_sizes: snapshot.bar_sizes,
+            score,
+        }
+    }
+
+    /// The snapshot it carries, checked.
+    pub fn snapshot(&self) -> Result<ConfigSnapshot, String> {
+        let digits = self.header.as_bytes();
+        if digits.len() != 2 * ConfigSnapshot::SIZE {
+            return Err(format!(
+                "the configuration snapshot has {} hexadecimal digits, not {}",
+                digits.len(),
+                2 * ConfigSnapshot::SIZE
+            ));
+        }
+        let mut header = Box::new([0u8; ConfigSnapshot::SIZE]);
+        // Two hexadecimal digits per byte, nothing else ("+f" is not a byte).
+        let digit = |d: u8| {
+            char::from(d).to_digit(16).map(|v| v as u8).ok_or_else(|| {
+                format!(
+                    "{:?} in the configuration snapshot is not hexadecimal",
+                    char::from(d)
+                )
+            })
+        };
+        for (b, pair) in header.iter_mut().zip(digits.chunks(2)) {
+            *b = (digit(pair[0])? << 4) | digit(pair[1])?;
+        }
+        Ok(ConfigSnapshot {
+            header,
+            bar_sizes: self.bar_sizes,
+        })
+    }
+}
+
+/// Answers `request` (the text of a [`ProbeRequest`]) with the probe of `driver`, a library
+/// loaded in this process.
+pub fn answer_probe(driver: &LibraryDriver, request: &str) -> ProbeAnswer {
+    let Some(c) = &driver.loaded else {
+        return ProbeAnswer::Declined("its library is not loaded in this process".into());
+    };
+    let bid = ProbeRequest::parse(request).and_then(|(s, score)| super::probe::run(c, s, score));
+    match bid {
+        Ok(score) => ProbeAnswer::Bid(score),
+        Err(why) => ProbeAnswer::Declined(why),
+    }
 }
 
 /// A library driver in this process's catalog: loaded (it can start) or only described.
@@ -93,9 +213,28 @@ impl LibraryDriver {
         matches!(id, Identity::Pci(id) if self.described.ids.contains(&(id.vendor, id.device)))
     }
 
-    /// The active probe: ABI version 1 has none, so the descriptor's score stands.
-    pub fn probe(&self, _dev: &Probe<'_>, initial: u32) -> Result<u32, String> {
-        Ok(initial)
+    /// Its active probe of a device its ids took: run here if the library is loaded, else
+    /// by this process's [`RemoteProber`]; without a probe the descriptor's score stands.
+    pub fn probe(&self, dev: &Probe<'_>, initial: u32) -> Result<u32, String> {
+        if let Some(c) = &self.loaded {
+            return super::probe::probe_c(c, dev, initial);
+        }
+        if !self.described.probe {
+            return Ok(initial);
+        }
+        let Probe::Pci(f) = dev else {
+            return Err(format!("{} drives PCI functions", self.described.name));
+        };
+        let snapshot = f
+            .snapshot()
+            .map_err(|e| format!("the device cannot be looked at: {e}"))?;
+        match REMOTE_PROBER.get() {
+            Some(remote) => remote(&self.described, &snapshot, initial),
+            None => Err(format!(
+                "its probe runs only where its library {} is loaded",
+                self.described.library.display()
+            )),
+        }
     }
 
     /// Starts it on a device: through its class's bridge.
@@ -208,6 +347,7 @@ pub fn load(path: &Path) -> Result<&'static Personality, LibraryError> {
             class: c.class.clone(),
             ids: c.ids.clone(),
             score: c.score,
+            probe: c.has_probe(),
         },
         loaded: Some(c),
     })
@@ -251,4 +391,54 @@ fn dlopen_descriptor(path: &CStr, shown: &str) -> Result<*const RawDriver, Libra
         return Err(LibraryError::NoDescriptor { path: shown.into() });
     }
     Ok(p as *const RawDriver)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn snapshot() -> ConfigSnapshot {
+        let mut header = Box::new([0u8; ConfigSnapshot::SIZE]);
+        for (i, b) in header.iter_mut().enumerate() {
+            *b = i as u8;
+        }
+        ConfigSnapshot {
+            header,
+            bar_sizes: [4096, 0, 16, 0, 0, 1 << 40],
+        }
+    }
+
+    #[test]
+    fn a_probe_request_says_the_snapshot_again_and_a_malformed_one_is_refused_with_why() {
+        let s = snapshot();
+        let text = serde_json::to_string(&ProbeRequest::new(&s, 77)).unwrap();
+        assert_eq!(ProbeRequest::parse(&text), Ok((s.clone(), 77)));
+
+        let mut r = ProbeRequest::new(&s, 1);
+        r.header.pop();
+        let e = ProbeRequest::parse(&serde_json::to_string(&r).unwrap()).unwrap_err();
+        assert!(e.contains("511 hexadecimal digits, not 512"), "{e}");
+        let mut r = ProbeRequest::new(&s, 1);
+        r.header.replace_range(0..2, "+f");
+        let e = ProbeRequest::parse(&serde_json::to_string(&r).unwrap()).unwrap_err();
+        assert!(e.contains("'+'") && e.contains("not hexadecimal"), "{e}");
+        let e = ProbeRequest::parse(
+            "{\"header\":\"\",\"bar_sizes\":[0,0,0,0,0,0],\"score\":1,\"x\":1}",
+        )
+        .unwrap_err();
+        assert!(e.contains("does not parse"), "{e}");
+    }
+
+    #[test]
+    fn a_probe_answer_is_a_bid_or_a_reason_and_anything_else_is_refused() {
+        assert_eq!(ProbeAnswer::parse("{\"bid\":3000}"), Ok(3000));
+        assert_eq!(
+            ProbeAnswer::parse("{\"declined\":\"too old\"}"),
+            Err("too old".to_string())
+        );
+        for bad in ["", "{\"bid\":-1}", "{\"bid\":1,\"declined\":\"x\"}", "3000"] {
+            let e = ProbeAnswer::parse(bad).unwrap_err();
+            assert!(e.contains("does not parse"), "{bad}: {e}");
+        }
+    }
 }

@@ -11,6 +11,7 @@ pub mod clock;
 pub mod contender;
 pub mod descriptor;
 pub mod library;
+pub mod probe;
 pub mod serial;
 
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};

@@ -426,8 +426,8 @@ fn uart_matches(id: &Identity<'_>) -> bool {
     super::lists(uart(), id)
 }
 
-fn uart_probe(_: &Probe<'_>, initial: u32) -> Result<u32, String> {
-    uart().map(|_| initial)
+fn uart_probe(dev: &Probe<'_>, initial: u32) -> Result<u32, String> {
+    super::probe::probe_c(uart()?, dev, initial)
 }
 
 fn uart_start(p: Provider, o: &StartOptions) -> Result<Box<dyn AnyDriver>, StartError> {

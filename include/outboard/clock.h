@@ -2,8 +2,9 @@
  *
  * A clock driver counts its device's periodic ticks and reports the running total to the sink
  * Outboard gives it at start; Outboard completes the waits of the clock's clients as the count
- * moves, and asks the driver for the device's own time when a client reads it. Both calls are
- * made inside the driver (the process lock held, as osenv.h describes).
+ * moves, and asks the driver for the device's own time when a client reads it. A legacy
+ * driver's calls are made inside the driver (the process lock held, as osenv.h describes); a
+ * native driver's (struct outboard_native_clock_ops, below) by the work loop (native.h).
  */
 #ifndef OUTBOARD_CLOCK_H
 #define OUTBOARD_CLOCK_H
@@ -30,6 +31,22 @@ struct outboard_clock_ops {
     /* Stores the device's own time in nanoseconds in *ns. Returns 0 or a negative osenv error
      * code. */
     int (*now)(uint64_t *ns);
+};
+
+/* A native clock driver (native.h; `.model = OUTBOARD_MODEL_NATIVE` in its descriptor): the
+ * work loop calls these, one at a time, on its thread. */
+struct outboard_dev;
+struct outboard_native_clock_ops {
+    /* Brings `dev` up (its interrupts enabled with outboard_dev_enable_irqs) and starts
+     * ticking, as `start` above; `dev` and `sink` stay valid until `stop` returns. */
+    int (*start)(struct outboard_dev *dev, const struct outboard_clock_sink *sink, uint32_t *hz);
+    /* Interrupt vector `vector` fired: handle it (report ticks to the sink). Returns 0, or a
+     * negative code when the device failed (the driver is then given up and started again). */
+    int (*event)(uint32_t vector);
+    /* As `now` above. */
+    int (*now)(uint64_t *ns);
+    /* Stops the device before the driver goes (not called after the device was lost). */
+    void (*stop)(void);
 };
 
 #ifdef __cplusplus

@@ -30,8 +30,9 @@ struct outboard_pci_id {
 };
 
 /* The classes a C driver may serve, and the operations table each expects in `class_ops`. */
-#define OUTBOARD_CLASS_CLOCK "clock" /* struct outboard_clock_ops (outboard/clock.h) */
-#define OUTBOARD_CLASS_CHAR  "char"  /* struct outboard_char_ops (outboard/char.h) */
+#define OUTBOARD_CLASS_CLOCK "clock" /* struct outboard_clock_ops (outboard/clock.h); native:
+                                        struct outboard_native_clock_ops */
+#define OUTBOARD_CLASS_CHAR  "char"  /* struct outboard_char_ops (outboard/char.h); legacy only */
 
 struct outboard_driver {
     uint32_t abi_version;               /* OUTBOARD_DRIVER_ABI */
@@ -60,7 +61,17 @@ struct outboard_driver {
      * server before `start`, possibly while the same code drives another device: it keeps
      * nothing in the driver's statics. */
     int (*probe)(uint32_t *score, char *why, uint32_t why_size);
+
+    /* The execution model the driver is written for: OUTBOARD_MODEL_LEGACY (osenv.h, the
+     * default, and what a descriptor without this field is) or OUTBOARD_MODEL_NATIVE
+     * (native.h: called by the work loop, one call at a time, never blocking). It says which
+     * operations table `class_ops` is: clock.h's outboard_clock_ops for a legacy clock,
+     * outboard_native_clock_ops for a native one. */
+    uint32_t model;
 };
+
+#define OUTBOARD_MODEL_LEGACY 0
+#define OUTBOARD_MODEL_NATIVE 1
 
 #ifdef __cplusplus
 }

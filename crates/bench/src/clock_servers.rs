@@ -1,6 +1,6 @@
 //! The clock test with timer *devices*: 1 to 6 PCI timer models, each driven in a driver
-//! server of its own by the C driver on `osenv` (`legacy-timer`) or by the native work-loop
-//! driver (`timer`), ticking at a rate for a fixed time — the C driver also *contested*: a
+//! server of its own by the C driver on `osenv` (`legacy-timer`), by the native work-loop
+//! driver (`timer`) or by the native C driver (`native-c-timer`, `native.h`), ticking at a rate for a fixed time — the C driver also *contested*: a
 //! thread in each server holds the driver nearly all the time (`legacy::contender`), so its
 //! interrupts stop that thread, as in the thesis; beside them, as the floor, 1 to 6
 //! processes each with a thread blocked on a `timerfd` at the same rate (`bench-peer timerfd`).
@@ -27,10 +27,11 @@ use crate::Context;
 
 /// The configurations compared: (driver, contested, label); `timerfd` is the floor: no
 /// device, no driver.
-const DRIVERS: [(&str, bool, &str); 4] = [
+const DRIVERS: [(&str, bool, &str); 5] = [
     ("legacy-timer", false, "osenv (C driver)"),
     ("legacy-timer", true, "osenv (C driver), contested"),
     ("timer", false, "native"),
+    ("native-c-timer", false, "native (C driver)"),
     (FLOOR, false, "timerfd (the floor)"),
 ];
 

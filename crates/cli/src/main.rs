@@ -184,7 +184,7 @@ enum Command {
         args: Vec<String>,
     },
     /// Install the headers and pkg-config file for building a C driver outside Outboard
-    /// (include/outboard/{osenv,driver,clock,char}.h, outboard-driver.pc). Example:
+    /// (include/outboard/{osenv,native,driver,clock,char}.h, outboard-driver.pc). Example:
     /// outboard sdk --prefix ~/.local && PKG_CONFIG_PATH=~/.local/lib/pkgconfig
     /// cc -shared -fPIC $(pkg-config --cflags outboard-driver) -o libmine.so mine.c
     Sdk(sdk::SdkArgs),

@@ -12,6 +12,10 @@ use clap::Args;
 const HEADERS: &[(&str, &str)] = &[
     ("osenv.h", include_str!("../../../include/outboard/osenv.h")),
     (
+        "native.h",
+        include_str!("../../../include/outboard/native.h"),
+    ),
+    (
         "driver.h",
         include_str!("../../../include/outboard/driver.h"),
     ),
@@ -32,8 +36,8 @@ pub struct SdkArgs {
 fn pc_file(prefix: &Path) -> String {
     format!(
         "prefix={}\nincludedir=${{prefix}}/include\n\nName: outboard-driver\nDescription: Headers \
-         for Outboard drivers written in C: osenv.h (the legacy environment), driver.h (the \
-         descriptor, ABI {}), clock.h, char.h\nVersion: {}\nCflags: -I${{includedir}}\nLibs:\n",
+         for Outboard drivers written in C: osenv.h (the legacy environment), native.h (the \
+         native model), driver.h (the descriptor, ABI {}), clock.h, char.h\nVersion: {}\nCflags: -I${{includedir}}\nLibs:\n",
         prefix.display(),
         outboard_drivers::legacy::descriptor::ABI_VERSION,
         env!("CARGO_PKG_VERSION"),
@@ -125,6 +129,14 @@ pub fn driver_lib(a: DriverLibArgs) -> Result<ExitCode, String> {
     println!("  class  {}", d.class);
     println!("  ids    {}", ids.join(", "));
     println!("  score  {}", d.score);
+    println!(
+        "  model  {}",
+        if d.native {
+            "native (native.h: called by the work loop)"
+        } else {
+            "legacy (osenv.h: a uniprocessor kernel's rules)"
+        }
+    );
     println!(
         "  probe  {}",
         if d.probe {

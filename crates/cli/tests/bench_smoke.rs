@@ -135,7 +135,11 @@ fn quick_bench_writes_complete_json_charts_and_report() {
             // The clock's timer drivers in servers: their own series, a point per count of
             // drivers (1 and 2 in a quick run).
             let servers = test == "clock" && f["id"].as_str().unwrap().starts_with("servers");
-            let server_configs = ["osenv (C driver), 1000 Hz each", "native, 1000 Hz each"];
+            let server_configs = [
+                "osenv (C driver), 1000 Hz each",
+                "native, 1000 Hz each",
+                "native (C driver), 1000 Hz each",
+            ];
             let configs: Vec<&str> = if servers {
                 server_configs.to_vec()
             } else {

@@ -479,3 +479,96 @@ fn a_library_drivers_active_probe_decides_its_bid_and_runs_outside_the_manager()
         "{declined}"
     );
 }
+
+fn native_timer_source() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../drivers/c/native_timer.c")
+}
+
+#[test]
+fn a_native_c_driver_built_outside_the_tree_is_called_by_the_work_loop_and_serves_its_clock() {
+    let dir = tempfile::tempdir().unwrap();
+    build(
+        dir.path(),
+        &native_timer_source(),
+        "libntimer.so",
+        &[
+            "-DTIMER_DRIVER_NAME=\"my-native-timer\"",
+            "-DTIMER_SCORE=2000",
+        ],
+    );
+    let said = stdout(&driver_lib(&dir.path().join("libntimer.so")));
+    assert!(
+        said.contains("my-native-timer") && said.contains("model  native"),
+        "{said}"
+    );
+    let machine = r#"
+name = "native"
+
+[[driver]]
+library = "libntimer.so"
+
+[[device]]
+name = "clock0"
+model = "timer"
+hz = 500
+"#;
+    let up = Up::start(dir.path(), Some(machine));
+    let tree = common::registry(&up).to_string();
+    assert!(
+        tree.contains("\"kind\":\"driver\",\"name\":\"my-native-timer\""),
+        "the library's driver did not win: {tree}"
+    );
+    let o = up.run_within(
+        &["clock", "clock0", "--ticks", "50"],
+        Duration::from_secs(60),
+    );
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let out = stdout(&o);
+    assert!(
+        out.contains("50 ticks in") && out.contains("says 500 Hz"),
+        "{out}"
+    );
+    // Killed, its server comes back with the library loaded, and the clock goes on.
+    let up_pid = up.child.as_ref().unwrap().id();
+    let servers = common::children_running(up_pid, "driver-host");
+    assert_eq!(servers.len(), 1, "{servers:?}");
+    assert!(common::signal_child_of(up_pid, servers[0], Signal::KILL));
+    let o = up.run_within(
+        &["clock", "clock0", "--ticks", "10"],
+        Duration::from_secs(60),
+    );
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+}
+
+#[test]
+fn a_native_driver_of_a_class_without_native_operations_is_refused_with_why() {
+    let dir = tempfile::tempdir().unwrap();
+    let src = dir.path().join("nchar.c");
+    std::fs::write(
+        &src,
+        r#"#include <stddef.h>
+#include <outboard/driver.h>
+static const struct outboard_pci_id ids[] = { { 0x1b36, 0x0002 }, { 0, 0 } };
+static const int ops;
+const struct outboard_driver outboard_driver = {
+    .abi_version = OUTBOARD_DRIVER_ABI,
+    .size = sizeof(struct outboard_driver),
+    .name = "native-char",
+    .class_name = OUTBOARD_CLASS_CHAR,
+    .ids = ids,
+    .score = 5000,
+    .class_ops = &ops,
+    .model = OUTBOARD_MODEL_NATIVE,
+};
+"#,
+    )
+    .unwrap();
+    let lib = build(dir.path(), &src, "libnchar.so", &[]);
+    let o = driver_lib(&lib);
+    assert!(!o.status.success());
+    let e = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        e.contains("native C drivers of the clock class only"),
+        "{e}"
+    );
+}

@@ -12,6 +12,7 @@
 
 pub mod hosted;
 pub mod legacy;
+pub mod native_c;
 pub mod null_blk;
 pub mod personality;
 pub mod timer;

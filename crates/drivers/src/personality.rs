@@ -333,6 +333,7 @@ static PERSONALITIES: &[Personality] = &[
     crate::virtio_net::PERSONALITY,
     crate::legacy::clock::TIMER,
     crate::legacy::serial::UART16550,
+    crate::native_c::clock::NATIVE_C_TIMER,
     crate::hosted::blk::PERSONALITY,
     crate::timer::PERSONALITY,
 ];

@@ -15,10 +15,10 @@ fn claimed() -> &'static Mutex<HashSet<usize>> {
 }
 
 /// A C driver's code, claimed for one device until this is dropped.
-pub(super) struct Claim(usize);
+pub(crate) struct Claim(usize);
 
 impl Claim {
-    pub(super) fn take(c: &CDriver, driver: &str) -> Result<Self, StartError> {
+    pub(crate) fn take(c: &CDriver, driver: &str) -> Result<Self, StartError> {
         let mut all = claimed().lock().unwrap_or_else(|p| p.into_inner());
         if !all.insert(c.code()) {
             return Err(StartError::Refused(format!(

@@ -46,6 +46,17 @@ type RawProbe = unsafe extern "C" fn(*mut u32, *mut c_char, u32) -> c_int;
 struct RawDriverAppended {
     first: RawDriver,
     probe: Option<RawProbe>,
+    model: u32,
+}
+
+/// The execution model a C driver is written for (`model` in `struct outboard_driver`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Model {
+    /// `osenv.h`: a uniprocessor kernel's rules (`OUTBOARD_MODEL_LEGACY`, and a descriptor
+    /// without the field).
+    Legacy,
+    /// `native.h`: called by the work loop, one call at a time (`OUTBOARD_MODEL_NATIVE`).
+    Native,
 }
 
 /// Why a descriptor is refused.
@@ -85,6 +96,8 @@ pub struct CDriver {
     pub score: u32,
     ops: *const c_void,
     probe: Option<RawProbe>,
+    /// The execution model it is written for.
+    pub model: Model,
 }
 
 // SAFETY: a descriptor and the operations table it points to are immutable data of the C
@@ -166,6 +179,24 @@ impl CDriver {
         } else {
             None
         };
+        let model_end = std::mem::offset_of!(RawDriverAppended, model) + 4;
+        let model = if size as usize >= model_end {
+            // SAFETY: as for `probe`: `size` covers the field.
+            let m = unsafe {
+                std::ptr::addr_of!((*raw.cast::<RawDriverAppended>()).model).read_unaligned()
+            };
+            match m {
+                0 => Model::Legacy,
+                1 => Model::Native,
+                other => {
+                    return Err(DescriptorError::Field(format!(
+                        "its execution model {other} is neither legacy (0) nor native (1)"
+                    )))
+                }
+            }
+        } else {
+            Model::Legacy
+        };
         let name = name_field("name", d.name)?;
         let class = name_field("class name", d.class_name)?;
         if d.ids.is_null() {
@@ -201,6 +232,7 @@ impl CDriver {
             score: d.score,
             ops: d.class_ops,
             probe,
+            model,
         })
     }
 
@@ -238,10 +270,16 @@ impl CDriver {
     /// Checks that this Outboard serves the descriptor's class and that its operations are
     /// all there (what `outboard driver-lib` and a library's load refuse early).
     pub fn check_class(&self) -> Result<(), DescriptorError> {
-        match self.class.as_str() {
-            outboard_clock::CLASS => self.clock_ops().map(drop),
-            outboard_char::CLASS => self.char_ops().map(drop),
-            other => Err(DescriptorError::Field(format!(
+        match (self.class.as_str(), self.model) {
+            (outboard_clock::CLASS, Model::Legacy) => self.clock_ops().map(drop),
+            (outboard_clock::CLASS, Model::Native) => self.native_clock_ops().map(drop),
+            (outboard_char::CLASS, Model::Legacy) => self.char_ops().map(drop),
+            (outboard_char::CLASS, Model::Native) => Err(DescriptorError::Field(format!(
+                "{}: this Outboard serves native C drivers of the clock class only (a char \
+                 driver in C is a legacy driver, on osenv.h)",
+                self.name
+            ))),
+            (other, _) => Err(DescriptorError::Field(format!(
                 "{}: this Outboard serves no C driver of the {other} class (it serves: clock, \
                  char)",
                 self.name
@@ -249,9 +287,34 @@ impl CDriver {
         }
     }
 
+    /// The native clock operations, for a native driver of the clock class.
+    pub fn native_clock_ops(&self) -> Result<NativeClockOps, DescriptorError> {
+        if self.class != outboard_clock::CLASS || self.model != Model::Native {
+            return Err(DescriptorError::Field(format!(
+                "{}: not a native clock driver",
+                self.name
+            )));
+        }
+        // SAFETY: a native clock driver's class_ops is a `struct outboard_native_clock_ops`
+        // (driver.h, clock.h), immutable and alive as long as the descriptor.
+        let ops = unsafe { &*(self.ops as *const RawNativeClockOps) };
+        match (ops.start, ops.event, ops.now, ops.stop) {
+            (Some(start), Some(event), Some(now), Some(stop)) => Ok(NativeClockOps {
+                start,
+                event,
+                now,
+                stop,
+            }),
+            _ => Err(DescriptorError::Field(format!(
+                "{}: a native clock driver needs all of start, event, now and stop",
+                self.name
+            ))),
+        }
+    }
+
     /// The char operations, for a driver of the char class.
     pub fn char_ops(&self) -> Result<CharOps, DescriptorError> {
-        if self.class != outboard_char::CLASS {
+        if self.class != outboard_char::CLASS || self.model != Model::Legacy {
             return Err(DescriptorError::Field(format!(
                 "{}: serves the {} class, not char",
                 self.name, self.class
@@ -280,6 +343,12 @@ impl CDriver {
 
     /// The clock operations, for a driver of the clock class.
     pub fn clock_ops(&self) -> Result<ClockOps, DescriptorError> {
+        if self.model != Model::Legacy {
+            return Err(DescriptorError::Field(format!(
+                "{}: a native driver; its operations are outboard_native_clock_ops",
+                self.name
+            )));
+        }
         if self.class != outboard_clock::CLASS {
             return Err(DescriptorError::Field(format!(
                 "{}: serves the {} class, not clock",
@@ -551,6 +620,62 @@ impl ClockSink {
     }
 }
 
+/// `struct outboard_native_clock_ops`.
+#[repr(C)]
+struct RawNativeClockOps {
+    start: Option<NativeStartFn>,
+    event: Option<unsafe extern "C" fn(u32) -> c_int>,
+    now: Option<NowFn>,
+    stop: Option<unsafe extern "C" fn()>,
+}
+
+type NativeStartFn = unsafe extern "C" fn(*mut c_void, *const RawClockSink, *mut u32) -> c_int;
+
+/// A native clock driver's operations, called by the work loop's thread, one at a time.
+#[derive(Clone, Copy)]
+pub struct NativeClockOps {
+    start: NativeStartFn,
+    event: unsafe extern "C" fn(u32) -> c_int,
+    now: NowFn,
+    stop: unsafe extern "C" fn(),
+}
+
+impl NativeClockOps {
+    /// Calls `start` on device handle `dev`: its rate in hertz, or its error code.
+    ///
+    /// # Safety
+    /// `dev` is a live `outboard_dev` handle (`crate::native_c::DevHandle`) that stays valid,
+    /// like `sink`, until [`NativeClockOps::stop`] returns or the driver is given up.
+    pub unsafe fn start(&self, dev: *mut c_void, sink: &ClockSink) -> Result<u32, c_int> {
+        let mut hz = 0u32;
+        // SAFETY: a function of the checked descriptor, called as clock.h says; the caller
+        // keeps dev and sink alive; hz is a valid out-pointer.
+        rc(unsafe { (self.start)(dev, &*sink.raw, &mut hz) })?;
+        Ok(hz)
+    }
+
+    /// Calls `event` for vector `vector`.
+    pub fn event(&self, vector: u32) -> Result<(), c_int> {
+        // SAFETY: a function of the checked descriptor taking a plain integer; called only
+        // after `start` succeeded and before `stop` (the bridge's rule).
+        rc(unsafe { (self.event)(vector) })
+    }
+
+    /// Calls `now`: the device's time in nanoseconds.
+    pub fn now(&self) -> Result<u64, c_int> {
+        let mut ns = 0u64;
+        // SAFETY: a valid out-pointer; called between `start` and `stop`.
+        rc(unsafe { (self.now)(&mut ns) })?;
+        Ok(ns)
+    }
+
+    /// Calls `stop`.
+    pub fn stop(&self) {
+        // SAFETY: a function of the checked descriptor taking nothing; called once, last.
+        unsafe { (self.stop)() }
+    }
+}
+
 /// A clock driver's operations.
 #[derive(Clone, Copy)]
 pub struct ClockOps {
@@ -590,6 +715,8 @@ impl ClockOps {
 extern "C" {
     /// The timer driver's descriptor, compiled in (`c/timer.c`).
     static outboard_builtin_timer: RawDriver;
+    /// The native timer driver's descriptor, compiled in (`c/native_timer.c`).
+    static outboard_builtin_native_timer: RawDriver;
     /// The 16550 driver's descriptor, compiled in (`c/uart16550.c`).
     static outboard_builtin_uart16550: RawDriver;
 }
@@ -604,6 +731,12 @@ pub fn builtin_uart16550() -> Result<CDriver, DescriptorError> {
 pub fn builtin_timer() -> Result<CDriver, DescriptorError> {
     // SAFETY: a static of the C driver compiled into this binary, a `struct outboard_driver`.
     unsafe { CDriver::read(std::ptr::addr_of!(outboard_builtin_timer)) }
+}
+
+/// The built-in native timer driver's descriptor.
+pub fn builtin_native_timer() -> Result<CDriver, DescriptorError> {
+    // SAFETY: a static of the C driver compiled into this binary, a `struct outboard_driver`.
+    unsafe { CDriver::read(std::ptr::addr_of!(outboard_builtin_native_timer)) }
 }
 
 #[cfg(test)]
@@ -689,6 +822,7 @@ mod tests {
         let appended = |probe: RawProbe, size: usize| RawDriverAppended {
             first: first(size),
             probe: Some(probe),
+            model: 0,
         };
         let whole = std::mem::size_of::<RawDriverAppended>();
         // SAFETY: each points to a live descriptor whose strings and lists are statics.
@@ -707,6 +841,16 @@ mod tests {
         // SAFETY: as above.
         let d = unsafe { CDriver::read(&d.first) }.unwrap();
         assert_eq!(d.call_probe(7), Ok(14));
+        assert_eq!(d.model, Model::Legacy, "model 0 is the legacy model");
+        let mut native = appended(bids_twice, whole);
+        native.model = 1;
+        // SAFETY: as above.
+        let d = unsafe { CDriver::read(&native.first) }.unwrap();
+        assert_eq!(d.model, Model::Native);
+        native.model = 7;
+        // SAFETY: as above.
+        let e = unsafe { CDriver::read(&native.first) }.unwrap_err();
+        assert!(e.to_string().contains("execution model 7"), "{e}");
         let d = appended(declines, whole);
         // SAFETY: as above.
         let d = unsafe { CDriver::read(&d.first) }.unwrap();

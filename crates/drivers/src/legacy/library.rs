@@ -83,6 +83,9 @@ pub struct Described {
     /// Whether it has an active probe (run where the library is loaded).
     #[serde(default)]
     pub probe: bool,
+    /// Whether it is written for the native model (`native.h`), not the legacy one.
+    #[serde(default)]
+    pub native: bool,
 }
 
 /// What a process that has not loaded a library does to run its driver's probe: in
@@ -306,7 +309,7 @@ fn register(d: LibraryDriver) -> Result<&'static Personality, LibraryError> {
             ))
         },
         // A legacy clock driver has a process lock a measuring thread can hold.
-        faults: if class == outboard_clock::CLASS {
+        faults: if class == outboard_clock::CLASS && !d.described.native {
             &[crate::personality::DriverFault::Contend]
         } else {
             &[]
@@ -348,6 +351,7 @@ pub fn load(path: &Path) -> Result<&'static Personality, LibraryError> {
             ids: c.ids.clone(),
             score: c.score,
             probe: c.has_probe(),
+            native: c.model == super::descriptor::Model::Native,
         },
         loaded: Some(c),
     })

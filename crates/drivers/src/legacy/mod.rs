@@ -6,7 +6,7 @@
 //! Built in: the PCI timer's driver (`c/timer.c`, [`clock::TIMER`]) and the 16550's
 //! (`c/uart16550.c`, [`serial::UART16550`]).
 
-mod claim;
+pub(crate) mod claim;
 pub mod clock;
 pub mod contender;
 pub mod descriptor;
@@ -17,7 +17,7 @@ pub mod serial;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::sync::{Arc, OnceLock};
 
-use descriptor::{CDriver, DescriptorError};
+use descriptor::{CDriver, DescriptorError, Model};
 use outboard_env::DeviceEvent;
 use outboard_hw::PciFunction;
 use rustix::event::{eventfd, EventfdFlags};
@@ -99,15 +99,18 @@ pub fn start_c(
             "{driver} drives PCI functions"
         )));
     };
-    match c.class.as_str() {
-        outboard_clock::CLASS => Ok(outboard_clock::bind(clock::LegacyClock::start(
-            driver, c, o, f,
-        )?)),
-        outboard_char::CLASS => Ok(outboard_char::bind(serial::LegacyChar::start(
-            driver, c, &o.name, f,
-        )?)),
-        other => Err(StartError::Refused(format!(
-            "{driver}: this Outboard serves no C driver of the {other} class"
+    match (c.class.as_str(), c.model) {
+        (outboard_clock::CLASS, Model::Legacy) => Ok(outboard_clock::bind(
+            clock::LegacyClock::start(driver, c, o, f)?,
+        )),
+        (outboard_clock::CLASS, Model::Native) => Ok(outboard_clock::bind(
+            crate::native_c::clock::NativeCClock::start(driver, c, &o.name, f)?,
+        )),
+        (outboard_char::CLASS, Model::Legacy) => Ok(outboard_char::bind(
+            serial::LegacyChar::start(driver, c, &o.name, f)?,
+        )),
+        (other, model) => Err(StartError::Refused(format!(
+            "{driver}: this Outboard serves no {model:?} C driver of the {other} class"
         ))),
     }
 }

@@ -92,26 +92,25 @@ fn a_timer_driver_built_outside_the_tree_loads_matches_and_serves_its_clock() {
         assert!(said.contains(want), "{want} in {said}");
     }
 
-    // The description names the library relative to itself.
-    let machine = r#"
-name = "outside"
+    serves_a_clock_across_a_kill(dir.path(), "libmytimer.so", "my-timer");
+}
 
-[[driver]]
-library = "libmytimer.so"
-
-[[device]]
-name = "clock0"
-model = "timer"
-hz = 500
-"#;
-    let up = Up::start(dir.path(), Some(machine));
+/// Runs a machine of one 500 Hz timer and driver library `lib` (in `dir`, named relative to
+/// the description), whose driver `driver` must win the timer: it serves 50 ticks, and its
+/// driver server, killed, comes back with the library loaded again and serves on.
+fn serves_a_clock_across_a_kill(dir: &Path, lib: &str, driver: &str) {
+    let machine = format!(
+        "name = \"outside\"\n[[driver]]\nlibrary = \"{lib}\"\n\
+         [[device]]\nname = \"clock0\"\nmodel = \"timer\"\nhz = 500\n"
+    );
+    let up = Up::start(dir, Some(&machine));
     let tree = common::registry(&up).to_string();
     assert!(
-        tree.contains("\"kind\":\"driver\",\"name\":\"my-timer\""),
+        tree.contains(&format!("\"kind\":\"driver\",\"name\":\"{driver}\"")),
         "the library's driver did not win: {tree}"
     );
     assert!(
-        tree.contains("libmytimer.so"),
+        tree.contains(lib),
         "ls does not say where it came from: {tree}"
     );
     let o = up.run_within(
@@ -124,8 +123,6 @@ hz = 500
         out.contains("50 ticks in") && out.contains("says 500 Hz"),
         "{out}"
     );
-
-    // Its driver server, killed, comes back with the library loaded again.
     let up_pid = up.child.as_ref().unwrap().id();
     let servers = common::children_running(up_pid, "driver-host");
     assert_eq!(servers.len(), 1, "{servers:?}");
@@ -501,43 +498,7 @@ fn a_native_c_driver_built_outside_the_tree_is_called_by_the_work_loop_and_serve
         said.contains("my-native-timer") && said.contains("model  native"),
         "{said}"
     );
-    let machine = r#"
-name = "native"
-
-[[driver]]
-library = "libntimer.so"
-
-[[device]]
-name = "clock0"
-model = "timer"
-hz = 500
-"#;
-    let up = Up::start(dir.path(), Some(machine));
-    let tree = common::registry(&up).to_string();
-    assert!(
-        tree.contains("\"kind\":\"driver\",\"name\":\"my-native-timer\""),
-        "the library's driver did not win: {tree}"
-    );
-    let o = up.run_within(
-        &["clock", "clock0", "--ticks", "50"],
-        Duration::from_secs(60),
-    );
-    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
-    let out = stdout(&o);
-    assert!(
-        out.contains("50 ticks in") && out.contains("says 500 Hz"),
-        "{out}"
-    );
-    // Killed, its server comes back with the library loaded, and the clock goes on.
-    let up_pid = up.child.as_ref().unwrap().id();
-    let servers = common::children_running(up_pid, "driver-host");
-    assert_eq!(servers.len(), 1, "{servers:?}");
-    assert!(common::signal_child_of(up_pid, servers[0], Signal::KILL));
-    let o = up.run_within(
-        &["clock", "clock0", "--ticks", "10"],
-        Duration::from_secs(60),
-    );
-    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    serves_a_clock_across_a_kill(dir.path(), "libntimer.so", "my-native-timer");
 }
 
 #[test]

@@ -7,29 +7,15 @@
  * only when named, or built outside the tree with a higher score):
  *
  *   cc -shared -fPIC $(pkg-config --cflags outboard-driver) -o libntimer.so native_timer.c
+ *
+ * (timer_regs.h, the register map it shares with timer.c, beside it)
  */
 #include <stdint.h>
 #include <outboard/native.h>
 #include <outboard/driver.h>
 #include <outboard/clock.h>
 
-#define TIMER_VENDOR 0x1234
-#define TIMER_DEVICE 0x0b71
-#define TIMER_ID_VALUE ((TIMER_DEVICE << 16) | 1)
-
-#define REG_ID 0x00
-#define REG_CTRL 0x04
-#define REG_PERIOD_NS 0x08
-#define REG_COUNTER_NS 0x10
-#define REG_TICKS 0x18
-#define REG_STATUS 0x20
-
-#define CTRL_RUN 0x1
-#define CTRL_IRQ_ENABLE 0x2
-#define STATUS_TICK 0x1
-
-#define PCI_COMMAND 0x04
-#define PCI_COMMAND_MEMORY 0x2
+#include "timer_regs.h"
 
 static outboard_dev *dev;
 static const struct outboard_clock_sink *sink;

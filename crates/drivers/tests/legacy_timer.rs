@@ -1,6 +1,11 @@
-//! The PCI timer's C driver (`c/timer.c`), in its legacy environment, against the timer model
-//! served over vfio-user from a thread of this test: it counts the device's ticks at the rate
-//! the device was set to, reads the device's time, and the catalog picks it for the timer.
+//! The PCI timer's drivers against the timer model served over vfio-user from a thread of this
+//! test: the C driver (`c/timer.c`) in its legacy environment counts the device's ticks at the
+//! rate the device was set to, reads the device's time, and the catalog picks it for the timer;
+//! the native Rust driver counts the same ticks; and the native C driver (`c/native_timer.c`,
+//! `include/outboard/native.h`) does too, called only by the loop (the test stands in for the
+//! driver server's work loop: it waits on the driver's vector and calls `handle`, which calls
+//! the C driver's `event` on this thread), stops its device when dropped, and is one device per
+//! copy of its code until given up.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -8,10 +13,12 @@ use std::time::{Duration, Instant};
 
 use outboard_clock::ClockDriver;
 use outboard_drivers::legacy::clock::LegacyClock;
-use outboard_drivers::legacy::descriptor::builtin_timer;
+use outboard_drivers::legacy::descriptor::{builtin_native_timer, builtin_timer};
+use outboard_drivers::native_c::clock::NativeCClock;
 use outboard_drivers::{probe_driver, Probe};
 use outboard_env::{DeviceEvent, Driver};
 use outboard_hw::{DeviceSpec, PciFunction};
+use outboard_spec::timer::{ctrl, reg};
 
 /// A timer model of `hz` served at a socket in `dir` until the returned flag is set.
 fn serve_timer(dir: &std::path::Path, hz: u32) -> (DeviceSpec, Arc<AtomicBool>) {
@@ -49,7 +56,7 @@ fn one_at_a_time() -> std::sync::MutexGuard<'static, ()> {
 
 /// Waits on the driver's tick source, as a server's loop would, handling it each time it is
 /// readable, until `want` ticks.
-fn ticks_reach(clock: &mut LegacyClock, want: u64, within: Duration) -> u64 {
+fn ticks_reach(clock: &mut impl ClockDriver, want: u64, within: Duration) -> u64 {
     let deadline = Instant::now() + within;
     let bell = clock
         .sources()
@@ -145,27 +152,8 @@ fn the_native_timer_driver_counts_the_same_ticks_in_the_work_loop_model() {
     let f = PciFunction::open(&spec).unwrap();
     let mut clock = NativeTimer::new("clock0", f).unwrap();
     assert_eq!(clock.info().hz, 1000);
-    let irq = clock
-        .sources()
-        .iter()
-        .find(|(e, _)| *e == DeviceEvent::Interrupt(0))
-        .map(|(_, fd)| rustix::io::dup(fd).unwrap())
-        .expect("a tick source");
     let started = Instant::now();
-    while clock.ticks() < 100 && started.elapsed() < Duration::from_secs(10) {
-        let mut p = [rustix::event::PollFd::new(
-            &irq,
-            rustix::event::PollFlags::IN,
-        )];
-        let _ = rustix::event::poll(
-            &mut p,
-            Some(&rustix::time::Timespec {
-                tv_sec: 0,
-                tv_nsec: 50_000_000,
-            }),
-        );
-        clock.handle(DeviceEvent::Interrupt(0)).unwrap();
-    }
+    ticks_reach(&mut clock, 100, Duration::from_secs(10));
     let took = started.elapsed();
     assert!(clock.ticks() >= 100, "{} ticks", clock.ticks());
     assert!(took >= Duration::from_millis(90), "100 ticks in {took:?}");
@@ -238,4 +226,79 @@ fn a_native_driver_refuses_contention() {
     assert!(native.refuses(&opts).unwrap().contains("no process lock"));
     let legacy = outboard_drivers::by_name("legacy-timer").unwrap();
     assert_eq!(legacy.refuses(&opts), None);
+}
+
+#[test]
+fn the_native_c_timer_counts_the_devices_ticks_on_the_loops_thread_and_stops_it() {
+    let _one = one_at_a_time();
+    let dir = tempfile::tempdir().unwrap();
+    let (spec, stop) = serve_timer(dir.path(), 1000);
+    let c = builtin_native_timer().unwrap();
+    let f = PciFunction::open(&spec).unwrap();
+    let mut clock = NativeCClock::start("native-c-timer", &c, "clock0", f).unwrap();
+    assert_eq!(clock.info().hz, 1000);
+    assert!(clock.sources().iter().any(|(e, _)| *e == DeviceEvent::Lost));
+    let t0 = clock.now().unwrap();
+    let started = Instant::now();
+    let got = ticks_reach(&mut clock, 100, Duration::from_secs(10));
+    let took = started.elapsed();
+    assert!(got >= 100, "only {got} ticks in 10 s");
+    assert!(
+        took >= Duration::from_millis(90),
+        "100 ticks in {took:?}: faster than the device's rate"
+    );
+    let t1 = clock.now().unwrap();
+    assert!(
+        t1.device_ns > t0.device_ns,
+        "the device's time did not move"
+    );
+    assert!(t1.interrupts > 0 && u64::from(t1.interrupts) <= t1.ticks + 1);
+    // Nothing runs the driver but the loop: with no `handle`, the count stands still while
+    // the device goes on ticking.
+    let before = clock.ticks();
+    std::thread::sleep(Duration::from_millis(50));
+    assert_eq!(
+        clock.ticks(),
+        before,
+        "something besides the loop called the driver"
+    );
+    drop(clock);
+    // Dropped, the driver stopped its device (`stop` cleared CTRL.RUN).
+    let f = PciFunction::open(&spec).unwrap();
+    let regs = f.region(0).unwrap();
+    assert_eq!(
+        regs.read32(reg::CTRL).unwrap() & ctrl::RUN,
+        0,
+        "still running"
+    );
+    stop.store(true, Ordering::SeqCst);
+}
+
+#[test]
+fn one_copy_of_a_native_c_driver_drives_one_device_until_given_up() {
+    let _one = one_at_a_time();
+    let (a, b) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let (spec, stop) = serve_timer(a.path(), 200);
+    let (spec2, stop2) = serve_timer(b.path(), 200);
+    let c = builtin_native_timer().unwrap();
+    let open = |s: &DeviceSpec| PciFunction::open(s).unwrap();
+    let mut first = NativeCClock::start("native-c-timer", &c, "clock0", open(&spec)).unwrap();
+    match NativeCClock::start("native-c-timer", &c, "clock1", open(&spec2)) {
+        Err(outboard_drivers::StartError::Refused(why)) => {
+            assert!(why.contains("a server of its own"), "{why}")
+        }
+        other => panic!("a second instance started: {:?}", other.map(|_| ())),
+    }
+    let _ = first.abandon();
+    assert!(first.now().is_err(), "a driver given up still answers");
+    assert!(
+        first.handle(DeviceEvent::Interrupt(0)).is_ok(),
+        "an event after the give-up reaches nothing"
+    );
+    let mut second = NativeCClock::start("native-c-timer", &c, "clock1", open(&spec2)).unwrap();
+    assert!(ticks_reach(&mut second, 5, Duration::from_secs(10)) >= 5);
+    drop(first);
+    drop(second);
+    stop.store(true, Ordering::SeqCst);
+    stop2.store(true, Ordering::SeqCst);
 }

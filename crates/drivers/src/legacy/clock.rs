@@ -6,18 +6,16 @@
 
 use std::os::fd::BorrowedFd;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
 
 use outboard_clock::{ClockDriver, ClockInfo, ClockTime};
-use outboard_env::{AnyDriver, DeviceEvent, Driver, Failure, Fence};
+use outboard_env::{DeviceEvent, Driver, Failure, Fence};
 use outboard_hw::PciFunction;
 use outboard_osenv::Osenv;
 
 use super::claim::Claim;
 use super::descriptor::{builtin_timer, AtomicTicks, CDriver, ClockOps, ClockSink};
-use crate::personality::{
-    DriverFault, Identity, Personality, Probe, Provider, StartError, StartOptions,
-};
+use crate::personality::{DriverFault, StartError, StartOptions};
 
 /// Longest wait a client may ask for: an hour of ticks.
 const MAX_WAIT_SECONDS: u32 = 3600;
@@ -176,37 +174,13 @@ impl std::fmt::Debug for LegacyClock {
     }
 }
 
-/// The built-in timer driver's descriptor, read once.
-fn timer() -> Result<&'static CDriver, String> {
-    static TIMER_DRIVER: OnceLock<Result<CDriver, String>> = OnceLock::new();
-    super::builtin(&TIMER_DRIVER, builtin_timer)
-}
-
-fn timer_matches(id: &Identity<'_>) -> bool {
-    super::lists(timer(), id)
-}
-
-fn timer_probe(dev: &Probe<'_>, initial: u32) -> Result<u32, String> {
-    super::probe::probe_c(timer()?, dev, initial)
-}
-
-fn timer_start(p: Provider, o: &StartOptions) -> Result<Box<dyn AnyDriver>, StartError> {
-    let c = timer().map_err(StartError::Refused)?;
-    super::start_c(TIMER.driver, c, p, o)
-}
-
-/// The PCI timer's C driver (`c/timer.c`), in the catalog like any built-in driver; its
-/// identities come from its descriptor.
-pub const TIMER: Personality = Personality {
-    driver: "legacy-timer",
-    class: outboard_clock::CLASS,
-    score: 1000,
-    matches: timer_matches,
-    probe: timer_probe,
-    start: timer_start,
+super::builtin_c_driver! {
+    /// The PCI timer's C driver (`c/timer.c`), in the catalog like any built-in driver; its
+    /// identities come from its descriptor.
+    TIMER, timer = builtin_timer,
+    driver: "legacy-timer", class: outboard_clock::CLASS, score: 1000,
     faults: &[DriverFault::Contend],
-    library: None,
-};
+}
 
 #[cfg(test)]
 mod tests {

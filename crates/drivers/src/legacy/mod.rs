@@ -69,6 +69,54 @@ impl Wakeup {
     }
 }
 
+/// A built-in C driver in the catalog: `$descriptor()` reads its descriptor once (with
+/// `$read`), and the personality `$name` matches the ids the descriptor lists, probes with the
+/// descriptor's probe and starts through its class's bridge ([`start_c`]).
+macro_rules! builtin_c_driver {
+    (
+        $(#[$doc:meta])*
+        $name:ident, $descriptor:ident = $read:path,
+        driver: $driver:literal, class: $class:expr, score: $score:literal,
+        faults: $faults:expr $(,)?
+    ) => {
+        /// The built-in driver's descriptor, read once.
+        fn $descriptor() -> Result<&'static $crate::legacy::descriptor::CDriver, String> {
+            static CELL: std::sync::OnceLock<
+                Result<$crate::legacy::descriptor::CDriver, String>,
+            > = std::sync::OnceLock::new();
+            $crate::legacy::builtin(&CELL, $read)
+        }
+
+        $(#[$doc])*
+        pub const $name: $crate::personality::Personality = {
+            fn matches(id: &$crate::personality::Identity<'_>) -> bool {
+                $crate::legacy::lists($descriptor(), id)
+            }
+            fn probe(dev: &$crate::personality::Probe<'_>, initial: u32) -> Result<u32, String> {
+                $crate::legacy::probe::probe_c($descriptor()?, dev, initial)
+            }
+            fn start(
+                p: $crate::personality::Provider,
+                o: &$crate::personality::StartOptions,
+            ) -> Result<Box<dyn outboard_env::AnyDriver>, $crate::personality::StartError> {
+                let c = $descriptor().map_err($crate::personality::StartError::Refused)?;
+                $crate::legacy::start_c($driver, c, p, o)
+            }
+            $crate::personality::Personality {
+                driver: $driver,
+                class: $class,
+                score: $score,
+                matches,
+                probe,
+                start,
+                faults: $faults,
+                library: None,
+            }
+        };
+    };
+}
+pub(crate) use builtin_c_driver;
+
 /// A built-in C driver's descriptor, read once into `cell`.
 pub(crate) fn builtin(
     cell: &'static OnceLock<Result<CDriver, String>>,

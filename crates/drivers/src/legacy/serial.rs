@@ -12,18 +12,18 @@
 use std::collections::VecDeque;
 use std::os::fd::{BorrowedFd, OwnedFd};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Condvar, Mutex, OnceLock};
+use std::sync::{Arc, Condvar, Mutex};
 use std::time::Duration;
 
 use outboard_char::{CharDriver, CharInfo, LineCounters, LineSettings};
 use outboard_env::legacy::Cpu;
-use outboard_env::{AnyDriver, DeviceEvent, Driver, Failure, Fence};
+use outboard_env::{DeviceEvent, Driver, Failure, Fence};
 use outboard_hw::PciFunction;
 use outboard_osenv::Osenv;
 
 use super::claim::Claim;
 use super::descriptor::{builtin_uart16550, CDriver, CharBell, CharOps, CharSink, RawLine};
-use crate::personality::{Identity, Personality, Probe, Provider, StartError, StartOptions};
+use crate::personality::StartError;
 
 /// Bytes the reader thread holds for the loop at most.
 const QUEUE: usize = 4096;
@@ -416,37 +416,13 @@ impl std::fmt::Debug for LegacyChar {
     }
 }
 
-/// The built-in 16550 driver's descriptor, read once.
-fn uart() -> Result<&'static CDriver, String> {
-    static UART_DRIVER: OnceLock<Result<CDriver, String>> = OnceLock::new();
-    super::builtin(&UART_DRIVER, builtin_uart16550)
-}
-
-fn uart_matches(id: &Identity<'_>) -> bool {
-    super::lists(uart(), id)
-}
-
-fn uart_probe(dev: &Probe<'_>, initial: u32) -> Result<u32, String> {
-    super::probe::probe_c(uart()?, dev, initial)
-}
-
-fn uart_start(p: Provider, o: &StartOptions) -> Result<Box<dyn AnyDriver>, StartError> {
-    let c = uart().map_err(StartError::Refused)?;
-    super::start_c(UART16550.driver, c, p, o)
-}
-
-/// The 16550's C driver (`c/uart16550.c`), in the catalog like any built-in driver; its
-/// identities come from its descriptor.
-pub const UART16550: Personality = Personality {
-    driver: "uart16550",
-    class: outboard_char::CLASS,
-    score: 1000,
-    matches: uart_matches,
-    probe: uart_probe,
-    start: uart_start,
+super::builtin_c_driver! {
+    /// The 16550's C driver (`c/uart16550.c`), in the catalog like any built-in driver; its
+    /// identities come from its descriptor.
+    UART16550, uart = builtin_uart16550,
+    driver: "uart16550", class: outboard_char::CLASS, score: 1000,
     faults: &[],
-    library: None,
-};
+}
 
 #[cfg(test)]
 mod tests {

@@ -6,10 +6,10 @@
 
 use std::os::fd::BorrowedFd;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
 
 use outboard_clock::{ClockDriver, ClockInfo, ClockTime};
-use outboard_env::{AnyDriver, DeviceEvent, Driver, Failure, Fence};
+use outboard_env::{DeviceEvent, Driver, Failure, Fence};
 use outboard_hw::PciFunction;
 
 use super::device::NativeDevice;
@@ -17,7 +17,7 @@ use crate::legacy::claim::Claim;
 use crate::legacy::descriptor::{
     builtin_native_timer, AtomicTicks, CDriver, ClockSink, NativeClockOps,
 };
-use crate::personality::{Identity, Personality, Probe, Provider, StartError, StartOptions};
+use crate::personality::StartError;
 
 /// Longest wait a client may ask for: an hour of ticks.
 const MAX_WAIT_SECONDS: u32 = 3600;
@@ -196,38 +196,14 @@ impl std::fmt::Debug for NativeCClock {
     }
 }
 
-/// The built-in native timer driver's descriptor, read once.
-fn native_timer() -> Result<&'static CDriver, String> {
-    static NATIVE_TIMER_DRIVER: OnceLock<Result<CDriver, String>> = OnceLock::new();
-    crate::legacy::builtin(&NATIVE_TIMER_DRIVER, builtin_native_timer)
-}
-
-fn native_timer_matches(id: &Identity<'_>) -> bool {
-    crate::legacy::lists(native_timer(), id)
-}
-
-fn native_timer_probe(dev: &Probe<'_>, initial: u32) -> Result<u32, String> {
-    crate::legacy::probe::probe_c(native_timer()?, dev, initial)
-}
-
-fn native_timer_start(p: Provider, o: &StartOptions) -> Result<Box<dyn AnyDriver>, StartError> {
-    let c = native_timer().map_err(StartError::Refused)?;
-    crate::legacy::start_c(NATIVE_C_TIMER.driver, c, p, o)
-}
-
-/// The PCI timer's native C driver (`c/native_timer.c`): bids below the legacy C driver and
-/// the native Rust one, so it drives a timer when named (`driver-host --driver
-/// clock0=native-c-timer`) or as a library built with a higher score.
-pub const NATIVE_C_TIMER: Personality = Personality {
-    driver: "native-c-timer",
-    class: outboard_clock::CLASS,
-    score: 800,
-    matches: native_timer_matches,
-    probe: native_timer_probe,
-    start: native_timer_start,
+crate::legacy::builtin_c_driver! {
+    /// The PCI timer's native C driver (`c/native_timer.c`): bids below the legacy C driver
+    /// and the native Rust one, so it drives a timer when named (`driver-host --driver
+    /// clock0=native-c-timer`) or as a library built with a higher score.
+    NATIVE_C_TIMER, native_timer = builtin_native_timer,
+    driver: "native-c-timer", class: outboard_clock::CLASS, score: 800,
     faults: &[],
-    library: None,
-};
+}
 
 #[cfg(test)]
 mod tests {

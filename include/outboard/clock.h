@@ -38,14 +38,16 @@ struct outboard_clock_ops {
 struct outboard_dev;
 struct outboard_native_clock_ops {
     /* Brings `dev` up (its interrupts enabled with outboard_dev_enable_irqs) and starts
-     * ticking, as `start` above; `dev` and `sink` stay valid until `stop` returns. */
+     * ticking, as `start` above; `dev` and `sink` stay valid until `stop` returns. On failure
+     * it undoes its own work and keeps neither (`stop` will not be called). */
     int (*start)(struct outboard_dev *dev, const struct outboard_clock_sink *sink, uint32_t *hz);
     /* Interrupt vector `vector` fired: handle it (report ticks to the sink). Returns 0, or a
      * negative code when the device failed (the driver is then given up and started again). */
     int (*event)(uint32_t vector);
     /* As `now` above. */
     int (*now)(uint64_t *ns);
-    /* Stops the device before the driver goes (not called after the device was lost). */
+    /* Stops the device before the driver goes. Not called after the device was given up
+     * (lost, failed, stalled, or `event` failed), nor after a failed `start`. */
     void (*stop)(void);
 };
 

@@ -1,9 +1,10 @@
 /* Outboard: how a driver written in C describes itself.
  *
- * A C driver (a legacy driver on osenv.h) exports one descriptor, `outboard_driver`: its
- * personality (name, class, the PCI ids it drives, its score) and its class's operations.
- * Outboard matches it against devices like a built-in driver, starts it in a driver server of
- * its own, inside the legacy execution model, and serves its class to clients.
+ * A C driver exports one descriptor, `outboard_driver`: its personality (name, class, the PCI
+ * ids it drives, its score, its active probe), the execution model it is written for (a
+ * legacy driver on osenv.h, or a native one on native.h) and its class's operations. Outboard
+ * matches it against devices like a built-in driver, starts it in a driver server of its own,
+ * in its execution model, and serves its class to clients.
  *
  * ABI rule: OUTBOARD_DRIVER_ABI changes whenever this structure or a class's operations
  * change in a way an existing driver would misread; Outboard refuses a descriptor of another
@@ -50,7 +51,7 @@ struct outboard_driver {
      * its `ids` took, before any driver is started on it, to look closer: *score holds
      * `score` on entry; return 0 to bid *score (any value, 0 included), or a negative
      * OSENV_E* code to decline the device, having written why (NUL-terminated, at most
-     * why_size bytes) into `why`. The highest bid among all drivers wins the device.
+     * why_size bytes) into `why` (any other value declines it too). The highest bid among all drivers wins the device.
      *
      * It runs inside osenv like the driver's other operations, but on a copy of the
      * device's standard configuration space (256 bytes) as it was when the device was

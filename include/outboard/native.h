@@ -2,17 +2,23 @@
  *
  * A native driver is written the way Outboard's own Rust drivers are, not the way a
  * uniprocessor kernel's are: it has no process lock, no interrupt thread, no sleeping. The
- * driver server's work loop calls it, always on the same thread, one call at a time: the
- * class's `start`, then `event` whenever one of its device's interrupt vectors fired, and the
- * class's other operations between. A call must not block; waiting is the loop's job.
+ * driver server's work loop calls it one call at a time, never two at once: the class's
+ * `start`, then `event` whenever one of its device's interrupt vectors fired, and the class's
+ * other operations between. The calls come from the loop's thread, except a restarted device's
+ * `start` (and a `stop` of a driver thrown away before it served), which may come from a
+ * helper thread: keep no per-thread state. A call must not block; waiting is the loop's job.
  *
  * It reaches its one device through the handle `start` receives; every call below takes it.
- * The handle is valid until the driver's `stop` returns (or the device is given up after a
- * failure, when `stop` is not called and the handle's calls fail with OUTBOARD_EIO).
+ * The handle is valid until the driver's `stop` returns. When the device is given up (lost,
+ * failed, stalled) `stop` is not called and every call that returns a code fails with
+ * OUTBOARD_EIO. When `start` fails, `stop` is not called either: `start` undoes its own work
+ * and keeps neither the handle nor the sink.
  *
  * A native driver declares `.model = OUTBOARD_MODEL_NATIVE` in its `struct outboard_driver`
  * (driver.h) and its class's native operations (clock.h: struct outboard_native_clock_ops).
- * It uses no osenv.h call.
+ * It uses no osenv.h call, with one exception: its active probe, if it has one (driver.h),
+ * runs in osenv's look-only probe environment like any C driver's, and reads configuration
+ * space with osenv_pci_config_read.
  *
  * Every call returns 0 or a negative OUTBOARD_E* code (the same values as osenv.h's).
  */

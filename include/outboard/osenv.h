@@ -101,7 +101,8 @@ void osenv_sleep_init(osenv_sleeprec_t *sr);
 /* Returns at once if a wakeup reached the record since osenv_sleep_init; otherwise leaves the
  * driver (another thread may enter), waits for the wakeup and enters again. The caller's
  * interrupt-enable state is its own across the sleep. Spurious returns do not happen, but a
- * driver written for the original should loop on its own condition anyway. */
+ * driver written for the original should loop on its own condition anyway. (In an active
+ * probe, driver.h, it returns at once: nothing there would wake it.) */
 void osenv_sleep(osenv_sleeprec_t *sr);
 
 /* Wakes the thread sleeping on the record (or makes its next sleep return at once). Safe in
@@ -167,7 +168,8 @@ void osenv_timer_init(void);
 /* Calls func at freq hertz (1 to 100,000), at interrupt level: like a handler, atomic with
  * respect to process-level code and held off while interrupts are disabled. Ticks the driver
  * could not take in time coalesce into one call. Returns 0, OSENV_EINVAL for a bad frequency,
- * or OSENV_EBUSY when the driver has 16 timers. (The original returned nothing.) */
+ * OSENV_EBUSY when the driver has 16 timers, or OSENV_EPERM from a handler or an active probe
+ * (driver.h). (The original returned nothing.) */
 int osenv_timer_register(void (*func)(void), int freq);
 
 /* Stops the timer registered with func and freq. A tick already pending may still run. */

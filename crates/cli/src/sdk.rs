@@ -2,7 +2,7 @@
 //! file (they are built into the binary, so they install with it), and `outboard driver-lib`
 //! loads a driver library and says what its descriptor declares, or why it is refused.
 
-use std::io::Read;
+use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
@@ -94,25 +94,30 @@ pub fn driver_lib(a: DriverLibArgs) -> Result<ExitCode, String> {
             maximum: rustix::process::getrlimit(core).maximum,
         },
     );
-    let p = outboard_drivers::load_library(&a.library).map_err(|e| e.to_string())?;
-    let library = p.library.expect("a library's personality");
-    let d = &library.described;
+    // What the manager asks for is read before the library's code runs, and answered on a
+    // standard output nothing else writes to.
+    let mut request = String::new();
     if a.probe {
-        let mut text = String::new();
         std::io::stdin()
             .lock()
             .take(64 * 1024)
-            .read_to_string(&mut text)
+            .read_to_string(&mut request)
             .map_err(|e| format!("the probe request: {e}"))?;
-        let answer = outboard_drivers::answer_probe(library, &text);
-        println!(
-            "{}",
-            serde_json::to_string(&answer).map_err(|e| e.to_string())?
-        );
-        return Ok(ExitCode::SUCCESS);
     }
-    if a.json {
-        println!("{}", serde_json::to_string(d).map_err(|e| e.to_string())?);
+    let mut answer_to = (a.probe || a.json)
+        .then(outboard_sys::process::private_stdout)
+        .transpose()?;
+    let p = outboard_drivers::load_library(&a.library).map_err(|e| e.to_string())?;
+    let library = p.library.expect("a library's personality");
+    let d = &library.described;
+    if let Some(out) = &mut answer_to {
+        let json = if a.probe {
+            serde_json::to_string(&outboard_drivers::answer_probe(library, &request))
+        } else {
+            serde_json::to_string(d)
+        }
+        .map_err(|e| e.to_string())?;
+        writeln!(out, "{json}").map_err(|e| format!("the answer: {e}"))?;
         return Ok(ExitCode::SUCCESS);
     }
     let ids: Vec<String> = d

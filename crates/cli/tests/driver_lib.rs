@@ -533,3 +533,83 @@ const struct outboard_driver outboard_driver = {
         "{e}"
     );
 }
+
+/// The timer driver, with initialisers a careless library has: one prints to standard output
+/// (buffered by C's stdio, so it comes out at exit, after anything the program wrote), and
+/// in the child that describes or probes it for the manager (`outboard driver-lib`), one
+/// starts a helper that holds that child's pipes and, if it is still alive 2 s later, leaves
+/// a mark.
+const CARELESS: &str = r#"#include <stdio.h>
+#include <string.h>
+#include <unistd.h>
+#include <fcntl.h>
+#include "timer.c"
+__attribute__((constructor)) static void careless(void)
+{
+    char cmd[256] = { 0 };
+    int fd = open("/proc/self/cmdline", O_RDONLY);
+    ssize_t n = fd >= 0 ? read(fd, cmd, sizeof cmd - 1) : 0;
+    if (fd >= 0)
+        close(fd);
+    printf("hello from a library's initialiser\n");
+    for (ssize_t i = 0; i < n; i++)
+        if (!cmd[i])
+            cmd[i] = ' ';
+    if (!strstr(cmd, " driver-lib "))
+        return;
+    if (fork() == 0) {
+        sleep(2);
+        int m = open(MARK, O_CREAT | O_WRONLY, 0600);
+        if (m >= 0)
+            close(m);
+        _exit(0);
+    }
+}
+"#;
+
+#[test]
+fn a_library_that_prints_and_leaves_helpers_behind_is_still_read_right_and_its_helpers_go() {
+    let dir = tempfile::tempdir().unwrap();
+    let src = dir.path().join("careless.c");
+    std::fs::write(&src, CARELESS).unwrap();
+    let mark = dir.path().join("helper-survived");
+    let include = format!("-I{}", timer_source().parent().unwrap().display());
+    let define_mark = format!("-DMARK=\"{}\"", mark.display());
+    let lib = build(
+        dir.path(),
+        &src,
+        "libcareless.so",
+        &[
+            &include,
+            &define_mark,
+            "-DTIMER_DRIVER_NAME=\"careless\"",
+            "-DTIMER_SCORE=2000",
+            "-D_DEFAULT_SOURCE",
+        ],
+    );
+    // What the manager reads: the description alone on standard output.
+    let o = Command::new(EXE)
+        .arg("driver-lib")
+        .arg(&lib)
+        .arg("--json")
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{o:?}");
+    let out = stdout(&o);
+    assert_eq!(out.lines().count(), 1, "{out}");
+    assert!(out.contains("\"name\":\"careless\""), "{out}");
+    assert!(String::from_utf8_lossy(&o.stderr).contains("hello from a library"));
+    // This helper is the test's to wait for: it is not in a group the manager kills.
+    std::thread::sleep(Duration::from_millis(2500));
+    let _ = std::fs::remove_file(&mark);
+
+    // Under `outboard up`: described and probed (its probe runs in a child) and chosen; the
+    // helpers those children started went with them.
+    let (name, _, _) = winner(dir.path(), &["libcareless.so"]);
+    assert_eq!(name, "careless");
+    std::thread::sleep(Duration::from_millis(2500));
+    assert!(
+        !mark.exists(),
+        "a helper of the manager's child outlived it and left its mark"
+    );
+}

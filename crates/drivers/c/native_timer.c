@@ -38,9 +38,6 @@ static int timer_start(outboard_dev *d, const struct outboard_clock_sink *s, uin
         return err;
     if (period == 0 || period == 0xffffffffu)
         return OUTBOARD_EIO;
-    dev = d;
-    sink = s;
-    reported = 0;
     /* Stopped and quiet first; then the vector; then the timer runs. */
     if ((err = outboard_dev_write32(d, 0, REG_CTRL, 0)) ||
         (err = outboard_dev_write32(d, 0, REG_STATUS, STATUS_TICK)) ||
@@ -48,8 +45,16 @@ static int timer_start(outboard_dev *d, const struct outboard_clock_sink *s, uin
         return err;
     if (vectors < 1)
         return OUTBOARD_EIO;
-    if ((err = outboard_dev_write32(d, 0, REG_CTRL, CTRL_RUN | CTRL_IRQ_ENABLE)))
+    /* Kept only once nothing can fail: a failed start keeps neither (native.h). No event
+     * comes before start returns, so the handler finds them set. */
+    dev = d;
+    sink = s;
+    reported = 0;
+    if ((err = outboard_dev_write32(d, 0, REG_CTRL, CTRL_RUN | CTRL_IRQ_ENABLE))) {
+        dev = 0;
+        sink = 0;
         return err;
+    }
     *hz = 1000000000u / period;
     outboard_dev_log(d, 2, "native timer: running");
     return 0;

@@ -6,6 +6,7 @@
 //! snapshot on its standard input). The driver server that drives a device with one loads the
 //! library itself (`driver-host --driver-lib`).
 
+use std::io::Read;
 use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
@@ -39,7 +40,10 @@ fn describe(path: &Path) -> Result<DescribedLibrary, LibraryError> {
         ChildFailed::Said(said) => said,
         ChildFailed::Other(why) => format!("{shown}: loading it {why}"),
     })?;
-    DescribedLibrary::parse(&last).map_err(|e| format!("{shown}: {e}"))
+    let mut d = DescribedLibrary::parse(&last).map_err(|e| format!("{shown}: {e}"))?;
+    // The library is the one asked about, whatever the child said.
+    d.library = path.to_path_buf();
+    Ok(d)
 }
 
 /// Runs the probe of library driver `d` on `snapshot` from `score` in a child that loads the
@@ -68,15 +72,24 @@ enum ChildFailed {
     Other(String),
 }
 
+/// Most of a child's output kept (the rest is read and dropped, so it cannot block).
+const KEEP: u64 = 64 << 10;
+
 /// Runs `outboard driver-lib PATH FLAG`, `input` on its standard input: the last line it
-/// printed (a library's initialisers may have printed before it).
+/// answered (it answers on a standard output nothing else writes to).
+///
+/// The child runs a library's code, so it is held like a stranger: in a process group of its
+/// own, which is killed when the child ends or takes too long (helpers the library started go
+/// with it); its output is read while it runs and only the first 64 KiB kept.
 fn ask_child(path: &Path, flag: &str, input: Option<String>) -> Result<String, ChildFailed> {
+    use std::os::unix::process::CommandExt;
     let exe = std::env::current_exe()
         .map_err(|e| ChildFailed::Other(format!("failed: this program's path: {e}")))?;
     let mut child = Command::new(exe)
         .arg("driver-lib")
         .arg(path)
         .arg(flag)
+        .process_group(0)
         .stdin(if input.is_some() {
             Stdio::piped()
         } else {
@@ -92,44 +105,64 @@ fn ask_child(path: &Path, flag: &str, input: Option<String>) -> Result<String, C
             let _ = std::io::Write::write_all(&mut stdin, text.as_bytes());
         });
     }
-    // Its output is read while it runs (a chatty library cannot fill a pipe and look hung);
-    // it is waited for here, and killed if it takes too long.
     let drain = |r: Option<Box<dyn std::io::Read + Send>>| {
+        let (tx, rx) = std::sync::mpsc::channel();
         std::thread::spawn(move || {
             let mut v = Vec::new();
             if let Some(mut r) = r {
-                let _ = r.read_to_end(&mut v);
+                let _ = (&mut r).take(KEEP).read_to_end(&mut v);
+                let _ = std::io::copy(&mut r, &mut std::io::sink());
             }
-            v
-        })
+            let _ = tx.send(v);
+        });
+        rx
     };
     let stdout = drain(child.stdout.take().map(|o| Box::new(o) as _));
     let stderr = drain(child.stderr.take().map(|o| Box::new(o) as _));
+    let pid = rustix::process::Pid::from_raw(child.id() as i32)
+        .ok_or_else(|| ChildFailed::Other("failed: no process id".into()))?;
     let deadline = Instant::now() + PATIENCE;
-    let status = loop {
-        match child.try_wait() {
-            Ok(Some(s)) => break s,
+    // Waited for without reaping it: until it is reaped, its pid (its group's id) cannot be
+    // anyone else's, so the group may be killed.
+    let ended = loop {
+        let opts = rustix::process::WaitIdOptions::EXITED
+            | rustix::process::WaitIdOptions::NOHANG
+            | rustix::process::WaitIdOptions::NOWAIT;
+        match rustix::process::waitid(rustix::process::WaitId::Pid(pid), opts) {
+            Ok(Some(_)) => break true,
             Ok(None) if Instant::now() < deadline => std::thread::sleep(Duration::from_millis(5)),
-            Ok(None) => {
-                // Our own child, not yet reaped: its pid is still ours to kill.
-                let _ = child.kill();
-                let _ = child.wait();
-                return Err(ChildFailed::Other(format!(
-                    "took more than {PATIENCE:?} (it hangs?)"
-                )));
-            }
+            Ok(None) => break false,
+            Err(rustix::io::Errno::INTR) => {}
             Err(e) => return Err(ChildFailed::Other(format!("failed: {e}"))),
         }
     };
-    let out = stdout.join().unwrap_or_default();
-    let err = stderr.join().unwrap_or_default();
+    // Our own child's group, its leader not yet reaped.
+    let _ = rustix::process::kill_process_group(pid, rustix::process::Signal::KILL);
+    let status = child
+        .wait()
+        .map_err(|e| ChildFailed::Other(format!("failed: {e}")))?;
+    if !ended {
+        return Err(ChildFailed::Other(format!(
+            "took more than {PATIENCE:?} (it hangs?)"
+        )));
+    }
+    // Its group is gone; a process that left it and still holds the pipes is not waited for.
+    let collect = |rx: std::sync::mpsc::Receiver<Vec<u8>>| {
+        rx.recv_timeout(Duration::from_secs(1)).map_err(|_| {
+            ChildFailed::Other(
+                "left a process behind that holds its output (a library that daemonises?)".into(),
+            )
+        })
+    };
+    let out = collect(stdout)?;
+    let err = collect(stderr)?;
     if !status.success() {
-        let said = String::from_utf8_lossy(&err);
-        let said = said.trim().trim_start_matches("outboard: ");
+        let said = outboard_drivers::legacy::library::shown(&String::from_utf8_lossy(&err));
+        let said = said.trim_start_matches("outboard: ").to_string();
         return Err(if said.is_empty() {
             ChildFailed::Other(format!("failed ({status})"))
         } else {
-            ChildFailed::Said(said.to_string())
+            ChildFailed::Said(said)
         });
     }
     let out = String::from_utf8_lossy(&out);

@@ -198,7 +198,15 @@ pub unsafe extern "C" fn osenv_sleep(sr: *mut c_void) {
     let Some(r) = (unsafe { record(sr) }) else {
         return;
     };
-    in_driver("osenv_sleep", |cpu, _| cpu.sleep(r));
+    in_driver("osenv_sleep", |cpu, st| {
+        if st.probing {
+            // Nothing of a probe's environment would ever wake it: returning at once is what
+            // a spurious wakeup does, which a sleeper must expect anyway.
+            tracing::warn!("{}: its probe called osenv_sleep: refused", st.name);
+            return;
+        }
+        cpu.sleep(r)
+    });
 }
 
 /// # Safety
@@ -420,6 +428,10 @@ pub extern "C" fn osenv_timer_register(func: Option<extern "C" fn()>, freq: c_in
     }
     in_driver("osenv_timer_register", |cpu, st| {
         if cpu.in_handler() {
+            return EPERM;
+        }
+        if st.probing {
+            tracing::warn!("{}: its probe asked for a timer: refused", st.name);
             return EPERM;
         }
         cpu.without_interrupts(|| register(cpu, st, func, freq))

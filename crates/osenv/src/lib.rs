@@ -52,17 +52,19 @@ impl Osenv {
     /// The environment of driver `name`'s active probe: `snapshot` is its device. It reads
     /// configuration space (BAR sizing included) as the snapshot has it; configuration
     /// writes, ports, BAR registers, interrupts and wired memory are refused, so a probe
-    /// changes nothing on the device (it never reaches it).
+    /// changes nothing on the device (it never reaches it); timers are refused and a sleep
+    /// returns at once, so it cannot arm anything that outlives it or wait for good.
     pub fn for_probe(name: &str, snapshot: ConfigSnapshot) -> Result<Self, OsenvError> {
         let cpu = Cpu::new();
         let interrupts = InterruptThread::spawn(cpu.clone())?;
-        let state = state::State::new(
+        let mut state = state::State::new(
             name,
             interrupts.sources(),
             None,
             Some(device::Device::looking(snapshot)),
             Vec::new(),
         );
+        state.probing = true;
         cpu.set_context(Box::new(state));
         Ok(Self {
             cpu,

@@ -57,6 +57,8 @@ pub(crate) struct State {
     pub timers: Mutex<Vec<TimerReg>>,
     /// Blocks by address.
     pub blocks: Mutex<BTreeMap<usize, Block>>,
+    /// An active probe's environment: it may not sleep or arm timers (nothing would end them).
+    pub probing: bool,
 }
 
 impl State {
@@ -76,6 +78,7 @@ impl State {
             handlers: Mutex::new(Vec::new()),
             timers: Mutex::new(Vec::new()),
             blocks: Mutex::new(BTreeMap::new()),
+            probing: false,
         }
     }
 

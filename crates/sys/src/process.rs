@@ -316,3 +316,14 @@ mod place_tests {
         assert!(place(Vec::new(), &[940]).is_err());
     }
 }
+
+/// Keeps this process's standard output for one consumer: returns it as a file, and points
+/// descriptor 1 at standard error from now on, so that whatever else the process prints (code
+/// it loads, C's stdio flushing at exit) cannot be mixed into what the consumer reads.
+pub fn private_stdout() -> Result<std::fs::File, String> {
+    let saved = rustix::io::fcntl_dupfd_cloexec(rustix::stdio::stdout(), 3)
+        .map_err(|e| format!("standard output: {e}"))?;
+    rustix::stdio::dup2_stdout(rustix::stdio::stderr())
+        .map_err(|e| format!("standard output to standard error: {e}"))?;
+    Ok(std::fs::File::from(saved))
+}

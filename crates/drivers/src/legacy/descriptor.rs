@@ -102,8 +102,11 @@ pub struct CDriver {
 
 // SAFETY: a descriptor and the operations table it points to are immutable data of the C
 // driver, alive for the rest of the process (a built-in's are statics; a library is never
-// unloaded); the functions in them are called only inside the driver's legacy environment,
-// which admits one thread at a time.
+// unloaded). The functions in them are called only under their model's rule, by the class
+// bridges of this crate (the calls are crate-private): a legacy driver's inside its
+// environment, which admits one thread at a time; a native driver's by its work loop, one
+// call at a time; a probe in an environment of its own, touching nothing but its arguments
+// and that environment (driver.h).
 unsafe impl Send for CDriver {}
 // SAFETY: as above; nothing in a CDriver is changed after it is read.
 unsafe impl Sync for CDriver {}
@@ -152,8 +155,14 @@ impl CDriver {
         if raw.is_null() {
             return Err(DescriptorError::Field("no descriptor".into()));
         }
-        // SAFETY: the caller's promise; the first two u32 fields are in every version. Read
-        // unaligned: a library's symbol is not checked for alignment.
+        // A C compiler aligns the structure for its pointers; one that is not is no
+        // descriptor (and could not be read in place).
+        if !raw.is_aligned() {
+            return Err(DescriptorError::Field(
+                "the descriptor is not aligned for its pointers".into(),
+            ));
+        }
+        // SAFETY: the caller's promise; the first two u32 fields are in every version.
         let (version, size) = unsafe {
             (
                 std::ptr::addr_of!((*raw).abi_version).read_unaligned(),
@@ -172,15 +181,20 @@ impl CDriver {
         }
         // SAFETY: version 1 and at least version 1's size: the whole structure is there.
         let d = unsafe { &*raw };
-        let probe = if size as usize >= std::mem::size_of::<RawDriverAppended>() {
-            // SAFETY: `size` says the driver's structure reaches past the appended field;
-            // read unaligned, through a raw pointer (no reference to more than is checked).
+        // Each appended field is read only if `size` covers it: a driver built when the
+        // structure ended before it reads as it was.
+        let covers = |end: usize| size as usize >= end;
+        let probe_end = std::mem::offset_of!(RawDriverAppended, probe)
+            + std::mem::size_of::<Option<RawProbe>>();
+        let probe = if covers(probe_end) {
+            // SAFETY: `size` says the driver's structure reaches past the field; read through
+            // a raw pointer (no reference to more than is checked).
             unsafe { std::ptr::addr_of!((*raw.cast::<RawDriverAppended>()).probe).read_unaligned() }
         } else {
             None
         };
         let model_end = std::mem::offset_of!(RawDriverAppended, model) + 4;
-        let model = if size as usize >= model_end {
+        let model = if covers(model_end) {
             // SAFETY: as for `probe`: `size` covers the field.
             let m = unsafe {
                 std::ptr::addr_of!((*raw.cast::<RawDriverAppended>()).model).read_unaligned()
@@ -646,7 +660,7 @@ impl NativeClockOps {
     /// # Safety
     /// `dev` is a live `outboard_dev` handle (`crate::native_c::DevHandle`) that stays valid,
     /// like `sink`, until [`NativeClockOps::stop`] returns or the driver is given up.
-    pub unsafe fn start(&self, dev: *mut c_void, sink: &ClockSink) -> Result<u32, c_int> {
+    pub(crate) unsafe fn start(&self, dev: *mut c_void, sink: &ClockSink) -> Result<u32, c_int> {
         let mut hz = 0u32;
         // SAFETY: a function of the checked descriptor, called as clock.h says; the caller
         // keeps dev and sink alive; hz is a valid out-pointer.
@@ -655,14 +669,14 @@ impl NativeClockOps {
     }
 
     /// Calls `event` for vector `vector`.
-    pub fn event(&self, vector: u32) -> Result<(), c_int> {
+    pub(crate) fn event(&self, vector: u32) -> Result<(), c_int> {
         // SAFETY: a function of the checked descriptor taking a plain integer; called only
         // after `start` succeeded and before `stop` (the bridge's rule).
         rc(unsafe { (self.event)(vector) })
     }
 
     /// Calls `now`: the device's time in nanoseconds.
-    pub fn now(&self) -> Result<u64, c_int> {
+    pub(crate) fn now(&self) -> Result<u64, c_int> {
         let mut ns = 0u64;
         // SAFETY: a valid out-pointer; called between `start` and `stop`.
         rc(unsafe { (self.now)(&mut ns) })?;
@@ -670,7 +684,7 @@ impl NativeClockOps {
     }
 
     /// Calls `stop`.
-    pub fn stop(&self) {
+    pub(crate) fn stop(&self) {
         // SAFETY: a function of the checked descriptor taking nothing; called once, last.
         unsafe { (self.stop)() }
     }
@@ -714,29 +728,29 @@ impl ClockOps {
 
 extern "C" {
     /// The timer driver's descriptor, compiled in (`c/timer.c`).
-    static outboard_builtin_timer: RawDriver;
+    static outboard_builtin_timer: RawDriverAppended;
     /// The native timer driver's descriptor, compiled in (`c/native_timer.c`).
-    static outboard_builtin_native_timer: RawDriver;
+    static outboard_builtin_native_timer: RawDriverAppended;
     /// The 16550 driver's descriptor, compiled in (`c/uart16550.c`).
-    static outboard_builtin_uart16550: RawDriver;
+    static outboard_builtin_uart16550: RawDriverAppended;
 }
 
 /// The built-in 16550 driver's descriptor.
 pub fn builtin_uart16550() -> Result<CDriver, DescriptorError> {
     // SAFETY: a static of the C driver compiled into this binary, a `struct outboard_driver`.
-    unsafe { CDriver::read(std::ptr::addr_of!(outboard_builtin_uart16550)) }
+    unsafe { CDriver::read(std::ptr::addr_of!(outboard_builtin_uart16550).cast()) }
 }
 
 /// The built-in timer driver's descriptor.
 pub fn builtin_timer() -> Result<CDriver, DescriptorError> {
     // SAFETY: a static of the C driver compiled into this binary, a `struct outboard_driver`.
-    unsafe { CDriver::read(std::ptr::addr_of!(outboard_builtin_timer)) }
+    unsafe { CDriver::read(std::ptr::addr_of!(outboard_builtin_timer).cast()) }
 }
 
 /// The built-in native timer driver's descriptor.
 pub fn builtin_native_timer() -> Result<CDriver, DescriptorError> {
     // SAFETY: a static of the C driver compiled into this binary, a `struct outboard_driver`.
-    unsafe { CDriver::read(std::ptr::addr_of!(outboard_builtin_native_timer)) }
+    unsafe { CDriver::read(std::ptr::addr_of!(outboard_builtin_native_timer).cast()) }
 }
 
 #[cfg(test)]
@@ -835,29 +849,37 @@ mod tests {
         // A probe present, but beyond what `size` says the driver's structure holds: unread.
         let short = appended(bids_twice, std::mem::size_of::<RawDriver>());
         // SAFETY: as above (reading goes no further than `size`).
-        let d = unsafe { CDriver::read(&short.first) }.unwrap();
+        let d = unsafe { CDriver::read(std::ptr::addr_of!(short).cast()) }.unwrap();
         assert!(!d.has_probe());
+        // Built when the structure ended with the probe (before `model` was appended): its
+        // probe is read, and it is a legacy driver.
+        let probe_end = std::mem::offset_of!(RawDriverAppended, model);
+        let d = appended(bids_twice, probe_end);
+        // SAFETY: as above.
+        let d = unsafe { CDriver::read(std::ptr::addr_of!(d).cast()) }.unwrap();
+        assert_eq!(d.call_probe(7), Ok(14), "a probe its size covers is read");
+        assert_eq!(d.model, Model::Legacy);
         let d = appended(bids_twice, whole);
         // SAFETY: as above.
-        let d = unsafe { CDriver::read(&d.first) }.unwrap();
+        let d = unsafe { CDriver::read(std::ptr::addr_of!(d).cast()) }.unwrap();
         assert_eq!(d.call_probe(7), Ok(14));
         assert_eq!(d.model, Model::Legacy, "model 0 is the legacy model");
         let mut native = appended(bids_twice, whole);
         native.model = 1;
         // SAFETY: as above.
-        let d = unsafe { CDriver::read(&native.first) }.unwrap();
+        let d = unsafe { CDriver::read(std::ptr::addr_of!(native).cast()) }.unwrap();
         assert_eq!(d.model, Model::Native);
         native.model = 7;
         // SAFETY: as above.
-        let e = unsafe { CDriver::read(&native.first) }.unwrap_err();
+        let e = unsafe { CDriver::read(std::ptr::addr_of!(native).cast()) }.unwrap_err();
         assert!(e.to_string().contains("execution model 7"), "{e}");
         let d = appended(declines, whole);
         // SAFETY: as above.
-        let d = unsafe { CDriver::read(&d.first) }.unwrap();
+        let d = unsafe { CDriver::read(std::ptr::addr_of!(d).cast()) }.unwrap();
         assert_eq!(d.call_probe(7), Err((-22, "not this one".to_string())));
         let d = appended(declines_unended, whole);
         // SAFETY: as above.
-        let d = unsafe { CDriver::read(&d.first) }.unwrap();
+        let d = unsafe { CDriver::read(std::ptr::addr_of!(d).cast()) }.unwrap();
         let (rc, why) = d.call_probe(7).unwrap_err();
         assert_eq!(rc, -5);
         assert!(

@@ -129,13 +129,35 @@ impl Described {
     }
 }
 
+/// Longest text of a library's (a reason, what its child said) that Outboard shows.
+const MAX_SHOWN: usize = 512;
+
+/// Text that came from a library's code, made fit to show in a log line, an error or the
+/// registry: control characters (newlines, escapes) as `\u{..}`, at most 512 characters.
+pub fn shown(text: &str) -> String {
+    let text = text.trim();
+    let mut out = String::new();
+    for (i, c) in text.chars().enumerate() {
+        if i == MAX_SHOWN {
+            out.push('…');
+            break;
+        }
+        if c.is_control() {
+            out.extend(c.escape_unicode());
+        } else {
+            out.push(c);
+        }
+    }
+    out
+}
+
 impl ProbeAnswer {
     /// An answer as `outboard driver-lib PATH --probe` prints it (its last line): the bid,
-    /// or why the driver declines.
+    /// or why the driver declines (as [`shown`] makes it).
     pub fn parse(line: &str) -> Result<u32, String> {
         match serde_json::from_str(line) {
             Ok(ProbeAnswer::Bid(score)) => Ok(score),
-            Ok(ProbeAnswer::Declined(why)) => Err(why),
+            Ok(ProbeAnswer::Declined(why)) => Err(shown(&why)),
             Err(e) => Err(format!("its probe's answer does not parse: {e}")),
         }
     }

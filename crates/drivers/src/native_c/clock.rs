@@ -24,8 +24,9 @@ const MAX_WAIT_SECONDS: u32 = 3600;
 
 /// A native C clock driver, started on its device.
 pub struct NativeCClock {
-    // The handle the C driver holds: boxed, so its address is stable while the driver runs.
-    device: Box<NativeDevice>,
+    // The handle the C driver holds: shared, so its address is stable while the driver runs
+    // and moving this value does not move (or re-borrow) it.
+    device: Arc<NativeDevice>,
     claim: Option<Claim>,
     // What the C driver reports ticks to: kept for as long as it runs.
     _sink: ClockSink,
@@ -56,13 +57,11 @@ impl NativeCClock {
             moved: Box::new(|| {}),
         });
         let sink = ClockSink::new(ticks.clone());
-        let device = Box::new(NativeDevice::new(driver, function));
-        let handle = std::ptr::from_ref::<NativeDevice>(&device)
-            .cast_mut()
-            .cast();
-        // SAFETY: the handle is the boxed device, which this value keeps (at the same address)
-        // until after `stop`, as it keeps the sink; a failed start is not stopped, and the
-        // device and sink are dropped only after the call returned.
+        let device = Arc::new(NativeDevice::new(driver, function));
+        let handle = Arc::as_ptr(&device).cast_mut().cast();
+        // SAFETY: the handle is the shared device, which this value keeps until after `stop`,
+        // as it keeps the sink (the C side only ever takes shared references to it); a failed
+        // start is not stopped, and the device and sink are dropped only after it returned.
         let hz = unsafe { ops.start(handle, &sink) }
             .map_err(|rc| refused(format!("the driver did not start (error {rc})")))?;
         let mut this = Self {

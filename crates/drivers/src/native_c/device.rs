@@ -28,7 +28,7 @@ pub const MAX_DMA: u64 = 64 << 20;
 pub struct NativeDevice {
     driver: &'static str,
     function: PciFunction,
-    regions: [OnceLock<Option<Region>>; 6],
+    regions: [OnceLock<Region>; 6],
     irqs: OnceLock<(IrqKind, Vec<Irq>)>,
     /// DMA blocks by the address the driver has them at.
     dma: Mutex<BTreeMap<usize, DmaBuf>>,
@@ -106,14 +106,23 @@ impl NativeDevice {
         }
     }
 
-    /// Memory BAR `bar`'s region, for an access of `len` bytes at `offset`.
+    /// BAR `bar`'s region, for an access of `len` bytes at `offset`: `OUTBOARD_EINVAL` for a
+    /// BAR the device does not have or an access outside it, `OUTBOARD_EIO` if the device
+    /// cannot be reached (asked again next time).
     fn region(&self, bar: u32, offset: u64, len: u64) -> Answer<&Region> {
         self.live()?;
         let slot = self.regions.get(bar as usize).ok_or(EINVAL)?;
-        let region = slot
-            .get_or_init(|| self.function.region(bar as u8).ok())
-            .as_ref()
-            .ok_or(EINVAL)?;
+        let region = match slot.get() {
+            Some(r) => r,
+            None => {
+                let sizes = self.function.bar_sizes().map_err(|_| EIO)?;
+                if sizes[bar as usize] == 0 {
+                    return Err(EINVAL);
+                }
+                let r = self.function.region(bar as u8).map_err(|_| EIO)?;
+                slot.get_or_init(|| r)
+            }
+        };
         let inside = offset.is_multiple_of(len)
             && offset
                 .checked_add(len)
@@ -215,14 +224,17 @@ impl NativeDevice {
         Ok((va, iova))
     }
 
-    /// `outboard_dev_dma_free`.
+    /// `outboard_dev_dma_free` (after a give-up too the block is not the driver's any more:
+    /// it is freed, and the answer is `OUTBOARD_EIO` like every call's).
     pub fn dma_free(&self, va: usize) -> Answer<()> {
-        self.dma
+        let freed = self
+            .dma
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .remove(&va)
             .map(drop)
-            .ok_or(EINVAL)
+            .ok_or(EINVAL);
+        self.live().and(freed)
     }
 
     /// `outboard_dev_log`.

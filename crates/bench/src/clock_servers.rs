@@ -193,8 +193,11 @@ fn start(exe: &Path, driver: &str, contested: bool, n: usize, hz: u32) -> Result
 /// One window: (µs of driver-server CPU per interrupt handled, share of the interrupts asked
 /// that were handled). A count is read through a session, which enters the driver (and may
 /// wait for a contending thread to leave it), so each timer's count is timed where it was
-/// read: its rate over its own interval, applied to the window of the CPU readings.
-fn window(t: &mut Timers, n: usize, hz: u32, secs: f64) -> Result<(f64, f64), String> {
+/// read: its rate over its own interval, applied to the window of the CPU readings. In a
+/// contested run the CPU is `None` when a contending thread did more work in the window than
+/// its calibration allows (its estimate of what the interrupts took from it went down): the
+/// calibration does not hold there, and the window prices nothing.
+fn window(t: &mut Timers, n: usize, hz: u32, secs: f64) -> Result<(Option<f64>, f64), String> {
     let irqs = |t: &mut Timers| -> Result<Vec<(u64, Instant)>, String> {
         let mut at = Vec::with_capacity(t.clients.len());
         for c in &mut t.clients {
@@ -205,8 +208,8 @@ fn window(t: &mut Timers, n: usize, hz: u32, secs: f64) -> Result<(f64, f64), St
     };
     // The servers' CPU, less each contending thread's but for what its interrupts took
     // from it (its own report; its CPU is read here, at the same moment as the rest).
-    let cpu = |t: &Timers| -> Result<(u64, Instant), String> {
-        let (mut ns, mut contending) = (0i64, 0i64);
+    let cpu = |t: &Timers| -> Result<(i64, i64, Instant), String> {
+        let (mut ns, mut contending, mut all_lost) = (0i64, 0i64, 0i64);
         for h in &t.hosts {
             let (all, theirs) = cpu_ns(h.pid, "contender");
             ns += all as i64;
@@ -218,13 +221,14 @@ fn window(t: &mut Timers, n: usize, hz: u32, secs: f64) -> Result<(f64, f64), St
                     format!("{}: no report from the contending thread", path.display())
                 })?;
             contending -= lost;
+            all_lost += lost;
         }
-        Ok(((ns - contending).max(0) as u64, Instant::now()))
+        Ok((ns - contending, all_lost, Instant::now()))
     };
     let first = irqs(t)?;
-    let (c0, t0) = cpu(t)?;
+    let (c0, lost0, t0) = cpu(t)?;
     std::thread::sleep(Duration::from_secs_f64(secs));
-    let (c1, t1) = cpu(t)?;
+    let (c1, lost1, t1) = cpu(t)?;
     let last = irqs(t)?;
     let span = t1.duration_since(t0).as_secs_f64().max(1e-6);
     let per_second: f64 = first
@@ -235,15 +239,17 @@ fn window(t: &mut Timers, n: usize, hz: u32, secs: f64) -> Result<(f64, f64), St
         })
         .sum();
     let handled = (per_second * span).max(1.0);
+    let priced = lost1 >= lost0 && c1 >= c0;
     Ok((
-        c1.saturating_sub(c0) as f64 / 1e3 / handled,
+        priced.then(|| (c1 - c0) as f64 / 1e3 / handled),
         (per_second / (n as f64 * f64::from(hz))).min(1.0) * 100.0,
     ))
 }
 
-/// The two figures (CPU per interrupt, share handled) and, per driver, the highest total rate
-/// asked at which at least 95% were handled.
-pub fn measure(ctx: &Context, secs: f64) -> Result<(Figure, Figure, Vec<String>), String> {
+/// The two figures (CPU per interrupt, share handled); per driver, the highest total rate
+/// asked at which at least 95% were handled; and how many contested windows priced the
+/// interrupts.
+pub fn measure(ctx: &Context, secs: f64) -> Result<(Figure, Figure, Vec<String>, String), String> {
     let mut cost = figure(
         "servers-cpu-per-interrupt",
         "Timer drivers in servers: CPU per interrupt",
@@ -261,6 +267,7 @@ pub fn measure(ctx: &Context, secs: f64) -> Result<(Figure, Figure, Vec<String>)
         "line",
     );
     let mut saturation = Vec::new();
+    let (mut unpriced, mut contested_windows) = (0usize, 0usize);
     for (driver, contested, label) in DRIVERS {
         // (total rate asked, median share handled) of every configuration.
         let mut shares: Vec<(f64, f64)> = Vec::new();
@@ -286,9 +293,22 @@ pub fn measure(ctx: &Context, secs: f64) -> Result<(Figure, Figure, Vec<String>)
                     ctx.progress.inc(1);
                 }
                 drop(t);
-                let (u, p) = (Summary::of(&us, WARM_UP), Summary::of(&pct, WARM_UP));
+                // The warm-up window goes first; then the windows that priced nothing (none
+                // but in a contested run: see `window`).
+                let priced: Vec<f64> = us.iter().skip(WARM_UP).flatten().copied().collect();
+                unpriced += us.len().saturating_sub(WARM_UP) - priced.len();
+                if contested {
+                    contested_windows += us.len().saturating_sub(WARM_UP);
+                }
+                let p = Summary::of(&pct, WARM_UP);
                 shares.push((n as f64 * f64::from(hz), p.median));
-                c.points.push(Point { x: n as f64, y: u });
+                // A configuration no window priced has no point (rather than a made-up one).
+                if !priced.is_empty() {
+                    c.points.push(Point {
+                        x: n as f64,
+                        y: Summary::of(&priced, 0),
+                    });
+                }
                 s.points.push(Point { x: n as f64, y: p });
             }
             cost.series.push(c);
@@ -296,7 +316,12 @@ pub fn measure(ctx: &Context, secs: f64) -> Result<(Figure, Figure, Vec<String>)
         }
         saturation.push(format!("{label}: {}", saturation_of(&mut shares)));
     }
-    Ok((cost, share, saturation))
+    let priced = format!(
+        "{} of {contested_windows} (left out: {unpriced}, where a contending thread's \
+         calibration did not hold)",
+        contested_windows - unpriced
+    );
+    Ok((cost, share, saturation, priced))
 }
 
 /// Where the machine saturates, from (total rate asked, share handled) pairs: the highest

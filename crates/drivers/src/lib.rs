@@ -24,7 +24,8 @@ pub mod virtio_rng;
 
 pub use legacy::library::{
     answer_probe, load as load_library, register_described, set_remote_prober,
-    Described as DescribedLibrary, LibraryError, ProbeAnswer, ProbeRequest,
+    shown as shown_library_text, Described as DescribedLibrary, LibraryError, ProbeAnswer,
+    ProbeRequest,
 };
 pub use personality::{
     by_name, candidates, personalities, probe_driver, restarter, start, start_colocated,

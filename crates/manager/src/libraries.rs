@@ -157,7 +157,7 @@ fn ask_child(path: &Path, flag: &str, input: Option<String>) -> Result<String, C
     let out = collect(stdout)?;
     let err = collect(stderr)?;
     if !status.success() {
-        let said = outboard_drivers::legacy::library::shown(&String::from_utf8_lossy(&err));
+        let said = outboard_drivers::shown_library_text(&String::from_utf8_lossy(&err));
         let said = said.trim_start_matches("outboard: ").to_string();
         return Err(if said.is_empty() {
             ChildFailed::Other(format!("failed ({status})"))

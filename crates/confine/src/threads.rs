@@ -9,10 +9,12 @@
 //! for every thread, and libpsx does for capabilities. Both calls are plain system calls, safe
 //! in a signal handler.
 
-use std::os::fd::{AsRawFd, BorrowedFd};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
 use std::sync::atomic::{AtomicI32, AtomicUsize, Ordering};
-use std::sync::Mutex;
+use std::sync::{Mutex, OnceLock};
 use std::time::{Duration, Instant};
+
+use rustix::event::{EventfdFlags, PollFd, PollFlags};
 
 use crate::ConfineError;
 
@@ -23,6 +25,13 @@ static RESTRICTED: AtomicUsize = AtomicUsize::new(0);
 static FAILED: AtomicUsize = AtomicUsize::new(0);
 /// One broadcast at a time.
 static ONE: Mutex<()> = Mutex::new(());
+/// What the handler writes to once it has counted itself, so the asking thread sleeps until
+/// an answer comes instead of checking every millisecond (a restarted driver server's
+/// confinement is on the way to its first completion). Created once and never closed: a
+/// handler that runs late writes to it, never to a number reused for something else.
+static WAKE: OnceLock<OwnedFd> = OnceLock::new();
+/// `WAKE`'s number, for the handler (-1: none).
+static WAKE_FD: AtomicI32 = AtomicI32::new(-1);
 
 /// How long the other threads get to answer.
 const ANSWER_TIME: Duration = Duration::from_secs(2);
@@ -42,6 +51,13 @@ extern "C" fn restrict_this_thread(_: libc::c_int) {
         RESTRICTED.fetch_add(1, Ordering::SeqCst);
     } else {
         FAILED.fetch_add(1, Ordering::SeqCst);
+    }
+    let wake = WAKE_FD.load(Ordering::SeqCst);
+    if wake >= 0 {
+        let one = 1u64.to_ne_bytes();
+        // SAFETY: write(2) on an eventfd that is never closed (`WAKE`), from a buffer on this
+        // stack; async-signal-safe. A full counter (EAGAIN) still leaves it readable.
+        unsafe { libc::write(wake, one.as_ptr().cast(), one.len()) };
     }
     // SAFETY: as above.
     unsafe { *libc::__errno_location() = errno };
@@ -81,12 +97,29 @@ pub fn restrict_others(ruleset: BorrowedFd<'_>) -> Result<usize, ConfineError> {
     }
 }
 
+/// The eventfd the handler wakes the asking thread with, created on first use.
+fn wake_fd() -> Result<BorrowedFd<'static>, ConfineError> {
+    if WAKE.get().is_none() {
+        let fd = rustix::event::eventfd(0, EventfdFlags::CLOEXEC | EventfdFlags::NONBLOCK)
+            .map_err(|e| ConfineError::Os {
+                what: "eventfd",
+                source: e.into(),
+            })?;
+        // Under `ONE`: nobody else sets it meanwhile.
+        let _ = WAKE.set(fd);
+    }
+    let fd = WAKE.get().expect("set above").as_fd();
+    WAKE_FD.store(fd.as_raw_fd(), Ordering::SeqCst);
+    Ok(fd)
+}
+
 /// Has each thread in `threads` restrict itself with `ruleset`.
 fn restrict_these(ruleset: BorrowedFd<'_>, threads: &[i32]) -> Result<usize, ConfineError> {
     if threads.is_empty() {
         return Ok(0);
     }
     let _one = ONE.lock().unwrap_or_else(|p| p.into_inner());
+    let wake = wake_fd()?;
     RULESET.store(ruleset.as_raw_fd(), Ordering::SeqCst);
     RESTRICTED.store(0, Ordering::SeqCst);
     FAILED.store(0, Ordering::SeqCst);
@@ -116,8 +149,20 @@ fn restrict_these(ruleset: BorrowedFd<'_>, threads: &[i32]) -> Result<usize, Con
     }
     let start = Instant::now();
     let answered = || RESTRICTED.load(Ordering::SeqCst) + FAILED.load(Ordering::SeqCst);
-    while answered() < asked && start.elapsed() < ANSWER_TIME {
-        std::thread::sleep(Duration::from_millis(1));
+    // The handler counts itself before it writes: an answer between the check and the poll
+    // leaves the eventfd readable.
+    while answered() < asked {
+        let Some(left) = ANSWER_TIME.checked_sub(start.elapsed()) else {
+            break;
+        };
+        let ts = rustix::time::Timespec {
+            tv_sec: left.as_secs() as _,
+            tv_nsec: left.subsec_nanos() as _,
+        };
+        let mut p = [PollFd::new(&wake, PollFlags::IN)];
+        let _ = rustix::event::poll(&mut p, Some(&ts));
+        let mut drained = [0u8; 8];
+        let _ = rustix::io::read(wake, &mut drained);
     }
     let (done, failed) = (
         RESTRICTED.load(Ordering::SeqCst),

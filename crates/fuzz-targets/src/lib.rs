@@ -74,6 +74,8 @@ pub fn vfio_user_server(data: &[u8]) {
             model,
             ServerOptions {
                 timeout: Duration::from_millis(50),
+                // The fuzzer drives one message at a time: nothing to wait for.
+                spin: Duration::ZERO,
             },
         )
         .expect("bind");
@@ -139,6 +141,7 @@ pub fn vfio_user_client(data: &[u8]) {
     let opts = ClientOptions {
         timeout: Duration::from_millis(100),
         twin_socket: false,
+        spin: Duration::ZERO,
         ..Default::default()
     };
     if let Ok(mut c) = Client::from_fd(ours, opts) {

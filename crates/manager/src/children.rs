@@ -122,7 +122,9 @@ impl ConfineArgs {
             files: self.max_files,
             memory: self.max_memory,
         };
+        let began = std::time::Instant::now();
         let report = outboard_confine::confine(role, caps)?;
+        tracing::debug!("confined in {:?}", began.elapsed());
         outboard_sys::errln!("outboard: {report}");
         if !report.landlock_complete {
             if self.require_confinement {

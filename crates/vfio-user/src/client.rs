@@ -22,6 +22,7 @@ use rustix::net::{AddressFamily, SocketAddrUnix, SocketFlags, SocketType};
 use crate::caps::{self, Capabilities, TwinSocket};
 use crate::channel::{Channel, ChannelError};
 use crate::wire::{self, cmd, Header, WireError};
+use crate::DEFAULT_SPIN;
 
 /// Why a client operation failed.
 #[derive(Debug, thiserror::Error)]
@@ -99,6 +100,9 @@ pub struct ClientOptions {
     /// The most data one server-to-client message may carry (announced as
     /// `max_data_xfer_size`; larger in-band DMA messages are refused).
     pub max_data_xfer_size: u32,
+    /// How long a call checks for its reply before it sleeps: a reply that comes within it
+    /// costs no wake-up (see [`Channel::set_spin`]; zero: sleep at once).
+    pub spin: Duration,
 }
 
 impl Default for ClientOptions {
@@ -107,6 +111,7 @@ impl Default for ClientOptions {
             timeout: Duration::from_secs(5),
             twin_socket: true,
             max_data_xfer_size: wire::MAX_DATA_XFER,
+            spin: DEFAULT_SPIN,
         }
     }
 }
@@ -182,7 +187,8 @@ impl Client {
 
     /// Uses an already connected socket.
     pub fn from_fd(fd: OwnedFd, opts: ClientOptions) -> Result<Self> {
-        let chan = Channel::new(fd);
+        let mut chan = Channel::new(fd);
+        chan.set_spin(opts.spin);
         let _ = chan.set_send_timeout(opts.timeout);
         let mut c = Self {
             chan,

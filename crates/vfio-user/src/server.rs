@@ -16,7 +16,7 @@
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use rustix::event::{PollFd, PollFlags};
 use rustix::io::Errno;
@@ -25,7 +25,7 @@ use rustix::net::{AddressFamily, SocketFlags, SocketType};
 use outboard_sys::{SockPathError, SocketPath};
 
 use crate::caps::{self, Capabilities, TwinSocket};
-use crate::channel::{Channel, ChannelError, Message};
+use crate::channel::{spin_until_ready, Channel, ChannelError, Message};
 use crate::dma::DmaMap;
 use crate::wire::{self, cmd, Header, WireError};
 
@@ -314,12 +314,17 @@ pub trait DeviceBackend {
 pub struct ServerOptions {
     /// How long the rest of a message, a send, or an in-band DMA may take.
     pub timeout: Duration,
+    /// How long the server checks for the client's next command after it answered one,
+    /// before it sleeps: a client going through a burst of commands (a bring-up) then costs
+    /// no wake-up per command (zero: sleep at once).
+    pub spin: Duration,
 }
 
 impl Default for ServerOptions {
     fn default() -> Self {
         Self {
             timeout: Duration::from_secs(5),
+            spin: crate::DEFAULT_SPIN,
         }
     }
 }
@@ -374,6 +379,9 @@ pub struct Server<B: DeviceBackend> {
     ctx: DeviceContext,
     opts: ServerOptions,
     stats: ServerStats,
+    /// Until when [`Server::run_once`] checks for the next command without sleeping: set when
+    /// a command was answered (the client is in a burst, or done).
+    spin_until: Option<Instant>,
 }
 
 type Reply = Result<(Vec<u8>, Vec<OwnedFd>), Errno>;
@@ -402,6 +410,7 @@ impl<B: DeviceBackend> Server<B> {
             ctx,
             opts,
             stats: ServerStats::default(),
+            spin_until: None,
         }
     }
 
@@ -513,6 +522,10 @@ impl<B: DeviceBackend> Server<B> {
 
     /// Waits up to `timeout` for something to happen and handles it.
     pub fn run_once(&mut self, timeout: Duration) -> Result<(), ServerError> {
+        let spin = self
+            .spin_until
+            .take()
+            .and_then(|until| until.checked_duration_since(Instant::now()));
         let ready: Vec<Source> = {
             let fds = self.poll_fds();
             let mut pfds: Vec<PollFd<'_>> = fds
@@ -523,7 +536,16 @@ impl<B: DeviceBackend> Server<B> {
                 tv_sec: timeout.as_secs() as _,
                 tv_nsec: timeout.subsec_nanos() as _,
             };
-            match rustix::event::poll(&mut pfds, Some(&ts)) {
+            let ready = match spin {
+                Some(budget) => spin_until_ready(&mut pfds, budget.min(timeout)),
+                None => Ok(false),
+            };
+            let polled = match ready {
+                Ok(true) => Ok(1),
+                Ok(false) => rustix::event::poll(&mut pfds, Some(&ts)),
+                Err(e) => Err(e),
+            };
+            match polled {
                 Ok(_) => {}
                 Err(Errno::INTR) => return Ok(()),
                 Err(e) => return Err(ServerError::Poll(e)),
@@ -633,8 +655,12 @@ impl<B: DeviceBackend> Server<B> {
                 )
             }
         };
-        if let Err(e) = sent {
-            self.disconnect(&format!("reply not sent: {e}"));
+        match sent {
+            Ok(()) if !self.opts.spin.is_zero() => {
+                self.spin_until = Some(Instant::now() + self.opts.spin);
+            }
+            Ok(()) => {}
+            Err(e) => self.disconnect(&format!("reply not sent: {e}")),
         }
     }
 

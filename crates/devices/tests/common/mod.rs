@@ -38,7 +38,10 @@ impl Running {
         let path = dir.path().join("blk.sock");
         let model =
             outboard_devices::virtio_blk(Backing::open("mem:1M", None).unwrap(), opts).unwrap();
-        let opts = ServerOptions { timeout };
+        let opts = ServerOptions {
+            timeout,
+            ..Default::default()
+        };
         let mut server = Server::bind(&path, model, opts).unwrap();
         let stop = Arc::new(AtomicBool::new(false));
         let s = stop.clone();

@@ -97,20 +97,17 @@ pub fn restrict_others(ruleset: BorrowedFd<'_>) -> Result<usize, ConfineError> {
     }
 }
 
-/// The eventfd the handler wakes the asking thread with, created on first use.
-fn wake_fd() -> Result<BorrowedFd<'static>, ConfineError> {
+/// The eventfd the handler wakes the asking thread with, created on first use; `None` if it
+/// cannot be (the asking thread then looks every millisecond, as it used to).
+fn wake_fd() -> Option<BorrowedFd<'static>> {
     if WAKE.get().is_none() {
-        let fd = rustix::event::eventfd(0, EventfdFlags::CLOEXEC | EventfdFlags::NONBLOCK)
-            .map_err(|e| ConfineError::Os {
-                what: "eventfd",
-                source: e.into(),
-            })?;
+        let fd = rustix::event::eventfd(0, EventfdFlags::CLOEXEC | EventfdFlags::NONBLOCK).ok()?;
         // Under `ONE`: nobody else sets it meanwhile.
         let _ = WAKE.set(fd);
     }
-    let fd = WAKE.get().expect("set above").as_fd();
+    let fd = WAKE.get()?.as_fd();
     WAKE_FD.store(fd.as_raw_fd(), Ordering::SeqCst);
-    Ok(fd)
+    Some(fd)
 }
 
 /// Has each thread in `threads` restrict itself with `ruleset`.
@@ -119,7 +116,7 @@ fn restrict_these(ruleset: BorrowedFd<'_>, threads: &[i32]) -> Result<usize, Con
         return Ok(0);
     }
     let _one = ONE.lock().unwrap_or_else(|p| p.into_inner());
-    let wake = wake_fd()?;
+    let wake = wake_fd();
     RULESET.store(ruleset.as_raw_fd(), Ordering::SeqCst);
     RESTRICTED.store(0, Ordering::SeqCst);
     FAILED.store(0, Ordering::SeqCst);
@@ -159,10 +156,16 @@ fn restrict_these(ruleset: BorrowedFd<'_>, threads: &[i32]) -> Result<usize, Con
             tv_sec: left.as_secs() as _,
             tv_nsec: left.subsec_nanos() as _,
         };
-        let mut p = [PollFd::new(&wake, PollFlags::IN)];
-        let _ = rustix::event::poll(&mut p, Some(&ts));
-        let mut drained = [0u8; 8];
-        let _ = rustix::io::read(wake, &mut drained);
+        match wake {
+            Some(wake) => {
+                let mut p = [PollFd::new(&wake, PollFlags::IN)];
+                let _ = rustix::event::poll(&mut p, Some(&ts));
+                let mut drained = [0u8; 8];
+                let _ = rustix::io::read(wake, &mut drained);
+            }
+            // No eventfd (the process is at its descriptor limit): look again shortly.
+            None => std::thread::sleep(Duration::from_millis(1).min(left)),
+        }
     }
     let (done, failed) = (
         RESTRICTED.load(Ordering::SeqCst),

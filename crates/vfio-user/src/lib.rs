@@ -31,8 +31,8 @@ pub use channel::{Channel, ChannelError};
 /// How long each side of a connection keeps checking for the other's next message before it
 /// sleeps, by default ([`ClientOptions::spin`], [`ServerOptions::spin`]). Longer than a
 /// wake-up from another CPU on a virtual machine (20–40 µs measured on the development VM),
-/// so that the first command of a burst finds the server awake by the time its reply is
-/// checked for, and short enough that an idle connection costs nothing measurable.
+/// so that the client's spin still covers the server's wake-up for the first command of a
+/// burst, and short enough that an idle connection costs nothing measurable.
 pub const DEFAULT_SPIN: std::time::Duration = std::time::Duration::from_micros(50);
 pub use client::{Client, ClientError, ClientOptions, IoEventFd, RegionInfo};
 pub use dma::{DmaError, DmaMap};

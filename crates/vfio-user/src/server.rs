@@ -532,13 +532,16 @@ impl<B: DeviceBackend> Server<B> {
                 .iter()
                 .map(|(fd, _)| PollFd::new(fd, PollFlags::IN))
                 .collect();
-            let ts = rustix::time::Timespec {
-                tv_sec: timeout.as_secs() as _,
-                tv_nsec: timeout.subsec_nanos() as _,
-            };
+            let began = Instant::now();
             let ready = match spin {
                 Some(budget) => spin_until_ready(&mut pfds, budget.min(timeout)),
                 None => Ok(false),
+            };
+            // The spin counts against the time-out.
+            let left = timeout.saturating_sub(began.elapsed());
+            let ts = rustix::time::Timespec {
+                tv_sec: left.as_secs() as _,
+                tv_nsec: left.subsec_nanos() as _,
             };
             let polled = match ready {
                 Ok(true) => Ok(1),

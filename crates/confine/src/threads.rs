@@ -35,6 +35,16 @@ static WAKE_FD: AtomicI32 = AtomicI32::new(-1);
 
 /// How long the other threads get to answer.
 const ANSWER_TIME: Duration = Duration::from_secs(2);
+/// How often the asking thread looks for threads that ended without answering (a thread that
+/// blocked the signal and then exited never runs the handler: it holds nothing any more, and
+/// must not keep the process waiting its whole answer time, then fail).
+const ENDED_CHECK: Duration = Duration::from_millis(10);
+
+/// The threads that answered, by id, as the handler records them (the first
+/// `RECORDED` of them; with more threads than that, answers are only counted).
+const RECORDED: usize = 256;
+static ANSWERED: [AtomicI32; RECORDED] = [const { AtomicI32::new(0) }; RECORDED];
+static ANSWERS: AtomicUsize = AtomicUsize::new(0);
 
 extern "C" fn restrict_this_thread(_: libc::c_int) {
     // SAFETY: __errno_location returns this thread's errno slot, valid for its lifetime; it is
@@ -47,6 +57,13 @@ extern "C" fn restrict_this_thread(_: libc::c_int) {
         libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) == 0
             && libc::syscall(libc::SYS_landlock_restrict_self, fd, 0u32) == 0
     };
+    // Recorded before it is counted: once the count says it answered, its id is there.
+    // SAFETY: gettid takes nothing and cannot fail; async-signal-safe.
+    let tid = unsafe { libc::syscall(libc::SYS_gettid) } as i32;
+    let slot = ANSWERS.fetch_add(1, Ordering::SeqCst);
+    if let Some(a) = ANSWERED.get(slot) {
+        a.store(tid, Ordering::SeqCst);
+    }
     if ok {
         RESTRICTED.fetch_add(1, Ordering::SeqCst);
     } else {
@@ -120,6 +137,7 @@ fn restrict_these(ruleset: BorrowedFd<'_>, threads: &[i32]) -> Result<usize, Con
     RULESET.store(ruleset.as_raw_fd(), Ordering::SeqCst);
     RESTRICTED.store(0, Ordering::SeqCst);
     FAILED.store(0, Ordering::SeqCst);
+    ANSWERS.store(0, Ordering::SeqCst);
     let sig = libc::SIGRTMIN();
     let os = |what| move |source| ConfineError::Os { what, source };
     // SAFETY: sigaction with a zeroed struct plus a handler that only makes system calls and
@@ -134,24 +152,25 @@ fn restrict_these(ruleset: BorrowedFd<'_>, threads: &[i32]) -> Result<usize, Con
         }
     }
     let pid = rustix::process::getpid().as_raw_nonzero().get();
-    let mut asked = 0;
+    let mut signalled = Vec::with_capacity(threads.len());
     for &tid in threads {
         // SAFETY: tgkill takes integers; the thread group is this process, so the signal can
         // only reach one of its own threads.
         let r = unsafe { libc::syscall(libc::SYS_tgkill, pid, tid, sig) };
         if r == 0 {
-            asked += 1;
+            signalled.push(tid);
         }
         // ESRCH: the thread ended; it holds nothing any more.
     }
+    let asked = signalled.len();
     let start = Instant::now();
-    let answered = || RESTRICTED.load(Ordering::SeqCst) + FAILED.load(Ordering::SeqCst);
     // The handler counts itself before it writes: an answer between the check and the poll
     // leaves the eventfd readable.
-    while answered() < asked {
+    while unanswered(&signalled) > 0 {
         let Some(left) = ANSWER_TIME.checked_sub(start.elapsed()) else {
             break;
         };
+        let left = left.min(ENDED_CHECK);
         let ts = rustix::time::Timespec {
             tv_sec: left.as_secs() as _,
             tv_nsec: left.subsec_nanos() as _,
@@ -167,19 +186,35 @@ fn restrict_these(ruleset: BorrowedFd<'_>, threads: &[i32]) -> Result<usize, Con
             None => std::thread::sleep(Duration::from_millis(1).min(left)),
         }
     }
-    let (done, failed) = (
-        RESTRICTED.load(Ordering::SeqCst),
-        FAILED.load(Ordering::SeqCst),
-    );
+    let (missing, failed) = (unanswered(&signalled), FAILED.load(Ordering::SeqCst));
     // Ignored from now on, not reset: a late signal still pending would otherwise take the
     // default action of a real-time signal, which ends the process.
     // SAFETY: SIG_IGN needs no handler.
     unsafe { libc::signal(sig, libc::SIG_IGN) };
-    if failed > 0 || done < asked {
+    if failed > 0 || missing > 0 {
         return Err(ConfineError::Landlock(format!(
-            "{} of {asked} older threads did not restrict themselves ({failed} refused)",
-            asked - done
+            "{missing} of {asked} older threads did not restrict themselves ({failed} refused)"
         )));
     }
     Ok(threads.len())
+}
+
+/// How many of the `signalled` threads have neither answered nor ended. With more threads
+/// than the handler records, answers are counted instead (an ended thread then still counts
+/// as unanswered).
+fn unanswered(signalled: &[i32]) -> usize {
+    let answers = ANSWERS.load(Ordering::SeqCst);
+    if answers > RECORDED || signalled.len() > RECORDED {
+        let counted = RESTRICTED.load(Ordering::SeqCst) + FAILED.load(Ordering::SeqCst);
+        return signalled.len().saturating_sub(counted);
+    }
+    let answered: Vec<i32> = ANSWERED[..answers]
+        .iter()
+        .map(|a| a.load(Ordering::SeqCst))
+        .collect();
+    signalled
+        .iter()
+        .filter(|t| !answered.contains(t))
+        .filter(|t| std::path::Path::new(&format!("/proc/self/task/{t}")).exists())
+        .count()
 }

@@ -29,6 +29,35 @@ fn older_thread_child() {
     println!("{}", older.join().unwrap());
 }
 
+/// As a child: a thread older than Landlock that blocks the signal it is asked with and ends
+/// before it ever takes it — it never answers, and holds nothing once it has ended.
+#[test]
+fn ending_thread_child() {
+    if std::env::var("OUTBOARD_ENDING_THREAD").is_err() {
+        return;
+    }
+    let (ready, started) = std::sync::mpsc::channel::<()>();
+    let ending = std::thread::spawn(move || {
+        // SAFETY: a signal set on this stack, initialised by sigemptyset before use; the mask
+        // changes for this thread only.
+        unsafe {
+            let mut set: libc::sigset_t = std::mem::zeroed();
+            libc::sigemptyset(&mut set);
+            libc::sigaddset(&mut set, libc::SIGRTMIN());
+            libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut());
+        }
+        ready.send(()).unwrap();
+        // Long enough to be asked, far shorter than the asker's two seconds.
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    });
+    started.recv().unwrap();
+    match outboard_confine::sandbox::restrict() {
+        Ok((how, _)) => println!("restricted: {how}"),
+        Err(e) => println!("refused: {e}"),
+    }
+    ending.join().unwrap();
+}
+
 /// The probe itself, when this binary runs as a child; a no-op otherwise.
 #[test]
 fn probe_child() {
@@ -335,4 +364,25 @@ fn landlock_holds_on_threads_started_before_it() {
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(text.contains("older thread: refused"), "{text}");
     assert!(text.contains("complete: true"), "{text}");
+}
+
+#[test]
+fn a_thread_that_ends_without_answering_does_not_fail_confinement() {
+    if outboard_confine::sandbox::kernel_abi() < 1 {
+        eprintln!("no Landlock in this kernel: nothing to check");
+        return;
+    }
+    let out = Command::new(std::env::current_exe().unwrap())
+        .args([
+            "--exact",
+            "ending_thread_child",
+            "--nocapture",
+            "--test-threads=1",
+        ])
+        .env("OUTBOARD_ENDING_THREAD", "1")
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains("restricted: "), "{text}");
 }

@@ -20,8 +20,7 @@ use crate::ConfineError;
 
 /// The ruleset the handler applies (-1: none).
 static RULESET: AtomicI32 = AtomicI32::new(-1);
-/// Threads that restricted themselves, and those that failed to.
-static RESTRICTED: AtomicUsize = AtomicUsize::new(0);
+/// Threads that failed to restrict themselves.
 static FAILED: AtomicUsize = AtomicUsize::new(0);
 /// One broadcast at a time.
 static ONE: Mutex<()> = Mutex::new(());
@@ -41,7 +40,7 @@ const ANSWER_TIME: Duration = Duration::from_secs(2);
 const ENDED_CHECK: Duration = Duration::from_millis(10);
 
 /// The threads that answered, by id, as the handler records them (the first
-/// `RECORDED` of them; with more threads than that, answers are only counted).
+/// `RECORDED` of them), and how many answered (with more than that, answers are only counted).
 const RECORDED: usize = 256;
 static ANSWERED: [AtomicI32; RECORDED] = [const { AtomicI32::new(0) }; RECORDED];
 static ANSWERS: AtomicUsize = AtomicUsize::new(0);
@@ -57,16 +56,15 @@ extern "C" fn restrict_this_thread(_: libc::c_int) {
         libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) == 0
             && libc::syscall(libc::SYS_landlock_restrict_self, fd, 0u32) == 0
     };
-    // Recorded before it is counted: once the count says it answered, its id is there.
+    // Counted and recorded before the eventfd is written (the asker may see the count a moment
+    // before the id, and then looks again on its next wake-up).
     // SAFETY: gettid takes nothing and cannot fail; async-signal-safe.
     let tid = unsafe { libc::syscall(libc::SYS_gettid) } as i32;
     let slot = ANSWERS.fetch_add(1, Ordering::SeqCst);
     if let Some(a) = ANSWERED.get(slot) {
         a.store(tid, Ordering::SeqCst);
     }
-    if ok {
-        RESTRICTED.fetch_add(1, Ordering::SeqCst);
-    } else {
+    if !ok {
         FAILED.fetch_add(1, Ordering::SeqCst);
     }
     let wake = WAKE_FD.load(Ordering::SeqCst);
@@ -135,7 +133,6 @@ fn restrict_these(ruleset: BorrowedFd<'_>, threads: &[i32]) -> Result<usize, Con
     let _one = ONE.lock().unwrap_or_else(|p| p.into_inner());
     let wake = wake_fd();
     RULESET.store(ruleset.as_raw_fd(), Ordering::SeqCst);
-    RESTRICTED.store(0, Ordering::SeqCst);
     FAILED.store(0, Ordering::SeqCst);
     ANSWERS.store(0, Ordering::SeqCst);
     let sig = libc::SIGRTMIN();
@@ -205,8 +202,7 @@ fn restrict_these(ruleset: BorrowedFd<'_>, threads: &[i32]) -> Result<usize, Con
 fn unanswered(signalled: &[i32]) -> usize {
     let answers = ANSWERS.load(Ordering::SeqCst);
     if answers > RECORDED || signalled.len() > RECORDED {
-        let counted = RESTRICTED.load(Ordering::SeqCst) + FAILED.load(Ordering::SeqCst);
-        return signalled.len().saturating_sub(counted);
+        return signalled.len().saturating_sub(answers);
     }
     let answered: Vec<i32> = ANSWERED[..answers]
         .iter()

@@ -4,8 +4,6 @@
 //! daemonizing, SIGTERM honoured.
 
 use std::process::ExitCode;
-use std::sync::atomic::AtomicBool;
-use std::sync::Arc;
 
 use clap::{Args, Subcommand};
 use outboard_devices::backing::Backing;
@@ -177,10 +175,7 @@ pub fn serve<B: DeviceBackend>(
     confine: &ConfineArgs,
     what: &str,
 ) -> Result<ExitCode, String> {
-    let stop = Arc::new(AtomicBool::new(false));
-    for sig in [signal_hook::consts::SIGTERM, signal_hook::consts::SIGINT] {
-        signal_hook::flag::register(sig, stop.clone()).map_err(|e| e.to_string())?;
-    }
+    let (stop, wake) = crate::up::stop_flag_and_wake()?;
     let opts = ServerOptions::default();
     let mut server = match (&listen.socket, listen.fd) {
         (Some(path), _) => Server::bind(path, model, opts).map_err(|e| e.to_string())?,
@@ -191,6 +186,9 @@ pub fn serve<B: DeviceBackend>(
         }
         (None, None) => return Err("give --socket or --fd".into()),
     };
+    // A stop that lands while the server spins after a command, or just before it sleeps, is
+    // seen at once.
+    server.wake_on(wake);
     let where_ = listen.socket.as_ref().map_or_else(
         || format!("fd {}", listen.fd.unwrap_or(-1)),
         |p| p.display().to_string(),

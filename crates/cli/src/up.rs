@@ -182,6 +182,21 @@ pub fn stop_flag() -> Result<Arc<AtomicBool>, String> {
     Ok(stop)
 }
 
+/// [`stop_flag`], and a descriptor that becomes readable once the flag is set (the signal's
+/// handler sets the flag, then writes a byte): a loop that sleeps in `poll` waits on it too and
+/// stops at once, not when its wait ends.
+pub fn stop_flag_and_wake() -> Result<(Arc<AtomicBool>, std::os::fd::OwnedFd), String> {
+    let stop = stop_flag()?;
+    let (reader, writer) = std::os::unix::net::UnixStream::pair().map_err(|e| e.to_string())?;
+    writer.set_nonblocking(true).map_err(|e| e.to_string())?;
+    for sig in [signal_hook::consts::SIGTERM, signal_hook::consts::SIGINT] {
+        // After the flag's action (actions run in the order they were registered).
+        let w = writer.try_clone().map_err(|e| e.to_string())?;
+        signal_hook::low_level::pipe::register(sig, w).map_err(|e| e.to_string())?;
+    }
+    Ok((stop, reader.into()))
+}
+
 impl UpArgs {
     /// Where `--log` sends the manager's log, if given.
     pub fn log_file(&self) -> Option<&std::path::Path> {

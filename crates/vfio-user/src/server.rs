@@ -342,6 +342,9 @@ pub enum Source {
     Input(usize),
     /// A client that came while another one was being served sent its first message.
     TurnedAway(usize),
+    /// The descriptor given to [`Server::wake_on`] is readable: [`Server::run`] looks at its
+    /// stop flag at once.
+    Wake,
 }
 
 /// Most clients kept waiting for their "busy" answer at once; more are closed at once.
@@ -382,6 +385,8 @@ pub struct Server<B: DeviceBackend> {
     /// Until when [`Server::run_once`] checks for the next command without sleeping: set when
     /// a command was answered (the client is in a burst, or done).
     spin_until: Option<Instant>,
+    /// Readable when whoever stops the server has set its stop flag ([`Server::wake_on`]).
+    wake: Option<OwnedFd>,
 }
 
 type Reply = Result<(Vec<u8>, Vec<OwnedFd>), Errno>;
@@ -411,6 +416,7 @@ impl<B: DeviceBackend> Server<B> {
             opts,
             stats: ServerStats::default(),
             spin_until: None,
+            wake: None,
         }
     }
 
@@ -434,6 +440,14 @@ impl<B: DeviceBackend> Server<B> {
         self.conn.is_some()
     }
 
+    /// Wakes the server whenever `fd` becomes readable (a byte written by the signal handler
+    /// that sets [`Server::run`]'s stop flag, say), spinning or asleep: without it a stop
+    /// flag set just after `run` looked at it is seen only when the wait ends, up to 100 ms
+    /// later. What is readable is read and dropped.
+    pub fn wake_on(&mut self, fd: OwnedFd) {
+        self.wake = Some(fd);
+    }
+
     /// The fds to wait on for readability, and what each one is.
     pub fn poll_fds(&self) -> Vec<(BorrowedFd<'_>, Source)> {
         let mut v = Vec::new();
@@ -451,6 +465,9 @@ impl<B: DeviceBackend> Server<B> {
         }
         for (i, fd) in self.backend.input_fds().into_iter().enumerate() {
             v.push((fd, Source::Input(i)));
+        }
+        if let Some(fd) = &self.wake {
+            v.push((fd.as_fd(), Source::Wake));
         }
         v
     }
@@ -479,6 +496,31 @@ impl<B: DeviceBackend> Server<B> {
                 self.turn_away(i);
                 Ok(())
             }
+            Source::Wake => {
+                self.drain_wake();
+                Ok(())
+            }
+        }
+    }
+
+    /// Reads what woke the server, without waiting; a descriptor that reports an error or its
+    /// end is dropped, so that it does not wake the server again and again.
+    fn drain_wake(&mut self) {
+        let Some(fd) = &self.wake else { return };
+        let mut buf = [0u8; 64];
+        let now = rustix::time::Timespec::default();
+        let ended = loop {
+            let mut p = [PollFd::new(fd, PollFlags::IN)];
+            match rustix::event::poll(&mut p, Some(&now)) {
+                Ok(1) => {}
+                _ => break false,
+            }
+            if !matches!(rustix::io::read(fd, &mut buf), Ok(n) if n > 0) {
+                break true;
+            }
+        };
+        if ended {
+            self.wake = None;
         }
     }
 

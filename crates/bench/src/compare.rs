@@ -106,6 +106,20 @@ impl Row {
         median(&self.paired)
     }
 
+    /// A 95% confidence interval of [`Row::change`], free of any assumption about the
+    /// ratios' distribution (the order statistics a sign test gives); `None` below six
+    /// rounds, too few for one.
+    pub fn interval(&self) -> Option<(f64, f64)> {
+        median_interval(&self.paired)
+    }
+
+    /// Whether a change is shown at all: the interval lies wholly above or below no change.
+    /// A point worse by more than the tolerance whose interval includes no change is worse in
+    /// this run's median, and as likely no change at all in the noise.
+    pub fn shown(&self) -> bool {
+        self.interval().is_some_and(|(lo, hi)| hi < 1.0 || lo > 1.0)
+    }
+
     /// How this point came out: `worse`, `better`, `same`, or why it has no verdict.
     pub fn verdict(&self, tolerance: f64) -> &'static str {
         match (self.better, self.change()) {
@@ -153,6 +167,29 @@ impl Comparison {
 
 fn median(v: &[f64]) -> Option<f64> {
     (!v.is_empty()).then(|| crate::stats::Summary::of(v, 0).median)
+}
+
+/// The 95% interval of the median of `v`: the k-th smallest and k-th largest value, for the
+/// largest k at which fewer than k values fall below the median with probability at most
+/// 2.5% (each value is below it with probability one half, whatever the distribution).
+fn median_interval(v: &[f64]) -> Option<(f64, f64)> {
+    let n = v.len();
+    let mut sorted = v.to_vec();
+    sorted.sort_by(f64::total_cmp);
+    // P(X <= j) for X ~ Binomial(n, 1/2), j = 0, 1, …: the first j where it passes 2.5%
+    // is the number of values outside the interval on each side.
+    let mut term = 0.5f64.powi(n as i32);
+    let mut below = 0.0;
+    let mut outside = 0;
+    for j in 0..n {
+        below += term;
+        if below > 0.025 {
+            break;
+        }
+        outside = j + 1;
+        term *= (n - j) as f64 / (j + 1) as f64;
+    }
+    (outside > 0).then(|| (sorted[outside - 1], sorted[n - outside]))
 }
 
 /// The two builds, in the order of round `k` (ABBA: even rounds start with the baseline).
@@ -375,7 +412,7 @@ pub fn markdown(c: &Comparison) -> String {
     let _ = writeln!(md, "{}\n", summary(c));
     let _ = writeln!(
         md,
-        "| test | figure | series | x | baseline | this | change | range | verdict |\n|---|---|---|---|---|---|---|---|---|"
+        "| test | figure | series | x | baseline | this | change | 95% interval | range | verdict |\n|---|---|---|---|---|---|---|---|---|---|"
     );
     for r in &c.rows {
         let range = match (
@@ -386,9 +423,13 @@ pub fn markdown(c: &Comparison) -> String {
             _ => "-".into(),
         };
         let cell = |v: &[f64]| median(v).map(fmt).unwrap_or_else(|| "-".into());
+        let interval = r.interval().map_or_else(
+            || "-".into(),
+            |(lo, hi)| format!("{} … {}", percent(lo), percent(hi)),
+        );
         let _ = writeln!(
             md,
-            "| {} | {} ({}) | {} | {} | {} | {} | {} | {} | {} |",
+            "| {} | {} ({}) | {} | {} | {} | {} | {} | {} | {} | {} |",
             r.test,
             r.figure,
             r.unit,
@@ -397,6 +438,7 @@ pub fn markdown(c: &Comparison) -> String {
             cell(&r.baseline),
             cell(&r.this),
             r.change().map(percent).unwrap_or_else(|| "-".into()),
+            interval,
             range,
             r.verdict(c.tolerance)
         );
@@ -431,10 +473,21 @@ pub fn summary(c: &Comparison) -> String {
             let _ = write!(s, "\n- {r}");
         }
     }
-    for r in worse {
+    if !worse.is_empty() && worse.iter().all(|r| r.interval().is_some()) {
+        let shown = worse.iter().filter(|r| r.shown()).count();
         let _ = write!(
             s,
-            "\n- {} {} `{}` at {}: {} (baseline {}, this {})",
+            " Of those, {shown} {} a change at all (a 95% interval of the change wholly below no change); in the others the interval includes no change.",
+            if shown == 1 { "shows" } else { "show" }
+        );
+    }
+    for r in worse {
+        let interval = r.interval().map_or_else(String::new, |(lo, hi)| {
+            format!(", 95% interval {} … {}", percent(lo), percent(hi))
+        });
+        let _ = write!(
+            s,
+            "\n- {} {} `{}` at {}: {} (baseline {}, this {}{interval})",
             r.test,
             r.figure,
             r.series,
@@ -544,6 +597,50 @@ mod tests {
             md.contains("1 rounds failed and were run again:\n- round 1 failed"),
             "{md}"
         );
+    }
+
+    #[test]
+    fn the_interval_of_the_median_is_the_sign_test_s() {
+        // Fewer than six values: no 95% interval exists.
+        assert_eq!(median_interval(&[1.0, 2.0, 3.0, 4.0, 5.0]), None);
+        // Six: the extremes (2 × 1/64 = 3.1% outside).
+        assert_eq!(
+            median_interval(&[6.0, 1.0, 5.0, 2.0, 4.0, 3.0]),
+            Some((1.0, 6.0))
+        );
+        // 24: the 7th smallest and the 7th largest (P(X ≤ 6) = 1.1%, P(X ≤ 7) = 3.2%).
+        let v: Vec<f64> = (1..=24).map(f64::from).collect();
+        assert_eq!(median_interval(&v), Some((7.0, 18.0)));
+    }
+
+    #[test]
+    fn a_change_is_shown_only_when_the_interval_excludes_none() {
+        let base = [100.0; 8];
+        // Every round 10% slower: worse, and shown.
+        let slow = row(Better::Higher, &base, &[90.0; 8], false);
+        assert_eq!(slow.verdict(0.05), "worse");
+        assert!(slow.shown());
+        // Worse by median, but rounds on both sides of no change: not shown.
+        let noisy = row(
+            Better::Higher,
+            &base,
+            &[80.0, 85.0, 90.0, 92.0, 93.0, 104.0, 110.0, 120.0],
+            false,
+        );
+        assert_eq!(noisy.verdict(0.05), "worse");
+        assert!(!noisy.shown());
+        let c = Comparison {
+            baseline: "a".into(),
+            this: "b".into(),
+            rounds: 8,
+            tolerance: 0.05,
+            rows: vec![slow, noisy],
+            retried: vec![],
+        };
+        let md = summary(&c);
+        assert!(md.contains("2 worse by more than 5%"), "{md}");
+        assert!(md.contains("Of those, 1 shows a change at all"), "{md}");
+        assert!(md.contains("95% interval -20.0% … +20.0%"), "{md}");
     }
 
     #[test]

@@ -555,21 +555,29 @@ pub fn driver_host(a: DriverHostArgs) -> Result<ExitCode, String> {
         "privileges".into(),
         outboard_session::control::monotonic_ns(),
     ));
-    serve_devices(a, startup, vfio)
+    serve_devices(a, startup, vfio, None)
 }
 
 /// `outboard driver-standby`: drops its privileges as a driver server without a VFIO function
 /// does, then waits for the manager to hand it a dead server's place, and serves it.
 pub fn driver_standby(s: outboard_manager::standby::StandbyArgs) -> Result<ExitCode, String> {
     use outboard_manager::standby::{wait_for_place, StandbyError};
-    // Its privileges dropped before it waits, as a server's are before it starts drivers;
-    // the rest of its confinement comes where a server's does, once its drivers have started
-    // (a vfio-user connection starts a thread, which a confined server may not).
+    // Its privileges dropped before it waits, as a server's are before it starts drivers.
+    // With --confine-early the rest of its confinement comes now too, threads still allowed
+    // (a vfio-user connection starts one) until it serves; otherwise where a server's does,
+    // once its drivers have started.
     s.confine
         .drop_privileges(false)
         .map_err(|e| e.to_string())?;
-    match wait_for_place(s.take_fd, &s.confine) {
-        Ok((a, taken)) => serve_devices(a, vec![("taken".to_string(), taken)], false),
+    let early = if s.confine_early {
+        s.confine
+            .apply_early(outboard_confine::Role::DriverServer { vfio: false })
+            .map_err(|e| e.to_string())?
+    } else {
+        None
+    };
+    match wait_for_place(s.take_fd, &s.confine, early.is_some()) {
+        Ok((a, taken)) => serve_devices(a, vec![("taken".to_string(), taken)], false, early),
         // Stopped before it was needed: nothing went wrong.
         Err(StandbyError::NotNeeded) => Ok(ExitCode::SUCCESS),
         Err(e) => Err(e.to_string()),
@@ -577,11 +585,14 @@ pub fn driver_standby(s: outboard_manager::standby::StandbyArgs) -> Result<ExitC
 }
 
 /// A driver server from the point where its privileges are dropped: starts its drivers,
-/// serves their devices until stopped. `startup`: the steps so far, with when each ended.
+/// serves their devices until stopped. `startup`: the steps so far, with when each ended;
+/// `early`: the confinement it began before it had its place (a standby's), finished where a
+/// server is confined.
 fn serve_devices(
     a: DriverHostArgs,
     mut startup: Vec<(String, u64)>,
     vfio: bool,
+    early: Option<outboard_confine::Early>,
 ) -> Result<ExitCode, String> {
     let mut step =
         |name: &str| startup.push((name.into(), outboard_session::control::monotonic_ns()));
@@ -696,11 +707,13 @@ fn serve_devices(
     for q in &a.quarantine {
         server.quarantine(*q);
     }
-    if let Some(code) = a
-        .confine
-        .apply(outboard_confine::Role::DriverServer { vfio })
-        .map_err(|e| e.to_string())?
-    {
+    let confined = match early {
+        Some(early) => a.confine.finish(early),
+        None => a
+            .confine
+            .apply(outboard_confine::Role::DriverServer { vfio }),
+    };
+    if let Some(code) = confined.map_err(|e| e.to_string())? {
         return Ok(code);
     }
     server.run(&stop).map_err(|e| e.to_string())?;

@@ -179,6 +179,17 @@ fn a_standby_takes_the_place_of_a_killed_driver_server() {
             .filter(|&p| p != server as u32)
             .collect();
         assert_eq!(waiting, vec![standby], "round {round}");
+        // It waits confined already (seccomp filter mode, no_new_privs), so that confining
+        // is not on the restart's path.
+        let status = || std::fs::read_to_string(format!("/proc/{standby}/status")).unwrap();
+        assert!(
+            common::eventually(Duration::from_secs(5), || {
+                let s = status();
+                s.contains("Seccomp:\t2") && s.contains("NoNewPrivs:\t1")
+            }),
+            "round {round}: the standby waits unconfined:\n{}",
+            status()
+        );
         std::thread::sleep(Duration::from_millis(100));
         assert!(common::signal_child_of(
             manager,
@@ -188,6 +199,9 @@ fn a_standby_takes_the_place_of_a_killed_driver_server() {
         wait_serving(&up, server);
         let (now, _) = pid_of(&up, "driver").unwrap();
         assert_eq!(now as u32, standby, "the standby took the place");
+        // Its confinement finished: the early filter and the one that took threads away.
+        let status = std::fs::read_to_string(format!("/proc/{now}/status")).unwrap();
+        assert!(status.contains("Seccomp_filters:\t2"), "{status}");
         let steps = last_restart_steps(&up);
         assert!(steps.contains(&"taken".to_string()), "{steps:?}");
         assert!(!steps.contains(&"exec".to_string()), "{steps:?}");

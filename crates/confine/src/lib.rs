@@ -12,6 +12,10 @@
 //! - `no_new_privs` is set, the process is not dumpable (no core files, no ptrace by peers),
 //!   and resource limits cap what it can still create ([`limits`]).
 //!
+//! A process may also be confined early ([`confine_early`]), before it opens its device, and
+//! finish once it has ([`Early::finish`]): a standby driver server pays for its confinement
+//! while it waits, not on a restart's path.
+//!
 //! [`probe`] tries what a compromised driver would and reports each attempt's result; the
 //! tests and `--check-confinement` use it.
 
@@ -95,4 +99,54 @@ pub fn confine(role: Role, caps: limits::Caps) -> Result<Report, ConfineError> {
         landlock,
         limits,
     })
+}
+
+/// A process confined early as its role, waiting to [`Early::finish`].
+#[derive(Debug)]
+#[must_use = "an early confinement still lets the process start threads until it finishes"]
+pub struct Early {
+    role: Role,
+    limits: limits::Limits,
+    landlock: String,
+    landlock_complete: bool,
+}
+
+/// Confines the calling process as `role` ahead of need — before it has opened its device —
+/// so that what it costs (Landlock, the kernel compiling the allow-list) is off the path of
+/// a restart: a standby driver server does it while it waits. Until [`Early::finish`] the
+/// process may also start threads, name them and lower its own limits
+/// ([`syscalls::early_extras`]); everything else is as [`confine`] leaves it. Only for a role
+/// whose own list has none of those calls (not an export).
+pub fn confine_early(role: Role, caps: limits::Caps) -> Result<Early, ConfineError> {
+    privileges::drop_capabilities()?;
+    let limits = limits::apply(caps, true)?;
+    let (landlock, landlock_complete) = sandbox::restrict()?;
+    syscalls::install_early(role)?;
+    Ok(Early {
+        role,
+        limits,
+        landlock,
+        landlock_complete,
+    })
+}
+
+impl Early {
+    /// Ends what the early confinement still allowed: `RLIMIT_NPROC` to 0 and a second filter
+    /// of a few instructions that refuses the extra calls. From here the process is held as
+    /// [`confine`] would hold it.
+    pub fn finish(self) -> Result<Report, ConfineError> {
+        let limits = if self.role.starts_threads() {
+            self.limits
+        } else {
+            limits::no_processes(self.limits)?
+        };
+        let syscalls = syscalls::install_finish(self.role)?;
+        Ok(Report {
+            syscalls,
+            ioctls: syscalls::ioctls(self.role).len(),
+            landlock_complete: self.landlock_complete,
+            landlock: self.landlock,
+            limits,
+        })
+    }
 }

@@ -65,32 +65,49 @@ fn os(what: &'static str) -> impl FnOnce(rustix::io::Errno) -> ConfineError {
 /// `core = 0` and not-dumpable keep a crashed driver's memory (client data) out of core
 /// files and away from `ptrace` by processes of the same user.
 pub fn apply(caps: Caps, threads: bool) -> Result<Limits, ConfineError> {
-    use rustix::process::{getrlimit, setrlimit, Resource, Rlimit};
-    let lower = |r: Resource, to: u64, what: &'static str| -> Result<u64, ConfineError> {
-        let now = getrlimit(r);
-        let cap = |v: Option<u64>| Some(v.map_or(to, |v| v.min(to)));
-        let new = Rlimit {
-            current: cap(now.current),
-            maximum: cap(now.maximum),
-        };
-        setrlimit(r, new).map_err(os(what))?;
-        Ok(new.current.unwrap_or(to))
-    };
+    use rustix::process::Resource;
     let files = lower(Resource::Nofile, caps.files.min(MAX_FILES), "RLIMIT_NOFILE")?;
     let memory = caps
         .memory
         .map(|m| lower(Resource::As, m, "RLIMIT_AS"))
         .transpose()?;
-    if !threads {
-        lower(Resource::Nproc, 0, "RLIMIT_NPROC")?;
-    }
+    let limits = Limits {
+        files,
+        memory,
+        no_processes: false,
+    };
+    let limits = if threads {
+        limits
+    } else {
+        no_processes(limits)?
+    };
     lower(Resource::Core, 0, "RLIMIT_CORE")?;
     rustix::thread::set_no_new_privs(true).map_err(os("PR_SET_NO_NEW_PRIVS"))?;
     rustix::process::set_dumpable_behavior(rustix::process::DumpableBehavior::NotDumpable)
         .map_err(os("PR_SET_DUMPABLE"))?;
+    Ok(limits)
+}
+
+/// `RLIMIT_NPROC` to 0: no more processes, and no more threads for an unprivileged user
+/// (what [`apply`] does for a role that starts no threads; an early confinement does it when
+/// it finishes, once its threads are started).
+pub fn no_processes(limits: Limits) -> Result<Limits, ConfineError> {
+    lower(rustix::process::Resource::Nproc, 0, "RLIMIT_NPROC")?;
     Ok(Limits {
-        files,
-        memory,
-        no_processes: !threads,
+        no_processes: true,
+        ..limits
     })
+}
+
+/// Lowers limit `r` to `to` (soft and hard), never raising it; returns the soft limit now.
+fn lower(r: rustix::process::Resource, to: u64, what: &'static str) -> Result<u64, ConfineError> {
+    use rustix::process::{getrlimit, setrlimit, Rlimit};
+    let now = getrlimit(r);
+    let cap = |v: Option<u64>| Some(v.map_or(to, |v| v.min(to)));
+    let new = Rlimit {
+        current: cap(now.current),
+        maximum: cap(now.maximum),
+    };
+    setrlimit(r, new).map_err(os(what))?;
+    Ok(new.current.unwrap_or(to))
 }

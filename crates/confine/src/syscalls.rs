@@ -72,6 +72,48 @@ const DOMAINS_EXPORT: &[(&str, u32)] = &[("AF_UNIX", libc::AF_UNIX as u32)];
 /// `PR_SET_NAME`: the C library and std name threads with it; nothing else of `prctl`.
 const PRCTLS_EXPORT: &[(&str, u32)] = &[("PR_SET_NAME", libc::PR_SET_NAME as u32)];
 
+/// `prctl` while confined early: naming threads, and `PR_SET_NO_NEW_PRIVS` (set already; the
+/// finish's loader sets it again before it loads its filter, and it can only restrict).
+const PRCTLS_EARLY: &[(&str, u32)] = &[
+    ("PR_SET_NAME", libc::PR_SET_NAME as u32),
+    ("PR_SET_NO_NEW_PRIVS", libc::PR_SET_NO_NEW_PRIVS as u32),
+];
+
+/// Process id 0 in `prlimit64`: the calling process itself.
+const ITSELF: &[(&str, u32)] = &[("0 (itself)", 0)];
+
+/// What a process confined early — before it opens its device and starts its drivers, so that
+/// confining costs nothing once it serves (a standby driver server) — may still do until it
+/// finishes: start threads (a vfio-user connection starts one; `clone` of a thread only, and
+/// `clone3` answers `ENOSYS` as for a role that starts threads), name them (`prctl`), lower its own
+/// limits (`RLIMIT_NPROC` goes to 0 only at the finish, since threads count against it) and
+/// load the finish's filter.
+/// [`install_finish`] takes exactly these away again, so that once finished the process is
+/// held by its role's list and nothing more.
+pub fn early_extras() -> Vec<(&'static str, i64, Allow)> {
+    vec![
+        (
+            "SYS_clone",
+            libc::SYS_clone,
+            Allow::AllSet(0, "CLONE_THREAD", libc::CLONE_THREAD as u32),
+        ),
+        (
+            "SYS_prctl",
+            libc::SYS_prctl,
+            Allow::ArgOneOf(0, PRCTLS_EARLY),
+        ),
+        (
+            "SYS_prlimit64",
+            libc::SYS_prlimit64,
+            Allow::ArgOneOf(0, ITSELF),
+        ),
+        ("SYS_setrlimit", libc::SYS_setrlimit, Allow::Always),
+        ("SYS_getrlimit", libc::SYS_getrlimit, Allow::Always),
+        // The finish's own filter: a filter can only ever be added, never loosened.
+        ("SYS_seccomp", libc::SYS_seccomp, Allow::Always),
+    ]
+}
+
 /// `ioctl` requests every confined process keeps: descriptor flags (std sets non-blocking and
 /// close-on-exec with these) and `TCGETS`, which only reads a terminal's settings (a log that
 /// asks whether it writes to a terminal). Neither reaches beyond the descriptor.
@@ -304,9 +346,61 @@ impl Allow {
 
 /// Builds the filter for `role` on this architecture.
 pub fn program(role: Role) -> Result<BpfProgram, ConfineError> {
+    program_of(&allow_list(role), role.starts_threads())
+}
+
+/// The filter of an early confinement as `role`: its list and [`early_extras`]. Refused for a
+/// role whose own list has any of the extras' calls, which the finish could not take away
+/// without taking the role's own use of them too.
+pub fn early_program(role: Role) -> Result<BpfProgram, ConfineError> {
+    let own = allow_list(role);
+    let extras = early_extras();
+    if let Some((name, _, _)) = extras
+        .iter()
+        .find(|(_, nr, _)| own.iter().any(|o| o.1 == *nr))
+    {
+        return Err(ConfineError::Seccomp(format!(
+            "{role:?} cannot be confined early: its own list has {name}"
+        )));
+    }
+    let mut list = own;
+    list.extend(extras);
+    program_of(&list, true)
+}
+
+/// The filter that finishes an early confinement: every call of [`early_extras`] (and
+/// `clone3`) fails with `EPERM`, anything else is left to the filter installed before. The
+/// kernel runs both and keeps the stricter answer, so the two together allow what `role`'s
+/// own list allows. A few instructions: installing it costs far less than the whole list.
+pub fn finish_program() -> Result<BpfProgram, ConfineError> {
     let err = |e: &dyn std::fmt::Display| ConfineError::Seccomp(e.to_string());
     let mut rules = BTreeMap::new();
-    for (_, nr, allow) in allow_list(role) {
+    for (_, nr, _) in early_extras() {
+        rules.insert(nr, Vec::new());
+    }
+    rules.insert(libc::SYS_clone3, Vec::new());
+    let arch = std::env::consts::ARCH
+        .try_into()
+        .map_err(|e: seccompiler::BackendError| err(&e))?;
+    let filter = SeccompFilter::new(
+        rules,
+        SeccompAction::Allow,
+        SeccompAction::Errno(libc::EPERM as u32),
+        arch,
+    )
+    .map_err(|e| err(&e))?;
+    filter
+        .try_into()
+        .map_err(|e: seccompiler::BackendError| err(&e))
+}
+
+fn program_of(
+    list: &[(&'static str, i64, Allow)],
+    starts_threads: bool,
+) -> Result<BpfProgram, ConfineError> {
+    let err = |e: &dyn std::fmt::Display| ConfineError::Seccomp(e.to_string());
+    let mut rules = BTreeMap::new();
+    for &(_, nr, allow) in list {
         rules.insert(nr, allow.rules().map_err(|e| err(&e))?);
     }
     let arch = std::env::consts::ARCH
@@ -322,7 +416,7 @@ pub fn program(role: Role) -> Result<BpfProgram, ConfineError> {
     let mut prog: BpfProgram = filter
         .try_into()
         .map_err(|e: seccompiler::BackendError| err(&e))?;
-    if role.starts_threads() {
+    if starts_threads {
         prog = clone3_unavailable(prog)?;
     }
     Ok(prog)
@@ -370,15 +464,61 @@ fn clone3_unavailable(prog: BpfProgram) -> Result<BpfProgram, ConfineError> {
 /// started before confinement are filtered too); returns how many calls it allows.
 /// Needs `no_new_privs` (set by [`crate::limits::apply`]).
 pub fn install(role: Role) -> Result<usize, ConfineError> {
-    let prog = program(role)?;
-    seccompiler::apply_filter_all_threads(&prog)
-        .map_err(|e| ConfineError::Seccomp(e.to_string()))?;
+    load(&program(role)?)?;
     Ok(allow_list(role).len())
+}
+
+/// Loads [`early_program`] on every thread.
+pub fn install_early(role: Role) -> Result<(), ConfineError> {
+    load(&early_program(role)?)
+}
+
+/// Loads [`finish_program`] on every thread (each already has the early filter: threads
+/// started since inherited it); returns how many calls `role`'s list allows, which is now what
+/// the process may make.
+pub fn install_finish(role: Role) -> Result<usize, ConfineError> {
+    load(&finish_program()?)?;
+    Ok(allow_list(role).len())
+}
+
+fn load(prog: &BpfProgram) -> Result<(), ConfineError> {
+    seccompiler::apply_filter_all_threads(prog).map_err(|e| ConfineError::Seccomp(e.to_string()))
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_early_confinement_adds_only_calls_its_finish_takes_away() {
+        for role in [
+            Role::DriverServer { vfio: false },
+            Role::DriverServer { vfio: true },
+            Role::DeviceModel,
+        ] {
+            let own = allow_list(role);
+            for (name, nr, _) in early_extras() {
+                assert!(
+                    !own.iter().any(|o| o.1 == nr),
+                    "{role:?} already has {name}"
+                );
+            }
+            let early = early_program(role).unwrap();
+            assert!(early.len() > program(role).unwrap().len(), "{role:?}");
+        }
+        // An export starts threads on its own list: the finish would take them away from it.
+        let e = early_program(Role::Export { dials: false }).unwrap_err();
+        assert!(e.to_string().contains("cannot be confined early"), "{e}");
+        // The finish is small: what makes it cheap to install on a restart's path.
+        let finish = finish_program().unwrap();
+        let whole = program(Role::DriverServer { vfio: false }).unwrap();
+        assert!(
+            finish.len() * 10 < whole.len(),
+            "{} vs {}",
+            finish.len(),
+            whole.len()
+        );
+    }
 
     #[test]
     fn the_list_has_no_duplicates_and_none_of_the_dangerous_calls() {

@@ -80,12 +80,72 @@ fn probe_child() {
         let report = outboard_confine::confine(role, Default::default()).expect("confine");
         println!("{report}");
     }
+    if mode == "confined-early" {
+        // Confined early, then what a standby does before it serves (start a thread, name
+        // it), then finished: from there, refused like any confined server.
+        let early = outboard_confine::confine_early(
+            outboard_confine::Role::DriverServer { vfio: false },
+            Default::default(),
+        )
+        .expect("confine early");
+        println!("before the finish, a thread: {}", thread_result());
+        let report = early.finish().expect("finish");
+        println!("{report}");
+        println!("after the finish, a thread: {}", thread_result());
+        println!("after the finish, prctl: {}", errno_of(prctl_name()));
+        println!("after the finish, prlimit: {}", errno_of(lower_own_limit()));
+    }
     let all = outboard_confine::probe::attempts(&targets, |a| println!("{a}"));
     println!(
         "refused {}/{}",
         all.iter().filter(|a| a.denied()).count(),
         all.len()
     );
+}
+
+/// Starts a named thread and joins it: "ok" or the error number.
+fn thread_result() -> String {
+    errno_of(
+        std::thread::Builder::new()
+            .name("bring-up".into())
+            .spawn(|| ())
+            .and_then(|t| t.join().map_err(|_| std::io::Error::other("panicked"))),
+    )
+}
+
+fn errno_of(r: std::io::Result<()>) -> String {
+    match r {
+        Ok(()) => "ok".to_string(),
+        Err(e) => format!("errno {}", e.raw_os_error().unwrap_or(0)),
+    }
+}
+
+/// `prctl(PR_SET_NAME)` of the calling thread.
+fn prctl_name() -> std::io::Result<()> {
+    // SAFETY: PR_SET_NAME reads a NUL-terminated name of at most 16 bytes from the pointer,
+    // which points at a static string.
+    let rc = unsafe { libc::prctl(libc::PR_SET_NAME, c"probe".as_ptr(), 0, 0, 0) };
+    if rc == 0 {
+        Ok(())
+    } else {
+        Err(std::io::Error::last_os_error())
+    }
+}
+
+/// Reads this process's own core-file limit with `prlimit64` (the call the early filter
+/// allows on the process itself; harmless if allowed).
+fn lower_own_limit() -> std::io::Result<()> {
+    // SAFETY: `prlimit` of this process (pid 0) writes one rlimit into `old`, which lives
+    // across the call; no new limit is passed.
+    let rc = unsafe {
+        let mut old: libc::rlimit = std::mem::zeroed();
+        libc::prlimit(0, libc::RLIMIT_CORE, std::ptr::null(), &mut old)
+    };
+    if rc == 0 {
+        Ok(())
+    } else {
+        Err(std::io::Error::last_os_error())
+    }
 }
 
 /// As a child: confined as an export, then what an export needs and what it must not do.
@@ -266,6 +326,23 @@ fn a_confined_process_is_refused_every_escape() {
     refused_every_escape("confined");
 }
 
+/// A standby's confinement: begun before it waits (threads still allowed, and used), finished
+/// before it serves — then refused every escape like a server confined at once, and the
+/// calls the early filter still allowed are refused too.
+#[test]
+fn a_process_confined_early_and_finished_is_refused_every_escape_and_its_extras() {
+    let out = refused_every_escape("confined-early");
+    assert!(out.contains("before the finish, a thread: ok"), "{out}");
+    for what in ["a thread", "prctl", "prlimit"] {
+        assert!(
+            out.contains(&format!("after the finish, {what}: errno 1")),
+            "{what}:\n{out}"
+        );
+    }
+    // The same report as a server confined at once: nproc=0 included.
+    assert!(out.contains("nproc=0"), "{out}");
+}
+
 #[test]
 fn a_confined_device_model_is_refused_every_escape() {
     refused_every_escape("confined-model");
@@ -278,7 +355,7 @@ fn a_confined_managed_export_is_refused_every_escape() {
     refused_every_escape("confined-export");
 }
 
-fn refused_every_escape(mode: &str) {
+fn refused_every_escape(mode: &str) -> String {
     let out = run(mode);
     assert!(out.contains("confined: seccomp allow-list of"), "{out}");
     let lines: Vec<&str> = out
@@ -311,6 +388,7 @@ fn refused_every_escape(mode: &str) {
         let l = lines.iter().find(|l| l.starts_with(what)).unwrap();
         assert!(l.contains("Operation not permitted"), "{l}\n{out}");
     }
+    out
 }
 
 #[test]

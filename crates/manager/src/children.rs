@@ -104,27 +104,71 @@ impl ConfineArgs {
         if !self.confined() {
             return Ok(None);
         }
-        let targets = self
-            .check_confinement
+        let targets = self.probe_targets()?;
+        let began = std::time::Instant::now();
+        let report = outboard_confine::confine(role, self.caps())?;
+        tracing::debug!("confined in {:?}", began.elapsed());
+        self.confined_as(report, targets)
+    }
+
+    /// Confines the process as `role` ahead of need, if asked to be confined and not to check
+    /// its confinement: before it opens its device (a standby driver server, while it waits).
+    /// [`ConfineArgs::finish`] ends it where [`ConfineArgs::apply`] would have confined it.
+    pub fn apply_early(
+        &self,
+        role: outboard_confine::Role,
+    ) -> Result<Option<outboard_confine::Early>, ConfineFailed> {
+        if !self.confine || self.check_confinement.is_some() {
+            return Ok(None);
+        }
+        let began = std::time::Instant::now();
+        let early = outboard_confine::confine_early(role, self.caps())?;
+        tracing::debug!("confined early in {:?}", began.elapsed());
+        Ok(Some(early))
+    }
+
+    /// Finishes an early confinement, right before the process serves; the same report and
+    /// checks as [`ConfineArgs::apply`].
+    pub fn finish(
+        &self,
+        early: outboard_confine::Early,
+    ) -> Result<Option<ExitCode>, ConfineFailed> {
+        let began = std::time::Instant::now();
+        let report = early.finish()?;
+        tracing::debug!("confinement finished in {:?}", began.elapsed());
+        self.confined_as(report, None)
+    }
+
+    fn caps(&self) -> outboard_confine::limits::Caps {
+        outboard_confine::limits::Caps {
+            files: self.max_files,
+            memory: self.max_memory,
+        }
+    }
+
+    fn probe_targets(&self) -> Result<Option<outboard_confine::probe::Targets>, ConfineFailed> {
+        self.check_confinement
             .as_ref()
             .map(|v| {
                 let pid = v[2]
                     .parse()
                     .map_err(|_| ConfineFailed::NotAPid(v[2].clone()))?;
-                Ok::<_, ConfineFailed>(outboard_confine::probe::Targets {
+                Ok(outboard_confine::probe::Targets {
                     file: PathBuf::from(&v[0]),
                     socket: PathBuf::from(&v[1]),
                     pid,
                 })
             })
-            .transpose()?;
-        let caps = outboard_confine::limits::Caps {
-            files: self.max_files,
-            memory: self.max_memory,
-        };
-        let began = std::time::Instant::now();
-        let report = outboard_confine::confine(role, caps)?;
-        tracing::debug!("confined in {:?}", began.elapsed());
+            .transpose()
+    }
+
+    /// Says how the process is confined, refuses to go on if Landlock is incomplete and
+    /// `--require-confinement` says so, and probes `targets` if given.
+    fn confined_as(
+        &self,
+        report: outboard_confine::Report,
+        targets: Option<outboard_confine::probe::Targets>,
+    ) -> Result<Option<ExitCode>, ConfineFailed> {
         outboard_sys::errln!("outboard: {report}");
         if !report.landlock_complete {
             if self.require_confinement {

@@ -799,13 +799,7 @@ impl Manager {
         } else if !p.standby_suits(&exe) {
             if let Some(args) = p.server.as_ref().filter(|a| crate::standby::may_serve(a)) {
                 let role = format!("standby for {}", p.role);
-                match crate::standby::Standby::spawn(
-                    &exe,
-                    &role,
-                    &args.confine,
-                    p.log.clone(),
-                    verbose,
-                ) {
+                match crate::standby::Standby::spawn(&exe, &role, args, p.log.clone(), verbose) {
                     Ok(s) => p.standby = Some(s),
                     Err(e) => tracing::warn!("{}: no standby: {e}", p.role),
                 }

@@ -7,7 +7,11 @@
 //!
 //! If the server enables twin-socket mode, a thread serves its DMA_READ / DMA_WRITE commands
 //! from memory registered with [`Client::dma_map_in_band`]; memory mapped with an fd never
-//! needs it.
+//! needs it. The thread starts with the first such registration, not with the connection: a
+//! server only reaches memory mapped in-band that way, so until then it has nothing to serve,
+//! and a driver that maps all its memory with an fd (all of Outboard's) keeps one thread. A
+//! killed process is gone only once each of its threads has been woken and has ended, so a
+//! thread that never works still made each driver server's death take longer to notice.
 
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::path::Path;
@@ -152,6 +156,10 @@ pub struct Client {
     peer: Capabilities,
     minor: u16,
     in_band: Arc<Mutex<Vec<InBand>>>,
+    /// The twin socket the server gave, and the transfer limit this client announced, until
+    /// the first in-band mapping starts the thread that serves it.
+    twin_waiting: Option<(OwnedFd, u64)>,
+    /// The thread serving the twin socket, and a duplicate of its socket to shut it down.
     twin: Option<(OwnedFd, JoinHandle<()>)>,
     /// Why the connection was given up, once it was. A reply that did not arrive in time may
     /// still arrive later, and would then be taken for the answer to the next command: every
@@ -198,6 +206,7 @@ impl Client {
             peer: Capabilities::default(),
             minor: 0,
             in_band: Arc::default(),
+            twin_waiting: None,
             twin: None,
             broken: None,
         };
@@ -255,21 +264,29 @@ impl Client {
                 });
             }
             let fd = fds.swap_remove(idx);
-            let shutdown = fd.try_clone().map_err(|e| ClientError::Channel {
-                command: "VERSION",
-                source: ChannelError::Io(Errno::from_io_error(&e).unwrap_or(Errno::IO)),
-            })?;
-            let regions = self.in_band.clone();
-            let limit = ours.data_xfer_limit() as u64;
-            let handle = std::thread::Builder::new()
-                .name("vfio-user-twin".into())
-                .spawn(move || serve_twin(Channel::new(fd), regions, limit))
-                .map_err(|_| ClientError::Protocol {
-                    command: "VERSION",
-                    why: "cannot start the twin-socket thread".into(),
-                })?;
-            self.twin = Some((shutdown, handle));
+            self.twin_waiting = Some((fd, ours.data_xfer_limit() as u64));
         }
+        Ok(())
+    }
+
+    /// Starts the thread that serves the twin socket, if it waits for one.
+    fn serve_twin_socket(&mut self) -> Result<()> {
+        let Some((fd, limit)) = self.twin_waiting.take() else {
+            return Ok(());
+        };
+        let failed = |why: String| ClientError::Protocol {
+            command: "DMA_MAP",
+            why,
+        };
+        let shutdown = fd
+            .try_clone()
+            .map_err(|e| failed(format!("cannot keep the twin socket: {e}")))?;
+        let regions = self.in_band.clone();
+        let handle = std::thread::Builder::new()
+            .name("vfio-user-twin".into())
+            .spawn(move || serve_twin(Channel::new(fd), regions, limit))
+            .map_err(|e| failed(format!("cannot start the twin-socket thread: {e}")))?;
+        self.twin = Some((shutdown, handle));
         Ok(())
     }
 
@@ -638,8 +655,12 @@ impl Client {
     /// Maps `mem` at `iova` without passing its fd: the server reaches it with DMA_READ /
     /// DMA_WRITE over the twin socket, served by this client. Refused when no twin socket was
     /// negotiated: the server would then send those commands on the main socket, in the middle
-    /// of this client's own exchanges.
+    /// of this client's own exchanges. The first such mapping starts the thread that serves
+    /// the twin socket (so a process that may start no thread once it is confined makes it
+    /// before).
     pub fn dma_map_in_band(&mut self, iova: u64, mem: Arc<SharedMem>, flags: u32) -> Result<()> {
+        // Before the map: the server may reach the memory as soon as it has it.
+        self.serve_twin_socket()?;
         if self.twin.is_none() {
             return Err(ClientError::Unsupported {
                 command: "DMA_MAP",

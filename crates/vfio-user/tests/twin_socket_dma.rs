@@ -92,12 +92,7 @@ fn server_reaches_fdless_memory_through_the_twin_socket() {
     let path = dir.path().join("engine.sock");
     let (srv, log) = serve_engine(&path);
 
-    let mut c = Client::connect(&path, ClientOptions::default()).unwrap();
-    assert!(c
-        .peer_capabilities()
-        .twin_socket
-        .as_ref()
-        .is_some_and(|t| t.supported));
+    let mut c = common::client_with_twin_socket(&path);
     let mem = Arc::new(SharedMem::create("inband", 8192).unwrap());
     mem.write(100, b"hello from the client").unwrap();
     c.dma_map_in_band(0x4000_0000, mem.clone(), dma::FLAG_READ | dma::FLAG_WRITE)

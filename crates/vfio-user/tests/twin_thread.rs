@@ -8,41 +8,9 @@ mod common;
 use std::sync::Arc;
 
 use outboard_shm::SharedMem;
-use outboard_vfio_user::wire::{self, dma};
-use outboard_vfio_user::{Client, ClientOptions, DeviceBackend, DeviceContext, RegionDesc};
-use rustix::io::Errno;
+use outboard_vfio_user::wire::dma;
 
-/// A device with nothing to do.
-struct Idle;
-
-impl DeviceBackend for Idle {
-    fn regions(&self) -> Vec<RegionDesc<'_>> {
-        common::bar0_and_config()
-    }
-    fn irqs(&self) -> Vec<wire::IrqInfo> {
-        vec![]
-    }
-    fn region_read(
-        &mut self,
-        _: &mut DeviceContext,
-        _: u32,
-        _: u64,
-        buf: &mut [u8],
-    ) -> Result<(), Errno> {
-        buf.fill(0);
-        Ok(())
-    }
-    fn region_write(
-        &mut self,
-        _: &mut DeviceContext,
-        _: u32,
-        _: u64,
-        _: &[u8],
-    ) -> Result<(), Errno> {
-        Ok(())
-    }
-    fn reset(&mut self, _: &mut DeviceContext) {}
-}
+use common::Idle;
 
 /// Threads of this process named as the twin socket's.
 fn twin_threads() -> usize {
@@ -61,12 +29,7 @@ fn the_twin_thread_starts_with_the_first_in_band_mapping() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("idle.sock");
     let srv = common::serve(&path, Idle);
-    let mut c = Client::connect(&path, ClientOptions::default()).unwrap();
-    assert!(c
-        .peer_capabilities()
-        .twin_socket
-        .as_ref()
-        .is_some_and(|t| t.supported));
+    let mut c = common::client_with_twin_socket(&path);
     // Negotiated, used by nothing yet: no thread.
     let mem = Arc::new(SharedMem::create("with-fd", 4096).unwrap());
     c.dma_map(

@@ -24,6 +24,39 @@ pub fn bar0_and_config() -> Vec<RegionDesc<'static>> {
     ]
 }
 
+/// A device with nothing to do: BAR0 and configuration space that read as zeros and ignore
+/// writes.
+pub struct Idle;
+
+impl outboard_vfio_user::DeviceBackend for Idle {
+    fn regions(&self) -> Vec<RegionDesc<'_>> {
+        bar0_and_config()
+    }
+    fn irqs(&self) -> Vec<outboard_vfio_user::wire::IrqInfo> {
+        vec![]
+    }
+    fn region_read(
+        &mut self,
+        _: &mut outboard_vfio_user::DeviceContext,
+        _: u32,
+        _: u64,
+        buf: &mut [u8],
+    ) -> Result<(), rustix::io::Errno> {
+        buf.fill(0);
+        Ok(())
+    }
+    fn region_write(
+        &mut self,
+        _: &mut outboard_vfio_user::DeviceContext,
+        _: u32,
+        _: u64,
+        _: &[u8],
+    ) -> Result<(), rustix::io::Errno> {
+        Ok(())
+    }
+    fn reset(&mut self, _: &mut outboard_vfio_user::DeviceContext) {}
+}
+
 /// A server for `backend` at `path`, run on a thread until [`Served::stop`].
 pub struct Served {
     stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
@@ -60,4 +93,16 @@ impl Served {
         self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
         self.thread.join().unwrap();
     }
+}
+
+/// A client of the server at `path` that negotiated a twin socket (in-band DMA possible).
+pub fn client_with_twin_socket(path: &std::path::Path) -> outboard_vfio_user::Client {
+    let c = outboard_vfio_user::Client::connect(path, outboard_vfio_user::ClientOptions::default())
+        .unwrap();
+    assert!(c
+        .peer_capabilities()
+        .twin_socket
+        .as_ref()
+        .is_some_and(|t| t.supported));
+    c
 }

@@ -457,6 +457,14 @@ pub fn summary(c: &Comparison) -> String {
         worse.len(),
         c.tolerance * 100.0
     );
+    if !worse.is_empty() && worse.iter().all(|r| r.interval().is_some()) {
+        let shown = worse.iter().filter(|r| r.shown()).count();
+        let _ = write!(
+            s,
+            " Of those, {shown} {} a change at all (a 95% interval of the change wholly below no change); in the others the interval includes no change.",
+            if shown == 1 { "shows" } else { "show" }
+        );
+    }
     match c.noise() {
         Some(n) => {
             let _ = write!(
@@ -472,14 +480,6 @@ pub fn summary(c: &Comparison) -> String {
         for r in &c.retried {
             let _ = write!(s, "\n- {r}");
         }
-    }
-    if !worse.is_empty() && worse.iter().all(|r| r.interval().is_some()) {
-        let shown = worse.iter().filter(|r| r.shown()).count();
-        let _ = write!(
-            s,
-            " Of those, {shown} {} a change at all (a 95% interval of the change wholly below no change); in the others the interval includes no change.",
-            if shown == 1 { "shows" } else { "show" }
-        );
     }
     for r in worse {
         let interval = r.interval().map_or_else(String::new, |(lo, hi)| {

@@ -561,7 +561,7 @@ pub fn driver_host(a: DriverHostArgs) -> Result<ExitCode, String> {
 /// `outboard driver-standby`: drops its privileges as a driver server without a VFIO function
 /// does, then waits for the manager to hand it a dead server's place, and serves it.
 pub fn driver_standby(s: outboard_manager::standby::StandbyArgs) -> Result<ExitCode, String> {
-    use outboard_manager::standby::{wait_for_place, StandbyError};
+    use outboard_manager::standby::{take_socket, wait_for_place, StandbyError};
     // Its privileges dropped before it waits, as a server's are before it starts drivers.
     // With --confine-early the rest of its confinement comes now too, threads still allowed
     // (a vfio-user connection starts one) until it serves; otherwise where a server's does,
@@ -569,6 +569,8 @@ pub fn driver_standby(s: outboard_manager::standby::StandbyArgs) -> Result<ExitC
     s.confine
         .drop_privileges(false)
         .map_err(|e| e.to_string())?;
+    // Before the limits are lowered: the socket moves to a number that may be above them.
+    let take = take_socket(s.take_fd).map_err(|e| e.to_string())?;
     let early = if s.confine_early {
         s.confine
             .apply_early(outboard_confine::Role::DriverServer { vfio: false })
@@ -576,7 +578,7 @@ pub fn driver_standby(s: outboard_manager::standby::StandbyArgs) -> Result<ExitC
     } else {
         None
     };
-    match wait_for_place(s.take_fd, &s.confine, early.is_some()) {
+    match wait_for_place(take, &s.confine, early.is_some()) {
         Ok((a, taken)) => serve_devices(a, vec![("taken".to_string(), taken)], false, early),
         // Stopped before it was needed: nothing went wrong.
         Err(StandbyError::NotNeeded) => Ok(ExitCode::SUCCESS),

@@ -218,6 +218,29 @@ fn a_standby_takes_the_place_of_a_killed_driver_server() {
     );
 }
 
+/// With the smallest descriptor limit a machine description allows, a standby confined
+/// early still takes the place: it moved its hand-over socket (to 64) before it lowered its
+/// limit (it died at its start, and every restart went the slow way).
+#[test]
+fn a_standby_under_a_small_descriptor_limit_takes_the_place() {
+    let dir = tempfile::tempdir().unwrap();
+    let machine = format!("{MACHINE}max_files = 32\n");
+    let up = Up::start(dir.path(), Some(&machine));
+    let manager = up.child.as_ref().unwrap().id();
+    let standby = wait_standby(&up).expect("a standby");
+    // Still there a moment later: it did not die at its start.
+    std::thread::sleep(Duration::from_millis(300));
+    assert_eq!(standby_of(&up), Some(standby), "{:#}", registry(&up));
+    let (server, _) = pid_of(&up, "driver").unwrap();
+    assert!(common::signal_child_of(
+        manager,
+        server as u32,
+        Signal::KILL
+    ));
+    wait_serving(&up, server);
+    assert_eq!(pid_of(&up, "driver").unwrap().0 as u32, standby);
+}
+
 /// A standby that dies while it waits (killed here) is noticed and replaced, and the new one
 /// takes the server's place at its death.
 #[test]

@@ -96,19 +96,23 @@ pub enum StandbyError {
     Line(String),
 }
 
-/// Waits (without limit: the manager decides when) for a place; returns the driver server's
-/// arguments, with its descriptors put at the numbers they name, and when the hand-over came
-/// (`CLOCK_MONOTONIC` ns). A standby drops its privileges before it waits, so the place must
+/// Takes the hand-over socket inherited as `take_fd`, moved out of the way of the numbers the
+/// hand-over puts descriptors at (to 64 or above). Before the standby lowers its descriptor
+/// limit, which may be below that number.
+pub fn take_socket(take_fd: i32) -> Result<OwnedFd, StandbyError> {
+    outboard_sys::process::inherited_socket_moved(take_fd, 64).map_err(StandbyError::HandOver)
+}
+
+/// Waits on `take` ([`take_socket`]), without limit (the manager decides when), for a place;
+/// returns the driver server's arguments, with its descriptors put at the numbers they name,
+/// and when the hand-over came (`CLOCK_MONOTONIC` ns). A standby drops its privileges before it waits, so the place must
 /// be confined as it is (`confine`) and may have no VFIO device (whose server keeps what VFIO
 /// needs until it has opened it).
 pub fn wait_for_place(
-    take_fd: i32,
+    take: OwnedFd,
     confine: &ConfineArgs,
     confined_early: bool,
 ) -> Result<(DriverHostArgs, u64), StandbyError> {
-    // Out of the way of the numbers the hand-over puts descriptors at.
-    let take = outboard_sys::process::inherited_socket_moved(take_fd, 64)
-        .map_err(StandbyError::HandOver)?;
     let (msg, fds) = match outboard_session::control::recv::<TakeOver>(take.as_fd(), None) {
         Ok(m) => m,
         Err(outboard_session::SessionError::Closed) => return Err(StandbyError::NotNeeded),
@@ -298,7 +302,7 @@ mod tests {
             args: line.command_line(),
         };
         outboard_session::control::send(manager.as_fd(), &msg, &[listener.as_fd()]).unwrap();
-        wait_for_place(take_fd, &unconfined(), early)
+        wait_for_place(take_socket(take_fd).unwrap(), &unconfined(), early)
     }
 
     #[test]
@@ -353,7 +357,7 @@ mod tests {
         outboard_sys::process::place(vec![standby], &[976]).unwrap();
         drop(manager);
         assert!(matches!(
-            wait_for_place(976, &unconfined(), false),
+            wait_for_place(take_socket(976).unwrap(), &unconfined(), false),
             Err(StandbyError::NotNeeded)
         ));
     }

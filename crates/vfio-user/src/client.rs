@@ -664,7 +664,9 @@ impl Client {
         if self.twin.is_none() {
             return Err(ClientError::Unsupported {
                 command: "DMA_MAP",
-                why: "memory without an fd needs a twin socket, and none was negotiated".into(),
+                why: "memory without an fd needs a twin socket, and none was negotiated (or \
+                      its thread could not be started)"
+                    .into(),
             });
         }
         let m = wire::DmaMap {
@@ -674,12 +676,20 @@ impl Client {
             addr: iova,
             size: mem.len() as u64,
         };
-        self.call(cmd::DMA_MAP, &m.encode(), &[])?;
-        self.in_band
-            .lock()
-            .expect("in-band lock")
-            .push(InBand { iova, mem });
-        Ok(())
+        // Served before the answer comes: the server may reach the memory as soon as it has
+        // mapped it, before this client has read its reply.
+        let at = {
+            let mut regions = self.in_band.lock().expect("in-band lock");
+            regions.push(InBand { iova, mem });
+            regions.len() - 1
+        };
+        let mapped = self.call(cmd::DMA_MAP, &m.encode(), &[]);
+        if mapped.is_err() {
+            // Only this one: the twin thread only reads the list, and `&mut self` keeps
+            // every other change out meanwhile.
+            self.in_band.lock().expect("in-band lock").remove(at);
+        }
+        mapped.map(|_| ())
     }
 
     /// Removes a DMA mapping (address and size as mapped).

@@ -174,9 +174,13 @@ pub use outboard_manager::children::DriverHostArgs;
 /// The most device queues a driver server drives per device: requests are spread over them.
 const MAX_QUEUES: u16 = 16;
 
+/// The signals that stop a long-running command.
+const STOP_SIGNALS: [i32; 2] = [signal_hook::consts::SIGTERM, signal_hook::consts::SIGINT];
+
+/// A flag that SIGTERM or SIGINT sets, for a loop to look at between turns.
 pub fn stop_flag() -> Result<Arc<AtomicBool>, String> {
     let stop = Arc::new(AtomicBool::new(false));
-    for sig in [signal_hook::consts::SIGTERM, signal_hook::consts::SIGINT] {
+    for sig in STOP_SIGNALS {
         signal_hook::flag::register(sig, stop.clone()).map_err(|e| e.to_string())?;
     }
     Ok(stop)
@@ -189,7 +193,7 @@ pub fn stop_flag_and_wake() -> Result<(Arc<AtomicBool>, std::os::fd::OwnedFd), S
     let stop = stop_flag()?;
     let (reader, writer) = std::os::unix::net::UnixStream::pair().map_err(|e| e.to_string())?;
     writer.set_nonblocking(true).map_err(|e| e.to_string())?;
-    for sig in [signal_hook::consts::SIGTERM, signal_hook::consts::SIGINT] {
+    for sig in STOP_SIGNALS {
         // After the flag's action (actions run in the order they were registered).
         let w = writer.try_clone().map_err(|e| e.to_string())?;
         signal_hook::low_level::pipe::register(sig, w).map_err(|e| e.to_string())?;
@@ -564,7 +568,8 @@ pub fn driver_standby(s: outboard_manager::standby::StandbyArgs) -> Result<ExitC
     use outboard_manager::standby::{take_socket, wait_for_place, StandbyError};
     // Its privileges dropped before it waits, as a server's are before it starts drivers.
     // With --confine-early the rest of its confinement comes now too, threads still allowed
-    // (a vfio-user connection starts one) until it serves; otherwise where a server's does,
+    // (a driver may start one while it starts: an in-band vfio-user mapping does) until it
+    // serves; otherwise where a server's does,
     // once its drivers have started.
     s.confine
         .drop_privileges(false)

@@ -218,6 +218,19 @@ fn a_standby_takes_the_place_of_a_killed_driver_server() {
     );
 }
 
+/// SIGKILLs the driver server of `up` (a child of `manager`) and waits until another serves;
+/// returns the pid that serves now.
+fn kill_server(up: &Up, manager: u32) -> u32 {
+    let (server, _) = pid_of(up, "driver").unwrap();
+    assert!(common::signal_child_of(
+        manager,
+        server as u32,
+        Signal::KILL
+    ));
+    wait_serving(up, server);
+    pid_of(up, "driver").unwrap().0 as u32
+}
+
 /// With the smallest descriptor limit a machine description allows, a standby confined
 /// early still takes the place: it moved its hand-over socket (to 64) before it lowered its
 /// limit (it died at its start, and every restart went the slow way).
@@ -231,14 +244,7 @@ fn a_standby_under_a_small_descriptor_limit_takes_the_place() {
     // Still there a moment later: it did not die at its start.
     std::thread::sleep(Duration::from_millis(300));
     assert_eq!(standby_of(&up), Some(standby), "{:#}", registry(&up));
-    let (server, _) = pid_of(&up, "driver").unwrap();
-    assert!(common::signal_child_of(
-        manager,
-        server as u32,
-        Signal::KILL
-    ));
-    wait_serving(&up, server);
-    assert_eq!(pid_of(&up, "driver").unwrap().0 as u32, standby);
+    assert_eq!(kill_server(&up, manager), standby);
 }
 
 /// A standby that dies while it waits (killed here) is noticed and replaced, and the new one
@@ -264,14 +270,7 @@ fn a_standby_that_dies_is_replaced() {
         common::wait_gone(first, Duration::from_secs(5)),
         "the dead standby was reaped"
     );
-    let (server, _) = pid_of(&up, "driver").unwrap();
-    assert!(common::signal_child_of(
-        manager,
-        server as u32,
-        Signal::KILL
-    ));
-    wait_serving(&up, server);
-    assert_eq!(pid_of(&up, "driver").unwrap().0 as u32, second);
+    assert_eq!(kill_server(&up, manager), second);
 }
 
 /// `standby = false`: no standby waits, and a restart starts a server afresh.

@@ -65,6 +65,24 @@ pub struct Report {
     pub limits: limits::Limits,
 }
 
+impl Report {
+    fn of(
+        role: Role,
+        syscalls: usize,
+        landlock: String,
+        landlock_complete: bool,
+        limits: limits::Limits,
+    ) -> Self {
+        Self {
+            syscalls,
+            ioctls: syscalls::ioctls(role).len(),
+            landlock_complete,
+            landlock,
+            limits,
+        }
+    }
+}
+
 impl fmt::Display for Report {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(
@@ -92,13 +110,13 @@ pub fn confine(role: Role, caps: limits::Caps) -> Result<Report, ConfineError> {
     let limits = limits::apply(caps, role.starts_threads())?;
     let (landlock, landlock_complete) = sandbox::restrict()?;
     let syscalls = syscalls::install(role)?;
-    Ok(Report {
+    Ok(Report::of(
+        role,
         syscalls,
-        ioctls: syscalls::ioctls(role).len(),
-        landlock_complete,
         landlock,
+        landlock_complete,
         limits,
-    })
+    ))
 }
 
 /// A process confined early as its role, waiting to [`Early::finish`].
@@ -135,18 +153,16 @@ impl Early {
     /// of a few instructions that refuses the extra calls. From here the process is held as
     /// [`confine`] would hold it.
     pub fn finish(self) -> Result<Report, ConfineError> {
-        let limits = if self.role.starts_threads() {
-            self.limits
-        } else {
-            limits::no_processes(self.limits)?
-        };
+        // No role that starts threads once confined gets here (`early_program` refuses
+        // them), so processes and threads end for every one that does.
+        let limits = limits::no_processes(self.limits)?;
         let syscalls = syscalls::install_finish(self.role)?;
-        Ok(Report {
+        Ok(Report::of(
+            self.role,
             syscalls,
-            ioctls: syscalls::ioctls(self.role).len(),
-            landlock_complete: self.landlock_complete,
-            landlock: self.landlock,
+            self.landlock,
+            self.landlock_complete,
             limits,
-        })
+        ))
     }
 }

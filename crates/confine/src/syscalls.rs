@@ -84,7 +84,7 @@ const ITSELF: &[(&str, u32)] = &[("0 (itself)", 0)];
 
 /// What a process confined early — before it opens its device and starts its drivers, so that
 /// confining costs nothing once it serves (a standby driver server) — may still do until it
-/// finishes: start threads (a vfio-user connection starts one; `clone` of a thread only, and
+/// finishes: start threads (a driver may start one as it starts; `clone` of a thread only, and
 /// `clone3` answers `ENOSYS` as for a role that starts threads), name them (`prctl`), lower its own
 /// limits (`RLIMIT_NPROC` goes to 0 only at the finish, since threads count against it) and
 /// load the finish's filter.

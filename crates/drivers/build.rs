@@ -8,6 +8,7 @@ fn main() {
         ("timer", "outboard_builtin_timer"),
         ("uart16550", "outboard_builtin_uart16550"),
         ("native_timer", "outboard_builtin_native_timer"),
+        ("native_uart16550", "outboard_builtin_native_uart16550"),
     ] {
         cc::Build::new()
             .file(format!("c/{file}.c"))

@@ -9,6 +9,10 @@
  * `read`, `write`, `set_line` and `counters` are called with interrupts held off
  * (osenv_intr_enabled() is 0), as a kernel's upper half calls a driver at spltty: those raised
  * meanwhile run when the driver enables interrupts or as the call returns.
+ *
+ * A native char driver (native.h; `.model = OUTBOARD_MODEL_NATIVE` in its descriptor) provides
+ * struct outboard_native_char_ops instead, at the end of this file: no sleeping reader, no
+ * interrupt thread; the work loop calls it, one call at a time.
  */
 #ifndef OUTBOARD_CHAR_H
 #define OUTBOARD_CHAR_H
@@ -86,6 +90,42 @@ struct outboard_char_ops {
      * write or new settings: a driver calls the sink whenever a counter or a modem line moved. */
     void (*counters)(struct outboard_char_counters *c);
     /* Quiets the device and wakes sleeping readers; the driver is not used again. */
+    void (*stop)(void);
+};
+
+/* A native char driver's operations: the driver server's work loop calls them one at a time,
+ * on its thread (native.h), and none of them may block. The loop calls `event` when one of
+ * the device's interrupt vectors fired, and after every call it looks at what moved: it hands
+ * received bytes to the readers that wait (`read`), gives the driver more to send (`write`) and
+ * completes the writes whose bytes the device sent (`counters`). The driver may call the sink
+ * when something moved, as a legacy driver does; the loop needs no such word, since nothing
+ * moves in a native driver but inside a call. */
+struct outboard_dev;
+struct outboard_native_char_ops {
+    /* Brings `dev` up (its interrupts enabled with outboard_dev_enable_irqs) at 115200 baud
+     * 8N1 without flow control, and fills *info; `dev` and `sink` stay valid until `stop`
+     * returns. On failure it undoes its own work and keeps neither (`stop` will not be
+     * called). Returns 0 or a negative OUTBOARD_E* code. */
+    int (*start)(struct outboard_dev *dev, const struct outboard_char_sink *sink,
+                 struct outboard_char_info *info);
+    /* Interrupt vector `vector` fired: handle it (move bytes between the device and the
+     * driver's buffers). Returns 0, or a negative code when the device failed (the driver is
+     * then given up and started again). */
+    int (*event)(uint32_t vector);
+    /* Moves at most len received bytes to buf; never waits. Returns the count (0 if none has
+     * come), or a negative code when the device failed. */
+    long (*read)(void *buf, unsigned long len);
+    /* As outboard_char_ops's: takes what it has room for, returns the count. */
+    long (*write)(const void *buf, unsigned long len);
+    /* As outboard_char_ops's. */
+    int (*get_line)(struct outboard_line *line);
+    /* As outboard_char_ops's; OUTBOARD_EINVAL if the device cannot make the settings. */
+    int (*set_line)(const struct outboard_line *line);
+    /* As outboard_char_ops's. Called often, between the calls above: keep it cheap (it
+     * needs no device access: the driver counts as things move). */
+    void (*counters)(struct outboard_char_counters *c);
+    /* Quiets the device before the driver goes. Not called after the device was given up
+     * (lost, failed, stalled, or a call failed), nor after a failed `start`. */
     void (*stop)(void);
 };
 

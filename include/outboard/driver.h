@@ -33,7 +33,8 @@ struct outboard_pci_id {
 /* The classes a C driver may serve, and the operations table each expects in `class_ops`. */
 #define OUTBOARD_CLASS_CLOCK "clock" /* struct outboard_clock_ops (outboard/clock.h); native:
                                         struct outboard_native_clock_ops */
-#define OUTBOARD_CLASS_CHAR  "char"  /* struct outboard_char_ops (outboard/char.h); legacy only */
+#define OUTBOARD_CLASS_CHAR  "char"  /* struct outboard_char_ops (outboard/char.h); native:
+                                        struct outboard_native_char_ops */
 
 struct outboard_driver {
     uint32_t abi_version;               /* OUTBOARD_DRIVER_ABI */
@@ -67,7 +68,8 @@ struct outboard_driver {
      * default, and what a descriptor without this field is) or OUTBOARD_MODEL_NATIVE
      * (native.h: called by the work loop, one call at a time, never blocking). It says which
      * operations table `class_ops` is: clock.h's outboard_clock_ops for a legacy clock,
-     * outboard_native_clock_ops for a native one. */
+     * outboard_native_clock_ops for a native one; char.h's outboard_char_ops for a legacy
+     * char driver, outboard_native_char_ops for a native one. */
     uint32_t model;
 };
 

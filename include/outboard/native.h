@@ -15,7 +15,8 @@
  * and keeps neither the handle nor the sink.
  *
  * A native driver declares `.model = OUTBOARD_MODEL_NATIVE` in its `struct outboard_driver`
- * (driver.h) and its class's native operations (clock.h: struct outboard_native_clock_ops).
+ * (driver.h) and its class's native operations (clock.h: struct outboard_native_clock_ops;
+ * char.h: struct outboard_native_char_ops).
  * It uses no osenv.h call, with one exception: its active probe, if it has one (driver.h),
  * runs in osenv's look-only probe environment like any C driver's, and reads configuration
  * space with osenv_pci_config_read.
@@ -48,11 +49,28 @@ typedef struct outboard_dev outboard_dev;
 int outboard_dev_config_read32(outboard_dev *dev, uint32_t offset, uint32_t *value);
 int outboard_dev_config_write32(outboard_dev *dev, uint32_t offset, uint32_t value);
 
-/* Registers of memory BAR `bar` (0-5), at `offset` (naturally aligned, inside the BAR). */
+/* Registers of memory BAR `bar` (0-5), at `offset` (naturally aligned, inside the BAR), 8, 16,
+ * 32 or 64 bits wide. An I/O BAR is refused here (OUTBOARD_EINVAL): its registers are ports,
+ * reached with the calls below. */
+int outboard_dev_read8(outboard_dev *dev, uint32_t bar, uint64_t offset, uint8_t *value);
+int outboard_dev_read16(outboard_dev *dev, uint32_t bar, uint64_t offset, uint16_t *value);
 int outboard_dev_read32(outboard_dev *dev, uint32_t bar, uint64_t offset, uint32_t *value);
 int outboard_dev_read64(outboard_dev *dev, uint32_t bar, uint64_t offset, uint64_t *value);
+int outboard_dev_write8(outboard_dev *dev, uint32_t bar, uint64_t offset, uint8_t value);
+int outboard_dev_write16(outboard_dev *dev, uint32_t bar, uint64_t offset, uint16_t value);
 int outboard_dev_write32(outboard_dev *dev, uint32_t bar, uint64_t offset, uint32_t value);
 int outboard_dev_write64(outboard_dev *dev, uint32_t bar, uint64_t offset, uint64_t value);
+
+/* Ports of I/O BAR `bar` (0-5): `offset` counts from the BAR's first port (naturally aligned,
+ * inside the BAR), 8, 16 or 32 bits wide, as a CPU's in and out instructions. The driver
+ * never needs the port numbers the BAR was given; a memory BAR is refused here
+ * (OUTBOARD_EINVAL). Each access is one access of the device, in program order. */
+int outboard_dev_io_read8(outboard_dev *dev, uint32_t bar, uint64_t offset, uint8_t *value);
+int outboard_dev_io_read16(outboard_dev *dev, uint32_t bar, uint64_t offset, uint16_t *value);
+int outboard_dev_io_read32(outboard_dev *dev, uint32_t bar, uint64_t offset, uint32_t *value);
+int outboard_dev_io_write8(outboard_dev *dev, uint32_t bar, uint64_t offset, uint8_t value);
+int outboard_dev_io_write16(outboard_dev *dev, uint32_t bar, uint64_t offset, uint16_t value);
+int outboard_dev_io_write32(outboard_dev *dev, uint32_t bar, uint64_t offset, uint32_t value);
 
 /* Enables up to `count` interrupt vectors (1-48) of the device, MSI-X if it has it, else MSI,
  * else INTx (one vector), and stores how many in *enabled. From then on vector n firing is

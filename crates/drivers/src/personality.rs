@@ -334,6 +334,7 @@ static PERSONALITIES: &[Personality] = &[
     crate::legacy::clock::TIMER,
     crate::legacy::serial::UART16550,
     crate::native_c::clock::NATIVE_C_TIMER,
+    crate::native_c::char::NATIVE_C_UART16550,
     crate::hosted::blk::PERSONALITY,
     crate::timer::PERSONALITY,
 ];

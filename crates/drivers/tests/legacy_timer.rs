@@ -7,6 +7,8 @@
 //! the C driver's `event` on this thread), stops its device when dropped, and is one device per
 //! copy of its code until given up.
 
+mod common;
+
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -20,23 +22,12 @@ use outboard_env::{DeviceEvent, Driver};
 use outboard_hw::{DeviceSpec, PciFunction};
 use outboard_spec::timer::{ctrl, reg};
 
+use common::{one_at_a_time, pump};
+
 /// A timer model of `hz` served at a socket in `dir` until the returned flag is set.
 fn serve_timer(dir: &std::path::Path, hz: u32) -> (DeviceSpec, Arc<AtomicBool>) {
-    let path = dir.join("timer.sock");
     let model = outboard_devices::timer::Timer::new(1_000_000_000 / hz).unwrap();
-    let mut server = outboard_vfio_user::Server::bind(
-        &path,
-        model,
-        outboard_vfio_user::ServerOptions::default(),
-    )
-    .unwrap();
-    let stop = Arc::new(AtomicBool::new(false));
-    let s = stop.clone();
-    std::thread::spawn(move || server.run(&s));
-    (
-        format!("vfio-user:{}", path.display()).parse().unwrap(),
-        stop,
-    )
+    common::serve_model(dir, "timer.sock", model)
 }
 
 /// Start options naming the clock.
@@ -47,36 +38,10 @@ fn named(name: &str) -> outboard_drivers::StartOptions {
     }
 }
 
-/// The C driver keeps its state in statics: one instance at a time in this process.
-static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
-
-fn one_at_a_time() -> std::sync::MutexGuard<'static, ()> {
-    ONE_AT_A_TIME.lock().unwrap_or_else(|p| p.into_inner())
-}
-
 /// Waits on the driver's tick source, as a server's loop would, handling it each time it is
 /// readable, until `want` ticks.
-fn ticks_reach(clock: &mut impl ClockDriver, want: u64, within: Duration) -> u64 {
-    let deadline = Instant::now() + within;
-    let bell = clock
-        .sources()
-        .iter()
-        .find(|(e, _)| *e == DeviceEvent::Interrupt(0))
-        .map(|(_, fd)| rustix::io::dup(fd).unwrap())
-        .expect("a tick source");
-    while clock.ticks() < want && Instant::now() < deadline {
-        let mut p = [rustix::event::PollFd::new(
-            &bell,
-            rustix::event::PollFlags::IN,
-        )];
-        let ms = rustix::time::Timespec {
-            tv_sec: 0,
-            tv_nsec: 100_000_000,
-        };
-        if rustix::event::poll(&mut p, Some(&ms)).unwrap() > 0 {
-            clock.handle(DeviceEvent::Interrupt(0)).unwrap();
-        }
-    }
+fn ticks_reach<C: ClockDriver>(clock: &mut C, want: u64, within: Duration) -> u64 {
+    pump(clock, within, |c| c.ticks() >= want);
     clock.ticks()
 }
 

@@ -4,6 +4,8 @@
 //! than the driver's buffers, line settings, and flow control (RTS/CTS loses nothing where no
 //! flow control drops and counts).
 
+mod common;
+
 use std::os::fd::OwnedFd;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -15,8 +17,10 @@ use outboard_devices::serial_line::Line;
 use outboard_drivers::legacy::descriptor::builtin_uart16550;
 use outboard_drivers::legacy::serial::LegacyChar;
 use outboard_drivers::{probe_driver, Probe};
-use outboard_env::{DeviceEvent, Driver};
+
 use outboard_hw::{DeviceSpec, PciFunction};
+
+use common::{one_at_a_time, pump};
 
 /// A UART model whose far end is the returned socket, served at a socket in `dir` until the
 /// returned flag is set.
@@ -34,26 +38,7 @@ fn serve_uart(dir: &std::path::Path) -> (DeviceSpec, OwnedFd, Arc<AtomicBool>) {
 
 /// A UART model whose far end is `line`, served at a socket in `dir`.
 fn serve_line(dir: &std::path::Path, line: Line) -> (DeviceSpec, Arc<AtomicBool>) {
-    let path = dir.join("uart.sock");
-    let model = Serial::new(line).unwrap();
-    let mut server = outboard_vfio_user::Server::bind(
-        &path,
-        model,
-        outboard_vfio_user::ServerOptions::default(),
-    )
-    .unwrap();
-    let stop = Arc::new(AtomicBool::new(false));
-    let s = stop.clone();
-    std::thread::spawn(move || server.run(&s));
-    let spec = format!("vfio-user:{}", path.display()).parse().unwrap();
-    (spec, stop)
-}
-
-/// The C driver keeps its state in statics: one instance at a time in this process.
-static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
-
-fn one_at_a_time() -> std::sync::MutexGuard<'static, ()> {
-    ONE_AT_A_TIME.lock().unwrap_or_else(|p| p.into_inner())
+    common::serve_model(dir, "uart.sock", Serial::new(line).unwrap())
 }
 
 fn start(dir: &std::path::Path) -> (LegacyChar, OwnedFd, Arc<AtomicBool>) {
@@ -67,30 +52,6 @@ fn driver_on(spec: &DeviceSpec) -> LegacyChar {
     assert_eq!(probed.personality.driver, "uart16550");
     let c = builtin_uart16550().unwrap();
     LegacyChar::start("uart16550", &c, "tty0", f).unwrap()
-}
-
-/// Waits on the driver's source as a server's loop would, until `done` or `within`.
-fn pump(uart: &mut LegacyChar, within: Duration, mut done: impl FnMut(&mut LegacyChar) -> bool) {
-    let deadline = Instant::now() + within;
-    let bell = uart
-        .sources()
-        .iter()
-        .find(|(e, _)| *e == DeviceEvent::Interrupt(0))
-        .map(|(_, fd)| rustix::io::dup(fd).unwrap())
-        .expect("a source");
-    while !done(uart) && Instant::now() < deadline {
-        let mut p = [rustix::event::PollFd::new(
-            &bell,
-            rustix::event::PollFlags::IN,
-        )];
-        let ms = rustix::time::Timespec {
-            tv_sec: 0,
-            tv_nsec: 50_000_000,
-        };
-        if rustix::event::poll(&mut p, Some(&ms)).unwrap() > 0 {
-            uart.handle(DeviceEvent::Interrupt(0)).unwrap();
-        }
-    }
 }
 
 /// Sends all of `bytes` through the driver, as the dispatcher would.

@@ -181,16 +181,3 @@ super::builtin_c_driver! {
     driver: "legacy-timer", class: outboard_clock::CLASS, score: 1000,
     faults: &[DriverFault::Contend],
 }
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn the_personality_is_the_descriptors() {
-        let c = timer().unwrap();
-        assert_eq!(TIMER.driver, c.name);
-        assert_eq!(TIMER.class, c.class);
-        assert_eq!(TIMER.score, c.score);
-    }
-}

@@ -288,11 +288,7 @@ impl CDriver {
             (outboard_clock::CLASS, Model::Legacy) => self.clock_ops().map(drop),
             (outboard_clock::CLASS, Model::Native) => self.native_clock_ops().map(drop),
             (outboard_char::CLASS, Model::Legacy) => self.char_ops().map(drop),
-            (outboard_char::CLASS, Model::Native) => Err(DescriptorError::Field(format!(
-                "{}: this Outboard serves native C drivers of the clock class only (a char \
-                 driver in C is a legacy driver, on osenv.h)",
-                self.name
-            ))),
+            (outboard_char::CLASS, Model::Native) => self.native_char_ops().map(drop),
             (other, _) => Err(DescriptorError::Field(format!(
                 "{}: this Outboard serves no C driver of the {other} class (it serves: clock, \
                  char)",
@@ -321,6 +317,47 @@ impl CDriver {
             }),
             _ => Err(DescriptorError::Field(format!(
                 "{}: a native clock driver needs all of start, event, now and stop",
+                self.name
+            ))),
+        }
+    }
+
+    /// The native char operations, for a native driver of the char class.
+    pub fn native_char_ops(&self) -> Result<NativeCharOps, DescriptorError> {
+        if self.class != outboard_char::CLASS || self.model != Model::Native {
+            return Err(DescriptorError::Field(format!(
+                "{}: not a native char driver",
+                self.name
+            )));
+        }
+        // SAFETY: a native char driver's class_ops is a `struct outboard_native_char_ops`
+        // (driver.h, char.h), immutable and alive as long as the descriptor.
+        let o = unsafe { &*(self.ops as *const RawNativeCharOps) };
+        match (
+            o.start, o.event, o.read, o.write, o.get_line, o.set_line, o.counters, o.stop,
+        ) {
+            (
+                Some(start),
+                Some(event),
+                Some(read),
+                Some(write),
+                Some(get_line),
+                Some(set_line),
+                Some(counters),
+                Some(stop),
+            ) => Ok(NativeCharOps {
+                start,
+                event,
+                read,
+                write,
+                get_line,
+                set_line,
+                counters,
+                stop,
+            }),
+            _ => Err(DescriptorError::Field(format!(
+                "{}: a native char driver needs all of start, event, read, write, get_line, \
+                 set_line, counters and stop",
                 self.name
             ))),
         }
@@ -387,10 +424,10 @@ impl CDriver {
 struct RawCharOps {
     start: Option<unsafe extern "C" fn(*const RawCharSink, *mut RawCharInfo) -> c_int>,
     read: Option<unsafe extern "C" fn(*mut c_void, std::ffi::c_ulong, c_int) -> std::ffi::c_long>,
-    write: Option<unsafe extern "C" fn(*const c_void, std::ffi::c_ulong) -> std::ffi::c_long>,
-    get_line: Option<unsafe extern "C" fn(*mut RawLine) -> c_int>,
-    set_line: Option<unsafe extern "C" fn(*const RawLine) -> c_int>,
-    counters: Option<unsafe extern "C" fn(*mut RawCharCounters)>,
+    write: Option<WriteFn>,
+    get_line: Option<GetLineFn>,
+    set_line: Option<SetLineFn>,
+    counters: Option<CountersFn>,
     stop: Option<unsafe extern "C" fn()>,
 }
 
@@ -523,11 +560,7 @@ impl CharOps {
                 c_int::from(wait),
             )
         };
-        if n < 0 {
-            Err(n as c_int)
-        } else {
-            Ok((n as usize).min(buf.len()))
-        }
+        count(n, buf.len())
     }
 
     /// `write` of `bytes`: how many the driver took, or its (negative) code.
@@ -539,11 +572,7 @@ impl CharOps {
                 bytes.len() as std::ffi::c_ulong,
             )
         };
-        if n < 0 {
-            Err(n as c_int)
-        } else {
-            Ok((n as usize).min(bytes.len()))
-        }
+        count(n, bytes.len())
     }
 
     /// `get_line`.
@@ -572,6 +601,118 @@ impl CharOps {
     pub fn stop(&self) {
         // SAFETY: a checked table's function without arguments.
         unsafe { (self.ops.0.stop.expect("checked"))() }
+    }
+}
+
+type WriteFn = unsafe extern "C" fn(*const c_void, std::ffi::c_ulong) -> std::ffi::c_long;
+type GetLineFn = unsafe extern "C" fn(*mut RawLine) -> c_int;
+type SetLineFn = unsafe extern "C" fn(*const RawLine) -> c_int;
+type CountersFn = unsafe extern "C" fn(*mut RawCharCounters);
+type NativeCharStartFn =
+    unsafe extern "C" fn(*mut c_void, *const RawCharSink, *mut RawCharInfo) -> c_int;
+type NativeReadFn = unsafe extern "C" fn(*mut c_void, std::ffi::c_ulong) -> std::ffi::c_long;
+
+/// `struct outboard_native_char_ops`.
+#[repr(C)]
+struct RawNativeCharOps {
+    start: Option<NativeCharStartFn>,
+    event: Option<unsafe extern "C" fn(u32) -> c_int>,
+    read: Option<NativeReadFn>,
+    write: Option<WriteFn>,
+    get_line: Option<GetLineFn>,
+    set_line: Option<SetLineFn>,
+    counters: Option<CountersFn>,
+    stop: Option<unsafe extern "C" fn()>,
+}
+
+/// A count a C call returned (at most `len`), or its negative code.
+fn count(n: std::ffi::c_long, len: usize) -> Result<usize, c_int> {
+    if n < 0 {
+        Err(c_int::try_from(n).unwrap_or(c_int::MIN))
+    } else {
+        Ok((n as usize).min(len))
+    }
+}
+
+/// A native char driver's operations, called by the work loop's thread, one at a time, only
+/// between a successful `start` and `stop` (or the device's give-up).
+#[derive(Clone, Copy)]
+pub struct NativeCharOps {
+    start: NativeCharStartFn,
+    event: unsafe extern "C" fn(u32) -> c_int,
+    read: NativeReadFn,
+    write: WriteFn,
+    get_line: GetLineFn,
+    set_line: SetLineFn,
+    counters: CountersFn,
+    stop: unsafe extern "C" fn(),
+}
+
+impl NativeCharOps {
+    /// Calls `start` on device handle `dev`: what the device is, or the driver's code.
+    ///
+    /// # Safety
+    /// `dev` is a live `outboard_dev` handle that stays valid, like `sink`, until
+    /// [`NativeCharOps::stop`] returns or the driver is given up.
+    pub(crate) unsafe fn start(
+        &self,
+        dev: *mut c_void,
+        sink: &CharSink,
+    ) -> Result<RawCharInfo, c_int> {
+        let mut info = RawCharInfo::default();
+        // SAFETY: a function of the checked descriptor, called as char.h says; the caller
+        // keeps dev and sink alive; info is a valid out-pointer.
+        rc(unsafe { (self.start)(dev, &*sink.raw, &mut info) })?;
+        Ok(info)
+    }
+
+    /// Calls `event` for vector `vector`.
+    pub(crate) fn event(&self, vector: u32) -> Result<(), c_int> {
+        // SAFETY: a function of the checked descriptor taking a plain integer; called between
+        // `start` and `stop` (the bridge's rule).
+        rc(unsafe { (self.event)(vector) })
+    }
+
+    /// Calls `read` into `buf`: the count, or the driver's code.
+    pub(crate) fn read(&self, buf: &mut [u8]) -> Result<usize, c_int> {
+        // SAFETY: buf is valid for buf.len() bytes of writes; the driver writes at most that.
+        let n = unsafe { (self.read)(buf.as_mut_ptr().cast(), buf.len() as std::ffi::c_ulong) };
+        count(n, buf.len())
+    }
+
+    /// Calls `write` of `bytes`: how many the driver took, or its code.
+    pub(crate) fn write(&self, bytes: &[u8]) -> Result<usize, c_int> {
+        // SAFETY: bytes is valid for bytes.len() bytes of reads; the driver reads at most that.
+        let n = unsafe { (self.write)(bytes.as_ptr().cast(), bytes.len() as std::ffi::c_ulong) };
+        count(n, bytes.len())
+    }
+
+    /// Calls `get_line`.
+    pub(crate) fn get_line(&self) -> Result<RawLine, c_int> {
+        let mut l = RawLine::default();
+        // SAFETY: a valid out-pointer.
+        rc(unsafe { (self.get_line)(&mut l) })?;
+        Ok(l)
+    }
+
+    /// Calls `set_line`.
+    pub(crate) fn set_line(&self, l: &RawLine) -> Result<(), c_int> {
+        // SAFETY: a valid pointer to settings the call only reads.
+        rc(unsafe { (self.set_line)(l) })
+    }
+
+    /// Calls `counters`.
+    pub(crate) fn counters(&self) -> RawCharCounters {
+        let mut c = RawCharCounters::default();
+        // SAFETY: a valid out-pointer.
+        unsafe { (self.counters)(&mut c) };
+        c
+    }
+
+    /// Calls `stop`.
+    pub(crate) fn stop(&self) {
+        // SAFETY: a function of the checked descriptor taking nothing; called once, last.
+        unsafe { (self.stop)() }
     }
 }
 
@@ -733,6 +874,14 @@ extern "C" {
     static outboard_builtin_native_timer: RawDriverAppended;
     /// The 16550 driver's descriptor, compiled in (`c/uart16550.c`).
     static outboard_builtin_uart16550: RawDriverAppended;
+    /// The native 16550 driver's descriptor, compiled in (`c/native_uart16550.c`).
+    static outboard_builtin_native_uart16550: RawDriverAppended;
+}
+
+/// The built-in native 16550 driver's descriptor.
+pub fn builtin_native_uart16550() -> Result<CDriver, DescriptorError> {
+    // SAFETY: a static of the C driver compiled into this binary, a `struct outboard_driver`.
+    unsafe { CDriver::read(std::ptr::addr_of!(outboard_builtin_native_uart16550).cast()) }
 }
 
 /// The built-in 16550 driver's descriptor.
@@ -775,6 +924,13 @@ mod tests {
             vec![(outboard_spec::uart::VENDOR, outboard_spec::uart::DEVICE)]
         );
         assert!(u.char_ops().is_ok() && u.clock_ops().is_err());
+        let n = builtin_native_uart16550().unwrap();
+        assert_eq!((n.class.as_str(), n.model), ("char", Model::Native));
+        assert_eq!(n.ids, u.ids);
+        assert!(n.native_char_ops().is_ok() && n.char_ops().is_err());
+        let t = builtin_native_timer().unwrap();
+        assert_eq!((t.class.as_str(), t.model), ("clock", Model::Native));
+        assert!(t.native_clock_ops().is_ok() && t.clock_ops().is_err());
     }
 
     fn raw(version: u32, size: u32) -> RawDriver {

@@ -113,6 +113,20 @@ macro_rules! builtin_c_driver {
                 library: None,
             }
         };
+
+        /// The personality is what the driver's descriptor says, and its class's operations
+        /// are all there.
+        #[cfg(test)]
+        mod $descriptor {
+            #[test]
+            fn is_the_personality() {
+                let c = super::$descriptor().unwrap();
+                assert_eq!(super::$name.driver, c.name);
+                assert_eq!(super::$name.class, c.class);
+                assert_eq!(super::$name.score, c.score);
+                c.check_class().unwrap();
+            }
+        }
     };
 }
 pub(crate) use builtin_c_driver;
@@ -156,6 +170,9 @@ pub fn start_c(
         )),
         (outboard_char::CLASS, Model::Legacy) => Ok(outboard_char::bind(
             serial::LegacyChar::start(driver, c, &o.name, f)?,
+        )),
+        (outboard_char::CLASS, Model::Native) => Ok(outboard_char::bind(
+            crate::native_c::char::NativeCChar::start(driver, c, &o.name, f)?,
         )),
         (other, model) => Err(StartError::Refused(format!(
             "{driver}: this Outboard serves no {model:?} C driver of the {other} class"

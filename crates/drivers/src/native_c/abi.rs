@@ -68,78 +68,57 @@ pub unsafe extern "C" fn outboard_dev_config_write32(
     d.config_write32(offset, value).err().unwrap_or(0)
 }
 
-/// `outboard_dev_read32`: see `include/outboard/native.h`.
-///
-/// # Safety
-/// `dev` is the driver's handle; `value` is null or a writable `uint32_t`.
-#[no_mangle]
-pub unsafe extern "C" fn outboard_dev_read32(
-    dev: *mut c_void,
-    bar: u32,
-    offset: u64,
-    value: *mut u32,
-) -> c_int {
-    // SAFETY: the caller's contract.
-    let Some(d) = (unsafe { device(dev) }) else {
-        return EINVAL;
-    };
-    // SAFETY: the caller's contract.
-    unsafe { answer(d.read32(bar, offset), value) }
+/// The C register accessors of `include/outboard/native.h`: each `outboard_dev_<access>` calls
+/// [`NativeDevice`]'s method of that name.
+macro_rules! c_accessors {
+    ($($t:ty: $read:ident => $read_m:ident, $write:ident => $write_m:ident;)*) => {$(
+        #[doc = concat!("`", stringify!($read), "`: see `include/outboard/native.h`.")]
+        ///
+        /// # Safety
+        /// `dev` is the driver's handle; `value` is null or writable.
+        #[no_mangle]
+        pub unsafe extern "C" fn $read(
+            dev: *mut c_void,
+            bar: u32,
+            offset: u64,
+            value: *mut $t,
+        ) -> c_int {
+            // SAFETY: the caller's contract.
+            let Some(d) = (unsafe { device(dev) }) else {
+                return EINVAL;
+            };
+            // SAFETY: the caller's contract.
+            unsafe { answer(d.$read_m(bar, offset), value) }
+        }
+
+        #[doc = concat!("`", stringify!($write), "`: see `include/outboard/native.h`.")]
+        ///
+        /// # Safety
+        /// `dev` is the driver's handle.
+        #[no_mangle]
+        pub unsafe extern "C" fn $write(
+            dev: *mut c_void,
+            bar: u32,
+            offset: u64,
+            value: $t,
+        ) -> c_int {
+            // SAFETY: the caller's contract.
+            let Some(d) = (unsafe { device(dev) }) else {
+                return EINVAL;
+            };
+            d.$write_m(bar, offset, value).err().unwrap_or(0)
+        }
+    )*};
 }
 
-/// `outboard_dev_read64`: see `include/outboard/native.h`.
-///
-/// # Safety
-/// `dev` is the driver's handle; `value` is null or a writable `uint64_t`.
-#[no_mangle]
-pub unsafe extern "C" fn outboard_dev_read64(
-    dev: *mut c_void,
-    bar: u32,
-    offset: u64,
-    value: *mut u64,
-) -> c_int {
-    // SAFETY: the caller's contract.
-    let Some(d) = (unsafe { device(dev) }) else {
-        return EINVAL;
-    };
-    // SAFETY: the caller's contract.
-    unsafe { answer(d.read64(bar, offset), value) }
-}
-
-/// `outboard_dev_write32`: see `include/outboard/native.h`.
-///
-/// # Safety
-/// `dev` is the driver's handle.
-#[no_mangle]
-pub unsafe extern "C" fn outboard_dev_write32(
-    dev: *mut c_void,
-    bar: u32,
-    offset: u64,
-    value: u32,
-) -> c_int {
-    // SAFETY: the caller's contract.
-    let Some(d) = (unsafe { device(dev) }) else {
-        return EINVAL;
-    };
-    d.write32(bar, offset, value).err().unwrap_or(0)
-}
-
-/// `outboard_dev_write64`: see `include/outboard/native.h`.
-///
-/// # Safety
-/// `dev` is the driver's handle.
-#[no_mangle]
-pub unsafe extern "C" fn outboard_dev_write64(
-    dev: *mut c_void,
-    bar: u32,
-    offset: u64,
-    value: u64,
-) -> c_int {
-    // SAFETY: the caller's contract.
-    let Some(d) = (unsafe { device(dev) }) else {
-        return EINVAL;
-    };
-    d.write64(bar, offset, value).err().unwrap_or(0)
+c_accessors! {
+    u8: outboard_dev_read8 => read8, outboard_dev_write8 => write8;
+    u16: outboard_dev_read16 => read16, outboard_dev_write16 => write16;
+    u32: outboard_dev_read32 => read32, outboard_dev_write32 => write32;
+    u64: outboard_dev_read64 => read64, outboard_dev_write64 => write64;
+    u8: outboard_dev_io_read8 => io_read8, outboard_dev_io_write8 => io_write8;
+    u16: outboard_dev_io_read16 => io_read16, outboard_dev_io_write16 => io_write16;
+    u32: outboard_dev_io_read32 => io_read32, outboard_dev_io_write32 => io_write32;
 }
 
 /// `outboard_dev_enable_irqs`: see `include/outboard/native.h`.

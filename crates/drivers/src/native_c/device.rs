@@ -28,12 +28,60 @@ pub const MAX_DMA: u64 = 64 << 20;
 pub struct NativeDevice {
     driver: &'static str,
     function: PciFunction,
-    regions: [OnceLock<Region>; 6],
+    bars: [OnceLock<Bar>; 6],
     irqs: OnceLock<(IrqKind, Vec<Irq>)>,
     /// DMA blocks by the address the driver has them at.
     dma: Mutex<BTreeMap<usize, DmaBuf>>,
     /// Set when the device was given up: every call fails from then on.
     given_up: AtomicBool,
+}
+
+/// A BAR the driver reached: its region, and whether it is an I/O BAR (ports) or memory.
+struct Bar {
+    region: Region,
+    io: bool,
+}
+
+/// Which accessors an access came through: memory BARs and I/O BARs each have their own.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Space {
+    Memory,
+    Io,
+}
+
+/// The BAR accessors of one width: memory (`$read`/`$write`) and, when named, I/O ones.
+macro_rules! bar_accessors {
+    ($($t:ty: $read:ident $write:ident $(, io $io_read:ident $io_write:ident)?;)*) => {$(
+        #[doc = concat!("`outboard_dev_", stringify!($read), "`.")]
+        pub fn $read(&self, bar: u32, offset: u64) -> Answer<$t> {
+            self.access(Space::Memory, bar, offset, std::mem::size_of::<$t>())?
+                .$read(offset)
+                .map_err(|_| EIO)
+        }
+
+        #[doc = concat!("`outboard_dev_", stringify!($write), "`.")]
+        pub fn $write(&self, bar: u32, offset: u64, value: $t) -> Answer<()> {
+            self.access(Space::Memory, bar, offset, std::mem::size_of::<$t>())?
+                .$write(offset, value)
+                .map_err(|_| EIO)
+        }
+
+        $(
+        #[doc = concat!("`outboard_dev_", stringify!($io_read), "`.")]
+        pub fn $io_read(&self, bar: u32, offset: u64) -> Answer<$t> {
+            self.access(Space::Io, bar, offset, std::mem::size_of::<$t>())?
+                .$read(offset)
+                .map_err(|_| EIO)
+        }
+
+        #[doc = concat!("`outboard_dev_", stringify!($io_write), "`.")]
+        pub fn $io_write(&self, bar: u32, offset: u64, value: $t) -> Answer<()> {
+            self.access(Space::Io, bar, offset, std::mem::size_of::<$t>())?
+                .$write(offset, value)
+                .map_err(|_| EIO)
+        }
+        )?
+    )*};
 }
 
 /// What a call does with its result: an `OUTBOARD_E*` code on failure.
@@ -45,7 +93,7 @@ impl NativeDevice {
         Self {
             driver,
             function,
-            regions: Default::default(),
+            bars: Default::default(),
             irqs: OnceLock::new(),
             dma: Mutex::new(BTreeMap::new()),
             given_up: AtomicBool::new(false),
@@ -106,56 +154,50 @@ impl NativeDevice {
         }
     }
 
-    /// BAR `bar`'s region, for an access of `len` bytes at `offset`: `OUTBOARD_EINVAL` for a
-    /// BAR the device does not have or an access outside it, `OUTBOARD_EIO` if the device
-    /// cannot be reached (asked again next time).
-    fn region(&self, bar: u32, offset: u64, len: u64) -> Answer<&Region> {
+    /// BAR `bar`'s region, for an access of `len` bytes at `offset` through `space`'s
+    /// accessors: `OUTBOARD_EINVAL` for a BAR the device does not have, a BAR of the other
+    /// space or an access outside it, `OUTBOARD_EIO` if the device cannot be reached (asked
+    /// again next time).
+    fn access(&self, space: Space, bar: u32, offset: u64, len: usize) -> Answer<&Region> {
         self.live()?;
-        let slot = self.regions.get(bar as usize).ok_or(EINVAL)?;
-        let region = match slot.get() {
-            Some(r) => r,
+        let slot = self.bars.get(bar as usize).ok_or(EINVAL)?;
+        let b = match slot.get() {
+            Some(b) => b,
             None => {
                 let sizes = self.function.bar_sizes().map_err(|_| EIO)?;
                 if sizes[bar as usize] == 0 {
                     return Err(EINVAL);
                 }
-                let r = self.function.region(bar as u8).map_err(|_| EIO)?;
-                slot.get_or_init(|| r)
+                // Bit 0 of a BAR register says which space it decodes (PCI 3.0, 6.2.5.1).
+                let register = self
+                    .function
+                    .config_read32(0x10 + 4 * u64::from(bar))
+                    .map_err(|_| EIO)?;
+                let region = self.function.region(bar as u8).map_err(|_| EIO)?;
+                slot.get_or_init(|| Bar {
+                    region,
+                    io: register & 1 == 1,
+                })
             }
         };
-        let inside = offset.is_multiple_of(len)
+        let len = len as u64;
+        let inside = (b.io == (space == Space::Io))
+            && offset.is_multiple_of(len)
             && offset
                 .checked_add(len)
-                .is_some_and(|end| end <= region.size());
+                .is_some_and(|end| end <= b.region.size());
         if inside {
-            Ok(region)
+            Ok(&b.region)
         } else {
             Err(EINVAL)
         }
     }
 
-    /// `outboard_dev_read32`.
-    pub fn read32(&self, bar: u32, offset: u64) -> Answer<u32> {
-        self.region(bar, offset, 4)?.read32(offset).map_err(|_| EIO)
-    }
-
-    /// `outboard_dev_read64`.
-    pub fn read64(&self, bar: u32, offset: u64) -> Answer<u64> {
-        self.region(bar, offset, 8)?.read64(offset).map_err(|_| EIO)
-    }
-
-    /// `outboard_dev_write32`.
-    pub fn write32(&self, bar: u32, offset: u64, value: u32) -> Answer<()> {
-        self.region(bar, offset, 4)?
-            .write32(offset, value)
-            .map_err(|_| EIO)
-    }
-
-    /// `outboard_dev_write64`.
-    pub fn write64(&self, bar: u32, offset: u64, value: u64) -> Answer<()> {
-        self.region(bar, offset, 8)?
-            .write64(offset, value)
-            .map_err(|_| EIO)
+    bar_accessors! {
+        u8: read8 write8, io io_read8 io_write8;
+        u16: read16 write16, io io_read16 io_write16;
+        u32: read32 write32, io io_read32 io_write32;
+        u64: read64 write64;
     }
 
     /// `outboard_dev_enable_irqs`: how many vectors were enabled.
@@ -189,6 +231,29 @@ impl NativeDevice {
     /// The enabled vectors, by number.
     pub fn irqs(&self) -> &[Irq] {
         self.irqs.get().map_or(&[], |(_, v)| v.as_slice())
+    }
+
+    /// The loop's event sources for the device: each enabled vector, and its loss.
+    pub fn sources(&self) -> Vec<(outboard_env::DeviceEvent, std::os::fd::BorrowedFd<'_>)> {
+        use outboard_env::DeviceEvent;
+        let mut v: Vec<_> = self
+            .irqs()
+            .iter()
+            .enumerate()
+            .map(|(i, irq)| (DeviceEvent::Interrupt(i as u16), irq.fd()))
+            .collect();
+        if let Some(fd) = self.function.loss_fd() {
+            v.push((DeviceEvent::Lost, fd));
+        }
+        v
+    }
+
+    /// Vector `v` fired: its event is taken (before the driver is called, so a firing while
+    /// it runs is a new event).
+    pub fn acknowledge(&self, v: u16) {
+        if let Some(irq) = self.irqs().get(usize::from(v)) {
+            irq.ack();
+        }
     }
 
     /// After vector `v`'s event: INTx is a level masked as it is delivered, unmasked once

@@ -1,5 +1,6 @@
 //! The char class's conformance suite (`outboard_char::conformance`) through a client session
-//! with a driver server: the C 16550 driver on Outboard's pci-serial model, the model's line
+//! with a driver server: each C 16550 driver (the legacy one on osenv, the native one called by
+//! the work loop) on Outboard's pci-serial model, the model's line
 //! looped back by an echo at its far end (a socket, a pseudo-terminal) and in the model itself
 //! (`loopback`, as a plug joining TX to RX).
 
@@ -10,10 +11,11 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 
+use common::Uart;
 use outboard_char_client::CharClient;
 use outboard_devices::serial_line::{Line, LineSpec};
 
-/// The C driver keeps its state in statics: one instance at a time in this process.
+/// A C driver keeps its state in statics: one instance at a time in this process.
 static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
 /// An echo at the far end, until `stop`.
@@ -21,12 +23,12 @@ fn echo(far: OwnedFd, stop: Arc<AtomicBool>) -> JoinHandle<()> {
     std::thread::spawn(move || outboard_devices::serial_line::echo(&far, &stop).unwrap())
 }
 
-/// Serves `line` with the model, the C driver on it in a driver server, and runs the suite
+/// Serves `line` with the model, driver `uart` on it in a driver server, and runs the suite
 /// through a client session, a line per check on standard error.
-fn suite_on(line: Line, far: Option<OwnedFd>) {
+fn suite_on(line: Line, far: Option<OwnedFd>, uart: Uart) {
     let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|p| p.into_inner());
     let dir = tempfile::tempdir().unwrap();
-    let served = common::serve(dir.path(), line);
+    let served = common::serve_with(dir.path(), line, uart);
     let echo_stop = Arc::new(AtomicBool::new(false));
     let echo_thread = far.map(|far| echo(far, echo_stop.clone()));
     let mut client = CharClient::open(&served.sock, "tty0").unwrap();
@@ -53,14 +55,12 @@ fn suite_on(line: Line, far: Option<OwnedFd>) {
     verdict.unwrap();
 }
 
-#[test]
-fn the_16550_driver_on_the_model_passes_the_suite_looped_through_a_socket() {
+fn through_a_socket(uart: Uart) {
     let (near, far) = common::socket_pair();
-    suite_on(Line::stream(near).unwrap(), Some(far));
+    suite_on(Line::stream(near).unwrap(), Some(far), uart);
 }
 
-#[test]
-fn the_16550_driver_on_the_model_passes_the_suite_looped_through_a_pty() {
+fn through_a_pty(uart: Uart) {
     let line = Line::open(&LineSpec::Pty).unwrap();
     let user = rustix::fs::open(
         line.pty_path().unwrap(),
@@ -68,10 +68,39 @@ fn the_16550_driver_on_the_model_passes_the_suite_looped_through_a_pty() {
         rustix::fs::Mode::empty(),
     )
     .unwrap();
-    suite_on(line, Some(user));
+    suite_on(line, Some(user), uart);
+}
+
+fn in_the_model(uart: Uart) {
+    suite_on(Line::open(&LineSpec::Loopback).unwrap(), None, uart);
+}
+
+#[test]
+fn the_16550_driver_on_the_model_passes_the_suite_looped_through_a_socket() {
+    through_a_socket(Uart::Legacy);
+}
+
+#[test]
+fn the_16550_driver_on_the_model_passes_the_suite_looped_through_a_pty() {
+    through_a_pty(Uart::Legacy);
 }
 
 #[test]
 fn the_16550_driver_on_the_model_passes_the_suite_looped_back_in_the_model() {
-    suite_on(Line::open(&LineSpec::Loopback).unwrap(), None);
+    in_the_model(Uart::Legacy);
+}
+
+#[test]
+fn the_native_16550_driver_on_the_model_passes_the_suite_looped_through_a_socket() {
+    through_a_socket(Uart::Native);
+}
+
+#[test]
+fn the_native_16550_driver_on_the_model_passes_the_suite_looped_through_a_pty() {
+    through_a_pty(Uart::Native);
+}
+
+#[test]
+fn the_native_16550_driver_on_the_model_passes_the_suite_looped_back_in_the_model() {
+    in_the_model(Uart::Native);
 }

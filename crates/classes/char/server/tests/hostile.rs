@@ -21,7 +21,11 @@ use outboard_session::Geometry;
 fn bad_entries_fail_alone_and_good_ones_are_served() {
     let dir = tempfile::tempdir().unwrap();
     let (near, far) = common::socket_pair();
-    let served = common::serve(dir.path(), Line::stream(near).unwrap());
+    let served = common::serve_with(
+        dir.path(),
+        Line::stream(near).unwrap(),
+        common::Uart::Legacy,
+    );
     let sock = served.sock.clone();
 
     let geometry = Geometry::of_class(&RINGS, 16, 4096);

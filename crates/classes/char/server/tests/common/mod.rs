@@ -1,5 +1,6 @@
 //! What the char server's tests share: the pci-serial model on a line, served over vfio-user
-//! from a thread, and the C 16550 driver on it in a driver server of this process.
+//! from a thread, and a C 16550 driver on it (the legacy one on osenv, or the native one) in a
+//! driver server of this process.
 
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -9,8 +10,9 @@ use std::thread::JoinHandle;
 use outboard_char_server::CharDispatcher;
 use outboard_devices::serial::Serial;
 use outboard_devices::serial_line::Line;
-use outboard_drivers::legacy::descriptor::builtin_uart16550;
+use outboard_drivers::legacy::descriptor::{builtin_native_uart16550, builtin_uart16550};
 use outboard_drivers::legacy::serial::LegacyChar;
+use outboard_drivers::native_c::char::NativeCChar;
 use outboard_hw::PciFunction;
 use outboard_server::DriverHost;
 
@@ -36,8 +38,18 @@ pub struct Served {
     model: JoinHandle<Result<(), outboard_vfio_user::ServerError>>,
 }
 
-/// Serves `line` with the model at a socket in `dir`, the C driver on it in a driver server.
-pub fn serve(dir: &Path, line: Line) -> Served {
+/// Which of the two C 16550 drivers serves the line.
+#[allow(dead_code)] // not every test binary that shares this module runs both
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Uart {
+    /// `uart16550`, on osenv (a reader thread sleeping in the driver, an interrupt thread).
+    Legacy,
+    /// `native-c-uart16550`, called by the server's work loop.
+    Native,
+}
+
+/// Serves `line` with the model at a socket in `dir`, driver `uart` on it in a driver server.
+pub fn serve_with(dir: &Path, line: Line, uart: Uart) -> Served {
     let model_sock = dir.join("uart.sock");
     let mut server = outboard_vfio_user::Server::bind(
         &model_sock,
@@ -54,12 +66,20 @@ pub fn serve(dir: &Path, line: Line) -> Served {
         .unwrap();
     let f = PciFunction::open(&spec).unwrap();
     let env = outboard_env::DeviceEnv::for_function(&f);
-    let c = builtin_uart16550().unwrap();
-    let driver = LegacyChar::start("uart16550", &c, "tty0", f).unwrap();
+    let served = match uart {
+        Uart::Legacy => {
+            let c = builtin_uart16550().unwrap();
+            let driver = LegacyChar::start("uart16550", &c, "tty0", f).unwrap();
+            CharDispatcher::served(driver, env)
+        }
+        Uart::Native => {
+            let c = builtin_native_uart16550().unwrap();
+            let driver = NativeCChar::start("native-c-uart16550", &c, "tty0", f).unwrap();
+            CharDispatcher::served(driver, env)
+        }
+    };
     let sock = dir.join("char.sock");
-    let (host_stop, host) = DriverHost::bind(&sock, vec![CharDispatcher::served(driver, env)])
-        .unwrap()
-        .spawn();
+    let (host_stop, host) = DriverHost::bind(&sock, vec![served]).unwrap().spawn();
     Served {
         sock,
         host_stop,

@@ -16,6 +16,8 @@
 
 #define UART_EINVAL OUTBOARD_EINVAL
 #define UART_EIO OUTBOARD_EIO
+/* Set when a register access failed since the call began (below). */
+#define UART_FAILED() (failed)
 
 static outboard_dev *dev;
 static const struct outboard_char_sink *sink;
@@ -57,34 +59,42 @@ static int uart_start(outboard_dev *d, const struct outboard_char_sink *s,
                       struct outboard_char_info *info)
 {
     uint32_t bar, cmd, vectors = 0;
+    int decoding = 0;
     dev = d;
     failed = 0;
     int err = outboard_dev_config_read32(dev, PCI_BAR0, &bar);
-    if (err)
-        return err;
-    if (!(bar & 1)) {
+    if (!err && !(bar & 1)) {
         outboard_dev_log(dev, 0, "BAR 0 is not an I/O BAR");
-        return OUTBOARD_EIO;
+        err = OUTBOARD_EIO;
     }
-    err = outboard_dev_config_read32(dev, PCI_COMMAND, &cmd);
     if (!err)
+        err = outboard_dev_config_read32(dev, PCI_COMMAND, &cmd);
+    if (!err && !(cmd & PCI_COMMAND_IO)) {
         err = outboard_dev_config_write32(dev, PCI_COMMAND, cmd | PCI_COMMAND_IO);
+        decoding = !err;
+    }
     if (!err)
         err = (int)answer(uart_reset());
     /* Quiet first (uart_reset), then the interrupt, then the device's interrupts on. */
     if (!err)
         err = outboard_dev_enable_irqs(dev, 1, &vectors);
-    if (err)
-        return err;
-    sink = s;
-    err = (int)answer(uart_open(info));
-    if (err) {
-        uart_quiet();
-        failed = 0;
-        return err;
+    if (!err) {
+        sink = s;
+        err = (int)answer(uart_open(info));
     }
-    outboard_dev_log(dev, 2, "a 16550A on I/O BAR 0, 115200 baud 8N1");
-    return 0;
+    if (!err) {
+        outboard_dev_log(dev, 2, "a 16550A on I/O BAR 0, 115200 baud 8N1");
+        return 0;
+    }
+    /* Undone as far as it went: quiet (the vector Outboard enabled goes with the device), the
+     * port decoding off again if this turned it on, and neither the handle nor the sink kept. */
+    uart_quiet();
+    if (decoding)
+        (void)outboard_dev_config_write32(dev, PCI_COMMAND, cmd);
+    failed = 0;
+    dev = 0;
+    sink = 0;
+    return err;
 }
 
 static int uart_event(uint32_t vector)

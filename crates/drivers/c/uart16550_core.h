@@ -12,6 +12,7 @@
  *
  * The including file defines, before it includes this one:
  *   UART_EINVAL, UART_EIO          its environment's error codes
+ *   UART_FAILED()                  non-zero once a register access failed (a loop stops)
  *   static uint8_t in(unsigned reg);             reads a register
  *   static void out(unsigned reg, uint8_t v);    writes one
  *   static void uart_received(void);             bytes came in (called by the handler)
@@ -301,7 +302,8 @@ static inline int uart_reset(void)
     set_ier(0);
     (void)in(LSR);
     (void)in(MSR);
-    for (unsigned i = 0; i < RING && (in(LSR) & LSR_DR); i++)
+    /* At most a ring's worth: a device that always says it has data is not looped on. */
+    for (unsigned i = 0; i < RING && !UART_FAILED() && (in(LSR) & LSR_DR); i++)
         (void)in(DATA);
     return 0;
 }

@@ -126,3 +126,30 @@ fn a_model_that_goes_away_makes_the_next_call_fail() {
     let e = uart.write(b"x").unwrap_err();
     assert!(e.to_string().contains("given up"), "{e}");
 }
+
+#[test]
+fn a_device_that_is_no_16550_is_refused_and_the_code_is_free_for_one_that_is() {
+    let _one = common::one_at_a_time();
+    let dir = tempfile::tempdir().unwrap();
+    let (spec, stop) = common::serve_model(
+        dir.path(),
+        "timer.sock",
+        outboard_devices::timer::Timer::new(1_000_000).unwrap(),
+    );
+    let c = builtin_native_uart16550().unwrap();
+    let f = PciFunction::open(&spec).unwrap();
+    match NativeCChar::start("native-c-uart16550", &c, "tty0", f) {
+        Err(outboard_drivers::StartError::Refused(why)) => {
+            assert!(why.contains("did not start"), "{why}")
+        }
+        other => panic!("started on a timer: {:?}", other.map(|_| ())),
+    }
+    stop.store(true, Ordering::Release);
+    // The failed start kept nothing: the same code drives a UART next.
+    let (spec, stop) = uart_model(dir.path());
+    let f = PciFunction::open(&spec).unwrap();
+    let uart = NativeCChar::start("native-c-uart16550", &c, "tty0", f).unwrap();
+    assert_eq!(uart.info().max_baud, 115_200);
+    drop(uart);
+    stop.store(true, Ordering::Release);
+}

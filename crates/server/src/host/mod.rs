@@ -450,8 +450,8 @@ impl DriverHost {
     /// The timer may fire early, never late: armed no later than the oldest request's
     /// deadline, it is left as it is while requests come and go (a newer oldest request only
     /// moves the deadline later) and after the last one went (it then fires once for
-    /// nothing). When it fires, the check fails what is overdue and the timer is armed again
-    /// for the oldest request then. Re-arming for every request cost two `timerfd_settime`
+    /// nothing). When it fires, the check fails what is overdue, and before the next sleep the
+    /// timer is armed for the oldest request then. Re-arming for every request cost two `timerfd_settime`
     /// calls per request at queue depth 1 — as much as the device's own read of a small
     /// block.
     fn arm_deadline(&mut self) -> Result<(), HostError> {

@@ -91,6 +91,11 @@ pub(crate) fn settings(r: &RawLine) -> Option<LineSettings> {
     .ok()
 }
 
+/// Why a C driver refused settings (`EINVAL` from its `set_line`).
+pub(crate) fn cannot_make(line: &LineSettings, max_baud: u32) -> String {
+    format!("the device cannot make {line} (its rates are {max_baud} divided by a whole number)")
+}
+
 /// The class's counters from a C driver's.
 pub(crate) fn counters(c: &RawCharCounters) -> LineCounters {
     LineCounters {
@@ -397,10 +402,9 @@ impl CharDriver for LegacyChar {
                 self.line = *line;
                 Ok(Ok(()))
             }
-            Err(rc) if rc == outboard_osenv::abi::EINVAL => Ok(Err(format!(
-                "the device cannot make {line} (its rates are {} divided by a whole number)",
-                self.info.max_baud
-            ))),
+            Err(rc) if rc == outboard_osenv::abi::EINVAL => {
+                Ok(Err(cannot_make(line, self.info.max_baud)))
+            }
             Err(rc) => Err(Failure::Driver(format!(
                 "the driver could not set the line (error {rc})"
             ))),

@@ -17,7 +17,7 @@ use super::run::NativeRun;
 use crate::legacy::descriptor::{
     builtin_native_uart16550, CDriver, CharBell, CharSink, NativeCharOps,
 };
-use crate::legacy::serial::{counters, raw_line, settings};
+use crate::legacy::serial::{cannot_make, counters, raw_line, settings};
 use crate::personality::StartError;
 
 /// A native C char driver, started on its device.
@@ -112,10 +112,7 @@ impl CharDriver for NativeCChar {
                 self.line = *line;
                 Ok(Ok(()))
             }
-            Err(super::device::EINVAL) => Ok(Err(format!(
-                "the device cannot make {line} (its rates are {} divided by a whole number)",
-                self.info.max_baud
-            ))),
+            Err(super::device::EINVAL) => Ok(Err(cannot_make(line, self.info.max_baud))),
             Err(rc) => Err(self.run.failed("line setting", rc)),
         }
     }
